@@ -1,0 +1,176 @@
+package api
+
+import "time"
+
+// Version is the path prefix of every route of this API.
+const Version = "/v1"
+
+// DefaultAddr is where `quiver server` listens for the HTTP API when it is
+// given no address: loopback only.
+const DefaultAddr = "127.0.0.1:7480"
+
+// DiskSpec describes one virtual disk: a sparse raw file <name>.img.
+type DiskSpec struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"` // virtual size in bytes, a multiple of 512
+}
+
+// VolumeSpec is the body of POST /v1/volumes. A volume holds every disk of
+// one VM.
+type VolumeSpec struct {
+	Name     string            `json:"name"`
+	Capacity int64             `json:"capacity"` // budget in bytes for the sum of disk sizes
+	Labels   map[string]string `json:"labels,omitempty"`
+	Disks    []DiskSpec        `json:"disks,omitempty"`
+}
+
+// Source names where a clone came from.
+type Source struct {
+	Volume   string `json:"volume"`
+	Snapshot string `json:"snapshot,omitempty"` // empty: cloned from the live volume
+}
+
+// Volume is the state of one volume as the API reports it.
+type Volume struct {
+	Name      string            `json:"name"`
+	UID       string            `json:"uid"`
+	Capacity  int64             `json:"capacity"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Disks     []Disk            `json:"disks"`
+	Source    *Source           `json:"source,omitempty"`
+	Snapshots int               `json:"snapshots"`
+	CreatedAt time.Time         `json:"createdAt"`
+	// Path is the directory holding the disk images (what CSI publishes).
+	Path string `json:"path"`
+}
+
+// Disk is one disk of a volume or snapshot.
+type Disk struct {
+	Name      string `json:"name"`
+	Size      int64  `json:"size"`
+	Allocated int64  `json:"allocated"` // bytes the file occupies on the pool
+	Path      string `json:"path"`
+}
+
+// VolumeUpdate is the body of PATCH /v1/volumes/{volume}. Capacity can only
+// grow; absent or null leaves it. Labels replaces the whole label map: absent
+// or null leaves the labels, {} removes them all.
+type VolumeUpdate struct {
+	Capacity *int64            `json:"capacity,omitempty"`
+	Labels   map[string]string `json:"labels"`
+}
+
+// DiskUpdate is the body of PATCH /v1/volumes/{volume}/disks/{disk}. The size
+// can only grow.
+type DiskUpdate struct {
+	Size int64 `json:"size"`
+}
+
+// SnapshotSpec is the body of POST /v1/volumes/{volume}/snapshots.
+type SnapshotSpec struct {
+	Name string `json:"name"`
+}
+
+// Snapshot is a crash-consistent image of every disk of a volume taken at one
+// instant.
+type Snapshot struct {
+	Name      string    `json:"name"`
+	UID       string    `json:"uid"`
+	Volume    string    `json:"volume"`
+	Disks     []Disk    `json:"disks"`
+	Method    string    `json:"method"` // "reflink" or "copy"
+	CreatedAt time.Time `json:"createdAt"`
+	// GateHeld is how long new writes were held while the snapshot was taken.
+	GateHeld time.Duration `json:"gateHeldNs"`
+}
+
+// RollbackSpec is the body of POST /v1/volumes/{volume}/rollback.
+type RollbackSpec struct {
+	Snapshot string `json:"snapshot"`
+}
+
+// CloneSpec is the body of POST /v1/clones: one or many new volumes from a
+// snapshot, or from a live volume through an implicit snapshot.
+type CloneSpec struct {
+	Source Source            `json:"source"`
+	Names  []string          `json:"names"`
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// MaxBulkClones bounds the names of one clone request.
+const MaxBulkClones = 5000
+
+// Job states.
+const (
+	JobRunning   = "running"
+	JobSucceeded = "succeeded"
+	JobFailed    = "failed"
+	JobCancelled = "cancelled"
+)
+
+// Job is a long operation (snapshot, rollback, clone) with its progress.
+type Job struct {
+	ID         string    `json:"id"`
+	Kind       string    `json:"kind"`   // "snapshot", "rollback", "clone"
+	Target     string    `json:"target"` // e.g. "web01@nightly" or "golden@v1 -> vdi-001..vdi-500"
+	State      string    `json:"state"`
+	BytesDone  int64     `json:"bytesDone"`
+	BytesTotal int64     `json:"bytesTotal"`
+	ItemsDone  int       `json:"itemsDone"`
+	ItemsTotal int       `json:"itemsTotal"`
+	Error      *Error    `json:"error,omitempty"`
+	Result     []string  `json:"result,omitempty"` // names made so far
+	StartedAt  time.Time `json:"startedAt"`
+	EndedAt    time.Time `json:"endedAt,omitzero"`
+}
+
+// Capabilities are what the pool's filesystem can do, probed at start.
+type Capabilities struct {
+	Reflink         bool `json:"reflink"`
+	CopyFileRange   bool `json:"copyFileRange"`
+	SeekHole        bool `json:"seekHole"`
+	BtrfsSubvolumes bool `json:"btrfsSubvolumes"`
+	ExtentSizeHint  bool `json:"extentSizeHint"`
+}
+
+// PoolInfo is the body of GET /v1/pool.
+type PoolInfo struct {
+	ID           string       `json:"id"`
+	Path         string       `json:"path"`
+	Filesystem   string       `json:"filesystem"`
+	Capabilities Capabilities `json:"capabilities"`
+	TotalBytes   int64        `json:"totalBytes"`
+	FreeBytes    int64        `json:"freeBytes"`
+	Volumes      int          `json:"volumes"`
+	CreatedAt    time.Time    `json:"createdAt"`
+}
+
+// List wraps collections.
+type List[T any] struct {
+	Items []T `json:"items"`
+}
+
+// Error is the body of every non-2xx response: {"error": {...}}.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+// ErrorBody is the envelope of an error response.
+type ErrorBody struct {
+	Error Error `json:"error"`
+}
+
+// Stable error codes. Clients branch on these, never on messages.
+const (
+	CodeInvalid      = "Invalid"          // 400: a field breaks a rule
+	CodeUnauthorized = "Unauthorized"     // 401: missing or wrong bearer token
+	CodeNotFound     = "NotFound"         // 404: volume, disk, snapshot or job
+	CodeConflict     = "AlreadyExists"    // 409: same name, different spec
+	CodeBusy         = "Busy"             // 409: another operation holds the volume
+	CodeCapacity     = "CapacityExceeded" // 422: disks would not fit the capacity
+	CodeNoSpace      = "NoSpace"          // 507: the pool is full
+	CodeCancelled    = "Cancelled"        // 499-like: job was cancelled
+	CodeInternal     = "Internal"         // 500
+)

@@ -1,0 +1,51 @@
+package apiserver
+
+import (
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/job"
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+func volumeToAPI(v pool.VolumeInfo) api.Volume {
+	out := api.Volume{Name: v.Name, UID: v.UID, Capacity: v.Capacity, Labels: v.Labels, Disks: disksToAPI(v.Disks),
+		Snapshots: v.Snapshots, CreatedAt: v.CreatedAt, Path: v.Dir}
+	if v.Source != nil {
+		out.Source = &api.Source{Volume: v.Source.Volume, Snapshot: v.Source.Snapshot}
+	}
+	return out
+}
+
+func disksToAPI(ds []pool.DiskInfo) []api.Disk {
+	out := make([]api.Disk, 0, len(ds))
+	for _, d := range ds {
+		out = append(out, api.Disk{Name: d.Name, Size: d.Size, Allocated: d.Allocated, Path: d.Path})
+	}
+	return out
+}
+
+func snapshotToAPI(s pool.SnapshotInfo) api.Snapshot {
+	return api.Snapshot{Name: s.Name, UID: s.UID, Volume: s.Volume, Disks: disksToAPI(s.Disks), Method: s.Method,
+		CreatedAt: s.CreatedAt, GateHeld: s.GateHeld}
+}
+
+func jobToAPI(s job.Status) api.Job {
+	out := api.Job{ID: s.ID, Kind: s.Kind, Target: s.Target, State: s.State, BytesDone: s.BytesDone,
+		BytesTotal: s.BytesTotal, ItemsDone: s.ItemsDone, ItemsTotal: s.ItemsTotal, Result: s.Result,
+		StartedAt: s.StartedAt, EndedAt: s.EndedAt}
+	if s.Err != nil {
+		_, e := toError(s.Err)
+		out.Error = &e
+	}
+	return out
+}
+
+func diskSpecsFromAPI(ds []api.DiskSpec) []pool.DiskSpec {
+	if ds == nil {
+		return nil
+	}
+	out := make([]pool.DiskSpec, len(ds))
+	for i, d := range ds {
+		out[i] = pool.DiskSpec{Name: d.Name, Size: d.Size}
+	}
+	return out
+}

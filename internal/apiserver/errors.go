@@ -1,0 +1,73 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"github.com/quiverstorage/quiver/internal/api"
+	"net/http"
+
+	"github.com/quiverstorage/quiver/internal/job"
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+// errUnauthorized is returned by the auth check.
+var errUnauthorized = errors.New("missing or wrong bearer token: pass the server's token with --token-file")
+
+// errorMapping maps domain sentinels to an HTTP status and stable code. The
+// first match wins; it is the only place where errors meet HTTP.
+var errorMapping = []struct {
+	err    error
+	status int
+	code   string
+}{
+	{pool.ErrInvalid, http.StatusBadRequest, api.CodeInvalid},
+	{errBadRequest, http.StatusBadRequest, api.CodeInvalid},
+	{errUnauthorized, http.StatusUnauthorized, api.CodeUnauthorized},
+	{pool.ErrVolumeNotFound, http.StatusNotFound, api.CodeNotFound},
+	{pool.ErrDiskNotFound, http.StatusNotFound, api.CodeNotFound},
+	{pool.ErrSnapshotNotFound, http.StatusNotFound, api.CodeNotFound},
+	{job.ErrNotFound, http.StatusNotFound, api.CodeNotFound},
+	{errRouteNotFound, http.StatusNotFound, api.CodeNotFound},
+	{errMethod, http.StatusMethodNotAllowed, api.CodeInvalid},
+	{pool.ErrExists, http.StatusConflict, api.CodeConflict},
+	{pool.ErrBusy, http.StatusConflict, api.CodeBusy},
+	{context.Canceled, http.StatusConflict, api.CodeCancelled},
+	{pool.ErrCapacity, http.StatusUnprocessableEntity, api.CodeCapacity},
+	{pool.ErrNoSpace, http.StatusInsufficientStorage, api.CodeNoSpace},
+}
+
+// toError maps any error to its HTTP status and wire error.
+func toError(err error) (int, api.Error) {
+	e := api.Error{Code: api.CodeInternal, Message: err.Error()}
+	var fe *pool.FieldError
+	if errors.As(err, &fe) {
+		e.Field = fe.Field
+	}
+	var be *badRequest
+	if errors.As(err, &be) {
+		e.Field = be.field
+	}
+	for _, m := range errorMapping {
+		if errors.Is(err, m.err) {
+			e.Code = m.code
+			return m.status, e
+		}
+	}
+	return http.StatusInternalServerError, e
+}
+
+var (
+	errBadRequest    = errors.New("bad request")
+	errRouteNotFound = errors.New("no such API route; see docs/api.md")
+	errMethod        = errors.New("method not allowed on this route")
+)
+
+// badRequest is a malformed request (body, query) that never reached the
+// domain. It matches errBadRequest.
+type badRequest struct {
+	field string
+	msg   string
+}
+
+func (e *badRequest) Error() string        { return e.msg }
+func (e *badRequest) Is(target error) bool { return target == errBadRequest }

@@ -1,0 +1,73 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"github.com/quiverstorage/quiver/internal/api"
+	"net/http"
+	"testing"
+
+	"github.com/quiverstorage/quiver/internal/job"
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+// TestToError checks the one mapping from errors to HTTP: each sentinel, as
+// the domain wraps it, gets its documented status and code, the message is
+// the error's own, and a FieldError or badRequest carries its field.
+func TestToError(t *testing.T) {
+	fieldErr := &pool.FieldError{Field: "disks[1].name", Value: "Root!", Rule: "must be a DNS label"}
+	tests := []struct {
+		name   string
+		err    error
+		status int
+		code   string
+		field  string
+	}{
+		{"invalid", fmt.Errorf("create: %w", pool.ErrInvalid), http.StatusBadRequest, api.CodeInvalid, ""},
+		{"field error", fmt.Errorf("create volume: %w", fieldErr), http.StatusBadRequest, api.CodeInvalid, "disks[1].name"},
+		{"bad request", &badRequest{field: "capacity", msg: "capacity: must be a number"}, http.StatusBadRequest, api.CodeInvalid, "capacity"},
+		{"bad request without field", &badRequest{msg: "request body: malformed JSON"}, http.StatusBadRequest, api.CodeInvalid, ""},
+		{"bad request sentinel", errBadRequest, http.StatusBadRequest, api.CodeInvalid, ""},
+		{"unauthorized", errUnauthorized, http.StatusUnauthorized, api.CodeUnauthorized, ""},
+		{"volume not found", fmt.Errorf("volume %q: %w", "web", pool.ErrVolumeNotFound), http.StatusNotFound, api.CodeNotFound, ""},
+		{"disk not found", fmt.Errorf("disk %q: %w", "root", pool.ErrDiskNotFound), http.StatusNotFound, api.CodeNotFound, ""},
+		{"snapshot not found", fmt.Errorf("snapshot %q: %w", "v1", pool.ErrSnapshotNotFound), http.StatusNotFound, api.CodeNotFound, ""},
+		{"job not found", fmt.Errorf("job %q: %w", "0123", job.ErrNotFound), http.StatusNotFound, api.CodeNotFound, ""},
+		{"route not found", errRouteNotFound, http.StatusNotFound, api.CodeNotFound, ""},
+		{"method not allowed", errMethod, http.StatusMethodNotAllowed, api.CodeInvalid, ""},
+		{"exists", fmt.Errorf("volume %q: %w", "web", pool.ErrExists), http.StatusConflict, api.CodeConflict, ""},
+		{"busy", fmt.Errorf("snapshot: %w", pool.ErrBusy), http.StatusConflict, api.CodeBusy, ""},
+		{"cancelled", fmt.Errorf("clone: %w", context.Canceled), http.StatusConflict, api.CodeCancelled, ""},
+		{"capacity", fmt.Errorf("disks total: %w", pool.ErrCapacity), http.StatusUnprocessableEntity, api.CodeCapacity, ""},
+		{"no space", fmt.Errorf("%w: write: no space left on device", pool.ErrNoSpace), http.StatusInsufficientStorage, api.CodeNoSpace, ""},
+		{"unknown", errors.New("disk on fire"), http.StatusInternalServerError, api.CodeInternal, ""},
+		{"unknown wrapped", fmt.Errorf("snapshot web@v1: %w", errors.New("input/output error")), http.StatusInternalServerError, api.CodeInternal, ""},
+	}
+	covered := map[error]bool{}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, e := toError(tt.err)
+			if status != tt.status || e.Code != tt.code {
+				t.Errorf("toError(%v) = %d %s, want %d %s", tt.err, status, e.Code, tt.status, tt.code)
+			}
+			if e.Message != tt.err.Error() {
+				t.Errorf("message %q, want the error's own %q", e.Message, tt.err.Error())
+			}
+			if e.Field != tt.field {
+				t.Errorf("field %q, want %q", e.Field, tt.field)
+			}
+		})
+		for _, m := range errorMapping {
+			if errors.Is(tt.err, m.err) {
+				covered[m.err] = true
+			}
+		}
+	}
+	// A new row of errorMapping needs a row here.
+	for _, m := range errorMapping {
+		if !covered[m.err] {
+			t.Errorf("errorMapping row %v (%d %s) has no test case", m.err, m.status, m.code)
+		}
+	}
+}

@@ -1,0 +1,304 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"github.com/quiverstorage/quiver/internal/api"
+	"net/http"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/quiverstorage/quiver/internal/job"
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
+	info, err := s.pool.Info()
+	if err != nil {
+		return err
+	}
+	c := info.Caps
+	writeJSON(w, http.StatusOK, api.PoolInfo{ID: info.ID, Path: info.Dir, Filesystem: c.Filesystem,
+		Capabilities: api.Capabilities{Reflink: c.Reflink, CopyFileRange: c.CopyFileRange, SeekHole: c.SeekHole,
+			BtrfsSubvolumes: c.BtrfsSubvolumes, ExtentSizeHint: c.ExtentSizeHint},
+		TotalBytes: info.TotalBytes, FreeBytes: info.FreeBytes, Volumes: info.Volumes, CreatedAt: info.CreatedAt})
+	return nil
+}
+
+func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
+	var match func(map[string]string) bool
+	if q := r.URL.Query().Get("selector"); q != "" {
+		sel, err := labels.Parse(q)
+		if err != nil {
+			return &badRequest{field: "selector", msg: fmt.Sprintf("selector %q: %v", q, err)}
+		}
+		match = func(l map[string]string) bool { return sel.Matches(labels.Set(l)) }
+	}
+	vols := s.pool.List(match)
+	out := api.List[api.Volume]{Items: make([]api.Volume, 0, len(vols))}
+	for _, v := range vols {
+		out.Items = append(out.Items, volumeToAPI(v))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
+	var spec api.VolumeSpec
+	if err := decode(r, &spec); err != nil {
+		return err
+	}
+	info, created, err := s.pool.Create(r.Context(), pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity,
+		Labels: spec.Labels, Disks: diskSpecsFromAPI(spec.Disks)})
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, volumeToAPI(info))
+	return nil
+}
+
+func (s *Server) volume(r *http.Request) (*pool.Volume, error) {
+	return s.pool.Volume(r.PathValue("volume"))
+}
+
+func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) error {
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, volumeToAPI(v.Info()))
+	return nil
+}
+
+func (s *Server) updateVolume(w http.ResponseWriter, r *http.Request) error {
+	var u api.VolumeUpdate
+	if err := decode(r, &u); err != nil {
+		return err
+	}
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	info, err := v.Update(r.Context(), u.Capacity, u.Labels)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, volumeToAPI(info))
+	return nil
+}
+
+func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) error {
+	if err := s.pool.Delete(r.Context(), r.PathValue("volume")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) addDisk(w http.ResponseWriter, r *http.Request) error {
+	var d api.DiskSpec
+	if err := decode(r, &d); err != nil {
+		return err
+	}
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	info, err := v.AddDisk(r.Context(), pool.DiskSpec{Name: d.Name, Size: d.Size})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, volumeToAPI(info))
+	return nil
+}
+
+func (s *Server) growDisk(w http.ResponseWriter, r *http.Request) error {
+	var u api.DiskUpdate
+	if err := decode(r, &u); err != nil {
+		return err
+	}
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	info, err := v.GrowDisk(r.Context(), r.PathValue("disk"), u.Size)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, volumeToAPI(info))
+	return nil
+}
+
+func (s *Server) removeDisk(w http.ResponseWriter, r *http.Request) error {
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	info, err := v.RemoveDisk(r.Context(), r.PathValue("disk"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, volumeToAPI(info))
+	return nil
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	snaps := v.Snapshots()
+	out := api.List[api.Snapshot]{Items: make([]api.Snapshot, 0, len(snaps))}
+	for _, sn := range snaps {
+		out.Items = append(out.Items, snapshotToAPI(sn))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
+	var spec api.SnapshotSpec
+	if err := decode(r, &spec); err != nil {
+		return err
+	}
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	if err := pool.ValidateName("name", spec.Name); err != nil {
+		return err
+	}
+	var info pool.SnapshotInfo
+	created := false
+	return s.runJob(w, r, "snapshot", v.Name()+"@"+spec.Name, 1, func(ctx context.Context, j *job.Job) error {
+		var err error
+		info, created, err = v.CreateSnapshot(ctx, spec.Name, j)
+		return err
+	}, func() error {
+		status := http.StatusOK
+		if created {
+			status = http.StatusCreated
+		}
+		writeJSON(w, status, snapshotToAPI(info))
+		return nil
+	})
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	sn, err := v.Snapshot(r.PathValue("snapshot"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, snapshotToAPI(sn))
+	return nil
+}
+
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	if err := v.DeleteSnapshot(r.Context(), r.PathValue("snapshot")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) rollback(w http.ResponseWriter, r *http.Request) error {
+	var spec api.RollbackSpec
+	if err := decode(r, &spec); err != nil {
+		return err
+	}
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	if err := pool.ValidateName("snapshot", spec.Snapshot); err != nil {
+		return err
+	}
+	if _, err := v.Snapshot(spec.Snapshot); err != nil {
+		return err
+	}
+	var info pool.VolumeInfo
+	return s.runJob(w, r, "rollback", v.Name()+"@"+spec.Snapshot, 1, func(ctx context.Context, j *job.Job) error {
+		var err error
+		info, err = v.Rollback(ctx, spec.Snapshot, j)
+		return err
+	}, func() error {
+		writeJSON(w, http.StatusOK, volumeToAPI(info))
+		return nil
+	})
+}
+
+func (s *Server) clone(w http.ResponseWriter, r *http.Request) error {
+	var spec api.CloneSpec
+	if err := decode(r, &spec); err != nil {
+		return err
+	}
+	req := pool.CloneRequest{Source: pool.Source{Volume: spec.Source.Volume, Snapshot: spec.Source.Snapshot},
+		Names: spec.Names, Labels: spec.Labels}
+	// Validate and look up the source before starting a job, so bad input
+	// is a 4xx, not a failed job.
+	if err := s.pool.CheckClone(req); err != nil {
+		return err
+	}
+	target := req.Source.String() + " -> " + summarize(spec.Names)
+	var vols []pool.VolumeInfo
+	return s.runJob(w, r, "clone", target, len(spec.Names), func(ctx context.Context, j *job.Job) error {
+		var err error
+		vols, err = s.pool.Clone(ctx, req, j)
+		return err
+	}, func() error {
+		out := api.List[api.Volume]{Items: make([]api.Volume, 0, len(vols))}
+		for _, v := range vols {
+			out.Items = append(out.Items, volumeToAPI(v))
+		}
+		writeJSON(w, http.StatusCreated, out)
+		return nil
+	})
+}
+
+func summarize(names []string) string {
+	if len(names) <= 3 {
+		return strings.Join(names, ",")
+	}
+	return fmt.Sprintf("%s..%s (%d)", names[0], names[len(names)-1], len(names))
+}
+
+func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
+	jobs := s.jobs.List()
+	out := api.List[api.Job]{Items: make([]api.Job, 0, len(jobs))}
+	for _, j := range jobs {
+		out.Items = append(out.Items, jobToAPI(j))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
+	j, err := s.jobs.Get(r.PathValue("id"))
+	if err != nil {
+		return fmt.Errorf("job %q: %w", r.PathValue("id"), err)
+	}
+	writeJSON(w, http.StatusOK, jobToAPI(j.Status()))
+	return nil
+}
+
+func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
+	j, err := s.jobs.Cancel(r.PathValue("id"))
+	if err != nil {
+		return fmt.Errorf("job %q: %w", r.PathValue("id"), err)
+	}
+	writeJSON(w, http.StatusAccepted, jobToAPI(j.Status()))
+	return nil
+}

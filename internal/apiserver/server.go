@@ -1,0 +1,160 @@
+package apiserver
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"github.com/quiverstorage/quiver/internal/api"
+	"log/slog"
+	"net/http"
+	"path"
+	"strings"
+
+	"github.com/quiverstorage/quiver/internal/job"
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+// Server serves the v1 API over a pool.
+type Server struct {
+	pool  *pool.Pool
+	jobs  *job.Manager
+	token string
+	log   *slog.Logger
+	mux   *http.ServeMux
+}
+
+// NewServer returns the API handler. With a non-empty token every request
+// must carry "Authorization: Bearer <token>".
+func NewServer(p *pool.Pool, jobs *job.Manager, token string, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{pool: p, jobs: jobs, token: token, log: log, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+func (s *Server) routes() {
+	for pattern, h := range map[string]func(http.ResponseWriter, *http.Request) error{
+		"GET /v1/pool":                                     s.getPool,
+		"GET /v1/volumes":                                  s.listVolumes,
+		"POST /v1/volumes":                                 s.createVolume,
+		"GET /v1/volumes/{volume}":                         s.getVolume,
+		"PATCH /v1/volumes/{volume}":                       s.updateVolume,
+		"DELETE /v1/volumes/{volume}":                      s.deleteVolume,
+		"POST /v1/volumes/{volume}/disks":                  s.addDisk,
+		"PATCH /v1/volumes/{volume}/disks/{disk}":          s.growDisk,
+		"DELETE /v1/volumes/{volume}/disks/{disk}":         s.removeDisk,
+		"GET /v1/volumes/{volume}/snapshots":               s.listSnapshots,
+		"POST /v1/volumes/{volume}/snapshots":              s.createSnapshot,
+		"GET /v1/volumes/{volume}/snapshots/{snapshot}":    s.getSnapshot,
+		"DELETE /v1/volumes/{volume}/snapshots/{snapshot}": s.deleteSnapshot,
+		"POST /v1/volumes/{volume}/rollback":               s.rollback,
+		"POST /v1/clones":                                  s.clone,
+		"GET /v1/jobs":                                     s.listJobs,
+		"GET /v1/jobs/{id}":                                s.getJob,
+		"DELETE /v1/jobs/{id}":                             s.cancelJob,
+	} {
+		s.mux.Handle(pattern, s.handle(h))
+	}
+}
+
+// ServeHTTP checks the token, then routes.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.token != "" && !s.authorized(r) {
+		s.writeError(w, r, errUnauthorized)
+		return
+	}
+	// ServeMux answers an unclean path with a method-preserving redirect
+	// to the cleaned one, so DELETE .../snapshots/.. would land on
+	// DELETE /v1/volumes/{volume}. Refuse such paths instead.
+	if p := r.URL.EscapedPath(); !isCleanPath(p) {
+		s.writeError(w, r, &badRequest{field: "path",
+			msg: fmt.Sprintf("path %q: must not have empty, \".\" or \"..\" segments", p)})
+		return
+	}
+	h, pattern := s.mux.Handler(r)
+	if pattern == "" {
+		// No route matched: answer in JSON with the mux's status (404 or
+		// 405) instead of its plain-text body.
+		rec := &statusRecorder{header: http.Header{}}
+		h.ServeHTTP(rec, r)
+		if rec.status == http.StatusMethodNotAllowed {
+			allow := rec.header.Get("Allow")
+			w.Header().Set("Allow", allow)
+			s.writeError(w, r, fmt.Errorf("%s %q: %w (allowed: %s)", r.Method, r.URL.Path, errMethod, allow))
+			return
+		}
+		s.writeError(w, r, fmt.Errorf("%s %q: %w", r.Method, r.URL.Path, errRouteNotFound))
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// isCleanPath reports whether ServeMux routes p as it is, rather than
+// redirecting to a cleaned path: no empty, "." or ".." segments.
+func isCleanPath(p string) bool {
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c == p
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) == 1
+}
+
+// handle adapts a handler that returns an error, mapping it once.
+func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			s.writeError(w, r, err)
+		}
+	})
+}
+
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	status, e := toError(err)
+	if status >= 500 {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	} else {
+		s.log.Debug("request refused", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+	}
+	writeJSON(w, status, api.ErrorBody{Error: e})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (r *statusRecorder) Header() http.Header         { return r.header }
+func (r *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
+func (r *statusRecorder) WriteHeader(status int)      { r.status = status }
+
+// runJob starts fn as a job. With ?async=true it answers 202 with the job;
+// otherwise it waits for the job and calls done with its result. A client
+// that goes away does not cancel the job.
+func (s *Server) runJob(w http.ResponseWriter, r *http.Request, kind, target string, items int,
+	fn func(ctx context.Context, j *job.Job) error, done func() error) error {
+	j := s.jobs.Start(kind, target, items, fn)
+	if r.URL.Query().Get("async") == "true" {
+		writeJSON(w, http.StatusAccepted, jobToAPI(j.Status()))
+		return nil
+	}
+	if err := j.Wait(r.Context()); err != nil {
+		return err
+	}
+	return done()
+}

@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/quantity"
+)
+
+// parseLabels reads k=v words into a map; a key given twice is an error.
+func parseLabels(words []string) (map[string]string, error) {
+	if len(words) == 0 {
+		return nil, nil
+	}
+	labels := make(map[string]string, len(words))
+	for _, w := range words {
+		k, v, ok := strings.Cut(w, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("label %q: want KEY=VALUE", w)
+		}
+		if _, dup := labels[k]; dup {
+			return nil, fmt.Errorf("label %q: key %q is given twice", w, k)
+		}
+		labels[k] = v
+	}
+	return labels, nil
+}
+
+// parseDisk reads NAME=SIZE, e.g. root=40Gi.
+func parseDisk(word string) (api.DiskSpec, error) {
+	name, size, ok := strings.Cut(word, "=")
+	if !ok || name == "" || size == "" {
+		return api.DiskSpec{}, fmt.Errorf("disk %q: want NAME=SIZE, e.g. root=40Gi", word)
+	}
+	n, err := quantity.Parse(size)
+	if err != nil {
+		return api.DiskSpec{}, fmt.Errorf("disk %s: %w", name, err)
+	}
+	return api.DiskSpec{Name: name, Size: n}, nil
+}
+
+// parseDisks reads every --disk value in order.
+func parseDisks(words []string) ([]api.DiskSpec, error) {
+	disks := make([]api.DiskSpec, 0, len(words))
+	for _, w := range words {
+		d, err := parseDisk(w)
+		if err != nil {
+			return nil, err
+		}
+		disks = append(disks, d)
+	}
+	return disks, nil
+}
+
+// parseSource reads a clone source: vol@snap, or vol for the live volume.
+func parseSource(s string) (api.Source, error) {
+	vol, snap, hasSnap := strings.Cut(s, "@")
+	if vol == "" || (hasSnap && snap == "") || strings.Contains(snap, "@") {
+		return api.Source{}, fmt.Errorf("source %q: want VOLUME@SNAPSHOT or VOLUME", s)
+	}
+	return api.Source{Volume: vol, Snapshot: snap}, nil
+}

@@ -1,0 +1,213 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/client"
+)
+
+// Exit codes of Execute.
+const (
+	ExitOK          = 0
+	ExitError       = 1
+	ExitInterrupted = 130 // as a shell reports a command ended by SIGINT
+)
+
+// Env is what a run of the command line sees of its process.
+type Env struct {
+	Stdout, Stderr io.Writer
+	Getenv         func(string) string
+	// Interactive says Stderr is a terminal: only then are progress bars drawn.
+	Interactive bool
+	// Now is the clock for AGE columns; nil means time.Now.
+	Now func() time.Time
+	// PollInterval is how often a job is polled; 0 means the client's default.
+	PollInterval time.Duration
+}
+
+// OSEnv is the Env of this process.
+func OSEnv() Env {
+	return Env{
+		Stdout:      os.Stdout,
+		Stderr:      os.Stderr,
+		Getenv:      os.Getenv,
+		Interactive: term.IsTerminal(int(os.Stderr.Fd())),
+	}
+}
+
+// Environment variables that set the defaults of global flags.
+const (
+	envServer    = "QUIVER_SERVER"
+	envTokenFile = "QUIVER_TOKEN_FILE"
+)
+
+// app is one run of the command line: the parsed global flags and the Env.
+type app struct {
+	env       Env
+	server    string
+	tokenFile string
+	output    string
+	// started is set once flags and arguments parsed and a command began,
+	// to tell usage errors from failures of the command.
+	started bool
+}
+
+// errInterrupted marks a command stopped by SIGINT or SIGTERM.
+var errInterrupted = errors.New("interrupted")
+
+// Execute runs the command line with args (without the program name) and
+// returns the exit code. Cancelling ctx (SIGINT, SIGTERM) stops the command;
+// a job it was waiting for is cancelled on the server.
+func Execute(ctx context.Context, args []string, env Env) int {
+	if env.Getenv == nil {
+		env.Getenv = func(string) string { return "" }
+	}
+	if env.Now == nil {
+		env.Now = time.Now
+	}
+	a := &app{env: env}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetOut(env.Stdout)
+	root.SetErr(env.Stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	a.report(cmd, err)
+	if errors.Is(err, errInterrupted) || ctx.Err() != nil {
+		return ExitInterrupted
+	}
+	return ExitError
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "quiver",
+		Short: "Storage for virtual machines: one volume per VM, whole-VM snapshots and clones",
+		Long: `quiver keeps every virtual disk of a VM in one volume, takes crash-consistent
+snapshots of the whole VM and makes clones of it by the hundred.
+
+Run "quiver server" on the storage node; every other command talks to it over
+its HTTP API (--server, or QUIVER_SERVER).`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			// Cobra checks required flags after this hook; check them here
+			// so that every usage error comes before started is set.
+			if err := cmd.ValidateRequiredFlags(); err != nil {
+				return err
+			}
+			if a.output != outputTable && a.output != outputJSON {
+				return fmt.Errorf("--output %q: want %s or %s", a.output, outputTable, outputJSON)
+			}
+			a.started = true
+			return nil
+		},
+	}
+	defaultServer := a.env.Getenv(envServer)
+	if defaultServer == "" {
+		defaultServer = "http://" + api.DefaultAddr
+	}
+	flags := root.PersistentFlags()
+	flags.StringVar(&a.server, "server", defaultServer,
+		"URL of the quiver API: http://host:port or unix:///path/to.sock (env "+envServer+")")
+	flags.StringVar(&a.tokenFile, "token-file", a.env.Getenv(envTokenFile),
+		"file holding the API bearer token (env "+envTokenFile+")")
+	flags.StringVarP(&a.output, "output", "o", outputTable, "output format: table or json")
+
+	root.AddGroup(
+		&cobra.Group{ID: "node", Title: "Storage node:"},
+		&cobra.Group{ID: "storage", Title: "Volumes and disks:"},
+		&cobra.Group{ID: "data", Title: "Snapshots and clones:"},
+	)
+	add := func(group string, cmds ...*cobra.Command) {
+		for _, c := range cmds {
+			c.GroupID = group
+			root.AddCommand(c)
+		}
+	}
+	add("node", a.serverCommand(), a.poolCommand(), a.jobCommand())
+	add("storage", a.volumeCommand(), a.diskCommand())
+	add("data", a.snapshotCommand(), a.rollbackCommand(), a.cloneCommand())
+	return root
+}
+
+// client builds the API client from the global flags.
+func (a *app) client() (*client.Client, error) {
+	var opts []client.Option
+	if a.tokenFile != "" {
+		token, err := readToken(a.tokenFile)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, client.WithToken(token))
+	}
+	return client.New(serverURL(a.server), opts...)
+}
+
+// serverURL accepts a bare host:port as http://host:port.
+func serverURL(s string) string {
+	if !strings.Contains(s, "://") {
+		return "http://" + s
+	}
+	return s
+}
+
+// readToken reads a bearer token file: the token is its content, trimmed.
+func readToken(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("token file: %w", err)
+	}
+	token := strings.TrimSpace(string(data))
+	if token == "" {
+		return "", fmt.Errorf("token file %s is empty", path)
+	}
+	return token, nil
+}
+
+// report prints err and, where one helps, a hint of what to do.
+func (a *app) report(cmd *cobra.Command, err error) {
+	w := a.env.Stderr
+	fmt.Fprintf(w, "error: %s\n", err)
+	if !a.started {
+		if cmd != nil {
+			fmt.Fprintf(w, "hint: see '%s --help'\n", cmd.CommandPath())
+		}
+		return
+	}
+	if hint := a.hint(err); hint != "" {
+		fmt.Fprintf(w, "hint: %s\n", hint)
+	}
+}
+
+// hint says what to do about err, or "" when there is nothing useful to say.
+func (a *app) hint(err error) string {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED),
+		strings.HasPrefix(serverURL(a.server), "unix:") && errors.Is(err, fs.ErrNotExist):
+		return fmt.Sprintf("is `quiver server` running at %s? Start it, or point --server (%s) at it", a.server, envServer)
+	}
+	switch client.Code(err) {
+	case api.CodeUnauthorized:
+		return fmt.Sprintf("the server wants its bearer token: pass --token-file (%s)", envTokenFile)
+	case api.CodeBusy:
+		return "another operation holds the volume; `quiver job list` shows what is running"
+	case api.CodeNoSpace:
+		return "the pool is full; `quiver pool info` shows its free space"
+	}
+	return ""
+}

@@ -1,0 +1,7 @@
+// Package cli is the quiver command line: `quiver server` runs a storage
+// node, every other command talks to one through internal/client.
+//
+// It parses arguments and prints results; it holds no storage logic. It may
+// import internal/api, internal/client, internal/quantity and, for `quiver
+// server` only, internal/server; nothing imports it but cmd/quiver.
+package cli

@@ -1,0 +1,79 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/quantity"
+)
+
+func (a *app) poolCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "pool",
+		Short: "Show the storage pool of the server",
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "info",
+		Short: "Show the pool's filesystem, capabilities and free space",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			info, err := c.Pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), info, a.poolDetail(info))
+		},
+	})
+	return cmd
+}
+
+// poolDetail prints the pool's facts.
+func (a *app) poolDetail(p api.PoolInfo) func(io.Writer) error {
+	return func(w io.Writer) error {
+		f := newFields(w)
+		f.add("ID", p.ID)
+		f.add("Path", p.Path)
+		f.add("Filesystem", p.Filesystem)
+		f.add("Capabilities", capabilities(p.Capabilities))
+		f.add("Total", quantity.Format(p.TotalBytes))
+		free := quantity.Format(p.FreeBytes)
+		if p.TotalBytes > 0 {
+			free += fmt.Sprintf(" (%d%%)", p.FreeBytes*100/p.TotalBytes)
+		}
+		f.add("Free", free)
+		f.add("Volumes", fmt.Sprint(p.Volumes))
+		f.add("Created", timestamp(a.env.Now(), p.CreatedAt))
+		return f.flush()
+	}
+}
+
+// capabilities names the capabilities the pool has.
+func capabilities(c api.Capabilities) string {
+	var have []string
+	for _, k := range []struct {
+		name string
+		ok   bool
+	}{
+		{"reflink", c.Reflink},
+		{"copy_file_range", c.CopyFileRange},
+		{"seek_hole", c.SeekHole},
+		{"btrfs_subvolumes", c.BtrfsSubvolumes},
+		{"extent_size_hint", c.ExtentSizeHint},
+	} {
+		if k.ok {
+			have = append(have, k.name)
+		}
+	}
+	if len(have) == 0 {
+		return none
+	}
+	return strings.Join(have, ", ")
+}

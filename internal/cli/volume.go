@@ -1,0 +1,242 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/quantity"
+)
+
+func (a *app) volumeCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "volume",
+		Aliases: []string{"volumes", "vol"},
+		Short:   "Create, list, grow, label and delete volumes (one per VM)",
+	}
+	cmd.AddCommand(a.volumeCreateCommand(), a.volumeListCommand(), a.volumeGetCommand(),
+		a.volumeDeleteCommand(), a.volumeGrowCommand(), a.volumeLabelCommand())
+	return cmd
+}
+
+func (a *app) volumeCreateCommand() *cobra.Command {
+	var capacity string
+	var disks, labels []string
+	cmd := &cobra.Command{
+		Use:     "create NAME --capacity SIZE [--disk NAME=SIZE]... [--label KEY=VALUE]...",
+		Short:   "Create a volume with its disks",
+		Example: `  quiver volume create web01 --capacity 200Gi --disk root=40Gi --disk data=100Gi --label app=web`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			spec := api.VolumeSpec{Name: args[0]}
+			var err error
+			if spec.Capacity, err = quantity.Parse(capacity); err != nil {
+				return fmt.Errorf("--capacity: %w", err)
+			}
+			if spec.Disks, err = parseDisks(disks); err != nil {
+				return fmt.Errorf("--disk: %w", err)
+			}
+			if spec.Labels, err = parseLabels(labels); err != nil {
+				return fmt.Errorf("--label: %w", err)
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.CreateVolume(cmd.Context(), spec)
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), v, a.volumeTable(v))
+		},
+	}
+	cmd.Flags().StringVar(&capacity, "capacity", "", "budget for the sum of the disk sizes, e.g. 200Gi (required)")
+	cmd.Flags().StringArrayVar(&disks, "disk", nil, "a disk as NAME=SIZE, e.g. root=40Gi (repeatable)")
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "a label as KEY=VALUE (repeatable)")
+	cmd.MarkFlagRequired("capacity")
+	return cmd
+}
+
+func (a *app) volumeListCommand() *cobra.Command {
+	var selector string
+	cmd := &cobra.Command{
+		Use:     "list [-l KEY=VALUE,...]",
+		Aliases: []string{"ls"},
+		Short:   "List volumes, optionally those matching a label selector",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			vols, err := c.ListVolumes(cmd.Context(), selector)
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), api.List[api.Volume]{Items: nonNil(vols)}, a.volumeTable(vols...))
+		},
+	}
+	cmd.Flags().StringVarP(&selector, "selector", "l", "", "label selector: KEY=VALUE[,KEY=VALUE...]")
+	return cmd
+}
+
+func (a *app) volumeGetCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "get NAME",
+		Short: "Show a volume with its disks",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.GetVolume(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), v, a.volumeDetail(v))
+		},
+	}
+}
+
+func (a *app) volumeDeleteCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "delete NAME",
+		Aliases: []string{"rm"},
+		Short:   "Delete a volume with all its disks and snapshots",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if err := c.DeleteVolume(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			return a.printDone(cmd.OutOrStdout(), "volume %s deleted", args[0])
+		},
+	}
+}
+
+func (a *app) volumeGrowCommand() *cobra.Command {
+	var capacity string
+	cmd := &cobra.Command{
+		Use:   "grow NAME --capacity SIZE",
+		Short: "Raise the capacity of a volume (it cannot shrink)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			size, err := quantity.Parse(capacity)
+			if err != nil {
+				return fmt.Errorf("--capacity: %w", err)
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.UpdateVolume(cmd.Context(), args[0], api.VolumeUpdate{Capacity: &size})
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), v, a.volumeTable(v))
+		},
+	}
+	cmd.Flags().StringVar(&capacity, "capacity", "", "the new capacity, e.g. 300Gi (required)")
+	cmd.MarkFlagRequired("capacity")
+	return cmd
+}
+
+func (a *app) volumeLabelCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "label NAME [KEY=VALUE...]",
+		Short: "Replace the labels of a volume",
+		Long: `Replace the labels of a volume with the ones given: a label not given is
+removed, so with no KEY=VALUE every label is removed.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			labels, err := parseLabels(args[1:])
+			if err != nil {
+				return err
+			}
+			if labels == nil {
+				labels = map[string]string{}
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.UpdateVolume(cmd.Context(), args[0], api.VolumeUpdate{Labels: labels})
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), v, a.volumeTable(v))
+		},
+	}
+}
+
+// volumeTable prints volumes as a table.
+func (a *app) volumeTable(vols ...api.Volume) func(io.Writer) error {
+	return func(w io.Writer) error {
+		now := a.env.Now()
+		t := newTable(w, "NAME", "CAPACITY", "DISKS", "SNAPSHOTS", "LABELS", "AGE")
+		for _, v := range vols {
+			t.row(v.Name, quantity.Format(v.Capacity), formatDisks(v.Disks),
+				fmt.Sprint(v.Snapshots), formatLabels(v.Labels), age(now, v.CreatedAt))
+		}
+		return t.flush()
+	}
+}
+
+// volumeDetail prints one volume with a table of its disks.
+func (a *app) volumeDetail(v api.Volume) func(io.Writer) error {
+	return func(w io.Writer) error {
+		f := newFields(w)
+		f.add("Name", v.Name)
+		f.add("UID", v.UID)
+		f.add("Capacity", fmt.Sprintf("%s (%s in disks)", quantity.Format(v.Capacity), quantity.Format(diskTotal(v.Disks))))
+		f.add("Labels", formatLabels(v.Labels))
+		if v.Source != nil {
+			f.add("Source", source(v.Source))
+		}
+		f.add("Snapshots", fmt.Sprint(v.Snapshots))
+		f.add("Created", timestamp(a.env.Now(), v.CreatedAt))
+		f.add("Path", v.Path)
+		return printDisks(w, f, v.Disks)
+	}
+}
+
+// printDisks ends a detail view with the disks of a volume or snapshot.
+func printDisks(w io.Writer, f *fields, disks []api.Disk) error {
+	if len(disks) == 0 {
+		f.add("Disks", none)
+		return f.flush()
+	}
+	if err := f.flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "Disks:")
+	t := newTable(w, "  NAME", "SIZE", "ALLOCATED", "PATH")
+	for _, d := range disks {
+		t.row("  "+d.Name, quantity.Format(d.Size), quantity.Format(d.Allocated), d.Path)
+	}
+	return t.flush()
+}
+
+// printDone prints a confirmation for people; JSON output stays empty, as
+// the API's answer (204) is.
+func (a *app) printDone(w io.Writer, format string, args ...any) error {
+	if a.output == outputJSON {
+		return nil
+	}
+	_, err := fmt.Fprintf(w, format+"\n", args...)
+	return err
+}
+
+// nonNil makes an empty list print as [] rather than null.
+func nonNil[T any](items []T) []T {
+	if items == nil {
+		return []T{}
+	}
+	return items
+}

@@ -1,0 +1,179 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+// Client calls one quiver server. It is safe for concurrent use.
+type Client struct {
+	base  string // scheme://host[/prefix] with no trailing slash
+	httpc *http.Client
+	token string
+}
+
+// Option configures a Client made by New.
+type Option func(*Client)
+
+// WithToken sends "Authorization: Bearer <token>" with every request.
+func WithToken(token string) Option {
+	return func(c *Client) { c.token = token }
+}
+
+// WithHTTPClient makes the Client send its requests through hc (timeouts,
+// TLS, a test transport). For a unix:// base URL hc's Transport, when set,
+// must be an *http.Transport: New dials the socket through a copy of it.
+func WithHTTPClient(hc *http.Client) Option {
+	return func(c *Client) { c.httpc = hc }
+}
+
+// New returns a Client for the server at baseURL: "http://host:port",
+// "https://host:port" or "unix:///path/to.sock".
+func New(baseURL string, opts ...Option) (*Client, error) {
+	c := &Client{httpc: http.DefaultClient}
+	for _, opt := range opts {
+		opt(c)
+	}
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return nil, fmt.Errorf("server URL %q: %w", baseURL, err)
+	}
+	switch u.Scheme {
+	case "http", "https":
+		if u.Host == "" {
+			return nil, fmt.Errorf("server URL %q: no host", baseURL)
+		}
+		if u.RawQuery != "" || u.Fragment != "" {
+			return nil, fmt.Errorf("server URL %q: must not have a query or fragment", baseURL)
+		}
+		c.base = strings.TrimSuffix(u.Scheme+"://"+u.Host+u.EscapedPath(), "/")
+	case "unix":
+		if u.Host != "" || u.Path == "" {
+			return nil, fmt.Errorf("server URL %q: want unix:///absolute/path/to.sock", baseURL)
+		}
+		hc, err := unixHTTPClient(c.httpc, u.Path)
+		if err != nil {
+			return nil, fmt.Errorf("server URL %q: %w", baseURL, err)
+		}
+		c.httpc = hc
+		// The host is a placeholder: every connection goes to the socket.
+		c.base = "http://unix"
+	default:
+		return nil, fmt.Errorf("server URL %q: want http://host:port, https://host:port or unix:///path/to.sock", baseURL)
+	}
+	return c, nil
+}
+
+// unixHTTPClient returns a copy of hc whose connections all go to the unix
+// socket at path.
+func unixHTTPClient(hc *http.Client, path string) (*http.Client, error) {
+	var tr *http.Transport
+	switch t := hc.Transport.(type) {
+	case nil:
+		tr = http.DefaultTransport.(*http.Transport).Clone()
+	case *http.Transport:
+		tr = t.Clone()
+	default:
+		return nil, fmt.Errorf("the HTTP client's transport is %T, want *http.Transport to dial a unix socket", t)
+	}
+	tr.Proxy = nil
+	tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}
+	copied := *hc
+	copied.Transport = tr
+	return &copied, nil
+}
+
+// segment escapes one path segment, refusing an empty one: an empty name
+// would silently address a different route.
+func segment(what, name string) (string, error) {
+	if name == "" {
+		return "", fmt.Errorf("%s name is empty", what)
+	}
+	return url.PathEscape(name), nil
+}
+
+// maxErrorBody bounds how much of an error response is read.
+const maxErrorBody = 1 << 20
+
+// do sends one request and decodes a 2xx answer into out (when out is not
+// nil and the answer has a body). Anything else becomes an *Error.
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, in, out any) error {
+	target := c.base + api.Version + path
+	if len(query) > 0 {
+		target += "?" + query.Encode()
+	}
+	var body io.Reader
+	if in != nil {
+		data, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("%s %s: encode request: %w", method, path, err)
+		}
+		body = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, body)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.httpc.Do(req)
+	if err != nil {
+		return err // *url.Error already names the method and URL
+	}
+	defer func() {
+		// Drain a little so the connection can be reused.
+		_, _ = io.CopyN(io.Discard, resp.Body, 4<<10)
+		resp.Body.Close()
+	}()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return decodeError(resp)
+	}
+	if out == nil || resp.StatusCode == http.StatusNoContent {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode %d response: %w", method, path, resp.StatusCode, err)
+	}
+	return nil
+}
+
+// decodeError turns a non-2xx response into an *Error. A body that is not
+// the API's error envelope (a proxy's page, say) is kept as the message.
+func decodeError(resp *http.Response) error {
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	e := &Error{Status: resp.StatusCode}
+	var envelope api.ErrorBody
+	if err == nil && json.Unmarshal(data, &envelope) == nil && envelope.Error.Message != "" {
+		e.Detail = envelope.Error
+		return e
+	}
+	e.Detail.Message = strings.TrimSpace(string(data))
+	if len(e.Detail.Message) > 200 {
+		e.Detail.Message = e.Detail.Message[:200] + "…"
+	}
+	if e.Detail.Message == "" {
+		e.Detail.Message = resp.Status
+	}
+	return e
+}
+
+// errNoJob guards against a 202 without a usable job.
+var errNoJob = errors.New("server answered without a job id")

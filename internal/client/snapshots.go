@@ -1,0 +1,111 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+// asyncQuery asks a long operation to answer at once with a Job.
+var asyncQuery = url.Values{"async": {"true"}}
+
+// ListSnapshots lists the snapshots of a volume.
+func (c *Client) ListSnapshots(ctx context.Context, volume string) ([]api.Snapshot, error) {
+	p, err := segment("volume", volume)
+	if err != nil {
+		return nil, err
+	}
+	var list api.List[api.Snapshot]
+	err = c.do(ctx, http.MethodGet, "/volumes/"+p+"/snapshots", nil, nil, &list)
+	return list.Items, err
+}
+
+// CreateSnapshot snapshots every disk of a volume and returns when the
+// snapshot is complete.
+func (c *Client) CreateSnapshot(ctx context.Context, volume, name string) (api.Snapshot, error) {
+	var s api.Snapshot
+	p, err := segment("volume", volume)
+	if err != nil {
+		return s, err
+	}
+	err = c.do(ctx, http.MethodPost, "/volumes/"+p+"/snapshots", nil, api.SnapshotSpec{Name: name}, &s)
+	return s, err
+}
+
+// StartSnapshot starts a snapshot as a job and returns at once; follow it
+// with WaitJob.
+func (c *Client) StartSnapshot(ctx context.Context, volume, name string) (api.Job, error) {
+	p, err := segment("volume", volume)
+	if err != nil {
+		return api.Job{}, err
+	}
+	return c.startJob(ctx, "/volumes/"+p+"/snapshots", api.SnapshotSpec{Name: name})
+}
+
+// GetSnapshot returns one snapshot of a volume.
+func (c *Client) GetSnapshot(ctx context.Context, volume, name string) (api.Snapshot, error) {
+	var s api.Snapshot
+	p, err := snapshotPath(volume, name)
+	if err != nil {
+		return s, err
+	}
+	err = c.do(ctx, http.MethodGet, p, nil, nil, &s)
+	return s, err
+}
+
+// DeleteSnapshot deletes one snapshot of a volume.
+func (c *Client) DeleteSnapshot(ctx context.Context, volume, name string) error {
+	p, err := snapshotPath(volume, name)
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, http.MethodDelete, p, nil, nil, nil)
+}
+
+// Rollback returns every disk of a volume to a snapshot and returns the
+// volume when done.
+func (c *Client) Rollback(ctx context.Context, volume, snapshot string) (api.Volume, error) {
+	var v api.Volume
+	p, err := segment("volume", volume)
+	if err != nil {
+		return v, err
+	}
+	err = c.do(ctx, http.MethodPost, "/volumes/"+p+"/rollback", nil, api.RollbackSpec{Snapshot: snapshot}, &v)
+	return v, err
+}
+
+// StartRollback starts a rollback as a job and returns at once.
+func (c *Client) StartRollback(ctx context.Context, volume, snapshot string) (api.Job, error) {
+	p, err := segment("volume", volume)
+	if err != nil {
+		return api.Job{}, err
+	}
+	return c.startJob(ctx, "/volumes/"+p+"/rollback", api.RollbackSpec{Snapshot: snapshot})
+}
+
+// Clone makes one or many volumes from a snapshot or a live volume and
+// returns them when all are made.
+func (c *Client) Clone(ctx context.Context, spec api.CloneSpec) ([]api.Volume, error) {
+	var list api.List[api.Volume]
+	err := c.do(ctx, http.MethodPost, "/clones", nil, spec, &list)
+	return list.Items, err
+}
+
+// StartClone starts a clone as a job and returns at once.
+func (c *Client) StartClone(ctx context.Context, spec api.CloneSpec) (api.Job, error) {
+	return c.startJob(ctx, "/clones", spec)
+}
+
+func snapshotPath(volume, snapshot string) (string, error) {
+	v, err := segment("volume", volume)
+	if err != nil {
+		return "", err
+	}
+	s, err := segment("snapshot", snapshot)
+	if err != nil {
+		return "", err
+	}
+	return "/volumes/" + v + "/snapshots/" + s, nil
+}

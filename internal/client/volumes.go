@@ -1,0 +1,115 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+// Pool describes the storage pool the server runs on.
+func (c *Client) Pool(ctx context.Context) (api.PoolInfo, error) {
+	var info api.PoolInfo
+	err := c.do(ctx, http.MethodGet, "/pool", nil, nil, &info)
+	return info, err
+}
+
+// ListVolumes lists the volumes whose labels match selector ("k=v,k2=v2");
+// an empty selector lists every volume.
+func (c *Client) ListVolumes(ctx context.Context, selector string) ([]api.Volume, error) {
+	var query url.Values
+	if selector != "" {
+		query = url.Values{"selector": {selector}}
+	}
+	var list api.List[api.Volume]
+	err := c.do(ctx, http.MethodGet, "/volumes", query, nil, &list)
+	return list.Items, err
+}
+
+// CreateVolume creates a volume with its disks. Creating the same spec
+// again returns the existing volume; a different spec under the same name
+// fails with IsConflict.
+func (c *Client) CreateVolume(ctx context.Context, spec api.VolumeSpec) (api.Volume, error) {
+	var v api.Volume
+	err := c.do(ctx, http.MethodPost, "/volumes", nil, spec, &v)
+	return v, err
+}
+
+// GetVolume returns one volume.
+func (c *Client) GetVolume(ctx context.Context, name string) (api.Volume, error) {
+	var v api.Volume
+	p, err := segment("volume", name)
+	if err != nil {
+		return v, err
+	}
+	err = c.do(ctx, http.MethodGet, "/volumes/"+p, nil, nil, &v)
+	return v, err
+}
+
+// UpdateVolume grows the capacity and/or replaces the labels of a volume.
+func (c *Client) UpdateVolume(ctx context.Context, name string, update api.VolumeUpdate) (api.Volume, error) {
+	var v api.Volume
+	p, err := segment("volume", name)
+	if err != nil {
+		return v, err
+	}
+	err = c.do(ctx, http.MethodPatch, "/volumes/"+p, nil, update, &v)
+	return v, err
+}
+
+// DeleteVolume deletes a volume with its disks and snapshots.
+func (c *Client) DeleteVolume(ctx context.Context, name string) error {
+	p, err := segment("volume", name)
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, http.MethodDelete, "/volumes/"+p, nil, nil, nil)
+}
+
+// AddDisk adds a disk to a volume and returns the volume.
+func (c *Client) AddDisk(ctx context.Context, volume string, spec api.DiskSpec) (api.Volume, error) {
+	var v api.Volume
+	p, err := segment("volume", volume)
+	if err != nil {
+		return v, err
+	}
+	err = c.do(ctx, http.MethodPost, "/volumes/"+p+"/disks", nil, spec, &v)
+	return v, err
+}
+
+// GrowDisk sets a disk's size in bytes (it can only grow) and returns the
+// volume.
+func (c *Client) GrowDisk(ctx context.Context, volume, disk string, size int64) (api.Volume, error) {
+	var v api.Volume
+	p, err := diskPath(volume, disk)
+	if err != nil {
+		return v, err
+	}
+	err = c.do(ctx, http.MethodPatch, p, nil, api.DiskUpdate{Size: size}, &v)
+	return v, err
+}
+
+// RemoveDisk removes a disk and its image from a volume and returns the
+// volume.
+func (c *Client) RemoveDisk(ctx context.Context, volume, disk string) (api.Volume, error) {
+	var v api.Volume
+	p, err := diskPath(volume, disk)
+	if err != nil {
+		return v, err
+	}
+	err = c.do(ctx, http.MethodDelete, p, nil, nil, &v)
+	return v, err
+}
+
+func diskPath(volume, disk string) (string, error) {
+	v, err := segment("volume", volume)
+	if err != nil {
+		return "", err
+	}
+	d, err := segment("disk", disk)
+	if err != nil {
+		return "", err
+	}
+	return "/volumes/" + v + "/disks/" + d, nil
+}

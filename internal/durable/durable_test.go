@@ -1,0 +1,57 @@
+package durable
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestWriteFileReplacesAtomically(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "m.json")
+	for _, content := range []string{"one", "two, longer", "3"} {
+		if err := WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(p)
+		if err != nil || string(got) != content {
+			t.Fatalf("got %q, %v; want %q", got, err, content)
+		}
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("temporary files left: %v", entries)
+	}
+}
+
+func TestWriteFileMissingDirLeavesNothing(t *testing.T) {
+	if err := WriteFile(filepath.Join(t.TempDir(), "no", "x"), []byte("x"), 0o644); err == nil {
+		t.Fatal("want error for missing directory")
+	}
+}
+
+func TestJSONRoundTripRefusesUnknownFields(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "v.json")
+	type v1 struct{ A int }
+	if err := WriteJSON(p, struct{ A, B int }{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	var got v1
+	if err := ReadJSON(p, &got); err == nil {
+		t.Fatal("want error for unknown field B")
+	}
+	if err := WriteJSON(p, v1{A: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReadJSON(p, &got); err != nil || got.A != 7 {
+		t.Fatalf("got %+v, %v", got, err)
+	}
+}
+
+func TestIsTemp(t *testing.T) {
+	for name, want := range map[string]bool{".tmp-volume.json-abc": true, "volume.json": false, "disk.img": false} {
+		if IsTemp(name) != want {
+			t.Errorf("IsTemp(%q) = %v", name, !want)
+		}
+	}
+}

@@ -1,0 +1,142 @@
+package fscap
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// A sparse layout: data at the start, a run longer than two chunks that ends
+// off a chunk boundary, a run that has written zeros in its middle, and a
+// hole at the end.
+const (
+	sparseSize = 48 << 20
+	zeroOff    = 30<<20 + 256<<10 // written zeros inside the third run
+	zeroLen    = 256 << 10
+)
+
+var sparseRuns = []run{
+	{0, 64 << 10},
+	{1 << 20, 20<<20 + 12<<10},
+	{30 << 20, 1 << 20},
+}
+
+// makeSparse writes the sparse layout to dir/name and returns its path.
+func makeSparse(t testing.TB, dir, name string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	writeRuns(t, path, sparseSize, sparseRuns)
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(make([]byte, zeroLen), zeroOff); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := seekMap(t, path); !slices.Equal(got, sparseRuns) {
+		t.Fatalf("test setup: %s has data runs %v, want %v", path, got, sparseRuns)
+	}
+	return path
+}
+
+func TestCopySparse(t *testing.T) {
+	for _, fs := range []fsCase{onTempDir, onExt4, onXFS, onBtrfs, onTmpfs} {
+		for _, method := range []struct {
+			name   string
+			useCFR bool
+		}{{"copy_file_range", true}, {"read_write", false}} {
+			t.Run(fs.name+"/"+method.name, func(t *testing.T) {
+				dir := fs.dir(t)
+				srcPath := makeSparse(t, dir, "src")
+				dstPath := filepath.Join(dir, "dst")
+				src, err := os.Open(srcPath)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer src.Close()
+				dst, err := os.Create(dstPath)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer dst.Close()
+				// Old content must not survive in dst's holes.
+				if _, err := dst.Write(content(0, 4<<20)); err != nil {
+					t.Fatal(err)
+				}
+
+				var calls []int64
+				err = copySparse(context.Background(), dst, src, func(n int64) { calls = append(calls, n) }, method.useCFR)
+				if err != nil {
+					t.Fatalf("copySparse: %v", err)
+				}
+				if err := dst.Sync(); err != nil {
+					t.Fatal(err)
+				}
+
+				assertSameFile(t, dstPath, srcPath)
+				srcMap, dstMap := seekMap(t, srcPath), seekMap(t, dstPath)
+				if !within(dstMap, srcMap) {
+					t.Errorf("holes not preserved: dst data runs %v, src %v", dstMap, srcMap)
+				}
+				wantData := sumRuns(srcMap)
+				if !method.useCFR {
+					wantData -= zeroLen // the pread/pwrite path leaves zero blocks as holes
+				}
+				if got := sumRuns(dstMap); got != wantData {
+					t.Errorf("dst has %d data bytes, want %d (runs %v)", got, wantData, dstMap)
+				}
+				alloc, err := Allocated(dstPath)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if slack := int64(1 << 20); alloc < wantData-slack || alloc > wantData+slack {
+					t.Errorf("dst allocates %d bytes for %d data bytes", alloc, wantData)
+				}
+
+				var sum int64
+				for _, n := range calls {
+					if n <= 0 || n > maxChunk {
+						t.Errorf("progress(%d): want 0 < n <= %d", n, maxChunk)
+					}
+					sum += n
+				}
+				if sum != sumRuns(srcMap) {
+					t.Errorf("progress adds up to %d, want the %d data bytes of src", sum, sumRuns(srcMap))
+				}
+				if wantCalls := 1 + 3 + 1; len(calls) != wantCalls {
+					t.Errorf("progress called %d times, want %d (one per chunk of at most 8 MiB)", len(calls), wantCalls)
+				}
+			})
+		}
+	}
+}
+
+func TestCopySparseEmpty(t *testing.T) {
+	dir := t.TempDir()
+	src, err := os.Create(filepath.Join(dir, "src"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.Create(filepath.Join(dir, "dst"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	called := false
+	if err := CopySparse(context.Background(), dst, src, func(int64) { called = true }); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := dst.Stat(); err != nil || fi.Size() != 0 {
+		t.Errorf("dst stat = %v, %v; want size 0", fi, err)
+	}
+	if called {
+		t.Error("progress called for an empty file")
+	}
+}

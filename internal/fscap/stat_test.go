@@ -1,0 +1,144 @@
+package fscap
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestDataBytesAllocatedExtents(t *testing.T) {
+	tests := []struct {
+		fs             fsCase
+		extentsWantErr error
+	}{
+		{fs: onExt4},
+		{fs: onXFS},
+		{fs: onBtrfs},
+		{fs: onTmpfs, extentsWantErr: ErrNotSupported},
+	}
+	for _, tc := range tests {
+		t.Run(tc.fs.name, func(t *testing.T) {
+			dir := tc.fs.dir(t)
+			path := makeSparse(t, dir, "src")
+			f, err := os.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+
+			data, err := DataBytes(f)
+			if err != nil {
+				t.Fatalf("DataBytes: %v", err)
+			}
+			if want := sumRuns(sparseRuns); data != want {
+				t.Errorf("DataBytes = %d, want %d", data, want)
+			}
+
+			alloc, err := Allocated(path)
+			if err != nil {
+				t.Fatalf("Allocated: %v", err)
+			}
+			if alloc < data || alloc > data+1<<20 {
+				t.Errorf("Allocated = %d, want about the %d data bytes", alloc, data)
+			}
+
+			n, err := Extents(f)
+			if !errors.Is(err, tc.extentsWantErr) {
+				t.Fatalf("Extents: err = %v, want %v", err, tc.extentsWantErr)
+			}
+			if err == nil && n < len(sparseRuns) {
+				t.Errorf("Extents = %d, want at least one per data run (%d)", n, len(sparseRuns))
+			}
+
+			total, free, err := Usage(dir)
+			if err != nil {
+				t.Fatalf("Usage: %v", err)
+			}
+			if total <= 0 || free <= 0 || free > total {
+				t.Errorf("Usage = %d, %d; want 0 < free <= total", total, free)
+			}
+		})
+	}
+}
+
+func TestExtentsEmptyFile(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "empty"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := Extents(f); err != nil || n != 0 {
+		t.Errorf("Extents of a hole-only file = %d, %v; want 0, nil", n, err)
+	}
+}
+
+func TestStatErrors(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing")
+	if _, err := Allocated(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Allocated(missing): err = %v, want os.ErrNotExist", err)
+	}
+	if _, _, err := Usage(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Usage(missing): err = %v, want os.ErrNotExist", err)
+	}
+}
+
+func TestSetExtentSizeHint(t *testing.T) {
+	const hint = 1 << 20
+	tests := []struct {
+		name     string
+		fs       fsCase
+		hasData  bool
+		bytes    uint32
+		wantErr  error // nil: success
+		anyError bool  // an error other than the sentinels
+	}{
+		{name: "xfs", fs: onXFS, bytes: hint},
+		{name: "xfs clear", fs: onXFS, bytes: 0},
+		{name: "xfs file with data", fs: onXFS, hasData: true, bytes: hint, wantErr: ErrHasData},
+		{name: "xfs not a block multiple", fs: onXFS, bytes: 1000, anyError: true},
+		{name: "ext4", fs: onExt4, bytes: hint, wantErr: ErrNotSupported},
+		{name: "btrfs", fs: onBtrfs, bytes: hint, wantErr: ErrNotSupported},
+		{name: "tmpfs", fs: onTmpfs, bytes: hint, wantErr: ErrNotSupported},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := os.Create(filepath.Join(tc.fs.dir(t), "disk"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if err := f.Truncate(64 << 20); err != nil { // size alone allocates nothing
+				t.Fatal(err)
+			}
+			if tc.hasData {
+				if _, err := f.WriteAt(content(0, blockSize), 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			err = SetExtentSizeHint(f, tc.bytes)
+			switch {
+			case tc.anyError:
+				if err == nil || errors.Is(err, ErrNotSupported) || errors.Is(err, ErrHasData) {
+					t.Fatalf("err = %v, want a plain error", err)
+				}
+				return
+			case !errors.Is(err, tc.wantErr):
+				t.Fatalf("err = %v, want %v", err, tc.wantErr)
+			case err != nil:
+				return
+			}
+			attr, err := getFsxattr(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if set := attr.Xflags&fsXflagExtsize != 0; set != (tc.bytes != 0) || attr.Extsize != tc.bytes {
+				t.Errorf("after setting %d: FS_XFLAG_EXTSIZE=%v extsize=%d", tc.bytes, set, attr.Extsize)
+			}
+		})
+	}
+}

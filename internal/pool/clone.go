@@ -1,0 +1,285 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/quiverstorage/quiver/internal/fscap"
+)
+
+// MaxClones bounds the names of one clone request.
+const MaxClones = 5000
+
+// cloneWorkers is how many clones of a bulk request are made at once: the
+// work is mostly waiting for fsync, so a few in parallel use the disk better.
+const cloneWorkers = 8
+
+// CloneRequest asks for new volumes from a snapshot, or from the live volume
+// through an implicit snapshot (Source.Snapshot empty).
+type CloneRequest struct {
+	Source Source
+	Names  []string
+	Labels map[string]string // added to the source volume's labels
+}
+
+func validateClone(req CloneRequest) error {
+	if err := ValidateName("source.volume", req.Source.Volume); err != nil {
+		return err
+	}
+	if req.Source.Snapshot != "" {
+		if err := ValidateName("source.snapshot", req.Source.Snapshot); err != nil {
+			return err
+		}
+	}
+	if len(req.Names) == 0 {
+		return invalid("names", "", "at least one name is required")
+	}
+	if len(req.Names) > MaxClones {
+		return invalid("names", "", fmt.Sprintf("at most %d clones per request", MaxClones))
+	}
+	seen := make(map[string]bool, len(req.Names))
+	for i, n := range req.Names {
+		f := fmt.Sprintf("names[%d]", i)
+		if err := ValidateName(f, n); err != nil {
+			return err
+		}
+		if seen[n] {
+			return invalid(f, n, "duplicate name")
+		}
+		if n == req.Source.Volume {
+			return invalid(f, n, "a clone cannot replace its source")
+		}
+		seen[n] = true
+	}
+	return ValidateLabels("labels", req.Labels)
+}
+
+// Clone makes one new volume per name, each a whole-VM copy of the source:
+// thin (reflinked) where the filesystem allows, and independent of the source
+// afterwards. Each clone becomes visible atomically and is durable when it is
+// reported done; after a crash, the clones reported done exist and no other
+// is visible. It is idempotent: a name that already exists as a clone of the
+// same source counts as made; one that exists otherwise fails with ErrExists.
+func (p *Pool) Clone(ctx context.Context, req CloneRequest, prog Progress) ([]VolumeInfo, error) {
+	prog = orNop(prog)
+	if err := validateClone(req); err != nil {
+		return nil, err
+	}
+	src, err := p.Volume(req.Source.Volume)
+	if err != nil {
+		return nil, err
+	}
+	// Refuse early, before any work, when a name is taken by something else.
+	for _, n := range req.Names {
+		if err := p.checkCloneTarget(n, req.Source); err != nil && !errors.Is(err, errCloneExists) {
+			return nil, err
+		}
+	}
+	unlock, err := src.rlockOps("clone")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	m := src.manifest()
+	from, disks, capacity := "", m.Disks, m.Capacity
+	if req.Source.Snapshot != "" {
+		s, err := src.snapshotManifest(req.Source.Snapshot)
+		if err != nil {
+			return nil, err
+		}
+		from, disks, capacity = src.snapshotDir(s.Name), s.Disks, s.Capacity
+	} else {
+		staged, err := p.newStaging("implicit")
+		if err != nil {
+			return nil, mapFSError(err)
+		}
+		defer p.discard(staged)
+		if _, _, err := src.capture(ctx, staged, m, prog); err != nil {
+			return nil, fmt.Errorf("clone %s: implicit snapshot: %w", req.Source.Volume, err)
+		}
+		from = staged
+	}
+	if err := p.addCopyTotal(prog, from, disks, len(req.Names)); err != nil {
+		return nil, err
+	}
+	labels := maps.Clone(m.Labels)
+	if labels == nil && len(req.Labels) > 0 {
+		labels = map[string]string{}
+	}
+	maps.Copy(labels, req.Labels)
+
+	out := make([]VolumeInfo, len(req.Names))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(cloneWorkers)
+	for i, name := range req.Names {
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
+			info, err := p.cloneOne(gctx, name, req.Source, from, disks, capacity, labels, prog)
+			if err != nil {
+				return fmt.Errorf("clone %s: %w", name, err)
+			}
+			out[i] = info
+			prog.Done(name)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+var errCloneExists = errors.New("clone exists")
+
+// checkCloneTarget returns nil when name is free, errCloneExists when it is
+// already a clone of src, and ErrExists otherwise.
+func (p *Pool) checkCloneTarget(name string, src Source) error {
+	v, err := p.Volume(name)
+	if errors.Is(err, ErrVolumeNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if m := v.manifest(); m.Source != nil && *m.Source == src {
+		return errCloneExists
+	}
+	return fmt.Errorf("volume %q exists and is not a clone of %s: %w", name, src, ErrExists)
+}
+
+func (s Source) String() string {
+	if s.Snapshot == "" {
+		return s.Volume
+	}
+	return s.Volume + "@" + s.Snapshot
+}
+
+func (p *Pool) cloneOne(ctx context.Context, name string, src Source, from string, disks []DiskSpec,
+	capacity int64, labels map[string]string, prog Progress) (VolumeInfo, error) {
+	if err := p.reserve(name); err != nil {
+		return VolumeInfo{}, err
+	}
+	defer p.unreserve(name)
+	switch err := p.checkCloneTarget(name, src); {
+	case errors.Is(err, errCloneExists):
+		v, err := p.Volume(name)
+		if err != nil {
+			return VolumeInfo{}, err
+		}
+		return v.Info(), nil
+	case err != nil:
+		return VolumeInfo{}, err
+	}
+	staged, err := p.newStaging("vol")
+	if err != nil {
+		return VolumeInfo{}, mapFSError(err)
+	}
+	s := src
+	m := volumeManifest{Kind: "Volume", Version: manifestVersion, Name: name, UID: newUID(), Capacity: capacity,
+		Labels: maps.Clone(labels), Disks: disks, Source: &s, CreatedAt: time.Now().UTC()}
+	err = p.stageVolume(staged, m, func(disksDir string) error {
+		return p.copyImages(ctx, disksDir, from, disks, prog)
+	})
+	if err != nil {
+		p.discard(staged)
+		return VolumeInfo{}, err
+	}
+	v, err := p.publish(staged, m)
+	if err != nil {
+		p.discard(staged)
+		return VolumeInfo{}, err
+	}
+	return v.Info(), nil
+}
+
+// copyImages clones <disk>.img of every disk from fromDir into toDir, reflink
+// or copy, and fsyncs each copy. The sources must not change meanwhile.
+func (p *Pool) copyImages(ctx context.Context, toDir, fromDir string, disks []DiskSpec, prog Progress) error {
+	for _, d := range disks {
+		if err := p.copyImage(ctx, filepath.Join(toDir, d.Name+".img"), filepath.Join(fromDir, d.Name+".img"), prog); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addCopyTotal tells prog how many bytes copying the images of disks in dir
+// times times will move, when the pool copies instead of reflinking.
+func (p *Pool) addCopyTotal(prog Progress, dir string, disks []DiskSpec, times int) error {
+	if p.caps.Reflink {
+		return nil
+	}
+	for _, d := range disks {
+		f, err := os.Open(filepath.Join(dir, d.Name+".img"))
+		if err != nil {
+			return err
+		}
+		n, err := fscap.DataBytes(f)
+		_ = f.Close()
+		if err != nil {
+			return err
+		}
+		prog.AddTotal(n * int64(times))
+	}
+	return nil
+}
+
+func (p *Pool) copyImage(ctx context.Context, dstPath, srcPath string, prog Progress) error {
+	src, err := os.Open(srcPath)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := p.newImageFile(dstPath)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	if _, err := cloneFiles(ctx, []*os.File{dst}, []*os.File{src}, p.caps.Reflink, prog); err != nil {
+		return err
+	}
+	return mapFSError(dst.Sync())
+}
+
+func (v *Volume) snapshotManifest(name string) (*snapshotManifest, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	s, ok := v.snaps[name]
+	if !ok {
+		return nil, fmt.Errorf("snapshot %q of volume %q: %w", name, v.name, ErrSnapshotNotFound)
+	}
+	return s, nil
+}
+
+// CheckClone validates a clone request and checks that its source exists and
+// that no name is taken by something other than a clone of that source.
+func (p *Pool) CheckClone(req CloneRequest) error {
+	if err := validateClone(req); err != nil {
+		return err
+	}
+	src, err := p.Volume(req.Source.Volume)
+	if err != nil {
+		return err
+	}
+	if req.Source.Snapshot != "" {
+		if _, err := src.snapshotManifest(req.Source.Snapshot); err != nil {
+			return err
+		}
+	}
+	for _, n := range req.Names {
+		if err := p.checkCloneTarget(n, req.Source); err != nil && !errors.Is(err, errCloneExists) {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,366 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// Extent is a run of a disk that holds data or is a hole (reads as zeros).
+type Extent struct {
+	Offset int64
+	Length int64
+	Hole   bool
+}
+
+// Disk is how the data path (NBD) reads and writes one disk. Every method of
+// a live disk runs under the volume's I/O gate, so a snapshot sees either all
+// or none of a request, and a write that returned before the snapshot began
+// is in it.
+//
+// The hot-path methods take no context: a pread or pwrite cannot be cancelled
+// once issued, and requests are short.
+//
+// Durability: WriteAt, Trim and Zero with fua=false are in the page cache
+// when they return and durable after a later Flush returns; with fua=true
+// they are durable when they return. Flush makes every write that returned
+// before it began durable, through any handle of the disk.
+type Disk interface {
+	Size() int64
+	ReadOnly() bool
+	ReadAt(p []byte, off int64) error
+	WriteAt(p []byte, off int64, fua bool) error
+	Flush() error
+	// Trim deallocates a range; it then reads as zeros.
+	Trim(off, length int64, fua bool) error
+	// Zero writes zeros to a range; with mayTrim it may deallocate it.
+	Zero(off, length int64, mayTrim, fua bool) error
+	// Extents reports data and holes in [off, off+length).
+	Extents(off, length int64) ([]Extent, error)
+	Close() error
+}
+
+var (
+	_ Disk = (*liveDisk)(nil)
+	_ Disk = (*snapshotDisk)(nil)
+)
+
+// OpenDisk returns a read-write handle to a disk of the volume.
+func (v *Volume) OpenDisk(name string) (Disk, error) {
+	if err := ValidateName("disk", name); err != nil {
+		return nil, err
+	}
+	if err := v.checkAlive(); err != nil {
+		return nil, err
+	}
+	v.gate.Lock()
+	defer v.gate.Unlock()
+	if v.files == nil {
+		v.files = map[string]*diskFile{}
+		if err := v.reopenFiles(); err != nil {
+			v.files = nil
+			return nil, err
+		}
+	}
+	if v.files[name] == nil {
+		return nil, fmt.Errorf("disk %q of volume %q: %w", name, v.name, ErrDiskNotFound)
+	}
+	return &liveDisk{v: v, name: name}, nil
+}
+
+// reopenFiles (gate held exclusively) closes and reopens the file of every
+// disk in the manifest, once the volume has been opened for I/O.
+func (v *Volume) reopenFiles() error {
+	if v.files == nil {
+		return nil
+	}
+	v.closeFiles()
+	v.files = map[string]*diskFile{}
+	for _, d := range v.manifest().Disks {
+		f, err := os.OpenFile(v.diskPath(d.Name), os.O_RDWR, 0)
+		if err != nil {
+			v.closeFiles()
+			v.files = map[string]*diskFile{}
+			return fmt.Errorf("open disk %q of volume %q: %w", d.Name, v.name, err)
+		}
+		v.files[d.Name] = &diskFile{f: f, size: d.Size}
+	}
+	return nil
+}
+
+// closeFiles (gate held exclusively) closes every open disk file; handles
+// then fail with ErrDiskNotFound until the files are reopened.
+func (v *Volume) closeFiles() {
+	for n, df := range v.files {
+		_ = df.f.Close()
+		delete(v.files, n)
+	}
+}
+
+// liveDisk is a handle to a disk of a live volume.
+type liveDisk struct {
+	v      *Volume
+	name   string
+	closed atomic.Bool
+}
+
+// file returns the open file; the caller holds the gate shared.
+func (d *liveDisk) file() (*diskFile, error) {
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	df := d.v.files[d.name]
+	if df == nil {
+		return nil, fmt.Errorf("disk %q of volume %q: %w", d.name, d.v.name, ErrDiskNotFound)
+	}
+	return df, nil
+}
+
+func checkRange(off, length, size int64) error {
+	if off < 0 || length < 0 || off > size || length > size-off {
+		return fmt.Errorf("[%d, +%d) on a disk of %d bytes: %w", off, length, size, ErrOutOfRange)
+	}
+	return nil
+}
+
+func (d *liveDisk) Size() int64 {
+	d.v.gate.RLock()
+	defer d.v.gate.RUnlock()
+	if df, err := d.file(); err == nil {
+		return df.size
+	}
+	return 0
+}
+
+func (d *liveDisk) ReadOnly() bool { return false }
+
+func (d *liveDisk) ReadAt(p []byte, off int64) error {
+	d.v.gate.RLock()
+	defer d.v.gate.RUnlock()
+	df, err := d.file()
+	if err != nil {
+		return err
+	}
+	return readAt(df, p, off)
+}
+
+func readAt(df *diskFile, p []byte, off int64) error {
+	if err := checkRange(off, int64(len(p)), df.size); err != nil {
+		return err
+	}
+	n, err := df.f.ReadAt(p, off)
+	if errors.Is(err, io.EOF) {
+		// The file is shorter than the disk only after a crash mid-grow
+		// that start-up has not repaired yet: the tail reads as zeros.
+		clear(p[n:])
+		err = nil
+	}
+	return err
+}
+
+func (d *liveDisk) WriteAt(p []byte, off int64, fua bool) error {
+	d.v.gate.RLock()
+	defer d.v.gate.RUnlock()
+	df, err := d.file()
+	if err != nil {
+		return err
+	}
+	if err := checkRange(off, int64(len(p)), df.size); err != nil {
+		return err
+	}
+	if _, err := df.f.WriteAt(p, off); err != nil {
+		return mapFSError(err)
+	}
+	return syncIf(df, fua)
+}
+
+func syncIf(df *diskFile, fua bool) error {
+	if !fua {
+		return nil
+	}
+	return unix.Fdatasync(int(df.f.Fd()))
+}
+
+func (d *liveDisk) Flush() error {
+	d.v.gate.RLock()
+	defer d.v.gate.RUnlock()
+	df, err := d.file()
+	if err != nil {
+		return err
+	}
+	return unix.Fdatasync(int(df.f.Fd()))
+}
+
+func (d *liveDisk) Trim(off, length int64, fua bool) error {
+	d.v.gate.RLock()
+	defer d.v.gate.RUnlock()
+	df, err := d.file()
+	if err != nil {
+		return err
+	}
+	if err := checkRange(off, length, df.size); err != nil {
+		return err
+	}
+	if err := punchHole(df.f, off, length); err != nil {
+		return err
+	}
+	return syncIf(df, fua)
+}
+
+func (d *liveDisk) Zero(off, length int64, mayTrim, fua bool) error {
+	d.v.gate.RLock()
+	defer d.v.gate.RUnlock()
+	df, err := d.file()
+	if err != nil {
+		return err
+	}
+	if err := checkRange(off, length, df.size); err != nil {
+		return err
+	}
+	if err := zeroRange(df.f, off, length, mayTrim); err != nil {
+		return err
+	}
+	return syncIf(df, fua)
+}
+
+func (d *liveDisk) Extents(off, length int64) ([]Extent, error) {
+	d.v.gate.RLock()
+	defer d.v.gate.RUnlock()
+	df, err := d.file()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkRange(off, length, df.size); err != nil {
+		return nil, err
+	}
+	return extents(df.f, off, length)
+}
+
+func (d *liveDisk) Close() error {
+	d.closed.Store(true)
+	return nil
+}
+
+func punchHole(f *os.File, off, length int64) error {
+	if length == 0 {
+		return nil
+	}
+	err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, length)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		return writeZeros(f, off, length)
+	}
+	return mapFSError(err)
+}
+
+func zeroRange(f *os.File, off, length int64, mayTrim bool) error {
+	if length == 0 {
+		return nil
+	}
+	if mayTrim {
+		return punchHole(f, off, length)
+	}
+	err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, off, length)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		return writeZeros(f, off, length)
+	}
+	return mapFSError(err)
+}
+
+var zeroBlock = make([]byte, 1<<20)
+
+func writeZeros(f *os.File, off, length int64) error {
+	for length > 0 {
+		n := min(length, int64(len(zeroBlock)))
+		if _, err := f.WriteAt(zeroBlock[:n], off); err != nil {
+			return mapFSError(err)
+		}
+		off += n
+		length -= n
+	}
+	return nil
+}
+
+// extents walks [off, off+length) with SEEK_DATA and SEEK_HOLE.
+func extents(f *os.File, off, length int64) ([]Extent, error) {
+	fd := int(f.Fd())
+	end := off + length
+	var out []Extent
+	for off < end {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			data = end // only a hole remains
+		} else if err != nil {
+			return nil, err
+		}
+		data = min(data, end)
+		if data > off {
+			out = append(out, Extent{Offset: off, Length: data - off, Hole: true})
+			off = data
+			continue
+		}
+		hole, err := unix.Seek(fd, off, unix.SEEK_HOLE)
+		if err != nil {
+			return nil, err
+		}
+		hole = min(hole, end)
+		if hole <= off { // file shorter than the disk: the tail is a hole
+			hole = end
+			out = append(out, Extent{Offset: off, Length: hole - off, Hole: true})
+		} else {
+			out = append(out, Extent{Offset: off, Length: hole - off})
+		}
+		off = hole
+	}
+	return out, nil
+}
+
+func isNoSpace(err error) bool {
+	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
+}
+
+// snapshotDisk is a read-only handle to a disk of a snapshot. Snapshot
+// images never change, so it needs no gate.
+type snapshotDisk struct {
+	df diskFile
+}
+
+// OpenSnapshotDisk opens a disk of a snapshot read-only.
+func (v *Volume) OpenSnapshotDisk(snapshot, disk string) (Disk, error) {
+	s, err := v.Snapshot(snapshot)
+	if err != nil {
+		return nil, err
+	}
+	if err := ValidateName("disk", disk); err != nil {
+		return nil, err
+	}
+	for _, d := range s.Disks {
+		if d.Name == disk {
+			f, err := os.Open(filepath.Join(v.snapshotDir(snapshot), disk+".img"))
+			if err != nil {
+				return nil, err
+			}
+			return &snapshotDisk{df: diskFile{f: f, size: d.Size}}, nil
+		}
+	}
+	return nil, fmt.Errorf("disk %q of snapshot %s@%s: %w", disk, v.name, snapshot, ErrDiskNotFound)
+}
+
+func (d *snapshotDisk) Size() int64                           { return d.df.size }
+func (d *snapshotDisk) ReadOnly() bool                        { return true }
+func (d *snapshotDisk) ReadAt(p []byte, off int64) error      { return readAt(&d.df, p, off) }
+func (d *snapshotDisk) WriteAt([]byte, int64, bool) error     { return ErrReadOnly }
+func (d *snapshotDisk) Flush() error                          { return nil }
+func (d *snapshotDisk) Trim(int64, int64, bool) error         { return ErrReadOnly }
+func (d *snapshotDisk) Zero(int64, int64, bool, bool) error   { return ErrReadOnly }
+func (d *snapshotDisk) Close() error                          { return d.df.f.Close() }
+func (d *snapshotDisk) Extents(off, length int64) ([]Extent, error) {
+	if err := checkRange(off, length, d.df.size); err != nil {
+		return nil, err
+	}
+	return extents(d.df.f, off, length)
+}

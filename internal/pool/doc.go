@@ -1,0 +1,22 @@
+// Package pool is quiver's storage core: a pool directory holding one
+// directory per volume (one volume per VM), each with its manifest, its disk
+// images and its snapshots. It owns naming rules, the on-disk layout, crash
+// recovery, whole-VM snapshots, clones and rollback, and the per-volume I/O
+// gate through which every disk handle reads and writes.
+//
+// Layout of a pool (see docs/design/0001-pool-layout.md):
+//
+//	<pool>/pool.json                         identity, written once
+//	<pool>/staging/                          work in progress; wiped at start
+//	<pool>/volumes/<vol>/volume.json         the volume manifest
+//	<pool>/volumes/<vol>/disks/<disk>.img    sparse raw disk images
+//	<pool>/volumes/<vol>/snapshots/<snap>/   snapshot.json + <disk>.img
+//	<pool>/volumes/<vol>/rollback.json       redo record of a rollback
+//
+// Every object becomes visible by one rename out of staging/ (the commit
+// point), so a crash leaves it either absent or complete.
+//
+// pool imports fscap (filesystem data services) and durable (atomic metadata
+// writes). It must not import any transport package (api, nbd, csi) nor the
+// job runner: long operations report through the Progress interface.
+package pool

@@ -1,0 +1,43 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinels. Callers test them with errors.Is; each transport maps them once.
+var (
+	ErrInvalid          = errors.New("invalid argument")
+	ErrVolumeNotFound   = errors.New("volume not found")
+	ErrDiskNotFound     = errors.New("disk not found")
+	ErrSnapshotNotFound = errors.New("snapshot not found")
+	ErrExists           = errors.New("already exists with a different spec")
+	ErrBusy             = errors.New("busy with another operation")
+	ErrCapacity         = errors.New("capacity exceeded")
+	ErrNoSpace          = errors.New("no space left in pool")
+	ErrReadOnly         = errors.New("read-only")
+	ErrOutOfRange       = errors.New("offset or length beyond the end of the disk")
+	ErrClosed           = errors.New("disk handle closed")
+)
+
+// FieldError says which field of a request broke which rule. It matches
+// ErrInvalid with errors.Is.
+type FieldError struct {
+	Field string // e.g. "disks[1].name"
+	Value string // the offending value, quoted in the message
+	Rule  string // e.g. "must be a DNS label"
+}
+
+func (e *FieldError) Error() string {
+	if e.Value == "" {
+		return fmt.Sprintf("%s: %s", e.Field, e.Rule)
+	}
+	return fmt.Sprintf("%s %q: %s", e.Field, e.Value, e.Rule)
+}
+
+// Is makes errors.Is(err, ErrInvalid) true for a FieldError.
+func (e *FieldError) Is(target error) bool { return target == ErrInvalid }
+
+func invalid(field, value, rule string) error {
+	return &FieldError{Field: field, Value: value, Rule: rule}
+}

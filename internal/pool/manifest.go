@@ -1,0 +1,141 @@
+package pool
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"maps"
+	"slices"
+	"time"
+)
+
+// DiskSpec is one disk: a sparse raw file <Name>.img of Size bytes.
+type DiskSpec struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+}
+
+// VolumeSpec is what a caller asks for when creating a volume.
+type VolumeSpec struct {
+	Name     string
+	Capacity int64
+	Labels   map[string]string
+	Disks    []DiskSpec
+}
+
+// Source records what a volume was cloned from.
+type Source struct {
+	Volume   string `json:"volume"`
+	Snapshot string `json:"snapshot,omitempty"`
+}
+
+const manifestVersion = 1
+
+// volumeManifest is volume.json, the whole truth about a volume. It is only
+// ever replaced atomically (durable.WriteJSON).
+type volumeManifest struct {
+	Kind      string            `json:"kind"`
+	Version   int               `json:"version"`
+	Name      string            `json:"name"`
+	UID       string            `json:"uid"`
+	Capacity  int64             `json:"capacity"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Disks     []DiskSpec        `json:"disks"`
+	Source    *Source           `json:"source,omitempty"`
+	CreatedAt time.Time         `json:"createdAt"`
+}
+
+// snapshotManifest is snapshot.json inside a snapshot directory.
+type snapshotManifest struct {
+	Kind      string        `json:"kind"`
+	Version   int           `json:"version"`
+	Name      string        `json:"name"`
+	UID       string        `json:"uid"`
+	Volume    string        `json:"volume"`
+	VolumeUID string        `json:"volumeUID"`
+	Capacity  int64         `json:"capacity"`
+	Disks     []DiskSpec    `json:"disks"`
+	Method    string        `json:"method"`
+	GateHeld  time.Duration `json:"gateHeldNs"`
+	CreatedAt time.Time     `json:"createdAt"`
+}
+
+// poolManifest is pool.json, the pool's identity.
+type poolManifest struct {
+	Kind      string    `json:"kind"`
+	Version   int       `json:"version"`
+	ID        string    `json:"id"`
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// rollbackRecord is rollback.json: written once the new disk images are
+// complete in staging, it is the commit point of a rollback; start-up redoes
+// the remaining renames.
+type rollbackRecord struct {
+	Snapshot string `json:"snapshot"`
+	Staging  string `json:"staging"` // directory name under <pool>/staging
+}
+
+func (m *volumeManifest) clone() volumeManifest {
+	c := *m
+	c.Labels = maps.Clone(m.Labels)
+	c.Disks = slices.Clone(m.Disks)
+	if m.Source != nil {
+		s := *m.Source
+		c.Source = &s
+	}
+	return c
+}
+
+func (m *volumeManifest) disk(name string) (int, bool) {
+	for i, d := range m.Disks {
+		if d.Name == name {
+			return i, true
+		}
+	}
+	return -1, false
+}
+
+// sameSpec reports whether a create request matches an existing volume, for
+// idempotent creates.
+func (m *volumeManifest) sameSpec(s VolumeSpec) bool {
+	return m.Capacity == s.Capacity && maps.Equal(m.Labels, s.Labels) && slices.Equal(m.Disks, s.Disks) && m.Source == nil
+}
+
+func newUID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// VolumeInfo is a point-in-time view of a volume.
+type VolumeInfo struct {
+	Name      string
+	UID       string
+	Capacity  int64
+	Labels    map[string]string
+	Disks     []DiskInfo
+	Source    *Source
+	Snapshots int
+	CreatedAt time.Time
+	Dir       string // directory holding the disk images
+}
+
+// DiskInfo is a point-in-time view of a disk image.
+type DiskInfo struct {
+	Name      string
+	Size      int64
+	Allocated int64
+	Path      string
+}
+
+// SnapshotInfo is a view of a snapshot.
+type SnapshotInfo struct {
+	Name      string
+	UID       string
+	Volume    string
+	Capacity  int64
+	Disks     []DiskInfo
+	Method    string
+	GateHeld  time.Duration
+	CreatedAt time.Time
+}

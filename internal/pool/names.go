@@ -1,0 +1,111 @@
+package pool
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Limits on what one volume may hold.
+const (
+	// SectorSize is the unit of disk sizes: QEMU and NBD clients address
+	// disks in 512-byte sectors.
+	SectorSize = 512
+	// MaxSize bounds a capacity or disk size (8 PiB): sums of MaxDisks sizes
+	// cannot overflow an int64.
+	MaxSize = int64(1) << 53
+	// MaxDisks bounds the disks of one volume.
+	MaxDisks = 256
+	// MaxLabels bounds the labels of one volume.
+	MaxLabels = 64
+)
+
+// ValidateName checks a volume, disk or snapshot name: a DNS label (RFC
+// 1123), so it is safe as a path component and as a Kubernetes name.
+func ValidateName(field, name string) error {
+	if name == "" {
+		return invalid(field, "", "is required")
+	}
+	if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
+		return invalid(field, name, "must be a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit, at most 63 characters)")
+	}
+	return nil
+}
+
+// ValidateSize checks a disk size or capacity in bytes.
+func ValidateSize(field string, size int64) error {
+	switch {
+	case size <= 0:
+		return invalid(field, fmt.Sprint(size), "must be greater than zero")
+	case size > MaxSize:
+		return invalid(field, fmt.Sprint(size), fmt.Sprintf("must be at most %d bytes (8 PiB)", MaxSize))
+	case size%SectorSize != 0:
+		return invalid(field, fmt.Sprint(size), "must be a multiple of 512 bytes")
+	}
+	return nil
+}
+
+// ValidateLabels checks label keys and values with Kubernetes' rules.
+func ValidateLabels(field string, labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return invalid(field, "", fmt.Sprintf("at most %d labels", MaxLabels))
+	}
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return invalid(field+" key", k, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(labels[k]); len(errs) > 0 {
+			return invalid(field+"["+k+"]", labels[k], strings.Join(errs, "; "))
+		}
+	}
+	return nil
+}
+
+// ValidateDisks checks a disk list against a capacity: valid unique names,
+// valid sizes, at most MaxDisks, and a total that fits.
+func ValidateDisks(disks []DiskSpec, capacity int64) error {
+	if len(disks) > MaxDisks {
+		return invalid("disks", "", fmt.Sprintf("at most %d disks per volume", MaxDisks))
+	}
+	seen := make(map[string]bool, len(disks))
+	var total int64
+	for i, d := range disks {
+		f := fmt.Sprintf("disks[%d]", i)
+		if err := ValidateName(f+".name", d.Name); err != nil {
+			return err
+		}
+		if seen[d.Name] {
+			return invalid(f+".name", d.Name, "duplicate disk name")
+		}
+		seen[d.Name] = true
+		if err := ValidateSize(f+".size", d.Size); err != nil {
+			return err
+		}
+		total += d.Size
+	}
+	if total > capacity {
+		return fmt.Errorf("disks total %d bytes, capacity is %d bytes: %w", total, capacity, ErrCapacity)
+	}
+	return nil
+}
+
+// ValidateSpec checks a whole volume spec.
+func ValidateSpec(s VolumeSpec) error {
+	if err := ValidateName("name", s.Name); err != nil {
+		return err
+	}
+	if err := ValidateSize("capacity", s.Capacity); err != nil {
+		return err
+	}
+	if err := ValidateLabels("labels", s.Labels); err != nil {
+		return err
+	}
+	return ValidateDisks(s.Disks, s.Capacity)
+}

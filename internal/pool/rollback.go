@@ -1,0 +1,143 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/quiverstorage/quiver/internal/durable"
+)
+
+const rollbackRecordName = "rollback.json"
+
+// Rollback returns every disk of the volume to its state in a snapshot, and
+// the disk set to the snapshot's. The snapshot's images are first cloned into
+// staging; writing rollback.json is the commit point, after which the new
+// images are renamed into place under the closed I/O gate. A crash after the
+// commit point is finished at start-up; one before it leaves the volume as it
+// was. Durable on return. Open disk handles see the rolled-back data.
+func (v *Volume) Rollback(ctx context.Context, snapshot string, prog Progress) (VolumeInfo, error) {
+	prog = orNop(prog)
+	if err := ValidateName("snapshot", snapshot); err != nil {
+		return VolumeInfo{}, err
+	}
+	unlock, err := v.lockOps("rollback")
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	defer unlock()
+	s, err := v.snapshotManifest(snapshot)
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	staged, err := v.pool.newStaging("rb")
+	if err != nil {
+		return VolumeInfo{}, mapFSError(err)
+	}
+	err = v.pool.addCopyTotal(prog, v.snapshotDir(snapshot), s.Disks, 1)
+	if err == nil {
+		err = v.pool.copyImages(ctx, staged, v.snapshotDir(snapshot), s.Disks, prog)
+	}
+	if err != nil {
+		v.pool.discard(staged)
+		return VolumeInfo{}, fmt.Errorf("rollback %s to %s: %w", v.name, snapshot, err)
+	}
+	m := v.manifest()
+	m.Disks = append([]DiskSpec(nil), s.Disks...)
+	m.Capacity = max(m.Capacity, s.Capacity)
+	if err := durable.WriteJSON(filepath.Join(staged, "volume.json"), m); err != nil {
+		v.pool.discard(staged)
+		return VolumeInfo{}, mapFSError(err)
+	}
+	rec := rollbackRecord{Snapshot: snapshot, Staging: filepath.Base(staged)}
+	if err := durable.WriteJSON(filepath.Join(v.dir, rollbackRecordName), rec); err != nil {
+		v.pool.discard(staged)
+		return VolumeInfo{}, mapFSError(err)
+	}
+	v.gate.Lock()
+	err = applyRollback(v.dir, staged)
+	v.mu.Lock()
+	v.m = m
+	v.mu.Unlock()
+	if err == nil {
+		err = v.reopenFiles()
+	}
+	v.gate.Unlock()
+	if err != nil {
+		return VolumeInfo{}, fmt.Errorf("rollback %s to %s: %w (start-up will finish it)", v.name, snapshot, err)
+	}
+	prog.Done(snapshot)
+	return v.Info(), nil
+}
+
+// applyRollback moves the staged images and manifest into the volume
+// directory, removes images the new manifest does not list, and removes the
+// rollback record. Every step is idempotent, so start-up can redo it after a
+// crash at any point.
+func applyRollback(volDir, staged string) error {
+	disks := filepath.Join(volDir, "disks")
+	entries, err := os.ReadDir(staged)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".img") {
+			if err := os.Rename(filepath.Join(staged, e.Name()), filepath.Join(disks, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	if err := durable.SyncDir(disks); err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(staged, "volume.json")); err == nil {
+		if err := durable.Rename(filepath.Join(staged, "volume.json"), filepath.Join(volDir, "volume.json")); err != nil {
+			return err
+		}
+	}
+	var m volumeManifest
+	if err := durable.ReadJSON(filepath.Join(volDir, "volume.json"), &m); err != nil {
+		return err
+	}
+	if err := removeOrphanImages(disks, m.Disks); err != nil {
+		return err
+	}
+	if err := os.Remove(filepath.Join(volDir, rollbackRecordName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := durable.SyncDir(volDir); err != nil {
+		return err
+	}
+	return os.RemoveAll(staged)
+}
+
+// removeOrphanImages removes every file in the disks directory that is not
+// the image of a listed disk (crash leftovers: temp files, images of disks
+// whose add never committed or whose removal did).
+func removeOrphanImages(disksDir string, disks []DiskSpec) error {
+	keep := make(map[string]bool, len(disks))
+	for _, d := range disks {
+		keep[d.Name+".img"] = true
+	}
+	entries, err := os.ReadDir(disksDir)
+	if err != nil {
+		return err
+	}
+	removed := false
+	for _, e := range entries {
+		if !keep[e.Name()] {
+			if err := os.RemoveAll(filepath.Join(disksDir, e.Name())); err != nil {
+				return err
+			}
+			removed = true
+		}
+	}
+	if removed {
+		return durable.SyncDir(disksDir)
+	}
+	return nil
+}

@@ -1,0 +1,485 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/durable"
+	"github.com/quiverstorage/quiver/internal/fscap"
+)
+
+// Volume holds every disk of one VM. Its methods are safe for concurrent use.
+//
+// Locks, always taken in this order:
+//   - ops serializes control operations. Changes take it exclusively and a
+//     clone reading from the volume takes it shared; both only try, so a
+//     conflicting operation is refused with ErrBusy instead of queueing.
+//   - gate is the I/O gate. Disk I/O holds it shared; a snapshot, rollback or
+//     disk change holds it exclusively, which waits for in-flight I/O and
+//     holds new I/O until it is released.
+//   - mu guards the in-memory manifest and snapshot list for readers.
+type Volume struct {
+	pool *Pool
+	name string // immutable
+	dir  string
+	ops  sync.RWMutex
+	gate sync.RWMutex
+
+	// files holds an open file per disk once any disk of the volume has been
+	// opened for I/O. It changes only under gate held exclusively.
+	files map[string]*diskFile
+
+	mu      sync.Mutex
+	m       volumeManifest
+	snaps   map[string]*snapshotManifest
+	deleted bool
+}
+
+type diskFile struct {
+	f    *os.File
+	size int64
+}
+
+func newVolume(p *Pool, m volumeManifest, snaps map[string]*snapshotManifest) *Volume {
+	if snaps == nil {
+		snaps = map[string]*snapshotManifest{}
+	}
+	return &Volume{pool: p, name: m.Name, dir: p.volumeDir(m.Name), m: m, snaps: snaps}
+}
+
+func (v *Volume) disksDir() string            { return filepath.Join(v.dir, "disks") }
+func (v *Volume) snapshotsDir() string        { return filepath.Join(v.dir, "snapshots") }
+func (v *Volume) diskPath(d string) string    { return filepath.Join(v.disksDir(), d+".img") }
+func (v *Volume) snapshotDir(s string) string { return filepath.Join(v.snapshotsDir(), s) }
+
+// Name returns the volume name.
+func (v *Volume) Name() string { return v.name }
+
+func (v *Volume) manifest() volumeManifest {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.m.clone()
+}
+
+// lockOps takes the control lock exclusively, or refuses with ErrBusy.
+func (v *Volume) lockOps(op string) (func(), error) {
+	if !v.ops.TryLock() {
+		return nil, fmt.Errorf("%s: volume %q is busy with another operation, retry later: %w", op, v.name, ErrBusy)
+	}
+	if err := v.checkAlive(); err != nil {
+		v.ops.Unlock()
+		return nil, err
+	}
+	return v.ops.Unlock, nil
+}
+
+// rlockOps takes the control lock shared (the volume is a clone source).
+func (v *Volume) rlockOps(op string) (func(), error) {
+	if !v.ops.TryRLock() {
+		return nil, fmt.Errorf("%s: volume %q is busy with another operation, retry later: %w", op, v.name, ErrBusy)
+	}
+	if err := v.checkAlive(); err != nil {
+		v.ops.RUnlock()
+		return nil, err
+	}
+	return v.ops.RUnlock, nil
+}
+
+func (v *Volume) checkAlive() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.deleted {
+		return fmt.Errorf("volume %q: %w", v.name, ErrVolumeNotFound)
+	}
+	return nil
+}
+
+// Info returns a view of the volume with the disks' allocated bytes.
+func (v *Volume) Info() VolumeInfo {
+	m := v.manifest()
+	v.mu.Lock()
+	nsnaps := len(v.snaps)
+	v.mu.Unlock()
+	info := VolumeInfo{Name: m.Name, UID: m.UID, Capacity: m.Capacity, Labels: m.Labels, Source: m.Source,
+		Snapshots: nsnaps, CreatedAt: m.CreatedAt, Dir: v.disksDir()}
+	for _, d := range m.Disks {
+		path := v.diskPath(d.Name)
+		alloc, _ := fscap.Allocated(path)
+		info.Disks = append(info.Disks, DiskInfo{Name: d.Name, Size: d.Size, Allocated: alloc, Path: path})
+	}
+	return info
+}
+
+// commit writes m as the volume's manifest (durable on return) and makes it
+// the in-memory truth.
+func (v *Volume) commit(m volumeManifest) error {
+	if err := durable.WriteJSON(filepath.Join(v.dir, "volume.json"), m); err != nil {
+		return mapFSError(err)
+	}
+	v.mu.Lock()
+	v.m = m
+	v.mu.Unlock()
+	return nil
+}
+
+// Create makes a volume with its disks. It is idempotent by name: the same
+// spec returns the existing volume (created false); a different spec fails
+// with ErrExists. When Create returns nil the volume is durable; a crash
+// before that leaves nothing visible.
+func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, error) {
+	if err := ValidateSpec(spec); err != nil {
+		return VolumeInfo{}, false, err
+	}
+	if len(spec.Labels) == 0 {
+		spec.Labels = nil
+	}
+	if err := p.reserve(spec.Name); err != nil {
+		return VolumeInfo{}, false, err
+	}
+	defer p.unreserve(spec.Name)
+	if v, err := p.Volume(spec.Name); err == nil {
+		m := v.manifest()
+		if m.sameSpec(spec) {
+			return v.Info(), false, nil
+		}
+		return VolumeInfo{}, false, fmt.Errorf("volume %q: %w", spec.Name, ErrExists)
+	}
+	staged, err := p.newStaging("vol")
+	if err != nil {
+		return VolumeInfo{}, false, mapFSError(err)
+	}
+	m := volumeManifest{Kind: "Volume", Version: manifestVersion, Name: spec.Name, UID: newUID(),
+		Capacity: spec.Capacity, Labels: maps.Clone(spec.Labels), Disks: spec.Disks, CreatedAt: time.Now().UTC()}
+	if m.Disks == nil {
+		m.Disks = []DiskSpec{}
+	}
+	if err := p.stageVolume(staged, m, func(disks string) error {
+		for _, d := range m.Disks {
+			if err := p.createImage(filepath.Join(disks, d.Name+".img"), d.Size); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		p.discard(staged)
+		return VolumeInfo{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
+	}
+	v, err := p.publish(staged, m)
+	if err != nil {
+		p.discard(staged)
+		return VolumeInfo{}, false, err
+	}
+	return v.Info(), true, nil
+}
+
+// stageVolume lays out a volume directory in staged: fill makes the disk
+// images in the disks directory; then the manifest is written and everything
+// synced, ready for publish.
+func (p *Pool) stageVolume(staged string, m volumeManifest, fill func(disksDir string) error) error {
+	disks := filepath.Join(staged, "disks")
+	for _, d := range []string{disks, filepath.Join(staged, "snapshots")} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return mapFSError(err)
+		}
+	}
+	if err := fill(disks); err != nil {
+		return err
+	}
+	if err := durable.SyncDir(disks); err != nil {
+		return err
+	}
+	if err := durable.WriteJSON(filepath.Join(staged, "volume.json"), m); err != nil {
+		return mapFSError(err)
+	}
+	return nil
+}
+
+// createImage makes an empty sparse image of size bytes, durable on return.
+func (p *Pool) createImage(path string, size int64) error {
+	f, err := p.newImageFile(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		return mapFSError(err)
+	}
+	return f.Sync()
+}
+
+// newImageFile creates path exclusively, with the extent size hint where the
+// filesystem has one (it must be set while the file is empty).
+func (p *Pool) newImageFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, mapFSError(err)
+	}
+	if p.caps.ExtentSizeHint {
+		if err := fscap.SetExtentSizeHint(f, ExtentSizeHint); err != nil {
+			p.log.Debug("extent size hint", "path", path, "err", err)
+		}
+	}
+	return f, nil
+}
+
+// Delete removes the volume with its disks and snapshots. The removal is
+// atomic (one rename into staging) and durable on return.
+func (p *Pool) Delete(ctx context.Context, name string) error {
+	v, err := p.Volume(name)
+	if err != nil {
+		return err
+	}
+	unlock, err := v.lockOps("delete")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	trash := filepath.Join(p.stagingDir(), "del-"+newUID())
+	v.gate.Lock()
+	if err := durable.Rename(v.dir, trash); err != nil {
+		v.gate.Unlock()
+		return fmt.Errorf("delete volume %q: %w", name, err)
+	}
+	v.closeFiles()
+	v.gate.Unlock()
+	v.mu.Lock()
+	v.deleted = true
+	v.mu.Unlock()
+	p.mu.Lock()
+	delete(p.volumes, name)
+	p.mu.Unlock()
+	p.discard(trash)
+	return nil
+}
+
+// Update grows the capacity and/or replaces the labels. Durable on return.
+func (v *Volume) Update(ctx context.Context, capacity *int64, labels map[string]string) (VolumeInfo, error) {
+	unlock, err := v.lockOps("update")
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	defer unlock()
+	m := v.manifest()
+	if capacity != nil {
+		if err := ValidateSize("capacity", *capacity); err != nil {
+			return VolumeInfo{}, err
+		}
+		if *capacity < m.Capacity {
+			return VolumeInfo{}, invalid("capacity", fmt.Sprint(*capacity), fmt.Sprintf("can only grow (now %d bytes)", m.Capacity))
+		}
+		m.Capacity = *capacity
+	}
+	if labels != nil {
+		if err := ValidateLabels("labels", labels); err != nil {
+			return VolumeInfo{}, err
+		}
+		m.Labels = maps.Clone(labels)
+		if len(m.Labels) == 0 {
+			m.Labels = nil
+		}
+	}
+	if err := v.commit(m); err != nil {
+		return VolumeInfo{}, err
+	}
+	return v.Info(), nil
+}
+
+func totalSize(disks []DiskSpec) int64 {
+	var t int64
+	for _, d := range disks {
+		t += d.Size
+	}
+	return t
+}
+
+// AddDisk adds an empty disk. The image is made first and the manifest
+// written last, so a crash leaves at worst an orphan image that start-up
+// reclaims. Durable on return.
+func (v *Volume) AddDisk(ctx context.Context, d DiskSpec) (VolumeInfo, error) {
+	if err := ValidateName("name", d.Name); err != nil {
+		return VolumeInfo{}, err
+	}
+	if err := ValidateSize("size", d.Size); err != nil {
+		return VolumeInfo{}, err
+	}
+	unlock, err := v.lockOps("add disk")
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	defer unlock()
+	m := v.manifest()
+	if i, ok := m.disk(d.Name); ok {
+		if m.Disks[i].Size == d.Size {
+			return v.Info(), nil
+		}
+		return VolumeInfo{}, fmt.Errorf("disk %q of volume %q: %w", d.Name, m.Name, ErrExists)
+	}
+	if len(m.Disks) >= MaxDisks {
+		return VolumeInfo{}, invalid("name", d.Name, fmt.Sprintf("volume already has %d disks, the maximum", MaxDisks))
+	}
+	if t := totalSize(m.Disks) + d.Size; t > m.Capacity {
+		return VolumeInfo{}, fmt.Errorf("disks would total %d bytes, capacity is %d bytes; grow the volume first: %w", t, m.Capacity, ErrCapacity)
+	}
+	path := v.diskPath(d.Name)
+	_ = os.Remove(path) // an orphan from a crashed add
+	if err := v.pool.createImage(path, d.Size); err != nil {
+		return VolumeInfo{}, err
+	}
+	if err := durable.SyncDir(v.disksDir()); err != nil {
+		return VolumeInfo{}, err
+	}
+	m.Disks = append(m.Disks, d)
+	if err := v.commit(m); err != nil {
+		_ = os.Remove(path)
+		return VolumeInfo{}, err
+	}
+	v.gate.Lock()
+	err = v.reopenFiles()
+	v.gate.Unlock()
+	return v.Info(), err
+}
+
+// GrowDisk grows a disk to size bytes. The manifest is written first and the
+// image extended after; start-up extends an image left short by a crash.
+// Durable on return.
+func (v *Volume) GrowDisk(ctx context.Context, disk string, size int64) (VolumeInfo, error) {
+	if err := ValidateName("disk", disk); err != nil {
+		return VolumeInfo{}, err
+	}
+	if err := ValidateSize("size", size); err != nil {
+		return VolumeInfo{}, err
+	}
+	unlock, err := v.lockOps("grow disk")
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	defer unlock()
+	m := v.manifest()
+	i, ok := m.disk(disk)
+	if !ok {
+		return VolumeInfo{}, fmt.Errorf("disk %q of volume %q: %w", disk, m.Name, ErrDiskNotFound)
+	}
+	old := m.Disks[i].Size
+	if size == old {
+		return v.Info(), nil
+	}
+	if size < old {
+		return VolumeInfo{}, invalid("size", fmt.Sprint(size), fmt.Sprintf("a disk can only grow (now %d bytes)", old))
+	}
+	if t := totalSize(m.Disks) - old + size; t > m.Capacity {
+		return VolumeInfo{}, fmt.Errorf("disks would total %d bytes, capacity is %d bytes; grow the volume first: %w", t, m.Capacity, ErrCapacity)
+	}
+	m.Disks[i].Size = size
+	if err := v.commit(m); err != nil {
+		return VolumeInfo{}, err
+	}
+	v.gate.Lock()
+	defer v.gate.Unlock()
+	if err := extendImage(v.diskPath(disk), size); err != nil {
+		return VolumeInfo{}, err
+	}
+	if df := v.files[disk]; df != nil {
+		df.size = size
+	}
+	return v.Info(), nil
+}
+
+func extendImage(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if st.Size() >= size {
+		return nil
+	}
+	if err := f.Truncate(size); err != nil {
+		return mapFSError(err)
+	}
+	return f.Sync()
+}
+
+// RemoveDisk removes a disk from the volume (its snapshots keep their
+// copies). The manifest is written first; the orphan image is removed after.
+// Durable on return.
+func (v *Volume) RemoveDisk(ctx context.Context, disk string) (VolumeInfo, error) {
+	if err := ValidateName("disk", disk); err != nil {
+		return VolumeInfo{}, err
+	}
+	unlock, err := v.lockOps("remove disk")
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	defer unlock()
+	m := v.manifest()
+	i, ok := m.disk(disk)
+	if !ok {
+		return VolumeInfo{}, fmt.Errorf("disk %q of volume %q: %w", disk, m.Name, ErrDiskNotFound)
+	}
+	m.Disks = append(m.Disks[:i:i], m.Disks[i+1:]...)
+	if err := v.commit(m); err != nil {
+		return VolumeInfo{}, err
+	}
+	v.gate.Lock()
+	if df := v.files[disk]; df != nil {
+		_ = df.f.Close()
+		delete(v.files, disk)
+	}
+	v.gate.Unlock()
+	if err := os.Remove(v.diskPath(disk)); err == nil {
+		_ = durable.SyncDir(v.disksDir())
+	}
+	return v.Info(), nil
+}
+
+// Snapshots lists the volume's snapshots by creation time.
+func (v *Volume) Snapshots() []SnapshotInfo {
+	v.mu.Lock()
+	out := make([]SnapshotInfo, 0, len(v.snaps))
+	for _, s := range v.snaps {
+		out = append(out, v.snapshotInfo(s))
+	}
+	v.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// Snapshot returns one snapshot.
+func (v *Volume) Snapshot(name string) (SnapshotInfo, error) {
+	if err := ValidateName("snapshot", name); err != nil {
+		return SnapshotInfo{}, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	s, ok := v.snaps[name]
+	if !ok {
+		return SnapshotInfo{}, fmt.Errorf("snapshot %q of volume %q: %w", name, v.name, ErrSnapshotNotFound)
+	}
+	return v.snapshotInfo(s), nil
+}
+
+func (v *Volume) snapshotInfo(s *snapshotManifest) SnapshotInfo {
+	info := SnapshotInfo{Name: s.Name, UID: s.UID, Volume: s.Volume, Capacity: s.Capacity, Method: s.Method,
+		GateHeld: s.GateHeld, CreatedAt: s.CreatedAt}
+	for _, d := range s.Disks {
+		path := filepath.Join(v.snapshotDir(s.Name), d.Name+".img")
+		alloc, _ := fscap.Allocated(path)
+		info.Disks = append(info.Disks, DiskInfo{Name: d.Name, Size: d.Size, Allocated: alloc, Path: path})
+	}
+	return info
+}
