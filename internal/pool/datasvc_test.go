@@ -140,7 +140,11 @@ type countingProgress struct {
 
 func (c *countingProgress) AddTotal(n int64) { c.mu.Lock(); c.total += n; c.mu.Unlock() }
 func (c *countingProgress) Add(n int64)      { c.mu.Lock(); c.done += n; c.mu.Unlock() }
-func (c *countingProgress) Done(item string) { c.mu.Lock(); c.items = append(c.items, item); c.mu.Unlock() }
+func (c *countingProgress) Done(item string) {
+	c.mu.Lock()
+	c.items = append(c.items, item)
+	c.mu.Unlock()
+}
 
 // TestCopyFallback is acceptance 5 without reflink (ext4): snapshots and
 // clones are correct, stay sparse, and report byte progress.

@@ -350,14 +350,14 @@ func (v *Volume) OpenSnapshotDisk(snapshot, disk string) (Disk, error) {
 	return nil, fmt.Errorf("disk %q of snapshot %s@%s: %w", disk, v.name, snapshot, ErrDiskNotFound)
 }
 
-func (d *snapshotDisk) Size() int64                           { return d.df.size }
-func (d *snapshotDisk) ReadOnly() bool                        { return true }
-func (d *snapshotDisk) ReadAt(p []byte, off int64) error      { return readAt(&d.df, p, off) }
-func (d *snapshotDisk) WriteAt([]byte, int64, bool) error     { return ErrReadOnly }
-func (d *snapshotDisk) Flush() error                          { return nil }
-func (d *snapshotDisk) Trim(int64, int64, bool) error         { return ErrReadOnly }
-func (d *snapshotDisk) Zero(int64, int64, bool, bool) error   { return ErrReadOnly }
-func (d *snapshotDisk) Close() error                          { return d.df.f.Close() }
+func (d *snapshotDisk) Size() int64                         { return d.df.size }
+func (d *snapshotDisk) ReadOnly() bool                      { return true }
+func (d *snapshotDisk) ReadAt(p []byte, off int64) error    { return readAt(&d.df, p, off) }
+func (d *snapshotDisk) WriteAt([]byte, int64, bool) error   { return ErrReadOnly }
+func (d *snapshotDisk) Flush() error                        { return nil }
+func (d *snapshotDisk) Trim(int64, int64, bool) error       { return ErrReadOnly }
+func (d *snapshotDisk) Zero(int64, int64, bool, bool) error { return ErrReadOnly }
+func (d *snapshotDisk) Close() error                        { return d.df.f.Close() }
 func (d *snapshotDisk) Extents(off, length int64) ([]Extent, error) {
 	if err := checkRange(off, length, d.df.size); err != nil {
 		return nil, err

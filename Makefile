@@ -1,0 +1,41 @@
+# quiver: the targets people expect. `make run` starts a server on the
+# embedded default (pool ./quiver-data, API on 127.0.0.1:7480); `make test`
+# runs every test.
+GO      ?= go
+BIN     ?= bin/quiver
+PKGS    ?= ./...
+
+.PHONY: all build run test test-race test-short lint fuzz bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/quiver
+
+run: build
+	./$(BIN) server
+
+# Every test, with the race detector. Tests that need root, loop-mounted
+# filesystems or external tools (qemu-img, nbdinfo, fio, ...) skip when those
+# are missing, and fail instead when CI is set.
+test: lint
+	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+
+test-race: test
+
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+lint:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+fuzz:
+	@echo "no fuzz targets yet"
+
+# Benchmarks measure and print; they never assert. Needs root (loop mounts).
+bench: build
+	QUIVER_BENCH=1 $(GO) test -count=1 -timeout 60m -run Benchmark -v ./test/bench/
+
+clean:
+	rm -rf bin
