@@ -35,7 +35,7 @@ fuzz:
 
 # Benchmarks measure and print; they never assert. Needs root (loop mounts).
 bench: build
-	QUIVER_BENCH=1 $(GO) test -count=1 -timeout 60m -run Benchmark -v ./test/bench/
+	cd test/bench && QUIVER_BENCH=1 $(GO) test -count=1 -timeout 60m -run Benchmark -v .
 
 clean:
 	rm -rf bin

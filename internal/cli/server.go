@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/server"
 )
 
@@ -15,12 +16,16 @@ func (a *app) serverCommand() *cobra.Command {
 	var logLevel string
 	cmd := &cobra.Command{
 		Use:   "server",
-		Short: "Run a storage node: open the pool and serve the API",
-		Long: `Run a storage node: open (or create) the pool directory and serve the HTTP
-API until interrupted.
+		Short: "Run a storage node: open the pool, serve the API and the disks over NBD",
+		Long: `Run a storage node: open (or create) the pool directory, serve the HTTP API
+and every disk over NBD until interrupted.
 
-The API listens on loopback by default. To listen on another address, give the
-server a bearer token with --token-file; clients pass the same file.`,
+NBD exports are <volume>/<disk> (read-write) and <volume>@<snapshot>/<disk>
+(read-only), e.g. nbd://127.0.0.1:10809/web01/root.
+
+Everything listens on loopback by default. To listen on another address, give
+the server a bearer token with --token-file; clients pass the same file. NBD is
+loopback or unix socket only until attachment tokens land.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var level slog.Level
@@ -34,6 +39,8 @@ server a bearer token with --token-file; clients pass the same file.`,
 	}
 	cmd.Flags().StringVar(&cfg.PoolDir, "pool", "./quiver-data", "pool directory, created on first start")
 	cmd.Flags().StringVar(&cfg.APIAddr, "listen", api.DefaultAddr, "host:port of the HTTP API")
+	cmd.Flags().StringVar(&cfg.NBDAddr, "nbd-listen", nbd.DefaultAddr, "host:port of the NBD server (empty: no TCP)")
+	cmd.Flags().StringVar(&cfg.NBDSocket, "nbd-socket", "", "also serve NBD on this unix socket")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

@@ -38,8 +38,11 @@ type Disk interface {
 	Flush() error
 	// Trim deallocates a range; it then reads as zeros.
 	Trim(off, length int64, fua bool) error
-	// Zero writes zeros to a range; with mayTrim it may deallocate it.
-	Zero(off, length int64, mayTrim, fua bool) error
+	// Zero writes zeros to a range; with mayTrim it may deallocate it. With
+	// fast it fails with ErrNotSupported instead of writing zeros slowly.
+	Zero(off, length int64, mayTrim, fast, fua bool) error
+	// Cache asks for a range to be read ahead into the page cache.
+	Cache(off, length int64) error
 	// Extents reports data and holes in [off, off+length).
 	Extents(off, length int64) ([]Extent, error)
 	Close() error
@@ -212,7 +215,7 @@ func (d *liveDisk) Trim(off, length int64, fua bool) error {
 	return syncIf(df, fua)
 }
 
-func (d *liveDisk) Zero(off, length int64, mayTrim, fua bool) error {
+func (d *liveDisk) Zero(off, length int64, mayTrim, fast, fua bool) error {
 	d.v.gate.RLock()
 	defer d.v.gate.RUnlock()
 	df, err := d.file()
@@ -222,10 +225,27 @@ func (d *liveDisk) Zero(off, length int64, mayTrim, fua bool) error {
 	if err := checkRange(off, length, df.size); err != nil {
 		return err
 	}
-	if err := zeroRange(df.f, off, length, mayTrim); err != nil {
+	if err := zeroRange(df.f, off, length, mayTrim, fast); err != nil {
 		return err
 	}
 	return syncIf(df, fua)
+}
+
+func (d *liveDisk) Cache(off, length int64) error {
+	d.v.gate.RLock()
+	defer d.v.gate.RUnlock()
+	df, err := d.file()
+	if err != nil {
+		return err
+	}
+	return cache(df, off, length)
+}
+
+func cache(df *diskFile, off, length int64) error {
+	if err := checkRange(off, length, df.size); err != nil {
+		return err
+	}
+	return unix.Fadvise(int(df.f.Fd()), off, length, unix.FADV_WILLNEED)
 }
 
 func (d *liveDisk) Extents(off, length int64) ([]Extent, error) {
@@ -247,25 +267,25 @@ func (d *liveDisk) Close() error {
 }
 
 func punchHole(f *os.File, off, length int64) error {
-	if length == 0 {
-		return nil
-	}
-	err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, length)
-	if errors.Is(err, unix.EOPNOTSUPP) {
-		return writeZeros(f, off, length)
-	}
-	return mapFSError(err)
+	return zeroRange(f, off, length, true, false)
 }
 
-func zeroRange(f *os.File, off, length int64, mayTrim bool) error {
+// zeroRange zeroes a range with fallocate: punching a hole when mayTrim,
+// else zeroing in place. Where the filesystem cannot, it writes zeros, or
+// with fast returns ErrNotSupported.
+func zeroRange(f *os.File, off, length int64, mayTrim, fast bool) error {
 	if length == 0 {
 		return nil
 	}
+	mode := uint32(unix.FALLOC_FL_ZERO_RANGE | unix.FALLOC_FL_KEEP_SIZE)
 	if mayTrim {
-		return punchHole(f, off, length)
+		mode = unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE
 	}
-	err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, off, length)
+	err := unix.Fallocate(int(f.Fd()), mode, off, length)
 	if errors.Is(err, unix.EOPNOTSUPP) {
+		if fast {
+			return fmt.Errorf("zero %d bytes: %w", length, ErrNotSupported)
+		}
 		return writeZeros(f, off, length)
 	}
 	return mapFSError(err)
@@ -350,14 +370,15 @@ func (v *Volume) OpenSnapshotDisk(snapshot, disk string) (Disk, error) {
 	return nil, fmt.Errorf("disk %q of snapshot %s@%s: %w", disk, v.name, snapshot, ErrDiskNotFound)
 }
 
-func (d *snapshotDisk) Size() int64                         { return d.df.size }
-func (d *snapshotDisk) ReadOnly() bool                      { return true }
-func (d *snapshotDisk) ReadAt(p []byte, off int64) error    { return readAt(&d.df, p, off) }
-func (d *snapshotDisk) WriteAt([]byte, int64, bool) error   { return ErrReadOnly }
-func (d *snapshotDisk) Flush() error                        { return nil }
-func (d *snapshotDisk) Trim(int64, int64, bool) error       { return ErrReadOnly }
-func (d *snapshotDisk) Zero(int64, int64, bool, bool) error { return ErrReadOnly }
-func (d *snapshotDisk) Close() error                        { return d.df.f.Close() }
+func (d *snapshotDisk) Size() int64                               { return d.df.size }
+func (d *snapshotDisk) ReadOnly() bool                            { return true }
+func (d *snapshotDisk) ReadAt(p []byte, off int64) error          { return readAt(&d.df, p, off) }
+func (d *snapshotDisk) WriteAt([]byte, int64, bool) error         { return ErrReadOnly }
+func (d *snapshotDisk) Flush() error                              { return nil }
+func (d *snapshotDisk) Trim(int64, int64, bool) error             { return ErrReadOnly }
+func (d *snapshotDisk) Zero(int64, int64, bool, bool, bool) error { return ErrReadOnly }
+func (d *snapshotDisk) Cache(off, length int64) error             { return cache(&d.df, off, length) }
+func (d *snapshotDisk) Close() error                              { return d.df.f.Close() }
 func (d *snapshotDisk) Extents(off, length int64) ([]Extent, error) {
 	if err := checkRange(off, length, d.df.size); err != nil {
 		return nil, err

@@ -18,6 +18,7 @@ var (
 	ErrReadOnly         = errors.New("read-only")
 	ErrOutOfRange       = errors.New("offset or length beyond the end of the disk")
 	ErrClosed           = errors.New("disk handle closed")
+	ErrNotSupported     = errors.New("not supported by the pool's filesystem")
 )
 
 // FieldError says which field of a request broke which rule. It matches

@@ -17,6 +17,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/apiserver"
 	"github.com/quiverstorage/quiver/internal/job"
+	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
@@ -28,10 +29,12 @@ type Config struct {
 	PoolDir   string       // pool directory; created on first start
 	APIAddr   string       // host:port of the HTTP API
 	TokenFile string       // bearer token file; required for a non-loopback APIAddr
+	NBDAddr   string       // host:port of the NBD server; empty: no TCP listener
+	NBDSocket string       // unix socket path for NBD; empty: none
 	Logger    *slog.Logger // nil: slog.Default()
-	// Ready, if set, is called with the API's listening address once the
-	// pool is open and requests are served.
-	Ready func(addr net.Addr)
+	// Ready, if set, is called with the API's and the NBD TCP listener's
+	// addresses (nil when there is none) once requests are served.
+	Ready func(api, nbd net.Addr)
 }
 
 // ErrInsecure refuses a non-loopback listener without authentication.
@@ -57,14 +60,36 @@ func Run(ctx context.Context, cfg Config) error {
 	if token == "" && !IsLoopback(cfg.APIAddr) {
 		return fmt.Errorf("listen %s: %w", cfg.APIAddr, ErrInsecure)
 	}
+	if cfg.NBDAddr != "" && !IsLoopback(cfg.NBDAddr) {
+		return fmt.Errorf("nbd listen %s: %w", cfg.NBDAddr, nbd.ErrInsecure)
+	}
 	p, err := pool.Open(ctx, cfg.PoolDir, log)
 	if err != nil {
 		return err
 	}
+	defer p.Close()
 	jobs := job.NewManager()
 	ln, err := net.Listen("tcp", cfg.APIAddr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w (is another quiver server running? pick another address with --listen)", cfg.APIAddr, err)
+	}
+	nbdSrv := nbd.NewServer(nbd.PoolExports{Pool: p}, nbd.Config{Logger: log})
+	var nbdLns []net.Listener
+	if cfg.NBDAddr != "" {
+		l, err := net.Listen("tcp", cfg.NBDAddr)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("nbd listen %s: %w (pick another address with --nbd-listen)", cfg.NBDAddr, err)
+		}
+		nbdLns = append(nbdLns, l)
+	}
+	if cfg.NBDSocket != "" {
+		l, err := nbd.ListenUnix(cfg.NBDSocket)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("nbd socket %s: %w", cfg.NBDSocket, err)
+		}
+		nbdLns = append(nbdLns, l)
 	}
 	srv := &http.Server{
 		Handler:           apiserver.NewServer(p, jobs, token, log),
@@ -72,10 +97,22 @@ func Run(ctx context.Context, cfg Config) error {
 		IdleTimeout:       2 * time.Minute,
 	}
 	log.Info("serving API", "addr", ln.Addr().String(), "auth", token != "")
-	if cfg.Ready != nil {
-		cfg.Ready(ln.Addr())
+	errc := make(chan error, 1+len(nbdLns))
+	var nbdAddr net.Addr
+	for _, l := range nbdLns {
+		log.Info("serving NBD", "addr", l.Addr().String())
+		if l.Addr().Network() == "tcp" {
+			nbdAddr = l.Addr()
+		}
+		go func() {
+			if err := nbdSrv.Serve(l); !errors.Is(err, nbd.ErrServerClosed) {
+				errc <- err
+			}
+		}()
 	}
-	errc := make(chan error, 1)
+	if cfg.Ready != nil {
+		cfg.Ready(ln.Addr(), nbdAddr)
+	}
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
@@ -86,6 +123,9 @@ func Run(ctx context.Context, cfg Config) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err = srv.Shutdown(sctx)
+	if nerr := nbdSrv.Shutdown(sctx); err == nil {
+		err = nerr
+	}
 	if jerr := jobs.Shutdown(sctx); err == nil {
 		err = jerr
 	}

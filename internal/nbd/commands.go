@@ -1,0 +1,202 @@
+package nbd
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+// allowedFlags lists the command flags each command accepts ("Request
+// types"); anything else is EINVAL.
+var allowedFlags = map[uint16]uint16{
+	cmdRead:        cmdFlagDF,
+	cmdWrite:       cmdFlagFUA,
+	cmdFlush:       0,
+	cmdTrim:        cmdFlagFUA,
+	cmdCache:       0,
+	cmdWriteZeroes: cmdFlagFUA | cmdFlagNoHole | cmdFlagFastZero,
+	cmdBlockStatus: cmdFlagReqOne,
+}
+
+// holeThreshold is the smallest READ for which holes are looked up and sent
+// as NBD_REPLY_TYPE_OFFSET_HOLE chunks: below it the two lseek calls cost
+// more than sending the zeros.
+const holeThreshold = 256 << 10
+
+// handle validates a request in full, executes it, and replies.
+func (c *conn) handle(req *request) {
+	if errno, msg := c.validate(req); errno != 0 {
+		c.replyError(req, errno, msg)
+		return
+	}
+	var err error
+	off, n := int64(req.off), int64(req.length)
+	fua := req.flags&cmdFlagFUA != 0
+	switch req.typ {
+	case cmdRead:
+		c.read(req)
+		return
+	case cmdWrite:
+		err = c.disk.WriteAt(*req.buf, off, fua)
+	case cmdFlush:
+		err = c.disk.Flush()
+	case cmdTrim:
+		err = c.disk.Trim(off, n, fua)
+	case cmdCache:
+		err = c.disk.Cache(off, n)
+	case cmdWriteZeroes:
+		err = c.disk.Zero(off, n, req.flags&cmdFlagNoHole == 0, req.flags&cmdFlagFastZero != 0, fua)
+	case cmdBlockStatus:
+		c.blockStatus(req)
+		return
+	}
+	if err != nil {
+		c.log.Debug("request failed", "op", req.typ, "offset", off, "len", n, "err", err)
+		c.replyError(req, toErrno(err), err.Error())
+		return
+	}
+	c.replyOK(req)
+}
+
+// validate checks command, flags and range before anything is executed.
+func (c *conn) validate(req *request) (uint32, string) {
+	allowed, known := allowedFlags[req.typ]
+	if !known {
+		return errInval, fmt.Sprintf("unknown command %d", req.typ)
+	}
+	if req.typ == cmdRead && !c.structured {
+		allowed = 0 // DF needs structured replies
+	}
+	if req.flags&^allowed != 0 {
+		return errInval, fmt.Sprintf("flags %#x not valid for command %d", req.flags, req.typ)
+	}
+	if c.disk.ReadOnly() && (req.typ == cmdWrite || req.typ == cmdTrim || req.typ == cmdWriteZeroes) {
+		return errPerm, "export is read-only"
+	}
+	switch req.typ {
+	case cmdFlush:
+		if req.off != 0 || req.length != 0 {
+			return errInval, "flush offset and length must be zero"
+		}
+		return 0, ""
+	case cmdBlockStatus:
+		if !c.baseAlloc {
+			return errInval, "no metadata context negotiated"
+		}
+	case cmdRead:
+		if req.length > maxPayload {
+			if c.structured {
+				return errOverflow, fmt.Sprintf("read of %d bytes exceeds the maximum %d", req.length, maxPayload)
+			}
+			return errInval, fmt.Sprintf("read of %d bytes exceeds the maximum %d", req.length, maxPayload)
+		}
+	}
+	if req.length == 0 {
+		return errInval, "zero length"
+	}
+	if req.off > uint64(c.size) || uint64(req.length) > uint64(c.size)-req.off {
+		if req.typ == cmdWrite || req.typ == cmdWriteZeroes {
+			return errNoSpc, fmt.Sprintf("range [%d, +%d) beyond the end of the %d-byte disk", req.off, req.length, c.size)
+		}
+		return errInval, fmt.Sprintf("range [%d, +%d) beyond the end of the %d-byte disk", req.off, req.length, c.size)
+	}
+	return 0, ""
+}
+
+// read answers NBD_CMD_READ. All data is read before anything is sent, so a
+// failure is always a single error reply, never a success header followed
+// by an error.
+func (c *conn) read(req *request) {
+	off, n := int64(req.off), int(req.length)
+	req.buf = getBuf(n)
+	buf := *req.buf
+	if c.structured && n >= holeThreshold && req.flags&cmdFlagDF == 0 {
+		ext, err := c.disk.Extents(off, int64(n))
+		if err == nil && hasHole(ext) {
+			c.readSparse(req, ext)
+			return
+		}
+	}
+	if err := c.disk.ReadAt(buf, off); err != nil {
+		c.replyError(req, toErrno(err), err.Error())
+		return
+	}
+	c.replyData(req, off, buf)
+}
+
+func hasHole(ext []pool.Extent) bool {
+	for _, e := range ext {
+		if e.Hole {
+			return true
+		}
+	}
+	return false
+}
+
+// readSparse reads the data extents of a range and replies with one chunk
+// per extent: OFFSET_DATA for data, OFFSET_HOLE for holes.
+func (c *conn) readSparse(req *request, ext []pool.Extent) {
+	base := int64(req.off)
+	buf := *req.buf
+	for _, e := range ext {
+		if e.Hole {
+			continue
+		}
+		if err := c.disk.ReadAt(buf[e.Offset-base:e.Offset-base+e.Length], e.Offset); err != nil {
+			c.replyError(req, toErrno(err), err.Error())
+			return
+		}
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	for i, e := range ext {
+		flags := uint16(0)
+		if i == len(ext)-1 {
+			flags = replyFlagDone
+		}
+		var err error
+		if e.Hole {
+			var p [12]byte
+			binary.BigEndian.PutUint64(p[0:], uint64(e.Offset))
+			binary.BigEndian.PutUint32(p[8:], uint32(e.Length))
+			err = c.writeChunk(req, flags, replyTypeOffsetHole, p[:], nil)
+		} else {
+			var p [8]byte
+			binary.BigEndian.PutUint64(p[0:], uint64(e.Offset))
+			err = c.writeChunk(req, flags, replyTypeOffsetData, p[:], buf[e.Offset-base:e.Offset-base+e.Length])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// blockStatus answers NBD_CMD_BLOCK_STATUS for base:allocation.
+func (c *conn) blockStatus(req *request) {
+	ext, err := c.disk.Extents(int64(req.off), int64(req.length))
+	if err != nil {
+		c.replyError(req, toErrno(err), err.Error())
+		return
+	}
+	if req.flags&cmdFlagReqOne != 0 && len(ext) > 1 {
+		ext = ext[:1]
+	}
+	if len(ext) > maxExtents {
+		ext = ext[:maxExtents]
+	}
+	req.buf = getBuf(4 + 8*len(ext))
+	p := *req.buf
+	binary.BigEndian.PutUint32(p, baseAllocationID)
+	for i, e := range ext {
+		state := uint32(0)
+		if e.Hole {
+			state = stateHole | stateZero
+		}
+		binary.BigEndian.PutUint32(p[4+8*i:], uint32(e.Length))
+		binary.BigEndian.PutUint32(p[8+8*i:], state)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = c.writeChunk(req, replyFlagDone, replyTypeBlockStatus, nil, p)
+}

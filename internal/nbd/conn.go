@@ -1,0 +1,164 @@
+package nbd
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+// conn is one client connection.
+type conn struct {
+	srv *Server
+	nc  net.Conn
+	r   *bufio.Reader
+	log *slog.Logger
+
+	// Set by negotiation, read-only in the transmission phase.
+	disk        pool.Disk
+	export      string
+	description string
+	size        int64
+	flags       uint16
+	structured  bool
+	baseAlloc   bool
+
+	wmu  sync.Mutex // one reply at a time on the wire
+	reqs chan *request
+}
+
+func (c *conn) open(ctx context.Context, name string) error {
+	c.closeDisk()
+	d, desc, err := c.srv.exports.Open(ctx, name)
+	if err != nil {
+		return fmt.Errorf("export %q: %w", name, err)
+	}
+	c.disk, c.export, c.description, c.size = d, name, desc, d.Size()
+	return nil
+}
+
+func (c *conn) closeDisk() {
+	if c.disk != nil {
+		_ = c.disk.Close()
+		c.disk = nil
+	}
+}
+
+// setFlags computes the transmission flags: they advertise exactly what the
+// export does. Flush reaches the disk's shared file, so any connection's
+// FLUSH covers writes completed on every connection: multi-conn is safe.
+func (c *conn) setFlags(n *negotiation) {
+	c.structured, c.baseAlloc = n.structured, n.baseAlloc
+	f := uint16(tflagHasFlags | tflagSendFlush | tflagCanMultiConn | tflagSendCache)
+	if c.disk.ReadOnly() {
+		f |= tflagReadOnly
+	} else {
+		f |= tflagSendFUA | tflagSendTrim | tflagSendWriteZeroes | tflagSendFastZero
+	}
+	if c.structured {
+		f |= tflagSendDF
+	}
+	c.flags = f
+}
+
+// request is one transmission-phase request with its buffers; requests are
+// pooled so that the hot path does not allocate.
+type request struct {
+	hdr    [requestHeaderSize]byte
+	flags  uint16
+	typ    uint16
+	cookie uint64
+	off    uint64
+	length uint32
+	buf    *[]byte // WRITE payload, or READ data
+
+	reply [64]byte // reply header space
+	iov   [2][]byte
+	nb    net.Buffers
+}
+
+var requestPool = sync.Pool{New: func() any { return new(request) }}
+
+func (r *request) release() {
+	putBuf(r.buf)
+	r.buf = nil
+	requestPool.Put(r)
+}
+
+// serve runs the transmission phase: one reader (this goroutine) decodes
+// requests and hands them to workers, which execute and reply in any order.
+func (c *conn) serve(ctx context.Context) error {
+	c.reqs = make(chan *request, c.srv.cfg.Workers)
+	var wg sync.WaitGroup
+	for range c.srv.cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for req := range c.reqs {
+				c.handle(req)
+				req.release()
+			}
+		}()
+	}
+	err := c.readLoop()
+	close(c.reqs)
+	wg.Wait() // drain: every request read gets its reply
+	if c.disk != nil && !c.disk.ReadOnly() {
+		_ = c.disk.Flush()
+	}
+	return err
+}
+
+var errDisconnect = errors.New("client disconnected (NBD_CMD_DISC)")
+
+func (c *conn) readLoop() error {
+	for {
+		req := requestPool.Get().(*request)
+		if _, err := io.ReadFull(c.r, req.hdr[:]); err != nil {
+			req.release()
+			return err
+		}
+		h := req.hdr[:]
+		if binary.BigEndian.Uint32(h[0:]) != magicRequest {
+			req.release()
+			return errors.New("bad request magic")
+		}
+		req.flags = binary.BigEndian.Uint16(h[4:])
+		req.typ = binary.BigEndian.Uint16(h[6:])
+		req.cookie = binary.BigEndian.Uint64(h[8:])
+		req.off = binary.BigEndian.Uint64(h[16:])
+		req.length = binary.BigEndian.Uint32(h[24:])
+		if req.typ == cmdWrite {
+			if req.length > maxPayload {
+				req.release()
+				return fmt.Errorf("write of %d bytes exceeds the maximum payload %d", req.length, maxPayload)
+			}
+			req.buf = getBuf(int(req.length))
+			if _, err := io.ReadFull(c.r, *req.buf); err != nil {
+				req.release()
+				return fmt.Errorf("client vanished mid-payload: %w", err)
+			}
+		}
+		if req.typ == cmdDisc {
+			req.release()
+			return errDisconnect
+		}
+		if c.srv.closing.Load() {
+			c.replyError(req, errShutdown, "server is shutting down")
+			req.release()
+			continue
+		}
+		c.reqs <- req
+	}
+}
+
+// setDeadlineNow interrupts a blocked read (for shutdown).
+func (c *conn) setDeadlineNow() { _ = c.nc.SetReadDeadline(time.Now()) }

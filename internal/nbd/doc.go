@@ -1,0 +1,14 @@
+// Package nbd is quiver's NBD server: the data path through which QEMU,
+// libnbd clients and the Linux kernel read and write the disks of a volume
+// over TCP or a unix socket. It follows the NBD protocol specification
+// (NetworkBlockDevice/nbd, doc/proto.md): fixed newstyle negotiation,
+// structured replies, the base:allocation metadata context, and many
+// requests in flight per connection with replies in any order.
+//
+// Each request is validated in full, then executed, then answered (the
+// shape of nbdkit's server/protocol.c). All I/O goes through pool.Disk
+// handles, and so through the volume's I/O gate. Domain errors are mapped
+// to NBD error numbers in one table (errors.go).
+//
+// nbd imports pool (the domain) and nothing above it.
+package nbd

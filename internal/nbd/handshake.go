@@ -1,0 +1,325 @@
+package nbd
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+// errAbort ends negotiation on NBD_OPT_ABORT: the client wants to go.
+var errAbort = errors.New("client aborted negotiation")
+
+// negotiation is the state of the option haggling phase of one connection.
+type negotiation struct {
+	c          *conn
+	noZeroes   bool
+	structured bool
+	baseAlloc  bool // base:allocation selected by NBD_OPT_SET_META_CONTEXT
+}
+
+// negotiate runs the fixed newstyle handshake ("Fixed newstyle
+// negotiation") until the client picks an export with NBD_OPT_GO or
+// NBD_OPT_EXPORT_NAME. On success c.disk is open and the transmission
+// phase can start.
+func (c *conn) negotiate(ctx context.Context) error {
+	var hello [18]byte
+	binary.BigEndian.PutUint64(hello[0:], magicNBD)
+	binary.BigEndian.PutUint64(hello[8:], magicIHaveOpt)
+	binary.BigEndian.PutUint16(hello[16:], flagFixedNewstyle|flagNoZeroes)
+	if _, err := c.nc.Write(hello[:]); err != nil {
+		return err
+	}
+	var cf [4]byte
+	if _, err := io.ReadFull(c.r, cf[:]); err != nil {
+		return err
+	}
+	clientFlags := binary.BigEndian.Uint32(cf[:])
+	if clientFlags&clientFlagFixedNewstyle == 0 {
+		return errors.New("client does not speak fixed newstyle negotiation")
+	}
+	if clientFlags&^uint32(clientFlagFixedNewstyle|clientFlagNoZeroes) != 0 {
+		return fmt.Errorf("unknown client flags %#x", clientFlags)
+	}
+	n := &negotiation{c: c, noZeroes: clientFlags&clientFlagNoZeroes != 0}
+	for range maxOptions {
+		done, err := n.option(ctx)
+		if err != nil || done {
+			return err
+		}
+	}
+	return fmt.Errorf("more than %d options", maxOptions)
+}
+
+// option reads and answers one option; done is true once the connection
+// enters the transmission phase.
+func (n *negotiation) option(ctx context.Context) (done bool, err error) {
+	var hdr [16]byte
+	if _, err := io.ReadFull(n.c.r, hdr[:]); err != nil {
+		return false, err
+	}
+	if binary.BigEndian.Uint64(hdr[0:]) != magicIHaveOpt {
+		return false, errors.New("bad option magic")
+	}
+	opt := binary.BigEndian.Uint32(hdr[8:])
+	length := binary.BigEndian.Uint32(hdr[12:])
+	if length > maxOptionLength {
+		if opt == optExportName || length > 16*maxOptionLength {
+			return false, fmt.Errorf("option %d: %d bytes is too long", opt, length)
+		}
+		if _, err := io.CopyN(io.Discard, n.c.r, int64(length)); err != nil {
+			return false, err
+		}
+		return false, n.replyError(opt, repErrTooBig, "option too long")
+	}
+	data := make([]byte, length)
+	if _, err := io.ReadFull(n.c.r, data); err != nil {
+		return false, err
+	}
+	switch opt {
+	case optExportName:
+		return true, n.exportName(ctx, data)
+	case optAbort:
+		_ = n.reply(opt, repAck, nil)
+		return false, errAbort
+	case optList:
+		return false, n.list(ctx, data)
+	case optInfo, optGo:
+		return n.infoGo(ctx, opt, data)
+	case optStructuredReply:
+		if len(data) != 0 {
+			return false, n.replyError(opt, repErrInvalid, "NBD_OPT_STRUCTURED_REPLY takes no data")
+		}
+		n.structured = true
+		return false, n.reply(opt, repAck, nil)
+	case optListMetaContext, optSetMetaContext:
+		return false, n.metaContext(ctx, opt, data)
+	case optStartTLS:
+		return false, n.replyError(opt, repErrPolicy, "TLS is not supported by this server")
+	default:
+		return false, n.replyError(opt, repErrUnsup, fmt.Sprintf("option %d is not supported", opt))
+	}
+}
+
+// reply sends one option reply ("Option reply").
+func (n *negotiation) reply(opt, typ uint32, data []byte) error {
+	buf := make([]byte, 20+len(data))
+	binary.BigEndian.PutUint64(buf[0:], magicOptionReply)
+	binary.BigEndian.PutUint32(buf[8:], opt)
+	binary.BigEndian.PutUint32(buf[12:], typ)
+	binary.BigEndian.PutUint32(buf[16:], uint32(len(data)))
+	copy(buf[20:], data)
+	_, err := n.c.nc.Write(buf)
+	return err
+}
+
+// replyError sends an error reply with a message for humans.
+func (n *negotiation) replyError(opt, typ uint32, msg string) error {
+	n.c.log.Debug("option refused", "opt", opt, "reply", typ&^repFlagError, "msg", msg)
+	return n.reply(opt, typ, []byte(msg))
+}
+
+func validName(name []byte) bool {
+	return len(name) <= maxStringLength && !strings.ContainsRune(string(name), 0)
+}
+
+// exportName handles NBD_OPT_EXPORT_NAME, which cannot fail politely: on
+// error the connection is closed.
+func (n *negotiation) exportName(ctx context.Context, data []byte) error {
+	if !validName(data) {
+		return errors.New("bad export name")
+	}
+	if err := n.c.open(ctx, string(data)); err != nil {
+		return err
+	}
+	n.c.setFlags(n)
+	buf := make([]byte, 10, 10+124)
+	binary.BigEndian.PutUint64(buf[0:], uint64(n.c.size))
+	binary.BigEndian.PutUint16(buf[8:], n.c.flags)
+	if !n.noZeroes {
+		buf = buf[:10+124]
+	}
+	_, err := n.c.nc.Write(buf)
+	return err
+}
+
+// list handles NBD_OPT_LIST.
+func (n *negotiation) list(ctx context.Context, data []byte) error {
+	if len(data) != 0 {
+		return n.replyError(optList, repErrInvalid, "NBD_OPT_LIST takes no data")
+	}
+	exports, err := n.c.srv.exports.List(ctx)
+	if err != nil {
+		return n.replyError(optList, repErrPlatform, err.Error())
+	}
+	for _, e := range exports {
+		b := make([]byte, 4+len(e.Name)+len(e.Description))
+		binary.BigEndian.PutUint32(b, uint32(len(e.Name)))
+		copy(b[4:], e.Name)
+		copy(b[4+len(e.Name):], e.Description)
+		if err := n.reply(optList, repServer, b); err != nil {
+			return err
+		}
+	}
+	return n.reply(optList, repAck, nil)
+}
+
+// infoGo handles NBD_OPT_INFO and NBD_OPT_GO: export name, then the
+// information requests.
+func (n *negotiation) infoGo(ctx context.Context, opt uint32, data []byte) (bool, error) {
+	if len(data) < 6 {
+		return false, n.replyError(opt, repErrInvalid, "option data too short")
+	}
+	nameLen := binary.BigEndian.Uint32(data)
+	if uint64(nameLen)+6 > uint64(len(data)) {
+		return false, n.replyError(opt, repErrInvalid, "export name length beyond option data")
+	}
+	name := data[4 : 4+nameLen]
+	rest := data[4+nameLen:]
+	nreq := int(binary.BigEndian.Uint16(rest))
+	if len(rest) != 2+2*nreq {
+		return false, n.replyError(opt, repErrInvalid, "information request count does not match option length")
+	}
+	if !validName(name) {
+		return false, n.replyError(opt, repErrInvalid, "bad export name")
+	}
+	wantName, wantDesc := false, false
+	for i := range nreq {
+		switch binary.BigEndian.Uint16(rest[2+2*i:]) {
+		case infoName:
+			wantName = true
+		case infoDescription:
+			wantDesc = true
+		}
+	}
+	if err := n.c.open(ctx, string(name)); err != nil {
+		code := uint32(repErrUnknown)
+		if errors.Is(err, pool.ErrInvalid) {
+			code = repErrInvalid
+		}
+		return false, n.replyError(opt, code, err.Error())
+	}
+	n.c.setFlags(n)
+	if err := n.sendInfo(opt, wantName, wantDesc); err != nil {
+		return false, err
+	}
+	if err := n.reply(opt, repAck, nil); err != nil {
+		return false, err
+	}
+	if opt == optInfo {
+		n.c.closeDisk()
+		return false, nil
+	}
+	return true, nil
+}
+
+func (n *negotiation) sendInfo(opt uint32, wantName, wantDesc bool) error {
+	export := make([]byte, 12)
+	binary.BigEndian.PutUint16(export[0:], infoExport)
+	binary.BigEndian.PutUint64(export[2:], uint64(n.c.size))
+	binary.BigEndian.PutUint16(export[10:], n.c.flags)
+	if err := n.reply(opt, repInfo, export); err != nil {
+		return err
+	}
+	bs := make([]byte, 14)
+	binary.BigEndian.PutUint16(bs[0:], infoBlockSize)
+	binary.BigEndian.PutUint32(bs[2:], minBlockSize)
+	binary.BigEndian.PutUint32(bs[6:], preferredBlockSize)
+	binary.BigEndian.PutUint32(bs[10:], maxPayload)
+	if err := n.reply(opt, repInfo, bs); err != nil {
+		return err
+	}
+	for _, s := range []struct {
+		want bool
+		typ  uint16
+		text string
+	}{{wantName, infoName, n.c.export}, {wantDesc, infoDescription, n.c.description}} {
+		if !s.want {
+			continue
+		}
+		b := make([]byte, 2+len(s.text))
+		binary.BigEndian.PutUint16(b, s.typ)
+		copy(b[2:], s.text)
+		if err := n.reply(opt, repInfo, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// metaContext handles NBD_OPT_LIST_META_CONTEXT and
+// NBD_OPT_SET_META_CONTEXT. quiver has one context, base:allocation.
+func (n *negotiation) metaContext(ctx context.Context, opt uint32, data []byte) error {
+	if opt == optSetMetaContext && !n.structured {
+		return n.replyError(opt, repErrInvalid, "negotiate structured replies first")
+	}
+	queries, err := parseMetaQueries(data)
+	if err != nil {
+		return n.replyError(opt, repErrInvalid, err.Error())
+	}
+	match := false
+	if opt == optListMetaContext && len(queries) == 0 {
+		match = true
+	}
+	for _, q := range queries {
+		if q == metaContextBaseAllocation || (opt == optListMetaContext && q == "base:") {
+			match = true
+		}
+	}
+	if opt == optSetMetaContext {
+		n.baseAlloc = match
+	}
+	if match {
+		b := make([]byte, 4+len(metaContextBaseAllocation))
+		binary.BigEndian.PutUint32(b, baseAllocationID)
+		copy(b[4:], metaContextBaseAllocation)
+		if err := n.reply(opt, repMetaContext, b); err != nil {
+			return err
+		}
+	}
+	return n.reply(opt, repAck, nil)
+}
+
+// parseMetaQueries decodes: export name (u32 length + bytes), query count
+// (u32), then each query (u32 length + bytes).
+func parseMetaQueries(data []byte) ([]string, error) {
+	str := func() (string, error) {
+		if len(data) < 4 {
+			return "", errors.New("truncated meta context request")
+		}
+		l := binary.BigEndian.Uint32(data)
+		if uint64(l) > uint64(len(data)-4) || l > maxStringLength {
+			return "", errors.New("string length beyond option data")
+		}
+		s := string(data[4 : 4+l])
+		data = data[4+l:]
+		return s, nil
+	}
+	if _, err := str(); err != nil { // the export name
+		return nil, err
+	}
+	if len(data) < 4 {
+		return nil, errors.New("truncated meta context request")
+	}
+	count := binary.BigEndian.Uint32(data)
+	data = data[4:]
+	if uint64(count)*4 > uint64(len(data)) {
+		return nil, errors.New("query count beyond option data")
+	}
+	queries := make([]string, 0, count)
+	for range count {
+		q, err := str()
+		if err != nil {
+			return nil, err
+		}
+		queries = append(queries, q)
+	}
+	if len(data) != 0 {
+		return nil, errors.New("trailing bytes after queries")
+	}
+	return queries, nil
+}

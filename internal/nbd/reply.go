@@ -1,0 +1,92 @@
+package nbd
+
+import (
+	"encoding/binary"
+)
+
+// Reply writers. Each takes c.wmu (or expects it held, for the chunk
+// writers) so that replies never interleave on the wire.
+
+// replyOK sends a successful reply without payload. A simple reply is
+// allowed for any command but READ even with structured replies.
+func (c *conn) replyOK(req *request) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.writeSimple(req, 0, nil)
+}
+
+// replyError sends an error: an NBD_REPLY_TYPE_ERROR chunk with a message
+// when structured replies are on (READ must not get a simple reply), a
+// simple reply otherwise.
+func (c *conn) replyError(req *request, errno uint32, msg string) {
+	if len(msg) > maxStringLength {
+		msg = msg[:maxStringLength]
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if !c.structured {
+		c.writeSimple(req, errno, nil)
+		return
+	}
+	var p [6]byte
+	binary.BigEndian.PutUint32(p[0:], errno)
+	binary.BigEndian.PutUint16(p[4:], uint16(len(msg)))
+	_ = c.writeChunkString(req, replyFlagDone, replyTypeError, p[:], msg)
+}
+
+// replyData sends READ data: one OFFSET_DATA chunk, or a simple reply.
+func (c *conn) replyData(req *request, off int64, data []byte) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if !c.structured {
+		c.writeSimple(req, 0, data)
+		return
+	}
+	var p [8]byte
+	binary.BigEndian.PutUint64(p[:], uint64(off))
+	_ = c.writeChunk(req, replyFlagDone, replyTypeOffsetData, p[:], data)
+}
+
+func (c *conn) writeSimple(req *request, errno uint32, data []byte) {
+	h := req.reply[:simpleReplySize]
+	binary.BigEndian.PutUint32(h[0:], magicSimpleReply)
+	binary.BigEndian.PutUint32(h[4:], errno)
+	binary.BigEndian.PutUint64(h[8:], req.cookie)
+	_ = c.writev(req, h, data)
+}
+
+// writeChunk sends one structured reply chunk: header, a small fixed part
+// (copied after the header), and an optional data part. c.wmu is held.
+func (c *conn) writeChunk(req *request, flags, typ uint16, fixed, data []byte) error {
+	h := req.reply[:structuredHeaderSize+len(fixed)]
+	binary.BigEndian.PutUint32(h[0:], magicStructuredReply)
+	binary.BigEndian.PutUint16(h[4:], flags)
+	binary.BigEndian.PutUint16(h[6:], typ)
+	binary.BigEndian.PutUint64(h[8:], req.cookie)
+	binary.BigEndian.PutUint32(h[16:], uint32(len(fixed)+len(data)))
+	copy(h[structuredHeaderSize:], fixed)
+	return c.writev(req, h, data)
+}
+
+func (c *conn) writeChunkString(req *request, flags, typ uint16, fixed []byte, s string) error {
+	return c.writeChunk(req, flags, typ, fixed, []byte(s))
+}
+
+// writev writes header and data with one system call where the connection
+// supports it, without allocating.
+func (c *conn) writev(req *request, h, data []byte) error {
+	var err error
+	if len(data) == 0 {
+		_, err = c.nc.Write(h)
+	} else {
+		req.iov[0], req.iov[1] = h, data
+		req.nb = req.iov[:]
+		_, err = req.nb.WriteTo(c.nc)
+		req.iov[0], req.iov[1] = nil, nil
+	}
+	if err != nil {
+		c.log.Debug("reply failed", "err", err)
+		_ = c.nc.Close() // the stream is broken; the reader will notice
+	}
+	return err
+}
