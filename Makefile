@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: all build run test test-race test-short lint fuzz bench clean
+.PHONY: all build run test test-race test-short lint fuzz bench bench-nbd clean
 
 all: build
 
@@ -36,6 +36,11 @@ fuzz:
 # Benchmarks measure and print; they never assert. Needs root (loop mounts).
 bench: build
 	cd test/bench && QUIVER_BENCH=1 $(GO) test -count=1 -timeout 60m -run Benchmark -v .
+
+# NBD data path: quiver vs nbdkit vs qemu-nbd vs the raw file, same file,
+# same client (fio's nbd engine). RUNTIME seconds per case.
+bench-nbd:
+	test/bench/nbd.sh $(RUNTIME)
 
 clean:
 	rm -rf bin
