@@ -12,10 +12,15 @@ import (
 )
 
 // recover brings the pool to a clean state after any crash and loads it:
-// committed rollbacks are finished, then every volume is loaded and its
-// leftovers reclaimed (temporary files, orphan images, short images), and
-// finally staging/ is emptied: whatever is there was never committed.
+// temporary files left in the pool directory (a first start killed while it
+// wrote pool.json) are removed, committed rollbacks are finished, then every
+// volume is loaded and its leftovers reclaimed (temporary files, orphan
+// images, short images), and finally staging/ is emptied: whatever is there
+// was never committed.
 func (p *Pool) recover(ctx context.Context) error {
+	if err := removeTemps(p.dir); err != nil {
+		return fmt.Errorf("reclaim temporary files: %w", err)
+	}
 	entries, err := os.ReadDir(p.volumesDir())
 	if err != nil {
 		return fmt.Errorf("read volumes: %w", err)

@@ -1,0 +1,5 @@
+//go:build !race
+
+package crash
+
+const raceEnabled = false
