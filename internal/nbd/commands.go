@@ -68,6 +68,9 @@ func (c *conn) validate(req *request) (uint32, string) {
 	if req.typ == cmdRead && !c.structured {
 		allowed = 0 // DF needs structured replies
 	}
+	if c.flags&tflagSendFUA != 0 {
+		allowed |= cmdFlagFUA // once advertised, FUA is valid on every command ("Command flags")
+	}
 	if req.flags&^allowed != 0 {
 		return errInval, fmt.Sprintf("flags %#x not valid for command %d", req.flags, req.typ)
 	}

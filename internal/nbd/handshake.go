@@ -117,9 +117,13 @@ func (n *negotiation) reply(opt, typ uint32, data []byte) error {
 	return err
 }
 
-// replyError sends an error reply with a message for humans.
+// replyError sends an error reply with a message for humans: a string, so
+// at most maxStringLength bytes of UTF-8.
 func (n *negotiation) replyError(opt, typ uint32, msg string) error {
 	n.c.log.Debug("option refused", "opt", opt, "reply", typ&^repFlagError, "msg", msg)
+	if len(msg) > maxStringLength {
+		msg = strings.ToValidUTF8(msg[:maxStringLength], "")
+	}
 	return n.reply(opt, typ, []byte(msg))
 }
 
@@ -257,6 +261,9 @@ func (n *negotiation) metaContext(ctx context.Context, opt uint32, data []byte) 
 	if opt == optSetMetaContext && !n.structured {
 		return n.replyError(opt, repErrInvalid, "negotiate structured replies first")
 	}
+	if opt == optSetMetaContext {
+		n.baseAlloc = false // SET replaces the selection, even when it fails
+	}
 	queries, err := parseMetaQueries(data)
 	if err != nil {
 		return n.replyError(opt, repErrInvalid, err.Error())
@@ -275,7 +282,9 @@ func (n *negotiation) metaContext(ctx context.Context, opt uint32, data []byte) 
 	}
 	if match {
 		b := make([]byte, 4+len(metaContextBaseAllocation))
-		binary.BigEndian.PutUint32(b, baseAllocationID)
+		if opt == optSetMetaContext { // LIST replies carry id 0 (SHOULD)
+			binary.BigEndian.PutUint32(b, baseAllocationID)
+		}
 		copy(b[4:], metaContextBaseAllocation)
 		if err := n.reply(opt, repMetaContext, b); err != nil {
 			return err

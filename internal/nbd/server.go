@@ -126,6 +126,9 @@ func (s *Server) run(c *conn) {
 	defer c.nc.Close()
 	defer c.closeDisk()
 	_ = c.nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	if s.closing.Load() { // Shutdown's deadline may predate ours
+		return
+	}
 	if err := c.negotiate(context.Background()); err != nil {
 		if !errors.Is(err, errAbort) {
 			c.log.Debug("negotiation ended", "err", err)
