@@ -15,6 +15,18 @@ type DiskSpec struct {
 	Size int64  `json:"size"` // virtual size in bytes, a multiple of 512
 }
 
+// QoS limits the I/O of a whole VM: one budget across all its disks. Zero
+// means unlimited; MBytes are 10^6 bytes per second. Read and write are
+// counted together by the rw limits.
+type QoS struct {
+	RWIOPS      int64 `json:"rwIOPS,omitempty"`
+	RWMBytes    int64 `json:"rwMBytes,omitempty"`
+	ReadIOPS    int64 `json:"readIOPS,omitempty"`
+	WriteIOPS   int64 `json:"writeIOPS,omitempty"`
+	ReadMBytes  int64 `json:"readMBytes,omitempty"`
+	WriteMBytes int64 `json:"writeMBytes,omitempty"`
+}
+
 // VolumeSpec is the body of POST /v1/volumes. A volume holds every disk of
 // one VM.
 type VolumeSpec struct {
@@ -22,6 +34,7 @@ type VolumeSpec struct {
 	Capacity int64             `json:"capacity"` // budget in bytes for the sum of disk sizes
 	Labels   map[string]string `json:"labels,omitempty"`
 	Disks    []DiskSpec        `json:"disks,omitempty"`
+	QoS      *QoS              `json:"qos,omitempty"`
 }
 
 // Source names where a clone came from.
@@ -38,6 +51,7 @@ type Volume struct {
 	Labels    map[string]string `json:"labels,omitempty"`
 	Disks     []Disk            `json:"disks"`
 	Source    *Source           `json:"source,omitempty"`
+	QoS       *QoS              `json:"qos,omitempty"`
 	Snapshots int               `json:"snapshots"`
 	CreatedAt time.Time         `json:"createdAt"`
 	// Path is the directory holding the disk images (what CSI publishes).
@@ -58,6 +72,7 @@ type Disk struct {
 type VolumeUpdate struct {
 	Capacity *int64            `json:"capacity,omitempty"`
 	Labels   map[string]string `json:"labels"`
+	QoS      *QoS              `json:"qos,omitempty"` // replaces all limits; {} removes them
 }
 
 // DiskUpdate is the body of PATCH /v1/volumes/{volume}/disks/{disk}. The size

@@ -429,7 +429,7 @@ func TestFingerprintSeesChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := fingerprint(t, p.Dir())
-	if _, err := v.Update(ctx, nil, nil); err != nil { // rewrites volume.json unchanged
+	if _, err := v.Update(ctx, pool.Update{}); err != nil { // rewrites volume.json unchanged
 		t.Fatal(err)
 	}
 	if diff := diffFingerprints(before, fingerprint(t, p.Dir())); len(diff) == 0 {

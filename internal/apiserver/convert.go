@@ -4,6 +4,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/qos"
 )
 
 func volumeToAPI(v pool.VolumeInfo) api.Volume {
@@ -11,6 +12,10 @@ func volumeToAPI(v pool.VolumeInfo) api.Volume {
 		Snapshots: v.Snapshots, CreatedAt: v.CreatedAt, Path: v.Dir}
 	if v.Source != nil {
 		out.Source = &api.Source{Volume: v.Source.Volume, Snapshot: v.Source.Snapshot}
+	}
+	if !v.QoS.Unlimited() {
+		q := api.QoS(v.QoS)
+		out.QoS = &q
 	}
 	return out
 }
@@ -48,4 +53,11 @@ func diskSpecsFromAPI(ds []api.DiskSpec) []pool.DiskSpec {
 		out[i] = pool.DiskSpec{Name: d.Name, Size: d.Size}
 	}
 	return out
+}
+
+func qosFromAPI(q *api.QoS) qos.Limits {
+	if q == nil {
+		return qos.Limits{}
+	}
+	return qos.Limits(*q)
 }

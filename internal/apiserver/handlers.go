@@ -50,7 +50,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	info, created, err := s.pool.Create(r.Context(), pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity,
-		Labels: spec.Labels, Disks: diskSpecsFromAPI(spec.Disks)})
+		Labels: spec.Labels, Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS)})
 	if err != nil {
 		return err
 	}
@@ -84,7 +84,12 @@ func (s *Server) updateVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	info, err := v.Update(r.Context(), u.Capacity, u.Labels)
+	upd := pool.Update{Capacity: u.Capacity, Labels: u.Labels}
+	if u.QoS != nil {
+		q := qosFromAPI(u.QoS)
+		upd.QoS = &q
+	}
+	info, err := v.Update(r.Context(), upd)
 	if err != nil {
 		return err
 	}

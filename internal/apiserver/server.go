@@ -35,6 +35,10 @@ func NewServer(p *pool.Pool, jobs *job.Manager, token string, log *slog.Logger) 
 	return s
 }
 
+// Mount serves h at pattern (e.g. "GET /metrics") behind the same
+// authentication as the API.
+func (s *Server) Mount(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
 func (s *Server) routes() {
 	for pattern, h := range map[string]func(http.ResponseWriter, *http.Request) error{
 		"GET /v1/pool":                                     s.getPool,

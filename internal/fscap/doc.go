@@ -8,8 +8,11 @@
 //
 // Clone and CopySparse make a disk file from another one: a reflink when the
 // filesystem shares extents, otherwise a copy of the data runs only, so holes
-// in a sparse disk stay holes. DataBytes, Allocated, Usage and Extents report
-// the numbers that progress totals, capacity checks and tests need.
+// in a sparse disk stay holes. ReflinkRange clones one range of a file into
+// another: a copy made while its source changed is brought up to date by
+// re-cloning only the ranges that changed. DataBytes, Allocated, Usage and
+// Extents report the numbers that progress totals, capacity checks and tests
+// need.
 //
 // The package is Linux-only: it talks to the kernel through ioctls, lseek and
 // statfs via golang.org/x/sys/unix. It owns no state and knows nothing of

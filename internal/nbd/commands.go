@@ -56,6 +56,12 @@ func (c *conn) handle(req *request) {
 		c.replyError(req, toErrno(err), err.Error())
 		return
 	}
+	switch {
+	case req.typ == cmdFlush:
+		c.unflushed.Store(false)
+	case req.typ != cmdCache && !fua:
+		c.unflushed.Store(true)
+	}
 	c.replyOK(req)
 }
 
@@ -115,7 +121,7 @@ func (c *conn) read(req *request) {
 	req.buf = getBuf(n)
 	buf := *req.buf
 	if c.structured && n >= holeThreshold && req.flags&cmdFlagDF == 0 {
-		ext, err := c.disk.Extents(off, int64(n))
+		ext, err := c.disk.Extents(off, int64(n), 0)
 		if err == nil && hasHole(ext) {
 			c.readSparse(req, ext)
 			return
@@ -177,7 +183,11 @@ func (c *conn) readSparse(req *request, ext []pool.Extent) {
 
 // blockStatus answers NBD_CMD_BLOCK_STATUS for base:allocation.
 func (c *conn) blockStatus(req *request) {
-	ext, err := c.disk.Extents(int64(req.off), int64(req.length))
+	limit := maxExtents
+	if req.flags&cmdFlagReqOne != 0 {
+		limit = 1
+	}
+	ext, err := c.disk.Extents(int64(req.off), int64(req.length), limit)
 	if err != nil {
 		c.replyError(req, toErrno(err), err.Error())
 		return

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/pool"
@@ -33,6 +34,9 @@ type conn struct {
 
 	wmu  sync.Mutex // one reply at a time on the wire
 	reqs chan *request
+	// unflushed is set by writes acknowledged without FUA and cleared by
+	// FLUSH; a connection that ends with it set is flushed by the server.
+	unflushed atomic.Bool
 }
 
 func (c *conn) open(ctx context.Context, name string) error {
@@ -111,7 +115,7 @@ func (c *conn) serve(ctx context.Context) error {
 	err := c.readLoop()
 	close(c.reqs)
 	wg.Wait() // drain: every request read gets its reply
-	if c.disk != nil && !c.disk.ReadOnly() {
+	if c.disk != nil && c.unflushed.Load() {
 		_ = c.disk.Flush()
 	}
 	return err

@@ -66,11 +66,11 @@ func (d faultDisk) ReadAt(p []byte, off int64) error {
 	return d.Disk.ReadAt(p, off)
 }
 
-func (d faultDisk) Extents(off, n int64) ([]pool.Extent, error) {
+func (d faultDisk) Extents(off, n int64, limit int) ([]pool.Extent, error) {
 	if touches(off, n, extentFaultOff) {
 		return nil, fmt.Errorf("seek: %w", syscall.EIO)
 	}
-	return d.Disk.Extents(off, n)
+	return d.Disk.Extents(off, n, limit)
 }
 
 func (d faultDisk) WriteAt(p []byte, off int64, fua bool) error {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
@@ -28,8 +29,12 @@ type Exports interface {
 //
 //	<volume>/<disk>               read-write
 //	<volume>@<snapshot>/<disk>    read-only
+//
+// Every live disk is opened through Metrics (when set), which counts and
+// times its requests and applies the volume's QoS limiter.
 type PoolExports struct {
-	Pool *pool.Pool
+	Pool    *pool.Pool
+	Metrics *metrics.Metrics
 }
 
 var _ Exports = PoolExports{}
@@ -94,5 +99,12 @@ func (e PoolExports) Open(ctx context.Context, name string) (pool.Disk, string, 
 		return d, fmt.Sprintf("disk %s of snapshot %s of volume %s, read-only", disk, snapshot, volume), err
 	}
 	d, err := v.OpenDisk(disk)
-	return d, fmt.Sprintf("disk %s of volume %s", disk, volume), err
+	if err != nil {
+		return nil, "", err
+	}
+	desc := fmt.Sprintf("disk %s of volume %s", disk, volume)
+	if e.Metrics != nil {
+		return e.Metrics.Wrap(d, volume, disk, v.QoS()), desc, nil
+	}
+	return d, desc, nil
 }

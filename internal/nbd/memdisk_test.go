@@ -181,7 +181,7 @@ func (h *memHandle) Cache(off, n int64) error { return h.check("cache", off, n, 
 
 // Extents reports 4 KiB blocks that are all zeros as holes, as a sparse
 // file that punches zeroed blocks would.
-func (h *memHandle) Extents(off, n int64) ([]pool.Extent, error) {
+func (h *memHandle) Extents(off, n int64, limit int) ([]pool.Extent, error) {
 	if err := h.check("extents", off, n, false); err != nil {
 		return nil, err
 	}

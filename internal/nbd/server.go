@@ -22,6 +22,13 @@ type Config struct {
 	HandshakeTimeout time.Duration // negotiation must finish within it (default 10 s)
 	Workers          int           // requests executed at once per connection (default 16)
 	Logger           *slog.Logger
+	Observer         Observer // optional: told about connections
+}
+
+// Observer is told when connections open and close (metrics).
+type Observer interface {
+	ConnOpened()
+	ConnClosed()
 }
 
 func (c *Config) defaults() {
@@ -111,12 +118,18 @@ func (s *Server) start(nc net.Conn) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.ConnOpened()
+	}
 	go func() {
 		defer s.wg.Done()
 		defer func() {
 			s.mu.Lock()
 			delete(s.conns, c)
 			s.mu.Unlock()
+			if s.cfg.Observer != nil {
+				s.cfg.Observer.ConnClosed()
+			}
 		}()
 		s.run(c)
 	}()

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/consistency"
 	"github.com/quiverstorage/quiver/internal/testfs"
@@ -16,18 +17,27 @@ import (
 // TestSnapshotsAreConsistentCuts is acceptance 3 of the core issue:
 // concurrent writers stamp a global sequence number into 3 disks of one
 // volume through the disk handles while snapshots are taken; every snapshot
-// must hold exactly the writes up to one point of the history.
+// must hold exactly the writes up to one point of the history. On reflink
+// filesystems the writes also land between the passes of each live capture,
+// which must catch them up.
 func TestSnapshotsAreConsistentCuts(t *testing.T) {
+	mountXFS := func(t testing.TB) string { return testfs.MountXFS(t, 1<<30) }
 	filesystems := []struct {
-		name  string
-		mount func(t testing.TB) string
+		name   string
+		mount  func(t testing.TB) string
+		rounds bool // re-clone with the gate open while any range is dirty
 	}{
-		{"default", func(t testing.TB) string { return t.TempDir() }},
-		{"xfs-reflink", func(t testing.TB) string { return testfs.MountXFS(t, 1<<30) }},
-		{"ext4-copy", func(t testing.TB) string { return testfs.MountExt4(t, 512<<20) }},
+		{"default", func(t testing.TB) string { return t.TempDir() }, false},
+		{"xfs-reflink", mountXFS, false},
+		{"xfs-reflink-rounds", mountXFS, true},
+		{"btrfs-reflink", func(t testing.TB) string { return testfs.MountBtrfs(t, 1<<30) }, false},
+		{"ext4-copy", func(t testing.TB) string { return testfs.MountExt4(t, 512<<20) }, false},
 	}
 	for _, fs := range filesystems {
 		t.Run(fs.name, func(t *testing.T) {
+			if fs.rounds {
+				setRoundAbove(t, 0)
+			}
 			dir := fs.mount(t)
 			checkCuts(t, filepath.Join(dir, "pool"), 4, 12)
 		})
@@ -54,12 +64,15 @@ func checkCuts(t *testing.T, dir string, writers, snapshots int) {
 	log := consistency.NewLog()
 	maxSeq := int64(disks * diskSize / consistency.BlockSize)
 	var stop atomic.Bool
+	var running atomic.Int32 // writers still writing
+	running.Store(int32(writers))
 	var wg sync.WaitGroup
 	errc := make(chan error, writers)
 	for range writers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer running.Add(-1)
 			block := make([]byte, consistency.BlockSize)
 			for !stop.Load() {
 				seq := log.Next()
@@ -76,6 +89,16 @@ func checkCuts(t *testing.T, dir string, writers, snapshots int) {
 			}
 		}()
 	}
+	// Between the first pass of a live capture and the closing of the gate,
+	// wait until the writers have acknowledged more writes, so every
+	// snapshot on a reflink filesystem has writes to catch up on (the
+	// writers keep going during the first pass too).
+	setCaptureHooks(t, func() {
+		target := log.Acked() + 64
+		for log.Acked() < target && running.Load() > 0 {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}, nil)
 	ctx := context.Background()
 	for i := range snapshots {
 		if _, _, err := v.CreateSnapshot(ctx, fmt.Sprintf("s%d", i), nil); err != nil {

@@ -43,8 +43,9 @@ type Disk interface {
 	Zero(off, length int64, mayTrim, fast, fua bool) error
 	// Cache asks for a range to be read ahead into the page cache.
 	Cache(off, length int64) error
-	// Extents reports data and holes in [off, off+length).
-	Extents(off, length int64) ([]Extent, error)
+	// Extents reports data and holes in [off, off+length), at most limit
+	// of them when limit > 0 (they then cover only part of the range).
+	Extents(off, length int64, limit int) ([]Extent, error)
 	Close() error
 }
 
@@ -176,6 +177,7 @@ func (d *liveDisk) WriteAt(p []byte, off int64, fua bool) error {
 	if err := checkRange(off, int64(len(p)), df.size); err != nil {
 		return err
 	}
+	d.v.markDirty(d.name, off, int64(len(p)))
 	if _, err := df.f.WriteAt(p, off); err != nil {
 		return mapFSError(err)
 	}
@@ -209,6 +211,7 @@ func (d *liveDisk) Trim(off, length int64, fua bool) error {
 	if err := checkRange(off, length, df.size); err != nil {
 		return err
 	}
+	d.v.markDirty(d.name, off, length)
 	if err := punchHole(df.f, off, length); err != nil {
 		return err
 	}
@@ -225,6 +228,7 @@ func (d *liveDisk) Zero(off, length int64, mayTrim, fast, fua bool) error {
 	if err := checkRange(off, length, df.size); err != nil {
 		return err
 	}
+	d.v.markDirty(d.name, off, length)
 	if err := zeroRange(df.f, off, length, mayTrim, fast); err != nil {
 		return err
 	}
@@ -248,7 +252,7 @@ func cache(df *diskFile, off, length int64) error {
 	return unix.Fadvise(int(df.f.Fd()), off, length, unix.FADV_WILLNEED)
 }
 
-func (d *liveDisk) Extents(off, length int64) ([]Extent, error) {
+func (d *liveDisk) Extents(off, length int64, limit int) ([]Extent, error) {
 	d.v.gate.RLock()
 	defer d.v.gate.RUnlock()
 	df, err := d.file()
@@ -258,7 +262,7 @@ func (d *liveDisk) Extents(off, length int64) ([]Extent, error) {
 	if err := checkRange(off, length, df.size); err != nil {
 		return nil, err
 	}
-	return extents(df.f, off, length)
+	return extents(df.f, off, length, limit)
 }
 
 func (d *liveDisk) Close() error {
@@ -305,12 +309,14 @@ func writeZeros(f *os.File, off, length int64) error {
 	return nil
 }
 
-// extents walks [off, off+length) with SEEK_DATA and SEEK_HOLE.
-func extents(f *os.File, off, length int64) ([]Extent, error) {
+// extents walks [off, off+length) with SEEK_DATA and SEEK_HOLE, stopping
+// after limit extents when limit > 0: the cost is two lseek calls per
+// extent, so a caller that needs one must not pay for the whole disk.
+func extents(f *os.File, off, length int64, limit int) ([]Extent, error) {
 	fd := int(f.Fd())
 	end := off + length
 	var out []Extent
-	for off < end {
+	for off < end && (limit <= 0 || len(out) < limit) {
 		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
 			data = end // only a hole remains
@@ -379,9 +385,9 @@ func (d *snapshotDisk) Trim(int64, int64, bool) error             { return ErrRe
 func (d *snapshotDisk) Zero(int64, int64, bool, bool, bool) error { return ErrReadOnly }
 func (d *snapshotDisk) Cache(off, length int64) error             { return cache(&d.df, off, length) }
 func (d *snapshotDisk) Close() error                              { return d.df.f.Close() }
-func (d *snapshotDisk) Extents(off, length int64) ([]Extent, error) {
+func (d *snapshotDisk) Extents(off, length int64, limit int) ([]Extent, error) {
 	if err := checkRange(off, length, d.df.size); err != nil {
 		return nil, err
 	}
-	return extents(d.df.f, off, length)
+	return extents(d.df.f, off, length, limit)
 }

@@ -3,6 +3,7 @@ package pool
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"github.com/quiverstorage/quiver/internal/qos"
 	"maps"
 	"slices"
 	"time"
@@ -20,6 +21,7 @@ type VolumeSpec struct {
 	Capacity int64
 	Labels   map[string]string
 	Disks    []DiskSpec
+	QoS      qos.Limits // zero: unlimited
 }
 
 // Source records what a volume was cloned from.
@@ -41,6 +43,7 @@ type volumeManifest struct {
 	Labels    map[string]string `json:"labels,omitempty"`
 	Disks     []DiskSpec        `json:"disks"`
 	Source    *Source           `json:"source,omitempty"`
+	QoS       *qos.Limits       `json:"qos,omitempty"`
 	CreatedAt time.Time         `json:"createdAt"`
 }
 
@@ -83,6 +86,10 @@ func (m *volumeManifest) clone() volumeManifest {
 		s := *m.Source
 		c.Source = &s
 	}
+	if m.QoS != nil {
+		q := *m.QoS
+		c.QoS = &q
+	}
 	return c
 }
 
@@ -98,7 +105,8 @@ func (m *volumeManifest) disk(name string) (int, bool) {
 // sameSpec reports whether a create request matches an existing volume, for
 // idempotent creates.
 func (m *volumeManifest) sameSpec(s VolumeSpec) bool {
-	return m.Capacity == s.Capacity && maps.Equal(m.Labels, s.Labels) && slices.Equal(m.Disks, s.Disks) && m.Source == nil
+	return m.Capacity == s.Capacity && maps.Equal(m.Labels, s.Labels) && slices.Equal(m.Disks, s.Disks) &&
+		m.Source == nil && limitsOf(m.QoS) == s.QoS
 }
 
 func newUID() string {
@@ -109,6 +117,7 @@ func newUID() string {
 
 // VolumeInfo is a point-in-time view of a volume.
 type VolumeInfo struct {
+	QoS       qos.Limits
 	Name      string
 	UID       string
 	Capacity  int64

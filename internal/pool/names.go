@@ -107,5 +107,8 @@ func ValidateSpec(s VolumeSpec) error {
 	if err := ValidateLabels("labels", s.Labels); err != nil {
 		return err
 	}
+	if err := s.QoS.Validate(); err != nil {
+		return invalid("qos", "", err.Error())
+	}
 	return ValidateDisks(s.Disks, s.Capacity)
 }

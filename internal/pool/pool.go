@@ -14,6 +14,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/fscap"
+	"github.com/quiverstorage/quiver/internal/qos"
 )
 
 // Progress receives the progress of a long operation. Implementations must
@@ -54,6 +55,7 @@ type Pool struct {
 	mu       sync.Mutex
 	volumes  map[string]*Volume
 	creating map[string]bool // names reserved by an in-flight create or clone
+	limiters map[string]*qos.Limiter
 }
 
 // Info describes a pool.

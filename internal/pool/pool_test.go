@@ -128,11 +128,11 @@ func TestDiskOperations(t *testing.T) {
 		t.Fatalf("write to removed disk: %v", err)
 	}
 	c := 128 * mib
-	if _, err := v.Update(ctx, &c, map[string]string{"tier": "gold"}); err != nil {
+	if _, err := v.Update(ctx, Update{Capacity: &c, Labels: map[string]string{"tier": "gold"}}); err != nil {
 		t.Fatal(err)
 	}
 	small := 1 * mib
-	if _, err := v.Update(ctx, &small, nil); !errors.Is(err, ErrInvalid) {
+	if _, err := v.Update(ctx, Update{Capacity: &small}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("shrink capacity: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(v.disksDir(), "wal.img")); !os.IsNotExist(err) {
@@ -311,7 +311,7 @@ func TestDiskHandleZeroTrimExtents(t *testing.T) {
 	if err := d.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	ext, err := d.Extents(0, 8*mib)
+	ext, err := d.Extents(0, 8*mib, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -67,12 +68,21 @@ func (v *Volume) CreateSnapshot(ctx context.Context, name string, prog Progress)
 }
 
 // capture copies every disk of m into dstDir as <disk>.img, crash-consistent
-// across disks: it closes the I/O gate (waiting for in-flight requests and
-// holding new ones), clones each image, and opens the gate again. Reflink
-// keeps the gate closed for milliseconds; a copy keeps it closed for the
-// whole copy. The copies are fsynced after the gate opens. The caller holds
-// the volume's ops lock (shared or exclusive) so the disk set cannot change.
-// It returns the method used and how long the gate was held.
+// across disks: the copies hold exactly the writes that returned before one
+// instant, when the I/O gate was closed (in-flight requests finished, new
+// ones held), and none that began after it.
+//
+// With reflink the gate stays closed only for what the VM wrote during the
+// capture (captureLive): writes are tracked, each image is cloned with the
+// gate open, then the gate closes while the ranges written meanwhile are
+// cloned again. Without reflink every image is copied with the gate closed
+// (captureGated), so the VM pauses for the whole copy. Either way the copies
+// are fsynced after the gate opens, and are durable when capture returns.
+// The caller holds the volume's ops lock (shared or exclusive) so the disk
+// set cannot change.
+//
+// It returns the method used and how long the gate was held for the cut:
+// the catch-up pass, or the whole copy.
 func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, prog Progress) (string, time.Duration, error) {
 	srcs := make([]*os.File, 0, len(m.Disks))
 	dsts := make([]*os.File, 0, len(m.Disks))
@@ -87,14 +97,49 @@ func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, p
 			return "", 0, err
 		}
 		srcs = append(srcs, src)
-		// Write back dirty pages before closing the gate, so little is left
-		// to write back while new I/O waits.
+		// Write back dirty pages first, so little is left to write back
+		// while the clone holds the file locked or new I/O waits.
 		_ = unix.Fdatasync(int(src.Fd()))
 		dst, err := v.pool.newImageFile(filepath.Join(dstDir, d.Name+".img"))
 		if err != nil {
 			return "", 0, err
 		}
 		dsts = append(dsts, dst)
+	}
+	var (
+		method string
+		held   time.Duration
+		err    error
+	)
+	gated := !v.pool.caps.Reflink
+	if !gated {
+		method, held, err = v.captureLive(ctx, m.Disks, dsts, srcs)
+		if gated = errors.Is(err, fscap.ErrNotSupported); gated {
+			v.pool.log.Info("cloning ranges is not supported; capturing with the gate closed",
+				"volume", v.name, "op", "snapshot", "err", err)
+		}
+	}
+	if gated {
+		method, held, err = v.captureGated(ctx, dsts, srcs, prog)
+	}
+	if err != nil {
+		return "", held, err
+	}
+	for _, dst := range dsts {
+		if err := dst.Sync(); err != nil {
+			return "", held, mapFSError(err)
+		}
+	}
+	return method, held, durable.SyncDir(dstDir)
+}
+
+// captureGated copies each src into its dst with the gate closed. A dst may
+// hold part of an abandoned live capture; it is emptied first.
+func (v *Volume) captureGated(ctx context.Context, dsts, srcs []*os.File, prog Progress) (string, time.Duration, error) {
+	for _, dst := range dsts {
+		if err := dst.Truncate(0); err != nil {
+			return "", 0, mapFSError(err)
+		}
 	}
 	useReflink := v.pool.caps.Reflink
 	if !useReflink {
@@ -106,21 +151,248 @@ func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, p
 			prog.AddTotal(n)
 		}
 	}
-
 	v.gate.Lock()
 	start := time.Now()
 	method, err := cloneFiles(ctx, dsts, srcs, useReflink, prog)
 	held := time.Since(start)
 	v.gate.Unlock()
-	if err != nil {
-		return "", held, err
+	return method, held, err
+}
+
+// afterFirstPass, when not nil, runs between the first pass of a live
+// capture and the rounds that follow it. Tests set it to write while the
+// snapshot is being taken.
+var afterFirstPass func()
+
+// reflinkRange is fscap.ReflinkRange; tests replace it to inject failures.
+var reflinkRange = fscap.ReflinkRange
+
+// Rounds of a live capture. While more than roundAbove ranges are dirty
+// after a pass, another pass re-clones them with the gate open, at most
+// maxRounds times and only while each round at least halves the count: a VM
+// that keeps writing dirties fewer ranges during a short round than during
+// the long first pass, and the gate then closes on what is left. A variable
+// so tests can force rounds.
+var roundAbove = 256
+
+const maxRounds = 4
+
+// captureLive captures with reflink in passes, so that the gate is closed
+// only while the last one runs:
+//
+//  1. With the gate closed for an instant (in-flight requests finish),
+//     start tracking writes: every later write, trim or zero records the
+//     granules it changes (dirty.go).
+//  2. With the gate open, clone each image into its dst, a piece at a time
+//     (cloneInPieces). Writes go on; those that land are tracked.
+//  3. While many ranges are dirty: with the gate closed for an instant,
+//     swap in fresh dirty sets; with the gate open, clone again the ranges
+//     of the old ones (recloneRound). Each dst then equals its src as of
+//     the swap, except for what the fresh sets record.
+//  4. With the gate closed, clone again the ranges the current sets record
+//     (catchUp): each dst then equals its src at this instant, the cut.
+//     Stop tracking and open the gate.
+//
+// A disk whose dirty set overflowed is cloned whole: in step 3 with the gate
+// open, in step 4 with it closed, as is a disk whose ranges turn out not to
+// clone in step 4. When ranges cannot be cloned in steps 2 or 3,
+// captureLive returns an error wrapping fscap.ErrNotSupported and the
+// caller captures with the gate closed instead. It returns the method used
+// and how long step 4 held the gate; the other closures last only as long as
+// storing a pointer.
+func (v *Volume) captureLive(ctx context.Context, disks []DiskSpec, dsts, srcs []*os.File) (string, time.Duration, error) {
+	v.capturing.Lock()
+	defer v.capturing.Unlock()
+	sizes := make([]int64, len(srcs))
+	for i, src := range srcs {
+		st, err := src.Stat()
+		if err != nil {
+			return "", 0, err
+		}
+		sizes[i] = st.Size()
 	}
-	for _, dst := range dsts {
-		if err := dst.Sync(); err != nil {
-			return "", held, mapFSError(err)
+	t := v.trackWrites(disks)
+	defer v.dirty.Store(nil) // on early returns; step 4 stops tracking under the gate
+
+	start := time.Now()
+	for i := range srcs {
+		if err := cloneInPieces(ctx, dsts[i], srcs[i], sizes[i]); err != nil {
+			return "", 0, fmt.Errorf("disk %q: %w", disks[i].Name, mapFSError(err))
 		}
 	}
-	return method, held, durable.SyncDir(dstDir)
+	first := time.Since(start)
+	if afterFirstPass != nil {
+		afterFirstPass()
+	}
+	rounds, last := 0, math.MaxInt
+	for ; rounds < maxRounds; rounds++ {
+		n := t.count()
+		if n <= roundAbove || n > last/2 {
+			break
+		}
+		last = n
+		old := t
+		t = v.trackWrites(disks)
+		if err := recloneRound(ctx, old, disks, dsts, srcs, sizes); err != nil {
+			return "", 0, err
+		}
+	}
+	for _, src := range srcs {
+		_ = unix.Fdatasync(int(src.Fd())) // less to write back with the gate closed
+	}
+	if err := ctx.Err(); err != nil {
+		return "", 0, err
+	}
+
+	v.gate.Lock()
+	start = time.Now()
+	method, ranges, err := catchUp(ctx, t, disks, dsts, srcs, sizes)
+	v.dirty.Store(nil)
+	held := time.Since(start)
+	v.gate.Unlock()
+	v.pool.log.Debug("live capture", "volume", v.name, "op", "snapshot", "first_pass", first,
+		"rounds", rounds, "gate_held", held, "ranges", ranges, "err", err)
+	return method, held, err
+}
+
+// trackWrites starts recording writes to disks in fresh dirty sets, in place
+// of any earlier ones. It closes the gate for an instant, so every write
+// that has not returned yet, and every later one, is recorded in them.
+func (v *Volume) trackWrites(disks []DiskSpec) *dirtyTracker {
+	t := newDirtyTracker(disks)
+	v.gate.Lock()
+	v.dirty.Store(t)
+	v.gate.Unlock()
+	return t
+}
+
+// recloneRound, with the gate open, clones again into each dst the ranges
+// that t recorded; a disk whose set overflowed is cloned again whole.
+func recloneRound(ctx context.Context, t *dirtyTracker, disks []DiskSpec, dsts, srcs []*os.File, sizes []int64) error {
+	for i, d := range disks {
+		spans, ok := t.disks[d.Name].ranges(sizes[i])
+		var err error
+		if ok {
+			err = recloneSpans(dsts[i], srcs[i], spans)
+		} else if err = dsts[i].Truncate(0); err == nil {
+			err = cloneInPieces(ctx, dsts[i], srcs[i], sizes[i])
+		}
+		if err != nil {
+			return fmt.Errorf("disk %q: %w", d.Name, mapFSError(err))
+		}
+	}
+	return nil
+}
+
+// First-pass pieces. Each piece is one FICLONERANGE call, which holds the
+// source's inode lock, so the VM's writes to that disk wait for it (reads
+// too, on older kernels). A whole-file FICLONE of a fragmented image holds
+// it for about a second; pieces sized to take about pieceTarget each keep
+// that wait short. Sizes stay multiples of minPiece, itself a multiple of
+// dirtyGranule.
+const (
+	firstPiece  = 64 << 20
+	minPiece    = 1 << 20
+	maxPiece    = 1 << 30
+	pieceTarget = 10 * time.Millisecond
+)
+
+// cloneInPieces clones the first size bytes of src into the empty dst, a
+// piece at a time. A piece starts where src's next data does, so holes
+// longer than a piece are skipped rather than cloned; holes stay holes
+// either way. src may change meanwhile: the changes are tracked and cloned
+// again later.
+func cloneInPieces(ctx context.Context, dst, src *os.File, size int64) error {
+	if err := dst.Truncate(size); err != nil {
+		return err
+	}
+	piece := int64(firstPiece)
+	for off := int64(0); off < size; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // only a hole remains
+		}
+		if err != nil {
+			return err
+		}
+		if off = max(off, data&^(dirtyGranule-1)); off >= size {
+			return nil
+		}
+		n := min(piece, size-off)
+		start := time.Now()
+		if err := reflinkRange(dst, src, off, n); err != nil {
+			return err
+		}
+		switch took := time.Since(start); {
+		case took > pieceTarget && piece > minPiece:
+			piece /= 2
+		case took < pieceTarget/4 && piece < maxPiece:
+			piece *= 2
+		}
+		off += n
+	}
+	return nil
+}
+
+// catchUp (gate held exclusively) makes each dst equal its src by cloning
+// again the ranges written since tracking began. A disk whose dirty set
+// overflowed, whose size changed, or whose ranges turn out not to clone, is
+// cloned whole. It returns the method used and how many ranges it cloned.
+func catchUp(ctx context.Context, t *dirtyTracker, disks []DiskSpec, dsts, srcs []*os.File, sizes []int64) (string, int, error) {
+	method, cloned := MethodReflink, 0
+	for i, d := range disks {
+		st, err := srcs[i].Stat()
+		if err != nil {
+			return "", cloned, err
+		}
+		spans, ok := t.disks[d.Name].ranges(st.Size())
+		if ok && st.Size() == sizes[i] {
+			err := recloneSpans(dsts[i], srcs[i], spans)
+			cloned += len(spans)
+			if err == nil {
+				continue
+			}
+			if !errors.Is(err, fscap.ErrNotSupported) {
+				return "", cloned, fmt.Errorf("disk %q: %w", d.Name, mapFSError(err))
+			}
+		}
+		m, err := recloneWhole(ctx, dsts[i], srcs[i])
+		if err != nil {
+			return "", cloned, fmt.Errorf("disk %q: %w", d.Name, err)
+		}
+		if m == MethodCopy {
+			method = MethodCopy
+		}
+	}
+	return method, cloned, nil
+}
+
+func recloneSpans(dst, src *os.File, spans []span) error {
+	for _, sp := range spans {
+		if err := reflinkRange(dst, src, sp.off, sp.end-sp.off); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recloneWhole makes dst, whatever it holds, a copy of src: a whole-file
+// reflink (which replaces dst's extents, holes included), else a copy.
+func recloneWhole(ctx context.Context, dst, src *os.File) (string, error) {
+	err := fscap.Reflink(dst, src)
+	if err == nil {
+		return MethodReflink, nil
+	}
+	if !errors.Is(err, fscap.ErrNotSupported) {
+		return "", mapFSError(err)
+	}
+	if err := fscap.CopySparse(ctx, dst, src, nil); err != nil {
+		return "", mapFSError(err)
+	}
+	return MethodCopy, nil
 }
 
 // cloneFiles makes each dst a copy of the matching src by reflink, falling

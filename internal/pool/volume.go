@@ -8,10 +8,12 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/fscap"
+	"github.com/quiverstorage/quiver/internal/qos"
 )
 
 // Volume holds every disk of one VM. Its methods are safe for concurrent use.
@@ -20,16 +22,25 @@ import (
 //   - ops serializes control operations. Changes take it exclusively and a
 //     clone reading from the volume takes it shared; both only try, so a
 //     conflicting operation is refused with ErrBusy instead of queueing.
+//   - capturing serializes captures (snapshots, and clones of the live
+//     volume, which hold ops only shared), so one at a time tracks writes.
 //   - gate is the I/O gate. Disk I/O holds it shared; a snapshot, rollback or
 //     disk change holds it exclusively, which waits for in-flight I/O and
 //     holds new I/O until it is released.
 //   - mu guards the in-memory manifest and snapshot list for readers.
+//
+// A dirty set's own mutex (dirty.go) is taken under gate held shared.
 type Volume struct {
-	pool *Pool
-	name string // immutable
-	dir  string
-	ops  sync.RWMutex
-	gate sync.RWMutex
+	pool      *Pool
+	name      string // immutable
+	dir       string
+	ops       sync.RWMutex
+	capturing sync.Mutex
+	gate      sync.RWMutex
+
+	// dirty is set, with gate held exclusively, while a capture tracks
+	// writes; disk I/O reads it under gate held shared.
+	dirty atomic.Pointer[dirtyTracker]
 
 	// files holds an open file per disk once any disk of the volume has been
 	// opened for I/O. It changes only under gate held exclusively.
@@ -106,7 +117,7 @@ func (v *Volume) Info() VolumeInfo {
 	v.mu.Lock()
 	nsnaps := len(v.snaps)
 	v.mu.Unlock()
-	info := VolumeInfo{Name: m.Name, UID: m.UID, Capacity: m.Capacity, Labels: m.Labels, Source: m.Source,
+	info := VolumeInfo{QoS: limitsOf(m.QoS), Name: m.Name, UID: m.UID, Capacity: m.Capacity, Labels: m.Labels, Source: m.Source,
 		Snapshots: nsnaps, CreatedAt: m.CreatedAt, Dir: v.disksDir()}
 	for _, d := range m.Disks {
 		path := v.diskPath(d.Name)
@@ -155,7 +166,7 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 		return VolumeInfo{}, false, mapFSError(err)
 	}
 	m := volumeManifest{Kind: "Volume", Version: manifestVersion, Name: spec.Name, UID: newUID(),
-		Capacity: spec.Capacity, Labels: maps.Clone(spec.Labels), Disks: spec.Disks, CreatedAt: time.Now().UTC()}
+		Capacity: spec.Capacity, Labels: maps.Clone(spec.Labels), Disks: spec.Disks, QoS: qosOrNil(spec.QoS), CreatedAt: time.Now().UTC()}
 	if m.Disks == nil {
 		m.Disks = []DiskSpec{}
 	}
@@ -253,13 +264,23 @@ func (p *Pool) Delete(ctx context.Context, name string) error {
 	v.mu.Unlock()
 	p.mu.Lock()
 	delete(p.volumes, name)
+	delete(p.limiters, name)
 	p.mu.Unlock()
 	p.discard(trash)
 	return nil
 }
 
-// Update grows the capacity and/or replaces the labels. Durable on return.
-func (v *Volume) Update(ctx context.Context, capacity *int64, labels map[string]string) (VolumeInfo, error) {
+// Update is a change to a volume's properties; nil fields are left alone.
+type Update struct {
+	Capacity *int64            // can only grow
+	Labels   map[string]string // replaces all labels; empty removes them
+	QoS      *qos.Limits       // replaces the limits; zero removes them
+}
+
+// Update applies u atomically (one manifest write), durable on return. QoS
+// limits take effect at once for requests not yet admitted.
+func (v *Volume) Update(ctx context.Context, u Update) (VolumeInfo, error) {
+	capacity, labels := u.Capacity, u.Labels
 	unlock, err := v.lockOps("update")
 	if err != nil {
 		return VolumeInfo{}, err
@@ -284,9 +305,16 @@ func (v *Volume) Update(ctx context.Context, capacity *int64, labels map[string]
 			m.Labels = nil
 		}
 	}
+	if u.QoS != nil {
+		if err := u.QoS.Validate(); err != nil {
+			return VolumeInfo{}, invalid("qos", "", err.Error())
+		}
+		m.QoS = qosOrNil(*u.QoS)
+	}
 	if err := v.commit(m); err != nil {
 		return VolumeInfo{}, err
 	}
+	v.pool.limiter(v.name, m.QoS).Set(limitsOf(m.QoS))
 	return v.Info(), nil
 }
 

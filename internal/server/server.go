@@ -17,6 +17,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/apiserver"
 	"github.com/quiverstorage/quiver/internal/job"
+	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -73,7 +74,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w (is another quiver server running? pick another address with --listen)", cfg.APIAddr, err)
 	}
-	nbdSrv := nbd.NewServer(nbd.PoolExports{Pool: p}, nbd.Config{Logger: log})
+	m := metrics.New(p)
+	nbdSrv := nbd.NewServer(nbd.PoolExports{Pool: p, Metrics: m}, nbd.Config{Logger: log, Observer: m})
 	var nbdLns []net.Listener
 	if cfg.NBDAddr != "" {
 		l, err := net.Listen("tcp", cfg.NBDAddr)
@@ -91,8 +93,10 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		nbdLns = append(nbdLns, l)
 	}
+	handler := apiserver.NewServer(p, jobs, token, log)
+	handler.Mount("GET /metrics", m.Handler())
 	srv := &http.Server{
-		Handler:           apiserver.NewServer(p, jobs, token, log),
+		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}

@@ -1,0 +1,140 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/qos"
+)
+
+// opStats are the resolved collectors of one operation on one disk.
+type opStats struct {
+	count   prometheus.Counter
+	bytes   prometheus.Counter
+	latency prometheus.Observer
+}
+
+// Disk wraps a disk handle: each request first waits for QoS tokens (without
+// holding the volume's I/O gate, which the inner handle takes), then runs,
+// and is counted and timed.
+type Disk struct {
+	pool.Disk
+	m         *Metrics
+	lim       *qos.Limiter
+	stats     map[string]opStats
+	inflight  prometheus.Gauge
+	throttled prometheus.Counter
+}
+
+var _ pool.Disk = (*Disk)(nil)
+
+// Wrap returns d counted under (volume, disk) and limited by lim (nil: no
+// limit). A nil Metrics only applies the limiter.
+func (m *Metrics) Wrap(d pool.Disk, volume, disk string, lim *qos.Limiter) *Disk {
+	w := &Disk{Disk: d, m: m, lim: lim, stats: make(map[string]opStats, len(ops))}
+	for _, op := range ops {
+		w.stats[op] = opStats{
+			count:   m.ops.WithLabelValues(volume, disk, op),
+			bytes:   m.bytes.WithLabelValues(volume, disk, op),
+			latency: m.latency.WithLabelValues(volume, disk, op),
+		}
+	}
+	w.inflight = m.inflight.WithLabelValues(volume, disk)
+	w.throttled = m.throttled.WithLabelValues(volume, disk)
+	return w
+}
+
+// admit waits for QoS tokens and starts accounting a request.
+func (d *Disk) admit(kind qos.Op, bytes int64) (time.Time, error) {
+	start := time.Now()
+	d.inflight.Inc()
+	if d.lim != nil {
+		waited, err := d.lim.Wait(context.Background(), kind, bytes)
+		if waited > 0 {
+			d.throttled.Add(waited.Seconds())
+		}
+		if err != nil {
+			d.inflight.Dec()
+			return start, err
+		}
+	}
+	return start, nil
+}
+
+// done finishes accounting a request.
+func (d *Disk) done(op string, start time.Time, bytes int64, err error) error {
+	d.inflight.Dec()
+	if err != nil {
+		d.m.errors.WithLabelValues(errorKind(err)).Inc()
+		return err
+	}
+	s := d.stats[op]
+	s.count.Inc()
+	if bytes > 0 {
+		s.bytes.Add(float64(bytes))
+	}
+	s.latency.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+func errorKind(err error) string {
+	switch {
+	case errors.Is(err, pool.ErrOutOfRange), errors.Is(err, pool.ErrInvalid):
+		return "invalid"
+	case errors.Is(err, pool.ErrReadOnly):
+		return "read_only"
+	case errors.Is(err, pool.ErrNoSpace):
+		return "no_space"
+	case errors.Is(err, pool.ErrDiskNotFound), errors.Is(err, pool.ErrVolumeNotFound), errors.Is(err, pool.ErrClosed):
+		return "gone"
+	default:
+		return "io"
+	}
+}
+
+// ReadAt counts a read.
+func (d *Disk) ReadAt(p []byte, off int64) error {
+	start, err := d.admit(qos.Read, int64(len(p)))
+	if err == nil {
+		err = d.Disk.ReadAt(p, off)
+	}
+	return d.done(OpRead, start, int64(len(p)), err)
+}
+
+// WriteAt counts a write.
+func (d *Disk) WriteAt(p []byte, off int64, fua bool) error {
+	start, err := d.admit(qos.Write, int64(len(p)))
+	if err == nil {
+		err = d.Disk.WriteAt(p, off, fua)
+	}
+	return d.done(OpWrite, start, int64(len(p)), err)
+}
+
+// Flush counts a flush; flushes are not limited.
+func (d *Disk) Flush() error {
+	start := time.Now()
+	d.inflight.Inc()
+	return d.done(OpFlush, start, 0, d.Disk.Flush())
+}
+
+// Trim counts a trim as a write operation of no bandwidth.
+func (d *Disk) Trim(off, length int64, fua bool) error {
+	start, err := d.admit(qos.Write, 0)
+	if err == nil {
+		err = d.Disk.Trim(off, length, fua)
+	}
+	return d.done(OpTrim, start, 0, err)
+}
+
+// Zero counts a zero as a write operation of no bandwidth.
+func (d *Disk) Zero(off, length int64, mayTrim, fast, fua bool) error {
+	start, err := d.admit(qos.Write, 0)
+	if err == nil {
+		err = d.Disk.Zero(off, length, mayTrim, fast, fua)
+	}
+	return d.done(OpZero, start, 0, err)
+}

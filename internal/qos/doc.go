@@ -1,0 +1,5 @@
+// Package qos limits the I/O of one volume, that is of one whole VM: a single
+// budget across all its disks (rw_iops, rw_mbytes, and optional read/write
+// splits). Limits are token buckets (golang.org/x/time/rate) that change
+// live. It imports nothing from quiver.
+package qos
