@@ -41,6 +41,7 @@ loopback or unix socket only until attachment tokens land.`,
 	cmd.Flags().StringVar(&cfg.APIAddr, "listen", api.DefaultAddr, "host:port of the HTTP API")
 	cmd.Flags().StringVar(&cfg.NBDAddr, "nbd-listen", nbd.DefaultAddr, "host:port of the NBD server (empty: no TCP)")
 	cmd.Flags().StringVar(&cfg.NBDSocket, "nbd-socket", "", "also serve NBD on this unix socket")
+	cmd.Flags().BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API port")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

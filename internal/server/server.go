@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"time"
@@ -32,6 +33,7 @@ type Config struct {
 	TokenFile string       // bearer token file; required for a non-loopback APIAddr
 	NBDAddr   string       // host:port of the NBD server; empty: no TCP listener
 	NBDSocket string       // unix socket path for NBD; empty: none
+	Pprof     bool         // serve /debug/pprof/ on the API port (behind the same auth)
 	Logger    *slog.Logger // nil: slog.Default()
 	// Ready, if set, is called with the API's and the NBD TCP listener's
 	// addresses (nil when there is none) once requests are served.
@@ -95,6 +97,12 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	handler := apiserver.NewServer(p, jobs, token, log)
 	handler.Mount("GET /metrics", m.Handler())
+	if cfg.Pprof {
+		handler.Mount("GET /debug/pprof/", http.HandlerFunc(pprof.Index))
+		handler.Mount("GET /debug/pprof/profile", http.HandlerFunc(pprof.Profile))
+		handler.Mount("GET /debug/pprof/heap", pprof.Handler("heap"))
+		handler.Mount("GET /debug/pprof/allocs", pprof.Handler("allocs"))
+	}
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
