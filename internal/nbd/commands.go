@@ -40,7 +40,12 @@ func (c *conn) handle(req *request) {
 	case cmdWrite:
 		err = c.disk.WriteAt(*req.buf, off, fua)
 	case cmdFlush:
-		err = c.disk.Flush()
+		gen := c.writeGen.Load()
+		if err = c.disk.Flush(); err == nil {
+			// Raise flushedGen to gen (never lower it: flushes overlap).
+			for cur := c.flushedGen.Load(); cur < gen && !c.flushedGen.CompareAndSwap(cur, gen); cur = c.flushedGen.Load() {
+			}
+		}
 	case cmdTrim:
 		err = c.disk.Trim(off, n, fua)
 	case cmdCache:
@@ -56,11 +61,8 @@ func (c *conn) handle(req *request) {
 		c.replyError(req, toErrno(err), err.Error())
 		return
 	}
-	switch {
-	case req.typ == cmdFlush:
-		c.unflushed.Store(false)
-	case req.typ != cmdCache && !fua:
-		c.unflushed.Store(true)
+	if req.typ != cmdFlush && req.typ != cmdCache && !fua {
+		c.writeGen.Add(1)
 	}
 	c.replyOK(req)
 }

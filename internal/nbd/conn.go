@@ -34,9 +34,10 @@ type conn struct {
 
 	wmu  sync.Mutex // one reply at a time on the wire
 	reqs chan *request
-	// unflushed is set by writes acknowledged without FUA and cleared by
-	// FLUSH; a connection that ends with it set is flushed by the server.
-	unflushed atomic.Bool
+	// writeGen counts writes completed without FUA; flushedGen is the
+	// writeGen a completed FLUSH covered (read before its fdatasync). A
+	// connection that ends with them different is flushed by the server.
+	writeGen, flushedGen atomic.Uint64
 }
 
 func (c *conn) open(ctx context.Context, name string) error {
@@ -115,7 +116,7 @@ func (c *conn) serve(ctx context.Context) error {
 	err := c.readLoop()
 	close(c.reqs)
 	wg.Wait() // drain: every request read gets its reply
-	if c.disk != nil && c.unflushed.Load() {
+	if c.disk != nil && c.writeGen.Load() != c.flushedGen.Load() {
 		_ = c.disk.Flush()
 	}
 	return err

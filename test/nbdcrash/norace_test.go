@@ -1,0 +1,5 @@
+//go:build !race
+
+package nbdcrash
+
+const raceEnabled = false
