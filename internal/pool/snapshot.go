@@ -72,12 +72,13 @@ func (v *Volume) CreateSnapshot(ctx context.Context, name string, prog Progress)
 // instant, when the I/O gate was closed (in-flight requests finished, new
 // ones held), and none that began after it.
 //
-// With reflink the gate stays closed only for what the VM wrote during the
-// capture (captureLive): writes are tracked, each image is cloned with the
-// gate open, then the gate closes while the ranges written meanwhile are
-// cloned again. Without reflink every image is copied with the gate closed
-// (captureGated), so the VM pauses for the whole copy. Either way the copies
-// are fsynced after the gate opens, and are durable when capture returns.
+// With reflink the gate stays closed only for what the VM wrote near the end
+// of the capture (captureLive): writes are tracked, each image is cloned with
+// the gate open, the ranges written meanwhile are cloned again, and the gate
+// closes only while the last few are. Without reflink every image is copied
+// with the gate closed (captureGated), so the VM pauses for the whole copy.
+// Either way the copies are fsynced after the gate opens, and are durable
+// when capture returns.
 // The caller holds the volume's ops lock (shared or exclusive) so the disk
 // set cannot change.
 //
