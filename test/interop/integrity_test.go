@@ -132,6 +132,9 @@ func TestFioVerify(t *testing.T) {
 		// Global options, for every job below.
 		"--ioengine=nbd", "--uri=" + s.uri("fio/d"), "--rw=randwrite", "--iodepth=16",
 		"--verify=crc32c", "--verify_fatal=1", "--do_verify=1",
+		// fio saves verify state files in the working directory; keep them
+		// out of the source tree.
+		"--verify_state_save=0",
 		"--name=b512", "--bs=512", "--offset=0", "--size=2m",
 		"--name=b4k", "--bs=4k", "--offset=2m", "--size=8m", "--numjobs=2", "--offset_increment=8m",
 		"--name=b3584", "--bs=3584", "--offset=18m", "--size=7m",
