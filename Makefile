@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: all build run test test-race test-short lint fuzz bench bench-nbd clean
+.PHONY: all build run test test-race test-short lint fuzz bench bench-nbd bench-qos clean
 
 all: build
 
@@ -53,6 +53,15 @@ bench: build
 # same client (fio's nbd engine). RUNTIME seconds per case.
 bench-nbd:
 	test/bench/nbd.sh $(RUNTIME)
+
+# QoS path overhead: one unlimited volume served with and without metrics and
+# QoS, side by side in one process, driven by fio (nbd engine, unix socket),
+# runs alternating. RUNTIME seconds per run (default 10), ROUNDS runs per case.
+# Then the cost of the wrapper alone, per request, without NBD.
+bench-qos:
+	cd test/qos && QUIVER_BENCH=1 QUIVER_BENCH_RUNTIME=$(RUNTIME) QUIVER_BENCH_ROUNDS=$(ROUNDS) \
+		$(GO) test -count=1 -timeout 60m -run TestQoSOverhead -v .
+	cd test/qos && $(GO) test -run '^$$' -bench DiskPath -count 5 .
 
 clean:
 	rm -rf bin

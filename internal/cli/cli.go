@@ -31,7 +31,11 @@ type Env struct {
 	Getenv         func(string) string
 	// Interactive says Stderr is a terminal: only then are progress bars drawn.
 	Interactive bool
-	// Now is the clock for AGE columns; nil means time.Now.
+	// Redraw says Stdout is a terminal: `volume stats` then redraws its
+	// table in place instead of printing a new one per interval.
+	Redraw bool
+	// Now is the clock for AGE columns and for the rates of `volume stats`;
+	// nil means time.Now.
 	Now func() time.Time
 	// PollInterval is how often a job is polled; 0 means the client's default.
 	PollInterval time.Duration
@@ -44,6 +48,7 @@ func OSEnv() Env {
 		Stderr:      os.Stderr,
 		Getenv:      os.Getenv,
 		Interactive: term.IsTerminal(int(os.Stderr.Fd())),
+		Redraw:      term.IsTerminal(int(os.Stdout.Fd())),
 	}
 }
 

@@ -14,21 +14,24 @@ func (a *app) volumeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "volume",
 		Aliases: []string{"volumes", "vol"},
-		Short:   "Create, list, grow, label and delete volumes (one per VM)",
+		Short:   "Create, list, grow, label, limit, watch and delete volumes (one per VM)",
 	}
 	cmd.AddCommand(a.volumeCreateCommand(), a.volumeListCommand(), a.volumeGetCommand(),
-		a.volumeDeleteCommand(), a.volumeGrowCommand(), a.volumeLabelCommand())
+		a.volumeDeleteCommand(), a.volumeGrowCommand(), a.volumeLabelCommand(), a.volumeQoSCommand(),
+		a.volumeStatsCommand())
 	return cmd
 }
 
 func (a *app) volumeCreateCommand() *cobra.Command {
 	var capacity string
 	var disks, labels []string
+	var limits *qosFlags
 	cmd := &cobra.Command{
-		Use:     "create NAME --capacity SIZE [--disk NAME=SIZE]... [--label KEY=VALUE]...",
-		Short:   "Create a volume with its disks",
-		Example: `  quiver volume create web01 --capacity 200Gi --disk root=40Gi --disk data=100Gi --label app=web`,
-		Args:    cobra.ExactArgs(1),
+		Use:   "create NAME --capacity SIZE [--disk NAME=SIZE]... [--label KEY=VALUE]... [--qos-rw-iops N] [--qos-rw-mbytes N]...",
+		Short: "Create a volume with its disks",
+		Example: `  quiver volume create web01 --capacity 200Gi --disk root=40Gi --disk data=100Gi --label app=web
+  quiver volume create db01 --capacity 100Gi --disk root=20Gi --disk data=80Gi --qos-rw-iops 500 --qos-rw-mbytes 50`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			spec := api.VolumeSpec{Name: args[0]}
 			var err error
@@ -41,6 +44,10 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 			if spec.Labels, err = parseLabels(labels); err != nil {
 				return fmt.Errorf("--label: %w", err)
 			}
+			if err := limits.validate(); err != nil {
+				return err
+			}
+			spec.QoS = limits.spec()
 			c, err := a.client()
 			if err != nil {
 				return err
@@ -55,6 +62,7 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 	cmd.Flags().StringVar(&capacity, "capacity", "", "budget for the sum of the disk sizes, e.g. 200Gi (required)")
 	cmd.Flags().StringArrayVar(&disks, "disk", nil, "a disk as NAME=SIZE, e.g. root=40Gi (repeatable)")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "a label as KEY=VALUE (repeatable)")
+	limits = addQoSFlags(cmd, "qos-", "; one budget for all disks")
 	cmd.MarkFlagRequired("capacity")
 	return cmd
 }
@@ -196,6 +204,7 @@ func (a *app) volumeDetail(v api.Volume) func(io.Writer) error {
 		f.add("UID", v.UID)
 		f.add("Capacity", fmt.Sprintf("%s (%s in disks)", quantity.Format(v.Capacity), quantity.Format(diskTotal(v.Disks))))
 		f.add("Labels", formatLabels(v.Labels))
+		f.add("QoS", formatQoS(v.QoS))
 		if v.Source != nil {
 			f.add("Source", source(v.Source))
 		}

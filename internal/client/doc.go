@@ -1,5 +1,7 @@
 // Package client is the Go client of the quiver HTTP API (docs/api.md): one
-// method per route, with the wire types of internal/api.
+// method per route, with the wire types of internal/api, and Metrics, which
+// scrapes the server's /metrics and parses the Prometheus text format
+// (prometheus/common/expfmt).
 //
 // It speaks to a server at http://host:port, https://host:port or over a
 // unix socket (unix:///path/to.sock). Non-2xx answers come back as *Error,

@@ -33,7 +33,7 @@ type Disk struct {
 var _ pool.Disk = (*Disk)(nil)
 
 // Wrap returns d counted under (volume, disk) and limited by lim (nil: no
-// limit). A nil Metrics only applies the limiter.
+// limit).
 func (m *Metrics) Wrap(d pool.Disk, volume, disk string, lim *qos.Limiter) *Disk {
 	w := &Disk{Disk: d, m: m, lim: lim, stats: make(map[string]opStats, len(ops))}
 	for _, op := range ops {
@@ -58,8 +58,7 @@ func (d *Disk) admit(kind qos.Op, bytes int64) (time.Time, error) {
 			d.throttled.Add(waited.Seconds())
 		}
 		if err != nil {
-			d.inflight.Dec()
-			return start, err
+			return start, err // done decrements in-flight
 		}
 	}
 	return start, nil
@@ -101,6 +100,18 @@ func (d *Disk) ReadAt(p []byte, off int64) error {
 	start, err := d.admit(qos.Read, int64(len(p)))
 	if err == nil {
 		err = d.Disk.ReadAt(p, off)
+	}
+	return d.done(OpRead, start, int64(len(p)), err)
+}
+
+// ReadData reads the data extents of [off, off+len(p)) into p (holes are
+// left as they are in p, which the caller has zeroed or will not send), as
+// one read request for QoS and metrics: a sparse read costs what its length
+// costs, like any read.
+func (d *Disk) ReadData(p []byte, off int64, ext []pool.Extent) error {
+	start, err := d.admit(qos.Read, int64(len(p)))
+	if err == nil {
+		err = pool.ReadExtents(d.Disk, p, off, ext)
 	}
 	return d.done(OpRead, start, int64(len(p)), err)
 }

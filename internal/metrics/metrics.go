@@ -44,7 +44,7 @@ func New(p *pool.Pool) *Metrics {
 			Help: "Bytes read or written by the data path."}, []string{"volume", "disk", "op"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "quiver_disk_request_duration_seconds",
 			Help:    "Time from admission (including QoS waits) to completion of a request.",
-			Buckets: prometheus.ExponentialBuckets(25e-6, 2.5, 12)}, []string{"volume", "disk", "op"}),
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2.5, 15)}, []string{"volume", "disk", "op"}),
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "quiver_disk_requests_in_flight",
 			Help: "Requests being executed or waiting for QoS tokens."}, []string{"volume", "disk"}),
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_qos_throttled_seconds_total",

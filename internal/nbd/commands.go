@@ -136,6 +136,12 @@ func (c *conn) read(req *request) {
 	c.replyData(req, off, buf)
 }
 
+// dataReader is implemented by disks that account a sparse read as one
+// request (metrics.Disk): QoS and metrics must see what the client asked.
+type dataReader interface {
+	ReadData(p []byte, off int64, ext []pool.Extent) error
+}
+
 func hasHole(ext []pool.Extent) bool {
 	for _, e := range ext {
 		if e.Hole {
@@ -150,14 +156,15 @@ func hasHole(ext []pool.Extent) bool {
 func (c *conn) readSparse(req *request, ext []pool.Extent) {
 	base := int64(req.off)
 	buf := *req.buf
-	for _, e := range ext {
-		if e.Hole {
-			continue
-		}
-		if err := c.disk.ReadAt(buf[e.Offset-base:e.Offset-base+e.Length], e.Offset); err != nil {
-			c.replyError(req, toErrno(err), err.Error())
-			return
-		}
+	var err error
+	if dr, ok := c.disk.(dataReader); ok {
+		err = dr.ReadData(buf, base, ext)
+	} else {
+		err = pool.ReadExtents(c.disk, buf, base, ext)
+	}
+	if err != nil {
+		c.replyError(req, toErrno(err), err.Error())
+		return
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()

@@ -345,6 +345,20 @@ func extents(f *os.File, off, length int64, limit int) ([]Extent, error) {
 	return out, nil
 }
 
+// ReadExtents reads the data extents among ext (which cover [off,
+// off+len(p))) into p; holes are skipped.
+func ReadExtents(d Disk, p []byte, off int64, ext []Extent) error {
+	for _, e := range ext {
+		if e.Hole {
+			continue
+		}
+		if err := d.ReadAt(p[e.Offset-off:e.Offset-off+e.Length], e.Offset); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func isNoSpace(err error) bool {
 	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
 }

@@ -150,15 +150,20 @@ func (q *Limiter) buckets(op Op) ([2]*rate.Limiter, [2]*rate.Limiter) {
 	return [2]*rate.Limiter{q.rwOps, q.wOps}, [2]*rate.Limiter{q.rwBytes, q.wBytes}
 }
 
-// waitN takes n tokens, in burst-sized steps when n exceeds the burst.
+// waitN takes n tokens, in burst-sized steps when n exceeds the burst. A
+// live Set may shrink the burst between reading it and waiting; the step is
+// then recomputed, so a request never fails because its limits changed.
 func waitN(ctx context.Context, r *rate.Limiter, n int64) error {
-	if r.Limit() == rate.Inf {
-		return nil
-	}
 	for n > 0 {
+		if r.Limit() == rate.Inf {
+			return nil
+		}
 		step := min(n, int64(max(1, r.Burst())), math.MaxInt32)
 		if err := r.WaitN(ctx, int(step)); err != nil {
-			return err
+			if ctx.Err() != nil {
+				return err
+			}
+			continue // the burst shrank under us: recompute the step
 		}
 		n -= step
 	}

@@ -1,0 +1,151 @@
+package qosbench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fioDir is one direction of a fio job's report.
+type fioDir struct {
+	IOs   int64   `json:"total_ios"`
+	Bytes int64   `json:"io_bytes"`
+	IOPS  float64 `json:"iops"`
+	BW    float64 `json:"bw_bytes"` // bytes per second
+}
+
+// fioJob is the part of a job of fio's JSON report the tests read.
+type fioJob struct {
+	Name  string `json:"jobname"`
+	Error int    `json:"error"`
+	Read  fioDir `json:"read"`
+	Write fioDir `json:"write"`
+}
+
+// fioRun is one fio process.
+type fioRun struct {
+	name, report string
+	cmd          *exec.Cmd
+	out          *logBuffer
+	done         chan error
+}
+
+// startFio starts fio with args plus a JSON report in dir; wait collects it.
+func startFio(t *testing.T, dir, name string, args ...string) *fioRun {
+	t.Helper()
+	r := &fioRun{name: name, report: filepath.Join(dir, name+".json"), out: &logBuffer{}, done: make(chan error, 1)}
+	ctx, cancel := context.WithTimeout(t.Context(), toolTimeout)
+	args = append([]string{"--name=" + name, "--output-format=json", "--output=" + r.report}, args...)
+	r.cmd = exec.CommandContext(ctx, "fio", args...)
+	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
+	if err := r.cmd.Start(); err != nil {
+		cancel()
+		t.Fatalf("fio: %v", err)
+	}
+	go func() {
+		r.done <- r.cmd.Wait()
+		cancel()
+	}()
+	return r
+}
+
+// wait waits for fio to end and returns its job, failing the test if fio
+// or the job failed.
+func (r *fioRun) wait(t *testing.T) fioJob {
+	t.Helper()
+	err := <-r.done
+	data, rerr := os.ReadFile(r.report)
+	if err != nil || rerr != nil {
+		t.Fatalf("fio %s: %v %v\n%s", strings.Join(r.cmd.Args, " "), err, rerr, r.out.String())
+	}
+	// fio may print notes before the JSON document.
+	if i := strings.IndexByte(string(data), '{'); i > 0 {
+		data = data[i:]
+	}
+	var rep struct {
+		Jobs []fioJob `json:"jobs"`
+	}
+	if err := json.Unmarshal(data, &rep); err != nil || len(rep.Jobs) != 1 {
+		t.Fatalf("fio %s report: %v, %d jobs\n%s", r.name, err, len(rep.Jobs), data)
+	}
+	if j := rep.Jobs[0]; j.Error != 0 {
+		t.Fatalf("fio %s: job error %d\n%s", r.name, j.Error, r.out.String())
+	}
+	return rep.Jobs[0]
+}
+
+// nbdArgs are the fio options for a job on an NBD export over quiver's
+// unix socket, timed, without fio's random map (the disks are small and
+// the runs time based).
+func nbdArgs(uri string, runtime time.Duration) []string {
+	return []string{"--ioengine=nbd", "--uri=" + uri, "--time_based",
+		fmt.Sprintf("--runtime=%dms", runtime.Milliseconds()), "--norandommap", "--randrepeat=0"}
+}
+
+// rateSample is the IOPS of both directions over one averaging window of
+// fio's per-second log, which ended at end.
+type rateSample struct {
+	end  time.Time
+	iops float64
+}
+
+// readIOPSLog parses a log written with --write_iops_log, --log_avg_msec
+// and --log_unix_epoch: "msec, value, direction, ..." lines, one per
+// direction per window. fio stamps the two directions of a window
+// separately (they may differ by a few ms), so the n-th read and the n-th
+// write entry are summed into the n-th sample.
+func readIOPSLog(t *testing.T, path string) []rateSample {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dirs [2][]rateSample
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) < 3 {
+			t.Fatalf("%s: bad line %q", path, line)
+		}
+		ms, err1 := strconv.ParseInt(strings.TrimSpace(f[0]), 10, 64)
+		v, err2 := strconv.ParseFloat(strings.TrimSpace(f[1]), 64)
+		dir, err3 := strconv.Atoi(strings.TrimSpace(f[2]))
+		if err1 != nil || err2 != nil || err3 != nil || dir < 0 || dir > 1 {
+			t.Fatalf("%s: bad line %q", path, line)
+		}
+		dirs[dir] = append(dirs[dir], rateSample{end: time.UnixMilli(ms), iops: v})
+	}
+	for _, d := range dirs {
+		slices.SortFunc(d, func(a, b rateSample) int { return a.end.Compare(b.end) })
+	}
+	out := make([]rateSample, min(len(dirs[0]), len(dirs[1])))
+	for i := range out {
+		r, w := dirs[0][i], dirs[1][i]
+		out[i] = rateSample{end: r.end, iops: r.iops + w.iops}
+		if w.end.After(r.end) {
+			out[i].end = w.end
+		}
+	}
+	return out
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// fioVersion is `fio --version`, for benchmark reports.
+func fioVersion(t *testing.T) string {
+	out, err := exec.Command("fio", "--version").Output()
+	if err != nil {
+		t.Fatalf("fio --version: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func numCPU() int { return runtime.NumCPU() }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package qosbench
+
+const raceEnabled = false
