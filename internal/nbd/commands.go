@@ -120,8 +120,15 @@ func (c *conn) validate(req *request) (uint32, string) {
 // by an error.
 func (c *conn) read(req *request) {
 	off, n := int64(req.off), int(req.length)
-	req.buf = getBuf(n)
-	buf := *req.buf
+	// Small reads leave room for the reply header in front of the data so
+	// that header and data go out in one write from one buffer.
+	room := 0
+	if n <= inlineReplyMax {
+		room = replyRoom
+	}
+	req.buf = getBuf(room + n)
+	req.room = room
+	buf := (*req.buf)[room:]
 	if c.structured && n >= holeThreshold && req.flags&cmdFlagDF == 0 {
 		ext, err := c.disk.Extents(off, int64(n), 0)
 		if err == nil && hasHole(ext) {
@@ -155,7 +162,7 @@ func hasHole(ext []pool.Extent) bool {
 // per extent: OFFSET_DATA for data, OFFSET_HOLE for holes.
 func (c *conn) readSparse(req *request, ext []pool.Extent) {
 	base := int64(req.off)
-	buf := *req.buf
+	buf := (*req.buf)[req.room:]
 	var err error
 	if dr, ok := c.disk.(dataReader); ok {
 		err = dr.ReadData(buf, base, ext)

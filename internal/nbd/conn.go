@@ -38,6 +38,8 @@ type conn struct {
 	// writeGen a completed FLUSH covered (read before its fdatasync). A
 	// connection that ends with them different is flushed by the server.
 	writeGen, flushedGen atomic.Uint64
+	// queued counts requests handed to workers and not yet answered.
+	queued atomic.Int32
 }
 
 func (c *conn) open(ctx context.Context, name string) error {
@@ -83,7 +85,8 @@ type request struct {
 	cookie uint64
 	off    uint64
 	length uint32
-	buf    *[]byte // WRITE payload, or READ data
+	buf    *[]byte // WRITE payload, or READ data after room bytes
+	room   int     // bytes free in front of READ data for the reply header
 
 	reply [64]byte // reply header space
 	iov   [2][]byte
@@ -94,7 +97,7 @@ var requestPool = sync.Pool{New: func() any { return new(request) }}
 
 func (r *request) release() {
 	putBuf(r.buf)
-	r.buf = nil
+	r.buf, r.room = nil, 0
 	requestPool.Put(r)
 }
 
@@ -110,6 +113,7 @@ func (c *conn) serve(ctx context.Context) error {
 			for req := range c.reqs {
 				c.handle(req)
 				req.release()
+				c.queued.Add(-1)
 			}
 		}()
 	}
@@ -161,6 +165,17 @@ func (c *conn) readLoop() error {
 			req.release()
 			continue
 		}
+		// A lone READ (nothing queued, nothing more in the socket buffer)
+		// runs here: handing it to a worker would add two scheduler
+		// wake-ups to its latency, and at queue depth 1 nothing else can
+		// arrive meanwhile. Everything else, and any READ with company,
+		// goes to the workers so that slow requests never block reading.
+		if req.typ == cmdRead && c.queued.Load() == 0 && c.r.Buffered() == 0 {
+			c.handle(req)
+			req.release()
+			continue
+		}
+		c.queued.Add(1)
 		c.reqs <- req
 	}
 }

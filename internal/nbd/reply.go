@@ -36,6 +36,10 @@ func (c *conn) replyError(req *request, errno uint32, msg string) {
 
 // replyData sends READ data: one OFFSET_DATA chunk, or a simple reply.
 func (c *conn) replyData(req *request, off int64, data []byte) {
+	if req.room >= replyRoom {
+		c.replyDataInline(req, off, len(data))
+		return
+	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if !c.structured {
@@ -45,6 +49,39 @@ func (c *conn) replyData(req *request, off int64, data []byte) {
 	var p [8]byte
 	binary.BigEndian.PutUint64(p[:], uint64(off))
 	_ = c.writeChunk(req, replyFlagDone, replyTypeOffsetData, p[:], data)
+}
+
+// Reads up to inlineReplyMax bytes are read replyRoom bytes into their
+// buffer, leaving space for the reply header: one write, no writev.
+const (
+	inlineReplyMax = 256 << 10
+	replyRoom      = 32 // >= structuredHeaderSize + 8 and >= simpleReplySize
+)
+
+func (c *conn) replyDataInline(req *request, off int64, n int) {
+	full := *req.buf
+	var h []byte
+	if c.structured {
+		h = full[replyRoom-structuredHeaderSize-8 : replyRoom]
+		binary.BigEndian.PutUint32(h[0:], magicStructuredReply)
+		binary.BigEndian.PutUint16(h[4:], replyFlagDone)
+		binary.BigEndian.PutUint16(h[6:], replyTypeOffsetData)
+		binary.BigEndian.PutUint64(h[8:], req.cookie)
+		binary.BigEndian.PutUint32(h[16:], uint32(8+n))
+		binary.BigEndian.PutUint64(h[20:], uint64(off))
+	} else {
+		h = full[replyRoom-simpleReplySize : replyRoom]
+		binary.BigEndian.PutUint32(h[0:], magicSimpleReply)
+		binary.BigEndian.PutUint32(h[4:], 0)
+		binary.BigEndian.PutUint64(h[8:], req.cookie)
+	}
+	start := replyRoom - len(h)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if _, err := c.nc.Write(full[start : replyRoom+n]); err != nil {
+		c.log.Debug("reply failed", "err", err)
+		_ = c.nc.Close()
+	}
 }
 
 func (c *conn) writeSimple(req *request, errno uint32, data []byte) {
