@@ -55,6 +55,9 @@ CASES=("randread 4k 1" "randread 4k 32" "randwrite 4k 1" "randwrite 4k 32" "read
 declare -A R
 start_peer() { # kind transport -> sets URI, PEER
 	local kind=$1 tr=$2
+	# Every target starts with the file in the page cache: qemu-nbd's
+	# O_DIRECT writes evict it, which would penalise whoever runs next.
+	cat "$IMG" >/dev/null
 	case $kind/$tr in
 	nbdkit/unix) nbdkit --exit-with-parent -f -U "$BASE/nbdkit.sock" file "$IMG" & PEER=$!; URI="nbd+unix:///?socket=$BASE/nbdkit.sock";;
 	nbdkit/tcp) nbdkit --exit-with-parent -f -i 127.0.0.1 -p 20812 file "$IMG" & PEER=$!; URI="nbd://127.0.0.1:20812/";;
