@@ -31,7 +31,18 @@ const (
 	OpZero  = "zero"
 )
 
-var ops = []string{OpRead, OpWrite, OpFlush, OpTrim, OpZero}
+// ops lists the operation labels; opIndex values index it.
+var ops = [...]string{OpRead, OpWrite, OpFlush, OpTrim, OpZero}
+
+type opIndex int
+
+const (
+	iRead opIndex = iota
+	iWrite
+	iFlush
+	iTrim
+	iZero
+)
 
 // New registers every collector, including one that reads the pool's state
 // (capacities, allocation, snapshots, free space) at scrape time.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/quiverstorage/quiver/internal/testserver"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -30,7 +31,7 @@ func TestCrash(t *testing.T) {
 	cycles := cycleCount(t)
 	seed := seedFromEnv(t)
 	t.Logf("seed %d (QUIVER_CRASH_SEED=%d reproduces the workload; kill timing still varies), %d cycles, race=%v",
-		seed, seed, cycles, raceEnabled)
+		seed, seed, cycles, testserver.RaceEnabled)
 	h := &harness{
 		t:     t,
 		bin:   buildServer(t),

@@ -1,10 +1,10 @@
 package crash
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/quiverstorage/quiver/internal/testserver"
 	"net"
 	"net/http"
 	"os"
@@ -50,47 +50,13 @@ func buildServer(t *testing.T) string {
 }
 
 func build() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	dir, err := os.MkdirTemp("", "quiver-crash-")
 	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("go env GOMOD: not inside the quiver module")
-	}
-	if binDir, err = os.MkdirTemp("", "quiver-crash-"); err != nil {
 		return "", err
 	}
-	bin := filepath.Join(binDir, "quiver")
-	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	cmd := exec.Command("go", append(args, "./cmd/quiver")...)
-	cmd.Dir = filepath.Dir(gomod)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go %s: %w\n%s", strings.Join(cmd.Args[1:], " "), err, out)
-	}
-	return bin, nil
-}
-
-// syncBuffer collects the server's log; exec copies into it from another
-// goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	binDir = dir
+	bin := filepath.Join(dir, "quiver")
+	return bin, testserver.Build(bin, testserver.RaceEnabled)
 }
 
 // serverProc is one run of `quiver server`.
@@ -98,7 +64,7 @@ type serverProc struct {
 	cmd     *exec.Cmd
 	addr    string
 	poolDir string
-	log     *syncBuffer
+	log     *testserver.LogBuffer
 	hc      *http.Client
 	client  *client.Client
 	exited  chan struct{} // closed once the process is reaped
@@ -114,7 +80,7 @@ func spawn(bin, poolDir string) (*serverProc, error) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	s := &serverProc{addr: addr, poolDir: poolDir, log: &syncBuffer{}, exited: make(chan struct{})}
+	s := &serverProc{addr: addr, poolDir: poolDir, log: &testserver.LogBuffer{}, exited: make(chan struct{})}
 	// No NBD listener: the test uses none, and its fixed default port
 	// would clash with other servers on the machine.
 	s.cmd = exec.Command(bin, "server", "--pool", poolDir, "--listen", addr, "--nbd-listen=", "--log-level", "debug")

@@ -2,10 +2,9 @@ package interop
 
 import (
 	"fmt"
+	"github.com/quiverstorage/quiver/internal/testserver"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -24,26 +23,9 @@ func runTests(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	quiverBin = filepath.Join(dir, "quiver")
-	if err := buildQuiver(quiverBin); err != nil {
+	if err := testserver.Build(quiverBin, testserver.RaceEnabled); err != nil {
 		fmt.Fprintln(os.Stderr, "interop:", err)
 		return 1
 	}
 	return m.Run()
-}
-
-// buildQuiver compiles ./cmd/quiver from the module root (two levels up from
-// this package), with the race detector when the tests have it, so that the
-// server's data path is race-checked by real clients too.
-func buildQuiver(out string) error {
-	args := []string{"build", "-o", out}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	args = append(args, "./cmd/quiver")
-	cmd := exec.Command("go", args...)
-	cmd.Dir = filepath.Join("..", "..")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, b)
-	}
-	return nil
 }

@@ -1,16 +1,14 @@
 package interop
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net"
+	"github.com/quiverstorage/quiver/internal/testserver"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,7 +26,7 @@ type server struct {
 	pool    string // pool directory
 
 	cmd    *exec.Cmd
-	log    *logBuffer
+	log    *testserver.LogBuffer
 	exited chan struct{} // closed once the process is reaped
 	werr   error         // cmd.Wait's error, set before exited is closed
 }
@@ -67,26 +65,16 @@ func startServer(t *testing.T) *server {
 	}
 }
 
-// freePort returns a loopback address that was free a moment ago.
-func freePort() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
 func spawn(pool, socket string) (*server, error) {
-	apiAddr, err := freePort()
+	apiAddr, err := testserver.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	nbdAddr, err := freePort()
+	nbdAddr, err := testserver.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	s := &server{nbdAddr: nbdAddr, socket: socket, pool: pool, log: &logBuffer{}, exited: make(chan struct{})}
+	s := &server{nbdAddr: nbdAddr, socket: socket, pool: pool, log: &testserver.LogBuffer{}, exited: make(chan struct{})}
 	s.cmd = exec.Command(quiverBin, "server", "--pool", pool, "--listen", apiAddr,
 		"--nbd-listen", nbdAddr, "--nbd-socket", socket, "--log-level", "debug")
 	s.cmd.Stdout = s.log
@@ -165,25 +153,6 @@ func tail(s string, n int) string {
 		lines = append([]string{fmt.Sprintf("[%d lines before]", len(lines)-n)}, lines[len(lines)-n:]...)
 	}
 	return strings.Join(lines, "\n")
-}
-
-// logBuffer collects the server's output; exec copies into it from another
-// goroutine.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // createVolume creates a volume with the given disks (name, size pairs in

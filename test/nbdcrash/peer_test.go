@@ -3,6 +3,7 @@ package nbdcrash
 import (
 	"bufio"
 	"fmt"
+	"github.com/quiverstorage/quiver/internal/testserver"
 	"io"
 	"os/exec"
 	"path/filepath"
@@ -63,7 +64,7 @@ type proc struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	in     *bufio.Writer
-	stderr *logBuffer
+	stderr *testserver.LogBuffer
 	done   chan struct{} // closed when the reader of its stdout hit EOF
 
 	reaped  sync.Once
@@ -97,7 +98,7 @@ func (p *proc) abort() error {
 }
 
 func startProc(name string, args ...string) (*proc, io.Reader, error) {
-	p := &proc{cmd: exec.Command(name, args...), stderr: &logBuffer{}, done: make(chan struct{})}
+	p := &proc{cmd: exec.Command(name, args...), stderr: &testserver.LogBuffer{}, done: make(chan struct{})}
 	p.cmd.Stderr = p.stderr
 	p.cmd.SysProcAttr = dieWithTest()
 	var err error

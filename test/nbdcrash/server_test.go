@@ -1,11 +1,10 @@
 package nbdcrash
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"github.com/quiverstorage/quiver/internal/testserver"
 	"net/http"
 	"os"
 	"os/exec"
@@ -42,54 +41,28 @@ func TestMain(m *testing.M) {
 func quiverBinary(t *testing.T, race bool) string {
 	t.Helper()
 	testfs.RequireTool(t, "go")
-	race = race && raceEnabled
+	race = race && testserver.RaceEnabled
 	binMu.Lock()
 	defer binMu.Unlock()
 	if p, ok := binPaths[race]; ok {
 		return p
 	}
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		t.Fatalf("module root: %v", err)
-	}
 	if binDir == "" {
-		if binDir, err = os.MkdirTemp("", "nbdcrash-bin-"); err != nil {
+		dir, err := os.MkdirTemp("", "nbdcrash-bin-")
+		if err != nil {
 			t.Fatal(err)
 		}
+		binDir = dir
 	}
-	args := []string{"build", "-o", filepath.Join(binDir, "quiver")}
+	bin := filepath.Join(binDir, "quiver")
 	if race {
-		args = []string{"build", "-race", "-o", filepath.Join(binDir, "quiver-race")}
+		bin += "-race"
 	}
-	cmd := exec.Command("go", append(args, "./cmd/quiver")...)
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(cmd.Args[1:], " "), err, out)
+	if err := testserver.Build(bin, race); err != nil {
+		t.Fatal(err)
 	}
-	binPaths[race] = args[len(args)-1]
-	return binPaths[race]
-}
-
-// logBuffer collects a process's output; exec copies into it from its own
-// goroutine.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	binPaths[race] = bin
+	return bin
 }
 
 // quiverServer is one run of `quiver server` on loopback ports.
@@ -97,7 +70,7 @@ type quiverServer struct {
 	cmd     *exec.Cmd
 	api     string // host:port of the HTTP API
 	nbd     string // host:port of NBD
-	log     *logBuffer
+	log     *testserver.LogBuffer
 	hc      *http.Client
 	client  *client.Client
 	exited  chan struct{} // closed once the process is reaped
@@ -124,25 +97,16 @@ func startQuiver(ctx context.Context, bin, poolDir string) (*quiverServer, error
 	}
 }
 
-func freePort() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
 func spawnQuiver(bin, poolDir string) (*quiverServer, error) {
-	apiAddr, err := freePort()
+	apiAddr, err := testserver.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	nbdAddr, err := freePort()
+	nbdAddr, err := testserver.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	s := &quiverServer{api: apiAddr, nbd: nbdAddr, log: &logBuffer{}, exited: make(chan struct{})}
+	s := &quiverServer{api: apiAddr, nbd: nbdAddr, log: &testserver.LogBuffer{}, exited: make(chan struct{})}
 	s.cmd = exec.Command(bin, "server", "--pool", poolDir, "--listen", apiAddr, "--nbd-listen", nbdAddr)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	s.cmd.SysProcAttr = dieWithTest()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/quiverstorage/quiver/internal/testserver"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,14 +36,14 @@ type fioJob struct {
 type fioRun struct {
 	name, report string
 	cmd          *exec.Cmd
-	out          *logBuffer
+	out          *testserver.LogBuffer
 	done         chan error
 }
 
 // startFio starts fio with args plus a JSON report in dir; wait collects it.
 func startFio(t *testing.T, dir, name string, args ...string) *fioRun {
 	t.Helper()
-	r := &fioRun{name: name, report: filepath.Join(dir, name+".json"), out: &logBuffer{}, done: make(chan error, 1)}
+	r := &fioRun{name: name, report: filepath.Join(dir, name+".json"), out: &testserver.LogBuffer{}, done: make(chan error, 1)}
 	ctx, cancel := context.WithTimeout(t.Context(), toolTimeout)
 	args = append([]string{"--name=" + name, "--output-format=json", "--output=" + r.report}, args...)
 	r.cmd = exec.CommandContext(ctx, "fio", args...)

@@ -3,6 +3,7 @@ package qosbench
 import (
 	"context"
 	"fmt"
+	"github.com/quiverstorage/quiver/internal/testserver"
 	"io"
 	"log/slog"
 	"os"
@@ -39,7 +40,7 @@ func TestQoSOverhead(t *testing.T) {
 	if os.Getenv("QUIVER_BENCH") != "1" {
 		t.Skip("benchmark: run with QUIVER_BENCH=1 (make bench-qos)")
 	}
-	if raceEnabled {
+	if testserver.RaceEnabled {
 		t.Skip("benchmark: the race detector would dominate what is measured")
 	}
 	testfs.RequireTool(t, "fio")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/quiverstorage/quiver/internal/testserver"
 	"io"
 	"os/exec"
 	"regexp"
@@ -73,14 +74,14 @@ func qemuIO(t *testing.T, uri, cache string, commands ...string) (string, []wire
 type session struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
-	out   *logBuffer
+	out   *testserver.LogBuffer
 	lines chan string // stdout and stderr, line by line
 	done  chan struct{}
 }
 
 func startSession(t *testing.T, uri, cache string) *session {
 	t.Helper()
-	s := &session{out: &logBuffer{}, lines: make(chan string, 1024), done: make(chan struct{})}
+	s := &session{out: &testserver.LogBuffer{}, lines: make(chan string, 1024), done: make(chan struct{})}
 	s.cmd = exec.Command("qemu-io", "--trace", "nbd_send_request", "-f", "raw", "-t", cache, uri)
 	var err error
 	if s.stdin, err = s.cmd.StdinPipe(); err != nil {

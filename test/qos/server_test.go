@@ -1,16 +1,15 @@
 package qosbench
 
 import (
-	"bytes"
 	"context"
 	"fmt"
+	"github.com/quiverstorage/quiver/internal/testserver"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,7 +26,7 @@ type server struct {
 	socket string
 
 	cmd    *exec.Cmd
-	log    *logBuffer
+	log    *testserver.LogBuffer
 	exited chan struct{} // closed once the process is reaped
 	werr   error         // cmd.Wait's error, set before exited is closed
 }
@@ -72,7 +71,7 @@ func spawn(pool, socket string) (*server, error) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	s := &server{apiURL: "http://" + addr, socket: socket, log: &logBuffer{}, exited: make(chan struct{})}
+	s := &server{apiURL: "http://" + addr, socket: socket, log: &testserver.LogBuffer{}, exited: make(chan struct{})}
 	s.cmd = exec.Command(quiverBin, "server", "--pool", pool, "--listen", addr,
 		"--nbd-listen=", "--nbd-socket", socket, "--log-level", "info")
 	s.cmd.Stdout = s.log
@@ -142,25 +141,6 @@ func (s *server) stop(t *testing.T) {
 	if t.Failed() {
 		t.Logf("server log:\n%s", log)
 	}
-}
-
-// logBuffer collects the server's output; exec copies into it from another
-// goroutine.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // createVolume creates a volume of the given disks, with limits q (nil:

@@ -1,5 +1,0 @@
-//go:build !race
-
-package nbdcrash
-
-const raceEnabled = false

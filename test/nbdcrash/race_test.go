@@ -1,6 +1,0 @@
-//go:build race
-
-package nbdcrash
-
-// raceEnabled builds the server under test with the race detector too.
-const raceEnabled = true

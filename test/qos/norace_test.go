@@ -1,5 +1,0 @@
-//go:build !race
-
-package qosbench
-
-const raceEnabled = false
