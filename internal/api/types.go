@@ -13,6 +13,10 @@ const DefaultAddr = "127.0.0.1:7480"
 type DiskSpec struct {
 	Name string `json:"name"`
 	Size int64  `json:"size"` // virtual size in bytes, a multiple of 512
+	// Shared exempts the disk from the single-writer rule: every rw
+	// attachment may write it at once (guest clusters with shareable
+	// disks). Opt-in only.
+	Shared bool `json:"shared,omitempty"`
 }
 
 // QoS limits the I/O of a whole VM: one budget across all its disks. Zero
@@ -56,6 +60,45 @@ type Volume struct {
 	CreatedAt time.Time         `json:"createdAt"`
 	// Path is the directory holding the disk images (what CSI publishes).
 	Path string `json:"path"`
+	// Writer is the single-writer state: which attachment may write.
+	Writer Writer `json:"writer"`
+}
+
+// Writer is a volume's single-writer state. Epoch grows by one each time the
+// writer role moves; Attachment is the attachment holding it ("" for none,
+// "implicit" for tokenless loopback connections).
+type Writer struct {
+	Epoch      uint64 `json:"epoch"`
+	Attachment string `json:"attachment,omitempty"`
+}
+
+// Attachment modes.
+const (
+	ModeReadWrite = "rw"
+	ModeReadOnly  = "ro"
+)
+
+// AttachmentSpec is the body of POST /v1/volumes/{volume}/attachments: attach
+// every disk of the volume for one node. Attaching the same node again with
+// the same mode returns the existing attachment and its token.
+type AttachmentSpec struct {
+	Node string `json:"node"`
+	Mode string `json:"mode,omitempty"` // "rw" (default) or "ro"
+}
+
+// Attachment lets one node reach a volume's disks over NBD. NBD clients
+// present Token in the export name: <volume>/<disk>/<token>.
+type Attachment struct {
+	ID        string    `json:"id"`
+	Volume    string    `json:"volume"`
+	Node      string    `json:"node"`
+	Mode      string    `json:"mode"`
+	Token     string    `json:"token,omitempty"` // only in create responses
+	Implicit  bool      `json:"implicit,omitempty"`
+	Writer    bool      `json:"writer"` // holds the writer role now
+	Fenced    bool      `json:"fenced"` // its writes are refused
+	Conns     int       `json:"connections"`
+	CreatedAt time.Time `json:"createdAt"`
 }
 
 // Disk is one disk of a volume or snapshot.
@@ -64,6 +107,7 @@ type Disk struct {
 	Size      int64  `json:"size"`
 	Allocated int64  `json:"allocated"` // bytes the file occupies on the pool
 	Path      string `json:"path"`
+	Shared    bool   `json:"shared,omitempty"`
 }
 
 // VolumeUpdate is the body of PATCH /v1/volumes/{volume}. Capacity can only
@@ -187,5 +231,6 @@ const (
 	CodeCapacity     = "CapacityExceeded" // 422: disks would not fit the capacity
 	CodeNoSpace      = "NoSpace"          // 507: the pool is full
 	CodeCancelled    = "Cancelled"        // 499-like: job was cancelled
+	CodeInUse        = "InUse"            // 409: the volume has attachments
 	CodeInternal     = "Internal"         // 500
 )

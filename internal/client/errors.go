@@ -67,3 +67,6 @@ func jobError(job api.Job) error {
 	}
 	return e
 }
+
+// IsInUse reports whether the volume still has attachments.
+func IsInUse(err error) bool { return Code(err) == api.CodeInUse }
