@@ -1,0 +1,297 @@
+package migration
+
+import (
+	"bufio"
+	"bytes"
+	"debug/elf"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// kernelRoots are the modules the guest needs for virtio-blk disks on
+// virtio-pci; their dependencies are found in the modules themselves.
+var kernelRoots = []string{"virtio_pci", "virtio_blk"}
+
+// kernelConfigNeeds are the options the guest relies on, each with the
+// values that will do ("m" means the module is loaded from the initramfs).
+var kernelConfigNeeds = map[string][]string{
+	"CONFIG_BLK_DEV_INITRD":      {"y"},
+	"CONFIG_DEVTMPFS":            {"y"},
+	"CONFIG_SERIAL_8250_CONSOLE": {"y"},
+	"CONFIG_VIRTIO_PCI":          {"y", "m"},
+	"CONFIG_VIRTIO_BLK":          {"y", "m"},
+}
+
+// kernel is the guest's kernel, unpacked from Debian's package into the
+// cache: a bzImage and the modules virtio-blk over virtio-pci needs, in an
+// order that loads every dependency first.
+type kernel struct {
+	Package string   `json:"package"` // e.g. linux-image-6.1.0-57-amd64
+	Vmlinuz string   `json:"vmlinuz"` // file name in Dir
+	Modules []string `json:"modules"` // module names in load order, files modules/<name>.ko
+	Dir     string   `json:"-"`
+}
+
+func (k *kernel) vmlinuzPath() string { return filepath.Join(k.Dir, k.Vmlinuz) }
+
+func (k *kernel) modulePath(name string) string {
+	return filepath.Join(k.Dir, "modules", name+".ko")
+}
+
+// cacheRoot is where downloads survive between runs: $XDG_CACHE_HOME or
+// ~/.cache, under quiver-test.
+func cacheRoot() string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		dir = os.TempDir()
+	}
+	return filepath.Join(dir, "quiver-test")
+}
+
+// fetchKernel returns the kernel of Debian's linux-image-amd64 (the current
+// kernel of the release the machine's apt points at), from the cache when an
+// earlier run put it there, else downloaded with `apt-get download` and
+// unpacked with `dpkg -x`, nothing installed.
+func fetchKernel() (*kernel, error) {
+	pkg, err := kernelPackage()
+	if err != nil {
+		return nil, fmt.Errorf("%w: no Debian kernel package to boot the guest: %v", errMissing, err)
+	}
+	root := filepath.Join(cacheRoot(), "kernel")
+	dir := filepath.Join(root, pkg)
+	if k, err := loadKernel(dir); err == nil {
+		return k, nil
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp(root, ".fetch-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(work)
+	download := exec.Command("apt-get", "download", pkg)
+	download.Dir = work
+	if out, err := download.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("%w: apt-get download %s: %v\n%s", errMissing, pkg, err, out)
+	}
+	debs, _ := filepath.Glob(filepath.Join(work, "*.deb"))
+	if len(debs) != 1 {
+		return nil, fmt.Errorf("apt-get download %s left %d .deb files, want 1", pkg, len(debs))
+	}
+	tree := filepath.Join(work, "tree")
+	if out, err := exec.Command("dpkg", "-x", debs[0], tree).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("dpkg -x %s: %v\n%s", debs[0], err, out)
+	}
+	out := filepath.Join(work, "kernel")
+	k, err := extractKernel(pkg, tree, out)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", pkg, err)
+	}
+	// Another test process may have filled the cache meanwhile: either copy
+	// will do.
+	if err := os.Rename(out, dir); err != nil {
+		if k, lerr := loadKernel(dir); lerr == nil {
+			return k, nil
+		}
+		return nil, err
+	}
+	k.Dir = dir
+	return k, nil
+}
+
+// kernelPackage names the package linux-image-amd64 depends on, the current
+// kernel, e.g. linux-image-6.1.0-57-amd64.
+func kernelPackage() (string, error) {
+	out, err := exec.Command("apt-cache", "depends", "linux-image-amd64").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("apt-cache depends linux-image-amd64: %v\n%s", err, out)
+	}
+	re := regexp.MustCompile(`(?m)^\s*\|?Depends:\s*(linux-image-[0-9][a-z0-9.+-]*-amd64)\s*$`)
+	m := re.FindSubmatch(out)
+	if m == nil {
+		return "", fmt.Errorf("apt-cache depends linux-image-amd64 names no linux-image-<version>-amd64 (run apt-get update?):\n%s", out)
+	}
+	return string(m[1]), nil
+}
+
+func loadKernel(dir string) (*kernel, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "kernel.json"))
+	if err != nil {
+		return nil, err
+	}
+	k := &kernel{Dir: dir}
+	if err := json.Unmarshal(b, k); err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	return k, nil
+}
+
+// extractKernel copies from the unpacked package tree into out what the
+// guest needs: vmlinuz, the config, the modules of kernelRoots and their
+// dependencies, and kernel.json describing them.
+func extractKernel(pkg, tree, out string) (*kernel, error) {
+	vmlinuz, _ := filepath.Glob(filepath.Join(tree, "boot", "vmlinuz-*"))
+	configs, _ := filepath.Glob(filepath.Join(tree, "boot", "config-*"))
+	moddirs, _ := filepath.Glob(filepath.Join(tree, "lib", "modules", "*"))
+	if len(vmlinuz) != 1 || len(configs) != 1 || len(moddirs) != 1 {
+		return nil, fmt.Errorf("want one boot/vmlinuz-*, boot/config-* and lib/modules/*, got %q %q %q", vmlinuz, configs, moddirs)
+	}
+	config, err := os.ReadFile(configs[0])
+	if err != nil {
+		return nil, err
+	}
+	if err := checkKernelConfig(config); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Base(configs[0]), err)
+	}
+	order, files, err := resolveModules(moddirs[0], kernelRoots)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(out, "modules"), 0o755); err != nil {
+		return nil, err
+	}
+	k := &kernel{Package: pkg, Vmlinuz: filepath.Base(vmlinuz[0]), Modules: order, Dir: out}
+	copies := map[string]string{vmlinuz[0]: k.vmlinuzPath(), configs[0]: filepath.Join(out, filepath.Base(configs[0]))}
+	for _, name := range order {
+		copies[files[name]] = k.modulePath(name)
+	}
+	for from, to := range copies {
+		if err := copyFile(from, to); err != nil {
+			return nil, err
+		}
+	}
+	b, err := json.MarshalIndent(k, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return k, os.WriteFile(filepath.Join(out, "kernel.json"), append(b, '\n'), 0o644)
+}
+
+// checkKernelConfig fails unless config sets every option of
+// kernelConfigNeeds to an acceptable value.
+func checkKernelConfig(config []byte) error {
+	set := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(config))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok && strings.HasPrefix(k, "CONFIG_") {
+			set[k] = v
+		}
+	}
+	var errs []error
+	for opt, ok := range kernelConfigNeeds {
+		if v := set[opt]; !slices.Contains(ok, v) {
+			errs = append(errs, fmt.Errorf("%s=%q, want one of %q", opt, v, ok))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// resolveModules returns the modules to load for roots, dependencies first,
+// and the file of each. Debian's package ships no modules.dep (depmod
+// writes it when the package is installed), so the dependencies come from
+// each module's .modinfo section ("depends=a,b"), the data depmod reads.
+// Modules built into the kernel (modules.builtin) need no loading.
+func resolveModules(moddir string, roots []string) (order []string, files map[string]string, err error) {
+	files = map[string]string{}
+	err = filepath.WalkDir(filepath.Join(moddir, "kernel"), func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if name, ok := strings.CutSuffix(d.Name(), ".ko"); ok && d.Type().IsRegular() {
+			files[moduleName(name)] = path
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	builtin := map[string]bool{}
+	if b, err := os.ReadFile(filepath.Join(moddir, "modules.builtin")); err == nil {
+		for line := range strings.Lines(string(b)) {
+			name := strings.TrimSuffix(filepath.Base(strings.TrimSpace(line)), ".ko")
+			builtin[moduleName(name)] = true
+		}
+	}
+	done := map[string]bool{}
+	var visit func(name string, path []string) error
+	visit = func(name string, path []string) error {
+		if done[name] || builtin[name] {
+			return nil
+		}
+		if slices.Contains(path, name) {
+			return fmt.Errorf("module dependency cycle: %s", strings.Join(append(path, name), " -> "))
+		}
+		file, ok := files[name]
+		if !ok {
+			return fmt.Errorf("module %s (needed by %s): neither a file under %s nor built in", name, strings.Join(path, " -> "), moddir)
+		}
+		deps, err := moduleDepends(file)
+		if err != nil {
+			return err
+		}
+		for _, dep := range deps {
+			if err := visit(dep, append(path, name)); err != nil {
+				return err
+			}
+		}
+		done[name] = true
+		order = append(order, name)
+		return nil
+	}
+	for _, r := range roots {
+		if err := visit(r, nil); err != nil {
+			return nil, nil, err
+		}
+	}
+	return order, files, nil
+}
+
+// moduleDepends reads the depends= entry of a module's .modinfo section.
+func moduleDepends(file string) ([]string, error) {
+	f, err := elf.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	sec := f.Section(".modinfo")
+	if sec == nil {
+		return nil, fmt.Errorf("%s: no .modinfo section", file)
+	}
+	data, err := sec.Data()
+	if err != nil {
+		return nil, fmt.Errorf("%s: .modinfo: %w", file, err)
+	}
+	for _, kv := range bytes.Split(data, []byte{0}) {
+		if v, ok := bytes.CutPrefix(kv, []byte("depends=")); ok {
+			var deps []string
+			for _, d := range strings.Split(string(v), ",") {
+				if d != "" {
+					deps = append(deps, moduleName(d))
+				}
+			}
+			return deps, nil
+		}
+	}
+	return nil, nil
+}
+
+// moduleName normalizes a module name as the kernel does: '-' and '_' are
+// the same.
+func moduleName(s string) string { return strings.ReplaceAll(s, "-", "_") }
+
+func copyFile(from, to string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(to, b, 0o644)
+}

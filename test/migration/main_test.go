@@ -1,0 +1,96 @@
+package migration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/testfs"
+	"github.com/quiverstorage/quiver/internal/testserver"
+)
+
+var (
+	quiverBin string // the server binary, built once by TestMain
+	workDir   string // per-run scratch: the binary, the guest writer, the initramfs
+
+	guestOnce sync.Once
+	theGuest  *guest
+	guestErr  error
+)
+
+// errMissing marks a prerequisite that is not there (a tool, a package, the
+// package index): the test skips locally and fails under CI.
+var errMissing = errors.New("missing prerequisite")
+
+func TestMain(m *testing.M) {
+	os.Exit(runTests(m))
+}
+
+func runTests(m *testing.M) int {
+	var err error
+	workDir, err = os.MkdirTemp("", "quiver-migration-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "migration:", err)
+		return 1
+	}
+	defer os.RemoveAll(workDir)
+	quiverBin = filepath.Join(workDir, "quiver")
+	if err := testserver.Build(quiverBin, testserver.RaceEnabled); err != nil {
+		fmt.Fprintln(os.Stderr, "migration:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// requireGuest returns the guest to boot, building it on first use: the
+// kernel from the cache or Debian's archive, the initramfs in workDir.
+func requireGuest(t *testing.T) *guest {
+	t.Helper()
+	for _, tool := range []string{"qemu-system-x86_64", "qemu-img", "apt-cache", "apt-get", "dpkg", "go"} {
+		testfs.RequireTool(t, tool)
+	}
+	guestOnce.Do(func() {
+		start := time.Now()
+		theGuest, guestErr = buildGuest(workDir)
+		if guestErr == nil {
+			t.Logf("guest: %s with modules %v, initramfs built in %v",
+				theGuest.kernel.Package, theGuest.kernel.Modules, time.Since(start).Round(time.Millisecond))
+		}
+	})
+	if errors.Is(guestErr, errMissing) {
+		testfs.SkipOrFail(t, "%v", guestErr)
+	}
+	if guestErr != nil {
+		t.Fatalf("build the guest: %v", guestErr)
+	}
+	return theGuest
+}
+
+// testContext ends 15 s before the test binary's -timeout, and at the
+// latest after limit, so that a hung QEMU fails the test with its console
+// instead of the whole binary being killed.
+func testContext(t *testing.T, limit time.Duration) context.Context {
+	deadline := time.Now().Add(limit)
+	if d, ok := t.Deadline(); ok && d.Add(-15*time.Second).Before(deadline) {
+		deadline = d.Add(-15 * time.Second)
+	}
+	ctx, cancel := context.WithDeadline(t.Context(), deadline)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// shortTempDir is a directory for unix sockets, whose paths must fit in
+// 108 bytes: t.TempDir() paths carry the test name and may not.
+func shortTempDir(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "qvm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
