@@ -20,8 +20,9 @@
 // devtmpfs and the serial console; the modules for virtio-blk over
 // virtio-pci and their dependencies are found from each module's .modinfo
 // (Debian's package ships no modules.dep) and loaded dependencies first.
-// vmlinuz and those modules are cached under $XDG_CACHE_HOME/quiver-test
-// (~/.cache/quiver-test), so later runs skip the download.
+// vmlinuz and those modules are cached under $QUIVER_TEST_CACHE, else
+// $XDG_CACHE_HOME/quiver-test (~/.cache/quiver-test), so later runs skip the
+// download.
 //
 // The test writes the initramfs itself (a newc cpio archive): busybox-static
 // with a symlink per applet, /dev/console, the modules, the guest writer

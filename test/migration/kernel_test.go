@@ -46,9 +46,12 @@ func (k *kernel) modulePath(name string) string {
 	return filepath.Join(k.Dir, "modules", name+".ko")
 }
 
-// cacheRoot is where downloads survive between runs: $XDG_CACHE_HOME or
-// ~/.cache, under quiver-test.
+// cacheRoot is where downloads survive between runs: $QUIVER_TEST_CACHE,
+// else quiver-test under $XDG_CACHE_HOME or ~/.cache.
 func cacheRoot() string {
+	if dir := os.Getenv("QUIVER_TEST_CACHE"); dir != "" {
+		return dir
+	}
 	dir, err := os.UserCacheDir()
 	if err != nil {
 		dir = os.TempDir()

@@ -66,7 +66,7 @@ func TestLiveMigration(t *testing.T) {
 	startMigration(t, ctx, src, dst, "unix:"+filepath.Join(f.dir, "migrate.sock"), fastMigration)
 	info := src.waitMigration(t, ctx, func(m migrationInfo) bool { return m.finished() })
 	if info.Status != "completed" {
-		t.Fatalf("migration ended %q: %s\n%s\n%s", info.Status, info.ErrorDesc, src.diagnostics(), dst.diagnostics())
+		t.Fatalf("migration ended %q: %s", info.Status, info.ErrorDesc)
 	}
 	t.Logf("migration completed: total-time %d ms, downtime %d ms, setup-time %d ms, %s",
 		info.TotalTime, info.Downtime, info.SetupTime, info.RAM)
@@ -123,7 +123,7 @@ func TestMigrationCancelled(t *testing.T) {
 			return m.finished() || m.Status == "active" && m.RAM != nil && m.RAM.Transferred > 0
 		})
 		if active.Status != "active" {
-			t.Fatalf("%s: migration %q before it could be stopped: %s\n%s", how, active.Status, active.ErrorDesc, dst.diagnostics())
+			t.Fatalf("%s: migration %q before it could be stopped: %s", how, active.Status, active.ErrorDesc)
 		}
 		if w := dst.blockStats(t, ctx); w["vda"].WrOperations+w["vdb"].WrOperations != 0 {
 			t.Fatalf("%s: the destination wrote before the migration completed: %+v", how, w)
@@ -235,13 +235,13 @@ func (m migrationInfo) finished() bool {
 func startMigration(t *testing.T, ctx context.Context, src, dst *vm, uri string, bandwidth int64) {
 	t.Helper()
 	if err := dst.qmp.execute(ctx, "migrate-incoming", map[string]any{"uri": uri}, nil); err != nil {
-		t.Fatalf("%s: %v\n%s", dst.name, err, dst.diagnostics())
+		t.Fatalf("%s: %v", dst.name, err)
 	}
 	if err := src.qmp.execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": bandwidth}, nil); err != nil {
 		t.Fatalf("%s: %v", src.name, err)
 	}
 	if err := src.qmp.execute(ctx, "migrate", map[string]any{"uri": uri}, nil); err != nil {
-		t.Fatalf("%s: %v\n%s", src.name, err, src.diagnostics())
+		t.Fatalf("%s: %v", src.name, err)
 	}
 }
 
@@ -251,14 +251,14 @@ func (v *vm) waitMigration(t *testing.T, ctx context.Context, done func(migratio
 	for {
 		var m migrationInfo
 		if err := v.qmp.execute(ctx, "query-migrate", nil, &m); err != nil {
-			t.Fatalf("%s: %v\n%s", v.name, err, v.diagnostics())
+			t.Fatalf("%s: %v", v.name, err)
 		}
 		if done(m) {
 			return m
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("%s: migration still %q: %v\n%s", v.name, m.Status, ctx.Err(), v.diagnostics())
+			t.Fatalf("%s: migration still %q: %v", v.name, m.Status, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -274,7 +274,7 @@ func (v *vm) waitStatus(t *testing.T, ctx context.Context, want string) {
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("%s: VM status %q, want %q: %v\n%s", v.name, st, want, ctx.Err(), v.diagnostics())
+			t.Fatalf("%s: VM status %q, want %q: %v", v.name, st, want, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -297,7 +297,7 @@ func (v *vm) waitWrites(t *testing.T, ctx context.Context, want map[string]int64
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("%s: waiting for %v writes, have %+v: %v\n%s", v.name, want, stats, ctx.Err(), v.diagnostics())
+			t.Fatalf("%s: waiting for %v writes, have %+v: %v", v.name, want, stats, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -103,7 +103,7 @@ func startVM(t *testing.T, ctx context.Context, cfg vmConfig) *vm {
 	defer cancel()
 	q, err := dialQMP(dctx, qmpPath)
 	if err != nil {
-		t.Fatalf("%s: %v\n%s", cfg.name, err, v.diagnostics())
+		t.Fatalf("%s: %v", cfg.name, err)
 	}
 	v.qmp = q
 	return v
@@ -148,10 +148,10 @@ func (v *vm) quit(t *testing.T, ctx context.Context) {
 	select {
 	case <-v.exited:
 		if v.werr != nil {
-			t.Fatalf("%s QEMU exited with %v after quit\n%s", v.name, v.werr, v.diagnostics())
+			t.Fatalf("%s QEMU exited with %v after quit", v.name, v.werr)
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatalf("%s QEMU still running 20 s after quit\n%s", v.name, v.diagnostics())
+		t.Fatalf("%s QEMU still running 20 s after quit", v.name)
 	}
 }
 
@@ -192,9 +192,9 @@ func (v *vm) waitConsole(t *testing.T, ctx context.Context, want string) {
 	for !strings.Contains(v.consoleText(), want) {
 		select {
 		case <-ctx.Done():
-			t.Fatalf("%s: the guest console never showed %q: %v\n%s", v.name, want, ctx.Err(), v.diagnostics())
+			t.Fatalf("%s: the guest console never showed %q: %v", v.name, want, ctx.Err())
 		case <-v.exited:
-			t.Fatalf("%s: QEMU exited before the guest console showed %q\n%s", v.name, want, v.diagnostics())
+			t.Fatalf("%s: QEMU exited before the guest console showed %q", v.name, want)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -208,7 +208,7 @@ func (v *vm) status(t *testing.T, ctx context.Context) string {
 		Status string `json:"status"`
 	}
 	if err := v.qmp.execute(ctx, "query-status", nil, &st); err != nil {
-		t.Fatalf("%s: %v\n%s", v.name, err, v.diagnostics())
+		t.Fatalf("%s: %v", v.name, err)
 	}
 	return st.Status
 }
@@ -236,7 +236,7 @@ func (v *vm) blockStats(t *testing.T, ctx context.Context) map[string]blockStats
 		Stats    blockStats `json:"stats"`
 	}
 	if err := v.qmp.execute(ctx, "query-blockstats", nil, &list); err != nil {
-		t.Fatalf("%s: %v\n%s", v.name, err, v.diagnostics())
+		t.Fatalf("%s: %v", v.name, err)
 	}
 	out := map[string]blockStats{}
 	for _, e := range list {
@@ -262,7 +262,7 @@ func (v *vm) ioStatus(t *testing.T, ctx context.Context) map[string]string {
 		} `json:"inserted"`
 	}
 	if err := v.qmp.execute(ctx, "query-block", nil, &list); err != nil {
-		t.Fatalf("%s: %v\n%s", v.name, err, v.diagnostics())
+		t.Fatalf("%s: %v", v.name, err)
 	}
 	out := map[string]string{}
 	for _, e := range list {
