@@ -97,8 +97,10 @@ func TestLiveMigration(t *testing.T) {
 				d, srcStats[d].WrOperations, dstStats[d].WrOperations)
 		}
 	}
-	checkConsoleClean(t, src)
-	checkConsoleClean(t, dst)
+	for _, v := range []*vm{src, dst} {
+		checkConsoleClean(t, v)
+		checkStderrClean(t, v)
+	}
 	t.Logf("TestLiveMigration took %v", time.Since(start).Round(time.Millisecond))
 }
 

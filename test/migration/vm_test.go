@@ -311,6 +311,21 @@ func checkConsoleClean(t *testing.T, v *vm) {
 	}
 }
 
+// checkStderrClean fails the test if QEMU reported a block or I/O problem
+// on stderr, such as a flush that failed when it quit.
+func checkStderrClean(t *testing.T, v *vm) {
+	t.Helper()
+	for line := range strings.Lines(v.stderr.String()) {
+		l := strings.ToLower(line)
+		for _, bad := range []string{"error", "fail", "nbd", "flush", "i/o"} {
+			if strings.Contains(l, bad) {
+				t.Errorf("%s QEMU: %s", v.name, strings.TrimSpace(line))
+				break
+			}
+		}
+	}
+}
+
 // tail returns the last n lines of s.
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
