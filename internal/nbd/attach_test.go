@@ -2,9 +2,13 @@ package nbd
 
 import (
 	"bytes"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/quiverstorage/quiver/internal/client"
+	"github.com/quiverstorage/quiver/internal/metrics"
 )
 
 // attachToken creates an attachment of the test volume and returns its ID and
@@ -35,7 +39,13 @@ func (c *testClient) readAt(off uint64, n uint32) []byte {
 // source writes, the destination attaches and reads, then writes; the
 // source's next write gets EPERM and changes nothing, its FLUSH succeeds.
 func TestFencingOverNBD(t *testing.T) {
-	e := newEnv(t, Config{}, nil)
+	var m *metrics.Metrics
+	e := newEnv(t, Config{}, func(x Exports) Exports {
+		pe := x.(PoolExports)
+		m = metrics.New(pe.Pool)
+		pe.Metrics = m
+		return pe
+	})
 	_, srcTok := e.attachToken("src", "rw")
 	dstID, dstTok := e.attachToken("dst", "rw")
 	src := e.connect(t, hsOpts{export: exportRoot + "/" + srcTok, structured: true})
@@ -67,6 +77,21 @@ func TestFencingOverNBD(t *testing.T) {
 	}
 	if got := dst.readAt(0, 4096); !bytes.Equal(got, pattern(10, 0, 4096)) {
 		t.Fatal("a fenced write reached the disk")
+	}
+	// Each refused write and zero is counted, per disk.
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	got, err := client.ParseMetrics(rec.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, disk := range []string{"root", "data"} {
+		if n := got.Sum("quiver_fenced_writes_total", map[string]string{"volume": testVolume, "disk": disk}); n != 2 {
+			t.Errorf("quiver_fenced_writes_total{disk=%q} = %v, want 2", disk, n)
+		}
+	}
+	if n := got.Sum("quiver_volume_writer_epoch", map[string]string{"volume": testVolume}); n != 2 {
+		t.Errorf("quiver_volume_writer_epoch = %v, want 2", n)
 	}
 }
 
