@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/test/migration/record"
 )
 
@@ -40,13 +42,62 @@ func newFixture(t *testing.T, ctx context.Context) *fixture {
 	return f
 }
 
-// config is the QEMU configuration of one side of the migration.
-func (f *fixture) config(name string, incoming bool) vmConfig {
+// attach creates an attachment of the volume for node, as the orchestrator
+// does before it starts QEMU on that node.
+func (f *fixture) attach(t *testing.T, ctx context.Context, node, mode string) api.Attachment {
+	t.Helper()
+	a, err := f.srv.api.Attach(ctx, volumeName, api.AttachmentSpec{Node: node, Mode: mode})
+	if err != nil {
+		t.Fatalf("attach %s for node %s: %v", volumeName, node, err)
+	}
+	if a.Token == "" {
+		t.Fatalf("attach %s for node %s: no token in %+v", volumeName, node, a)
+	}
+	return a
+}
+
+// export is the NBD export name of a disk for an attachment.
+func export(disk string, a api.Attachment) string {
+	return volumeName + "/" + disk + "/" + a.Token
+}
+
+// config is the QEMU configuration of one side of the migration, reaching
+// the disks through attachment a.
+func (f *fixture) config(name string, a api.Attachment, incoming bool) vmConfig {
 	exports := map[string]string{}
 	for _, d := range guestDisks {
-		exports[d] = volumeName + "/" + d
+		exports[d] = export(d, a)
 	}
 	return vmConfig{name: name, dir: f.dir, guest: f.guest, nbdSocket: f.srv.socket, exports: exports, incoming: incoming}
+}
+
+// writer returns the volume's single-writer state.
+func (f *fixture) writer(t *testing.T, ctx context.Context) api.Writer {
+	t.Helper()
+	v, err := f.srv.api.GetVolume(ctx, volumeName)
+	if err != nil {
+		t.Fatalf("get volume %s: %v", volumeName, err)
+	}
+	return v.Writer
+}
+
+// checkAttachment fails the test unless the attachment's writer and fenced
+// flags are as wanted, and, when conns >= 0, it has that many NBD
+// connections.
+func (f *fixture) checkAttachment(t *testing.T, ctx context.Context, a api.Attachment, writer, fenced bool, conns int) {
+	t.Helper()
+	got, err := f.srv.api.GetAttachment(ctx, volumeName, a.ID)
+	if err != nil {
+		t.Fatalf("get attachment %s (node %s): %v", a.ID, a.Node, err)
+	}
+	if got.Writer != writer || got.Fenced != fenced || conns >= 0 && got.Conns != conns {
+		want := fmt.Sprintf("writer=%v fenced=%v", writer, fenced)
+		if conns >= 0 {
+			want += fmt.Sprintf(" connections=%d", conns)
+		}
+		t.Errorf("attachment of node %s: writer=%v fenced=%v connections=%d, want %s",
+			a.Node, got.Writer, got.Fenced, got.Conns, want)
+	}
 }
 
 // TestLiveMigration migrates the writing guest from one QEMU to another
@@ -58,11 +109,20 @@ func TestLiveMigration(t *testing.T) {
 	start := time.Now()
 	f := newFixture(t, ctx)
 
-	src := startVM(t, ctx, f.config("src", false))
+	srcAtt := f.attach(t, ctx, "src", api.ModeReadWrite)
+	src := startVM(t, ctx, f.config("src", srcAtt, false))
 	src.waitConsole(t, ctx, "guestwriter: seq ") // it has been writing for a second
 	t.Logf("source booted and writing after %v", time.Since(start).Round(time.Millisecond))
+	before := f.writer(t, ctx)
+	if before.Attachment != srcAtt.ID {
+		t.Fatalf("writer before the migration: %+v, want the source's attachment %s", before, srcAtt.ID)
+	}
 
-	dst := startVM(t, ctx, f.config("dst", true))
+	dstAtt := f.attach(t, ctx, "dst", api.ModeReadWrite)
+	dst := startVM(t, ctx, f.config("dst", dstAtt, true))
+	// The destination has opened every disk, write-capable, but is no
+	// writer: the source goes on writing.
+	f.checkAttachment(t, ctx, dstAtt, false, false, len(guestDisks))
 	startMigration(t, ctx, src, dst, "unix:"+filepath.Join(f.dir, "migrate.sock"), fastMigration)
 	info := src.waitMigration(t, ctx, func(m migrationInfo) bool { return m.finished() })
 	if info.Status != "completed" {
@@ -77,9 +137,23 @@ func TestLiveMigration(t *testing.T) {
 	srcStats := src.blockStats(t, ctx)
 	dst.waitStatus(t, ctx, "running")
 	dst.waitWrites(t, ctx, map[string]int64{"vda": 1, "vdb": 1})
+
+	// The destination's first write took the writer role and fenced the
+	// source: one epoch later, whatever still holds the source's token
+	// cannot write. The source QEMU still has its connections open.
+	if after := f.writer(t, ctx); after.Attachment != dstAtt.ID || after.Epoch != before.Epoch+1 {
+		t.Errorf("writer after the destination wrote: %+v, want the destination's attachment %s at epoch %d",
+			after, dstAtt.ID, before.Epoch+1)
+	}
+	f.checkAttachment(t, ctx, srcAtt, false, true, len(guestDisks))
+	f.checkAttachment(t, ctx, dstAtt, true, false, len(guestDisks))
+	f.checkSplitBrain(t, ctx, srcAtt)
+
 	// As in a KubeVirt migration, the source quits after the destination
-	// has started writing; QEMU flushes its disks when it quits.
+	// has started writing; QEMU flushes its disks when it quits, and a
+	// fenced attachment's FLUSH succeeds. Then the orchestrator detaches it.
 	src.quit(t, ctx)
+	f.detach(t, ctx, srcAtt)
 	sleep(ctx, destinationRun)
 	dst.checkGuestHealthy(t, ctx)
 	if err := dst.qmp.execute(ctx, "stop", nil, nil); err != nil {
@@ -104,6 +178,38 @@ func TestLiveMigration(t *testing.T) {
 	t.Logf("TestLiveMigration took %v", time.Since(start).Round(time.Millisecond))
 }
 
+// checkSplitBrain writes through the fenced source's token with qemu-io, a
+// client of its own beside the source QEMU: over slot 0 of each disk,
+// which holds the source's first record, and over the disk's last slot,
+// which nobody wrote. Every write must fail with EPERM; verifyDisks later
+// finds slot 0 intact and the last slot empty, so none was applied.
+func (f *fixture) checkSplitBrain(t *testing.T, ctx context.Context, fenced api.Attachment) {
+	t.Helper()
+	for _, d := range guestDisks {
+		for _, off := range []int64{0, diskSize - record.Size} {
+			cmd := fmt.Sprintf("write -P 0xee %d %d", off, record.Size)
+			out, _ := f.srv.qemuIO(t, ctx, export(d, fenced), cmd)
+			if !strings.Contains(out, "Operation not permitted") || strings.Contains(out, "wrote ") {
+				t.Errorf("qemu-io %q on %s through the fenced source's token: want EPERM, got\n%s", cmd, d, out)
+			}
+		}
+	}
+	t.Logf("split brain: writes through the fenced source's token refused with EPERM")
+}
+
+// detach deletes an attachment and checks that its token no longer opens
+// an export.
+func (f *fixture) detach(t *testing.T, ctx context.Context, a api.Attachment) {
+	t.Helper()
+	if err := f.srv.api.Detach(ctx, volumeName, a.ID); err != nil {
+		t.Fatalf("detach node %s: %v", a.Node, err)
+	}
+	out, err := f.srv.qemuIO(t, ctx, export(guestDisks[0], a), fmt.Sprintf("read 0 %d", record.Size))
+	if err == nil || strings.Contains(out, fmt.Sprintf("read %d/%d", record.Size, record.Size)) {
+		t.Errorf("qemu-io opened an export with the token of detached node %s (%v):\n%s", a.Node, err, out)
+	}
+}
+
 // TestMigrationCancelled starts two migrations of the writing guest that
 // never complete, one cancelled with migrate_cancel and one whose
 // destination is killed, and checks that the source goes on writing
@@ -113,13 +219,20 @@ func TestMigrationCancelled(t *testing.T) {
 	start := time.Now()
 	f := newFixture(t, ctx)
 
-	src := startVM(t, ctx, f.config("src", false))
+	srcAtt := f.attach(t, ctx, "src", api.ModeReadWrite)
+	src := startVM(t, ctx, f.config("src", srcAtt, false))
 	src.waitConsole(t, ctx, "guestwriter: seq ")
 	t.Logf("source booted and writing after %v", time.Since(start).Round(time.Millisecond))
+	writer := f.writer(t, ctx)
+	if writer.Attachment != srcAtt.ID {
+		t.Fatalf("writer: %+v, want the source's attachment %s", writer, srcAtt.ID)
+	}
 
 	for i, how := range []string{"migrate_cancel", "kill the destination"} {
-		dst := startVM(t, ctx, f.config(fmt.Sprintf("dst%d", i+1), true))
-		uri := fmt.Sprintf("unix:%s", filepath.Join(f.dir, fmt.Sprintf("migrate%d.sock", i+1)))
+		name := fmt.Sprintf("dst%d", i+1)
+		dstAtt := f.attach(t, ctx, name, api.ModeReadWrite)
+		dst := startVM(t, ctx, f.config(name, dstAtt, true))
+		uri := "unix:" + filepath.Join(f.dir, name+".migrate.sock")
 		startMigration(t, ctx, src, dst, uri, slowMigration)
 		active := src.waitMigration(t, ctx, func(m migrationInfo) bool {
 			return m.finished() || m.Status == "active" && m.RAM != nil && m.RAM.Transferred > 0
@@ -130,6 +243,8 @@ func TestMigrationCancelled(t *testing.T) {
 		if w := dst.blockStats(t, ctx); w["vda"].WrOperations+w["vdb"].WrOperations != 0 {
 			t.Fatalf("%s: the destination wrote before the migration completed: %+v", how, w)
 		}
+		// The destination is connected to every disk, and is no writer.
+		f.checkAttachment(t, ctx, dstAtt, false, false, len(guestDisks))
 		before := src.blockStats(t, ctx)
 		want := "cancelled"
 		if i == 0 {
@@ -146,11 +261,18 @@ func TestMigrationCancelled(t *testing.T) {
 		}
 		t.Logf("%s: migration %s when %s, the source having written %d records",
 			how, info.Status, active.RAM, before["vdb"].WrOperations)
-		// An incoming migration that fails ends the destination QEMU.
+		// An incoming migration that fails ends the destination QEMU; the
+		// orchestrator detaches the destination.
 		dst.shutdown()
+		f.detach(t, ctx, dstAtt)
 
+		// The source goes on writing, still the writer of the same epoch.
 		src.waitWrites(t, ctx, map[string]int64{"vda": before["vda"].WrOperations + 50, "vdb": before["vdb"].WrOperations + 50})
 		src.checkGuestHealthy(t, ctx)
+		if w := f.writer(t, ctx); w != writer {
+			t.Errorf("%s: writer %+v, want %+v as before the migration", how, w, writer)
+		}
+		f.checkAttachment(t, ctx, srcAtt, true, false, len(guestDisks))
 	}
 	sleep(ctx, time.Second)
 	src.checkGuestHealthy(t, ctx)
@@ -164,10 +286,12 @@ func TestMigrationCancelled(t *testing.T) {
 		t.Logf("disk %s: records 0..%d intact and in order, all written by the source", d, counts[d]-1)
 	}
 	checkConsoleClean(t, src)
+	checkStderrClean(t, src)
 	t.Logf("TestMigrationCancelled took %v", time.Since(start).Round(time.Millisecond))
 }
 
-// verifyDisks reads every disk back over NBD and checks that it holds
+// verifyDisks reads every disk back over NBD, through a read-only
+// attachment that must refuse a write, and checks that it holds
 // records 0..n-1 for that disk, intact, and nothing after them, where n is
 // the number of writes the QEMUs (stats, one per QEMU that ran the guest)
 // completed on it: the guest writes nothing else, and one O_DIRECT write
@@ -176,9 +300,14 @@ func TestMigrationCancelled(t *testing.T) {
 func (f *fixture) verifyDisks(t *testing.T, ctx context.Context, stats ...map[string]blockStats) map[string]int64 {
 	t.Helper()
 	dir := t.TempDir()
+	ro := f.attach(t, ctx, "verify", api.ModeReadOnly)
 	counts := map[string]int64{}
 	for i, d := range guestDisks {
-		img := f.srv.readDisk(t, ctx, volumeName+"/"+d, dir)
+		out, _ := f.srv.qemuIO(t, ctx, export(d, ro), fmt.Sprintf("write -P 0xee 0 %d", record.Size))
+		if strings.Contains(out, "wrote ") {
+			t.Errorf("qemu-io wrote to %s through a read-only attachment:\n%s", d, out)
+		}
+		img := f.srv.readDisk(t, ctx, export(d, ro), dir)
 		n, err := record.Count(img, uint64(i))
 		if err != nil {
 			t.Fatalf("disk %s read back over NBD: %v", d, err)

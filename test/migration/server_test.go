@@ -2,11 +2,13 @@ package migration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,7 +21,7 @@ import (
 )
 
 // server is one `quiver server` on a temporary pool: the API on a free
-// loopback port, NBD on a unix socket only.
+// loopback port, NBD on a unix socket only, tokens required.
 type server struct {
 	api    *client.Client
 	socket string
@@ -59,8 +61,10 @@ func spawnServer(pool, socket string) (*server, error) {
 	}
 	_ = os.Remove(socket)
 	s := &server{socket: socket, log: &testserver.LogBuffer{}, exited: make(chan struct{})}
+	// Every NBD client of the test presents an attachment token: no
+	// connection can slip in through an implicit attachment.
 	s.cmd = exec.Command(quiverBin, "server", "--pool", pool, "--listen", apiAddr,
-		"--nbd-listen", "", "--nbd-socket", socket)
+		"--nbd-listen", "", "--nbd-socket", socket, "--nbd-require-token")
 	s.cmd.Stdout = s.log
 	s.cmd.Stderr = s.log
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -141,6 +145,29 @@ func (s *server) createVolume(t *testing.T, ctx context.Context, name string, di
 	}
 }
 
+// qemuIO runs one qemu-io command on an export and returns its output and
+// exit error. qemu-io exits 0 even when its command fails and 1 when it
+// cannot open the export, so callers read both; failing to run it at all
+// fails the test.
+func (s *server) qemuIO(t *testing.T, ctx context.Context, export, command string) (string, error) {
+	t.Helper()
+	testfs.RequireTool(t, "qemu-io")
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "qemu-io", "-f", "raw", "-c", command, s.uri(export)).CombinedOutput()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("qemu-io -c %q %s: %v\n%s", command, redact(s.uri(export)), err, out)
+	}
+	return redact(string(out)), err
+}
+
+// tokenPattern matches attachment tokens (64 hex digits), which the test
+// keeps out of its messages as the server keeps them out of its logs.
+var tokenPattern = regexp.MustCompile(`[0-9a-f]{64}`)
+
+func redact(s string) string { return tokenPattern.ReplaceAllString(s, "<token>") }
+
 // uri is the NBD URI of an export on the unix socket, as qemu-img and
 // qemu-io take it.
 func (s *server) uri(export string) string {
@@ -152,12 +179,12 @@ func (s *server) uri(export string) string {
 func (s *server) readDisk(t *testing.T, ctx context.Context, export, dir string) []byte {
 	t.Helper()
 	testfs.RequireTool(t, "qemu-img")
-	out := filepath.Join(dir, strings.ReplaceAll(export, "/", "_")+".img")
+	out := filepath.Join(dir, strings.SplitN(export, "/", 3)[1]+".img")
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "qemu-img", "convert", "-f", "raw", "-O", "raw", s.uri(export), out)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img convert %s: %v\n%s", s.uri(export), err, b)
+		t.Fatalf("qemu-img convert %s: %v\n%s", redact(s.uri(export)), err, b)
 	}
 	img, err := os.ReadFile(out)
 	if err != nil {

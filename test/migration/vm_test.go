@@ -182,7 +182,7 @@ func (v *vm) diagnostics() string {
 	if !v.running() {
 		fmt.Fprintf(&b, "--- %s QEMU exited: %v ---\n", v.name, v.werr)
 	}
-	return b.String()
+	return redact(b.String())
 }
 
 // waitConsole waits until the guest console contains want, or fails the
@@ -319,7 +319,7 @@ func checkStderrClean(t *testing.T, v *vm) {
 		l := strings.ToLower(line)
 		for _, bad := range []string{"error", "fail", "nbd", "flush", "i/o"} {
 			if strings.Contains(l, bad) {
-				t.Errorf("%s QEMU: %s", v.name, strings.TrimSpace(line))
+				t.Errorf("%s QEMU: %s", v.name, redact(strings.TrimSpace(line)))
 				break
 			}
 		}
