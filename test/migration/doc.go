@@ -7,10 +7,11 @@
 //
 //	go test -v -run Migration ./test/migration/
 //
-// It needs qemu-system-x86_64 (Debian: qemu-system-x86), qemu-img
-// (qemu-utils), busybox-static, apt-get and dpkg with a current package
-// index (apt-get update), and Go. Without them it skips, except when CI is
-// set: there it fails.
+// It needs qemu-system-x86_64 (Debian: qemu-system-x86), qemu-img and
+// qemu-io (qemu-utils), busybox-static, apt-get and dpkg with a current
+// package index (apt-get update), and Go; the initramfs writer's own test
+// needs cpio. Without them the tests skip, except when CI is set: there
+// they fail.
 //
 // # The guest
 //
@@ -35,27 +36,40 @@
 // # The tests
 //
 // Each test starts `quiver server` (built with the race detector when the
-// tests run with -race) on a temporary pool, NBD on a unix socket, and
-// creates volume "vm" with disks vda and vdb of 64 MiB. QEMU runs under TCG
-// (nested KVM cannot boot Linux on CI's machines) with 128 MiB of RAM, each
-// disk a virtio-blk-pci device on QEMU's NBD client, QMP on a unix socket
-// (a small client in qmp_test.go) and the console in a file.
+// tests run with -race) on a temporary pool, NBD on a unix socket with
+// --nbd-require-token, and creates volume "vm" with disks vda and vdb of
+// 64 MiB. Every NBD client presents an attachment token in the export name
+// (<volume>/<disk>/<token>): the source QEMU that of an rw attachment for
+// node "src", each destination one of its own, and the final read-back an
+// ro attachment. QEMU runs under TCG (nested KVM cannot boot Linux on CI's
+// machines) with 128 MiB of RAM, each disk a virtio-blk-pci device on
+// QEMU's NBD client, QMP on a unix socket (a small client in qmp_test.go)
+// and the console in a file.
 //
-// TestLiveMigration boots the source, lets the guest write, starts the
-// destination with -incoming defer and migrates through QMP (migrate,
-// query-migrate until completed), logging QMP's total time and downtime.
-// The destination resumes the guest, the source quits once the destination
-// has written, the guest writes on the destination for a few seconds, then
-// the destination is stopped and quit. Both disks are read back over NBD
-// (qemu-img convert) and must hold records 0..n-1 and nothing after, where
-// n is the sum of the writes the two QEMUs report (query-blockstats), and
-// both sides must have written.
+// TestLiveMigration boots the source, lets the guest write, attaches the
+// destination node and starts its QEMU with -incoming defer (it connects to
+// both disks at once, and must not become the writer by doing so), then
+// migrates through QMP (migrate, query-migrate until completed), logging
+// QMP's total time and downtime. Once the destination has written, the
+// volume's writer epoch must have grown by one, the destination's
+// attachment be the writer and the source's be fenced: qemu-io writes
+// through the source's token, over a record and over a never-written slot,
+// must fail with EPERM while the source QEMU still has its connections
+// open. The source quits (its last FLUSH must succeed), is detached (its
+// token then opens nothing), and the guest writes on the destination for a
+// few seconds before the destination is stopped and quit. Both disks are
+// read back over NBD (qemu-img convert) and must hold records 0..n-1 and
+// nothing after, where n is the sum of the writes the two QEMUs report
+// (query-blockstats), and both sides must have written; the slots qemu-io
+// tried to overwrite are thereby found unchanged.
 //
 // TestMigrationCancelled starts a bandwidth-limited migration of the
 // writing guest and cancels it (migrate_cancel) while it is active, then
-// another whose destination QEMU is killed. After each, the source must go
-// on writing: VM running, no io-status error, no failed request, no I/O
-// error on the guest console; its disks must hold every record it wrote.
+// another whose destination QEMU is killed. Each destination connects with
+// its own attachment and never becomes the writer. After each, the source
+// must go on writing as the writer of the same epoch: VM running, no
+// io-status error, no failed request, no I/O error on the guest console;
+// its disks must hold every record it wrote.
 //
 // On failure the tests log the tail of each guest console, QEMU's stderr,
 // the QMP events and quiver's log. Every process is started by the test,

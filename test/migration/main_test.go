@@ -51,7 +51,7 @@ func runTests(m *testing.M) int {
 // kernel from the cache or Debian's archive, the initramfs in workDir.
 func requireGuest(t *testing.T) *guest {
 	t.Helper()
-	for _, tool := range []string{"qemu-system-x86_64", "qemu-img", "apt-cache", "apt-get", "dpkg", "go"} {
+	for _, tool := range []string{"qemu-system-x86_64", "qemu-img", "qemu-io", "apt-cache", "apt-get", "dpkg", "go"} {
 		testfs.RequireTool(t, tool)
 	}
 	guestOnce.Do(func() {
