@@ -349,6 +349,20 @@ func TestBadInput(t *testing.T) {
 		{"get unknown job", "GET", "/v1/jobs/nope", noBody, 404, api.CodeNotFound, `job "nope"`, ""},
 		{"cancel unknown job", "DELETE", "/v1/jobs/nope", noBody, 404, api.CodeNotFound, `job "nope"`, ""},
 
+		// Attachments.
+		{"attach without node", "POST", "/v1/volumes/web/attachments", js(`{}`), 400, api.CodeInvalid, "node: is required", "node"},
+		{"attach node with slash", "POST", "/v1/volumes/web/attachments", js(`{"node":"a/b"}`), 400, api.CodeInvalid, `node "a/b"`, "node"},
+		{"attach node dot-dot", "POST", "/v1/volumes/web/attachments", js(`{"node":".."}`), 400, api.CodeInvalid, `node ".."`, "node"},
+		{"attach node 254 chars", "POST", "/v1/volumes/web/attachments", js(`{"node":"` + strings.Repeat("a", 254) + `"}`), 400, api.CodeInvalid, "node", "node"},
+		{"attach bad mode", "POST", "/v1/volumes/web/attachments", js(`{"node":"n1","mode":"RW"}`), 400, api.CodeInvalid, `mode "RW"`, "mode"},
+		{"attach unknown field", "POST", "/v1/volumes/web/attachments", js(`{"node":"n1","token":"x"}`), 400, api.CodeInvalid, "token: unknown field", "token"},
+		{"attach unknown volume", "POST", "/v1/volumes/nope/attachments", js(`{"node":"n1"}`), 404, api.CodeNotFound, `volume "nope"`, ""},
+		{"get unknown attachment", "GET", "/v1/volumes/web/attachments/att-x", noBody, 404, api.CodeNotFound, `attachment "att-x"`, ""},
+		{"detach unknown attachment", "DELETE", "/v1/volumes/web/attachments/att-x", noBody, 404, api.CodeNotFound, `attachment "att-x"`, ""},
+		{"writer to unknown attachment", "POST", "/v1/volumes/web/attachments/att-x/writer", js(`{}`), 404, api.CodeNotFound, `attachment "att-x"`, ""},
+		{"writer with a body", "POST", "/v1/volumes/web/attachments/att-x/writer", js(`{"epoch":3}`), 400, api.CodeInvalid, "epoch: unknown field", "epoch"},
+		{"detach dot-dot", "DELETE", "/v1/volumes/web/attachments/..", noBody, 400, api.CodeInvalid, "", ""},
+
 		// Routes and methods.
 		{"unknown route", "POST", "/v1/volumes/web/resize", js(`{"size":1}`), 404, api.CodeNotFound, "/v1/volumes/web/resize", ""},
 		{"PUT a volume", "PUT", "/v1/volumes/web", volBody("web"), 405, api.CodeInvalid, "PUT", ""},

@@ -9,7 +9,8 @@ import (
 
 func volumeToAPI(v pool.VolumeInfo) api.Volume {
 	out := api.Volume{Name: v.Name, UID: v.UID, Capacity: v.Capacity, Labels: v.Labels, Disks: disksToAPI(v.Disks),
-		Snapshots: v.Snapshots, CreatedAt: v.CreatedAt, Path: v.Dir}
+		Snapshots: v.Snapshots, CreatedAt: v.CreatedAt, Path: v.Dir,
+		Writer: api.Writer{Epoch: v.Writer.Epoch, Attachment: v.Writer.Writer}}
 	if v.Source != nil {
 		out.Source = &api.Source{Volume: v.Source.Volume, Snapshot: v.Source.Snapshot}
 	}
@@ -23,7 +24,7 @@ func volumeToAPI(v pool.VolumeInfo) api.Volume {
 func disksToAPI(ds []pool.DiskInfo) []api.Disk {
 	out := make([]api.Disk, 0, len(ds))
 	for _, d := range ds {
-		out = append(out, api.Disk{Name: d.Name, Size: d.Size, Allocated: d.Allocated, Path: d.Path})
+		out = append(out, api.Disk{Name: d.Name, Size: d.Size, Allocated: d.Allocated, Path: d.Path, Shared: d.Shared})
 	}
 	return out
 }
@@ -50,7 +51,7 @@ func diskSpecsFromAPI(ds []api.DiskSpec) []pool.DiskSpec {
 	}
 	out := make([]pool.DiskSpec, len(ds))
 	for i, d := range ds {
-		out[i] = pool.DiskSpec{Name: d.Name, Size: d.Size}
+		out[i] = pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared}
 	}
 	return out
 }
@@ -60,4 +61,9 @@ func qosFromAPI(q *api.QoS) qos.Limits {
 		return qos.Limits{}
 	}
 	return qos.Limits(*q)
+}
+
+func attachmentToAPI(a pool.AttachmentInfo) api.Attachment {
+	return api.Attachment{ID: a.ID, Volume: a.Volume, Node: a.Node, Mode: a.Mode, Token: a.Token, Implicit: a.Implicit,
+		Writer: a.Writer, Fenced: a.Fenced, Conns: a.Conns, CreatedAt: a.CreatedAt}
 }

@@ -26,6 +26,8 @@ var errorMapping = []struct {
 	{pool.ErrVolumeNotFound, http.StatusNotFound, api.CodeNotFound},
 	{pool.ErrDiskNotFound, http.StatusNotFound, api.CodeNotFound},
 	{pool.ErrSnapshotNotFound, http.StatusNotFound, api.CodeNotFound},
+	{pool.ErrAttachmentNotFound, http.StatusNotFound, api.CodeNotFound},
+	{pool.ErrInUse, http.StatusConflict, api.CodeInUse},
 	{job.ErrNotFound, http.StatusNotFound, api.CodeNotFound},
 	{errRouteNotFound, http.StatusNotFound, api.CodeNotFound},
 	{errMethod, http.StatusMethodNotAllowed, api.CodeInvalid},

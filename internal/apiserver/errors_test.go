@@ -33,6 +33,8 @@ func TestToError(t *testing.T) {
 		{"volume not found", fmt.Errorf("volume %q: %w", "web", pool.ErrVolumeNotFound), http.StatusNotFound, api.CodeNotFound, ""},
 		{"disk not found", fmt.Errorf("disk %q: %w", "root", pool.ErrDiskNotFound), http.StatusNotFound, api.CodeNotFound, ""},
 		{"snapshot not found", fmt.Errorf("snapshot %q: %w", "v1", pool.ErrSnapshotNotFound), http.StatusNotFound, api.CodeNotFound, ""},
+		{"attachment not found", fmt.Errorf("attachment %q: %w", "att-1", pool.ErrAttachmentNotFound), http.StatusNotFound, api.CodeNotFound, ""},
+		{"in use", fmt.Errorf("delete volume %q: %w", "web", pool.ErrInUse), http.StatusConflict, api.CodeInUse, ""},
 		{"job not found", fmt.Errorf("job %q: %w", "0123", job.ErrNotFound), http.StatusNotFound, api.CodeNotFound, ""},
 		{"route not found", errRouteNotFound, http.StatusNotFound, api.CodeNotFound, ""},
 		{"method not allowed", errMethod, http.StatusMethodNotAllowed, api.CodeInvalid, ""},

@@ -114,7 +114,7 @@ func (s *Server) addDisk(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	info, err := v.AddDisk(r.Context(), pool.DiskSpec{Name: d.Name, Size: d.Size})
+	info, err := v.AddDisk(r.Context(), pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	if err != nil {
 		return err
 	}

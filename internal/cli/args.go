@@ -27,17 +27,26 @@ func parseLabels(words []string) (map[string]string, error) {
 	return labels, nil
 }
 
-// parseDisk reads NAME=SIZE, e.g. root=40Gi.
+// parseDisk reads NAME=SIZE[,shared], e.g. root=40Gi or quorum=1Gi,shared.
 func parseDisk(word string) (api.DiskSpec, error) {
-	name, size, ok := strings.Cut(word, "=")
+	name, rest, ok := strings.Cut(word, "=")
+	size, opt, _ := strings.Cut(rest, ",")
 	if !ok || name == "" || size == "" {
-		return api.DiskSpec{}, fmt.Errorf("disk %q: want NAME=SIZE, e.g. root=40Gi", word)
+		return api.DiskSpec{}, fmt.Errorf("disk %q: want NAME=SIZE[,shared], e.g. root=40Gi", word)
 	}
 	n, err := quantity.Parse(size)
 	if err != nil {
 		return api.DiskSpec{}, fmt.Errorf("disk %s: %w", name, err)
 	}
-	return api.DiskSpec{Name: name, Size: n}, nil
+	d := api.DiskSpec{Name: name, Size: n}
+	switch opt {
+	case "":
+	case "shared":
+		d.Shared = true
+	default:
+		return api.DiskSpec{}, fmt.Errorf("disk %s: unknown option %q: the only option is shared (exempt from the single-writer rule)", name, opt)
+	}
+	return d, nil
 }
 
 // parseDisks reads every --disk value in order.

@@ -21,11 +21,13 @@ func (a *app) serverCommand() *cobra.Command {
 and every disk over NBD until interrupted.
 
 NBD exports are <volume>/<disk> (read-write) and <volume>@<snapshot>/<disk>
-(read-only), e.g. nbd://127.0.0.1:10809/web01/root.
+(read-only), e.g. nbd://127.0.0.1:10809/web01/root. Clients of an attachment
+(quiver attach create) add its token: <volume>/<disk>/<token>.
 
-Everything listens on loopback by default. To listen on another address, give
-the server a bearer token with --token-file; clients pass the same file. NBD is
-loopback or unix socket only until attachment tokens land.`,
+Everything listens on loopback by default. To serve the API on another
+address, give the server a bearer token with --token-file; clients pass the
+same file. NBD on another address requires an attachment token in every export
+name (as --nbd-require-token does on loopback).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var level slog.Level
@@ -41,6 +43,8 @@ loopback or unix socket only until attachment tokens land.`,
 	cmd.Flags().StringVar(&cfg.APIAddr, "listen", api.DefaultAddr, "host:port of the HTTP API")
 	cmd.Flags().StringVar(&cfg.NBDAddr, "nbd-listen", nbd.DefaultAddr, "host:port of the NBD server (empty: no TCP)")
 	cmd.Flags().StringVar(&cfg.NBDSocket, "nbd-socket", "", "also serve NBD on this unix socket")
+	cmd.Flags().BoolVar(&cfg.NBDRequireToken, "nbd-require-token", false,
+		"refuse NBD exports without an attachment token (always on beyond loopback)")
 	cmd.Flags().BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API port")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd

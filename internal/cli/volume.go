@@ -60,7 +60,7 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&capacity, "capacity", "", "budget for the sum of the disk sizes, e.g. 200Gi (required)")
-	cmd.Flags().StringArrayVar(&disks, "disk", nil, "a disk as NAME=SIZE, e.g. root=40Gi (repeatable)")
+	cmd.Flags().StringArrayVar(&disks, "disk", nil, "a disk as NAME=SIZE[,shared], e.g. root=40Gi (repeatable; shared: exempt from the single-writer rule)")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "a label as KEY=VALUE (repeatable)")
 	limits = addQoSFlags(cmd, "qos-", "; one budget for all disks")
 	cmd.MarkFlagRequired("capacity")

@@ -17,13 +17,14 @@ var (
 	descVirtual  = prometheus.NewDesc("quiver_disk_virtual_bytes", "Virtual size of a disk.", []string{"volume", "disk"}, nil)
 	descAlloc    = prometheus.NewDesc("quiver_disk_allocated_bytes", "Bytes a disk image occupies in the pool.", []string{"volume", "disk"}, nil)
 	descSnaps    = prometheus.NewDesc("quiver_volume_snapshots", "Snapshots of a volume.", []string{"volume"}, nil)
+	descEpoch    = prometheus.NewDesc("quiver_volume_writer_epoch", "Writer epoch of a volume: grows by one each time the writer role moves.", []string{"volume"}, nil)
 	descTotal    = prometheus.NewDesc("quiver_pool_size_bytes", "Size of the pool's filesystem.", nil, nil)
 	descFree     = prometheus.NewDesc("quiver_pool_free_bytes", "Free space in the pool's filesystem.", nil, nil)
 	descVolumes  = prometheus.NewDesc("quiver_pool_volumes", "Volumes in the pool.", nil, nil)
 )
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descCapacity, descVirtual, descAlloc, descSnaps, descTotal, descFree, descVolumes} {
+	for _, d := range []*prometheus.Desc{descCapacity, descVirtual, descAlloc, descSnaps, descEpoch, descTotal, descFree, descVolumes} {
 		ch <- d
 	}
 }
@@ -33,6 +34,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, v := range vols {
 		ch <- prometheus.MustNewConstMetric(descCapacity, prometheus.GaugeValue, float64(v.Capacity), v.Name)
 		ch <- prometheus.MustNewConstMetric(descSnaps, prometheus.GaugeValue, float64(v.Snapshots), v.Name)
+		ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(v.Writer.Epoch), v.Name)
 		for _, d := range v.Disks {
 			ch <- prometheus.MustNewConstMetric(descVirtual, prometheus.GaugeValue, float64(d.Size), v.Name, d.Name)
 			ch <- prometheus.MustNewConstMetric(descAlloc, prometheus.GaugeValue, float64(d.Allocated), v.Name, d.Name)

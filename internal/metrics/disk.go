@@ -28,6 +28,7 @@ type Disk struct {
 	stats     [len(ops)]opStats // indexed like ops: no map lookup per request
 	inflight  prometheus.Gauge
 	throttled prometheus.Counter
+	fenced    prometheus.Counter
 }
 
 var _ pool.Disk = (*Disk)(nil)
@@ -45,6 +46,7 @@ func (m *Metrics) Wrap(d pool.Disk, volume, disk string, lim *qos.Limiter) *Disk
 	}
 	w.inflight = m.inflight.WithLabelValues(volume, disk)
 	w.throttled = m.throttled.WithLabelValues(volume, disk)
+	w.fenced = m.fenced.WithLabelValues(volume, disk)
 	return w
 }
 
@@ -68,7 +70,11 @@ func (d *Disk) admit(kind qos.Op, bytes int64) (time.Time, error) {
 func (d *Disk) done(op opIndex, start time.Time, bytes int64, err error) error {
 	d.inflight.Dec()
 	if err != nil {
-		d.m.errors.WithLabelValues(errorKind(err)).Inc()
+		kind := errorKind(err)
+		d.m.errors.WithLabelValues(kind).Inc()
+		if kind == "fenced" {
+			d.fenced.Inc()
+		}
 		return err
 	}
 	s := d.stats[op]
@@ -88,6 +94,8 @@ func errorKind(err error) string {
 		return "read_only"
 	case errors.Is(err, pool.ErrNoSpace):
 		return "no_space"
+	case errors.Is(err, pool.ErrFenced):
+		return "fenced"
 	case errors.Is(err, pool.ErrDiskNotFound), errors.Is(err, pool.ErrVolumeNotFound), errors.Is(err, pool.ErrClosed):
 		return "gone"
 	default:

@@ -19,6 +19,7 @@ type Metrics struct {
 	inflight  *prometheus.GaugeVec
 	throttled *prometheus.CounterVec
 	errors    *prometheus.CounterVec
+	fenced    *prometheus.CounterVec
 	conns     prometheus.Gauge
 }
 
@@ -62,10 +63,12 @@ func New(p *pool.Pool) *Metrics {
 			Help: "Time requests waited for QoS tokens."}, []string{"volume", "disk"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_errors_total",
 			Help: "Failed data-path requests by kind."}, []string{"kind"}),
+		fenced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_fenced_writes_total",
+			Help: "Writes, trims and zeroes refused because their attachment lost the writer role or was detached."}, []string{"volume", "disk"}),
 		conns: prometheus.NewGauge(prometheus.GaugeOpts{Name: "quiver_nbd_connections",
 			Help: "Open NBD connections."}),
 	}
-	m.reg.MustRegister(m.ops, m.bytes, m.latency, m.inflight, m.throttled, m.errors, m.conns,
+	m.reg.MustRegister(m.ops, m.bytes, m.latency, m.inflight, m.throttled, m.errors, m.fenced, m.conns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if p != nil {
 		m.reg.MustRegister(&poolCollector{p: p})

@@ -25,6 +25,7 @@ type conn struct {
 
 	// Set by negotiation, read-only in the transmission phase.
 	disk        pool.Disk
+	revoked     <-chan struct{} // closed when the client's attachment ends
 	export      string
 	description string
 	size        int64
@@ -44,11 +45,11 @@ type conn struct {
 
 func (c *conn) open(ctx context.Context, name string) error {
 	c.closeDisk()
-	d, desc, err := c.srv.exports.Open(ctx, name)
+	x, err := c.srv.exports.Open(ctx, name, c.nc.RemoteAddr().String())
 	if err != nil {
-		return fmt.Errorf("export %q: %w", name, err)
+		return fmt.Errorf("export %q: %w", redactToken(name), err)
 	}
-	c.disk, c.export, c.description, c.size = d, name, desc, d.Size()
+	c.disk, c.revoked, c.export, c.description, c.size = x.Disk, x.Revoked, redactToken(name), x.Description, x.Disk.Size()
 	return nil
 }
 

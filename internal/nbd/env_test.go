@@ -218,12 +218,13 @@ type gateDisk struct {
 	g *gateExports
 }
 
-func (g *gateExports) Open(ctx context.Context, name string) (pool.Disk, string, error) {
-	d, desc, err := g.Exports.Open(ctx, name)
+func (g *gateExports) Open(ctx context.Context, name, peer string) (Export, error) {
+	x, err := g.Exports.Open(ctx, name, peer)
 	if err != nil {
-		return nil, "", err
+		return Export{}, err
 	}
-	return gateDisk{Disk: d, g: g}, desc, nil
+	x.Disk = gateDisk{Disk: x.Disk, g: g}
+	return x, nil
 }
 
 func (d gateDisk) WriteAt(p []byte, off int64, fua bool) error {

@@ -10,7 +10,6 @@ import (
 // Errors of the server itself.
 var (
 	ErrServerClosed = errors.New("nbd: server closed")
-	ErrInsecure     = errors.New("refusing to serve NBD on a non-loopback address: attachment tokens are not implemented yet")
 )
 
 // errnoMapping maps domain errors to NBD error values; the first match wins.
@@ -20,6 +19,7 @@ var errnoMapping = []struct {
 	errno uint32
 }{
 	{pool.ErrReadOnly, errPerm},
+	{pool.ErrFenced, errPerm},
 	{pool.ErrOutOfRange, errInval},
 	{pool.ErrInvalid, errInval},
 	{pool.ErrNoSpace, errNoSpc},

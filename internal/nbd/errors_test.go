@@ -49,12 +49,13 @@ const (
 
 type faultDisk struct{ pool.Disk }
 
-func (f faultExports) Open(ctx context.Context, name string) (pool.Disk, string, error) {
-	d, desc, err := f.Exports.Open(ctx, name)
+func (f faultExports) Open(ctx context.Context, name, peer string) (Export, error) {
+	x, err := f.Exports.Open(ctx, name, peer)
 	if err != nil {
-		return nil, "", err
+		return Export{}, err
 	}
-	return faultDisk{d}, desc, nil
+	x.Disk = faultDisk{x.Disk}
+	return x, nil
 }
 
 func touches(off, n, bad int64) bool { return off < bad+4096 && off+n > bad }

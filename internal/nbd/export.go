@@ -15,26 +15,43 @@ type ExportInfo struct {
 	Description string
 }
 
+// Export is an opened export.
+type Export struct {
+	Disk        pool.Disk
+	Description string
+	// Revoked, when not nil, is closed when the client's access ends (its
+	// attachment was detached): the server then closes the connection.
+	Revoked <-chan struct{}
+}
+
 // Exports resolves export names to disks. It is the server's only view of
 // the storage.
 type Exports interface {
 	// List returns every export, for NBD_OPT_LIST.
 	List(ctx context.Context) ([]ExportInfo, error)
-	// Open returns a handle on the named export and its description. The
+	// Open returns a handle on the named export for a client at peer. The
 	// caller closes the handle.
-	Open(ctx context.Context, name string) (pool.Disk, string, error)
+	Open(ctx context.Context, name, peer string) (Export, error)
 }
 
 // PoolExports serves every disk of every volume of a pool:
 //
-//	<volume>/<disk>               read-write
-//	<volume>@<snapshot>/<disk>    read-only
+//	<volume>/<disk>[/<token>]               read-write (read-only with an ro attachment)
+//	<volume>@<snapshot>/<disk>[/<token>]    read-only
+//
+// The token is an attachment's secret (POST /v1/volumes/{volume}/attachments):
+// the connection then acts for that attachment and obeys the volume's
+// single-writer rule. Without a token, when RequireToken is false, the
+// connection gets an implicit attachment of its own (pool.AttachImplicit).
 //
 // Every live disk is opened through Metrics (when set), which counts and
 // times its requests and applies the volume's QoS limiter.
 type PoolExports struct {
 	Pool    *pool.Pool
 	Metrics *metrics.Metrics
+	// RequireToken refuses exports without an attachment token, and LIST:
+	// set whenever NBD is served beyond loopback.
+	RequireToken bool
 }
 
 var _ Exports = PoolExports{}
@@ -48,22 +65,36 @@ func ExportName(volume, snapshot, disk string) string {
 	return volume + "/" + disk
 }
 
+// ExportRef is a parsed export name.
+type ExportRef struct {
+	Volume, Snapshot, Disk, Token string
+}
+
 // ParseExportName splits an export name. Each part is validated by the pool
 // when the export is opened.
-func ParseExportName(name string) (volume, snapshot, disk string, err error) {
-	left, disk, ok := strings.Cut(name, "/")
-	if !ok || left == "" || disk == "" {
-		return "", "", "", fmt.Errorf("export %q: want <volume>/<disk> or <volume>@<snapshot>/<disk>", name)
+func ParseExportName(name string) (ExportRef, error) {
+	parts := strings.Split(name, "/")
+	if (len(parts) != 2 && len(parts) != 3) || parts[0] == "" || parts[1] == "" || (len(parts) == 3 && parts[2] == "") {
+		return ExportRef{}, fmt.Errorf("export %q: want <volume>/<disk>, <volume>@<snapshot>/<disk>, each optionally followed by /<attachment token>", name)
 	}
-	volume, snapshot, hasSnap := strings.Cut(left, "@")
-	if hasSnap && snapshot == "" {
-		return "", "", "", fmt.Errorf("export %q: empty snapshot name", name)
+	var r ExportRef
+	r.Disk = parts[1]
+	if len(parts) == 3 {
+		r.Token = parts[2]
 	}
-	return volume, snapshot, disk, nil
+	var hasSnap bool
+	r.Volume, r.Snapshot, hasSnap = strings.Cut(parts[0], "@")
+	if hasSnap && r.Snapshot == "" {
+		return ExportRef{}, fmt.Errorf("export %q: empty snapshot name", name)
+	}
+	return r, nil
 }
 
 // List implements Exports.
 func (e PoolExports) List(ctx context.Context) ([]ExportInfo, error) {
+	if e.RequireToken {
+		return nil, fmt.Errorf("listing exports needs no token but reveals every volume, so this server refuses it; ask the API instead: %w", pool.ErrUnauthorized)
+	}
 	var out []ExportInfo
 	for _, v := range e.Pool.List(nil) {
 		for _, d := range v.Disks {
@@ -85,26 +116,55 @@ func (e PoolExports) List(ctx context.Context) ([]ExportInfo, error) {
 }
 
 // Open implements Exports.
-func (e PoolExports) Open(ctx context.Context, name string) (pool.Disk, string, error) {
-	volume, snapshot, disk, err := ParseExportName(name)
+func (e PoolExports) Open(ctx context.Context, name, peer string) (Export, error) {
+	ref, err := ParseExportName(name)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: %v", pool.ErrInvalid, err)
+		return Export{}, fmt.Errorf("%w: %v", pool.ErrInvalid, err)
 	}
-	v, err := e.Pool.Volume(volume)
+	v, err := e.Pool.Volume(ref.Volume)
 	if err != nil {
-		return nil, "", err
+		return Export{}, err
 	}
-	if snapshot != "" {
-		d, err := v.OpenSnapshotDisk(snapshot, disk)
-		return d, fmt.Sprintf("disk %s of snapshot %s of volume %s, read-only", disk, snapshot, volume), err
+	var att *pool.Attachment
+	switch {
+	case ref.Token != "":
+		if att, err = v.AttachmentByToken(ref.Token); err != nil {
+			return Export{}, err
+		}
+	case e.RequireToken:
+		return Export{}, fmt.Errorf("this server requires an attachment token: export %s/<token>: %w", name, pool.ErrUnauthorized)
 	}
-	d, err := v.OpenDisk(disk)
+	if ref.Snapshot != "" {
+		d, err := v.OpenSnapshotDisk(ref.Snapshot, ref.Disk)
+		if err != nil {
+			return Export{}, err
+		}
+		x := Export{Disk: d, Description: fmt.Sprintf("disk %s of snapshot %s of volume %s, read-only", ref.Disk, ref.Snapshot, ref.Volume)}
+		if att != nil {
+			x.Revoked = att.Done()
+		}
+		return x, nil
+	}
+	var d pool.Disk
+	if att == nil {
+		d, att, err = v.OpenImplicit(peer, ref.Disk)
+	} else {
+		d, err = att.OpenDisk(ref.Disk)
+	}
 	if err != nil {
-		return nil, "", err
+		return Export{}, err
 	}
-	desc := fmt.Sprintf("disk %s of volume %s", disk, volume)
+	x := Export{Disk: d, Description: fmt.Sprintf("disk %s of volume %s", ref.Disk, ref.Volume), Revoked: att.Done()}
 	if e.Metrics != nil {
-		return e.Metrics.Wrap(d, volume, disk, v.QoS()), desc, nil
+		x.Disk = e.Metrics.Wrap(d, ref.Volume, ref.Disk, v.QoS())
 	}
-	return d, desc, nil
+	return x, nil
+}
+
+// redactToken hides the token of an export name for logs and errors.
+func redactToken(name string) string {
+	if ref, err := ParseExportName(name); err == nil && ref.Token != "" {
+		return name[:len(name)-len(ref.Token)] + "<token>"
+	}
+	return name
 }

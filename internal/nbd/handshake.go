@@ -158,7 +158,7 @@ func (n *negotiation) list(ctx context.Context, data []byte) error {
 	}
 	exports, err := n.c.srv.exports.List(ctx)
 	if err != nil {
-		return n.replyError(optList, repErrPlatform, err.Error())
+		return n.replyError(optList, openErrorCode(err), err.Error())
 	}
 	for _, e := range exports {
 		b := make([]byte, 4+len(e.Name)+len(e.Description))
@@ -201,11 +201,7 @@ func (n *negotiation) infoGo(ctx context.Context, opt uint32, data []byte) (bool
 		}
 	}
 	if err := n.c.open(ctx, string(name)); err != nil {
-		code := uint32(repErrUnknown)
-		if errors.Is(err, pool.ErrInvalid) {
-			code = repErrInvalid
-		}
-		return false, n.replyError(opt, code, err.Error())
+		return false, n.replyError(opt, openErrorCode(err), err.Error())
 	}
 	n.c.setFlags(n)
 	if err := n.sendInfo(opt, wantName, wantDesc); err != nil {
@@ -331,4 +327,17 @@ func parseMetaQueries(data []byte) ([]string, error) {
 		return nil, errors.New("trailing bytes after queries")
 	}
 	return queries, nil
+}
+
+// openErrorCode maps an export's open (or list) error to an option reply.
+func openErrorCode(err error) uint32 {
+	switch {
+	case errors.Is(err, pool.ErrInvalid):
+		return repErrInvalid
+	case errors.Is(err, pool.ErrUnauthorized):
+		return repErrPolicy
+	case errors.Is(err, pool.ErrVolumeNotFound), errors.Is(err, pool.ErrDiskNotFound), errors.Is(err, pool.ErrSnapshotNotFound):
+		return repErrUnknown
+	}
+	return repErrPlatform
 }

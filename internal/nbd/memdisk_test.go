@@ -69,18 +69,18 @@ func (e *memExports) List(ctx context.Context) ([]ExportInfo, error) {
 	return out, nil
 }
 
-func (e *memExports) Open(ctx context.Context, name string) (pool.Disk, string, error) {
-	if _, _, _, err := ParseExportName(name); err != nil {
-		return nil, "", fmt.Errorf("%w: %v", pool.ErrInvalid, err)
+func (e *memExports) Open(ctx context.Context, name, peer string) (Export, error) {
+	if _, err := ParseExportName(name); err != nil {
+		return Export{}, fmt.Errorf("%w: %v", pool.ErrInvalid, err)
 	}
 	d := e.disks[name]
 	if d == nil {
-		return nil, "", fmt.Errorf("export %q: %w", name, pool.ErrDiskNotFound)
+		return Export{}, fmt.Errorf("export %q: %w", name, pool.ErrDiskNotFound)
 	}
 	e.mu.Lock()
 	e.open++
 	e.mu.Unlock()
-	return &memHandle{d: d}, "in-memory " + name, nil
+	return Export{Disk: &memHandle{d: d}, Description: "in-memory " + name}, nil
 }
 
 // memDisk is one disk's bytes, with a log of every change.

@@ -153,6 +153,18 @@ func (s *Server) run(c *conn) {
 		return
 	}
 	c.log.Debug("transmission", "export", c.export, "structured", c.structured)
+	if c.revoked != nil {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			select {
+			case <-c.revoked:
+				c.log.Info("attachment detached: closing the connection", "export", c.export)
+				_ = c.nc.Close()
+			case <-stop:
+			}
+		}()
+	}
 	err := c.serve(context.Background())
 	if err != nil && !errors.Is(err, errDisconnect) && !s.closing.Load() {
 		c.log.Debug("connection ended", "export", c.export, "err", err)

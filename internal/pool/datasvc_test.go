@@ -98,7 +98,7 @@ func TestReflinkSharesExtents(t *testing.T) {
 				t.Fatalf("xfs pool does not report extent size hints: %+v", p.Caps())
 			}
 			ctx := context.Background()
-			mustCreate(t, p, VolumeSpec{Name: "golden", Capacity: 4 << 30, Disks: []DiskSpec{{"disk", 2 << 30}}})
+			mustCreate(t, p, VolumeSpec{Name: "golden", Capacity: 4 << 30, Disks: []DiskSpec{{Name: "disk", Size: 2 << 30}}})
 			v, _ := p.Volume("golden")
 			fillDisk(t, v, "disk", 1<<30)
 			src := fileHash(t, filepath.Join(v.disksDir(), "disk.img"))

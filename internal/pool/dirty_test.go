@@ -134,7 +134,7 @@ func TestDirtySetConcurrent(t *testing.T) {
 func TestMarkDirty(t *testing.T) {
 	v := &Volume{}
 	v.markDirty("root", 0, 4096) // no tracker: nothing happens
-	tr := newDirtyTracker([]DiskSpec{{"root", 1 * mib}, {"data", 1 * mib}})
+	tr := newDirtyTracker([]DiskSpec{{Name: "root", Size: 1 * mib}, {Name: "data", Size: 1 * mib}})
 	v.dirty.Store(tr)
 	v.markDirty("root", 3*dirtyGranule, 4096)
 	v.markDirty("new", 0, 4096)

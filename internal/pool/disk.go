@@ -54,8 +54,26 @@ var (
 	_ Disk = (*snapshotDisk)(nil)
 )
 
-// OpenDisk returns a read-write handle to a disk of the volume.
+// OpenDisk returns a read-write handle to a disk of the volume for the
+// server's own use: it is outside the single-writer rule. Clients' handles
+// come from Attachment.OpenDisk.
 func (v *Volume) OpenDisk(name string) (Disk, error) {
+	return v.openDisk(name, nil)
+}
+
+// OpenDisk returns a handle to a disk of the attachment's volume. Its writes
+// obey the single-writer rule (attach.go); with a read-only attachment it is
+// read-only. Closing the last handle of an implicit attachment ends it.
+func (a *Attachment) OpenDisk(name string) (Disk, error) {
+	d, err := a.v.openDisk(name, a)
+	if err != nil {
+		return nil, err
+	}
+	a.opened()
+	return d, nil
+}
+
+func (v *Volume) openDisk(name string, a *Attachment) (Disk, error) {
 	if err := ValidateName("disk", name); err != nil {
 		return nil, err
 	}
@@ -74,7 +92,7 @@ func (v *Volume) OpenDisk(name string) (Disk, error) {
 	if v.files[name] == nil {
 		return nil, fmt.Errorf("disk %q of volume %q: %w", name, v.name, ErrDiskNotFound)
 	}
-	return &liveDisk{v: v, name: name}, nil
+	return &liveDisk{v: v, name: name, att: a}, nil
 }
 
 // reopenFiles (gate held exclusively) closes and reopens the file of every
@@ -92,7 +110,7 @@ func (v *Volume) reopenFiles() error {
 			v.files = map[string]*diskFile{}
 			return fmt.Errorf("open disk %q of volume %q: %w", d.Name, v.name, err)
 		}
-		v.files[d.Name] = &diskFile{f: f, size: d.Size}
+		v.files[d.Name] = &diskFile{f: f, size: d.Size, shared: d.Shared}
 	}
 	return nil
 }
@@ -110,6 +128,7 @@ func (v *Volume) closeFiles() {
 type liveDisk struct {
 	v      *Volume
 	name   string
+	att    *Attachment // nil: the server's own handle
 	closed atomic.Bool
 }
 
@@ -141,7 +160,36 @@ func (d *liveDisk) Size() int64 {
 	return 0
 }
 
-func (d *liveDisk) ReadOnly() bool { return false }
+func (d *liveDisk) ReadOnly() bool { return d.att != nil && d.att.ReadOnly() }
+
+// lockWrite takes the gate shared for a write and returns the disk's file,
+// once the single-writer rule admits the write; on error the gate is not
+// held. A write needing the writer role claims it (exclusive gate) first.
+func (d *liveDisk) lockWrite(off, length int64) (*diskFile, error) {
+	if h := d.v.pool.writeHook; h != nil && d.att != nil {
+		h(d.att.id)
+	}
+	for {
+		d.v.gate.RLock()
+		df, err := d.file()
+		if err == nil {
+			err = checkRange(off, length, df.size)
+		}
+		if err == nil {
+			err = d.att.mayWrite(df)
+		}
+		if err == nil {
+			return df, nil
+		}
+		d.v.gate.RUnlock()
+		if !errors.Is(err, errMustClaim) {
+			return nil, err
+		}
+		if err := d.att.claim(); err != nil {
+			return nil, err
+		}
+	}
+}
 
 func (d *liveDisk) ReadAt(p []byte, off int64) error {
 	d.v.gate.RLock()
@@ -168,15 +216,11 @@ func readAt(df *diskFile, p []byte, off int64) error {
 }
 
 func (d *liveDisk) WriteAt(p []byte, off int64, fua bool) error {
-	d.v.gate.RLock()
-	defer d.v.gate.RUnlock()
-	df, err := d.file()
+	df, err := d.lockWrite(off, int64(len(p)))
 	if err != nil {
 		return err
 	}
-	if err := checkRange(off, int64(len(p)), df.size); err != nil {
-		return err
-	}
+	defer d.v.gate.RUnlock()
 	d.v.markDirty(d.name, off, int64(len(p)))
 	if _, err := df.f.WriteAt(p, off); err != nil {
 		return mapFSError(err)
@@ -191,6 +235,9 @@ func syncIf(df *diskFile, fua bool) error {
 	return unix.Fdatasync(int(df.f.Fd()))
 }
 
+// Flush of a fenced or detached attachment succeeds without effect: a stale
+// writer's last FLUSH (QEMU sends one when it quits) must not fail it, and
+// none of its writes since the fence was applied.
 func (d *liveDisk) Flush() error {
 	d.v.gate.RLock()
 	defer d.v.gate.RUnlock()
@@ -198,19 +245,18 @@ func (d *liveDisk) Flush() error {
 	if err != nil {
 		return err
 	}
+	if d.att != nil && (d.att.fenced.Load() || d.att.detached.Load()) {
+		return nil
+	}
 	return unix.Fdatasync(int(df.f.Fd()))
 }
 
 func (d *liveDisk) Trim(off, length int64, fua bool) error {
-	d.v.gate.RLock()
-	defer d.v.gate.RUnlock()
-	df, err := d.file()
+	df, err := d.lockWrite(off, length)
 	if err != nil {
 		return err
 	}
-	if err := checkRange(off, length, df.size); err != nil {
-		return err
-	}
+	defer d.v.gate.RUnlock()
 	d.v.markDirty(d.name, off, length)
 	if err := punchHole(df.f, off, length); err != nil {
 		return err
@@ -219,15 +265,11 @@ func (d *liveDisk) Trim(off, length int64, fua bool) error {
 }
 
 func (d *liveDisk) Zero(off, length int64, mayTrim, fast, fua bool) error {
-	d.v.gate.RLock()
-	defer d.v.gate.RUnlock()
-	df, err := d.file()
+	df, err := d.lockWrite(off, length)
 	if err != nil {
 		return err
 	}
-	if err := checkRange(off, length, df.size); err != nil {
-		return err
-	}
+	defer d.v.gate.RUnlock()
 	d.v.markDirty(d.name, off, length)
 	if err := zeroRange(df.f, off, length, mayTrim, fast); err != nil {
 		return err
@@ -266,9 +308,14 @@ func (d *liveDisk) Extents(off, length int64, limit int) ([]Extent, error) {
 }
 
 func (d *liveDisk) Close() error {
-	d.closed.Store(true)
+	if !d.closed.Swap(true) && d.att != nil {
+		d.att.released()
+	}
 	return nil
 }
+
+// Attachment returns the handle's attachment (nil for the server's own).
+func (d *liveDisk) Attachment() *Attachment { return d.att }
 
 func punchHole(f *os.File, off, length int64) error {
 	return zeroRange(f, off, length, true, false)

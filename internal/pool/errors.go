@@ -7,18 +7,19 @@ import (
 
 // Sentinels. Callers test them with errors.Is; each transport maps them once.
 var (
-	ErrInvalid          = errors.New("invalid argument")
-	ErrVolumeNotFound   = errors.New("volume not found")
-	ErrDiskNotFound     = errors.New("disk not found")
-	ErrSnapshotNotFound = errors.New("snapshot not found")
-	ErrExists           = errors.New("already exists with a different spec")
-	ErrBusy             = errors.New("busy with another operation")
-	ErrCapacity         = errors.New("capacity exceeded")
-	ErrNoSpace          = errors.New("no space left in pool")
-	ErrReadOnly         = errors.New("read-only")
-	ErrOutOfRange       = errors.New("offset or length beyond the end of the disk")
-	ErrClosed           = errors.New("disk handle closed")
-	ErrNotSupported     = errors.New("not supported by the pool's filesystem")
+	ErrInvalid            = errors.New("invalid argument")
+	ErrVolumeNotFound     = errors.New("volume not found")
+	ErrDiskNotFound       = errors.New("disk not found")
+	ErrSnapshotNotFound   = errors.New("snapshot not found")
+	ErrAttachmentNotFound = errors.New("attachment not found")
+	ErrExists             = errors.New("already exists with a different spec")
+	ErrBusy               = errors.New("busy with another operation")
+	ErrCapacity           = errors.New("capacity exceeded")
+	ErrNoSpace            = errors.New("no space left in pool")
+	ErrReadOnly           = errors.New("read-only")
+	ErrOutOfRange         = errors.New("offset or length beyond the end of the disk")
+	ErrClosed             = errors.New("disk handle closed")
+	ErrNotSupported       = errors.New("not supported by the pool's filesystem")
 )
 
 // FieldError says which field of a request broke which rule. It matches

@@ -13,6 +13,8 @@ import (
 type DiskSpec struct {
 	Name string `json:"name"`
 	Size int64  `json:"size"`
+	// Shared exempts the disk from the single-writer rule (attach.go).
+	Shared bool `json:"shared,omitempty"`
 }
 
 // VolumeSpec is what a caller asks for when creating a volume.
@@ -127,6 +129,7 @@ type VolumeInfo struct {
 	Snapshots int
 	CreatedAt time.Time
 	Dir       string // directory holding the disk images
+	Writer    WriterInfo
 }
 
 // DiskInfo is a point-in-time view of a disk image.
@@ -135,6 +138,7 @@ type DiskInfo struct {
 	Size      int64
 	Allocated int64
 	Path      string
+	Shared    bool
 }
 
 // SnapshotInfo is a view of a snapshot.

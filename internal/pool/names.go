@@ -20,7 +20,22 @@ const (
 	MaxDisks = 256
 	// MaxLabels bounds the labels of one volume.
 	MaxLabels = 64
+	// MaxAttachments bounds the attachments of one volume, implicit ones
+	// included.
+	MaxAttachments = 256
 )
+
+// ValidateNodeName checks the node of an attachment: a DNS subdomain, as
+// Kubernetes names nodes.
+func ValidateNodeName(node string) error {
+	if node == "" {
+		return invalid("node", "", "is required")
+	}
+	if errs := validation.IsDNS1123Subdomain(node); len(errs) > 0 {
+		return invalid("node", node, "must be a DNS subdomain (lower-case letters, digits, '-' and '.', at most 253 characters)")
+	}
+	return nil
+}
 
 // ValidateName checks a volume, disk or snapshot name: a DNS label (RFC
 // 1123), so it is safe as a path component and as a Kubernetes name.

@@ -56,7 +56,16 @@ type Pool struct {
 	volumes  map[string]*Volume
 	creating map[string]bool // names reserved by an in-flight create or clone
 	limiters map[string]*qos.Limiter
+
+	// writeHook, when set (tests only), runs before a client's write, trim
+	// or zero waits for the gate, with the attachment ID.
+	writeHook func(attachment string)
 }
+
+// SetWriteHook installs a function that every write, trim and zero through an
+// attachment calls before it waits for the volume's gate. It is for tests
+// that need a write held "in flight"; set it before any I/O starts.
+func (p *Pool) SetWriteHook(h func(attachment string)) { p.writeHook = h }
 
 // Info describes a pool.
 type Info struct {

@@ -34,7 +34,7 @@ func mustCreate(t *testing.T, p *Pool, spec VolumeSpec) VolumeInfo {
 
 func vm3(name string) VolumeSpec {
 	return VolumeSpec{Name: name, Capacity: 64 * mib, Labels: map[string]string{"app": "web"},
-		Disks: []DiskSpec{{"root", 8 * mib}, {"data", 8 * mib}, {"logs", 4 * mib}}}
+		Disks: []DiskSpec{{Name: "root", Size: 8 * mib}, {Name: "data", Size: 8 * mib}, {Name: "logs", Size: 4 * mib}}}
 }
 
 func writeDisk(t *testing.T, v *Volume, disk string, off int64, data []byte) {
@@ -95,10 +95,10 @@ func TestDiskOperations(t *testing.T) {
 	ctx := context.Background()
 	mustCreate(t, p, vm3("db"))
 	v, _ := p.Volume("db")
-	if _, err := v.AddDisk(ctx, DiskSpec{"wal", 100 * mib}); !errors.Is(err, ErrCapacity) {
+	if _, err := v.AddDisk(ctx, DiskSpec{Name: "wal", Size: 100 * mib}); !errors.Is(err, ErrCapacity) {
 		t.Fatalf("add over capacity: %v", err)
 	}
-	if _, err := v.AddDisk(ctx, DiskSpec{"wal", 16 * mib}); err != nil {
+	if _, err := v.AddDisk(ctx, DiskSpec{Name: "wal", Size: 16 * mib}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := v.GrowDisk(ctx, "wal", 8*mib); !errors.Is(err, ErrInvalid) {
@@ -152,7 +152,7 @@ func TestSnapshotCloneRollbackAndReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeDisk(t, v, "root", 4096, []byte("version-2"))
-	if _, err := v.AddDisk(ctx, DiskSpec{"extra", mib}); err != nil {
+	if _, err := v.AddDisk(ctx, DiskSpec{Name: "extra", Size: mib}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -246,7 +246,7 @@ func TestConcurrentOperationsOnOneVolumeAreRefused(t *testing.T) {
 	ops := map[string]func() error{
 		"snapshot": func() error { _, _, err := v.CreateSnapshot(ctx, "s", nil); return err },
 		"delete":   func() error { return p.Delete(ctx, "web") },
-		"add disk": func() error { _, err := v.AddDisk(ctx, DiskSpec{"x", mib}); return err },
+		"add disk": func() error { _, err := v.AddDisk(ctx, DiskSpec{Name: "x", Size: mib}); return err },
 		"clone": func() error {
 			_, err := p.Clone(ctx, CloneRequest{Source: Source{Volume: "web"}, Names: []string{"c"}}, nil)
 			return err

@@ -104,6 +104,9 @@ func (p *Pool) loadVolume(name string) (*Volume, error) {
 	if err := v.loadSnapshots(); err != nil {
 		return nil, err
 	}
+	if err := v.loadAttachments(); err != nil {
+		return nil, err
+	}
 	return v, nil
 }
 

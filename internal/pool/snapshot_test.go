@@ -101,7 +101,7 @@ func TestLiveCaptureCatchesUp(t *testing.T) {
 			// b's size is off the block size: its last range ends at an
 			// unaligned end of file.
 			spec := VolumeSpec{Name: "vm", Capacity: 32 * mib,
-				Disks: []DiskSpec{{"a", 8 * mib}, {"b", 8*mib + 512}, {"c", 1 * mib}}}
+				Disks: []DiskSpec{{Name: "a", Size: 8 * mib}, {Name: "b", Size: 8*mib + 512}, {Name: "c", Size: 1 * mib}}}
 			mustCreate(t, p, spec)
 			v, _ := p.Volume("vm")
 			disks := map[string]*modelDisk{}

@@ -46,6 +46,11 @@ type Volume struct {
 	// opened for I/O. It changes only under gate held exclusively.
 	files map[string]*diskFile
 
+	// amu guards att, the attachments; att's writer fields change only
+	// with gate held exclusively as well. Taken after gate.
+	amu sync.Mutex
+	att attachTable
+
 	mu      sync.Mutex
 	m       volumeManifest
 	snaps   map[string]*snapshotManifest
@@ -53,15 +58,17 @@ type Volume struct {
 }
 
 type diskFile struct {
-	f    *os.File
-	size int64
+	f      *os.File
+	size   int64
+	shared bool // exempt from the single-writer rule
 }
 
 func newVolume(p *Pool, m volumeManifest, snaps map[string]*snapshotManifest) *Volume {
 	if snaps == nil {
 		snaps = map[string]*snapshotManifest{}
 	}
-	return &Volume{pool: p, name: m.Name, dir: p.volumeDir(m.Name), m: m, snaps: snaps}
+	return &Volume{pool: p, name: m.Name, dir: p.volumeDir(m.Name), m: m, snaps: snaps,
+		att: attachTable{byID: map[string]*Attachment{}, nextSeq: 1}}
 }
 
 func (v *Volume) disksDir() string            { return filepath.Join(v.dir, "disks") }
@@ -122,8 +129,9 @@ func (v *Volume) Info() VolumeInfo {
 	for _, d := range m.Disks {
 		path := v.diskPath(d.Name)
 		alloc, _ := fscap.Allocated(path)
-		info.Disks = append(info.Disks, DiskInfo{Name: d.Name, Size: d.Size, Allocated: alloc, Path: path})
+		info.Disks = append(info.Disks, DiskInfo{Name: d.Name, Size: d.Size, Allocated: alloc, Path: path, Shared: d.Shared})
 	}
+	info.Writer = v.Writer()
 	return info
 }
 
@@ -251,6 +259,9 @@ func (p *Pool) Delete(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
+	if v.hasExplicitAttachments() {
+		return fmt.Errorf("delete volume %q: detach it first (quiver attach list %s): %w", name, name, ErrInUse)
+	}
 	trash := filepath.Join(p.stagingDir(), "del-"+newUID())
 	v.gate.Lock()
 	if err := durable.Rename(v.dir, trash); err != nil {
@@ -258,6 +269,7 @@ func (p *Pool) Delete(ctx context.Context, name string) error {
 		return fmt.Errorf("delete volume %q: %w", name, err)
 	}
 	v.closeFiles()
+	v.detachAllLocked()
 	v.gate.Unlock()
 	v.mu.Lock()
 	v.deleted = true

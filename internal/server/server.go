@@ -28,13 +28,16 @@ const DefaultPoolDir = "./quiver-data"
 
 // Config is everything `quiver server` needs, parsed from flags by the CLI.
 type Config struct {
-	PoolDir   string       // pool directory; created on first start
-	APIAddr   string       // host:port of the HTTP API
-	TokenFile string       // bearer token file; required for a non-loopback APIAddr
-	NBDAddr   string       // host:port of the NBD server; empty: no TCP listener
-	NBDSocket string       // unix socket path for NBD; empty: none
-	Pprof     bool         // serve /debug/pprof/ on the API port (behind the same auth)
-	Logger    *slog.Logger // nil: slog.Default()
+	PoolDir   string // pool directory; created on first start
+	APIAddr   string // host:port of the HTTP API
+	TokenFile string // bearer token file; required for a non-loopback APIAddr
+	NBDAddr   string // host:port of the NBD server; empty: no TCP listener
+	NBDSocket string // unix socket path for NBD; empty: none
+	// NBDRequireToken refuses NBD exports without an attachment token (no
+	// implicit attachments, no LIST). Always on for a non-loopback NBDAddr.
+	NBDRequireToken bool
+	Pprof           bool         // serve /debug/pprof/ on the API port (behind the same auth)
+	Logger          *slog.Logger // nil: slog.Default()
 	// Ready, if set, is called with the API's and the NBD TCP listener's
 	// addresses (nil when there is none) once requests are served.
 	Ready func(api, nbd net.Addr)
@@ -63,8 +66,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if token == "" && !IsLoopback(cfg.APIAddr) {
 		return fmt.Errorf("listen %s: %w", cfg.APIAddr, ErrInsecure)
 	}
-	if cfg.NBDAddr != "" && !IsLoopback(cfg.NBDAddr) {
-		return fmt.Errorf("nbd listen %s: %w", cfg.NBDAddr, nbd.ErrInsecure)
+	if cfg.NBDAddr != "" && !IsLoopback(cfg.NBDAddr) && !cfg.NBDRequireToken {
+		log.Info("NBD listens beyond loopback: every export needs an attachment token", "addr", cfg.NBDAddr)
+		cfg.NBDRequireToken = true
 	}
 	p, err := pool.Open(ctx, cfg.PoolDir, log)
 	if err != nil {
@@ -77,7 +81,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen %s: %w (is another quiver server running? pick another address with --listen)", cfg.APIAddr, err)
 	}
 	m := metrics.New(p)
-	nbdSrv := nbd.NewServer(nbd.PoolExports{Pool: p, Metrics: m}, nbd.Config{Logger: log, Observer: m})
+	nbdSrv := nbd.NewServer(nbd.PoolExports{Pool: p, Metrics: m, RequireToken: cfg.NBDRequireToken},
+		nbd.Config{Logger: log, Observer: m})
 	var nbdLns []net.Listener
 	if cfg.NBDAddr != "" {
 		l, err := net.Listen("tcp", cfg.NBDAddr)

@@ -1,0 +1,177 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+func (a *app) attachCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "attach",
+		Aliases: []string{"attachment", "attachments"},
+		Short:   "Attach volumes to nodes for NBD access, with a single writer per volume",
+		Long: `An attachment lets one node reach every disk of a volume over NBD. Its
+clients present the attachment's token in the export name:
+
+    <volume>/<disk>/<token>
+
+A volume has one writer at a time. A newer rw attachment may connect and read
+at any time; its first write makes it the writer (the epoch grows by one) and
+fences every older attachment: their writes fail and are never applied. See
+docs/live-migration.md.`,
+	}
+	cmd.AddCommand(a.attachCreateCommand(), a.attachListCommand(), a.attachGetCommand(),
+		a.attachDeleteCommand(), a.attachWriterCommand())
+	return cmd
+}
+
+func (a *app) attachCreateCommand() *cobra.Command {
+	var mode string
+	cmd := &cobra.Command{
+		Use:   "create VOLUME NODE",
+		Short: "Attach every disk of a volume for a node and print its token",
+		Long: `Attach every disk of a volume for a node and print the attachment's token
+and NBD export names. Attaching the same node again with the same mode prints
+the same attachment.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			att, err := c.Attach(cmd.Context(), args[0], api.AttachmentSpec{Node: args[1], Mode: mode})
+			if err != nil {
+				return err
+			}
+			vol, err := c.GetVolume(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), att, func(w io.Writer) error {
+				f := newFields(w)
+				f.add("ID", att.ID)
+				f.add("Node", att.Node)
+				f.add("Mode", att.Mode)
+				f.add("Token", att.Token)
+				for _, d := range vol.Disks {
+					f.add("Export "+d.Name, args[0]+"/"+d.Name+"/"+att.Token)
+				}
+				return f.flush()
+			})
+		},
+	}
+	cmd.Flags().StringVar(&mode, "mode", api.ModeReadWrite, "rw (may become the writer) or ro (never writes)")
+	return cmd
+}
+
+func (a *app) attachListCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "list VOLUME",
+		Aliases: []string{"ls"},
+		Short:   "List the attachments of a volume, with the writer and who is fenced",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			atts, err := c.ListAttachments(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), api.List[api.Attachment]{Items: nonNil(atts)}, a.attachTable(atts...))
+		},
+	}
+}
+
+func (a *app) attachGetCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "get VOLUME ID",
+		Short: "Show one attachment",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			att, err := c.GetAttachment(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), att, a.attachTable(att))
+		},
+	}
+}
+
+func (a *app) attachDeleteCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "delete VOLUME ID",
+		Aliases: []string{"rm", "detach"},
+		Short:   "Detach: close the attachment's connections and refuse its token",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if err := c.Detach(cmd.Context(), args[0], args[1]); err != nil {
+				return err
+			}
+			return a.printDone(cmd.OutOrStdout(), "attachment %s of volume %s detached", args[1], args[0])
+		},
+	}
+}
+
+func (a *app) attachWriterCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "writer VOLUME ID",
+		Short: "Give the writer role to an attachment and fence every other",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			att, err := c.TransferWriter(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			vol, err := c.GetVolume(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if a.output == outputJSON {
+				return printJSON(cmd.OutOrStdout(), att)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "attachment %s (node %s) is the writer of volume %s, epoch %d; every other attachment is fenced\n",
+				att.ID, att.Node, args[0], vol.Writer.Epoch)
+			return err
+		},
+	}
+}
+
+// attachTable prints attachments as a table.
+func (a *app) attachTable(atts ...api.Attachment) func(io.Writer) error {
+	return func(w io.Writer) error {
+		now := a.env.Now()
+		t := newTable(w, "ID", "NODE", "MODE", "STATE", "CONNECTIONS", "AGE")
+		for _, at := range atts {
+			state := "standby"
+			switch {
+			case at.Fenced:
+				state = "fenced"
+			case at.Writer:
+				state = "writer"
+			}
+			if at.Implicit {
+				state += " (implicit)"
+			}
+			t.row(at.ID, at.Node, at.Mode, state, fmt.Sprint(at.Conns), age(now, at.CreatedAt))
+		}
+		return t.flush()
+	}
+}

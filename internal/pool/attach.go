@@ -1,0 +1,545 @@
+package pool
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/durable"
+)
+
+// Attachments and the single-writer rule.
+//
+// An attachment lets one node reach every disk of a volume. Each has a
+// sequence number that grows with creation order. A volume has one writer
+// at a time, named by a writer group: an attachment's ID, or ImplicitWriter
+// for the tokenless loopback connections, which act as one writer among
+// themselves so multi-connection tools keep working.
+//
+// A write by an attachment outside the writer group claims the role when the
+// attachment is newer than the current writer's claim: the epoch grows by
+// one and every attachment of another group that is older than the claimer
+// is fenced. A fenced attachment's writes, trims and zeroes fail with
+// ErrFenced and are never applied; its flushes succeed without effect; its
+// reads work. The check runs under the volume's I/O gate held shared, and a
+// claim takes the gate exclusively, so a write is either admitted before the
+// claim (and completes before it) or refused after it: a write still waiting
+// for the gate when the epoch changes is refused.
+//
+// Transfer gives the role to a chosen attachment and fences every other
+// existing one. Attachments created later are newer and may still claim.
+//
+// attachments.json in the volume directory holds the epoch, the writer and
+// the explicit attachments, written atomically before a change takes effect,
+// so epochs and fencing survive a restart. Implicit attachments live only as
+// long as their connection.
+
+// ImplicitWriter is the writer group of tokenless loopback connections.
+const ImplicitWriter = "implicit"
+
+// Attachment modes.
+const (
+	ModeReadWrite = "rw"
+	ModeReadOnly  = "ro"
+)
+
+// ErrFenced refuses a write from an attachment that lost the writer role or
+// was detached.
+var ErrFenced = errors.New("fenced: another attachment holds the writer role")
+
+// ErrUnauthorized refuses a missing or unknown attachment token.
+var ErrUnauthorized = errors.New("missing or unknown attachment token")
+
+// ErrInUse refuses to delete a volume that still has attachments.
+var ErrInUse = errors.New("volume has attachments")
+
+const attachmentsFile = "attachments.json"
+
+// attachState is attachments.json.
+type attachState struct {
+	Kind        string         `json:"kind"`
+	Version     int            `json:"version"`
+	Epoch       uint64         `json:"epoch"`
+	Writer      string         `json:"writer,omitempty"`
+	WriterSeq   uint64         `json:"writerSeq,omitempty"`
+	NextSeq     uint64         `json:"nextSeq"`
+	Attachments []attachRecord `json:"attachments"`
+}
+
+type attachRecord struct {
+	ID        string    `json:"id"`
+	Node      string    `json:"node"`
+	Mode      string    `json:"mode"`
+	Token     string    `json:"token"`
+	Seq       uint64    `json:"seq"`
+	Fenced    bool      `json:"fenced,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// Attachment is one node's access to a volume. Its handles' writes obey the
+// single-writer rule.
+type Attachment struct {
+	v        *Volume
+	id       string
+	node     string
+	mode     string
+	token    string
+	seq      uint64
+	implicit bool
+	created  time.Time
+
+	// fenced and detached change under the gate held exclusively (an
+	// implicit attachment ends when its last handle closes, with no writes
+	// of its own in flight).
+	fenced   atomic.Bool
+	detached atomic.Bool
+	done     chan struct{} // closed on detach
+	conns    atomic.Int32  // open disk handles
+}
+
+// AttachmentInfo is a view of an attachment.
+type AttachmentInfo struct {
+	ID        string
+	Volume    string
+	Node      string
+	Mode      string
+	Token     string // set only by Attach
+	Implicit  bool
+	Writer    bool
+	Fenced    bool
+	Conns     int
+	CreatedAt time.Time
+}
+
+// WriterInfo is a volume's single-writer state.
+type WriterInfo struct {
+	Epoch  uint64
+	Writer string // attachment ID, ImplicitWriter, or "" before any write
+}
+
+// attachTable is a volume's attachment state; it lives under Volume.amu,
+// and its writer fields change only with the gate held exclusively too.
+type attachTable struct {
+	epoch     uint64
+	writer    string
+	writerSeq uint64
+	nextSeq   uint64
+	byID      map[string]*Attachment
+}
+
+// ID returns the attachment's ID.
+func (a *Attachment) ID() string { return a.id }
+
+// Done is closed when the attachment is detached: its connections should
+// close.
+func (a *Attachment) Done() <-chan struct{} { return a.done }
+
+// ReadOnly reports whether the attachment may never write.
+func (a *Attachment) ReadOnly() bool { return a.mode == ModeReadOnly }
+
+func (a *Attachment) group() string {
+	if a.implicit {
+		return ImplicitWriter
+	}
+	return a.id
+}
+
+func (a *Attachment) record() attachRecord {
+	return attachRecord{ID: a.id, Node: a.node, Mode: a.mode, Token: a.token, Seq: a.seq,
+		Fenced: a.fenced.Load(), CreatedAt: a.created}
+}
+
+func newToken() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// loadAttachments reads attachments.json (absent: none yet).
+func (v *Volume) loadAttachments() error {
+	v.att = attachTable{byID: map[string]*Attachment{}, nextSeq: 1}
+	var st attachState
+	err := durable.ReadJSON(filepath.Join(v.dir, attachmentsFile), &st)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("attachments of volume %q: %w", v.name, err)
+	}
+	v.att.epoch, v.att.writer, v.att.writerSeq, v.att.nextSeq = st.Epoch, st.Writer, st.WriterSeq, max(st.NextSeq, 1)
+	for _, r := range st.Attachments {
+		a := &Attachment{v: v, id: r.ID, node: r.Node, mode: r.Mode, token: r.Token, seq: r.Seq,
+			created: r.CreatedAt, done: make(chan struct{})}
+		a.fenced.Store(r.Fenced)
+		v.att.byID[a.id] = a
+		v.att.nextSeq = max(v.att.nextSeq, r.Seq+1)
+	}
+	return nil
+}
+
+// saveAttachments writes t as attachments.json, durable on return. fenced
+// overrides the fenced flag of the named attachments (the change being
+// made); others keep theirs.
+func (v *Volume) saveAttachments(t *attachTable, fenced map[string]bool) error {
+	st := attachState{Kind: "Attachments", Version: 1, Epoch: t.epoch, Writer: t.writer, WriterSeq: t.writerSeq,
+		NextSeq: t.nextSeq, Attachments: []attachRecord{}}
+	for _, a := range t.byID {
+		if a.implicit {
+			continue
+		}
+		r := a.record()
+		if f, ok := fenced[a.id]; ok {
+			r.Fenced = f
+		}
+		st.Attachments = append(st.Attachments, r)
+	}
+	sort.Slice(st.Attachments, func(i, j int) bool { return st.Attachments[i].Seq < st.Attachments[j].Seq })
+	if err := durable.WriteJSON(filepath.Join(v.dir, attachmentsFile), st); err != nil {
+		return mapFSError(err)
+	}
+	return nil
+}
+
+func validateMode(mode string) (string, error) {
+	switch mode {
+	case "", ModeReadWrite:
+		return ModeReadWrite, nil
+	case ModeReadOnly:
+		return ModeReadOnly, nil
+	}
+	return "", invalid("mode", mode, `must be "rw" or "ro"`)
+}
+
+// Attach creates an attachment of the volume for node, durable on return,
+// and returns it with its token. Attaching the same node with the same mode
+// again returns the existing attachment (created false); another mode fails
+// with ErrExists.
+func (v *Volume) Attach(node, mode string) (AttachmentInfo, bool, error) {
+	if err := ValidateNodeName(node); err != nil {
+		return AttachmentInfo{}, false, err
+	}
+	mode, err := validateMode(mode)
+	if err != nil {
+		return AttachmentInfo{}, false, err
+	}
+	if err := v.checkAlive(); err != nil {
+		return AttachmentInfo{}, false, err
+	}
+	v.amu.Lock()
+	defer v.amu.Unlock()
+	for _, a := range v.att.byID {
+		if !a.implicit && a.node == node {
+			if a.mode != mode {
+				return AttachmentInfo{}, false, fmt.Errorf("node %q is attached to volume %q with mode %s: %w", node, v.name, a.mode, ErrExists)
+			}
+			info := v.attachmentInfo(a)
+			info.Token = a.token
+			return info, false, nil
+		}
+	}
+	if len(v.att.byID) >= MaxAttachments {
+		return AttachmentInfo{}, false, invalid("node", node, fmt.Sprintf("volume already has %d attachments, the maximum", MaxAttachments))
+	}
+	a := &Attachment{v: v, id: "att-" + newUID()[:16], node: node, mode: mode, token: newToken(),
+		seq: v.att.nextSeq, created: time.Now().UTC(), done: make(chan struct{})}
+	// Only nextSeq and byID change: the writer fields are read under the
+	// gate alone.
+	next := v.att
+	next.nextSeq++
+	next.byID = cloneMap(v.att.byID)
+	next.byID[a.id] = a
+	if err := v.saveAttachments(&next, nil); err != nil {
+		return AttachmentInfo{}, false, err
+	}
+	v.att.nextSeq, v.att.byID = next.nextSeq, next.byID
+	info := v.attachmentInfo(a)
+	info.Token = a.token
+	return info, true, nil
+}
+
+func cloneMap(m map[string]*Attachment) map[string]*Attachment {
+	c := make(map[string]*Attachment, len(m)+1)
+	for k, a := range m {
+		c[k] = a
+	}
+	return c
+}
+
+// OpenImplicit opens a disk for one tokenless connection through an
+// implicit attachment of its own: rw, in the implicit writer group, gone
+// when the handle closes.
+func (v *Volume) OpenImplicit(peer, disk string) (Disk, *Attachment, error) {
+	a, err := v.attachImplicit(peer)
+	if err != nil {
+		return nil, nil, err
+	}
+	a.opened()
+	d, err := v.openDisk(disk, a)
+	if err != nil {
+		a.released()
+		return nil, nil, err
+	}
+	return d, a, nil
+}
+
+func (v *Volume) attachImplicit(peer string) (*Attachment, error) {
+	if err := v.checkAlive(); err != nil {
+		return nil, err
+	}
+	v.amu.Lock()
+	defer v.amu.Unlock()
+	if len(v.att.byID) >= MaxAttachments {
+		return nil, fmt.Errorf("volume %q already has %d attachments, the maximum: %w", v.name, MaxAttachments, ErrBusy)
+	}
+	a := &Attachment{v: v, id: "implicit-" + newUID()[:12], node: peer, mode: ModeReadWrite,
+		seq: v.att.nextSeq, implicit: true, created: time.Now().UTC(), done: make(chan struct{})}
+	v.att.nextSeq++
+	v.att.byID[a.id] = a
+	return a, nil
+}
+
+// AttachmentByToken returns the attachment whose token is token.
+func (v *Volume) AttachmentByToken(token string) (*Attachment, error) {
+	if err := v.checkAlive(); err != nil {
+		return nil, err
+	}
+	v.amu.Lock()
+	defer v.amu.Unlock()
+	var found *Attachment
+	for _, a := range v.att.byID {
+		if !a.implicit && subtle.ConstantTimeCompare([]byte(a.token), []byte(token)) == 1 {
+			found = a
+		}
+	}
+	if found == nil {
+		return nil, fmt.Errorf("volume %q: %w", v.name, ErrUnauthorized)
+	}
+	return found, nil
+}
+
+// Attachments lists the volume's attachments by age, implicit ones included,
+// without tokens.
+func (v *Volume) Attachments() []AttachmentInfo {
+	v.amu.Lock()
+	defer v.amu.Unlock()
+	out := make([]AttachmentInfo, 0, len(v.att.byID))
+	for _, a := range v.att.byID {
+		out = append(out, v.attachmentInfo(a))
+	}
+	slices.SortFunc(out, func(a, b AttachmentInfo) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	return out
+}
+
+// Attachment returns one attachment, without its token.
+func (v *Volume) Attachment(id string) (AttachmentInfo, error) {
+	v.amu.Lock()
+	defer v.amu.Unlock()
+	a, ok := v.att.byID[id]
+	if !ok {
+		return AttachmentInfo{}, fmt.Errorf("attachment %q of volume %q: %w", id, v.name, ErrAttachmentNotFound)
+	}
+	return v.attachmentInfo(a), nil
+}
+
+// attachmentInfo (amu held).
+func (v *Volume) attachmentInfo(a *Attachment) AttachmentInfo {
+	return AttachmentInfo{ID: a.id, Volume: v.name, Node: a.node, Mode: a.mode, Implicit: a.implicit,
+		Writer: v.att.writer != "" && v.att.writer == a.group() && !a.fenced.Load(), Fenced: a.fenced.Load(),
+		Conns: int(a.conns.Load()), CreatedAt: a.created}
+}
+
+// Writer returns the volume's single-writer state.
+func (v *Volume) Writer() WriterInfo {
+	v.amu.Lock()
+	defer v.amu.Unlock()
+	return WriterInfo{Epoch: v.att.epoch, Writer: v.att.writer}
+}
+
+// Detach removes an attachment, durable on return: writes through it fail
+// from then on (any admitted before have completed) and Done is closed so
+// its connections close.
+func (v *Volume) Detach(id string) error {
+	v.gate.Lock()
+	defer v.gate.Unlock()
+	v.amu.Lock()
+	defer v.amu.Unlock()
+	a, ok := v.att.byID[id]
+	if !ok {
+		return fmt.Errorf("attachment %q of volume %q: %w", id, v.name, ErrAttachmentNotFound)
+	}
+	next := v.att
+	next.byID = cloneMap(v.att.byID)
+	delete(next.byID, id)
+	if !a.implicit {
+		if err := v.saveAttachments(&next, nil); err != nil {
+			return err
+		}
+	}
+	v.att = next
+	if !a.detached.Swap(true) {
+		close(a.done)
+	}
+	return nil
+}
+
+// Transfer gives the writer role to attachment id: the epoch grows by one and
+// every other attachment is fenced. Durable on return.
+func (v *Volume) Transfer(id string) (AttachmentInfo, error) {
+	v.gate.Lock()
+	defer v.gate.Unlock()
+	v.amu.Lock()
+	defer v.amu.Unlock()
+	a, ok := v.att.byID[id]
+	if !ok {
+		return AttachmentInfo{}, fmt.Errorf("attachment %q of volume %q: %w", id, v.name, ErrAttachmentNotFound)
+	}
+	if a.ReadOnly() {
+		return AttachmentInfo{}, invalid("attachment", id, "is read-only and cannot hold the writer role")
+	}
+	fence := map[string]bool{a.id: false}
+	for _, o := range v.att.byID {
+		if o.group() != a.group() {
+			fence[o.id] = true
+		}
+	}
+	if err := v.claimLocked(a, fence); err != nil {
+		return AttachmentInfo{}, err
+	}
+	v.pool.log.Info("writer role transferred", "volume", v.name, "attachment", a.id, "epoch", v.att.epoch)
+	return v.attachmentInfo(a), nil
+}
+
+// claimLocked (gate exclusive, amu held) makes a's group the writer with a
+// new epoch and applies fence, persisting first.
+func (v *Volume) claimLocked(a *Attachment, fence map[string]bool) error {
+	next := v.att
+	next.epoch++
+	next.writer = a.group()
+	next.writerSeq = a.seq
+	if err := v.saveAttachments(&next, fence); err != nil {
+		return err
+	}
+	v.att = next
+	for id, f := range fence {
+		if o := v.att.byID[id]; o != nil {
+			o.fenced.Store(f)
+		}
+	}
+	return nil
+}
+
+// errMustClaim says a write needs the writer role first.
+var errMustClaim = errors.New("must claim the writer role")
+
+// mayWrite (gate held shared) says whether a may write disk df now.
+func (a *Attachment) mayWrite(df *diskFile) error {
+	if a == nil {
+		return nil // an internal handle
+	}
+	if a.mode == ModeReadOnly {
+		return fmt.Errorf("attachment %s is read-only: %w", a.id, ErrReadOnly)
+	}
+	if a.detached.Load() {
+		return fmt.Errorf("attachment %s was detached: %w", a.id, ErrFenced)
+	}
+	if df.shared {
+		return nil
+	}
+	if a.fenced.Load() {
+		return a.fencedError()
+	}
+	if a.v.att.writer == a.group() {
+		return nil
+	}
+	return errMustClaim
+}
+
+func (a *Attachment) fencedError() error {
+	return fmt.Errorf("attachment %s of volume %q: %w", a.id, a.v.name, ErrFenced)
+}
+
+// claim takes the gate exclusively and makes a the writer if it is newer
+// than the current writer's claim; otherwise fences it.
+func (a *Attachment) claim() error {
+	v := a.v
+	v.gate.Lock()
+	defer v.gate.Unlock()
+	v.amu.Lock()
+	defer v.amu.Unlock()
+	switch {
+	case a.detached.Load():
+		return fmt.Errorf("attachment %s was detached: %w", a.id, ErrFenced)
+	case a.fenced.Load():
+		return a.fencedError()
+	case v.att.writer == a.group():
+		return nil // another connection of the group claimed meanwhile
+	case v.att.writer != "" && a.seq < v.att.writerSeq:
+		if err := v.saveAttachments(&v.att, map[string]bool{a.id: true}); err != nil {
+			return err
+		}
+		a.fenced.Store(true)
+		return a.fencedError()
+	}
+	fence := map[string]bool{}
+	for _, o := range v.att.byID {
+		if o.group() != a.group() && o.seq < a.seq {
+			fence[o.id] = true
+		}
+	}
+	old := v.att.writer
+	if err := v.claimLocked(a, fence); err != nil {
+		return err
+	}
+	v.pool.log.Info("writer role claimed", "volume", v.name, "attachment", a.id, "node", a.node,
+		"epoch", v.att.epoch, "previous", old, "fenced", len(fence))
+	return nil
+}
+
+// opened and released count the attachment's open handles; an implicit
+// attachment goes away with its last handle.
+func (a *Attachment) opened() { a.conns.Add(1) }
+
+func (a *Attachment) released() {
+	if a.conns.Add(-1) == 0 && a.implicit {
+		v := a.v
+		v.amu.Lock()
+		if !a.detached.Swap(true) {
+			delete(v.att.byID, a.id)
+			close(a.done)
+		}
+		v.amu.Unlock()
+	}
+}
+
+// hasExplicitAttachments reports whether deleting the volume must wait.
+func (v *Volume) hasExplicitAttachments() bool {
+	v.amu.Lock()
+	defer v.amu.Unlock()
+	for _, a := range v.att.byID {
+		if !a.implicit {
+			return true
+		}
+	}
+	return false
+}
+
+// detachAllLocked (gate exclusive) ends every attachment of a volume being
+// deleted, so their connections close.
+func (v *Volume) detachAllLocked() {
+	v.amu.Lock()
+	defer v.amu.Unlock()
+	for id, a := range v.att.byID {
+		if !a.detached.Swap(true) {
+			close(a.done)
+		}
+		delete(v.att.byID, id)
+	}
+}
