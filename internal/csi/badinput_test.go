@@ -175,8 +175,14 @@ func TestBadInput(t *testing.T) {
 		_, err = p.ctrl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: "pvc-twice", NodeId: "some-other-node", VolumeCapability: fs})
 		wantCode(t, "ControllerPublishVolume to an unknown node", err, codes.NotFound, "some-other-node")
 		for _, cleanup := range []func() error{
-			func() error { _, err := p.ctrl.DeleteSnapshot(context.Background(), &csi.DeleteSnapshotRequest{SnapshotId: "pvc-twice@snap-1"}); return err },
-			func() error { _, err := p.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: "pvc-twice"}); return err },
+			func() error {
+				_, err := p.ctrl.DeleteSnapshot(context.Background(), &csi.DeleteSnapshotRequest{SnapshotId: "pvc-twice@snap-1"})
+				return err
+			},
+			func() error {
+				_, err := p.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: "pvc-twice"})
+				return err
+			},
 		} {
 			if err := cleanup(); err != nil {
 				t.Error(err)
