@@ -171,3 +171,10 @@ func sumDiskSizes(disks []api.Disk) int64 {
 	}
 	return total
 }
+
+// CheckParameters checks StorageClass parameters as CreateVolume would:
+// an unknown key or a bad value is an error naming it.
+func CheckParameters(params map[string]string) error {
+	_, err := parseParams(params)
+	return err
+}
