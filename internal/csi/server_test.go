@@ -2,19 +2,12 @@ package csi
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -24,127 +17,27 @@ import (
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
-// The quiver binary, built once per test binary by the first test that
-// needs a server.
-var (
-	buildOnce sync.Once
-	quiverBin string
-	buildErr  error
-)
+// quiverBin is the server binary, built once by TestMain.
+var quiverBin string
 
-func quiverBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "quiver-csi-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		quiverBin = filepath.Join(dir, "quiver")
-		buildErr = testserver.Build(quiverBin, testserver.RaceEnabled)
-	})
-	if buildErr != nil {
-		t.Fatalf("build quiver: %v", buildErr)
-	}
-	return quiverBin
-}
+func TestMain(m *testing.M) { os.Exit(testserver.MainWithBinary(m, &quiverBin)) }
 
-// server is one `quiver server` process on a temporary pool: the API on a
-// free loopback port, NBD on a unix socket.
+// server is one `quiver server` process on a temporary pool, with a bearer
+// token: the API on a free loopback port, NBD on a unix socket.
 type server struct {
 	apiURL    string
 	nbdSocket string
 	token     string
-	pool      string
 	api       *client.Client
-
-	cmd    *exec.Cmd
-	log    *testserver.LogBuffer
-	exited chan struct{}
-	werr   error
 }
 
-// startServer starts a server with a bearer token; t.Cleanup stops it and
-// fails the test if it did not exit cleanly.
+// startServer starts a server for the test; t.Cleanup stops it and fails
+// the test if it did not exit cleanly.
 func startServer(t *testing.T) *server {
 	t.Helper()
-	bin := quiverBinary(t)
-	dir := shortTempDir(t)
-	pool := t.TempDir()
-	tokenFile := filepath.Join(dir, "token")
 	const token = "sanity-token-0123456789"
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for attempt := 0; ; attempt++ {
-		addr, err := testserver.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := &server{apiURL: "http://" + addr, nbdSocket: filepath.Join(dir, "nbd.sock"), token: token, pool: pool,
-			log: &testserver.LogBuffer{}, exited: make(chan struct{})}
-		s.cmd = exec.Command(bin, "server", "--pool", pool, "--listen", addr, "--token-file", tokenFile,
-			"--nbd-listen=", "--nbd-socket", s.nbdSocket)
-		s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
-		if err := s.cmd.Start(); err != nil {
-			t.Fatalf("start quiver server: %v", err)
-		}
-		go func() { s.werr = s.cmd.Wait(); close(s.exited) }()
-		s.api, err = client.New(s.apiURL, client.WithToken(token), client.WithHTTPClient(&http.Client{Timeout: 30 * time.Second}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err = s.waitReady(t.Context()); err == nil {
-			t.Cleanup(func() { s.stop(t) })
-			return s
-		}
-		_ = s.cmd.Process.Kill()
-		<-s.exited
-		if attempt < 5 && strings.Contains(s.log.String(), "address already in use") {
-			continue
-		}
-		t.Fatalf("quiver server: %v\nlog:\n%s", err, s.log.String())
-	}
-}
-
-func (s *server) waitReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for {
-		_, err := s.api.Pool(ctx)
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-s.exited:
-			return fmt.Errorf("server exited before it was ready: %v", s.werr)
-		case <-ctx.Done():
-			return fmt.Errorf("server not ready: %w (last error: %v)", ctx.Err(), err)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-func (s *server) stop(t *testing.T) {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-		if s.werr != nil {
-			t.Errorf("quiver server did not exit cleanly on SIGTERM: %v", s.werr)
-		}
-	case <-time.After(20 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.exited
-		t.Errorf("quiver server did not exit within 20 s of SIGTERM")
-	}
-	for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
-		if strings.Contains(s.log.String(), bad) {
-			t.Errorf("server log contains %q", bad)
-		}
-	}
-	if t.Failed() {
-		t.Logf("server log:\n%s", s.log.String())
-	}
+	p := testserver.StartT(t, quiverBin, testserver.Options{Token: token})
+	return &server{apiURL: "http://" + p.APIAddr, nbdSocket: p.Socket, token: token, api: p.API}
 }
 
 // shortTempDir is a temporary directory with a short path, for unix sockets
