@@ -22,6 +22,9 @@ type Options struct {
 	NBDSocket string   // serve NBD on this unix socket too ("" none)
 	LogLevel  string   // default "info"
 	Args      []string // more flags
+	// Token, when set, is the server's bearer token: Start writes it to a
+	// file beside the pool, passes --token-file, and Process.API sends it.
+	Token string
 }
 
 // Process is one `quiver server` on free loopback ports.
@@ -79,7 +82,17 @@ func spawn(bin string, o Options) (*Process, error) {
 	if level == "" {
 		level = "info"
 	}
-	args = append(append(args, "--log-level", level), o.Args...)
+	args = append(args, "--log-level", level)
+	var opts []client.Option
+	if o.Token != "" {
+		file := filepath.Clean(o.Pool) + ".token"
+		if err := os.WriteFile(file, []byte(o.Token+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+		args = append(args, "--token-file", file)
+		opts = append(opts, client.WithToken(o.Token))
+	}
+	args = append(args, o.Args...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.Log, p.Log
 	if err := p.cmd.Start(); err != nil {
@@ -90,7 +103,7 @@ func spawn(bin string, o Options) (*Process, error) {
 		close(p.exited)
 	}()
 	hc := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 30 * time.Second}
-	if p.API, err = client.New("http://"+apiAddr, client.WithHTTPClient(hc)); err != nil {
+	if p.API, err = client.New("http://"+apiAddr, append(opts, client.WithHTTPClient(hc))...); err != nil {
 		p.Kill()
 		return nil, err
 	}
