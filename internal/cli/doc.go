@@ -3,5 +3,6 @@
 //
 // It parses arguments and prints results; it holds no storage logic. It may
 // import internal/api, internal/client, internal/quantity and, for `quiver
-// server` only, internal/server; nothing imports it but cmd/quiver.
+// server` only, internal/server, and for `quiver csi` only, internal/csi;
+// nothing imports it but cmd/quiver.
 package cli

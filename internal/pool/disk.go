@@ -110,7 +110,11 @@ func (v *Volume) reopenFiles() error {
 			v.files = map[string]*diskFile{}
 			return fmt.Errorf("open disk %q of volume %q: %w", d.Name, v.name, err)
 		}
-		v.files[d.Name] = &diskFile{f: f, size: d.Size, shared: d.Shared}
+		df := &diskFile{f: f, size: d.Size, shared: d.Shared}
+		if v.pool.chunk > 0 {
+			df.ch = newChunks(d.Size, v.pool.chunk)
+		}
+		v.files[d.Name] = df
 	}
 	return nil
 }
@@ -222,8 +226,8 @@ func (d *liveDisk) WriteAt(p []byte, off int64, fua bool) error {
 	}
 	defer d.v.gate.RUnlock()
 	d.v.markDirty(d.name, off, int64(len(p)))
-	if _, err := df.f.WriteAt(p, off); err != nil {
-		return mapFSError(err)
+	if err := df.write(p, off); err != nil {
+		return err
 	}
 	return syncIf(df, fua)
 }
@@ -258,7 +262,10 @@ func (d *liveDisk) Trim(off, length int64, fua bool) error {
 	}
 	defer d.v.gate.RUnlock()
 	d.v.markDirty(d.name, off, length)
-	if err := punchHole(df.f, off, length); err != nil {
+	unlock := df.lockRange(off, length)
+	err = punchHole(df.f, off, length)
+	unlock()
+	if err != nil {
 		return err
 	}
 	return syncIf(df, fua)
@@ -271,7 +278,10 @@ func (d *liveDisk) Zero(off, length int64, mayTrim, fast, fua bool) error {
 	}
 	defer d.v.gate.RUnlock()
 	d.v.markDirty(d.name, off, length)
-	if err := zeroRange(df.f, off, length, mayTrim, fast); err != nil {
+	unlock := df.lockRange(off, length)
+	err = zeroRange(df.f, off, length, mayTrim, fast)
+	unlock()
+	if err != nil {
 		return err
 	}
 	return syncIf(df, fua)

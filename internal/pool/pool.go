@@ -57,10 +57,18 @@ type Pool struct {
 	creating map[string]bool // names reserved by an in-flight create or clone
 	limiters map[string]*qos.Limiter
 
+	// chunk is the chunk size of disk writes (chunks.go), 0 for none.
+	chunk int64
+
 	// writeHook, when set (tests only), runs before a client's write, trim
 	// or zero waits for the gate, with the attachment ID.
 	writeHook func(attachment string)
 }
+
+// SetChunkSize sets the unit of chunk ownership (chunks.go) for disks opened
+// from now on; 0 turns it off. Pools on filesystems with reflink start with
+// ChunkSize, others with 0. For tests.
+func (p *Pool) SetChunkSize(n int64) { p.chunk = n }
 
 // SetWriteHook installs a function that every write, trim and zero through an
 // attachment calls before it waits for the volume's gate. It is for tests
@@ -123,6 +131,9 @@ func Open(ctx context.Context, dir string, log *slog.Logger) (*Pool, error) {
 	}
 	if p.caps, err = fscap.Probe(p.stagingDir()); err != nil {
 		return nil, fmt.Errorf("probe pool filesystem: %w", err)
+	}
+	if p.caps.Reflink {
+		p.chunk = ChunkSize // chunks.go: keeps images cheap to clone
 	}
 	if err := p.recover(ctx); err != nil {
 		return nil, err

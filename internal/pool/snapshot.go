@@ -156,6 +156,9 @@ func (v *Volume) captureGated(ctx context.Context, dsts, srcs []*os.File, prog P
 	start := time.Now()
 	method, err := cloneFiles(ctx, dsts, srcs, useReflink, prog)
 	held := time.Since(start)
+	if useReflink {
+		v.disownChunks()
+	}
 	v.gate.Unlock()
 	return method, held, err
 }
@@ -249,6 +252,7 @@ func (v *Volume) captureLive(ctx context.Context, disks []DiskSpec, dsts, srcs [
 	start = time.Now()
 	method, ranges, err := catchUp(ctx, t, disks, dsts, srcs, sizes)
 	v.dirty.Store(nil)
+	v.disownChunks() // every chunk is shared with the capture now
 	held := time.Since(start)
 	v.gate.Unlock()
 	v.pool.log.Debug("live capture", "volume", v.name, "op", "snapshot", "first_pass", first,
@@ -441,4 +445,13 @@ func (v *Volume) DeleteSnapshot(ctx context.Context, name string) error {
 	v.mu.Unlock()
 	v.pool.discard(trash)
 	return nil
+}
+
+// disownChunks (gate held exclusively) forgets which chunks the disks own.
+func (v *Volume) disownChunks() {
+	for _, df := range v.files {
+		if df.ch != nil {
+			df.ch.disown()
+		}
+	}
 }

@@ -60,7 +60,8 @@ type Volume struct {
 type diskFile struct {
 	f      *os.File
 	size   int64
-	shared bool // exempt from the single-writer rule
+	shared bool    // exempt from the single-writer rule
+	ch     *chunks // chunk ownership (chunks.go); nil when off
 }
 
 func newVolume(p *Pool, m volumeManifest, snaps map[string]*snapshotManifest) *Volume {
@@ -426,6 +427,9 @@ func (v *Volume) GrowDisk(ctx context.Context, disk string, size int64) (VolumeI
 	}
 	if df := v.files[disk]; df != nil {
 		df.size = size
+		if df.ch != nil {
+			df.ch.resize(size)
+		}
 	}
 	return v.Info(), nil
 }

@@ -1,7 +1,8 @@
 // Package testserver is test support for the process-level test suites
-// (test/crash, test/interop, test/nbdcrash, test/qos): it builds the quiver
-// binary once, finds free loopback ports and collects a server's log. Each
-// suite keeps its own server type, since each starts quiver differently.
+// (test/crash, test/interop, test/nbdcrash, test/qos, internal/csi): it
+// builds the quiver binary once, finds free loopback ports and collects a
+// server's log. Each suite keeps its own server type, since each starts
+// quiver differently.
 //
 // It imports nothing from quiver and is imported only by tests.
 package testserver

@@ -115,6 +115,7 @@ func TestPoolBenchmark(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	block := make([]byte, 4096)
 	for i, h := range handles {
+		start := time.Now()
 		for range 100_000 {
 			off := rng.Int64N(4*gib/4096) * 4096
 			fillRandom(rng, block)
@@ -125,10 +126,12 @@ func TestPoolBenchmark(t *testing.T) {
 		if err := h.Flush(); err != nil {
 			t.Fatal(err)
 		}
+		took := time.Since(start)
 		f, _ := os.Open(filepath.Join(v.Info().Dir, disks[i].Name+".img"))
 		n, _ := fscap.Extents(f)
 		_ = f.Close()
-		t.Logf("disk %s: %d extents after 100k random 4k writes (extent size hint %d KiB)", disks[i].Name, n, pool.ExtentSizeHint>>10)
+		t.Logf("disk %s: %d extents after 100k random 4k writes in %v (%.0f writes/s, first write per 1 MiB chunk after the clones rewrites the chunk)",
+			disks[i].Name, n, took.Round(time.Millisecond), 100_000/took.Seconds())
 	}
 	measureSnapshots(t, r, p, v, "after 100k random 4k writes per disk", mnt, "aged")
 	r.print(os.Stdout, "Whole-VM snapshot on XFS (reflink), 3 disks")

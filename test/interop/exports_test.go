@@ -24,7 +24,7 @@ func TestExportsFollowTheAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := s.uri("v/root")
+	root := s.URI("v/root")
 	qemuIO(t, root, false, "write -P 0x21 0 1M")
 
 	if _, err := s.api.GrowDisk(ctx, "v", "root", 16*miB); err != nil {
@@ -49,14 +49,14 @@ func TestExportsFollowTheAPI(t *testing.T) {
 	}
 	wantList(t, s, "v/root")
 	for _, name := range []string{"v/extra", "v@s/root", "v/nope", "nope/root", "v@/root", "v", "/root", "v/root/x"} {
-		runFails(t, "nbdinfo", s.uri(name))
+		runFails(t, "nbdinfo", s.URI(name))
 	}
 
 	if _, err := s.api.Clone(ctx, api.CloneSpec{Source: api.Source{Volume: "v"}, Names: []string{"w"}}); err != nil {
 		t.Fatal(err)
 	}
 	wantList(t, s, "v/root", "w/root")
-	run(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", root, s.uri("w/root"))
+	run(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", root, s.URI("w/root"))
 
 	s.snapshot(t, "v", "r")
 	qemuIO(t, root, false, "write -P 0x23 0 16M")
@@ -66,7 +66,7 @@ func TestExportsFollowTheAPI(t *testing.T) {
 	qemuIO(t, root, true, "read -P 0x21 0 1M", "read -P 0 1M 14M", "read -P 0x22 15M 1M")
 	// The clone is its own disk: neither the write nor the rollback of v
 	// touched it.
-	qemuIO(t, s.uri("w/root"), true, "read -P 0x21 0 1M", "read -P 0x22 15M 1M")
+	qemuIO(t, s.URI("w/root"), true, "read -P 0x21 0 1M", "read -P 0x22 15M 1M")
 
 	if err := s.api.DeleteVolume(ctx, "w"); err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func nbdSize(t *testing.T, uri string) int64 {
 func wantList(t *testing.T, s *server, want ...string) {
 	t.Helper()
 	var got []string
-	for _, e := range nbdinfoJSON(t, "--list", "nbd://"+s.nbdAddr).Exports {
+	for _, e := range nbdinfoJSON(t, "--list", "nbd://"+s.NBDAddr).Exports {
 		got = append(got, e.Name)
 	}
 	slices.Sort(got)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
 // TestConcurrentQemuIO is acceptance criterion 2 with qemu-io: eight
@@ -39,9 +41,9 @@ func TestConcurrentQemuIO(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]string, conns)
 	for c := range conns {
-		uri := s.uri("conc/d")
+		uri := s.URI("conc/d")
 		if c%2 == 1 {
-			uri = s.unixURI("conc/d")
+			uri = s.UnixURI("conc/d")
 		}
 		rng := rand.New(rand.NewPCG(uint64(c), 7))
 		var cmds []string
@@ -74,7 +76,7 @@ func TestConcurrentQemuIO(t *testing.T) {
 	wg.Wait()
 	for c, e := range errs {
 		if e != "" {
-			t.Errorf("connection %d: %s", c, tail(e, 40))
+			t.Errorf("connection %d: %s", c, testserver.Tail(e, 40))
 		}
 	}
 
@@ -130,7 +132,7 @@ func TestFioVerify(t *testing.T) {
 	args := []string{
 		"--output-format=json", "--output=" + out,
 		// Global options, for every job below.
-		"--ioengine=nbd", "--uri=" + s.uri("fio/d"), "--rw=randwrite", "--iodepth=16",
+		"--ioengine=nbd", "--uri=" + s.URI("fio/d"), "--rw=randwrite", "--iodepth=16",
 		"--verify=crc32c", "--verify_fatal=1", "--do_verify=1",
 		// fio saves verify state files in the working directory; keep them
 		// out of the source tree.

@@ -26,7 +26,7 @@ func TestMapMatchesFile(t *testing.T) {
 	s := startServer(t)
 	const size = 32*miB + 1536 // the tail is not a whole 4 KiB block
 	v := s.createVolume(t, "map", disk("d", size))
-	qemuIO(t, s.uri("map/d"), false,
+	qemuIO(t, s.URI("map/d"), false,
 		"write -P 0x01 0 4k",
 		"write -P 0x02 65536 1",                       // one byte allocates one block
 		"write -P 0x03 1M 3M",                         // a long run ...
@@ -41,10 +41,10 @@ func TestMapMatchesFile(t *testing.T) {
 		"flush")
 
 	file := diskPath(t, v.Disks, "d")
-	checkMaps(t, file, s.uri("map/d"), 6)
+	checkMaps(t, file, s.URI("map/d"), 6)
 
 	snap := s.snapshot(t, "map", "s")
-	checkMaps(t, diskPath(t, snap.Disks, "d"), s.uri("map@s/d"), 0)
+	checkMaps(t, diskPath(t, snap.Disks, "d"), s.URI("map@s/d"), 0)
 }
 
 // checkMaps compares the three maps of one disk and wants at least minData

@@ -55,11 +55,11 @@ func TestNbdcopySparse(t *testing.T) {
 		args []string
 		dst  string // file that must stay sparse
 	}{
-		{[]string{src, s.uri("big/a")}, diskPath(t, v.Disks, "a")},
-		{[]string{s.uri("big/a"), out1}, out1},
-		{[]string{out1, s.uri("big/b")}, diskPath(t, v.Disks, "b")},
-		{[]string{"--connections=4", s.unixURI("big/a"), out4}, out4},
-		{[]string{"--connections=4", out4, s.unixURI("big/c")}, diskPath(t, v.Disks, "c")},
+		{[]string{src, s.URI("big/a")}, diskPath(t, v.Disks, "a")},
+		{[]string{s.URI("big/a"), out1}, out1},
+		{[]string{out1, s.URI("big/b")}, diskPath(t, v.Disks, "b")},
+		{[]string{"--connections=4", s.UnixURI("big/a"), out4}, out4},
+		{[]string{"--connections=4", out4, s.UnixURI("big/c")}, diskPath(t, v.Disks, "c")},
 	}
 	for _, st := range steps {
 		run(t, "nbdcopy", st.args...)
@@ -67,7 +67,7 @@ func TestNbdcopySparse(t *testing.T) {
 			t.Errorf("after nbdcopy %v: %s occupies %d bytes, want at most %d", st.args, st.dst, a, sparseLimit)
 		}
 	}
-	for _, img := range []string{s.uri("big/a"), out1, s.uri("big/b"), out4, s.uri("big/c")} {
+	for _, img := range []string{s.URI("big/a"), out1, s.URI("big/b"), out4, s.URI("big/c")} {
 		run(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", src, img)
 	}
 }

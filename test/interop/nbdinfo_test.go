@@ -66,7 +66,7 @@ func TestNbdinfoListsEveryExport(t *testing.T) {
 		"alpha@s1/data": {8 * miB, true},
 		"alpha@s1/swap": {4 * miB, true},
 	}
-	for _, uri := range []string{"nbd://" + s.nbdAddr, "nbd+unix:///?socket=" + s.socket} {
+	for _, uri := range []string{"nbd://" + s.NBDAddr, "nbd+unix:///?socket=" + s.Socket} {
 		info := nbdinfoJSON(t, "--list", uri)
 		var got []string
 		for _, e := range info.Exports {
@@ -99,7 +99,7 @@ func TestNbdinfoMap(t *testing.T) {
 	s := startServer(t)
 	const size = 16 * miB
 	v := s.createVolume(t, "m", disk("d", size))
-	qemuIO(t, s.uri("m/d"), false,
+	qemuIO(t, s.URI("m/d"), false,
 		"write -P 0x11 0 128k",
 		"write -P 0x12 1M 1M",
 		"discard 1280k 256k",
@@ -121,8 +121,8 @@ func TestNbdinfoMap(t *testing.T) {
 	}
 	snap := s.snapshot(t, "m", "s")
 	for _, c := range []struct{ uri, file string }{
-		{s.uri("m/d"), diskPath(t, v.Disks, "d")},
-		{s.uri("m@s/d"), diskPath(t, snap.Disks, "d")},
+		{s.URI("m/d"), diskPath(t, v.Disks, "d")},
+		{s.URI("m@s/d"), diskPath(t, snap.Disks, "d")},
 	} {
 		got := nbdinfoMap(t, c.uri)
 		if d := diffExtents(got, want); d != "" {
@@ -167,8 +167,8 @@ func TestNbdinfoExportFlags(t *testing.T) {
 		uri      string
 		readOnly bool
 	}{
-		{s.uri("f/d"), false},
-		{s.unixURI("f@s/d"), true},
+		{s.URI("f/d"), false},
+		{s.UnixURI("f@s/d"), true},
 	} {
 		info := nbdinfoJSON(t, c.uri)
 		if !info.Structured {

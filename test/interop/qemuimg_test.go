@@ -25,8 +25,8 @@ func TestQemuImgConvertRoundTrip(t *testing.T) {
 		name string
 		uri  string
 	}{
-		{"tcp", s.uri("conv/tcp")},
-		{"unix", s.unixURI("conv/unix")},
+		{"tcp", s.URI("conv/tcp")},
+		{"unix", s.UnixURI("conv/unix")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// -n: the target exists. -W -m 16: sixteen coroutines writing

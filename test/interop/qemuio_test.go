@@ -95,7 +95,7 @@ func TestQemuIOCommands(t *testing.T) {
 	s := startServer(t)
 	const size = 16 * miB
 	v := s.createVolume(t, "io", disk("d", size))
-	uri := s.uri("io/d")
+	uri := s.URI("io/d")
 	model := make(diskModel, size)
 
 	steps := []struct {
@@ -141,7 +141,7 @@ func TestQemuIOCommands(t *testing.T) {
 
 	// The whole disk, on a fresh connection, over both transports.
 	qemuIO(t, uri, false, model.readChecks()...)
-	qemuIO(t, s.unixURI("io/d"), true, model.readChecks()...)
+	qemuIO(t, s.UnixURI("io/d"), true, model.readChecks()...)
 
 	// And the image file itself: the server wrote where it was told.
 	got, err := os.ReadFile(diskPath(t, v.Disks, "d"))
@@ -170,7 +170,7 @@ func TestSnapshotExportIsReadOnly(t *testing.T) {
 	s := startServer(t)
 	const size = 8 * miB
 	s.createVolume(t, "vm", disk("root", size))
-	live, snap := s.uri("vm/root"), s.uri("vm@before/root")
+	live, snap := s.URI("vm/root"), s.URI("vm@before/root")
 	qemuIO(t, live, false, "write -P 0x5a 0 1M", "write -P 0x5b 4M 1M", "flush")
 	s.snapshot(t, "vm", "before")
 	qemuIO(t, live, false, "write -P 0xc3 0 8M", "flush")
@@ -182,7 +182,7 @@ func TestSnapshotExportIsReadOnly(t *testing.T) {
 	out := runFails(t, "qemu-io", qemuIOArgs(snap, false, []string{"write -P 0xee 0 4k"})...)
 	t.Logf("qemu-io refuses to open the snapshot read-write: %s", strings.TrimSpace(out))
 
-	w := dialExport(t, s.nbdAddr, "vm@before/root")
+	w := dialExport(t, s.NBDAddr, "vm@before/root")
 	if w.flags&nbdFlagReadOnly == 0 {
 		t.Errorf("transmission flags %#x: NBD_FLAG_READ_ONLY not set", w.flags)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/quiverstorage/quiver/internal/testserver"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
 // fioDir is one direction of a fio job's report.

@@ -223,16 +223,17 @@ func TestMetricsServerFlushOfAbandonedConnection(t *testing.T) {
 	}
 }
 
-// TestMetricsErrorsByKind fails requests on purpose: the volume is deleted
+// TestMetricsErrorsByKind fails requests on purpose: the disk is removed
 // under a connected client, so every later request fails as "gone", and is
-// counted as an error instead of as a completed request.
+// counted as an error instead of as a completed request. (Deleting the whole
+// volume would close the connection instead.)
 func TestMetricsErrorsByKind(t *testing.T) {
 	testfs.RequireTool(t, "qemu-io")
 	s := startServer(t)
 	s.createVolume(t, "vm", nil, disk("root", 16*miB))
 	q := startSession(t, s.uri("vm", "root"), "writethrough")
 	q.do(t, "write -P 0x66 0 4k", "wrote 4096/4096")
-	if err := s.api.DeleteVolume(t.Context(), "vm"); err != nil {
+	if _, err := s.api.RemoveDisk(t.Context(), "vm", "root"); err != nil {
 		t.Fatal(err)
 	}
 	q.do(t, "write -P 0x67 0 4k", "write failed")
@@ -241,7 +242,7 @@ func TestMetricsErrorsByKind(t *testing.T) {
 	// The first write succeeded; everything after it failed.
 	failed := len(slices.DeleteFunc(reqs[1:], func(r wireRequest) bool { return opOf(r.typ) == "" }))
 	if failed < 2 {
-		t.Fatalf("qemu sent %v after the delete, want at least the write and the read", reqs[1:])
+		t.Fatalf("qemu sent %v after the removal, want at least the write and the read", reqs[1:])
 	}
 	m := waitIdle(t, s)
 	errs := map[string]float64{}
@@ -249,7 +250,7 @@ func TestMetricsErrorsByKind(t *testing.T) {
 		errs[smp.Labels["kind"]] += smp.Value
 	}
 	if want := map[string]float64{"gone": float64(failed)}; !maps.Equal(errs, want) {
-		t.Errorf("quiver_errors_total by kind = %v, want %v (requests sent after the delete: %v)", errs, want, reqs[1:])
+		t.Errorf("quiver_errors_total by kind = %v, want %v (requests sent after the removal: %v)", errs, want, reqs[1:])
 	}
 	if got := scraped(m, "vm", "root"); got.ops["write"] != 1 || got.ops["read"] != 0 {
 		t.Errorf("completed requests:%s, want only the first write", got)

@@ -3,7 +3,6 @@ package qosbench
 import (
 	"context"
 	"fmt"
-	"github.com/quiverstorage/quiver/internal/testserver"
 	"io"
 	"log/slog"
 	"os"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/quiverstorage/quiver/internal/testserver"
 
 	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/nbd"

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"github.com/quiverstorage/quiver/internal/testserver"
 	"io"
 	"os/exec"
 	"regexp"
@@ -13,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
 // toolTimeout bounds one run of a peer, so that a hung client fails the

@@ -1,0 +1,313 @@
+package manifests
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/quiverstorage/quiver/internal/csi"
+)
+
+// kinds maps apiVersion/kind to a new typed object. KubeVirt's and CDI's Go
+// API modules are not available to this build (the module proxy refuses
+// kubevirt.io/api and kubevirt.io/containerized-data-importer-api), so
+// VirtualMachine and DataVolume decode into the subset types below, which
+// mirror the upstream field names for every field the examples use;
+// unknown fields are errors there too.
+var kinds = map[string]func() any{
+	"v1/Namespace":      func() any { return &corev1.Namespace{} },
+	"v1/Secret":         func() any { return &corev1.Secret{} },
+	"v1/ServiceAccount": func() any { return &corev1.ServiceAccount{} },
+	"rbac.authorization.k8s.io/v1/ClusterRole":        func() any { return &rbacv1.ClusterRole{} },
+	"rbac.authorization.k8s.io/v1/ClusterRoleBinding": func() any { return &rbacv1.ClusterRoleBinding{} },
+	"rbac.authorization.k8s.io/v1/Role":               func() any { return &rbacv1.Role{} },
+	"rbac.authorization.k8s.io/v1/RoleBinding":        func() any { return &rbacv1.RoleBinding{} },
+	"apps/v1/Deployment":                              func() any { return &appsv1.Deployment{} },
+	"apps/v1/DaemonSet":                               func() any { return &appsv1.DaemonSet{} },
+	"storage.k8s.io/v1/CSIDriver":                     func() any { return &storagev1.CSIDriver{} },
+	"storage.k8s.io/v1/StorageClass":                  func() any { return &storagev1.StorageClass{} },
+	"snapshot.storage.k8s.io/v1/VolumeSnapshotClass":  func() any { return &snapv1.VolumeSnapshotClass{} },
+	"kubevirt.io/v1/VirtualMachine":                   func() any { return &virtualMachine{} },
+	"cdi.kubevirt.io/v1beta1/DataVolume":              func() any { return &dataVolume{} },
+}
+
+// object is one decoded manifest.
+type object struct {
+	file string
+	kind string
+	obj  any
+}
+
+// decodeAll decodes every document of every YAML file here, strictly:
+// duplicate keys, unknown fields, unknown kinds and values of the wrong type
+// are errors.
+func decodeAll(t *testing.T) []object {
+	t.Helper()
+	files, err := filepath.Glob("*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests: %v", err)
+	}
+	var out []object
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+		for i := 0; ; i++ {
+			doc, err := r.Read()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+			if len(bytes.TrimSpace(stripComments(doc))) == 0 {
+				continue
+			}
+			o, err := decode(doc)
+			if err != nil {
+				t.Errorf("%s document %d: %v", file, i+1, err)
+				continue
+			}
+			o.file = file
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+func decode(doc []byte) (object, error) {
+	js, err := yaml.YAMLToJSONStrict(doc)
+	if err != nil {
+		return object{}, err
+	}
+	var tm metav1.TypeMeta
+	if err := json.Unmarshal(js, &tm); err != nil {
+		return object{}, err
+	}
+	kind := tm.APIVersion + "/" + tm.Kind
+	mk, ok := kinds[kind]
+	if !ok {
+		return object{}, fmt.Errorf("unknown kind %s", kind)
+	}
+	obj := mk()
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(obj); err != nil {
+		return object{}, fmt.Errorf("%s: %w", kind, err)
+	}
+	return object{kind: kind, obj: obj}, nil
+}
+
+func stripComments(doc []byte) []byte {
+	var out [][]byte
+	for line := range bytes.SplitSeq(doc, []byte("\n")) {
+		if !bytes.HasPrefix(bytes.TrimSpace(line), []byte("#")) {
+			out = append(out, line)
+		}
+	}
+	return bytes.Join(out, []byte("\n"))
+}
+
+func TestManifestsDecodeStrictly(t *testing.T) {
+	objs := decodeAll(t)
+	var seen []string
+	for _, o := range objs {
+		seen = append(seen, o.kind)
+	}
+	for kind := range kinds {
+		if !slices.Contains(seen, kind) {
+			t.Errorf("no manifest of kind %s", kind)
+		}
+	}
+}
+
+// TestStrictDecodingRefuses checks the checker: a misspelt field, a wrong
+// type, a duplicate key and an unknown kind all fail.
+func TestStrictDecodingRefuses(t *testing.T) {
+	for name, doc := range map[string]string{
+		"unknown field":   "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: x}\nprovisioner: csi.quiver.io\nvolumeBindingMod: Immediate\n",
+		"wrong type":      "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: x}\nprovisioner: csi.quiver.io\nallowVolumeExpansion: yes-please\n",
+		"duplicate key":   "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: x}\nprovisioner: a\nprovisioner: b\n",
+		"unknown kind":    "apiVersion: storage.k8s.io/v1\nkind: StorageKlass\nmetadata: {name: x}\n",
+		"VM unknown":      "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: x}\nspec: {running: true, runStrategi: Always}\n",
+		"bad quantity":    "apiVersion: cdi.kubevirt.io/v1beta1\nkind: DataVolume\nmetadata: {name: x}\nspec: {storage: {resources: {requests: {storage: lots}}}}\n",
+		"deployment typo": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {template: {spec: {containers: [{name: a, imagee: b}]}}}\n",
+	} {
+		if _, err := decode([]byte(doc)); err == nil {
+			t.Errorf("%s: decoded without error", name)
+		}
+	}
+}
+
+// TestManifestsAgree checks what ties the manifests to the plugin: the
+// driver name, StorageClass parameters the plugin accepts, the two classes'
+// binding modes, the sidecars, and the DataVolumes' classes.
+func TestManifestsAgree(t *testing.T) {
+	classes := map[string]*storagev1.StorageClass{}
+	containers := map[string]bool{}
+	for _, o := range decodeAll(t) {
+		switch obj := o.obj.(type) {
+		case *storagev1.CSIDriver:
+			if obj.Name != csi.DefaultDriverName || obj.Spec.AttachRequired == nil || !*obj.Spec.AttachRequired {
+				t.Errorf("CSIDriver %s: want name %s with attachRequired", obj.Name, csi.DefaultDriverName)
+			}
+		case *storagev1.StorageClass:
+			classes[obj.Name] = obj
+			if obj.Provisioner != csi.DefaultDriverName {
+				t.Errorf("StorageClass %s: provisioner %s", obj.Name, obj.Provisioner)
+			}
+			if err := csi.CheckParameters(obj.Parameters); err != nil {
+				t.Errorf("StorageClass %s: %v", obj.Name, err)
+			}
+		case *snapv1.VolumeSnapshotClass:
+			if obj.Driver != csi.DefaultDriverName {
+				t.Errorf("VolumeSnapshotClass %s: driver %s", obj.Name, obj.Driver)
+			}
+		case *appsv1.Deployment:
+			for _, c := range obj.Spec.Template.Spec.Containers {
+				containers[c.Name] = true
+			}
+		case *appsv1.DaemonSet:
+			for _, c := range obj.Spec.Template.Spec.Containers {
+				containers[c.Name] = true
+			}
+		}
+	}
+	for _, c := range []string{"quiver-csi", "csi-provisioner", "csi-attacher", "csi-snapshotter", "csi-resizer",
+		"node-driver-registrar", "liveness-probe"} {
+		if !containers[c] {
+			t.Errorf("no container %s", c)
+		}
+	}
+	mig, ten := classes["quiver-vm-migratable"], classes["quiver-tenant"]
+	if mig == nil || ten == nil {
+		t.Fatalf("want StorageClasses quiver-vm-migratable and quiver-tenant, have %v", classes)
+	}
+	if mig.VolumeBindingMode == nil || *mig.VolumeBindingMode != storagev1.VolumeBindingImmediate || mig.Parameters["replication"] != "2" ||
+		mig.Parameters["qos_rw_iops"] == "" {
+		t.Errorf("quiver-vm-migratable: want Immediate binding, replication 2 and QoS, have %+v", mig)
+	}
+	if ten.VolumeBindingMode == nil || *ten.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
+		t.Errorf("quiver-tenant: want WaitForFirstConsumer")
+	}
+	for _, o := range decodeAll(t) {
+		switch obj := o.obj.(type) {
+		case *virtualMachine:
+			for _, dv := range obj.Spec.DataVolumeTemplates {
+				s := dv.Spec.Storage
+				if s == nil || s.StorageClassName == nil || *s.StorageClassName != mig.Name ||
+					!slices.Contains(s.AccessModes, corev1.ReadWriteMany) || s.VolumeMode == nil || *s.VolumeMode != corev1.PersistentVolumeBlock {
+					t.Errorf("VM %s: DataVolume %s should be RWX Block on %s", obj.Name, dv.Name, mig.Name)
+				}
+			}
+		case *dataVolume:
+			if s := obj.Spec.Storage; s == nil || s.StorageClassName == nil || !strings.HasPrefix(*s.StorageClassName, "quiver-") {
+				t.Errorf("DataVolume %s: not on a quiver class", obj.Name)
+			}
+		}
+	}
+}
+
+// The subset of kubevirt.io/api/core/v1 and CDI v1beta1 the examples use,
+// with the upstream JSON names.
+type virtualMachine struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Running             *bool                `json:"running,omitempty"`
+		RunStrategy         string               `json:"runStrategy,omitempty"`
+		DataVolumeTemplates []dataVolumeTemplate `json:"dataVolumeTemplates,omitempty"`
+		Template            struct {
+			metav1.ObjectMeta `json:"metadata"`
+			Spec              vmiSpec `json:"spec"`
+		} `json:"template"`
+	} `json:"spec"`
+}
+
+type dataVolumeTemplate struct {
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              dataVolumeSpec `json:"spec"`
+}
+
+type vmiSpec struct {
+	EvictionStrategy string `json:"evictionStrategy,omitempty"`
+	Domain           struct {
+		CPU *struct {
+			Cores uint32 `json:"cores,omitempty"`
+		} `json:"cpu,omitempty"`
+		Memory *struct {
+			Guest *resource.Quantity `json:"guest,omitempty"`
+		} `json:"memory,omitempty"`
+		Devices struct {
+			Disks []struct {
+				Name string `json:"name"`
+				Disk *struct {
+					Bus string `json:"bus,omitempty"`
+				} `json:"disk,omitempty"`
+			} `json:"disks,omitempty"`
+			Interfaces []struct {
+				Name       string    `json:"name"`
+				Masquerade *struct{} `json:"masquerade,omitempty"`
+				Bridge     *struct{} `json:"bridge,omitempty"`
+			} `json:"interfaces,omitempty"`
+		} `json:"devices"`
+	} `json:"domain"`
+	Networks []struct {
+		Name string    `json:"name"`
+		Pod  *struct{} `json:"pod,omitempty"`
+	} `json:"networks,omitempty"`
+	Volumes []struct {
+		Name       string `json:"name"`
+		DataVolume *struct {
+			Name string `json:"name"`
+		} `json:"dataVolume,omitempty"`
+		PersistentVolumeClaim *corev1.PersistentVolumeClaimVolumeSource `json:"persistentVolumeClaim,omitempty"`
+		CloudInitNoCloud      *struct {
+			UserData string `json:"userData,omitempty"`
+		} `json:"cloudInitNoCloud,omitempty"`
+	} `json:"volumes,omitempty"`
+}
+
+type dataVolume struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              dataVolumeSpec `json:"spec"`
+}
+
+type dataVolumeSpec struct {
+	Source *struct {
+		HTTP *struct {
+			URL string `json:"url"`
+		} `json:"http,omitempty"`
+		Blank    *struct{} `json:"blank,omitempty"`
+		Registry *struct {
+			URL *string `json:"url,omitempty"`
+		} `json:"registry,omitempty"`
+	} `json:"source,omitempty"`
+	Storage *struct {
+		AccessModes      []corev1.PersistentVolumeAccessMode `json:"accessModes,omitempty"`
+		VolumeMode       *corev1.PersistentVolumeMode        `json:"volumeMode,omitempty"`
+		Resources        corev1.VolumeResourceRequirements   `json:"resources,omitempty"`
+		StorageClassName *string                             `json:"storageClassName,omitempty"`
+	} `json:"storage,omitempty"`
+}

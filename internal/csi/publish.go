@@ -1,0 +1,113 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/client"
+)
+
+// Keys of the publish_context ControllerPublishVolume returns and the node
+// reads: the quiver attachment made for the node and its NBD token.
+const (
+	PublishAttachment = "quiver.io/attachment"
+	PublishToken      = "quiver.io/token"
+)
+
+// ControllerPublishVolume attaches the volume (every disk, as one unit) for
+// the node: a quiver attachment, rw or ro, whose token the node presents in
+// the NBD export name. Attachments are what let quiver enforce one writer
+// per volume during live migration. Publishing again to the same node with
+// the same mode returns the same attachment; with the other mode it is
+// AlreadyExists.
+func (c *controller) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, fmt.Errorf("volume_id is required: %w", ErrInvalid)
+	}
+	if req.GetNodeId() == "" {
+		return nil, fmt.Errorf("node_id is required: %w", ErrInvalid)
+	}
+	if _, err := checkCapability(req.GetVolumeCapability()); err != nil {
+		return nil, err
+	}
+	name, err := parseVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	qc, err := c.d.clientFor(req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := c.d.locks.tryLock(name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if _, err := qc.GetVolume(ctx, name); client.IsNotFound(err) {
+		return nil, fmt.Errorf("volume %s: %w", name, ErrNotFound)
+	} else if err != nil {
+		return nil, fmt.Errorf("look up volume %s: %w", name, err)
+	}
+	if !c.d.knownNode.exists(req.GetNodeId()) {
+		return nil, fmt.Errorf("node %q: no quiver node plugin reported this node ID: %w", req.GetNodeId(), ErrNotFound)
+	}
+	mode := api.ModeReadWrite
+	if req.GetReadonly() || readOnlyMode(req.GetVolumeCapability().GetAccessMode().GetMode()) {
+		mode = api.ModeReadOnly
+	}
+	a, err := qc.Attach(ctx, name, api.AttachmentSpec{Node: req.GetNodeId(), Mode: mode})
+	switch {
+	case client.IsConflict(err):
+		return nil, fmt.Errorf("volume %s is already published to node %s with another mode than %s: %w (%v)",
+			name, req.GetNodeId(), mode, ErrExists, err)
+	case client.IsNotFound(err):
+		return nil, fmt.Errorf("attach volume %s: %w (%v)", name, ErrNotFound, err)
+	case err != nil:
+		return nil, fmt.Errorf("attach volume %s for node %s: %w", name, req.GetNodeId(), busyOr(err))
+	}
+	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{
+		PublishAttachment: a.ID,
+		PublishToken:      a.Token,
+	}}, nil
+}
+
+// ControllerUnpublishVolume deletes the node's attachments of the volume
+// (every node's when node_id is empty): their NBD connections are closed and
+// their tokens refused. A volume or attachment that is already gone is
+// success.
+func (c *controller) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, fmt.Errorf("volume_id is required: %w", ErrInvalid)
+	}
+	name, err := parseVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return &csi.ControllerUnpublishVolumeResponse{}, nil
+	}
+	qc, err := c.d.clientFor(req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := c.d.locks.tryLock(name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	list, err := qc.ListAttachments(ctx, name)
+	if client.IsNotFound(err) {
+		return &csi.ControllerUnpublishVolumeResponse{}, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("list attachments of %s: %w", name, err)
+	}
+	for _, a := range list {
+		if a.Implicit || (req.GetNodeId() != "" && a.Node != req.GetNodeId()) {
+			continue
+		}
+		if err := qc.Detach(ctx, name, a.ID); err != nil && !client.IsNotFound(err) {
+			return nil, fmt.Errorf("detach %s from node %s: %w", name, a.Node, busyOr(err))
+		}
+	}
+	return &csi.ControllerUnpublishVolumeResponse{}, nil
+}

@@ -1,0 +1,242 @@
+package csi
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/quiverstorage/quiver/internal/testfs"
+)
+
+func mountCap(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
+	}
+}
+
+func blockCap(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
+	}
+}
+
+// publishAll runs the CO's sequence for one node: ControllerPublish,
+// NodeStage, NodePublish; t.Cleanup undoes it in reverse.
+func publishAll(t *testing.T, p *plugin, volID string, vc *csi.VolumeCapability, staging, target string) {
+	t.Helper()
+	ctx := t.Context()
+	pub, err := p.ctrl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{
+		VolumeId: volID, NodeId: p.d.cfg.NodeID, VolumeCapability: vc,
+	})
+	if err != nil {
+		t.Fatalf("ControllerPublishVolume: %v", err)
+	}
+	if pub.GetPublishContext()[PublishToken] == "" {
+		t.Fatalf("publish_context %v has no token", pub.GetPublishContext())
+	}
+	if _, err := p.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
+		VolumeId: volID, StagingTargetPath: staging, VolumeCapability: vc, PublishContext: pub.GetPublishContext(),
+	}); err != nil {
+		t.Fatalf("NodeStageVolume: %v", err)
+	}
+	if _, err := p.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
+		VolumeId: volID, StagingTargetPath: staging, TargetPath: target, VolumeCapability: vc,
+		PublishContext: pub.GetPublishContext(),
+	}); err != nil {
+		t.Fatalf("NodePublishVolume: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		if _, err := p.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: volID, TargetPath: target}); err != nil {
+			t.Errorf("NodeUnpublishVolume: %v", err)
+		}
+		if _, err := p.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: volID, StagingTargetPath: staging}); err != nil {
+			t.Errorf("NodeUnstageVolume: %v", err)
+		}
+		if _, err := p.ctrl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: volID, NodeId: p.d.cfg.NodeID}); err != nil {
+			t.Errorf("ControllerUnpublishVolume: %v", err)
+		}
+	})
+}
+
+// TestPublishFilesystemThreeDisks publishes a Filesystem-mode volume made
+// with disks=root,data,logs and finds the three images at the target path,
+// of the sizes asked for; data written to one through the target is read
+// back through the API's view of the pool.
+func TestPublishFilesystemThreeDisks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	testfs.RequireRoot(t)
+	s := startServer(t)
+	p := startPlugin(t, s, "node-a", true)
+	vc := mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	resp, err := p.ctrl.CreateVolume(t.Context(), &csi.CreateVolumeRequest{
+		Name:               "pvc-vm-three-disks",
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: 1 << 30},
+		VolumeCapabilities: []*csi.VolumeCapability{vc},
+		Parameters:         map[string]string{ParamDisks: "root=256Mi,data=512Mi,logs=64Mi", ParamQoSRWIOPS: "500", ParamReplication: "2"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	volID := resp.GetVolume().GetVolumeId()
+	t.Cleanup(func() {
+		if _, err := p.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: volID}); err != nil {
+			t.Errorf("DeleteVolume: %v", err)
+		}
+	})
+	v, err := s.api.GetVolume(t.Context(), volID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.QoS == nil || v.QoS.RWIOPS != 500 || v.Labels[LabelReplication] != "2" || v.Capacity != 1<<30 {
+		t.Fatalf("volume %+v: want QoS rwIOPS 500, label %s=2, capacity 1Gi", v, LabelReplication)
+	}
+
+	dir := t.TempDir()
+	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "pod", "volume")
+	publishAll(t, p, volID, vc, staging, target)
+
+	entries, err := os.ReadDir(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if want := []string{"data.img", "logs.img", "root.img"}; !slices.Equal(names, want) {
+		t.Fatalf("target %s holds %v, want %v", target, names, want)
+	}
+	sizes := map[string]int64{"root.img": 256 << 20, "data.img": 512 << 20, "logs.img": 64 << 20}
+	for name, size := range sizes {
+		fi, err := os.Stat(filepath.Join(target, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size() != size {
+			t.Errorf("%s is %d bytes, want %d", name, fi.Size(), size)
+		}
+	}
+	// The target is the volume's own directory, not a copy.
+	msg := []byte("written through the CSI target path")
+	f, err := os.OpenFile(filepath.Join(target, "data.img"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(msg, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	df, err := os.Open(v.Disks[1].Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer df.Close()
+	if _, err := df.ReadAt(got, 4096); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("the pool's %s reads %q (%v), want %q", v.Disks[1].Path, got, err, msg)
+	}
+
+	stats, err := p.node.NodeGetVolumeStats(t.Context(), &csi.NodeGetVolumeStatsRequest{VolumeId: volID, VolumePath: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := stats.GetUsage()[0]
+	if u.GetTotal() != 1<<30 || u.GetUsed() <= 0 || u.GetAvailable() != u.GetTotal()-u.GetUsed() {
+		t.Errorf("stats %+v: want total 1Gi, used > 0 (a block was written), available = total - used", u)
+	}
+}
+
+// TestPublishBlock publishes a Block-mode volume: the target is a block
+// device that mkfs.ext4 formats and mount mounts; a file written in it is
+// found again in the disk read through NBD, outside the plugin.
+func TestPublishBlock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	testfs.RequireRoot(t)
+	for _, tool := range []string{"nbdfuse", "losetup", "blockdev", "mkfs.ext4", "mount", "umount", "nbdcopy", "debugfs"} {
+		testfs.RequireTool(t, tool)
+	}
+	s := startServer(t)
+	p := startPlugin(t, s, "node-b", true)
+	vc := blockCap(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)
+	resp, err := p.ctrl.CreateVolume(t.Context(), &csi.CreateVolumeRequest{
+		Name:               "pvc-block-vm",
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: 128 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{vc},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	volID := resp.GetVolume().GetVolumeId()
+	t.Cleanup(func() {
+		if _, err := p.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: volID}); err != nil {
+			t.Errorf("DeleteVolume: %v", err)
+		}
+	})
+	dir := t.TempDir()
+	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "pod", "dev")
+	publishAll(t, p, volID, vc, staging, target)
+
+	fi, err := os.Stat(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeDevice == 0 || fi.Mode()&os.ModeCharDevice != 0 {
+		t.Fatalf("target %s has mode %v, want a block device", target, fi.Mode())
+	}
+	out, err := exec.Command("blockdev", "--getsize64", target).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "134217728" {
+		t.Fatalf("blockdev --getsize64 %s: %q %v, want 134217728", target, out, err)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", target).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
+	}
+	mnt := filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", target, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v\n%s", err, out)
+	}
+	msg := "hello from a quiver block volume\n"
+	werr := os.WriteFile(filepath.Join(mnt, "hello.txt"), []byte(msg), 0o644)
+	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("umount: %v\n%s", err, out)
+	}
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	// Read the disk back through NBD (a tokenless loopback connection of
+	// its own) and look for the file in the ext4 image.
+	img := filepath.Join(dir, "copy.img")
+	uri := "nbd+unix:///" + volID + "/" + DefaultDisk + "?socket=" + s.nbdSocket
+	if out, err := exec.Command("nbdcopy", uri, img).CombinedOutput(); err != nil {
+		t.Fatalf("nbdcopy %s: %v\n%s", uri, err, out)
+	}
+	got, err := exec.Command("debugfs", "-R", "cat /hello.txt", img).Output()
+	if err != nil || string(got) != msg {
+		t.Fatalf("debugfs cat /hello.txt from the NBD copy: %q %v, want %q", got, err, msg)
+	}
+	stats, err := p.node.NodeGetVolumeStats(t.Context(), &csi.NodeGetVolumeStatsRequest{VolumeId: volID, VolumePath: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := stats.GetUsage()[0]; u.GetTotal() != 128<<20 || u.GetUsed() <= 0 {
+		t.Errorf("stats %+v: want total 128Mi and used > 0 after mkfs", u)
+	}
+}

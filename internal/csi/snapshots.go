@@ -1,0 +1,237 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/client"
+)
+
+// CreateSnapshot takes a quiver whole-VM snapshot: every disk of the volume
+// at one instant. The quiver snapshot name is snapshotName(name). CSI names
+// snapshots across all volumes, quiver per volume, so a name already used on
+// another volume is looked for (one request per volume that has snapshots)
+// and refused with AlreadyExists.
+func (c *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+	if err := checkName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	if req.GetSourceVolumeId() == "" {
+		return nil, fmt.Errorf("source_volume_id is required: %w", ErrInvalid)
+	}
+	for _, key := range slices.Sorted(maps.Keys(req.GetParameters())) {
+		if !strings.HasPrefix(key, reservedPrefix) {
+			return nil, fmt.Errorf("unknown snapshot parameter %q (the quiver plugin takes none): %w", key, ErrInvalid)
+		}
+	}
+	volume, err := parseVolumeID("source_volume_id", req.GetSourceVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	qc, err := c.d.clientFor(req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
+	snap := snapshotName(req.GetName())
+	unlock, err := c.d.locks.tryLock(volume)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	s, err := qc.GetSnapshot(ctx, volume, snap)
+	if err == nil {
+		return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(s)}, nil
+	}
+	if !client.IsNotFound(err) {
+		return nil, fmt.Errorf("look up snapshot %s: %w", snapshotID(volume, snap), err)
+	}
+	if _, err := qc.GetVolume(ctx, volume); client.IsNotFound(err) {
+		return nil, fmt.Errorf("source volume %s: %w", volume, ErrNotFound)
+	} else if err != nil {
+		return nil, fmt.Errorf("look up volume %s: %w", volume, err)
+	}
+	if other, err := c.snapshotElsewhere(ctx, qc, volume, snap); err != nil {
+		return nil, err
+	} else if other != "" {
+		return nil, fmt.Errorf("snapshot name %q is taken by snapshot %s of another volume: %w",
+			req.GetName(), snapshotID(other, snap), ErrExists)
+	}
+	s, err = qc.CreateSnapshot(ctx, volume, snap)
+	switch {
+	case client.IsConflict(err):
+		return nil, fmt.Errorf("snapshot %s: %w (%v)", snapshotID(volume, snap), ErrExists, err)
+	case client.IsNotFound(err):
+		return nil, fmt.Errorf("source volume %s: %w", volume, ErrNotFound)
+	case err != nil:
+		return nil, fmt.Errorf("snapshot %s: %w", snapshotID(volume, snap), busyOr(err))
+	}
+	return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(s)}, nil
+}
+
+// snapshotElsewhere returns the volume other than volume that has a snapshot
+// named snap, or "".
+func (c *controller) snapshotElsewhere(ctx context.Context, qc *client.Client, volume, snap string) (string, error) {
+	vols, err := qc.ListVolumes(ctx, LabelDriver+"="+c.d.cfg.DriverName)
+	if err != nil {
+		return "", fmt.Errorf("list volumes: %w", err)
+	}
+	for _, v := range vols {
+		if v.Name == volume || v.Snapshots == 0 {
+			continue
+		}
+		_, err := qc.GetSnapshot(ctx, v.Name, snap)
+		switch {
+		case err == nil:
+			return v.Name, nil
+		case !client.IsNotFound(err):
+			return "", fmt.Errorf("look up snapshot %s: %w", snapshotID(v.Name, snap), err)
+		}
+	}
+	return "", nil
+}
+
+func csiSnapshot(s api.Snapshot) *csi.Snapshot {
+	return &csi.Snapshot{
+		SnapshotId:     snapshotID(s.Volume, s.Name),
+		SourceVolumeId: s.Volume,
+		SizeBytes:      sumDiskSizes(s.Disks),
+		CreationTime:   timestamppb.New(s.CreatedAt),
+		ReadyToUse:     true, // a quiver snapshot is complete when the call returns
+	}
+}
+
+// DeleteSnapshot deletes one snapshot; an unknown or malformed ID is
+// success.
+func (c *controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
+	if req.GetSnapshotId() == "" {
+		return nil, fmt.Errorf("snapshot_id is required: %w", ErrInvalid)
+	}
+	volume, snap, err := parseSnapshotID("snapshot_id", req.GetSnapshotId())
+	if err != nil {
+		return &csi.DeleteSnapshotResponse{}, nil
+	}
+	qc, err := c.d.clientFor(req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := c.d.locks.tryLock(volume)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := qc.DeleteSnapshot(ctx, volume, snap); err != nil && !client.IsNotFound(err) {
+		return nil, fmt.Errorf("delete snapshot %s: %w", req.GetSnapshotId(), busyOr(err))
+	}
+	return &csi.DeleteSnapshotResponse{}, nil
+}
+
+// GetSnapshot returns one snapshot.
+func (c *controller) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (*csi.GetSnapshotResponse, error) {
+	volume, snap, err := parseSnapshotID("snapshot_id", req.GetSnapshotId())
+	if err != nil {
+		return nil, err
+	}
+	qc, err := c.d.clientFor(req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
+	s, err := qc.GetSnapshot(ctx, volume, snap)
+	if client.IsNotFound(err) {
+		return nil, fmt.Errorf("snapshot %s: %w", req.GetSnapshotId(), ErrNotFound)
+	} else if err != nil {
+		return nil, fmt.Errorf("look up snapshot %s: %w", req.GetSnapshotId(), err)
+	}
+	return &csi.GetSnapshotResponse{Snapshot: csiSnapshot(s)}, nil
+}
+
+// ListSnapshots lists snapshots of the volumes this plugin made (or the one
+// asked for by ID or source volume), sorted by ID, a page at a time.
+func (c *controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	if req.GetMaxEntries() < 0 {
+		return nil, fmt.Errorf("max_entries %d: must not be negative: %w", req.GetMaxEntries(), ErrInvalid)
+	}
+	after, err := parseToken(req.GetStartingToken(), func(id string) bool {
+		_, _, err := parseSnapshotID("starting_token", id)
+		return err == nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	qc, err := c.d.clientFor(req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
+	snaps, err := c.listSnapshots(ctx, qc, req.GetSnapshotId(), req.GetSourceVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(snaps, func(a, b *csi.Snapshot) int { return strings.Compare(a.SnapshotId, b.SnapshotId) })
+	resp := &csi.ListSnapshotsResponse{}
+	for _, s := range snaps {
+		if after != "" && s.SnapshotId <= after {
+			continue
+		}
+		if max := int(req.GetMaxEntries()); max > 0 && len(resp.Entries) == max {
+			resp.NextToken = nextToken(resp.Entries[len(resp.Entries)-1].GetSnapshot().GetSnapshotId())
+			break
+		}
+		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: s})
+	}
+	return resp, nil
+}
+
+// listSnapshots gathers the snapshots a ListSnapshots request selects. IDs
+// that cannot name a quiver snapshot or volume select nothing.
+func (c *controller) listSnapshots(ctx context.Context, qc *client.Client, id, source string) ([]*csi.Snapshot, error) {
+	if id != "" {
+		volume, snap, err := parseSnapshotID("snapshot_id", id)
+		if err != nil || (source != "" && source != volume) {
+			return nil, nil
+		}
+		s, err := qc.GetSnapshot(ctx, volume, snap)
+		if client.IsNotFound(err) {
+			return nil, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("look up snapshot %s: %w", id, err)
+		}
+		return []*csi.Snapshot{csiSnapshot(s)}, nil
+	}
+	var volumes []string
+	if source != "" {
+		if _, err := parseVolumeID("source_volume_id", source); err != nil {
+			return nil, nil
+		}
+		volumes = []string{source}
+	} else {
+		vols, err := qc.ListVolumes(ctx, LabelDriver+"="+c.d.cfg.DriverName)
+		if err != nil {
+			return nil, fmt.Errorf("list volumes: %w", err)
+		}
+		for _, v := range vols {
+			if v.Snapshots > 0 {
+				volumes = append(volumes, v.Name)
+			}
+		}
+	}
+	var out []*csi.Snapshot
+	for _, v := range volumes {
+		list, err := qc.ListSnapshots(ctx, v)
+		if client.IsNotFound(err) {
+			continue
+		} else if err != nil {
+			return nil, fmt.Errorf("list snapshots of %s: %w", v, err)
+		}
+		for _, s := range list {
+			out = append(out, csiSnapshot(s))
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,73 @@
+package fscap
+
+import (
+	"fmt"
+	"os"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// FIEMAP extent flags (<linux/fiemap.h>) that make a range not solid.
+const (
+	fiemapExtentUnknown   = 0x00000002
+	fiemapExtentEncoded   = 0x00000008
+	fiemapExtentUnwritten = 0x00000800
+	fiemapExtentShared    = 0x00002000
+)
+
+// fiemapExtent mirrors struct fiemap_extent (56 bytes).
+type fiemapExtent struct {
+	Logical  uint64
+	Physical uint64
+	Length   uint64
+	_        [2]uint64
+	Flags    uint32
+	_        [3]uint32
+}
+
+// solidMaxExtents is how many extents a solid range may span.
+const solidMaxExtents = 8
+
+// fiemapBuf is a FIEMAP request with room for solidMaxExtents+1 extents: one
+// more than a solid range may have, to tell "too many" from "just enough".
+type fiemapBuf struct {
+	hdr fiemap
+	ext [solidMaxExtents + 1]fiemapExtent
+}
+
+// Solid reports whether [off, off+length) of f is fully backed by at most a
+// few extents that f owns outright: no hole, no unwritten (preallocated)
+// part, nothing shared with another file by a reflink. A write into a solid
+// range overwrites in place and leaves the extent map as it is; a write into
+// any other range splits extent records (copy-on-write of a shared extent,
+// or written and unwritten halves of a preallocation), and the records are
+// what FICLONE walks. Delayed-allocation data counts as solid: it is
+// allocated in one piece at writeback. Filesystems without FIEMAP give an
+// error wrapping ErrNotSupported.
+func Solid(f *os.File, off, length int64) (bool, error) {
+	var b fiemapBuf
+	b.hdr = fiemap{Start: uint64(off), Length: uint64(length), ExtentCount: uint32(len(b.ext))}
+	err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFiemap, unsafe.Pointer(&b)) })
+	if isErrno(err, unix.EOPNOTSUPP, unix.ENOTTY) {
+		err = notSupported(err)
+	}
+	if err != nil {
+		return false, fmt.Errorf("extent map of %s: %w", f.Name(), err)
+	}
+	n := int(b.hdr.MappedExtents)
+	if n == 0 || n > solidMaxExtents {
+		return false, nil
+	}
+	next := uint64(off)
+	for _, e := range b.ext[:n] {
+		if e.Flags&(fiemapExtentUnknown|fiemapExtentEncoded|fiemapExtentUnwritten|fiemapExtentShared) != 0 {
+			return false, nil
+		}
+		if e.Logical > next { // a hole before this extent
+			return false, nil
+		}
+		next = max(next, e.Logical+e.Length)
+	}
+	return next >= uint64(off+length), nil
+}

@@ -1,0 +1,80 @@
+package fscap
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestSolid checks each state a 1 MiB range can be in on XFS and btrfs: a
+// hole, partly written, preallocated, written, shared with a reflink copy,
+// and written again whole after the copy.
+func TestSolid(t *testing.T) {
+	for _, fc := range []fsCase{onXFS, onBtrfs} {
+		t.Run(fc.name, func(t *testing.T) {
+			dir := fc.dir(t)
+			f, err := os.OpenFile(filepath.Join(dir, "a.img"), os.O_RDWR|os.O_CREATE, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			const mib = 1 << 20
+			if err := f.Truncate(8 * mib); err != nil {
+				t.Fatal(err)
+			}
+			chunk := func(i int64) (int64, int64) { return i * mib, mib }
+			write := func(off, n int64) {
+				t.Helper()
+				if _, err := f.WriteAt(make([]byte, n), off); err != nil {
+					t.Fatal(err)
+				}
+				if err := f.Sync(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write(1*mib+4096, 4096) // chunk 1: partly written
+			if err := unix.Fallocate(int(f.Fd()), 0, 2*mib, mib); err != nil {
+				t.Fatal(err)
+			} // chunk 2: preallocated, unwritten
+			write(3*mib, mib) // chunk 3: written whole
+			write(4*mib, mib) // chunk 4: written, then shared by a reflink
+			g, err := os.Create(filepath.Join(dir, "b.img"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			if err := Reflink(g, f); err != nil {
+				t.Fatal(err)
+			}
+			write(5*mib, mib) // chunk 5: written whole after the copy: owned again
+			want := map[int64]bool{0: false, 1: false, 2: false, 3: false, 4: false, 5: true}
+			for i := int64(0); i <= 5; i++ {
+				off, n := chunk(i)
+				got, err := Solid(f, off, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got != want[i] {
+					t.Errorf("chunk %d: Solid = %v, want %v", i, got, want[i])
+				}
+			}
+			// The copy shares chunk 3 with the original.
+			if got, _ := Solid(g, 3*mib, mib); got {
+				t.Error("the reflink copy's chunk 3 reads as solid: it is shared")
+			}
+		})
+	}
+	t.Run("tmpfs", func(t *testing.T) {
+		f, err := os.Create(filepath.Join(onTmpfs.dir(t), "a.img"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := Solid(f, 0, 4096); !errors.Is(err, ErrNotSupported) {
+			t.Fatalf("Solid on tmpfs: %v, want ErrNotSupported", err)
+		}
+	})
+}

@@ -1,0 +1,250 @@
+package testserver
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/client"
+)
+
+// Options says how to run `quiver server`.
+type Options struct {
+	Pool      string   // pool directory (required)
+	NBDTCP    bool     // serve NBD on a free loopback TCP port
+	NBDSocket string   // serve NBD on this unix socket too ("" none)
+	LogLevel  string   // default "info"
+	Args      []string // more flags
+	// Token, when set, is the server's bearer token: Start writes it to a
+	// file beside the pool, passes --token-file, and Process.API sends it.
+	Token string
+}
+
+// Process is one `quiver server` on free loopback ports.
+type Process struct {
+	API     *client.Client
+	APIAddr string // host:port of the HTTP API
+	NBDAddr string // host:port of NBD over TCP, when Options.NBDTCP
+	Socket  string // NBD unix socket, when set
+	Pool    string
+	Log     *LogBuffer
+
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once the process is reaped
+	werr   error         // cmd.Wait's result, set before exited is closed
+}
+
+// Start runs bin as a server and returns once its API answers (the NBD
+// listeners are bound before the API serves). When another process takes a
+// probed port first, it tries again on new ports.
+func Start(ctx context.Context, bin string, o Options) (*Process, error) {
+	for attempt := 0; ; attempt++ {
+		p, err := spawn(bin, o)
+		if err != nil {
+			return nil, err
+		}
+		err = p.waitReady(ctx)
+		if err == nil {
+			return p, nil
+		}
+		p.Kill()
+		if attempt < 5 && strings.Contains(p.Log.String(), "address already in use") {
+			continue
+		}
+		return nil, fmt.Errorf("quiver server: %w\nlog:\n%s", err, Tail(p.Log.String(), 100))
+	}
+}
+
+func spawn(bin string, o Options) (*Process, error) {
+	apiAddr, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	p := &Process{APIAddr: apiAddr, Socket: o.NBDSocket, Pool: o.Pool, Log: &LogBuffer{}, exited: make(chan struct{})}
+	args := []string{"server", "--pool", o.Pool, "--listen", apiAddr, "--nbd-listen="}
+	if o.NBDTCP {
+		if p.NBDAddr, err = FreePort(); err != nil {
+			return nil, err
+		}
+		args[len(args)-1] = "--nbd-listen=" + p.NBDAddr
+	}
+	if o.NBDSocket != "" {
+		args = append(args, "--nbd-socket", o.NBDSocket)
+	}
+	level := o.LogLevel
+	if level == "" {
+		level = "info"
+	}
+	args = append(args, "--log-level", level)
+	var opts []client.Option
+	if o.Token != "" {
+		file := filepath.Clean(o.Pool) + ".token"
+		if err := os.WriteFile(file, []byte(o.Token+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+		args = append(args, "--token-file", file)
+		opts = append(opts, client.WithToken(o.Token))
+	}
+	args = append(args, o.Args...)
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.Log, p.Log
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		p.werr = p.cmd.Wait()
+		close(p.exited)
+	}()
+	hc := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 30 * time.Second}
+	if p.API, err = client.New("http://"+apiAddr, append(opts, client.WithHTTPClient(hc))...); err != nil {
+		p.Kill()
+		return nil, err
+	}
+	return p, nil
+}
+
+// waitReady polls GET /v1/pool for up to 30 s.
+func (p *Process) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+		_, err := p.API.Pool(rctx)
+		rcancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-p.exited:
+			return fmt.Errorf("server exited before it was ready: %v", p.werr)
+		case <-ctx.Done():
+			return fmt.Errorf("server not ready: %w (last error: %v)", ctx.Err(), err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// URI is the NBD URI of an export over TCP.
+func (p *Process) URI(export string) string { return "nbd://" + p.NBDAddr + "/" + export }
+
+// UnixURI is the NBD URI of an export over the unix socket.
+func (p *Process) UnixURI(export string) string {
+	return "nbd+unix:///" + export + "?socket=" + p.Socket
+}
+
+// PID is the server's process ID.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Exited is closed once the process has ended and been reaped.
+func (p *Process) Exited() <-chan struct{} { return p.exited }
+
+// Kill sends SIGKILL and reaps the process.
+func (p *Process) Kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}
+
+// Stop ends the server with SIGTERM (which drains and flushes every NBD
+// connection) and reports an error unless it exited by itself, with status
+// 0, within timeout, and its log holds no data race or panic.
+func (p *Process) Stop(timeout time.Duration) error {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	var errs []string
+	select {
+	case <-p.exited:
+		if p.werr != nil {
+			errs = append(errs, fmt.Sprintf("did not exit cleanly on SIGTERM: %v", p.werr))
+		}
+	case <-time.After(timeout):
+		p.Kill()
+		errs = append(errs, fmt.Sprintf("did not exit within %v of SIGTERM", timeout))
+	}
+	if err := p.CheckLog(); err != nil {
+		errs = append(errs, err.Error())
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("quiver server: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// CheckLog reports a data race, panic or fatal error in the server's log.
+func (p *Process) CheckLog() error {
+	log := p.Log.String()
+	for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
+		if strings.Contains(log, bad) {
+			return fmt.Errorf("server log contains %q", bad)
+		}
+	}
+	return nil
+}
+
+// StartT starts a server on a fresh pool for t, with NBD on TCP and on a
+// unix socket; t.Cleanup stops it and fails t if it does not stop cleanly.
+func StartT(t testing.TB, bin string, o Options) *Process {
+	t.Helper()
+	if o.Pool == "" {
+		o.Pool = t.TempDir()
+	}
+	if o.NBDSocket == "" {
+		o.NBDSocket = SocketPath(t)
+	}
+	p, err := Start(context.Background(), bin, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Stop(20 * time.Second); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Logf("server log:\n%s", Tail(p.Log.String(), 200))
+		}
+	})
+	return p
+}
+
+// SocketPath returns a fresh unix socket path that fits in 108 bytes, which
+// t.TempDir() paths, named after the test, may not.
+func SocketPath(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "qv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return filepath.Join(dir, "nbd.sock")
+}
+
+// Tail returns the last n lines of s.
+func Tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = append([]string{fmt.Sprintf("[%d lines before]", len(lines)-n)}, lines[len(lines)-n:]...)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// MainWithBinary builds the server once for a test binary's TestMain,
+// stores its path in *bin, runs the tests and removes it.
+func MainWithBinary(m *testing.M, bin *string) int {
+	dir, err := os.MkdirTemp("", "quiver-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "build quiver:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	*bin = filepath.Join(dir, "quiver")
+	if err := Build(*bin, RaceEnabled); err != nil {
+		fmt.Fprintln(os.Stderr, "build quiver:", err)
+		return 1
+	}
+	return m.Run()
+}
