@@ -279,6 +279,45 @@ func (v *vm) ioStatus(t *testing.T, ctx context.Context) map[string]string {
 	return out
 }
 
+// waitStatus waits for the VM's run state.
+func (v *vm) waitStatus(t *testing.T, ctx context.Context, want string) {
+	t.Helper()
+	for {
+		st := v.status(t, ctx)
+		if st == want {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: VM status %q, want %q: %v", v.name, st, want, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// waitWrites waits until the VM has completed at least want[disk] writes
+// to each disk.
+func (v *vm) waitWrites(t *testing.T, ctx context.Context, want map[string]int64) {
+	t.Helper()
+	for {
+		stats := v.blockStats(t, ctx)
+		done := true
+		for d, n := range want {
+			if stats[d].WrOperations < n {
+				done = false
+			}
+		}
+		if done {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: waiting for %v writes, have %+v: %v", v.name, want, stats, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // checkGuestHealthy fails the test if the VM is not running, a disk
 // reports an I/O error status or failed requests, or the guest console
 // shows an I/O error, a panic or the guest writer's exit.
