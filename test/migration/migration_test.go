@@ -15,10 +15,12 @@ const (
 	// few hundred a second, so the disks never fill within a test.
 	diskSize = 64 << 20
 	// fastMigration lets QEMU send RAM as fast as it can; slowMigration
-	// keeps a migration of the guest's RAM going for many seconds, long
-	// enough to cancel it while it is active.
+	// keeps a migration of the guest's RAM (about 70 MiB that are not
+	// zero) going for several seconds, and the test cancels it once
+	// cancelAfter bytes have gone, while it is active.
 	fastMigration = 1 << 30 // bytes per second
-	slowMigration = 1 << 20
+	slowMigration = 8 << 20
+	cancelAfter   = 2 << 20
 	// destinationRun is how long the guest writes on the destination
 	// after the migration.
 	destinationRun = 3 * time.Second
@@ -127,7 +129,7 @@ func TestMigrationCancelled(t *testing.T) {
 		uri := "unix:" + filepath.Join(f.dir, name+".migrate.sock")
 		startMigration(t, ctx, src, dst, uri, slowMigration)
 		active := src.waitMigration(t, ctx, func(m migrationInfo) bool {
-			return m.finished() || m.Status == "active" && m.RAM != nil && m.RAM.Transferred > 0
+			return m.finished() || m.Status == "active" && m.RAM != nil && m.RAM.Transferred >= cancelAfter
 		})
 		if active.Status != "active" {
 			t.Fatalf("%s: migration %q before it could be stopped: %s", how, active.Status, active.ErrorDesc)
