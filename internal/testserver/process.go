@@ -95,6 +95,7 @@ func spawn(bin string, o Options) (*Process, error) {
 	args = append(args, o.Args...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.Log, p.Log
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
 	if err := p.cmd.Start(); err != nil {
 		return nil, err
 	}

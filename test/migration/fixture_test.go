@@ -20,7 +20,7 @@ type fixture struct {
 func newFixture(t *testing.T, ctx context.Context) *fixture {
 	t.Helper()
 	f := &fixture{guest: requireGuest(t), dir: shortTempDir(t)}
-	f.srv = startServer(t, ctx, f.dir)
+	f.srv = startServer(t, f.dir)
 	f.srv.createVolume(t, ctx, volumeName, diskSize)
 	return f
 }

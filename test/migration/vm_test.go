@@ -180,10 +180,10 @@ func (v *vm) consoleText() string {
 // QEMU's output and the QMP events.
 func (v *vm) diagnostics() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "--- %s guest console (tail) ---\n%s\n", v.name, tail(v.consoleText(), 100))
-	fmt.Fprintf(&b, "--- %s QEMU stderr (tail) ---\n%s\n", v.name, tail(v.stderr.String(), 20))
+	fmt.Fprintf(&b, "--- %s guest console (tail) ---\n%s\n", v.name, testserver.Tail(v.consoleText(), 100))
+	fmt.Fprintf(&b, "--- %s QEMU stderr (tail) ---\n%s\n", v.name, testserver.Tail(v.stderr.String(), 20))
 	if v.qmp != nil {
-		fmt.Fprintf(&b, "--- %s QMP events ---\n%s\n", v.name, tail(strings.Join(v.qmp.eventLog(), "\n"), 20))
+		fmt.Fprintf(&b, "--- %s QMP events ---\n%s\n", v.name, testserver.Tail(strings.Join(v.qmp.eventLog(), "\n"), 20))
 	}
 	if !v.running() {
 		fmt.Fprintf(&b, "--- %s QEMU exited: %v ---\n", v.name, v.werr)
@@ -372,10 +372,3 @@ func checkStderrClean(t *testing.T, v *vm) {
 }
 
 // tail returns the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = append([]string{fmt.Sprintf("[%d lines before]", len(lines)-n)}, lines[len(lines)-n:]...)
-	}
-	return strings.Join(lines, "\n")
-}
