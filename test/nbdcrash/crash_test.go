@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 const (
@@ -43,6 +44,28 @@ const (
 // only after the write they cover), not durability across power loss, which
 // needs a crash-simulating filesystem.
 func TestKillDuringWrites(t *testing.T) {
+	cycles := envInt(t, "QUIVER_NBDCRASH_CYCLES", 50)
+	if testing.Short() && os.Getenv("QUIVER_NBDCRASH_CYCLES") == "" {
+		cycles = 10
+	}
+	runKillTest(t, t.TempDir(), cycles, false)
+}
+
+// TestKillDuringWritesXFS runs fewer cycles on an XFS pool, where disks are
+// written in owned chunks (pool/chunks.go): the first write into a chunk
+// rewrites it whole, and a kill during that rewrite must lose nothing
+// either.
+func TestKillDuringWritesXFS(t *testing.T) {
+	cycles := envInt(t, "QUIVER_NBDCRASH_XFS_CYCLES", 15)
+	if testing.Short() && os.Getenv("QUIVER_NBDCRASH_XFS_CYCLES") == "" {
+		cycles = 5
+	}
+	runKillTest(t, testfs.MountXFS(t, 1<<30), cycles, true)
+}
+
+// runKillTest runs cycles on a pool in dir, taking a snapshot after each
+// with snapshotEach.
+func runKillTest(t *testing.T, dir string, cycles int, snapshotEach bool) {
 	requireTools(t, "qemu-io")
 	python := libnbdPython(t)
 	// The server runs without the race detector here: it is restarted for
@@ -50,10 +73,6 @@ func TestKillDuringWrites(t *testing.T) {
 	// slower. TestSnapshotsUnderNBDLoad runs it with the detector under NBD
 	// load.
 	bin := quiverBinary(t, false)
-	cycles := envInt(t, "QUIVER_NBDCRASH_CYCLES", 50)
-	if testing.Short() && os.Getenv("QUIVER_NBDCRASH_CYCLES") == "" {
-		cycles = 10
-	}
 	seed := uint64(time.Now().UnixNano())
 	if os.Getenv("QUIVER_NBDCRASH_SEED") != "" {
 		seed = uint64(envInt(t, "QUIVER_NBDCRASH_SEED", 0))
@@ -62,8 +81,7 @@ func TestKillDuringWrites(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 0))
 
 	ctx := t.Context()
-	dir := t.TempDir()
-	k := &killTest{bin: bin, dir: dir, poolDir: filepath.Join(dir, "pool"), python: python, seed: seed,
+	k := &killTest{snapshotEach: snapshotEach, bin: bin, dir: dir, poolDir: filepath.Join(dir, "pool"), python: python, seed: seed,
 		qemu: newDiskModel("qemu", rng.Uint64(), crashBlocks), libnbd: newDiskModel("libnbd", rng.Uint64(), crashBlocks)}
 	t.Cleanup(k.close)
 	var err error
@@ -104,6 +122,7 @@ func TestKillDuringWrites(t *testing.T) {
 type killTest struct {
 	bin, dir, poolDir, python string
 	seed                      uint64
+	snapshotEach              bool
 	srv                       *quiverServer // nil after a failed cycle, which killed it
 	qemu, libnbd              *diskModel
 	clients                   [2]*libnbdClient
@@ -165,6 +184,13 @@ func (k *killTest) cycle(ctx context.Context, n int, delay time.Duration) error 
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return errors.Join(err, k.kill())
+	}
+	if k.snapshotEach {
+		// The next cycle's writes then land in extents shared with the
+		// snapshot: with owned chunks, each first write rewrites its chunk.
+		if _, err := k.srv.client.CreateSnapshot(ctx, "vm", fmt.Sprintf("cycle-%d", n)); err != nil {
+			return errors.Join(fmt.Errorf("snapshot: %w", err), k.kill())
+		}
 	}
 	return nil
 }
