@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -289,18 +290,13 @@ func volumeContext(v api.Volume) map[string]string {
 // so is one with snapshots: quiver keeps snapshots inside their volume, so
 // they are not independent of it (the CSI spec's FAILED_PRECONDITION case).
 func (c *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, fmt.Errorf("volume_id is required: %w", ErrInvalid)
-	}
 	name, err := parseVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if errors.Is(err, ErrNotFound) {
 		return &csi.DeleteVolumeResponse{}, nil
-	}
-	qc, err := c.d.clientFor(req.GetSecrets())
-	if err != nil {
+	} else if err != nil {
 		return nil, err
 	}
-	unlock, err := c.d.locks.tryLock(name)
+	qc, unlock, err := c.d.lockedClient(req.GetSecrets(), name)
 	if err != nil {
 		return nil, err
 	}
@@ -344,11 +340,9 @@ func (c *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if err != nil {
 		return nil, err
 	}
-	v, err := qc.GetVolume(ctx, name)
-	if client.IsNotFound(err) {
-		return nil, fmt.Errorf("volume %s: %w", name, ErrNotFound)
-	} else if err != nil {
-		return nil, fmt.Errorf("look up volume %s: %w", name, err)
+	v, err := getVolume(ctx, qc, name)
+	if err != nil {
+		return nil, err
 	}
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
@@ -392,27 +386,20 @@ func paramsMismatch(params map[string]string, v api.Volume) string {
 // ListVolumes lists the volumes this plugin made, sorted by ID, a page at a
 // time.
 func (c *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, fmt.Errorf("max_entries %d: must not be negative: %w", req.GetMaxEntries(), ErrInvalid)
+	if err := checkMaxEntries(req.GetMaxEntries()); err != nil {
+		return nil, err
 	}
 	after, err := parseToken(req.GetStartingToken(), isDNSLabel)
 	if err != nil {
 		return nil, err
 	}
-	vols, err := c.d.api.ListVolumes(ctx, LabelDriver+"="+c.d.cfg.DriverName)
+	vols, err := c.d.ownVolumes(ctx, c.d.api)
 	if err != nil {
-		return nil, fmt.Errorf("list volumes: %w", err)
+		return nil, err
 	}
-	slices.SortFunc(vols, func(a, b api.Volume) int { return strings.Compare(a.Name, b.Name) })
-	resp := &csi.ListVolumesResponse{}
+	vols, next := page(vols, func(v api.Volume) string { return v.Name }, after, req.GetMaxEntries())
+	resp := &csi.ListVolumesResponse{NextToken: next}
 	for _, v := range vols {
-		if after != "" && v.Name <= after {
-			continue
-		}
-		if max := int(req.GetMaxEntries()); max > 0 && len(resp.Entries) == max {
-			resp.NextToken = nextToken(resp.Entries[len(resp.Entries)-1].GetVolume().GetVolumeId())
-			break
-		}
 		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: &csi.Volume{
 			VolumeId: v.Name, CapacityBytes: v.Capacity, VolumeContext: volumeContext(v),
 		}})
@@ -445,8 +432,8 @@ func (c *controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 // single-disk layout, its disk. Neither Filesystem nor Block mode needs a
 // node step: there is no filesystem to resize.
 func (c *controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, fmt.Errorf("volume_id is required: %w", ErrInvalid)
+	if err := required("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
 	}
 	if req.GetCapacityRange() == nil {
 		return nil, fmt.Errorf("capacity_range is required: %w", ErrInvalid)
@@ -460,21 +447,11 @@ func (c *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 			return nil, err
 		}
 	}
-	qc, err := c.d.clientFor(req.GetSecrets())
-	if err != nil {
-		return nil, err
-	}
-	unlock, err := c.d.locks.tryLock(name)
+	qc, v, unlock, err := c.d.lockedVolume(ctx, req.GetSecrets(), name)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, err := qc.GetVolume(ctx, name)
-	if client.IsNotFound(err) {
-		return nil, fmt.Errorf("volume %s: %w", name, ErrNotFound)
-	} else if err != nil {
-		return nil, fmt.Errorf("look up volume %s: %w", name, err)
-	}
 	capacity, err := capacityFor(req.GetCapacityRange(), v.Capacity)
 	if err != nil {
 		return nil, err

@@ -164,6 +164,55 @@ func (d *Driver) clientFor(secrets map[string]string) (*client.Client, error) {
 	return newClient(d.cfg, strings.TrimSpace(token))
 }
 
+// lockedClient returns the API client for a request (clientFor) and takes
+// the lock of volume; call the returned function to release it.
+func (d *Driver) lockedClient(secrets map[string]string, volume string) (*client.Client, func(), error) {
+	qc, err := d.clientFor(secrets)
+	if err != nil {
+		return nil, nil, err
+	}
+	unlock, err := d.locks.tryLock(volume)
+	if err != nil {
+		return nil, nil, err
+	}
+	return qc, unlock, nil
+}
+
+// lockedVolume is lockedClient, then getVolume of the volume; call the
+// returned function to release the lock.
+func (d *Driver) lockedVolume(ctx context.Context, secrets map[string]string, volume string) (*client.Client, api.Volume, func(), error) {
+	qc, unlock, err := d.lockedClient(secrets, volume)
+	if err != nil {
+		return nil, api.Volume{}, nil, err
+	}
+	v, err := getVolume(ctx, qc, volume)
+	if err != nil {
+		unlock()
+		return nil, api.Volume{}, nil, err
+	}
+	return qc, v, unlock, nil
+}
+
+// ownVolumes lists the volumes this plugin made (label LabelDriver).
+func (d *Driver) ownVolumes(ctx context.Context, qc *client.Client) ([]api.Volume, error) {
+	vols, err := qc.ListVolumes(ctx, LabelDriver+"="+d.cfg.DriverName)
+	if err != nil {
+		return nil, fmt.Errorf("list volumes: %w", err)
+	}
+	return vols, nil
+}
+
+// getVolume looks a volume up; an unknown one is ErrNotFound.
+func getVolume(ctx context.Context, qc *client.Client, name string) (api.Volume, error) {
+	v, err := qc.GetVolume(ctx, name)
+	if client.IsNotFound(err) {
+		return v, fmt.Errorf("volume %s: %w", name, ErrNotFound)
+	} else if err != nil {
+		return v, fmt.Errorf("look up volume %s: %w", name, err)
+	}
+	return v, nil
+}
+
 // poolInfo returns the pool's identity, asked once.
 func (d *Driver) poolInfo(ctx context.Context, c *client.Client) (api.PoolInfo, error) {
 	d.poolMu.Lock()

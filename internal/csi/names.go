@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -86,12 +87,24 @@ func nameLabelValue(csiName string) string {
 
 func isDNSLabel(s string) bool { return len(validation.IsDNS1123Label(s)) == 0 }
 
+// required checks that request fields are set, in the order given:
+// fieldValues alternates a field's name and its value. The first empty one
+// is InvalidArgument.
+func required(fieldValues ...string) error {
+	for i := 0; i+1 < len(fieldValues); i += 2 {
+		if fieldValues[i+1] == "" {
+			return fmt.Errorf("%s is required: %w", fieldValues[i], ErrInvalid)
+		}
+	}
+	return nil
+}
+
 // checkName checks a CSI name sent by the CO.
 func checkName(field, name string) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("%s is required: %w", field, ErrInvalid)
-	case len(name) > MaxNameLength:
+	if err := required(field, name); err != nil {
+		return err
+	}
+	if len(name) > MaxNameLength {
 		return fmt.Errorf("%s %q: at most %d bytes: %w", field, name, MaxNameLength, ErrInvalid)
 	}
 	return nil
@@ -104,8 +117,8 @@ func checkName(field, name string) error {
 // anything that is not a quiver volume name cannot name a volume, so it is
 // NotFound.
 func parseVolumeID(field, id string) (string, error) {
-	if id == "" {
-		return "", fmt.Errorf("%s is required: %w", field, ErrInvalid)
+	if err := required(field, id); err != nil {
+		return "", err
 	}
 	if !isDNSLabel(id) {
 		return "", fmt.Errorf("volume %q: not a quiver volume ID: %w", id, ErrNotFound)
@@ -120,8 +133,8 @@ func snapshotID(volume, snapshot string) string { return volume + "@" + snapshot
 // parseSnapshotID splits a snapshot ID; one that this plugin cannot have
 // made is NotFound.
 func parseSnapshotID(field, id string) (volume, snapshot string, err error) {
-	if id == "" {
-		return "", "", fmt.Errorf("%s is required: %w", field, ErrInvalid)
+	if err := required(field, id); err != nil {
+		return "", "", err
 	}
 	volume, snapshot, ok := strings.Cut(id, "@")
 	if !ok || !isDNSLabel(volume) || !isDNSLabel(snapshot) {
@@ -147,4 +160,30 @@ func parseToken(token string, valid func(string) bool) (string, error) {
 		return "", fmt.Errorf("starting_token %q: not a token this plugin returned: %w", token, ErrBadToken)
 	}
 	return id, nil
+}
+
+// checkMaxEntries checks a list request's max_entries.
+func checkMaxEntries(n int32) error {
+	if n < 0 {
+		return fmt.Errorf("max_entries %d: must not be negative: %w", n, ErrInvalid)
+	}
+	return nil
+}
+
+// page sorts items by ID and returns the page that starts after the ID
+// after ("" for the first page) and holds at most maxEntries items (0 for
+// no limit), with the token of the next page ("" for the last).
+func page[T any](items []T, id func(T) string, after string, maxEntries int32) ([]T, string) {
+	slices.SortFunc(items, func(a, b T) int { return strings.Compare(id(a), id(b)) })
+	var out []T
+	for _, it := range items {
+		if after != "" && id(it) <= after {
+			continue
+		}
+		if max := int(maxEntries); max > 0 && len(out) == max {
+			return out, nextToken(id(out[len(out)-1]))
+		}
+		out = append(out, it)
+	}
+	return out, ""
 }

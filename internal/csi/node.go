@@ -14,7 +14,6 @@ import (
 	mount "k8s.io/mount-utils"
 
 	"github.com/quiverstorage/quiver/internal/api"
-	"github.com/quiverstorage/quiver/internal/client"
 )
 
 // nodeService is the CSI node service. NodeStageVolume does the per-node
@@ -68,12 +67,9 @@ func (n *nodeService) NodeGetInfo(ctx context.Context, _ *csi.NodeGetInfoRequest
 // disk over NBD (with the attachment token of publish_context) and makes a
 // loop device of it.
 func (n *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, fmt.Errorf("volume_id is required: %w", ErrInvalid)
-	}
 	staging := req.GetStagingTargetPath()
-	if staging == "" {
-		return nil, fmt.Errorf("staging_target_path is required: %w", ErrInvalid)
+	if err := required("volume_id", req.GetVolumeId(), "staging_target_path", staging); err != nil {
+		return nil, err
 	}
 	kind, err := checkCapability(req.GetVolumeCapability())
 	if err != nil {
@@ -83,21 +79,11 @@ func (n *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if err != nil {
 		return nil, err
 	}
-	qc, err := n.d.clientFor(req.GetSecrets())
-	if err != nil {
-		return nil, err
-	}
-	unlock, err := n.d.locks.tryLock(name)
+	_, v, unlock, err := n.d.lockedVolume(ctx, req.GetSecrets(), name)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, err := qc.GetVolume(ctx, name)
-	if client.IsNotFound(err) {
-		return nil, fmt.Errorf("volume %s: %w", name, ErrNotFound)
-	} else if err != nil {
-		return nil, fmt.Errorf("look up volume %s: %w", name, err)
-	}
 	readOnly := readOnlyMode(req.GetVolumeCapability().GetAccessMode().GetMode())
 	rec, err := n.state.load(name)
 	if err != nil {
@@ -217,25 +203,18 @@ func primaryDisk(v api.Volume, volCtx map[string]string) (string, error) {
 // NodeUnstageVolume undoes NodeStageVolume. A volume not staged here is
 // success.
 func (n *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, fmt.Errorf("volume_id is required: %w", ErrInvalid)
-	}
-	if req.GetStagingTargetPath() == "" {
-		return nil, fmt.Errorf("staging_target_path is required: %w", ErrInvalid)
+	if err := required("volume_id", req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
 	}
 	name, err := parseVolumeID("volume_id", req.GetVolumeId())
 	if err != nil {
 		return &csi.NodeUnstageVolumeResponse{}, nil
 	}
-	unlock, err := n.d.locks.tryLock(name)
+	rec, unlock, err := n.lockedRecord(name)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	rec, err := n.state.load(name)
-	if err != nil {
-		return nil, err
-	}
 	if rec == nil || rec.Staging != req.GetStagingTargetPath() {
 		return &csi.NodeUnstageVolumeResponse{}, nil
 	}
@@ -246,6 +225,21 @@ func (n *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 		return nil, err
 	}
 	return &csi.NodeUnstageVolumeResponse{}, nil
+}
+
+// lockedRecord takes the lock of volume and loads its record (nil when it
+// is not staged here); call the returned function to release the lock.
+func (n *nodeService) lockedRecord(volume string) (*stageRecord, func(), error) {
+	unlock, err := n.d.locks.tryLock(volume)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, err := n.state.load(volume)
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return rec, unlock, nil
 }
 
 // unstage undoes every step of rec that is in place, then forgets rec.
@@ -264,12 +258,9 @@ func (n *nodeService) unstage(ctx context.Context, rec *stageRecord) error {
 // NodePublishVolume bind-mounts the staged volume at the target path: the
 // volume's directory (Filesystem mode) or the loop device (Block mode).
 func (n *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, fmt.Errorf("volume_id is required: %w", ErrInvalid)
-	}
 	target := req.GetTargetPath()
-	if target == "" {
-		return nil, fmt.Errorf("target_path is required: %w", ErrInvalid)
+	if err := required("volume_id", req.GetVolumeId(), "target_path", target); err != nil {
+		return nil, err
 	}
 	kind, err := checkCapability(req.GetVolumeCapability())
 	if err != nil {
@@ -282,15 +273,11 @@ func (n *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := n.d.locks.tryLock(name)
+	rec, unlock, err := n.lockedRecord(name)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	rec, err := n.state.load(name)
-	if err != nil {
-		return nil, err
-	}
 	if rec == nil || rec.Staging != req.GetStagingTargetPath() {
 		return nil, fmt.Errorf("volume %s is not staged at %s: %w", name, req.GetStagingTargetPath(), ErrPrecondition)
 	}
@@ -353,26 +340,19 @@ func (n *nodeService) publish(rec *stageRecord, pub publication, flags []string)
 // NodeUnpublishVolume unmounts the target path and removes it. A target
 // that is not there is success.
 func (n *nodeService) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, fmt.Errorf("volume_id is required: %w", ErrInvalid)
-	}
 	target := req.GetTargetPath()
-	if target == "" {
-		return nil, fmt.Errorf("target_path is required: %w", ErrInvalid)
+	if err := required("volume_id", req.GetVolumeId(), "target_path", target); err != nil {
+		return nil, err
 	}
 	name, err := parseVolumeID("volume_id", req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := n.d.locks.tryLock(name)
+	rec, unlock, err := n.lockedRecord(name)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	rec, err := n.state.load(name)
-	if err != nil {
-		return nil, err
-	}
 	if rec == nil {
 		return &csi.NodeUnpublishVolumeResponse{}, nil
 	}
@@ -416,21 +396,16 @@ func (n *nodeService) unmount(path string, remove bool) error {
 // Filesystem mode its capacity and the space all its disks take on the pool,
 // for Block mode the primary disk's size and allocation.
 func (n *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, fmt.Errorf("volume_id is required: %w", ErrInvalid)
-	}
-	if req.GetVolumePath() == "" {
-		return nil, fmt.Errorf("volume_path is required: %w", ErrInvalid)
+	if err := required("volume_id", req.GetVolumeId(), "volume_path", req.GetVolumePath()); err != nil {
+		return nil, err
 	}
 	name, err := parseVolumeID("volume_id", req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
-	v, err := n.d.api.GetVolume(ctx, name)
-	if client.IsNotFound(err) {
-		return nil, fmt.Errorf("volume %s: %w", name, ErrNotFound)
-	} else if err != nil {
-		return nil, fmt.Errorf("look up volume %s: %w", name, err)
+	v, err := getVolume(ctx, n.d.api, name)
+	if err != nil {
+		return nil, err
 	}
 	rec, err := n.state.load(name)
 	if err != nil {

@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -24,11 +25,8 @@ const (
 // the same mode returns the same attachment; with the other mode it is
 // AlreadyExists.
 func (c *controller) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, fmt.Errorf("volume_id is required: %w", ErrInvalid)
-	}
-	if req.GetNodeId() == "" {
-		return nil, fmt.Errorf("node_id is required: %w", ErrInvalid)
+	if err := required("volume_id", req.GetVolumeId(), "node_id", req.GetNodeId()); err != nil {
+		return nil, err
 	}
 	if _, err := checkCapability(req.GetVolumeCapability()); err != nil {
 		return nil, err
@@ -37,20 +35,11 @@ func (c *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 	if err != nil {
 		return nil, err
 	}
-	qc, err := c.d.clientFor(req.GetSecrets())
-	if err != nil {
-		return nil, err
-	}
-	unlock, err := c.d.locks.tryLock(name)
+	qc, _, unlock, err := c.d.lockedVolume(ctx, req.GetSecrets(), name)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if _, err := qc.GetVolume(ctx, name); client.IsNotFound(err) {
-		return nil, fmt.Errorf("volume %s: %w", name, ErrNotFound)
-	} else if err != nil {
-		return nil, fmt.Errorf("look up volume %s: %w", name, err)
-	}
 	if !c.d.knownNode.exists(req.GetNodeId()) {
 		return nil, fmt.Errorf("node %q: no quiver node plugin reported this node ID: %w", req.GetNodeId(), ErrNotFound)
 	}
@@ -79,18 +68,13 @@ func (c *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 // their tokens refused. A volume or attachment that is already gone is
 // success.
 func (c *controller) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, fmt.Errorf("volume_id is required: %w", ErrInvalid)
-	}
 	name, err := parseVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if errors.Is(err, ErrNotFound) {
 		return &csi.ControllerUnpublishVolumeResponse{}, nil
-	}
-	qc, err := c.d.clientFor(req.GetSecrets())
-	if err != nil {
+	} else if err != nil {
 		return nil, err
 	}
-	unlock, err := c.d.locks.tryLock(name)
+	qc, unlock, err := c.d.lockedClient(req.GetSecrets(), name)
 	if err != nil {
 		return nil, err
 	}

@@ -29,6 +29,22 @@ func blockCap(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
 	}
 }
 
+// createVolume creates a volume and returns its ID; t.Cleanup deletes it.
+func createVolume(t *testing.T, p *plugin, req *csi.CreateVolumeRequest) string {
+	t.Helper()
+	resp, err := p.ctrl.CreateVolume(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	volID := resp.GetVolume().GetVolumeId()
+	t.Cleanup(func() {
+		if _, err := p.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: volID}); err != nil {
+			t.Errorf("DeleteVolume: %v", err)
+		}
+	})
+	return volID
+}
+
 // publishAll runs the CO's sequence for one node: ControllerPublish,
 // NodeStage, NodePublish; t.Cleanup undoes it in reverse.
 func publishAll(t *testing.T, p *plugin, volID string, vc *csi.VolumeCapability, staging, target string) {
@@ -80,20 +96,11 @@ func TestPublishFilesystemThreeDisks(t *testing.T) {
 	s := startServer(t)
 	p := startPlugin(t, s, "node-a", true)
 	vc := mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
-	resp, err := p.ctrl.CreateVolume(t.Context(), &csi.CreateVolumeRequest{
+	volID := createVolume(t, p, &csi.CreateVolumeRequest{
 		Name:               "pvc-vm-three-disks",
 		CapacityRange:      &csi.CapacityRange{RequiredBytes: 1 << 30},
 		VolumeCapabilities: []*csi.VolumeCapability{vc},
 		Parameters:         map[string]string{ParamDisks: "root=256Mi,data=512Mi,logs=64Mi", ParamQoSRWIOPS: "500", ParamReplication: "2"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	volID := resp.GetVolume().GetVolumeId()
-	t.Cleanup(func() {
-		if _, err := p.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: volID}); err != nil {
-			t.Errorf("DeleteVolume: %v", err)
-		}
 	})
 	v, err := s.api.GetVolume(t.Context(), volID)
 	if err != nil {
@@ -174,19 +181,10 @@ func TestPublishBlock(t *testing.T) {
 	s := startServer(t)
 	p := startPlugin(t, s, "node-b", true)
 	vc := blockCap(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)
-	resp, err := p.ctrl.CreateVolume(t.Context(), &csi.CreateVolumeRequest{
+	volID := createVolume(t, p, &csi.CreateVolumeRequest{
 		Name:               "pvc-block-vm",
 		CapacityRange:      &csi.CapacityRange{RequiredBytes: 128 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{vc},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	volID := resp.GetVolume().GetVolumeId()
-	t.Cleanup(func() {
-		if _, err := p.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: volID}); err != nil {
-			t.Errorf("DeleteVolume: %v", err)
-		}
 	})
 	dir := t.TempDir()
 	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "pod", "dev")

@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -23,8 +24,8 @@ func (c *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if err := checkName("name", req.GetName()); err != nil {
 		return nil, err
 	}
-	if req.GetSourceVolumeId() == "" {
-		return nil, fmt.Errorf("source_volume_id is required: %w", ErrInvalid)
+	if err := required("source_volume_id", req.GetSourceVolumeId()); err != nil {
+		return nil, err
 	}
 	for _, key := range slices.Sorted(maps.Keys(req.GetParameters())) {
 		if !strings.HasPrefix(key, reservedPrefix) {
@@ -35,16 +36,12 @@ func (c *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if err != nil {
 		return nil, err
 	}
-	qc, err := c.d.clientFor(req.GetSecrets())
-	if err != nil {
-		return nil, err
-	}
-	snap := snapshotName(req.GetName())
-	unlock, err := c.d.locks.tryLock(volume)
+	qc, unlock, err := c.d.lockedClient(req.GetSecrets(), volume)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
+	snap := snapshotName(req.GetName())
 
 	s, err := qc.GetSnapshot(ctx, volume, snap)
 	if err == nil {
@@ -79,9 +76,9 @@ func (c *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 // snapshotElsewhere returns the volume other than volume that has a snapshot
 // named snap, or "".
 func (c *controller) snapshotElsewhere(ctx context.Context, qc *client.Client, volume, snap string) (string, error) {
-	vols, err := qc.ListVolumes(ctx, LabelDriver+"="+c.d.cfg.DriverName)
+	vols, err := c.d.ownVolumes(ctx, qc)
 	if err != nil {
-		return "", fmt.Errorf("list volumes: %w", err)
+		return "", err
 	}
 	for _, v := range vols {
 		if v.Name == volume || v.Snapshots == 0 {
@@ -111,18 +108,13 @@ func csiSnapshot(s api.Snapshot) *csi.Snapshot {
 // DeleteSnapshot deletes one snapshot; an unknown or malformed ID is
 // success.
 func (c *controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
-	if req.GetSnapshotId() == "" {
-		return nil, fmt.Errorf("snapshot_id is required: %w", ErrInvalid)
-	}
 	volume, snap, err := parseSnapshotID("snapshot_id", req.GetSnapshotId())
-	if err != nil {
+	if errors.Is(err, ErrNotFound) {
 		return &csi.DeleteSnapshotResponse{}, nil
-	}
-	qc, err := c.d.clientFor(req.GetSecrets())
-	if err != nil {
+	} else if err != nil {
 		return nil, err
 	}
-	unlock, err := c.d.locks.tryLock(volume)
+	qc, unlock, err := c.d.lockedClient(req.GetSecrets(), volume)
 	if err != nil {
 		return nil, err
 	}
@@ -155,8 +147,8 @@ func (c *controller) GetSnapshot(ctx context.Context, req *csi.GetSnapshotReques
 // ListSnapshots lists snapshots of the volumes this plugin made (or the one
 // asked for by ID or source volume), sorted by ID, a page at a time.
 func (c *controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, fmt.Errorf("max_entries %d: must not be negative: %w", req.GetMaxEntries(), ErrInvalid)
+	if err := checkMaxEntries(req.GetMaxEntries()); err != nil {
+		return nil, err
 	}
 	after, err := parseToken(req.GetStartingToken(), func(id string) bool {
 		_, _, err := parseSnapshotID("starting_token", id)
@@ -173,16 +165,9 @@ func (c *controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(snaps, func(a, b *csi.Snapshot) int { return strings.Compare(a.SnapshotId, b.SnapshotId) })
-	resp := &csi.ListSnapshotsResponse{}
+	snaps, next := page(snaps, (*csi.Snapshot).GetSnapshotId, after, req.GetMaxEntries())
+	resp := &csi.ListSnapshotsResponse{NextToken: next}
 	for _, s := range snaps {
-		if after != "" && s.SnapshotId <= after {
-			continue
-		}
-		if max := int(req.GetMaxEntries()); max > 0 && len(resp.Entries) == max {
-			resp.NextToken = nextToken(resp.Entries[len(resp.Entries)-1].GetSnapshot().GetSnapshotId())
-			break
-		}
 		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: s})
 	}
 	return resp, nil
@@ -211,9 +196,9 @@ func (c *controller) listSnapshots(ctx context.Context, qc *client.Client, id, s
 		}
 		volumes = []string{source}
 	} else {
-		vols, err := qc.ListVolumes(ctx, LabelDriver+"="+c.d.cfg.DriverName)
+		vols, err := c.d.ownVolumes(ctx, qc)
 		if err != nil {
-			return nil, fmt.Errorf("list volumes: %w", err)
+			return nil, err
 		}
 		for _, v := range vols {
 			if v.Snapshots > 0 {
