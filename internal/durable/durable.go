@@ -49,13 +49,19 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	return SyncDir(dir)
 }
 
-// WriteJSON is WriteFile of v encoded as indented JSON with a final newline.
-func WriteJSON(path string, v any) error {
+// WriteJSON is WriteFile of v encoded as indented JSON with a final newline,
+// readable by all (0644).
+func WriteJSON(path string, v any) error { return writeJSON(path, v, 0o644) }
+
+// WriteSecretJSON is WriteJSON for a file holding secrets: owner only (0600).
+func WriteSecretJSON(path string, v any) error { return writeJSON(path, v, 0o600) }
+
+func writeJSON(path string, v any, perm os.FileMode) error {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", path, err)
 	}
-	return WriteFile(path, append(data, '\n'), 0o644)
+	return WriteFile(path, append(data, '\n'), perm)
 }
 
 // ReadJSON decodes the JSON file at path into v, refusing unknown fields.

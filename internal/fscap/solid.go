@@ -11,6 +11,7 @@ import (
 // FIEMAP extent flags (<linux/fiemap.h>) that make a range not solid.
 const (
 	fiemapExtentUnknown   = 0x00000002
+	fiemapExtentDelalloc  = 0x00000004
 	fiemapExtentEncoded   = 0x00000008
 	fiemapExtentUnwritten = 0x00000800
 	fiemapExtentShared    = 0x00002000
@@ -61,7 +62,11 @@ func Solid(f *os.File, off, length int64) (bool, error) {
 	}
 	next := uint64(off)
 	for _, e := range b.ext[:n] {
-		if e.Flags&(fiemapExtentUnknown|fiemapExtentEncoded|fiemapExtentUnwritten|fiemapExtentShared) != 0 {
+		flags := e.Flags
+		if flags&fiemapExtentDelalloc != 0 {
+			flags &^= fiemapExtentUnknown // delayed allocation: not placed yet
+		}
+		if flags&(fiemapExtentUnknown|fiemapExtentEncoded|fiemapExtentUnwritten|fiemapExtentShared) != 0 {
 			return false, nil
 		}
 		if e.Logical > next { // a hole before this extent

@@ -3,6 +3,7 @@ package nbd
 import (
 	"bytes"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -199,5 +200,30 @@ func TestRequireToken(t *testing.T) {
 	for _, name := range []string{exportRoot + "/" + tok, exportSnap + "/" + tok} {
 		c := e.connect(t, hsOpts{export: name})
 		c.readAt(0, 512)
+	}
+}
+
+// TestTokensAreNotEchoed: errors about export names, which reach option
+// replies and logs, never show what follows the second slash, even when the
+// name does not parse.
+func TestTokensAreNotEchoed(t *testing.T) {
+	e := newEnv(t, Config{}, nil)
+	_, tok := e.attachToken("n1", "rw")
+	for _, name := range []string{exportRoot + "/" + tok + "/", "vm//" + tok, "nope/root/" + tok, exportRoot + "/" + tok[1:]} {
+		_, err := PoolExports{Pool: e.pool}.Open(t.Context(), name, "test")
+		if err == nil {
+			t.Fatalf("Open(%q) succeeded", name)
+		}
+		if strings.Contains(err.Error(), tok[1:]) {
+			t.Errorf("Open error shows the token: %v", err)
+		}
+		c := dial(t, e.addr)
+		c.mustGreet(clientFlagFixedNewstyle)
+		for _, r := range c.option(optGo, goData(name)) {
+			if bytes.Contains(r.data, []byte(tok[1:])) {
+				t.Errorf("GO %q: reply shows the token: %q", name, r.data)
+			}
+		}
+		_ = c.nc.Close()
 	}
 }

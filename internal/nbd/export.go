@@ -75,7 +75,7 @@ type ExportRef struct {
 func ParseExportName(name string) (ExportRef, error) {
 	parts := strings.Split(name, "/")
 	if (len(parts) != 2 && len(parts) != 3) || parts[0] == "" || parts[1] == "" || (len(parts) == 3 && parts[2] == "") {
-		return ExportRef{}, fmt.Errorf("export %q: want <volume>/<disk>, <volume>@<snapshot>/<disk>, each optionally followed by /<attachment token>", name)
+		return ExportRef{}, fmt.Errorf("export %q: want <volume>/<disk>, <volume>@<snapshot>/<disk>, each optionally followed by /<attachment token>", redactToken(name))
 	}
 	var r ExportRef
 	r.Disk = parts[1]
@@ -161,10 +161,16 @@ func (e PoolExports) Open(ctx context.Context, name, peer string) (Export, error
 	return x, nil
 }
 
-// redactToken hides the token of an export name for logs and errors.
+// redactToken hides what may be a token in an export name, for logs and
+// errors: everything after the second slash, whether or not the name parses.
 func redactToken(name string) string {
-	if ref, err := ParseExportName(name); err == nil && ref.Token != "" {
-		return name[:len(name)-len(ref.Token)] + "<token>"
+	first := strings.IndexByte(name, '/')
+	if first < 0 {
+		return name
 	}
-	return name
+	second := strings.IndexByte(name[first+1:], '/')
+	if second < 0 {
+		return name
+	}
+	return name[:first+1+second+1] + "<token>"
 }

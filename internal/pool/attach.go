@@ -133,6 +133,9 @@ type attachTable struct {
 	writerSeq uint64
 	nextSeq   uint64
 	byID      map[string]*Attachment
+	// deleting is set, with the gate held exclusively, once Delete has
+	// found no explicit attachment: Attach then refuses.
+	deleting bool
 }
 
 // ID returns the attachment's ID.
@@ -202,7 +205,7 @@ func (v *Volume) saveAttachments(t *attachTable, fenced map[string]bool) error {
 		st.Attachments = append(st.Attachments, r)
 	}
 	sort.Slice(st.Attachments, func(i, j int) bool { return st.Attachments[i].Seq < st.Attachments[j].Seq })
-	if err := durable.WriteJSON(filepath.Join(v.dir, attachmentsFile), st); err != nil {
+	if err := durable.WriteSecretJSON(filepath.Join(v.dir, attachmentsFile), st); err != nil {
 		return mapFSError(err)
 	}
 	return nil
@@ -235,8 +238,16 @@ func (v *Volume) Attach(node, mode string) (AttachmentInfo, bool, error) {
 	}
 	v.amu.Lock()
 	defer v.amu.Unlock()
+	if v.att.deleting {
+		return AttachmentInfo{}, false, fmt.Errorf("volume %q is being deleted: %w", v.name, ErrVolumeNotFound)
+	}
+	explicit := 0
 	for _, a := range v.att.byID {
-		if !a.implicit && a.node == node {
+		if a.implicit {
+			continue
+		}
+		explicit++
+		if a.node == node {
 			if a.mode != mode {
 				return AttachmentInfo{}, false, fmt.Errorf("node %q is attached to volume %q with mode %s: %w", node, v.name, a.mode, ErrExists)
 			}
@@ -245,8 +256,8 @@ func (v *Volume) Attach(node, mode string) (AttachmentInfo, bool, error) {
 			return info, false, nil
 		}
 	}
-	if len(v.att.byID) >= MaxAttachments {
-		return AttachmentInfo{}, false, invalid("node", node, fmt.Sprintf("volume already has %d attachments, the maximum", MaxAttachments))
+	if explicit >= MaxAttachments {
+		return AttachmentInfo{}, false, invalid("node", node, fmt.Sprintf("volume already has %d attachments, the maximum; detach one first", MaxAttachments))
 	}
 	a := &Attachment{v: v, id: "att-" + newUID()[:16], node: node, mode: mode, token: newToken(),
 		seq: v.att.nextSeq, created: time.Now().UTC(), done: make(chan struct{})}
@@ -296,8 +307,11 @@ func (v *Volume) attachImplicit(peer string) (*Attachment, error) {
 	}
 	v.amu.Lock()
 	defer v.amu.Unlock()
-	if len(v.att.byID) >= MaxAttachments {
-		return nil, fmt.Errorf("volume %q already has %d attachments, the maximum: %w", v.name, MaxAttachments, ErrBusy)
+	if v.att.deleting {
+		return nil, fmt.Errorf("volume %q is being deleted: %w", v.name, ErrVolumeNotFound)
+	}
+	if len(v.att.byID) >= MaxImplicitAttachments {
+		return nil, fmt.Errorf("volume %q already has %d connections, the maximum: %w", v.name, MaxImplicitAttachments, ErrBusy)
 	}
 	a := &Attachment{v: v, id: "implicit-" + newUID()[:12], node: peer, mode: ModeReadWrite,
 		seq: v.att.nextSeq, implicit: true, created: time.Now().UTC(), done: make(chan struct{})}
@@ -519,16 +533,26 @@ func (a *Attachment) released() {
 	}
 }
 
-// hasExplicitAttachments reports whether deleting the volume must wait.
-func (v *Volume) hasExplicitAttachments() bool {
+// beginDelete (gate held exclusively) refuses to delete a volume with
+// explicit attachments, and otherwise marks it deleting so that no
+// attachment is made from then on.
+func (v *Volume) beginDelete() error {
 	v.amu.Lock()
 	defer v.amu.Unlock()
 	for _, a := range v.att.byID {
 		if !a.implicit {
-			return true
+			return fmt.Errorf("delete volume %q: detach it first (quiver attach list %s): %w", v.name, v.name, ErrInUse)
 		}
 	}
-	return false
+	v.att.deleting = true
+	return nil
+}
+
+// cancelDelete undoes beginDelete after a failed delete.
+func (v *Volume) cancelDelete() {
+	v.amu.Lock()
+	v.att.deleting = false
+	v.amu.Unlock()
 }
 
 // detachAllLocked (gate exclusive) ends every attachment of a volume being

@@ -3,6 +3,8 @@ package pool
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -429,5 +431,61 @@ func TestDetachAndDelete(t *testing.T) {
 	case <-c.Done():
 	case <-time.After(time.Second):
 		t.Fatal("implicit attachment not ended by delete")
+	}
+}
+
+// TestDeleteRacingAttach: a delete waiting for in-flight I/O while an
+// attachment is made must not delete the volume under it.
+func TestDeleteRacingAttach(t *testing.T) {
+	p := openTestPool(t, t.TempDir())
+	v := attachVM(t, p)
+	v.gate.RLock() // an in-flight request: Delete waits for the gate
+	errc := make(chan error, 1)
+	go func() { errc <- p.Delete(t.Context(), "vm") }()
+	time.Sleep(50 * time.Millisecond) // let Delete reach the gate
+	a, _, err := v.Attach("n1", "rw")
+	v.gate.RUnlock()
+	if err != nil {
+		// Delete won the race: the attach was refused.
+		if !errors.Is(err, ErrVolumeNotFound) {
+			t.Fatalf("attach during delete: %v", err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatalf("delete: %v", err)
+		}
+		return
+	}
+	if err := <-errc; !errors.Is(err, ErrInUse) {
+		t.Fatalf("delete after an attach succeeded: %v, want ErrInUse", err)
+	}
+	if _, err := p.Volume("vm"); err != nil {
+		t.Fatalf("volume gone after handing out attachment %s: %v", a.ID, err)
+	}
+	// Once detached, the delete goes through, and then attaching is refused.
+	if err := v.Detach(a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Delete(t.Context(), "vm"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.Attach("n2", "rw"); !errors.Is(err, ErrVolumeNotFound) {
+		t.Fatalf("attach to a deleted volume: %v", err)
+	}
+}
+
+// TestAttachmentsFileIsPrivate: tokens grant writes, so attachments.json is
+// readable by its owner only.
+func TestAttachmentsFileIsPrivate(t *testing.T) {
+	p := openTestPool(t, t.TempDir())
+	v := attachVM(t, p)
+	if _, _, err := v.Attach("n1", "rw"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(v.dir, attachmentsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("attachments.json mode %v, want 0600", st.Mode().Perm())
 	}
 }

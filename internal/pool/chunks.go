@@ -174,7 +174,17 @@ func (df *diskFile) rewrite(i int64, piece []byte, lo, start, stop int64) error 
 	}
 	copy(buf[lo-start:], piece)
 	if _, err := df.f.WriteAt(buf, start); err != nil {
-		return mapFSError(err)
+		if !isNoSpace(err) {
+			return mapFSError(err)
+		}
+		// A nearly full pool may lack the chunk's worth of space the
+		// rewrite needs but have the piece's: write just that, in place
+		// (a short rewrite wrote back only bytes the chunk held or the
+		// piece's own), and leave the chunk unowned.
+		if _, err := df.f.WriteAt(piece, lo); err != nil {
+			return mapFSError(err)
+		}
+		return nil
 	}
 	df.ch.setOwned(i)
 	return nil

@@ -239,18 +239,16 @@ func syncIf(df *diskFile, fua bool) error {
 	return unix.Fdatasync(int(df.f.Fd()))
 }
 
-// Flush of a fenced or detached attachment succeeds without effect: a stale
-// writer's last FLUSH (QEMU sends one when it quits) must not fail it, and
-// none of its writes since the fence was applied.
+// Flush works for every handle, a fenced attachment's too: a stale
+// writer's last FLUSH (QEMU sends one when it quits) must not fail, and it
+// makes durable only what was applied: its writes from before the fence, and
+// those to shared disks, which it may still write.
 func (d *liveDisk) Flush() error {
 	d.v.gate.RLock()
 	defer d.v.gate.RUnlock()
 	df, err := d.file()
 	if err != nil {
 		return err
-	}
-	if d.att != nil && (d.att.fenced.Load() || d.att.detached.Load()) {
-		return nil
 	}
 	return unix.Fdatasync(int(df.f.Fd()))
 }

@@ -20,9 +20,11 @@ const (
 	MaxDisks = 256
 	// MaxLabels bounds the labels of one volume.
 	MaxLabels = 64
-	// MaxAttachments bounds the attachments of one volume, implicit ones
-	// included.
+	// MaxAttachments bounds the explicit attachments of one volume.
 	MaxAttachments = 256
+	// MaxImplicitAttachments bounds all attachments of one volume, the
+	// implicit ones of tokenless connections included.
+	MaxImplicitAttachments = 1024
 )
 
 // ValidateNodeName checks the node of an attachment: a DNS subdomain, as

@@ -260,12 +260,14 @@ func (p *Pool) Delete(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
-	if v.hasExplicitAttachments() {
-		return fmt.Errorf("delete volume %q: detach it first (quiver attach list %s): %w", name, name, ErrInUse)
-	}
 	trash := filepath.Join(p.stagingDir(), "del-"+newUID())
 	v.gate.Lock()
+	if err := v.beginDelete(); err != nil {
+		v.gate.Unlock()
+		return err
+	}
 	if err := durable.Rename(v.dir, trash); err != nil {
+		v.cancelDelete()
 		v.gate.Unlock()
 		return fmt.Errorf("delete volume %q: %w", name, err)
 	}
@@ -421,15 +423,16 @@ func (v *Volume) GrowDisk(ctx context.Context, disk string, size int64) (VolumeI
 		return VolumeInfo{}, err
 	}
 	v.gate.Lock()
-	defer v.gate.Unlock()
-	if err := extendImage(v.diskPath(disk), size); err != nil {
-		return VolumeInfo{}, err
-	}
-	if df := v.files[disk]; df != nil {
+	err = extendImage(v.diskPath(disk), size)
+	if df := v.files[disk]; df != nil && err == nil {
 		df.size = size
 		if df.ch != nil {
 			df.ch.resize(size)
 		}
+	}
+	v.gate.Unlock()
+	if err != nil {
+		return VolumeInfo{}, err
 	}
 	return v.Info(), nil
 }
