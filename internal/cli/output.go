@@ -85,7 +85,11 @@ func formatDisks(disks []api.Disk) string {
 	}
 	parts := make([]string, 0, len(disks))
 	for _, d := range disks {
-		parts = append(parts, d.Name+"="+quantity.Format(d.Size))
+		p := d.Name + "=" + quantity.Format(d.Size)
+		if d.Shared {
+			p += "(shared)"
+		}
+		parts = append(parts, p)
 	}
 	return strings.Join(parts, ",")
 }

@@ -209,6 +209,9 @@ func (a *app) volumeDetail(v api.Volume) func(io.Writer) error {
 			f.add("Source", source(v.Source))
 		}
 		f.add("Snapshots", fmt.Sprint(v.Snapshots))
+		if v.Writer.Epoch > 0 {
+			f.add("Writer", fmt.Sprintf("%s (epoch %d)", v.Writer.Attachment, v.Writer.Epoch))
+		}
 		f.add("Created", timestamp(a.env.Now(), v.CreatedAt))
 		f.add("Path", v.Path)
 		return printDisks(w, f, v.Disks)
@@ -227,7 +230,11 @@ func printDisks(w io.Writer, f *fields, disks []api.Disk) error {
 	fmt.Fprintln(w, "Disks:")
 	t := newTable(w, "  NAME", "SIZE", "ALLOCATED", "PATH")
 	for _, d := range disks {
-		t.row("  "+d.Name, quantity.Format(d.Size), quantity.Format(d.Allocated), d.Path)
+		name := d.Name
+		if d.Shared {
+			name += " (shared)"
+		}
+		t.row("  "+name, quantity.Format(d.Size), quantity.Format(d.Allocated), d.Path)
 	}
 	return t.flush()
 }

@@ -1,0 +1,81 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+func TestAttachCreatePrintsExports(t *testing.T) {
+	f, url := newFakeAPI(t)
+	tok := strings.Repeat("ab", 32)
+	f.reply("POST /v1/volumes/web01/attachments", 201, api.Attachment{ID: "att-1", Volume: "web01", Node: "worker-2",
+		Mode: "rw", Token: tok, CreatedAt: testNow})
+	f.reply("GET /v1/volumes/web01", 200, testVolumes[0])
+	got := run(t, context.Background(), url, nil, "attach", "create", "web01", "worker-2")
+	if got.code != 0 {
+		t.Fatalf("exit %d: %s", got.code, got.stderr)
+	}
+	var spec api.AttachmentSpec
+	if err := json.Unmarshal([]byte(f.body("POST /v1/volumes/web01/attachments")), &spec); err != nil {
+		t.Fatal(err)
+	}
+	if spec != (api.AttachmentSpec{Node: "worker-2", Mode: "rw"}) {
+		t.Fatalf("spec %+v", spec)
+	}
+	for _, want := range []string{"Token:", tok, "web01/root/" + tok, "web01/data/" + tok} {
+		if !strings.Contains(got.stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, got.stdout)
+		}
+	}
+}
+
+func TestAttachListStates(t *testing.T) {
+	f, url := newFakeAPI(t)
+	f.reply("GET /v1/volumes/web01/attachments", 200, api.List[api.Attachment]{Items: []api.Attachment{
+		{ID: "att-1", Node: "src", Mode: "rw", Fenced: true, Conns: 2, CreatedAt: testNow.Add(-time.Hour)},
+		{ID: "att-2", Node: "dst", Mode: "rw", Writer: true, Conns: 2, CreatedAt: testNow.Add(-time.Minute)},
+		{ID: "att-3", Node: "backup", Mode: "ro", CreatedAt: testNow},
+		{ID: "implicit-1", Node: "127.0.0.1:4000", Mode: "rw", Implicit: true, Fenced: true, Conns: 1, CreatedAt: testNow},
+	}})
+	got := run(t, context.Background(), url, nil, "attach", "list", "web01")
+	lines := strings.Split(strings.TrimSpace(got.stdout), "\n")
+	if len(lines) != 5 {
+		t.Fatalf("want a header and 4 rows:\n%s", got.stdout)
+	}
+	for i, want := range []string{"fenced", "writer", "standby", "fenced (implicit)"} {
+		if !strings.Contains(lines[i+1], want) {
+			t.Errorf("row %d lacks %q: %q", i+1, want, lines[i+1])
+		}
+	}
+	got = run(t, context.Background(), url, nil, "attach", "list", "web01", "-o", "json")
+	var list api.List[api.Attachment]
+	if err := json.Unmarshal([]byte(got.stdout), &list); err != nil || len(list.Items) != 4 {
+		t.Fatalf("json: %v %s", err, got.stdout)
+	}
+}
+
+func TestSharedDiskOption(t *testing.T) {
+	f, url := newFakeAPI(t)
+	f.reply("POST /v1/volumes", 201, testVolumes[0])
+	got := run(t, context.Background(), url, nil, "volume", "create", "vm", "--capacity", "2Gi",
+		"--disk", "root=1Gi", "--disk", "quorum=64Mi,shared")
+	if got.code != 0 {
+		t.Fatalf("exit %d: %s", got.code, got.stderr)
+	}
+	var spec api.VolumeSpec
+	if err := json.Unmarshal([]byte(f.body("POST /v1/volumes")), &spec); err != nil {
+		t.Fatal(err)
+	}
+	if spec.Disks[0].Shared || !spec.Disks[1].Shared {
+		t.Fatalf("disks %+v: only quorum is shared", spec.Disks)
+	}
+	got = run(t, context.Background(), url, nil, "volume", "create", "vm", "--capacity", "2Gi", "--disk", "quorum=64Mi,sharde")
+	if got.code == 0 || !strings.Contains(got.stderr, `unknown option "sharde"`) {
+		t.Fatalf("bad disk option: exit %d, stderr %q", got.code, got.stderr)
+	}
+}
