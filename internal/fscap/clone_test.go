@@ -159,25 +159,9 @@ func TestCloneCancel(t *testing.T) {
 }
 
 func TestReflink(t *testing.T) {
-	tests := []struct {
-		name    string
-		srcFS   fsCase
-		dstFS   fsCase // zero: same directory as src
-		wantErr error
-	}{
-		{name: "xfs", srcFS: onXFS},
-		{name: "btrfs", srcFS: onBtrfs},
-		{name: "ext4", srcFS: onExt4, wantErr: ErrNotSupported},
-		{name: "tmpfs", srcFS: onTmpfs, wantErr: ErrNotSupported},
-		{name: "xfs to another filesystem", srcFS: onXFS, dstFS: onBtrfs, wantErr: ErrNotSupported},
-	}
-	for _, tc := range tests {
+	for _, tc := range reflinkCases {
 		t.Run(tc.name, func(t *testing.T) {
-			srcDir := tc.srcFS.dir(t)
-			dstDir := srcDir
-			if tc.dstFS.dir != nil {
-				dstDir = tc.dstFS.dir(t)
-			}
+			srcDir, dstDir := tc.dirs(t)
 			srcPath := makeSparse(t, srcDir, "src")
 			dstPath := filepath.Join(dstDir, "dst")
 			src, err := os.Open(srcPath)

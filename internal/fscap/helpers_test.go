@@ -28,6 +28,32 @@ var (
 	onTmpfs   = fsCase{"tmpfs", func(t testing.TB) string { return testfs.MountTmpfs(t, 256<<20) }}
 )
 
+// reflinkCase is a pair of filesystems to clone between, and what cloning
+// must answer there.
+type reflinkCase struct {
+	name    string
+	srcFS   fsCase
+	dstFS   fsCase // zero: same directory as src
+	wantErr error
+}
+
+var reflinkCases = []reflinkCase{
+	{name: "xfs", srcFS: onXFS},
+	{name: "btrfs", srcFS: onBtrfs},
+	{name: "ext4", srcFS: onExt4, wantErr: ErrNotSupported},
+	{name: "tmpfs", srcFS: onTmpfs, wantErr: ErrNotSupported},
+	{name: "xfs to another filesystem", srcFS: onXFS, dstFS: onBtrfs, wantErr: ErrNotSupported},
+}
+
+// dirs returns the source and destination directories of the case.
+func (tc reflinkCase) dirs(t testing.TB) (string, string) {
+	src := tc.srcFS.dir(t)
+	if tc.dstFS.dir == nil {
+		return src, src
+	}
+	return src, tc.dstFS.dir(t)
+}
+
 // run is a byte range [off, off+len) of a file.
 type run struct{ off, len int64 }
 

@@ -12,25 +12,9 @@ import (
 )
 
 func TestReflinkRange(t *testing.T) {
-	tests := []struct {
-		name    string
-		srcFS   fsCase
-		dstFS   fsCase // zero: same directory as src
-		wantErr error
-	}{
-		{name: "xfs", srcFS: onXFS},
-		{name: "btrfs", srcFS: onBtrfs},
-		{name: "ext4", srcFS: onExt4, wantErr: ErrNotSupported},
-		{name: "tmpfs", srcFS: onTmpfs, wantErr: ErrNotSupported},
-		{name: "xfs to another filesystem", srcFS: onXFS, dstFS: onBtrfs, wantErr: ErrNotSupported},
-	}
-	for _, tc := range tests {
+	for _, tc := range reflinkCases {
 		t.Run(tc.name, func(t *testing.T) {
-			srcDir := tc.srcFS.dir(t)
-			dstDir := srcDir
-			if tc.dstFS.dir != nil {
-				dstDir = tc.dstFS.dir(t)
-			}
+			srcDir, dstDir := tc.dirs(t)
 			// A size off the block size: the last range ends at an
 			// unaligned end of file, which FICLONERANGE allows.
 			const size = 4<<20 + 512
