@@ -202,6 +202,9 @@ type PoolInfo struct {
 	FreeBytes    int64        `json:"freeBytes"`
 	Volumes      int          `json:"volumes"`
 	CreatedAt    time.Time    `json:"createdAt"`
+	// ChunkSize is the unit in which disks are kept cheap to snapshot
+	// (docs/design/0001-pool-layout.md, chunk ownership); 0 when off.
+	ChunkSize int64 `json:"chunkSize"`
 }
 
 // List wraps collections.

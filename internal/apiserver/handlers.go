@@ -22,7 +22,8 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, api.PoolInfo{ID: info.ID, Path: info.Dir, Filesystem: c.Filesystem,
 		Capabilities: api.Capabilities{Reflink: c.Reflink, CopyFileRange: c.CopyFileRange, SeekHole: c.SeekHole,
 			BtrfsSubvolumes: c.BtrfsSubvolumes, ExtentSizeHint: c.ExtentSizeHint},
-		TotalBytes: info.TotalBytes, FreeBytes: info.FreeBytes, Volumes: info.Volumes, CreatedAt: info.CreatedAt})
+		TotalBytes: info.TotalBytes, FreeBytes: info.FreeBytes, Volumes: info.Volumes, CreatedAt: info.CreatedAt,
+		ChunkSize: info.ChunkSize})
 	return nil
 }
 

@@ -294,7 +294,7 @@ func TestTokenFileFromEnv(t *testing.T) {
 	if got.code != 0 || f.auth != "Bearer s3cret" {
 		t.Fatalf("exit %d (%s), auth %q", got.code, got.stderr, f.auth)
 	}
-	for _, want := range []string{"Capabilities:  reflink, seek_hole\n", "Free:          25Gi (25%)\n"} {
+	for _, want := range []string{"Capabilities:     reflink, seek_hole\n", "Free:             25Gi (25%)\n", "Chunk ownership:  off\n"} {
 		if !strings.Contains(got.stdout, want) {
 			t.Errorf("output lacks %q:\n%s", want, got.stdout)
 		}

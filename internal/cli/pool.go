@@ -43,6 +43,11 @@ func (a *app) poolDetail(p api.PoolInfo) func(io.Writer) error {
 		f.add("Path", p.Path)
 		f.add("Filesystem", p.Filesystem)
 		f.add("Capabilities", capabilities(p.Capabilities))
+		if p.ChunkSize > 0 || p.Capabilities.Reflink {
+			f.add("Chunk ownership", chunkOwnership(p.ChunkSize))
+		} else {
+			f.add("Chunk ownership", "off (the filesystem has no reflink)")
+		}
 		f.add("Total", quantity.Format(p.TotalBytes))
 		free := quantity.Format(p.FreeBytes)
 		if p.TotalBytes > 0 {
@@ -76,4 +81,11 @@ func capabilities(c api.Capabilities) string {
 		return none
 	}
 	return strings.Join(have, ", ")
+}
+
+func chunkOwnership(size int64) string {
+	if size == 0 {
+		return "off"
+	}
+	return quantity.Format(size) + " (the first write to a chunk after a snapshot rewrites it whole)"
 }

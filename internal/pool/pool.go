@@ -84,6 +84,7 @@ type Info struct {
 	FreeBytes  int64
 	Volumes    int
 	CreatedAt  time.Time
+	ChunkSize  int64 // chunk ownership unit (chunks.go), 0 when off
 }
 
 func (p *Pool) volumesDir() string        { return filepath.Join(p.dir, "volumes") }
@@ -174,7 +175,8 @@ func (p *Pool) Info() (Info, error) {
 	p.mu.Lock()
 	n := len(p.volumes)
 	p.mu.Unlock()
-	return Info{ID: p.id, Dir: p.dir, Caps: p.caps, TotalBytes: total, FreeBytes: free, Volumes: n, CreatedAt: p.born}, nil
+	return Info{ID: p.id, Dir: p.dir, Caps: p.caps, TotalBytes: total, FreeBytes: free, Volumes: n, CreatedAt: p.born,
+		ChunkSize: p.chunk}, nil
 }
 
 // Volume returns the open volume called name.
