@@ -17,9 +17,13 @@ run: build
 
 # Every test, with the race detector. Tests that need root, loop-mounted
 # filesystems or external tools (qemu-img, nbdinfo, fio, ...) skip when those
-# are missing, and fail instead when CI is set.
+# are missing, and fail instead when CI is set. The live-migration test runs
+# last and alone: its guests run under TCG, and QEMU's migration of a guest
+# under TCG on a loaded 2-core machine sometimes corrupts guest memory (see
+# docs/live-migration.md).
 test: lint
-	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+	$(GO) test -race -count=1 -timeout 30m $$($(GO) list $(PKGS) | grep -v /test/migration$$)
+	$(GO) test -race -count=1 -timeout 10m ./test/migration/
 
 test-race: test
 

@@ -176,6 +176,23 @@ func (p *Process) Stop(timeout time.Duration) error {
 	return nil
 }
 
+// Dump makes the Go runtime print every goroutine of the server (SIGQUIT,
+// which also ends it) and returns the tail of its log: for a test that finds
+// the server stuck.
+func (p *Process) Dump() string {
+	select {
+	case <-p.exited:
+	default:
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+			p.Kill()
+		}
+	}
+	return Tail(p.Log.String(), 400)
+}
+
 // CheckLog reports a data race, panic or fatal error in the server's log.
 func (p *Process) CheckLog() error {
 	log := p.Log.String()

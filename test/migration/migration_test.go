@@ -1,6 +1,7 @@
 package migration
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -62,7 +63,14 @@ func TestLiveMigration(t *testing.T) {
 	// The source's guest is stopped for good: its counters are final.
 	srcStats := src.blockStats(t, ctx)
 	dst.waitStatus(t, ctx, "running")
-	dst.waitWrites(t, ctx, map[string]int64{"vda": 1, "vdb": 1})
+	// A guest resumed on the destination writes within seconds; give it a
+	// minute on a loaded machine. If it never does, the server's goroutines
+	// tell a write stuck in quiver from a guest that issued none.
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	dst.waitWrites(t, wctx, map[string]int64{"vda": 1, "vdb": 1}, func() {
+		t.Logf("the destination made no write; quiver's goroutines:\n%s", f.srv.Dump())
+	})
+	wcancel()
 
 	// The destination's first write took the writer role and fenced the
 	// source: one epoch later, whatever still holds the source's token
@@ -161,7 +169,7 @@ func TestMigrationCancelled(t *testing.T) {
 		f.detach(t, ctx, dstAtt)
 
 		// The source goes on writing, still the writer of the same epoch.
-		src.waitWrites(t, ctx, map[string]int64{"vda": before["vda"].WrOperations + 50, "vdb": before["vdb"].WrOperations + 50})
+		src.waitWrites(t, ctx, map[string]int64{"vda": before["vda"].WrOperations + 50, "vdb": before["vdb"].WrOperations + 50}, nil)
 		src.checkGuestHealthy(t, ctx)
 		if w := f.writer(t, ctx); w != writer {
 			t.Errorf("%s: writer %+v, want %+v as before the migration", how, w, writer)

@@ -296,8 +296,9 @@ func (v *vm) waitStatus(t *testing.T, ctx context.Context, want string) {
 }
 
 // waitWrites waits until the VM has completed at least want[disk] writes
-// to each disk.
-func (v *vm) waitWrites(t *testing.T, ctx context.Context, want map[string]int64) {
+// to each disk. When it gives up, onTimeout (if not nil) runs first, to
+// record what the other side was doing.
+func (v *vm) waitWrites(t *testing.T, ctx context.Context, want map[string]int64, onTimeout func()) {
 	t.Helper()
 	for {
 		stats := v.blockStats(t, ctx)
@@ -312,6 +313,9 @@ func (v *vm) waitWrites(t *testing.T, ctx context.Context, want map[string]int64
 		}
 		select {
 		case <-ctx.Done():
+			if onTimeout != nil {
+				onTimeout()
+			}
 			t.Fatalf("%s: waiting for %v writes, have %+v: %v", v.name, want, stats, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
