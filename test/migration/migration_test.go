@@ -3,6 +3,7 @@ package migration
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -31,7 +32,20 @@ const (
 // and checks, from the disks read back over NBD, that every record the
 // guest wrote on either side is there, intact and in order, and that the
 // guest went on writing on the destination.
-func TestLiveMigration(t *testing.T) {
+// TestLiveMigration runs the migration in a child test process, again when
+// the destination guest's kernel crashed (retryOnGuestCrash).
+func TestLiveMigration(t *testing.T) { retryOnGuestCrash(t, "TestLiveMigrationAttempt") }
+
+// TestLiveMigrationAttempt is one run of the live migration; it runs only
+// as TestLiveMigration's child.
+func TestLiveMigrationAttempt(t *testing.T) {
+	if os.Getenv(attemptEnv) == "" {
+		t.Skip("run by TestLiveMigration in a child process")
+	}
+	liveMigration(t)
+}
+
+func liveMigration(t *testing.T) {
 	ctx := testContext(t, 3*time.Minute)
 	start := time.Now()
 	f := newFixture(t, ctx)
