@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -265,7 +266,7 @@ func (v *Volume) Attach(node, mode string) (AttachmentInfo, bool, error) {
 	// gate alone.
 	next := v.att
 	next.nextSeq++
-	next.byID = cloneMap(v.att.byID)
+	next.byID = maps.Clone(v.att.byID)
 	next.byID[a.id] = a
 	if err := v.saveAttachments(&next, nil); err != nil {
 		return AttachmentInfo{}, false, err
@@ -274,14 +275,6 @@ func (v *Volume) Attach(node, mode string) (AttachmentInfo, bool, error) {
 	info := v.attachmentInfo(a)
 	info.Token = a.token
 	return info, true, nil
-}
-
-func cloneMap(m map[string]*Attachment) map[string]*Attachment {
-	c := make(map[string]*Attachment, len(m)+1)
-	for k, a := range m {
-		c[k] = a
-	}
-	return c
 }
 
 // OpenImplicit opens a disk for one tokenless connection through an
@@ -390,7 +383,7 @@ func (v *Volume) Detach(id string) error {
 		return fmt.Errorf("attachment %q of volume %q: %w", id, v.name, ErrAttachmentNotFound)
 	}
 	next := v.att
-	next.byID = cloneMap(v.att.byID)
+	next.byID = maps.Clone(v.att.byID)
 	delete(next.byID, id)
 	if !a.implicit {
 		if err := v.saveAttachments(&next, nil); err != nil {
