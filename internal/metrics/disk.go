@@ -77,6 +77,11 @@ func (d *Disk) done(op opIndex, start time.Time, bytes int64, err error) error {
 		}
 		return err
 	}
+	return d.count(op, start, bytes)
+}
+
+// count counts a request that succeeded.
+func (d *Disk) count(op opIndex, start time.Time, bytes int64) error {
 	s := d.stats[op]
 	s.count.Inc()
 	if bytes > 0 {
@@ -156,4 +161,44 @@ func (d *Disk) Zero(off, length int64, mayTrim, fast, fua bool) error {
 		err = d.Disk.Zero(off, length, mayTrim, fast, fua)
 	}
 	return d.done(iZero, start, 0, err)
+}
+
+var _ pool.Nonblocking = (*Disk)(nil)
+
+// TryReadAt tries a read without waiting (pool.Nonblocking). Only a read
+// that was done is counted: any error, ErrWouldBlock or not, means the
+// caller runs the request again the ordinary way, which counts it. A
+// volume with QoS limits never takes this path, so every request waits for
+// its tokens.
+func (d *Disk) TryReadAt(p []byte, off int64) error {
+	nb, ok := d.nonblocking()
+	if !ok {
+		return pool.ErrWouldBlock
+	}
+	start := time.Now()
+	if err := nb.TryReadAt(p, off); err != nil {
+		return err
+	}
+	return d.count(iRead, start, int64(len(p)))
+}
+
+// TryWriteAt tries a write without waiting, like TryReadAt.
+func (d *Disk) TryWriteAt(p []byte, off int64) error {
+	nb, ok := d.nonblocking()
+	if !ok {
+		return pool.ErrWouldBlock
+	}
+	start := time.Now()
+	if err := nb.TryWriteAt(p, off); err != nil {
+		return err
+	}
+	return d.count(iWrite, start, int64(len(p)))
+}
+
+func (d *Disk) nonblocking() (pool.Nonblocking, bool) {
+	if d.lim != nil && !d.lim.Unlimited() {
+		return nil, false
+	}
+	nb, ok := d.Disk.(pool.Nonblocking)
+	return nb, ok
 }

@@ -25,6 +25,7 @@ type conn struct {
 
 	// Set by negotiation, read-only in the transmission phase.
 	disk        pool.Disk
+	nb          pool.Nonblocking // the disk, when it can try requests without waiting
 	revoked     <-chan struct{} // closed when the client's attachment ends
 	export      string
 	description string
@@ -41,6 +42,8 @@ type conn struct {
 	writeGen, flushedGen atomic.Uint64
 	// queued counts requests handed to workers and not yet answered.
 	queued atomic.Int32
+	// out holds the replies of requests run by the reader (inline.go).
+	out batch
 }
 
 func (c *conn) open(ctx context.Context, name string) error {
@@ -50,13 +53,14 @@ func (c *conn) open(ctx context.Context, name string) error {
 		return fmt.Errorf("export %q: %w", redactToken(name), err)
 	}
 	c.disk, c.revoked, c.export, c.description, c.size = x.Disk, x.Revoked, redactToken(name), x.Description, x.Disk.Size()
+	c.nb, _ = x.Disk.(pool.Nonblocking)
 	return nil
 }
 
 func (c *conn) closeDisk() {
 	if c.disk != nil {
 		_ = c.disk.Close()
-		c.disk = nil
+		c.disk, c.nb = nil, nil
 	}
 }
 
@@ -130,7 +134,13 @@ func (c *conn) serve(ctx context.Context) error {
 var errDisconnect = errors.New("client disconnected (NBD_CMD_DISC)")
 
 func (c *conn) readLoop() error {
+	defer c.flushOut()
 	for {
+		// Send the replies of requests run here before waiting for input:
+		// a reply is never held back while the reader blocks.
+		if c.r.Buffered() < requestHeaderSize {
+			c.flushOut()
+		}
 		req := requestPool.Get().(*request)
 		if _, err := io.ReadFull(c.r, req.hdr[:]); err != nil {
 			req.release()
@@ -151,6 +161,9 @@ func (c *conn) readLoop() error {
 				req.release()
 				return fmt.Errorf("write of %d bytes exceeds the maximum payload %d", req.length, maxPayload)
 			}
+			if c.r.Buffered() < int(req.length) {
+				c.flushOut()
+			}
 			req.buf = getBuf(int(req.length))
 			if _, err := io.ReadFull(c.r, *req.buf); err != nil {
 				req.release()
@@ -166,15 +179,21 @@ func (c *conn) readLoop() error {
 			req.release()
 			continue
 		}
+		if c.inline(req) {
+			continue
+		}
 		// A lone READ (nothing queued, nothing more in the socket buffer)
-		// runs here: handing it to a worker would add two scheduler
-		// wake-ups to its latency, and at queue depth 1 nothing else can
-		// arrive meanwhile. Everything else, and any READ with company,
+		// runs here even when it has to wait for the disk: handing it to a
+		// worker would add two scheduler wake-ups to its latency, and at
+		// queue depth 1 nothing else can arrive meanwhile. Everything else
 		// goes to the workers so that slow requests never block reading.
 		if req.typ == cmdRead && c.queued.Load() == 0 && c.r.Buffered() == 0 {
 			c.handle(req)
 			req.release()
 			continue
+		}
+		if len(c.reqs) == cap(c.reqs) {
+			c.flushOut() // every worker is busy: the hand-off may wait
 		}
 		c.queued.Add(1)
 		c.reqs <- req

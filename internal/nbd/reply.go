@@ -59,6 +59,18 @@ const (
 )
 
 func (c *conn) replyDataInline(req *request, off int64, n int) {
+	b := c.dataHeader(req, off, n)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if _, err := c.nc.Write(b); err != nil {
+		c.log.Debug("reply failed", "err", err)
+		_ = c.nc.Close()
+	}
+}
+
+// dataHeader writes the reply header of a READ into the replyRoom bytes in
+// front of its data and returns header and data as one slice.
+func (c *conn) dataHeader(req *request, off int64, n int) []byte {
 	full := *req.buf
 	var h []byte
 	if c.structured {
@@ -75,13 +87,7 @@ func (c *conn) replyDataInline(req *request, off int64, n int) {
 		binary.BigEndian.PutUint32(h[4:], 0)
 		binary.BigEndian.PutUint64(h[8:], req.cookie)
 	}
-	start := replyRoom - len(h)
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if _, err := c.nc.Write(full[start : replyRoom+n]); err != nil {
-		c.log.Debug("reply failed", "err", err)
-		_ = c.nc.Close()
-	}
+	return full[replyRoom-len(h) : replyRoom+n]
 }
 
 func (c *conn) writeSimple(req *request, errno uint32, data []byte) {

@@ -62,6 +62,7 @@ type diskFile struct {
 	size   int64
 	shared bool    // exempt from the single-writer rule
 	ch     *chunks // chunk ownership (chunks.go); nil when off
+	nw     noWait  // what RWF_NOWAIT does on this file (nowait.go)
 }
 
 func newVolume(p *Pool, m volumeManifest, snaps map[string]*snapshotManifest) *Volume {

@@ -110,6 +110,10 @@ func setBytes(r *rate.Limiter, mbytes int64, now time.Time) {
 	r.SetBurstAt(now, int(max(256<<10, bps*Burst.Seconds())))
 }
 
+// Unlimited reports whether the limiter has no limits at the moment, so
+// that every request is admitted at once.
+func (q *Limiter) Unlimited() bool { return q == nil || q.unlimited.Load() }
+
 // Limits returns the current limits.
 func (q *Limiter) Limits() Limits {
 	q.mu.Lock()
