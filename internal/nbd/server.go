@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultAddr is the standard NBD port, on loopback.
@@ -118,6 +120,9 @@ func (s *Server) start(nc net.Conn) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	if uc, ok := nc.(*net.UnixConn); ok {
+		growSendBuffer(uc)
+	}
 	if s.cfg.Observer != nil {
 		s.cfg.Observer.ConnOpened()
 	}
@@ -204,4 +209,24 @@ func (s *Server) Conns() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.conns)
+}
+
+// unixSendBuffer is the send buffer asked for on unix connections: a whole
+// large READ reply then goes out with one writev instead of several, each
+// after a wait for the client to drain the last (the default, wmem_default,
+// is about 200 KiB).
+const unixSendBuffer = 4 << 20
+
+// growSendBuffer raises the send buffer of a unix connection, beyond
+// net.core.wmem_max when the process may (CAP_NET_ADMIN), else up to it.
+func growSendBuffer(uc *net.UnixConn) {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, unixSendBuffer) != nil {
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, unixSendBuffer)
+		}
+	})
 }
