@@ -36,6 +36,10 @@ type conn struct {
 
 	wmu  sync.Mutex // one reply at a time on the wire
 	reqs chan *request
+	// writes carries small WRITEs without FUA to the connection's write
+	// executor (inline.go); nil with one worker, where every request runs
+	// in the order it came.
+	writes chan *request
 	// writeGen counts writes completed without FUA; flushedGen is the
 	// writeGen a completed FLUSH covered (read before its fdatasync). A
 	// connection that ends with them different is flushed by the server.
@@ -110,6 +114,9 @@ func (r *request) release() {
 // requests and hands them to workers, which execute and reply in any order.
 func (c *conn) serve(ctx context.Context) error {
 	c.reqs = make(chan *request, c.srv.cfg.Workers)
+	if c.srv.cfg.Workers > 1 {
+		c.writes = make(chan *request, writeQueue)
+	}
 	var wg sync.WaitGroup
 	for range c.srv.cfg.Workers {
 		wg.Add(1)
@@ -122,8 +129,18 @@ func (c *conn) serve(ctx context.Context) error {
 			}
 		}()
 	}
+	if c.writes != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.writeLoop()
+		}()
+	}
 	err := c.readLoop()
 	close(c.reqs)
+	if c.writes != nil {
+		close(c.writes)
+	}
 	wg.Wait() // drain: every request read gets its reply
 	if c.disk != nil && c.writeGen.Load() != c.flushedGen.Load() {
 		_ = c.disk.Flush()
@@ -134,12 +151,12 @@ func (c *conn) serve(ctx context.Context) error {
 var errDisconnect = errors.New("client disconnected (NBD_CMD_DISC)")
 
 func (c *conn) readLoop() error {
-	defer c.flushOut()
+	defer c.flushOut(&c.out)
 	for {
 		// Send the replies of requests run here before waiting for input:
 		// a reply is never held back while the reader blocks.
 		if c.r.Buffered() < requestHeaderSize {
-			c.flushOut()
+			c.flushOut(&c.out)
 		}
 		req := requestPool.Get().(*request)
 		if _, err := io.ReadFull(c.r, req.hdr[:]); err != nil {
@@ -162,7 +179,7 @@ func (c *conn) readLoop() error {
 				return fmt.Errorf("write of %d bytes exceeds the maximum payload %d", req.length, maxPayload)
 			}
 			if c.r.Buffered() < int(req.length) {
-				c.flushOut()
+				c.flushOut(&c.out)
 			}
 			req.buf = getBuf(int(req.length))
 			if _, err := io.ReadFull(c.r, *req.buf); err != nil {
@@ -194,11 +211,15 @@ func (c *conn) readLoop() error {
 			req.release()
 			continue
 		}
-		if len(c.reqs) == cap(c.reqs) {
-			c.flushOut() // every worker is busy: the hand-off may wait
+		q := c.reqs
+		if c.writes != nil && serialWrite(req) {
+			q = c.writes
+		}
+		if len(q) == cap(q) {
+			c.flushOut(&c.out) // the hand-off may wait
 		}
 		c.queued.Add(1)
-		c.reqs <- req
+		q <- req
 	}
 }
 

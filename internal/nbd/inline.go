@@ -12,8 +12,18 @@ import (
 // writev when no further complete request is buffered. At queue depth 32 a
 // single read(2) brings in many requests and a single writev answers them:
 // no hand-off to a worker, no wake-up, one system call per batch instead
-// of one per reply. Anything that would wait goes to the workers as before,
-// so a request that needs the device never holds up the others.
+// of one per reply. Anything that would wait goes elsewhere, so a request
+// that needs the device never holds up reading.
+//
+// Small WRITEs without FUA that the reader cannot do (the filesystem takes
+// no RWF_NOWAIT for writes, as ext4; blocks to allocate; a chunk to copy up)
+// go to the connection's write executor, one goroutine that runs them in
+// order and answers them in batches the same way. Buffered writes to one
+// file are serialized by the kernel (the inode lock) whatever we do, so
+// running them from sixteen workers buys no parallelism: it only blocks
+// sixteen threads on that lock and sends sixteen replies one by one. The
+// reader keeps reading while the executor writes. Everything else (READs
+// that would wait, FUA, FLUSH, TRIM, large requests) goes to the workers.
 
 // inlineMax is the largest READ or WRITE run by the reader: beyond it the
 // copy costs more than the hand-off, and workers copy in parallel.
@@ -26,12 +36,51 @@ const (
 	batchMaxBytes   = 1 << 20
 )
 
-// batch is the reader's replies not yet sent; only the reader touches it.
+// batch is replies not yet sent; each belongs to one goroutine (the
+// reader's is conn.out, the write executor has its own).
 type batch struct {
 	reqs  []*request
 	iov   [][]byte
 	nb    net.Buffers
 	bytes int
+}
+
+// writeQueue is the capacity of the write executor's queue.
+const writeQueue = 64
+
+// serialWrite reports whether req goes to the write executor.
+func serialWrite(req *request) bool {
+	return req.typ == cmdWrite && req.flags == 0 && req.length <= inlineMax
+}
+
+// writeLoop is the write executor: it runs the queued WRITEs in order and
+// sends their replies when the queue runs empty (or the batch is full).
+func (c *conn) writeLoop() {
+	var b batch
+	defer c.flushOut(&b)
+	for req := range c.writes {
+		c.serialWrite(req, &b)
+		c.queued.Add(-1)
+		if len(c.writes) == 0 {
+			c.flushOut(&b)
+		}
+	}
+}
+
+func (c *conn) serialWrite(req *request, b *batch) {
+	if errno, msg := c.validate(req); errno != 0 {
+		c.replyError(req, errno, msg)
+		req.release()
+		return
+	}
+	if err := c.disk.WriteAt(*req.buf, int64(req.off), false); err != nil {
+		c.log.Debug("request failed", "op", req.typ, "offset", req.off, "len", req.length, "err", err)
+		c.replyError(req, toErrno(err), err.Error())
+		req.release()
+		return
+	}
+	c.writeGen.Add(1)
+	c.queueReply(b, req, c.okHeader(req))
 }
 
 // inline runs req on the reader if the disk can do it without waiting. It
@@ -56,7 +105,7 @@ func (c *conn) inline(req *request) bool {
 			req.buf, req.room = nil, 0
 			return false
 		}
-		c.queueReply(req, c.dataHeader(req, off, n))
+		c.queueReply(&c.out, req, c.dataHeader(req, off, n))
 		return true
 	case cmdWrite:
 		if req.flags != 0 { // FUA waits for the device
@@ -69,43 +118,48 @@ func (c *conn) inline(req *request) bool {
 			return false
 		}
 		c.writeGen.Add(1)
-		h := req.reply[:simpleReplySize]
-		binary.BigEndian.PutUint32(h[0:], magicSimpleReply)
-		binary.BigEndian.PutUint32(h[4:], 0)
-		binary.BigEndian.PutUint64(h[8:], req.cookie)
-		c.queueReply(req, h)
+		c.queueReply(&c.out, req, c.okHeader(req))
 		return true
 	}
 	return false
 }
 
-// queueReply adds a reply (the bytes to send, which live in req) to the
-// batch; req is released once the batch is sent.
-func (c *conn) queueReply(req *request, b []byte) {
-	c.out.reqs = append(c.out.reqs, req)
-	c.out.iov = append(c.out.iov, b)
-	c.out.bytes += len(b)
-	if len(c.out.reqs) >= batchMaxReplies || c.out.bytes >= batchMaxBytes {
-		c.flushOut()
+// okHeader fills in a simple reply without error for req.
+func (c *conn) okHeader(req *request) []byte {
+	h := req.reply[:simpleReplySize]
+	binary.BigEndian.PutUint32(h[0:], magicSimpleReply)
+	binary.BigEndian.PutUint32(h[4:], 0)
+	binary.BigEndian.PutUint64(h[8:], req.cookie)
+	return h
+}
+
+// queueReply adds a reply (the bytes to send, which live in req) to b; req
+// is released once b is sent.
+func (c *conn) queueReply(b *batch, req *request, p []byte) {
+	b.reqs = append(b.reqs, req)
+	b.iov = append(b.iov, p)
+	b.bytes += len(p)
+	if len(b.reqs) >= batchMaxReplies || b.bytes >= batchMaxBytes {
+		c.flushOut(b)
 	}
 }
 
-// flushOut sends the batch with one writev and releases its requests.
-func (c *conn) flushOut() {
-	if len(c.out.reqs) == 0 {
+// flushOut sends b with one writev and releases its requests.
+func (c *conn) flushOut(b *batch) {
+	if len(b.reqs) == 0 {
 		return
 	}
 	c.wmu.Lock()
-	c.out.nb = c.out.iov
-	_, err := c.out.nb.WriteTo(c.nc)
+	b.nb = b.iov
+	_, err := b.nb.WriteTo(c.nc)
 	c.wmu.Unlock()
 	if err != nil {
 		c.log.Debug("reply failed", "err", err)
 		_ = c.nc.Close() // the stream is broken; the reader will notice
 	}
-	for i, r := range c.out.reqs {
+	for i, r := range b.reqs {
 		r.release()
-		c.out.reqs[i], c.out.iov[i] = nil, nil
+		b.reqs[i], b.iov[i] = nil, nil
 	}
-	c.out.reqs, c.out.iov, c.out.nb, c.out.bytes = c.out.reqs[:0], c.out.iov[:0], nil, 0
+	b.reqs, b.iov, b.nb, b.bytes = b.reqs[:0], b.iov[:0], nil, 0
 }

@@ -22,7 +22,7 @@ const DefaultAddr = "127.0.0.1:10809"
 type Config struct {
 	MaxConns         int           // connections at once; more are closed at accept (default 1024)
 	HandshakeTimeout time.Duration // negotiation must finish within it (default 10 s)
-	Workers          int           // requests executed at once per connection (default 16)
+	Workers          int           // requests executed at once per connection (default 16); with 1, one at a time in order
 	Logger           *slog.Logger
 	Observer         Observer // optional: told about connections
 }

@@ -64,9 +64,7 @@ func (e *testEnv) queued() int {
 	defer e.srv.mu.Unlock()
 	n := 0
 	for c := range e.srv.conns {
-		if c.reqs != nil {
-			n += len(c.reqs)
-		}
+		n += len(c.reqs) + len(c.writes)
 	}
 	return n
 }
