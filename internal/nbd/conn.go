@@ -26,7 +26,7 @@ type conn struct {
 	// Set by negotiation, read-only in the transmission phase.
 	disk        pool.Disk
 	nb          pool.Nonblocking // the disk, when it can try requests without waiting
-	revoked     <-chan struct{} // closed when the client's attachment ends
+	revoked     <-chan struct{}  // closed when the client's attachment ends
 	export      string
 	description string
 	size        int64
