@@ -11,6 +11,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/pool"
@@ -20,6 +21,7 @@ import (
 type conn struct {
 	srv *Server
 	nc  net.Conn
+	raw syscall.RawConn // nc's socket, for sendRaw; nil when nc is not one
 	r   *bufio.Reader
 	log *slog.Logger
 
@@ -215,9 +217,9 @@ func (c *conn) readLoop() error {
 		if c.writes != nil && serialWrite(req) {
 			q = c.writes
 		}
-		if len(q) == cap(q) {
-			c.flushOut(&c.out) // the hand-off may wait
-		}
+		// Replies already made go first: a hand-off may wait, and with one
+		// worker replies keep the order of their requests.
+		c.flushOut(&c.out)
 		c.queued.Add(1)
 		q <- req
 	}

@@ -95,6 +95,10 @@ func (m fuzzMode) meta() bool       { return m&3 == 3 }
 func (m fuzzMode) readOnly() bool   { return m&4 != 0 }
 func (m fuzzMode) exportName() bool { return m&8 != 0 }
 func (m fuzzMode) noZeroes() bool   { return m&16 != 0 }
+
+// nonblocking serves handles that can try requests without waiting, so
+// that requests run on the reader and replies go out in batches.
+func (m fuzzMode) nonblocking() bool { return m&128 != 0 }
 func (m fuzzMode) workers() int {
 	if m&32 != 0 {
 		return 4
@@ -309,7 +313,7 @@ func FuzzRequests(f *testing.F) {
 	fl := testReq{typ: cmdFlush, cookie: 4}
 	tr := testReq{typ: cmdTrim, cookie: 5, off: 4096, length: 4096}
 	wz := testReq{typ: cmdWriteZeroes, flags: cmdFlagNoHole, cookie: 6, off: 8190, length: 10}
-	for _, mode := range []fuzzMode{0, 1, 3, 4, 7, 8 | 16, 32 | 3} {
+	for _, mode := range []fuzzMode{0, 1, 3, 4, 7, 8 | 16, 32 | 3, 128, 128 | 3, 128 | 32 | 3, 128 | 64 | 32 | 1} {
 		seed(mode, w, rd, bs, fl, tr, wz, rd)
 	}
 	seed(3, testReq{typ: cmdRead, cookie: 9, off: memRootSize - 1, length: 2}, testReq{typ: cmdDisc})
@@ -324,6 +328,7 @@ func FuzzRequests(f *testing.F) {
 			return // slow to check, and no more telling than a smaller input
 		}
 		e := newMemExports()
+		e.nonblocking = m.nonblocking()
 		disk := e.disks[m.export()]
 		initial := disk.snapshot()
 		out := serveStream(t, e, m.workers(), append(m.handshake(), data[1:]...), 0)

@@ -3,6 +3,10 @@ package nbd
 import (
 	"encoding/binary"
 	"net"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Requests run by the reader. A READ or WRITE that the disk can do without
@@ -42,6 +46,7 @@ type batch struct {
 	reqs  []*request
 	iov   [][]byte
 	nb    net.Buffers
+	vec   []unix.Iovec // sendRaw's iovec array, reused
 	bytes int
 }
 
@@ -89,6 +94,9 @@ func (c *conn) serialWrite(req *request, b *batch) {
 func (c *conn) inline(req *request) bool {
 	if c.nb == nil || req.length > inlineMax {
 		return false
+	}
+	if c.srv.cfg.Workers == 1 && c.queued.Load() != 0 {
+		return false // one worker: requests run in the order they came
 	}
 	off, n := int64(req.off), int(req.length)
 	switch req.typ {
@@ -150,8 +158,13 @@ func (c *conn) flushOut(b *batch) {
 		return
 	}
 	c.wmu.Lock()
-	b.nb = b.iov
-	_, err := b.nb.WriteTo(c.nc)
+	var err error
+	if c.raw != nil {
+		err = c.sendRaw(b)
+	} else {
+		b.nb = b.iov
+		_, err = b.nb.WriteTo(c.nc)
+	}
 	c.wmu.Unlock()
 	if err != nil {
 		c.log.Debug("reply failed", "err", err)
@@ -162,4 +175,67 @@ func (c *conn) flushOut(b *batch) {
 		b.reqs[i], b.iov[i] = nil, nil
 	}
 	b.reqs, b.iov, b.nb, b.bytes = b.reqs[:0], b.iov[:0], nil, 0
+}
+
+// maxIovecs is how many buffers one writev takes (IOV_MAX).
+const maxIovecs = 1024
+
+// sendRaw writes b's buffers with writev called as a raw system call on
+// the non-blocking socket: such a call never sleeps (it returns EAGAIN when
+// the send buffer is full, and then the runtime's poller waits), so the Go
+// scheduler need not know about it. A plain system call that runs past 20
+// us, as a send over TCP loopback does (it runs the receiver's side too),
+// has its P handed to another thread, which costs a wake-up and a hand-back
+// per reply. c.wmu is held.
+func (c *conn) sendRaw(b *batch) error {
+	bufs := b.iov
+	var werr error
+	err := c.raw.Write(func(fd uintptr) bool {
+		for len(bufs) > 0 {
+			b.vec = b.vec[:0]
+			for _, p := range bufs[:min(len(bufs), maxIovecs)] {
+				if len(p) > 0 {
+					v := unix.Iovec{Base: &p[0]}
+					v.SetLen(len(p))
+					b.vec = append(b.vec, v)
+				}
+			}
+			if len(b.vec) == 0 {
+				return true
+			}
+			n, _, errno := syscall.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&b.vec[0])), uintptr(len(b.vec)))
+			switch errno {
+			case 0:
+				bufs = consume(bufs, int(n))
+			case unix.EINTR:
+			case unix.EAGAIN:
+				return false // wait until the socket is writable
+			default:
+				werr = errno
+				return true
+			}
+		}
+		return true
+	})
+	clear(b.vec) // drop the pointers into request buffers
+	if err == nil {
+		err = werr
+	}
+	return err
+}
+
+// consume drops the first n bytes of bufs.
+func consume(bufs [][]byte, n int) [][]byte {
+	for n > 0 && len(bufs) > 0 {
+		if n < len(bufs[0]) {
+			bufs[0] = bufs[0][n:]
+			return bufs
+		}
+		n -= len(bufs[0])
+		bufs = bufs[1:]
+	}
+	for len(bufs) > 0 && len(bufs[0]) == 0 {
+		bufs = bufs[1:]
+	}
+	return bufs
 }

@@ -18,7 +18,9 @@ import (
 // handle closed twice or left open is a violation. The server must never
 // rely on the storage to catch a bad request: it validates first.
 type memExports struct {
-	mu         sync.Mutex
+	// nonblocking makes handles pool.Nonblocking (nbHandle).
+	nonblocking bool
+	mu          sync.Mutex
 	disks      map[string]*memDisk // by export name
 	open       int                 // handles not yet closed
 	violations []string
@@ -80,6 +82,9 @@ func (e *memExports) Open(ctx context.Context, name, peer string) (Export, error
 	e.mu.Lock()
 	e.open++
 	e.mu.Unlock()
+	if e.nonblocking {
+		return Export{Disk: &nbHandle{memHandle: memHandle{d: d}}, Description: "in-memory " + name}, nil
+	}
 	return Export{Disk: &memHandle{d: d}, Description: "in-memory " + name}, nil
 }
 
@@ -212,6 +217,30 @@ func (h *memHandle) Close() error {
 	h.d.e.open--
 	h.d.e.mu.Unlock()
 	return nil
+}
+
+// nbHandle is a memHandle that can try requests without waiting
+// (pool.Nonblocking): every third try says ErrWouldBlock, so that a stream
+// mixes requests run by the reader with requests handed on.
+type nbHandle struct {
+	memHandle
+	tries atomic.Uint32
+}
+
+var _ pool.Nonblocking = (*nbHandle)(nil)
+
+func (h *nbHandle) TryReadAt(p []byte, off int64) error {
+	if h.tries.Add(1)%3 == 0 {
+		return pool.ErrWouldBlock
+	}
+	return h.ReadAt(p, off)
+}
+
+func (h *nbHandle) TryWriteAt(p []byte, off int64) error {
+	if h.tries.Add(1)%3 == 0 {
+		return pool.ErrWouldBlock
+	}
+	return h.WriteAt(p, off, false)
 }
 
 // streamConn is a net.Conn whose reads come from a fixed client stream and

@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -122,6 +123,9 @@ func (s *Server) start(nc net.Conn) {
 	}
 	if uc, ok := nc.(*net.UnixConn); ok {
 		growSendBuffer(uc)
+	}
+	if sc, ok := nc.(syscall.Conn); ok {
+		c.raw, _ = sc.SyscallConn()
 	}
 	if s.cfg.Observer != nil {
 		s.cfg.Observer.ConnOpened()

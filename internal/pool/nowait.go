@@ -2,15 +2,22 @@ package pool
 
 import (
 	"errors"
+	"runtime"
 	"sync/atomic"
+	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
 // ErrWouldBlock says a Try request was not done because it would have had
-// to wait: for the device (data not in the page cache, blocks to allocate),
-// for a lock, for the writer role, for a chunk rewrite, or for QoS tokens.
-// Nothing visible was changed; the caller runs the request the ordinary way.
+// to wait: for the device (data not in the page cache, blocks to allocate,
+// the file's timestamps to update in a new clock tick), for a lock, for the writer role, for a chunk rewrite, or for QoS tokens.
+// The caller runs the request the ordinary way. A refused read changed
+// nothing; a refused write changed nothing either, unless the kernel stored
+// part of it before stopping (a short write), which the ordinary write then
+// stores again: until a write is acknowledged its range holds old or new
+// data, as with any write in flight.
 var ErrWouldBlock = errors.New("request would block")
 
 // Nonblocking is implemented by disk handles that can try a read or a write
@@ -50,7 +57,7 @@ func (d *liveDisk) TryReadAt(p []byte, off int64) error {
 	if df.nw.readOff.Load() {
 		return ErrWouldBlock
 	}
-	n, err := unix.Preadv2(int(df.f.Fd()), [][]byte{p}, off, unix.RWF_NOWAIT)
+	n, err := nowaitIO(unix.SYS_PREADV2, df.f.Fd(), p, off)
 	return df.nowaitResult(n, len(p), err, &df.nw.readOff)
 }
 
@@ -78,8 +85,30 @@ func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
 		return ErrWouldBlock
 	}
 	d.v.markDirty(d.name, off, int64(len(p)))
-	n, err := unix.Pwritev2(int(df.f.Fd()), [][]byte{p}, off, unix.RWF_NOWAIT)
+	n, err := nowaitIO(unix.SYS_PWRITEV2, df.f.Fd(), p, off)
 	return df.nowaitResult(n, len(p), err, &df.nw.writeOff)
+}
+
+// nowaitIO calls preadv2 or pwritev2 (trap) with RWF_NOWAIT on one
+// buffer, as a raw system call. With RWF_NOWAIT the kernel never sleeps, so
+// the Go scheduler need not know about the call: an ordinary system call
+// that runs past 20 us has its P handed to another thread, and a request
+// served from the page cache, a 256 KiB copy, can take that long. Raw, the
+// thread keeps its P and no other thread is woken. (No allocation either:
+// unix.Preadv2 builds its iovec array on the heap.)
+func nowaitIO(trap, fd uintptr, p []byte, off int64) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	iov := unix.Iovec{Base: &p[0]}
+	iov.SetLen(len(p))
+	// pos_l, pos_h: on 64-bit Linux the whole offset goes in pos_l.
+	n, _, errno := syscall.RawSyscall6(trap, fd, uintptr(unsafe.Pointer(&iov)), 1, uintptr(off), 0, unix.RWF_NOWAIT)
+	runtime.KeepAlive(p)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
 }
 
 // owned reports whether every chunk of [off, off+length) is owned, so that

@@ -113,7 +113,7 @@ done
 median() { python3 -c "import sys,statistics; v=[float(x) for x in sys.argv[1:]]; print(round(statistics.median(v)) if v else 0)" $1; }
 ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'{a/b:.2f}x' if b else '-')" "$1" "$2"; }
 echo
-echo "fio $(fio --version), nbdkit $(nbdkit --version | cut -d' ' -f2), $(qemu-nbd --version | head -1), $(nproc) cores, file on $(stat -f -c %T "$BASE"), ${RUNTIME}s per run, median of $ROUNDS runs alternating between servers"
+echo "fio $(fio --version), nbdkit $(nbdkit --version | cut -d' ' -f2), $(qemu-nbd --version | head -1), $(nproc) cores, file on $(findmnt -n -o FSTYPE --target "$BASE"), ${RUNTIME}s per run, median of $ROUNDS runs alternating between servers"
 echo
 echo "| case | transport | quiver | nbdkit | qemu-nbd | raw file (io_uring) | quiver/nbdkit | quiver/qemu-nbd | quiver runs | nbdkit runs |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
