@@ -21,9 +21,9 @@ type memExports struct {
 	// nonblocking makes handles pool.Nonblocking (nbHandle).
 	nonblocking bool
 	mu          sync.Mutex
-	disks      map[string]*memDisk // by export name
-	open       int                 // handles not yet closed
-	violations []string
+	disks       map[string]*memDisk // by export name
+	open        int                 // handles not yet closed
+	violations  []string
 }
 
 var _ Exports = (*memExports)(nil)
