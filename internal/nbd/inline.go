@@ -29,9 +29,12 @@ import (
 // reader keeps reading while the executor writes. Everything else (READs
 // that would wait, FUA, FLUSH, TRIM, large requests) goes to the workers.
 
-// inlineMax is the largest READ or WRITE run by the reader: beyond it the
-// copy costs more than the hand-off, and workers copy in parallel.
-const inlineMax = 256 << 10
+// inlineMax is the largest READ or WRITE run by the reader (and the
+// largest WRITE for the write executor). Copies from and to the page cache
+// are cheap next to what a worker costs on a small machine: 1 MiB READs over
+// TCP took 480 us of CPU each through the workers and 280 us on the reader,
+// with 2 cores.
+const inlineMax = 2 << 20
 
 // Bounds on a batch of replies, so that a long run of buffered requests
 // still gets answered as it goes.
@@ -101,11 +104,15 @@ func (c *conn) inline(req *request) bool {
 	off, n := int64(req.off), int(req.length)
 	switch req.typ {
 	case cmdRead:
-		if c.structured && n >= holeThreshold && req.flags&cmdFlagDF == 0 {
-			return false // may have holes to send as such
-		}
 		if errno, _ := c.validate(req); errno != 0 {
 			return false
+		}
+		if c.structured && n >= holeThreshold && req.flags&cmdFlagDF == 0 {
+			// Holes go out as holes: the lookup is two lseek calls on
+			// cached metadata, the sparse reply is the workers' job.
+			if ext, err := c.disk.Extents(off, int64(n), 0); err != nil || hasHole(ext) {
+				return false
+			}
 		}
 		req.buf, req.room = getBuf(replyRoom+n), replyRoom
 		if err := c.nb.TryReadAt((*req.buf)[replyRoom:], off); err != nil {
