@@ -193,12 +193,16 @@ func (c *conn) readLoop() error {
 			req.release()
 			return errDisconnect
 		}
-		if c.srv.closing.Load() {
-			c.replyError(req, errShutdown, "server is shutting down")
-			req.release()
+		closing := c.srv.closing.Load()
+		if !closing && c.inline(req) {
 			continue
 		}
-		if c.inline(req) {
+		// Replies already made go first: what follows may wait, and with
+		// one worker replies keep the order of their requests.
+		c.flushOut(&c.out)
+		if closing {
+			c.replyError(req, errShutdown, "server is shutting down")
+			req.release()
 			continue
 		}
 		// A lone READ or WRITE (nothing queued, nothing more in the socket
@@ -217,9 +221,6 @@ func (c *conn) readLoop() error {
 		if c.writes != nil && serialWrite(req) {
 			q = c.writes
 		}
-		// Replies already made go first: a hand-off may wait, and with one
-		// worker replies keep the order of their requests.
-		c.flushOut(&c.out)
 		c.queued.Add(1)
 		q <- req
 	}
