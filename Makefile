@@ -54,9 +54,11 @@ bench: build
 	cd test/bench && QUIVER_BENCH=1 $(GO) test -count=1 -timeout 60m -run Benchmark -v .
 
 # NBD data path: quiver vs nbdkit vs qemu-nbd vs the raw file, same file,
-# same client (fio's nbd engine). RUNTIME seconds per case.
+# same client (fio's nbd engine). RUNTIME seconds per run, ROUNDS runs per
+# case alternating between servers; DIR (must not exist) on the filesystem
+# to measure, e.g. a mounted XFS (default: a new directory in /tmp).
 bench-nbd:
-	test/bench/nbd.sh $(RUNTIME)
+	test/bench/nbd.sh $(RUNTIME) $(DIR)
 
 # QoS path overhead: one unlimited volume served with and without metrics and
 # QoS, side by side in one process, driven by fio (nbd engine, unix socket),
