@@ -170,35 +170,25 @@ var _ pool.Nonblocking = (*Disk)(nil)
 // caller runs the request again the ordinary way, which counts it. A
 // volume with QoS limits never takes this path, so every request waits for
 // its tokens.
-func (d *Disk) TryReadAt(p []byte, off int64) error {
-	nb, ok := d.nonblocking()
-	if !ok {
-		return pool.ErrWouldBlock
-	}
-	start := time.Now()
-	if err := nb.TryReadAt(p, off); err != nil {
-		return err
-	}
-	return d.count(iRead, start, int64(len(p)))
-}
+func (d *Disk) TryReadAt(p []byte, off int64) error { return d.try(iRead, p, off) }
 
 // TryWriteAt tries a write without waiting, like TryReadAt.
-func (d *Disk) TryWriteAt(p []byte, off int64) error {
-	nb, ok := d.nonblocking()
-	if !ok {
+func (d *Disk) TryWriteAt(p []byte, off int64) error { return d.try(iWrite, p, off) }
+
+func (d *Disk) try(op opIndex, p []byte, off int64) error {
+	nb, ok := d.Disk.(pool.Nonblocking)
+	if !ok || !d.lim.Unlimited() {
 		return pool.ErrWouldBlock
 	}
 	start := time.Now()
-	if err := nb.TryWriteAt(p, off); err != nil {
+	var err error
+	if op == iWrite {
+		err = nb.TryWriteAt(p, off)
+	} else {
+		err = nb.TryReadAt(p, off)
+	}
+	if err != nil {
 		return err
 	}
-	return d.count(iWrite, start, int64(len(p)))
-}
-
-func (d *Disk) nonblocking() (pool.Nonblocking, bool) {
-	if d.lim != nil && !d.lim.Unlimited() {
-		return nil, false
-	}
-	nb, ok := d.Disk.(pool.Nonblocking)
-	return nb, ok
+	return d.count(op, start, int64(len(p)))
 }

@@ -231,7 +231,7 @@ func (c *conn) lone(req *request) bool {
 	if c.queued.Load() != 0 || c.r.Buffered() != 0 {
 		return false
 	}
-	return req.typ == cmdRead || (req.typ == cmdWrite && req.flags&cmdFlagFUA == 0 && req.length <= inlineMax)
+	return req.typ == cmdRead || serialWrite(req)
 }
 
 // setDeadlineNow interrupts a blocked read (for shutdown).

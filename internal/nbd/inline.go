@@ -56,7 +56,8 @@ type batch struct {
 // writeQueue is the capacity of the write executor's queue.
 const writeQueue = 64
 
-// serialWrite reports whether req goes to the write executor.
+// serialWrite reports whether req is a small WRITE without FUA: one the
+// write executor runs, or the reader when it comes alone.
 func serialWrite(req *request) bool {
 	return req.typ == cmdWrite && req.flags == 0 && req.length <= inlineMax
 }

@@ -121,11 +121,11 @@ func (s *Server) start(nc net.Conn) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	if uc, ok := nc.(*net.UnixConn); ok {
-		growSendBuffer(uc)
-	}
 	if sc, ok := nc.(syscall.Conn); ok {
 		c.raw, _ = sc.SyscallConn()
+	}
+	if _, ok := nc.(*net.UnixConn); ok && c.raw != nil {
+		growSendBuffer(c.raw)
 	}
 	if s.cfg.Observer != nil {
 		s.cfg.Observer.ConnOpened()
@@ -223,11 +223,7 @@ const unixSendBuffer = 4 << 20
 
 // growSendBuffer raises the send buffer of a unix connection, beyond
 // net.core.wmem_max when the process may (CAP_NET_ADMIN), else up to it.
-func growSendBuffer(uc *net.UnixConn) {
-	rc, err := uc.SyscallConn()
-	if err != nil {
-		return
-	}
+func growSendBuffer(rc syscall.RawConn) {
 	_ = rc.Control(func(fd uintptr) {
 		if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, unixSendBuffer) != nil {
 			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, unixSendBuffer)

@@ -175,13 +175,7 @@ func (d *liveDisk) lockWrite(off, length int64) (*diskFile, error) {
 	}
 	for {
 		d.v.gate.RLock()
-		df, err := d.file()
-		if err == nil {
-			err = checkRange(off, length, df.size)
-		}
-		if err == nil {
-			err = d.att.mayWrite(df)
-		}
+		df, err := d.admitWrite(off, length)
 		if err == nil {
 			return df, nil
 		}
@@ -193,6 +187,21 @@ func (d *liveDisk) lockWrite(off, length int64) (*diskFile, error) {
 			return nil, err
 		}
 	}
+}
+
+// admitWrite (gate held shared) returns the disk's file if a write of
+// [off, off+length) may go ahead: the handle is open, the range is on the
+// disk, and the single-writer rule admits it (errMustClaim: not before the
+// attachment claims the writer role).
+func (d *liveDisk) admitWrite(off, length int64) (*diskFile, error) {
+	df, err := d.file()
+	if err == nil {
+		err = checkRange(off, length, df.size)
+	}
+	if err == nil {
+		err = d.att.mayWrite(df)
+	}
+	return df, err
 }
 
 func (d *liveDisk) ReadAt(p []byte, off int64) error {

@@ -69,13 +69,7 @@ func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
 		return ErrWouldBlock
 	}
 	defer d.v.gate.RUnlock()
-	df, err := d.file()
-	if err == nil {
-		err = checkRange(off, int64(len(p)), df.size)
-	}
-	if err == nil {
-		err = d.att.mayWrite(df)
-	}
+	df, err := d.admitWrite(off, int64(len(p)))
 	switch {
 	case errors.Is(err, errMustClaim):
 		return ErrWouldBlock // claiming takes the gate exclusively
