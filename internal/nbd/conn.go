@@ -12,7 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -21,9 +22,11 @@ import (
 type conn struct {
 	srv *Server
 	nc  net.Conn
-	raw syscall.RawConn // nc's socket, for sendRaw; nil when nc is not one
-	r   *bufio.Reader
-	log *slog.Logger
+	raw syscall.RawConn // nc's socket, for send; nil when nc is not one
+	// blocking is set once nc is a blockingConn (socket.go).
+	blocking bool
+	r        *bufio.Reader
+	log      *slog.Logger
 
 	// Set by negotiation, read-only in the transmission phase.
 	disk        pool.Disk
@@ -101,7 +104,7 @@ type request struct {
 
 	reply [64]byte // reply header space
 	iov   [2][]byte
-	nb    net.Buffers
+	vec   []unix.Iovec // send's scratch
 }
 
 var requestPool = sync.Pool{New: func() any { return new(request) }}
@@ -233,6 +236,3 @@ func (c *conn) lone(req *request) bool {
 	}
 	return req.typ == cmdRead || serialWrite(req)
 }
-
-// setDeadlineNow interrupts a blocked read (for shutdown).
-func (c *conn) setDeadlineNow() { _ = c.nc.SetReadDeadline(time.Now()) }

@@ -2,9 +2,6 @@ package nbd
 
 import (
 	"encoding/binary"
-	"net"
-	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -13,8 +10,8 @@ import (
 // waiting (pool.Nonblocking: the data is in the page cache, the blocks are
 // allocated, no lock or QoS wait stands in the way) runs on the goroutine
 // that decoded it, and its reply joins a batch that goes out with one
-// writev when no further complete request is buffered. At queue depth 32 a
-// single read(2) brings in many requests and a single writev answers them:
+// sendmsg when no further complete request is buffered. At queue depth 32 a
+// single read(2) brings in many requests and a single sendmsg answers them:
 // no hand-off to a worker, no wake-up, one system call per batch instead
 // of one per reply. Anything that would wait goes elsewhere, so a request
 // that needs the device never holds up reading.
@@ -48,8 +45,7 @@ const (
 type batch struct {
 	reqs  []*request
 	iov   [][]byte
-	nb    net.Buffers
-	vec   []unix.Iovec // sendRaw's iovec array, reused
+	vec   []unix.Iovec // send's iovec array, reused
 	bytes int
 }
 
@@ -160,19 +156,14 @@ func (c *conn) queueReply(b *batch, req *request, p []byte) {
 	}
 }
 
-// flushOut sends b with one writev and releases its requests.
+// flushOut sends b with one sendmsg and releases its requests.
 func (c *conn) flushOut(b *batch) {
 	if len(b.reqs) == 0 {
 		return
 	}
 	c.wmu.Lock()
 	var err error
-	if c.raw != nil {
-		err = c.sendRaw(b)
-	} else {
-		b.nb = b.iov
-		_, err = b.nb.WriteTo(c.nc)
-	}
+	b.vec, err = c.send(b.iov, b.vec)
 	c.wmu.Unlock()
 	if err != nil {
 		c.log.Debug("reply failed", "err", err)
@@ -182,68 +173,5 @@ func (c *conn) flushOut(b *batch) {
 		r.release()
 		b.reqs[i], b.iov[i] = nil, nil
 	}
-	b.reqs, b.iov, b.nb, b.bytes = b.reqs[:0], b.iov[:0], nil, 0
-}
-
-// maxIovecs is how many buffers one writev takes (IOV_MAX).
-const maxIovecs = 1024
-
-// sendRaw writes b's buffers with writev called as a raw system call on
-// the non-blocking socket: such a call never sleeps (it returns EAGAIN when
-// the send buffer is full, and then the runtime's poller waits), so the Go
-// scheduler need not know about it. A plain system call that runs past 20
-// us, as a send over TCP loopback does (it runs the receiver's side too),
-// has its P handed to another thread, which costs a wake-up and a hand-back
-// per reply. c.wmu is held.
-func (c *conn) sendRaw(b *batch) error {
-	bufs := b.iov
-	var werr error
-	err := c.raw.Write(func(fd uintptr) bool {
-		for len(bufs) > 0 {
-			b.vec = b.vec[:0]
-			for _, p := range bufs[:min(len(bufs), maxIovecs)] {
-				if len(p) > 0 {
-					v := unix.Iovec{Base: &p[0]}
-					v.SetLen(len(p))
-					b.vec = append(b.vec, v)
-				}
-			}
-			if len(b.vec) == 0 {
-				return true
-			}
-			n, _, errno := syscall.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&b.vec[0])), uintptr(len(b.vec)))
-			switch errno {
-			case 0:
-				bufs = consume(bufs, int(n))
-			case unix.EINTR:
-			case unix.EAGAIN:
-				return false // wait until the socket is writable
-			default:
-				werr = errno
-				return true
-			}
-		}
-		return true
-	})
-	clear(b.vec) // drop the pointers into request buffers
-	if err == nil {
-		err = werr
-	}
-	return err
-}
-
-// consume drops the first n bytes of bufs.
-func consume(bufs [][]byte, n int) [][]byte {
-	for n > 0 && len(bufs) > 0 {
-		if n < len(bufs[0]) {
-			bufs[0] = bufs[0][n:]
-			return bufs
-		}
-		n -= len(bufs[0])
-		bufs = bufs[1:]
-	}
-	for len(bufs) > 0 && len(bufs[0]) == 0 {
-		bufs = bufs[1:]
-	}
-	return bufs
+	b.reqs, b.iov, b.bytes = b.reqs[:0], b.iov[:0], 0
 }

@@ -62,10 +62,7 @@ func (c *conn) replyDataInline(req *request, off int64, n int) {
 	b := c.dataHeader(req, off, n)
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if _, err := c.nc.Write(b); err != nil {
-		c.log.Debug("reply failed", "err", err)
-		_ = c.nc.Close()
-	}
+	_ = c.writev(req, b, nil)
 }
 
 // dataHeader writes the reply header of a READ into the replyRoom bytes in
@@ -115,18 +112,13 @@ func (c *conn) writeChunkString(req *request, flags, typ uint16, fixed []byte, s
 	return c.writeChunk(req, flags, typ, fixed, []byte(s))
 }
 
-// writev writes header and data with one system call where the connection
-// supports it, without allocating.
+// writev sends header and data with one system call, without allocating.
+// c.wmu is held.
 func (c *conn) writev(req *request, h, data []byte) error {
+	req.iov[0], req.iov[1] = h, data
 	var err error
-	if len(data) == 0 {
-		_, err = c.nc.Write(h)
-	} else {
-		req.iov[0], req.iov[1] = h, data
-		req.nb = req.iov[:]
-		_, err = req.nb.WriteTo(c.nc)
-		req.iov[0], req.iov[1] = nil, nil
-	}
+	req.vec, err = c.send(req.iov[:], req.vec[:0])
+	req.iov[0], req.iov[1] = nil, nil
 	if err != nil {
 		c.log.Debug("reply failed", "err", err)
 		_ = c.nc.Close() // the stream is broken; the reader will notice

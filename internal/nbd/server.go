@@ -107,7 +107,8 @@ func (s *Server) Serve(ln net.Listener) error {
 
 func (s *Server) start(nc net.Conn) {
 	id := s.nextID.Add(1)
-	c := &conn{srv: s, nc: nc, r: bufio.NewReaderSize(nc, 256<<10), log: s.log.With("conn", id, "remote", nc.RemoteAddr().String())}
+	c := &conn{srv: s, nc: nc, log: s.log.With("conn", id, "remote", nc.RemoteAddr().String())}
+	c.r = bufio.NewReaderSize(connReader{c}, 256<<10)
 	s.mu.Lock()
 	if len(s.conns) >= s.cfg.MaxConns || s.closing.Load() {
 		s.mu.Unlock()
@@ -145,7 +146,7 @@ func (s *Server) start(nc net.Conn) {
 }
 
 func (s *Server) run(c *conn) {
-	defer c.nc.Close()
+	defer func() { _ = c.nc.Close() }() // c.nc changes in leavePoller
 	defer c.closeDisk()
 	_ = c.nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	if s.closing.Load() { // Shutdown's deadline may predate ours
@@ -158,7 +159,11 @@ func (s *Server) run(c *conn) {
 		return
 	}
 	_ = c.nc.SetDeadline(time.Time{})
-	if s.closing.Load() {
+	s.mu.Lock() // Shutdown stops the reading of the connection it sees
+	c.leavePoller()
+	closing := s.closing.Load()
+	s.mu.Unlock()
+	if closing {
 		return
 	}
 	c.log.Debug("transmission", "export", c.export, "structured", c.structured)
@@ -190,7 +195,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		_ = ln.Close()
 	}
 	for c := range s.conns {
-		c.setDeadlineNow()
+		c.stopReading()
 	}
 	s.mu.Unlock()
 	done := make(chan struct{})
@@ -216,7 +221,7 @@ func (s *Server) Conns() int {
 }
 
 // unixSendBuffer is the send buffer asked for on unix connections: a whole
-// large READ reply then goes out with one writev instead of several, each
+// large READ reply then goes out with one sendmsg instead of several, each
 // after a wait for the client to drain the last (the default, wmem_default,
 // is about 200 KiB).
 const unixSendBuffer = 4 << 20

@@ -1,0 +1,194 @@
+package nbd
+
+import (
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The transmission phase runs on a blocking socket outside Go's network
+// poller.
+//
+// Go parks a goroutine whose socket has nothing to read, and the poller
+// (epoll) wakes it when data comes; meanwhile the thread that ran it, and
+// any idle one, wait in epoll_pwait, and each arriving request wakes them:
+// measured at queue depth 1 over TCP, two epoll_pwait calls and a
+// nanosleep per request in threads that have nothing to do, competing with
+// the client for the CPU on a small machine. nbdkit instead blocks a
+// thread in recv(2), and the kernel wakes just that thread.
+//
+// quiver does the same once negotiation is over: the socket is duplicated,
+// put in blocking mode, and the original descriptor (the one registered
+// with epoll) is closed. The reader then sleeps in read(2), a system call
+// Go knows about, so the rest of the program runs meanwhile; each open
+// connection holds one thread while it is open, as in nbdkit. Replies are
+// sent without waiting first (MSG_DONTWAIT, see send), and only when the
+// socket's buffer is full does the sender wait in the kernel.
+
+// blockingConn is a connected socket in blocking mode, not in the poller.
+type blockingConn struct {
+	f             *os.File // reads and writes are reference-counted: a close waits for them
+	rc            syscall.RawConn
+	local, remote net.Addr
+	closeOnce     sync.Once
+	closeErr      error
+}
+
+var errNoDeadline = errors.New("blocking NBD connection: deadlines are not supported")
+
+func (b *blockingConn) Read(p []byte) (int, error)  { return b.f.Read(p) }
+func (b *blockingConn) Write(p []byte) (int, error) { return b.f.Write(p) }
+
+// Close shuts the socket down first, which wakes a reader blocked in
+// read(2): the descriptor is released once that read returns.
+func (b *blockingConn) Close() error {
+	b.closeOnce.Do(func() {
+		b.shutdown(unix.SHUT_RDWR)
+		b.closeErr = b.f.Close()
+	})
+	return b.closeErr
+}
+
+// shutdown calls shutdown(2) unless the socket is closed already.
+func (b *blockingConn) shutdown(how int) {
+	_ = b.rc.Control(func(fd uintptr) { _ = unix.Shutdown(int(fd), how) })
+}
+
+func (b *blockingConn) LocalAddr() net.Addr                { return b.local }
+func (b *blockingConn) RemoteAddr() net.Addr               { return b.remote }
+func (b *blockingConn) SetDeadline(t time.Time) error      { return errNoDeadline }
+func (b *blockingConn) SetReadDeadline(t time.Time) error  { return errNoDeadline }
+func (b *blockingConn) SetWriteDeadline(t time.Time) error { return errNoDeadline }
+
+// leavePoller moves the connection to a blocking socket (see above). It
+// runs between negotiation and transmission with no other goroutine using
+// the connection, and leaves it as it was if any step fails.
+func (c *conn) leavePoller() {
+	if c.raw == nil {
+		return
+	}
+	dup := -1
+	err := c.raw.Control(func(fd uintptr) {
+		d, err := unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return
+		}
+		// The mode belongs to the socket, not the descriptor: the
+		// original is blocking from here on too, and is closed below.
+		if unix.SetNonblock(d, false) != nil {
+			_ = unix.Close(d)
+			return
+		}
+		dup = d
+	})
+	if err != nil || dup < 0 {
+		return
+	}
+	f := os.NewFile(uintptr(dup), "nbd")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return
+	}
+	old := c.nc
+	c.nc = &blockingConn{f: f, rc: rc, local: old.LocalAddr(), remote: old.RemoteAddr()}
+	c.raw, c.blocking = rc, true
+	_ = old.Close() // deregisters from epoll; the socket lives on in f
+}
+
+// stopReading makes a reader blocked on the connection return (for
+// Shutdown): in-flight requests still get their replies.
+func (c *conn) stopReading() {
+	if b, ok := c.nc.(*blockingConn); ok {
+		b.shutdown(unix.SHUT_RD)
+		return
+	}
+	_ = c.nc.SetReadDeadline(time.Now())
+}
+
+// connReader is what the connection's bufio.Reader reads from: whichever
+// socket the connection has now.
+type connReader struct{ c *conn }
+
+func (r connReader) Read(p []byte) (int, error) { return r.c.nc.Read(p) }
+
+// maxIovecs is how many buffers one sendmsg takes (IOV_MAX).
+const maxIovecs = 1024
+
+// send writes bufs to the connection, all of it, or fails; c.wmu is held.
+// vec is scratch space for the iovec array, returned for reuse; bufs is
+// consumed.
+//
+// The first attempt is sendmsg with MSG_DONTWAIT made as a raw system call:
+// it never sleeps, so the Go scheduler need not know about it. A plain
+// system call that runs past 20 us, as a send over TCP loopback does (it
+// runs the receiver's side too), may have its P handed to another thread,
+// which costs a wake-up and a hand-back per reply. When the socket's buffer
+// is full, a blocking socket waits in the kernel (a plain system call), a
+// polled one in the poller.
+func (c *conn) send(bufs [][]byte, vec []unix.Iovec) ([]unix.Iovec, error) {
+	if c.raw == nil {
+		nb := net.Buffers(bufs)
+		_, err := nb.WriteTo(c.nc)
+		return vec, err
+	}
+	var werr error
+	err := c.raw.Write(func(fd uintptr) bool {
+		for {
+			vec = vec[:0]
+			for _, p := range bufs[:min(len(bufs), maxIovecs)] {
+				if len(p) > 0 {
+					v := unix.Iovec{Base: &p[0]}
+					v.SetLen(len(p))
+					vec = append(vec, v)
+				}
+			}
+			if len(vec) == 0 {
+				return true
+			}
+			msg := unix.Msghdr{Iov: &vec[0]}
+			msg.SetIovlen(len(vec))
+			n, _, errno := syscall.RawSyscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&msg)), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+			if errno == unix.EAGAIN && c.blocking {
+				n, _, errno = syscall.Syscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&msg)), unix.MSG_NOSIGNAL)
+			}
+			switch errno {
+			case 0:
+				bufs = consume(bufs, int(n))
+			case unix.EINTR:
+			case unix.EAGAIN:
+				return false // wait in the poller until the socket is writable
+			default:
+				werr = errno
+				return true
+			}
+		}
+	})
+	clear(vec) // drop the pointers into request buffers
+	if err == nil {
+		err = werr
+	}
+	return vec, err
+}
+
+// consume drops the first n bytes of bufs.
+func consume(bufs [][]byte, n int) [][]byte {
+	for n > 0 && len(bufs) > 0 {
+		if n < len(bufs[0]) {
+			bufs[0] = bufs[0][n:]
+			return bufs
+		}
+		n -= len(bufs[0])
+		bufs = bufs[1:]
+	}
+	for len(bufs) > 0 && len(bufs[0]) == 0 {
+		bufs = bufs[1:]
+	}
+	return bufs
+}
