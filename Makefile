@@ -24,6 +24,7 @@ run: build
 test: lint
 	$(GO) test -race -count=1 -timeout 30m $$($(GO) list $(PKGS) | grep -v /test/migration$$)
 	$(GO) test -race -count=1 -timeout 10m ./test/migration/
+	$(GO) test -count=1 -run 'TestHotPathAllocations' ./internal/nbd/  # sync.Pool drops items under -race
 
 test-race: test
 

@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
@@ -23,10 +21,9 @@ type conn struct {
 	srv *Server
 	nc  net.Conn
 	raw syscall.RawConn // nc's socket, for send; nil when nc is not one
-	// blocking is set once nc is a blockingConn (socket.go).
-	blocking bool
-	r        *bufio.Reader
-	log      *slog.Logger
+	snd sender          // send's state (socket.go)
+	r   *bufio.Reader
+	log *slog.Logger
 
 	// Set by negotiation, read-only in the transmission phase.
 	disk        pool.Disk
@@ -104,7 +101,6 @@ type request struct {
 
 	reply [64]byte // reply header space
 	iov   [2][]byte
-	vec   []unix.Iovec // send's scratch
 }
 
 var requestPool = sync.Pool{New: func() any { return new(request) }}

@@ -2,8 +2,6 @@ package nbd
 
 import (
 	"encoding/binary"
-
-	"golang.org/x/sys/unix"
 )
 
 // Requests run by the reader. A READ or WRITE that the disk can do without
@@ -45,7 +43,6 @@ const (
 type batch struct {
 	reqs  []*request
 	iov   [][]byte
-	vec   []unix.Iovec // send's iovec array, reused
 	bytes int
 }
 
@@ -163,7 +160,7 @@ func (c *conn) flushOut(b *batch) {
 	}
 	c.wmu.Lock()
 	var err error
-	b.vec, err = c.send(b.iov, b.vec)
+	err = c.send(b.iov)
 	c.wmu.Unlock()
 	if err != nil {
 		c.log.Debug("reply failed", "err", err)

@@ -117,7 +117,7 @@ func (c *conn) writeChunkString(req *request, flags, typ uint16, fixed []byte, s
 func (c *conn) writev(req *request, h, data []byte) error {
 	req.iov[0], req.iov[1] = h, data
 	var err error
-	req.vec, err = c.send(req.iov[:], req.vec[:0])
+	err = c.send(req.iov[:])
 	req.iov[0], req.iov[1] = nil, nil
 	if err != nil {
 		c.log.Debug("reply failed", "err", err)
