@@ -121,8 +121,9 @@ type connReader struct{ c *conn }
 // just handed to the write executor or to the workers get to run on this
 // thread's P: a goroutine readied by the reader waits in that P's run
 // queue, and while the reader sleeps in a system call the P is held, so
-// another thread would have to be woken to steal it (measured: 0.5
-// context switches per request instead of 0.2 at QD32 randwrite on ext4).
+// another thread would have to be woken to steal it (measured at QD32
+// randwrite on ext4: 0.50 context switches per request without this, 0.35
+// with it).
 func (r connReader) Read(p []byte) (int, error) {
 	c := r.c
 	if c.snd.blocking && c.queued.Load() != 0 {
