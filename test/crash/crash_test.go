@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/quiverstorage/quiver/internal/testserver"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/testfs"
+	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
 var cyclesFlag = flag.Int("crash.cycles", 0, "kill/restart cycles (default 200, 20 with -short; env QUIVER_CRASH_CYCLES)")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/quiverstorage/quiver/internal/testserver"
 	"net"
 	"net/http"
 	"os"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/client"
 	"github.com/quiverstorage/quiver/internal/testfs"
+	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
 // The server binary is built once per test binary, by the first test that

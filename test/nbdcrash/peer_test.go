@@ -3,7 +3,6 @@ package nbdcrash
 import (
 	"bufio"
 	"fmt"
-	"github.com/quiverstorage/quiver/internal/testserver"
 	"io"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/testfs"
+	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
 // The tests drive real NBD clients as child processes and learn, for every

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/quiverstorage/quiver/internal/testserver"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/client"
 	"github.com/quiverstorage/quiver/internal/testfs"
+	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
 // The quiver binaries built for this run, in one temporary directory that
