@@ -237,3 +237,41 @@ func TestShutdownRacesNewConnection(t *testing.T) {
 		t.Fatalf("Shutdown: %v", err)
 	}
 }
+
+// TestShutdownBusyClient: a client that keeps sending requests does not
+// keep Shutdown waiting. (On a blocking TCP socket shutdown(SHUT_RD) does
+// not stop later data from being read: the reader must stop by itself.)
+func TestShutdownBusyClient(t *testing.T) {
+	e := newEnv(t, Config{}, nil)
+	c := e.connect(t, hsOpts{export: exportRoot, structured: true})
+	go func() { _, _ = io.Copy(io.Discard, c.nc) }()
+	var burst []byte
+	for i := range 32 {
+		burst = append(burst, reqBytes(testReq{typ: cmdRead, cookie: uint64(i + 1), length: 4096})...)
+	}
+	stop := make(chan struct{})
+	sending := make(chan struct{})
+	go func() {
+		defer close(sending)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+			if _, err := c.nc.Write(burst); err != nil {
+				return
+			}
+		}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := e.srv.Shutdown(ctx)
+	close(stop)
+	<-sending
+	if err != nil {
+		t.Fatalf("Shutdown with a client sending requests: %v", err)
+	}
+}

@@ -28,13 +28,15 @@ import (
 // put in blocking mode, and the original descriptor (the one registered
 // with epoll) is closed. The reader then sleeps in read(2), a system call
 // Go knows about, so the rest of the program runs meanwhile; each open
-// connection holds one thread while it is open, as in nbdkit. Replies are
+// connection holds one thread while it is open, as in nbdkit, and a second
+// one while a reply waits for a client that does not read. Replies are
 // sent without waiting first (MSG_DONTWAIT, see send), and only when the
-// socket's buffer is full does the sender wait in the kernel.
+// socket's buffer is full does the sender wait in the kernel. Only TCP and
+// unix connections move; anything else (a wrapper, a pipe) stays polled.
 
 // blockingConn is a connected socket in blocking mode, not in the poller.
 type blockingConn struct {
-	f             *os.File // reads and writes are reference-counted: a close waits for them
+	f             *os.File // reads and writes hold a reference: the descriptor is closed after the last
 	rc            syscall.RawConn
 	local, remote net.Addr
 	closeOnce     sync.Once
@@ -71,6 +73,11 @@ func (b *blockingConn) SetWriteDeadline(t time.Time) error { return errNoDeadlin
 // runs between negotiation and transmission with no other goroutine using
 // the connection, and leaves it as it was if any step fails.
 func (c *conn) leavePoller() {
+	switch c.nc.(type) {
+	case *net.TCPConn, *net.UnixConn:
+	default:
+		return // a wrapper may buffer or filter what it reads: leave it be
+	}
 	if c.raw == nil {
 		return
 	}
@@ -104,7 +111,10 @@ func (c *conn) leavePoller() {
 }
 
 // stopReading makes a reader blocked on the connection return (for
-// Shutdown): in-flight requests still get their replies.
+// Shutdown): in-flight requests still get their replies. On a blocking
+// socket shutdown(SHUT_RD) wakes the reader; it does not stop a TCP peer's
+// later data from being read, so connReader also refuses to read once the
+// server is closing.
 func (c *conn) stopReading() {
 	if b, ok := c.nc.(*blockingConn); ok {
 		b.shutdown(unix.SHUT_RD)
@@ -112,6 +122,9 @@ func (c *conn) stopReading() {
 	}
 	_ = c.nc.SetReadDeadline(time.Now())
 }
+
+// errStopped ends the reader of a blocking socket when the server shuts down.
+var errStopped = errors.New("server shutting down: no more requests read")
 
 // connReader is what the connection's bufio.Reader reads from: whichever
 // socket the connection has now.
@@ -126,8 +139,13 @@ type connReader struct{ c *conn }
 // with it).
 func (r connReader) Read(p []byte) (int, error) {
 	c := r.c
-	if c.snd.blocking && c.queued.Load() != 0 {
-		runtime.Gosched()
+	if c.snd.blocking {
+		if c.srv.closing.Load() {
+			return 0, errStopped
+		}
+		if c.queued.Load() != 0 {
+			runtime.Gosched()
+		}
 	}
 	return c.nc.Read(p)
 }
@@ -149,12 +167,14 @@ type sender struct {
 // send writes bufs to the connection, all of it, or fails; c.wmu is held.
 // bufs is consumed.
 //
-// The first attempt is sendmsg with MSG_DONTWAIT made as a raw system call:
-// it never sleeps, so the Go scheduler need not know about it. A plain
-// system call that runs past 20 us, as a send over TCP loopback does (it
-// runs the receiver's side too), may have its P handed to another thread,
-// which costs a wake-up and a hand-back per reply. When the socket's buffer
-// is full, a blocking socket waits in the kernel (a plain system call), a
+// A send of up to rawSendMax bytes is first tried with sendmsg and
+// MSG_DONTWAIT as a raw system call, which the Go scheduler does not see:
+// a plain system call that runs past 20 us, as a send over TCP loopback
+// does (it runs the receiver's side too), may have its P handed to another
+// thread, which costs a wake-up and a hand-back per reply. Larger sends
+// are plain system calls, so that a copy of megabytes never holds the P
+// (a garbage collection waits for every P). When the socket's buffer is
+// full, a blocking socket waits in the kernel (a plain system call), a
 // polled one in the poller.
 func (c *conn) send(bufs [][]byte) error {
 	if c.raw == nil {
@@ -176,24 +196,37 @@ func (c *conn) send(bufs [][]byte) error {
 	return err
 }
 
+// rawSendMax is the largest send made as a raw system call.
+const rawSendMax = 256 << 10
+
 func (s *sender) write(fd uintptr) bool {
 	for {
+		s.bufs = consume(s.bufs, 0) // no empty buffers in front
+		if len(s.bufs) == 0 {
+			return true
+		}
 		s.vec = s.vec[:0]
+		size := 0
 		for _, p := range s.bufs[:min(len(s.bufs), maxIovecs)] {
 			if len(p) > 0 {
 				v := unix.Iovec{Base: &p[0]}
 				v.SetLen(len(p))
 				s.vec = append(s.vec, v)
+				size += len(p)
 			}
-		}
-		if len(s.vec) == 0 {
-			return true
 		}
 		msg := unix.Msghdr{Iov: &s.vec[0]}
 		msg.SetIovlen(len(s.vec))
-		n, _, errno := syscall.RawSyscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&msg)), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		ptr := uintptr(unsafe.Pointer(&msg))
+		var n uintptr
+		var errno syscall.Errno
+		if size <= rawSendMax {
+			n, _, errno = syscall.RawSyscall(unix.SYS_SENDMSG, fd, ptr, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		} else {
+			n, _, errno = syscall.Syscall(unix.SYS_SENDMSG, fd, ptr, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		}
 		if errno == unix.EAGAIN && s.blocking {
-			n, _, errno = syscall.Syscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&msg)), unix.MSG_NOSIGNAL)
+			n, _, errno = syscall.Syscall(unix.SYS_SENDMSG, fd, ptr, unix.MSG_NOSIGNAL)
 		}
 		switch errno {
 		case 0:
