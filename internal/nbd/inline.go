@@ -159,13 +159,8 @@ func (c *conn) flushOut(b *batch) {
 		return
 	}
 	c.wmu.Lock()
-	var err error
-	err = c.send(b.iov)
+	_ = c.sendReply(b.iov)
 	c.wmu.Unlock()
-	if err != nil {
-		c.log.Debug("reply failed", "err", err)
-		_ = c.nc.Close() // the stream is broken; the reader will notice
-	}
 	for i, r := range b.reqs {
 		r.release()
 		b.reqs[i], b.iov[i] = nil, nil

@@ -36,12 +36,12 @@ func (c *conn) replyError(req *request, errno uint32, msg string) {
 
 // replyData sends READ data: one OFFSET_DATA chunk, or a simple reply.
 func (c *conn) replyData(req *request, off int64, data []byte) {
-	if req.room >= replyRoom {
-		c.replyDataInline(req, off, len(data))
-		return
-	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if req.room >= replyRoom {
+		_ = c.writev(req, c.dataHeader(req, off, len(data)), nil)
+		return
+	}
 	if !c.structured {
 		c.writeSimple(req, 0, data)
 		return
@@ -52,18 +52,11 @@ func (c *conn) replyData(req *request, off int64, data []byte) {
 }
 
 // Reads up to inlineReplyMax bytes are read replyRoom bytes into their
-// buffer, leaving space for the reply header: one write, no writev.
+// buffer, leaving space for the reply header: one buffer sent whole.
 const (
 	inlineReplyMax = 256 << 10
 	replyRoom      = 32 // >= structuredHeaderSize + 8 and >= simpleReplySize
 )
-
-func (c *conn) replyDataInline(req *request, off int64, n int) {
-	b := c.dataHeader(req, off, n)
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	_ = c.writev(req, b, nil)
-}
 
 // dataHeader writes the reply header of a READ into the replyRoom bytes in
 // front of its data and returns header and data as one slice.
@@ -116,12 +109,18 @@ func (c *conn) writeChunkString(req *request, flags, typ uint16, fixed []byte, s
 // c.wmu is held.
 func (c *conn) writev(req *request, h, data []byte) error {
 	req.iov[0], req.iov[1] = h, data
-	var err error
-	err = c.send(req.iov[:])
+	err := c.sendReply(req.iov[:])
 	req.iov[0], req.iov[1] = nil, nil
+	return err
+}
+
+// sendReply sends bufs; a failure breaks the stream, so it closes the
+// connection (the reader notices). c.wmu is held.
+func (c *conn) sendReply(bufs [][]byte) error {
+	err := c.send(bufs)
 	if err != nil {
 		c.log.Debug("reply failed", "err", err)
-		_ = c.nc.Close() // the stream is broken; the reader will notice
+		_ = c.nc.Close()
 	}
 	return err
 }

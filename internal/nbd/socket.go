@@ -189,7 +189,7 @@ func (c *conn) send(bufs [][]byte) error {
 	}
 	s.bufs, s.err = bufs, nil
 	err := c.raw.Write(s.fn)
-	clear(s.vec[:cap(s.vec)]) // drop the pointers into request buffers
+	clear(s.vec) // drop the pointers into request buffers
 	s.bufs = nil
 	if err == nil {
 		err = s.err
@@ -207,6 +207,7 @@ func (s *sender) write(fd uintptr) bool {
 			return true
 		}
 		// At most rawSendMax bytes per call.
+		clear(s.vec)
 		s.vec = s.vec[:0]
 		size := 0
 		for _, p := range s.bufs[:min(len(s.bufs), maxIovecs)] {
