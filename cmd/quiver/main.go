@@ -1,5 +1,7 @@
 // Command quiver is the storage server and its command-line client: see
 // `quiver --help`.
+//
+// Imports from quiver: cli.
 package main
 
 import (

@@ -5,4 +5,6 @@
 // (pool) and maps domain errors to HTTP statuses and stable codes in exactly
 // one place (errors.go). It imports api, pool and job; nothing in the domain
 // imports it.
+//
+// Imports from quiver: api, job, pool, qos.
 package apiserver

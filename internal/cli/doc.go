@@ -3,6 +3,9 @@
 //
 // It parses arguments and prints results; it holds no storage logic. It may
 // import internal/api, internal/client, internal/quantity and, for `quiver
-// server` only, internal/server, and for `quiver csi` only, internal/csi;
-// nothing imports it but cmd/quiver.
+// server` only, internal/server, for `quiver csi` only, internal/csi, and
+// internal/nbd for the default NBD address only; nothing imports it but
+// cmd/quiver.
+//
+// Imports from quiver: api, client, csi, nbd, quantity, server.
 package cli

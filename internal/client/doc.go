@@ -11,4 +11,6 @@
 // Of quiver it imports internal/api, for the wire types only; it must not
 // import the server side (internal/server, internal/pool, internal/job)
 // itself.
+//
+// Imports from quiver: api.
 package client

@@ -6,6 +6,8 @@
 //
 // It is test support shared by the pool tests and the NBD tests; it imports
 // nothing from quiver.
+//
+// Imports from quiver: nothing.
 package consistency
 
 import (

@@ -18,4 +18,6 @@
 // internal/durable; it must not import the pool, the API server or the NBD
 // server: everything it knows of a volume it learns through the API. Only
 // internal/cli imports it.
+//
+// Imports from quiver: api, client, durable, quantity.
 package csi

@@ -3,4 +3,6 @@
 //
 // The contract of each function is stated in its doc comment. The package
 // imports only the standard library and x/sys; nothing in quiver is below it.
+//
+// Imports from quiver: nothing.
 package durable

@@ -17,4 +17,6 @@
 // The package is Linux-only: it talks to the kernel through ioctls, lseek and
 // statfs via golang.org/x/sys/unix. It owns no state and knows nothing of
 // volumes, disks or the pool layout; it must not import other quiver packages.
+//
+// Imports from quiver: nothing.
 package fscap

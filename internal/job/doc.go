@@ -4,4 +4,6 @@
 //
 // Jobs live in memory: a crash loses the job record, and the pool's start-up
 // recovery removes whatever the job left unfinished.
+//
+// Imports from quiver: nothing.
 package job

@@ -5,4 +5,6 @@
 //
 // It imports pool (the disk interface and pool state), qos and the
 // Prometheus client; the NBD server uses it through its export resolver.
+//
+// Imports from quiver: pool, qos.
 package metrics

@@ -10,5 +10,8 @@
 // handles, and so through the volume's I/O gate. Domain errors are mapped
 // to NBD error numbers in one table (errors.go).
 //
-// nbd imports pool (the domain) and nothing above it.
+// nbd imports pool (the domain) and metrics (which wraps each disk handle to
+// count and throttle its requests), and nothing above them.
+//
+// Imports from quiver: metrics, pool.
 package nbd

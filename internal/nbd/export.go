@@ -42,7 +42,7 @@ type Exports interface {
 // The token is an attachment's secret (POST /v1/volumes/{volume}/attachments):
 // the connection then acts for that attachment and obeys the volume's
 // single-writer rule. Without a token, when RequireToken is false, the
-// connection gets an implicit attachment of its own (pool.AttachImplicit).
+// connection gets an implicit attachment of its own (pool.Volume.OpenImplicit).
 //
 // Every live disk is opened through Metrics (when set), which counts and
 // times its requests and applies the volume's QoS limiter.

@@ -16,7 +16,9 @@
 // Every object becomes visible by one rename out of staging/ (the commit
 // point), so a crash leaves it either absent or complete.
 //
-// pool imports fscap (filesystem data services) and durable (atomic metadata
-// writes). It must not import any transport package (api, nbd, csi) nor the
+// pool imports fscap (filesystem data services), durable (atomic metadata
+// writes) and qos (the per-volume limiters it keeps across disk handles). It must not import any transport package (api, nbd, csi) nor the
 // job runner: long operations report through the Progress interface.
+//
+// Imports from quiver: durable, fscap, qos.
 package pool

@@ -2,4 +2,6 @@
 // budget across all its disks (rw_iops, rw_mbytes, and optional read/write
 // splits). Limits are token buckets (golang.org/x/time/rate) that change
 // live. It imports nothing from quiver.
+//
+// Imports from quiver: nothing.
 package qos

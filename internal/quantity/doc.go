@@ -3,4 +3,6 @@
 //
 // It owns the command-line spelling of sizes only: the wire carries integer
 // bytes (see internal/api). It must not import any other quiver package.
+//
+// Imports from quiver: nothing.
 package quantity

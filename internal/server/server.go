@@ -1,6 +1,9 @@
 // Package server assembles a storage node: it opens the pool, starts the job
-// runner and serves the HTTP API until its context is cancelled. It is
-// wiring only; the domain lives in pool, the transport in api.
+// runner and serves the HTTP API (with /metrics) and NBD until its context is
+// cancelled. It is wiring only: the domain lives in pool, the transports in
+// apiserver and nbd, the wire types in api.
+//
+// Imports from quiver: api, apiserver, job, metrics, nbd, pool.
 package server
 
 import (

@@ -12,4 +12,6 @@
 //
 // testfs is for tests only (it imports testing) and must not import other
 // quiver packages.
+//
+// Imports from quiver: nothing.
 package testfs

@@ -4,5 +4,8 @@
 // server's log. Each suite keeps its own server type, since each starts
 // quiver differently.
 //
-// It imports nothing from quiver and is imported only by tests.
+// It imports only the Go client (to wait for a server's API) and is
+// imported only by tests.
+//
+// Imports from quiver: client.
 package testserver

@@ -12,6 +12,8 @@
 //
 // It stops at the first error (exit status 1) and idles once the disks are
 // full. The test builds it with CGO_ENABLED=0 and puts it in the initramfs.
+//
+// Imports from quiver: test/migration/record.
 package main
 
 import (

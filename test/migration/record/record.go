@@ -18,6 +18,8 @@
 //
 // The package imports only the standard library, so that the guest program
 // stays a small static binary.
+//
+// Imports from quiver: nothing.
 package record
 
 import (
