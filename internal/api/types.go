@@ -237,3 +237,13 @@ const (
 	CodeInUse        = "InUse"            // 409: the volume has attachments
 	CodeInternal     = "Internal"         // 500
 )
+
+// ReadyFile is what `quiver server --ready-file PATH` writes, atomically,
+// once it serves: the addresses it is bound to, so that scripts and tests can
+// start it on port 0 and learn the port it got.
+type ReadyFile struct {
+	PID       int    `json:"pid"`
+	API       string `json:"api"`                 // host:port of the HTTP API
+	NBD       string `json:"nbd,omitempty"`       // host:port of NBD over TCP, when served
+	NBDSocket string `json:"nbdSocket,omitempty"` // NBD unix socket, when served
+}

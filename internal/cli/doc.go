@@ -4,8 +4,8 @@
 // It parses arguments and prints results; it holds no storage logic. It may
 // import internal/api, internal/client, internal/quantity and, for `quiver
 // server` only, internal/server, for `quiver csi` only, internal/csi, and
-// internal/nbd for the default NBD address only; nothing imports it but
-// cmd/quiver.
+// internal/nbd for the default NBD address only, and internal/durable to
+// write the server's ready file; nothing imports it but cmd/quiver.
 //
-// Imports from quiver: api, client, csi, nbd, quantity, server.
+// Imports from quiver: api, client, csi, durable, nbd, quantity, server.
 package cli

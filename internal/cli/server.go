@@ -3,17 +3,20 @@ package cli
 import (
 	"fmt"
 	"log/slog"
+	"net"
+	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/server"
 )
 
 func (a *app) serverCommand() *cobra.Command {
 	cfg := server.Config{}
-	var logLevel string
+	var logLevel, readyFile string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run a storage node: open the pool, serve the API and the disks over NBD",
@@ -36,6 +39,9 @@ name (as --nbd-require-token does on loopback).`,
 			}
 			cfg.TokenFile = a.tokenFile
 			cfg.Logger = slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: level}))
+			if readyFile != "" {
+				cfg.Ready = writeReadyFile(readyFile, cfg.NBDSocket, cfg.Logger)
+			}
 			return server.Run(cmd.Context(), cfg)
 		},
 	}
@@ -47,5 +53,22 @@ name (as --nbd-require-token does on loopback).`,
 		"refuse NBD exports without an attachment token (always on beyond loopback)")
 	cmd.Flags().BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API port")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().StringVar(&readyFile, "ready-file", "",
+		"once serving, write the bound addresses here as JSON (for port 0 in scripts and tests)")
 	return cmd
+}
+
+// writeReadyFile returns a server.Config.Ready that writes path (api.ReadyFile)
+// atomically, so a reader sees no file or a whole one. A failure is logged:
+// the server is up and serving either way.
+func writeReadyFile(path, socket string, log *slog.Logger) func(apiAddr, nbdAddr net.Addr) {
+	return func(apiAddr, nbdAddr net.Addr) {
+		r := api.ReadyFile{PID: os.Getpid(), API: apiAddr.String(), NBDSocket: socket}
+		if nbdAddr != nil {
+			r.NBD = nbdAddr.String()
+		}
+		if err := durable.WriteJSON(path, r); err != nil {
+			log.Error("write ready file", "path", path, "err", err)
+		}
+	}
 }

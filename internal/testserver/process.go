@@ -2,16 +2,20 @@ package testserver
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/client"
 )
 
@@ -27,7 +31,7 @@ type Options struct {
 	Token string
 }
 
-// Process is one `quiver server` on free loopback ports.
+// Process is one `quiver server` on loopback ports the kernel chose.
 type Process struct {
 	API     *client.Client
 	APIAddr string // host:port of the HTTP API
@@ -36,44 +40,43 @@ type Process struct {
 	Pool    string
 	Log     *LogBuffer
 
-	cmd    *exec.Cmd
-	exited chan struct{} // closed once the process is reaped
-	werr   error         // cmd.Wait's result, set before exited is closed
+	cmd        *exec.Cmd
+	readyFile  string
+	clientOpts []client.Option
+	hc         *http.Client
+	exited     chan struct{} // closed once the process is reaped
+	werr       error         // cmd.Wait's result, set before exited is closed
+	killed     atomic.Bool   // Kill sent the SIGKILL
 }
 
-// Start runs bin as a server and returns once its API answers (the NBD
-// listeners are bound before the API serves). When another process takes a
-// probed port first, it tries again on new ports.
+// Start runs bin as a server on loopback port 0 and returns once it has
+// written its ready file (--ready-file: the bound addresses) and its API
+// answers.
 func Start(ctx context.Context, bin string, o Options) (*Process, error) {
-	for attempt := 0; ; attempt++ {
-		p, err := spawn(bin, o)
-		if err != nil {
-			return nil, err
-		}
-		err = p.waitReady(ctx)
-		if err == nil {
-			return p, nil
-		}
-		p.Kill()
-		if attempt < 5 && strings.Contains(p.Log.String(), "address already in use") {
-			continue
-		}
-		return nil, fmt.Errorf("quiver server: %w\nlog:\n%s", err, Tail(p.Log.String(), 100))
-	}
-}
-
-func spawn(bin string, o Options) (*Process, error) {
-	apiAddr, err := FreePort()
+	p, err := Spawn(bin, o)
 	if err != nil {
 		return nil, err
 	}
-	p := &Process{APIAddr: apiAddr, Socket: o.NBDSocket, Pool: o.Pool, Log: &LogBuffer{}, exited: make(chan struct{})}
-	args := []string{"server", "--pool", o.Pool, "--listen", apiAddr, "--nbd-listen="}
+	if err := p.waitReady(ctx); err != nil {
+		p.Kill()
+		return nil, fmt.Errorf("quiver server: %w\nlog:\n%s", err, Tail(p.Log.String(), 100))
+	}
+	return p, nil
+}
+
+// Spawn starts bin as a server and returns at once, without waiting for it
+// to serve: for tests that kill a server during its start-up. The fields
+// filled from the ready file (API, APIAddr, NBDAddr) stay empty.
+func Spawn(bin string, o Options) (*Process, error) {
+	dir, err := os.MkdirTemp("", "quiver-ready-")
+	if err != nil {
+		return nil, err
+	}
+	p := &Process{Socket: o.NBDSocket, Pool: o.Pool, Log: &LogBuffer{}, exited: make(chan struct{}),
+		readyFile: filepath.Join(dir, "ready.json")}
+	args := []string{"server", "--pool", o.Pool, "--listen", "127.0.0.1:0", "--nbd-listen=", "--ready-file", p.readyFile}
 	if o.NBDTCP {
-		if p.NBDAddr, err = FreePort(); err != nil {
-			return nil, err
-		}
-		args[len(args)-1] = "--nbd-listen=" + p.NBDAddr
+		args[5] = "--nbd-listen=127.0.0.1:0"
 	}
 	if o.NBDSocket != "" {
 		args = append(args, "--nbd-socket", o.NBDSocket)
@@ -83,53 +86,69 @@ func spawn(bin string, o Options) (*Process, error) {
 		level = "info"
 	}
 	args = append(args, "--log-level", level)
-	var opts []client.Option
 	if o.Token != "" {
 		file := filepath.Clean(o.Pool) + ".token"
 		if err := os.WriteFile(file, []byte(o.Token+"\n"), 0o600); err != nil {
 			return nil, err
 		}
 		args = append(args, "--token-file", file)
-		opts = append(opts, client.WithToken(o.Token))
+		p.clientOpts = append(p.clientOpts, client.WithToken(o.Token))
 	}
 	args = append(args, o.Args...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.Log, p.Log
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
 	if err := p.cmd.Start(); err != nil {
+		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	go func() {
 		p.werr = p.cmd.Wait()
+		_ = os.RemoveAll(dir)
 		close(p.exited)
 	}()
-	hc := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 30 * time.Second}
-	if p.API, err = client.New("http://"+apiAddr, append(opts, client.WithHTTPClient(hc))...); err != nil {
-		p.Kill()
-		return nil, err
-	}
 	return p, nil
 }
 
-// waitReady polls GET /v1/pool for up to 30 s.
+// waitReady waits up to a minute for the ready file, takes the addresses
+// from it and checks that the API answers.
 func (p *Process) waitReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	var ready api.ReadyFile
 	for {
-		rctx, rcancel := context.WithTimeout(ctx, time.Second)
-		_, err := p.API.Pool(rctx)
-		rcancel()
+		b, err := os.ReadFile(p.readyFile)
 		if err == nil {
-			return nil
+			if err := json.Unmarshal(b, &ready); err != nil {
+				return fmt.Errorf("ready file: %w", err)
+			}
+			break
 		}
 		select {
 		case <-p.exited:
 			return fmt.Errorf("server exited before it was ready: %v", p.werr)
 		case <-ctx.Done():
-			return fmt.Errorf("server not ready: %w (last error: %v)", ctx.Err(), err)
+			return fmt.Errorf("server not ready: no ready file: %w", ctx.Err())
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+	if ready.PID != p.cmd.Process.Pid {
+		return fmt.Errorf("ready file names pid %d, not %d", ready.PID, p.cmd.Process.Pid)
+	}
+	p.APIAddr, p.NBDAddr = ready.API, ready.NBD
+	p.hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 30 * time.Second}
+	var err error
+	if p.API, err = client.New("http://"+p.APIAddr, append(p.clientOpts, client.WithHTTPClient(p.hc))...); err != nil {
+		return err
+	}
+	info, err := p.API.Pool(ctx)
+	if err != nil {
+		return fmt.Errorf("GET /v1/pool: %w", err)
+	}
+	if abs, _ := filepath.Abs(p.Pool); info.Path != abs {
+		return fmt.Errorf("%s answers for pool %q, not %q", p.APIAddr, info.Path, abs)
+	}
+	return nil
 }
 
 // URI is the NBD URI of an export over TCP.
@@ -148,8 +167,30 @@ func (p *Process) Exited() <-chan struct{} { return p.exited }
 
 // Kill sends SIGKILL and reaps the process.
 func (p *Process) Kill() {
+	p.killed.Store(true)
 	_ = p.cmd.Process.Kill()
 	<-p.exited
+	if p.hc != nil {
+		p.hc.CloseIdleConnections()
+	}
+}
+
+// EndedByItself reports how the process ended when it ended by any means but
+// Kill, and nil while it runs or after Kill: crash tests call it before
+// they kill a server to know it was still serving.
+func (p *Process) EndedByItself() error {
+	select {
+	case <-p.exited:
+	default:
+		return nil
+	}
+	var ee *exec.ExitError
+	if p.killed.Load() && errors.As(p.werr, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+			return nil
+		}
+	}
+	return fmt.Errorf("server ended by itself: %v", p.werr)
 }
 
 // Stop ends the server with SIGTERM (which drains and flushes every NBD
@@ -193,12 +234,13 @@ func (p *Process) Dump() string {
 	return Tail(p.Log.String(), 400)
 }
 
-// CheckLog reports a data race, panic or fatal error in the server's log.
+// CheckLog reports a data race, panic or fatal error in the server's log,
+// with the log from there on.
 func (p *Process) CheckLog() error {
 	log := p.Log.String()
 	for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
-		if strings.Contains(log, bad) {
-			return fmt.Errorf("server log contains %q", bad)
+		if i := strings.Index(log, bad); i >= 0 {
+			return fmt.Errorf("server log contains %q:\n%s", bad, log[i:min(len(log), i+8000)])
 		}
 	}
 	return nil

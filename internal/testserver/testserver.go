@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"testing"
+
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 // Build compiles ./cmd/quiver of the enclosing module into out, with the
@@ -36,15 +38,54 @@ func Build(out string, race bool) error {
 	return nil
 }
 
-// FreePort returns a loopback address that was free a moment ago; callers
-// retry when the server then reports "address already in use".
-func FreePort() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// The binaries Binary built, by race detector, in one temporary directory
+// that Main removes.
+var bins struct {
+	mu    sync.Mutex
+	dir   string
+	paths map[bool]string
+}
+
+// Binary returns cmd/quiver built for this test binary, once per flavour:
+// with the race detector when race is true and the tests run with it, so
+// that the server is checked for races while real clients load it.
+func Binary(t testing.TB, race bool) string {
+	t.Helper()
+	testfs.RequireTool(t, "go")
+	race = race && RaceEnabled
+	bins.mu.Lock()
+	defer bins.mu.Unlock()
+	if p, ok := bins.paths[race]; ok {
+		return p
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	if bins.dir == "" {
+		dir, err := os.MkdirTemp("", "quiver-bin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		bins.dir, bins.paths = dir, map[bool]string{}
+	}
+	bin := filepath.Join(bins.dir, "quiver")
+	if race {
+		bin += "-race"
+	}
+	if err := Build(bin, race); err != nil {
+		t.Fatal(err)
+	}
+	bins.paths[race] = bin
+	return bin
+}
+
+// Main runs a test binary's tests and removes what Binary built: call it from
+// TestMain as os.Exit(testserver.Main(m)).
+func Main(m *testing.M) int {
+	code := m.Run()
+	bins.mu.Lock()
+	if bins.dir != "" {
+		_ = os.RemoveAll(bins.dir)
+	}
+	bins.mu.Unlock()
+	return code
 }
 
 // LogBuffer collects a server's output; exec copies into it from another

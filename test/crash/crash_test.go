@@ -2,6 +2,7 @@ package crash
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -47,7 +48,7 @@ func TestCrash(t *testing.T) {
 	h.uncertain = make([]*op, workers)
 	t.Cleanup(func() {
 		if h.srv != nil {
-			h.srv.kill()
+			h.srv.Kill()
 		}
 	})
 	start := time.Now()
@@ -128,8 +129,8 @@ type harness struct {
 	retry  []*op
 	stamps int // stamps written so far, to make each unique
 	poolID string
-	srv    *serverProc // the running server, if any
-	prev   *serverProc // the server killed last, for its log
+	srv    *testserver.Process // the running server, if any
+	prev   *testserver.Process // the server killed last, for its log
 	stats  stats
 }
 
@@ -153,11 +154,8 @@ func (h *harness) cycle(n int) {
 	h.verify(ctx, n)
 	h.workload(ctx, n)
 	h.prev, h.srv = h.srv, nil
-	if msg := h.prev.died(); msg != "" {
-		h.fatalf(n, "%s", msg)
-	}
-	if msg := h.prev.problems(); msg != "" {
-		h.fatalf(n, "%s", msg)
+	if err := errors.Join(h.prev.EndedByItself(), h.prev.CheckLog()); err != nil {
+		h.fatalf(n, "%v", err)
 	}
 	h.stamp(n)
 	h.stats.cycles++
@@ -173,20 +171,17 @@ func (h *harness) killDuringStartup(n int) {
 	}
 	usual := h.stats.startTook / time.Duration(h.stats.starts)
 	time.Sleep(time.Duration(h.rng.Int64N(int64(usual) + 1)))
-	srv.kill()
+	srv.Kill()
 	h.prev = srv
-	if msg := srv.died(); msg != "" && !strings.Contains(srv.log.String(), "address already in use") {
-		h.fatalf(n, "killed during start-up: %s", msg)
-	}
-	if msg := srv.problems(); msg != "" {
-		h.fatalf(n, "killed during start-up: %s", msg)
+	if err := errors.Join(srv.EndedByItself(), srv.CheckLog()); err != nil {
+		h.fatalf(n, "killed during start-up: %v", err)
 	}
 	h.stats.startupKills++
 }
 
 // verify checks the restarted pool and adopts what it found as the model.
 func (h *harness) verify(ctx context.Context, n int) {
-	info, err := h.srv.client.Pool(ctx)
+	info, err := h.srv.API.Pool(ctx)
 	if err != nil {
 		h.fatalf(n, "get pool: %v", err)
 	}
@@ -201,7 +196,7 @@ func (h *harness) verify(ctx context.Context, n int) {
 			uncertain = append(uncertain, o)
 		}
 	}
-	next, res, probs := verify(ctx, h.srv.client, h.dir, h.model, uncertain)
+	next, res, probs := verify(ctx, h.srv.API, h.dir, h.model, uncertain)
 	if len(probs) > 0 {
 		h.fatalf(n, "after restart:\n%s", strings.Join(probs, "\n"))
 	}
@@ -228,19 +223,8 @@ func (h *harness) finish() {
 		h.fatalf(-1, "start server: %v", err)
 	}
 	h.verify(ctx, -1)
-	if err := srv.cmd.Process.Signal(os.Interrupt); err != nil {
-		t.Fatalf("interrupt server: %v", err)
-	}
-	select {
-	case <-srv.exited:
-		if srv.werr != nil {
-			t.Errorf("server exited with %v on interrupt\n%s", srv.werr, tail(srv.log.String(), 40))
-		}
-	case <-time.After(30 * time.Second):
-		t.Errorf("server still running 30 s after interrupt")
-	}
-	if msg := srv.problems(); msg != "" {
-		t.Errorf("%s\n%s", msg, tail(srv.log.String(), 40))
+	if err := srv.Stop(30 * time.Second); err != nil {
+		t.Errorf("%v\n%s", err, tail(srv.Log.String(), 40))
 	}
 	h.srv = nil
 }
@@ -255,10 +239,10 @@ func (h *harness) fatalf(cycle int, format string, args ...any) {
 		}
 	}
 	if h.prev != nil {
-		fmt.Fprintf(&b, "\n--- log of the server killed last:\n%s", tail(h.prev.log.String(), 60))
+		fmt.Fprintf(&b, "\n--- log of the server killed last:\n%s", tail(h.prev.Log.String(), 60))
 	}
 	if h.srv != nil {
-		fmt.Fprintf(&b, "\n--- log of the current server:\n%s", tail(h.srv.log.String(), 60))
+		fmt.Fprintf(&b, "\n--- log of the current server:\n%s", tail(h.srv.Log.String(), 60))
 	}
 	h.t.Fatal(b.String())
 }

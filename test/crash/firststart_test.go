@@ -34,21 +34,21 @@ func TestKilledFirstStart(t *testing.T) {
 		} else {
 			waitForTemp(dir, time.Second)
 		}
-		first.kill()
-		if msg := first.died(); msg != "" && !strings.Contains(first.log.String(), "address already in use") {
-			t.Fatalf("run %d (seed %d): killed during first start: %s\n%s", i, seed, msg, first.log.String())
+		first.Kill()
+		if err := first.EndedByItself(); err != nil {
+			t.Fatalf("run %d (seed %d): killed during first start: %v\n%s", i, seed, err, first.Log.String())
 		}
 		if es, _ := os.ReadDir(dir); len(es) > 0 && strings.HasPrefix(es[0].Name(), ".tmp-") {
 			leftTemp++
 		}
 		srv, err := startServer(ctx, bin, dir)
 		if err != nil {
-			t.Fatalf("run %d (seed %d): start after a killed first start: %v\n%s", i, seed, err, srv.log.String())
+			t.Fatalf("run %d (seed %d): start after a killed first start: %v", i, seed, err)
 		}
-		_, _, probs := verify(ctx, srv.client, dir, model{}, nil)
-		srv.kill()
+		_, _, probs := verify(ctx, srv.API, dir, model{}, nil)
+		srv.Kill()
 		if len(probs) > 0 {
-			t.Fatalf("run %d (seed %d): after a killed first start:\n%s\n%s", i, seed, strings.Join(probs, "\n"), srv.log.String())
+			t.Fatalf("run %d (seed %d): after a killed first start:\n%s\n%s", i, seed, strings.Join(probs, "\n"), srv.Log.String())
 		}
 	}
 	t.Logf("%d first starts killed; %d left a temporary pool identity behind", runs, leftTemp)

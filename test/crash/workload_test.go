@@ -76,7 +76,7 @@ func (h *harness) workload(ctx context.Context, n int) {
 					return
 				}
 				start := time.Now()
-				err := o.call(ctx, h.srv.client)
+				err := o.call(ctx, h.srv.API)
 				f.end(i)
 				if retried {
 					h.mu.Lock()
@@ -112,7 +112,7 @@ func (h *harness) workload(ctx context.Context, n int) {
 			busy++
 		}
 	}
-	h.srv.kill()
+	h.srv.Kill()
 	f.mu.Unlock()
 	wg.Wait()
 	if busy > 0 {

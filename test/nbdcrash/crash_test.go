@@ -15,6 +15,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/testfs"
+	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
 const (
@@ -72,7 +73,7 @@ func runKillTest(t *testing.T, dir string, cycles int, snapshotEach bool) {
 	// every cycle, and the detector would make each one several times
 	// slower. TestSnapshotsUnderNBDLoad runs it with the detector under NBD
 	// load.
-	bin := quiverBinary(t, false)
+	bin := testserver.Binary(t, false)
 	seed := uint64(time.Now().UnixNano())
 	if os.Getenv("QUIVER_NBDCRASH_SEED") != "" {
 		seed = uint64(envInt(t, "QUIVER_NBDCRASH_SEED", 0))
@@ -88,7 +89,7 @@ func runKillTest(t *testing.T, dir string, cycles int, snapshotEach bool) {
 	if k.srv, err = startQuiver(ctx, bin, k.poolDir); err != nil {
 		t.Fatal(err)
 	}
-	_, err = k.srv.client.CreateVolume(ctx, api.VolumeSpec{Name: "vm", Capacity: 2 * crashBlocks * blockSize, Disks: []api.DiskSpec{
+	_, err = k.srv.API.CreateVolume(ctx, api.VolumeSpec{Name: "vm", Capacity: 2 * crashBlocks * blockSize, Disks: []api.DiskSpec{
 		{Name: "qemu", Size: crashBlocks * blockSize},
 		{Name: "libnbd", Size: crashBlocks * blockSize},
 	}})
@@ -111,8 +112,7 @@ func runKillTest(t *testing.T, dir string, cycles int, snapshotEach bool) {
 			t.Errorf("disk %s: the workload made too few writes durable to prove anything", m.name)
 		}
 	}
-	k.srv.stop()
-	if err := k.srv.problems(); err != nil {
+	if err := k.srv.Stop(20 * time.Second); err != nil {
 		t.Error(err)
 	}
 }
@@ -123,14 +123,14 @@ type killTest struct {
 	bin, dir, poolDir, python string
 	seed                      uint64
 	snapshotEach              bool
-	srv                       *quiverServer // nil after a failed cycle, which killed it
+	srv                       *testserver.Process // nil after a failed cycle, which killed it
 	qemu, libnbd              *diskModel
 	clients                   [2]*libnbdClient
 }
 
 func (k *killTest) close() {
 	if k.srv != nil {
-		k.srv.stop()
+		_ = k.srv.Stop(20 * time.Second) // a failed test: its cause is reported already
 	}
 	for _, c := range k.clients {
 		if c != nil {
@@ -160,10 +160,10 @@ func (k *killTest) cycle(ctx context.Context, n int, delay time.Duration) error 
 	}
 	time.Sleep(delay)
 	killed.Store(true)
-	killErr := k.srv.kill()
+	killErr := killServer(k.srv)
 	close(stop)
 	wg.Wait()
-	if err := errors.Join(append(errs, killErr, k.srv.problems())...); err != nil {
+	if err := errors.Join(append(errs, killErr, k.srv.CheckLog())...); err != nil {
 		k.srv = nil
 		return err
 	}
@@ -174,7 +174,7 @@ func (k *killTest) cycle(ctx context.Context, n int, delay time.Duration) error 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			img, err := k.clients[i].readAll(k.srv.uri("vm/"+l.model.name), crashBlocks*blockSize, k.dir)
+			img, err := k.clients[i].readAll(k.srv.URI("vm/"+l.model.name), crashBlocks*blockSize, k.dir)
 			if err == nil {
 				err = l.model.check(img)
 			}
@@ -188,7 +188,7 @@ func (k *killTest) cycle(ctx context.Context, n int, delay time.Duration) error 
 	if k.snapshotEach {
 		// The next cycle's writes then land in extents shared with the
 		// snapshot: with owned chunks, each first write rewrites its chunk.
-		if _, err := k.srv.client.CreateSnapshot(ctx, "vm", fmt.Sprintf("cycle-%d", n)); err != nil {
+		if _, err := k.srv.API.CreateSnapshot(ctx, "vm", fmt.Sprintf("cycle-%d", n)); err != nil {
 			return errors.Join(fmt.Errorf("snapshot: %w", err), k.kill())
 		}
 	}
@@ -196,7 +196,7 @@ func (k *killTest) cycle(ctx context.Context, n int, delay time.Duration) error 
 }
 
 func (k *killTest) kill() error {
-	err := k.srv.kill()
+	err := killServer(k.srv)
 	k.srv = nil
 	return err
 }
@@ -211,7 +211,7 @@ func (k *killTest) startLoads() ([]*diskLoad, error) {
 	wg.Add(3)
 	go func() {
 		defer wg.Done()
-		p, err := startQemuIO(k.srv.uri("vm/qemu"), 0, q.outcomes)
+		p, err := startQemuIO(k.srv.URI("vm/qemu"), 0, q.outcomes)
 		if err == nil {
 			q.peers[0] = p
 		}
@@ -229,7 +229,7 @@ func (k *killTest) startLoads() ([]*diskLoad, error) {
 				}
 				k.clients[i] = c
 			}
-			s, err := c.connect(k.srv.uri("vm/libnbd"), i, libnbdWindow, l.outcomes)
+			s, err := c.connect(k.srv.URI("vm/libnbd"), i, libnbdWindow, l.outcomes)
 			if err == nil {
 				l.peers[i] = s
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/testfs"
+	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
 // qemuIOOnce runs one qemu-io command on an export and returns its output;
@@ -31,28 +32,28 @@ func qemuIOOnce(t *testing.T, uri, command string) string {
 // change nothing, the destination still writes, and the epoch is the same.
 func TestFencingSurvivesKill(t *testing.T) {
 	testfs.RequireTool(t, "qemu-io")
+	bin := testserver.Binary(t, true) // before the clock starts: a build on a busy machine is slow
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	bin := quiverBinary(t, true)
 	dir := t.TempDir()
 	srv, err := startQuiver(ctx, bin, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { srv.stop() }()
-	if _, err := srv.client.CreateVolume(ctx, api.VolumeSpec{Name: "vm", Capacity: 64 << 20,
+	defer func() { _ = srv.Stop(20 * time.Second) }()
+	if _, err := srv.API.CreateVolume(ctx, api.VolumeSpec{Name: "vm", Capacity: 64 << 20,
 		Disks: []api.DiskSpec{{Name: "root", Size: 16 << 20}, {Name: "data", Size: 16 << 20}}}); err != nil {
 		t.Fatal(err)
 	}
-	src, err := srv.client.Attach(ctx, "vm", api.AttachmentSpec{Node: "src"})
+	src, err := srv.API.Attach(ctx, "vm", api.AttachmentSpec{Node: "src"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst, err := srv.client.Attach(ctx, "vm", api.AttachmentSpec{Node: "dst"})
+	dst, err := srv.API.Attach(ctx, "vm", api.AttachmentSpec{Node: "dst"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	uri := func(disk, token string) string { return srv.uri("vm/" + disk + "/" + token) }
+	uri := func(disk, token string) string { return srv.URI("vm/" + disk + "/" + token) }
 
 	if out := qemuIOOnce(t, uri("root", src.Token), "write -P 0x11 0 64k"); !strings.Contains(out, "wrote 65536/65536") {
 		t.Fatalf("source write: %s", out)
@@ -63,19 +64,19 @@ func TestFencingSurvivesKill(t *testing.T) {
 	if out := qemuIOOnce(t, uri("root", src.Token), "write -P 0x33 0 4k"); !strings.Contains(out, "Operation not permitted") {
 		t.Fatalf("fenced source write before the kill: want EPERM, got %s", out)
 	}
-	before, err := srv.client.GetVolume(ctx, "vm")
+	before, err := srv.API.GetVolume(ctx, "vm")
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	if err := srv.kill(); err != nil {
+	if err := killServer(srv); err != nil {
 		t.Fatal(err)
 	}
 	srv, err = startQuiver(ctx, bin, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	after, err := srv.client.GetVolume(ctx, "vm")
+	after, err := srv.API.GetVolume(ctx, "vm")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestFencingSurvivesKill(t *testing.T) {
 	if out := qemuIOOnce(t, uri("root", dst.Token), "write -P 0x55 64k 4k"); !strings.Contains(out, "wrote 4096/4096") {
 		t.Fatalf("writer after restart: %s", out)
 	}
-	atts, err := srv.client.ListAttachments(ctx, "vm")
+	atts, err := srv.API.ListAttachments(ctx, "vm")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/consistency"
+	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
 const (
@@ -43,18 +44,18 @@ const (
 // and every snapshot must be non-trivial (some but not all writes).
 func TestSnapshotsUnderNBDLoad(t *testing.T) {
 	python := libnbdPython(t)
-	bin := quiverBinary(t, true)
+	bin := testserver.Binary(t, true)
 	ctx := t.Context()
 	srv, err := startQuiver(ctx, bin, filepath.Join(t.TempDir(), "pool"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { srv.stop() })
+	t.Cleanup(func() { _ = srv.Stop(20 * time.Second) })
 	spec := api.VolumeSpec{Name: "vm", Capacity: snapDisks * snapDiskSize}
 	for d := range snapDisks {
 		spec.Disks = append(spec.Disks, api.DiskSpec{Name: fmt.Sprintf("d%d", d), Size: snapDiskSize})
 	}
-	if _, err := srv.client.CreateVolume(ctx, spec); err != nil {
+	if _, err := srv.API.CreateVolume(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 
@@ -68,7 +69,7 @@ func TestSnapshotsUnderNBDLoad(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = c.close() })
 		clients = append(clients, c)
-		s, err := c.connect(srv.uri("vm/"+spec.Disks[d].Name), d, snapWindow, w.outcomes)
+		s, err := c.connect(srv.URI("vm/"+spec.Disks[d].Name), d, snapWindow, w.outcomes)
 		if err != nil {
 			w.abort()
 			t.Fatal(err)
@@ -84,7 +85,7 @@ func TestSnapshotsUnderNBDLoad(t *testing.T) {
 	close(w.stop)
 	<-w.ended
 	if err := errors.Join(err, w.err); err != nil {
-		t.Fatalf("%v\nserver log with its goroutines:\n%s", err, srv.dump())
+		t.Fatalf("%v\nserver log with its goroutines:\n%s", err, srv.Dump())
 	}
 
 	nonTrivial := 0
@@ -117,8 +118,7 @@ func TestSnapshotsUnderNBDLoad(t *testing.T) {
 	if nonTrivial != len(snaps) {
 		t.Errorf("%d of %d snapshots hold no writes or all of them: they were not taken under load", len(snaps)-nonTrivial, len(snaps))
 	}
-	srv.stop()
-	if err := srv.problems(); err != nil {
+	if err := srv.Stop(20 * time.Second); err != nil {
 		t.Error(err)
 	}
 }
@@ -129,7 +129,7 @@ func TestSnapshotsUnderNBDLoad(t *testing.T) {
 // read as zeros. That is checked here with bytes.Equal instead of by
 // consistency.Scan, whose loop over every byte would take most of the run
 // under the race detector.
-func readSnapshot(srv *quiverServer, clients []*libnbdClient, s snapshotTaken, dir string) (map[int64]bool, error) {
+func readSnapshot(srv *testserver.Process, clients []*libnbdClient, s snapshotTaken, dir string) (map[int64]bool, error) {
 	_, last := consistency.Place(s.issuedBefore, snapDisks)
 	end := last + consistency.BlockSize
 	images := make([][]byte, snapDisks)
@@ -139,7 +139,7 @@ func readSnapshot(srv *quiverServer, clients []*libnbdClient, s snapshotTaken, d
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			images[d], errs[d] = clients[d].readAll(srv.uri(fmt.Sprintf("vm@%s/d%d", s.name, d)), snapDiskSize, dir)
+			images[d], errs[d] = clients[d].readAll(srv.URI(fmt.Sprintf("vm@%s/d%d", s.name, d)), snapDiskSize, dir)
 		}()
 	}
 	wg.Wait()
@@ -182,7 +182,7 @@ type snapshotTaken struct {
 // takeSnapshots takes snapCount snapshots every snapEvery once writes are
 // acknowledged, then waits until a write issued after the last one is
 // acknowledged, so that no snapshot can hold every write.
-func takeSnapshots(ctx context.Context, srv *quiverServer, w *stampWriter) ([]snapshotTaken, error) {
+func takeSnapshots(ctx context.Context, srv *testserver.Process, w *stampWriter) ([]snapshotTaken, error) {
 	waitFor := func(what string, cond func() bool) error {
 		deadline := time.After(30 * time.Second)
 		for !cond() {
@@ -202,7 +202,7 @@ func takeSnapshots(ctx context.Context, srv *quiverServer, w *stampWriter) ([]sn
 	var snaps []snapshotTaken
 	for i := range snapCount {
 		s := snapshotTaken{name: fmt.Sprintf("s%02d", i), ackedBefore: w.ackedSoFar()}
-		snap, err := srv.client.CreateSnapshot(ctx, "vm", s.name)
+		snap, err := srv.API.CreateSnapshot(ctx, "vm", s.name)
 		if err != nil {
 			return nil, fmt.Errorf("snapshot %s: %w", s.name, err)
 		}
