@@ -101,7 +101,8 @@ func errorKind(err error) string {
 		return "no_space"
 	case errors.Is(err, pool.ErrFenced):
 		return "fenced"
-	case errors.Is(err, pool.ErrDiskNotFound), errors.Is(err, pool.ErrVolumeNotFound), errors.Is(err, pool.ErrClosed):
+	case errors.Is(err, pool.ErrDiskNotFound), errors.Is(err, pool.ErrVolumeNotFound), errors.Is(err, pool.ErrClosed),
+		errors.Is(err, pool.ErrDiskRemoved):
 		return "gone"
 	default:
 		return "io"
