@@ -21,15 +21,24 @@ const rollbackRecordName = "rollback.json"
 // commit point is finished at start-up; one before it leaves the volume as it
 // was. Durable on return. Open disk handles see the rolled-back data.
 func (v *Volume) Rollback(ctx context.Context, snapshot string, prog Progress) (VolumeInfo, error) {
+	if err := ValidateName("snapshot", snapshot); err != nil {
+		return VolumeInfo{}, err
+	}
+	h, err := v.Hold("rollback")
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	return h.Rollback(ctx, snapshot, prog)
+}
+
+// Rollback is Volume.Rollback under the hold, which it releases.
+func (h *Hold) Rollback(ctx context.Context, snapshot string, prog Progress) (VolumeInfo, error) {
+	defer h.Release()
+	v := h.v
 	prog = orNop(prog)
 	if err := ValidateName("snapshot", snapshot); err != nil {
 		return VolumeInfo{}, err
 	}
-	unlock, err := v.lockOps("rollback")
-	if err != nil {
-		return VolumeInfo{}, err
-	}
-	defer unlock()
 	s, err := v.snapshotManifest(snapshot)
 	if err != nil {
 		return VolumeInfo{}, err

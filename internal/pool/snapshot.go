@@ -32,11 +32,20 @@ func (v *Volume) CreateSnapshot(ctx context.Context, name string, prog Progress)
 	if s, err := v.Snapshot(name); err == nil {
 		return s, false, nil
 	}
-	unlock, err := v.lockOps("snapshot")
+	h, err := v.Hold("snapshot")
 	if err != nil {
 		return SnapshotInfo{}, false, err
 	}
-	defer unlock()
+	return h.CreateSnapshot(ctx, name, prog)
+}
+
+// CreateSnapshot is Volume.CreateSnapshot under the hold, which it releases.
+func (h *Hold) CreateSnapshot(ctx context.Context, name string, prog Progress) (SnapshotInfo, bool, error) {
+	defer h.Release()
+	v := h.v
+	if err := ValidateName("name", name); err != nil {
+		return SnapshotInfo{}, false, err
+	}
 	if s, err := v.Snapshot(name); err == nil {
 		return s, false, nil
 	}
