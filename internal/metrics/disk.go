@@ -97,6 +97,8 @@ func errorKind(err error) string {
 		return "invalid"
 	case errors.Is(err, pool.ErrReadOnly):
 		return "read_only"
+	case errors.Is(err, pool.ErrSyncFailed):
+		return "sync"
 	case errors.Is(err, pool.ErrNoSpace):
 		return "no_space"
 	case errors.Is(err, pool.ErrFenced):

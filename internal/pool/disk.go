@@ -178,6 +178,7 @@ func (v *Volume) reopenFailed(old *diskFile) (*diskFile, error) {
 		return nil, err
 	}
 	if err := nf.io.Fdatasync(nf.f); err != nil {
+		v.pool.syncFailures.Add(1)
 		_ = nf.f.Close()
 		return nil, fmt.Errorf("disk %q of volume %q: reopened after a failed sync, the check fails too: %w: %w",
 			old.name, v.name, ErrSyncFailed, mapFSError(err))
@@ -234,6 +235,7 @@ func (v *Volume) sync(df *diskFile) error {
 		return df.syncErr
 	}
 	if err := df.io.Fdatasync(df.f); err != nil {
+		v.pool.syncFailures.Add(1)
 		df.syncErr = fmt.Errorf("disk %q of volume %q: %w (reconnect every client of the disk to reopen it): %w",
 			df.name, v.name, ErrSyncFailed, mapFSError(err))
 		v.pool.log.Error("fdatasync failed: every later flush of the disk fails until it is reopened",

@@ -33,6 +33,10 @@ func (OSDiskIO) WriteAt(f *os.File, p []byte, off int64) (int, error) { return f
 // Fdatasync implements DiskIO.
 func (OSDiskIO) Fdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }
 
+// SyncFailures returns how many fdatasync calls on disk images have failed
+// since the pool was opened.
+func (p *Pool) SyncFailures() int64 { return p.syncFailures.Load() }
+
 // Options configure Open.
 type Options struct {
 	Logger *slog.Logger // nil: slog.Default()

@@ -67,7 +67,7 @@ var syncOps = []struct {
 func TestFailedSyncIsSticky(t *testing.T) {
 	for _, failing := range syncOps {
 		t.Run(failing.name, func(t *testing.T) {
-			_, v, fio := openFaultPool(t)
+			p, v, fio := openFaultPool(t)
 			h1, h2 := openDisk(t, v, "root"), openDisk(t, v, "root")
 			other := openDisk(t, v, "data")
 			if err := h1.WriteAt(pattern(1, 4096), 0, false); err != nil {
@@ -87,6 +87,9 @@ func TestFailedSyncIsSticky(t *testing.T) {
 			}
 			if err := other.Flush(); err != nil {
 				t.Errorf("flush of the other disk: %v", err)
+			}
+			if n := p.SyncFailures(); n != 1 {
+				t.Errorf("SyncFailures() = %d, want 1 (later requests fail without calling fdatasync)", n)
 			}
 			for _, h := range []Disk{h1, h2, late} {
 				_ = h.Close()

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/durable"
@@ -55,6 +56,8 @@ type Pool struct {
 	// rawIO: io is the operating system's, so writes may take the raw
 	// RWF_NOWAIT path.
 	rawIO bool
+	// syncFailures counts failed fdatasync calls on disk images.
+	syncFailures atomic.Int64
 
 	mu       sync.Mutex
 	volumes  map[string]*Volume

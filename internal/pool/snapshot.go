@@ -164,6 +164,7 @@ func (v *Volume) syncSource(name string, src *os.File) error {
 		return v.sync(df)
 	}
 	if err := v.pool.io.Fdatasync(src); err != nil {
+		v.pool.syncFailures.Add(1)
 		v.pool.log.Error("fdatasync of a disk being captured failed", "volume", v.name, "disk", name, "err", err)
 		return fmt.Errorf("disk %q of volume %q: %w: %w", name, v.name, ErrSyncFailed, mapFSError(err))
 	}
