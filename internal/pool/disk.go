@@ -30,6 +30,12 @@ type Extent struct {
 // when they return and durable after a later Flush returns; with fua=true
 // they are durable when they return. Flush makes every write that returned
 // before it began durable, through any handle of the disk.
+//
+// A failed sync is final: once an fdatasync of the disk has failed, Flush and
+// every request with fua=true fail with ErrSyncFailed on every handle of the
+// disk, until no handle holds it and it is reopened (docs/durability.md). A
+// handle holds its disk, not the disk's name: once the disk is removed every
+// method fails with ErrDiskRemoved.
 type Disk interface {
 	Size() int64
 	ReadOnly() bool
