@@ -23,6 +23,8 @@ type IO struct {
 	limited  bool
 	room     int64 // bytes writes may still add while limited
 	failures int   // faults injected
+	held     chan struct{}
+	entered  chan struct{}
 }
 
 // New returns an IO with no fault armed.
@@ -44,6 +46,24 @@ func (f *IO) LimitWrites(n int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.limited, f.room = n >= 0, n
+}
+
+// HoldSyncs makes every fdatasync from now on wait until release is
+// called; entered receives a value as each one starts to wait.
+func (f *IO) HoldSyncs() (entered <-chan struct{}, release func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	held, in := make(chan struct{}), make(chan struct{}, 64)
+	f.held, f.entered = held, in
+	var once sync.Once
+	return in, func() {
+		once.Do(func() {
+			f.mu.Lock()
+			f.held, f.entered = nil, nil
+			f.mu.Unlock()
+			close(held)
+		})
+	}
 }
 
 // Syncs returns how many fdatasyncs were attempted.
@@ -91,7 +111,12 @@ func (f *IO) Fdatasync(file *os.File) error {
 	if fail {
 		f.failures++
 	}
+	held, entered := f.held, f.entered
 	f.mu.Unlock()
+	if held != nil {
+		entered <- struct{}{}
+		<-held
+	}
 	if fail {
 		return &os.PathError{Op: "fdatasync", Path: file.Name(), Err: err}
 	}

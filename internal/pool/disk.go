@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -117,6 +118,7 @@ func (v *Volume) openFile(d DiskSpec) (*diskFile, error) {
 		return nil, fmt.Errorf("open disk %q of volume %q: %w", d.Name, v.name, err)
 	}
 	df := &diskFile{name: d.Name, f: f, io: v.pool.io, size: d.Size, shared: d.Shared}
+	df.syncEnd = sync.NewCond(&df.smu)
 	if v.pool.chunk > 0 {
 		df.ch = newChunks(d.Size, v.pool.chunk)
 	}
@@ -231,16 +233,38 @@ func (df *diskFile) failed() error {
 // open file and marks the pages it could not write clean, so a retry would
 // succeed without the data. sync therefore keeps the first failure, logs it,
 // and fails every later sync of the file with it, on every handle, until the
-// disk is reopened (reopenFailed). Syncs of one file run one at a time, so
-// that two concurrent flushes cannot split one error between them and
-// acknowledge the other.
+// disk is reopened (reopenFailed).
+//
+// One fdatasync of a file runs at a time, so that two concurrent flushes
+// cannot split one error between them and acknowledge the other. Callers
+// that arrive meanwhile share the next one (group commit): any fdatasync
+// that starts after a caller arrived covers every write that returned
+// before it did.
 func (v *Volume) sync(df *diskFile) error {
 	df.smu.Lock()
 	defer df.smu.Unlock()
-	if df.syncErr != nil {
-		return df.syncErr
+	want := df.syncStarted + 1 // the first sync to start from now on
+	for {
+		if df.syncErr != nil {
+			return df.syncErr
+		}
+		if df.syncDone >= want {
+			return nil
+		}
+		if !df.syncing {
+			break
+		}
+		df.syncEnd.Wait()
 	}
-	if err := df.io.Fdatasync(df.f); err != nil {
+	df.syncing = true
+	df.syncStarted++
+	n := df.syncStarted
+	df.smu.Unlock()
+	err := df.io.Fdatasync(df.f)
+	df.smu.Lock()
+	df.syncing = false
+	df.syncEnd.Broadcast()
+	if err != nil {
 		v.pool.syncFailures.Add(1)
 		df.syncErr = fmt.Errorf("disk %q of volume %q: %w (reconnect every client of the disk to reopen it): %w",
 			df.name, v.name, ErrSyncFailed, mapFSError(err))
@@ -248,6 +272,7 @@ func (v *Volume) sync(df *diskFile) error {
 			"volume", v.name, "disk", df.name, "err", err)
 		return df.syncErr
 	}
+	df.syncDone = n
 	return nil
 }
 

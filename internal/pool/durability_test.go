@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/faultio"
@@ -306,5 +307,46 @@ func TestRollbackRecordWithoutStagingFails(t *testing.T) {
 	_, err = Open(context.Background(), dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "rb-gone") {
 		t.Fatalf("open with a rollback record whose staging is gone: %v, want an error naming it", err)
+	}
+}
+
+// TestFlushWaitsForASyncThatStartsAfterIt: a flush that arrives while an
+// fdatasync of its disk runs does not return on that one (it may have
+// missed the flush's writes): it waits for a sync that starts after it
+// arrived. Flushes that arrive together share that next sync.
+func TestFlushWaitsForASyncThatStartsAfterIt(t *testing.T) {
+	_, v, fio := openFaultPool(t)
+	d := openDisk(t, v, "root")
+	entered, release := fio.HoldSyncs()
+	defer release()
+	first := make(chan error, 1)
+	go func() { first <- d.Flush() }()
+	<-entered // the first sync runs, and waits
+	before := fio.Syncs()
+	const late = 4
+	errs := make(chan error, late)
+	for range late {
+		go func() {
+			if err := d.WriteAt(pattern(3, 4096), 0, false); err != nil {
+				errs <- err
+				return
+			}
+			errs <- d.Flush()
+		}()
+	}
+	time.Sleep(50 * time.Millisecond) // let the late flushes arrive (if they do not, they sync later: no false failure)
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range late {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := fio.Syncs() - before; got < 1 {
+		t.Fatalf("late flushes returned on the sync that was running when they arrived: %d syncs after it", got)
+	} else if got > late {
+		t.Fatalf("%d syncs for %d late flushes", got, late)
 	}
 }

@@ -78,10 +78,15 @@ type diskFile struct {
 	gone error
 	// refs counts the open handles.
 	refs atomic.Int32
-	// smu serializes the file's syncs and guards syncErr, the first failed
-	// one (sync).
-	smu     sync.Mutex
-	syncErr error
+	// smu guards the file's sync state (sync): syncErr, the first failed
+	// sync; syncing, whether one runs; syncStarted and syncDone, the number
+	// of the last sync started and of the last that succeeded. syncEnd
+	// (on smu) is broadcast when a sync ends.
+	smu                   sync.Mutex
+	syncEnd               *sync.Cond
+	syncErr               error
+	syncing               bool
+	syncStarted, syncDone uint64
 }
 
 func newVolume(p *Pool, m volumeManifest, snaps map[string]*snapshotManifest) *Volume {
