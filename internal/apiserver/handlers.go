@@ -179,11 +179,21 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if err := pool.ValidateName("name", spec.Name); err != nil {
 		return err
 	}
+	// Take the volume before starting a job, so that a busy volume is a
+	// 409, not a failed job. An existing snapshot needs no lock.
+	create := v.CreateSnapshot
+	if _, err := v.Snapshot(spec.Name); err != nil {
+		h, err := v.Hold("snapshot")
+		if err != nil {
+			return err
+		}
+		create = h.CreateSnapshot
+	}
 	var info pool.SnapshotInfo
 	created := false
 	return s.runJob(w, r, "snapshot", v.Name()+"@"+spec.Name, 1, func(ctx context.Context, j *job.Job) error {
 		var err error
-		info, created, err = v.CreateSnapshot(ctx, spec.Name, j)
+		info, created, err = create(ctx, spec.Name, j)
 		return err
 	}, func() error {
 		status := http.StatusOK
@@ -235,10 +245,14 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) error {
 	if _, err := v.Snapshot(spec.Snapshot); err != nil {
 		return err
 	}
+	h, err := v.Hold("rollback") // a busy volume is a 409, not a failed job
+	if err != nil {
+		return err
+	}
 	var info pool.VolumeInfo
 	return s.runJob(w, r, "rollback", v.Name()+"@"+spec.Snapshot, 1, func(ctx context.Context, j *job.Job) error {
 		var err error
-		info, err = v.Rollback(ctx, spec.Snapshot, j)
+		info, err = h.Rollback(ctx, spec.Snapshot, j)
 		return err
 	}, func() error {
 		writeJSON(w, http.StatusOK, volumeToAPI(info))
@@ -253,16 +267,18 @@ func (s *Server) clone(w http.ResponseWriter, r *http.Request) error {
 	}
 	req := pool.CloneRequest{Source: pool.Source{Volume: spec.Source.Volume, Snapshot: spec.Source.Snapshot},
 		Names: spec.Names, Labels: spec.Labels}
-	// Validate and look up the source before starting a job, so bad input
-	// is a 4xx, not a failed job.
-	if err := s.pool.CheckClone(req); err != nil {
+	// Validate, look up the source and take it and the names before
+	// starting a job, so that bad input, a missing source or a busy one is
+	// a 4xx, not a failed job.
+	h, err := s.pool.HoldClone(req)
+	if err != nil {
 		return err
 	}
 	target := req.Source.String() + " -> " + summarize(spec.Names)
 	var vols []pool.VolumeInfo
 	return s.runJob(w, r, "clone", target, len(spec.Names), func(ctx context.Context, j *job.Job) error {
 		var err error
-		vols, err = s.pool.Clone(ctx, req, j)
+		vols, err = h.Clone(ctx, j)
 		return err
 	}, func() error {
 		out := api.List[api.Volume]{Items: make([]api.Volume, 0, len(vols))}

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,11 +18,29 @@ const TempPrefix = ".tmp-"
 // IsTemp reports whether name is a temporary file left by WriteFile.
 func IsTemp(name string) bool { return strings.HasPrefix(name, TempPrefix) }
 
+// ErrUncertain says that a rename was done but the directory sync that makes
+// it durable failed: the file holds the new content now, and after a crash
+// it may hold the old or the new. Nothing can be retried to settle it (a
+// failed fsync is final, and a later one may succeed without the lost
+// change), so the caller must treat the on-disk state as unknown: stop
+// building on it and reload from disk once the storage is fixed. Every other
+// error from this package means the old content is in place, on disk and
+// after a crash.
+var ErrUncertain = errors.New("renamed, but the directory sync failed: the change may or may not survive a crash")
+
+// syncDir is SyncDir; the package's tests replace it to make directory syncs
+// fail.
+var syncDir = SyncDir
+
 // WriteFile replaces path with data atomically: it writes a temporary file in
 // the same directory, fsyncs it, renames it over path and fsyncs the
 // directory. When WriteFile returns nil the new content is durable; after a
 // crash at any point path holds either the old or the new content, and at
 // worst a temporary file (see IsTemp) is left beside it.
+//
+// An error matching ErrUncertain comes only from the directory sync after
+// the rename (see ErrUncertain); any other error leaves the old content, and
+// no temporary file, behind.
 func WriteFile(path string, data []byte, perm os.FileMode) error {
 	dir, base := filepath.Split(path)
 	if dir == "" {
@@ -46,7 +65,10 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("write %s: %w", path, werr)
 	}
-	return SyncDir(dir)
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("write %s: %w: %w", path, ErrUncertain, err)
+	}
+	return nil
 }
 
 // WriteJSON is WriteFile of v encoded as indented JSON with a final newline,
@@ -96,17 +118,20 @@ func SyncDir(dir string) error {
 // Rename renames oldpath to newpath and fsyncs both parent directories, so
 // that when it returns nil the move is durable. Renaming a directory onto an
 // existing non-empty directory fails, which callers use as an atomic
-// "create if absent".
+// "create if absent". When a directory sync fails the error matches
+// ErrUncertain: the move is done but may not survive a crash; any other
+// error means nothing moved.
 func Rename(oldpath, newpath string) error {
 	if err := os.Rename(oldpath, newpath); err != nil {
 		return err
 	}
 	oldDir, newDir := filepath.Dir(oldpath), filepath.Dir(newpath)
-	if err := SyncDir(newDir); err != nil {
-		return err
+	err := syncDir(newDir)
+	if err == nil && oldDir != newDir {
+		err = syncDir(oldDir)
 	}
-	if oldDir != newDir {
-		return SyncDir(oldDir)
+	if err != nil {
+		return fmt.Errorf("rename %s to %s: %w: %w", oldpath, newpath, ErrUncertain, err)
 	}
 	return nil
 }

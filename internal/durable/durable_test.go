@@ -1,8 +1,11 @@
 package durable
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 )
 
@@ -25,8 +28,8 @@ func TestWriteFileReplacesAtomically(t *testing.T) {
 }
 
 func TestWriteFileMissingDirLeavesNothing(t *testing.T) {
-	if err := WriteFile(filepath.Join(t.TempDir(), "no", "x"), []byte("x"), 0o644); err == nil {
-		t.Fatal("want error for missing directory")
+	if err := WriteFile(filepath.Join(t.TempDir(), "no", "x"), []byte("x"), 0o644); err == nil || errors.Is(err, ErrUncertain) {
+		t.Fatalf("missing directory: %v, want an error that is not ErrUncertain", err)
 	}
 }
 
@@ -54,4 +57,40 @@ func TestIsTemp(t *testing.T) {
 			t.Errorf("IsTemp(%q) = %v", name, !want)
 		}
 	}
+}
+
+// failDirSync makes every directory sync fail with EIO for the rest of the
+// test.
+func failDirSync(t *testing.T) {
+	t.Cleanup(func() { syncDir = SyncDir })
+	syncDir = func(dir string) error { return fmt.Errorf("sync dir %s: %w", dir, syscall.EIO) }
+}
+
+// TestDirSyncFailureIsUncertain: when the directory sync after the rename
+// fails, the error says the state is unknown (ErrUncertain, with the cause);
+// failures before the rename are not uncertain
+// (TestWriteFileMissingDirLeavesNothing).
+func TestDirSyncFailureIsUncertain(t *testing.T) {
+	t.Run("WriteFile", func(t *testing.T) {
+		p := filepath.Join(t.TempDir(), "m.json")
+		if err := WriteFile(p, []byte("old"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		failDirSync(t)
+		err := WriteFile(p, []byte("new"), 0o644)
+		if !errors.Is(err, ErrUncertain) || !errors.Is(err, syscall.EIO) {
+			t.Fatalf("WriteFile with a failing directory sync: %v, want ErrUncertain and EIO", err)
+		}
+	})
+	t.Run("Rename", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := os.Mkdir(filepath.Join(dir, "a"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		failDirSync(t)
+		err := Rename(filepath.Join(dir, "a"), filepath.Join(dir, "b"))
+		if !errors.Is(err, ErrUncertain) || !errors.Is(err, syscall.EIO) {
+			t.Fatalf("Rename with a failing directory sync: %v, want ErrUncertain and EIO", err)
+		}
+	})
 }

@@ -21,10 +21,11 @@ var (
 	descTotal    = prometheus.NewDesc("quiver_pool_size_bytes", "Size of the pool's filesystem.", nil, nil)
 	descFree     = prometheus.NewDesc("quiver_pool_free_bytes", "Free space in the pool's filesystem.", nil, nil)
 	descVolumes  = prometheus.NewDesc("quiver_pool_volumes", "Volumes in the pool.", nil, nil)
+	descSyncFail = prometheus.NewDesc("quiver_sync_failures_total", "fdatasync calls on disk images that failed (each fails its disk's flushes until it is reopened).", nil, nil)
 )
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descCapacity, descVirtual, descAlloc, descSnaps, descEpoch, descTotal, descFree, descVolumes} {
+	for _, d := range []*prometheus.Desc{descCapacity, descVirtual, descAlloc, descSnaps, descEpoch, descTotal, descFree, descVolumes, descSyncFail} {
 		ch <- d
 	}
 }
@@ -41,6 +42,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(descVolumes, prometheus.GaugeValue, float64(len(vols)))
+	ch <- prometheus.MustNewConstMetric(descSyncFail, prometheus.CounterValue, float64(c.p.SyncFailures()))
 	if info, err := c.p.Info(); err == nil {
 		ch <- prometheus.MustNewConstMetric(descTotal, prometheus.GaugeValue, float64(info.TotalBytes))
 		ch <- prometheus.MustNewConstMetric(descFree, prometheus.GaugeValue, float64(info.FreeBytes))

@@ -97,11 +97,14 @@ func errorKind(err error) string {
 		return "invalid"
 	case errors.Is(err, pool.ErrReadOnly):
 		return "read_only"
+	case errors.Is(err, pool.ErrSyncFailed):
+		return "sync"
 	case errors.Is(err, pool.ErrNoSpace):
 		return "no_space"
 	case errors.Is(err, pool.ErrFenced):
 		return "fenced"
-	case errors.Is(err, pool.ErrDiskNotFound), errors.Is(err, pool.ErrVolumeNotFound), errors.Is(err, pool.ErrClosed):
+	case errors.Is(err, pool.ErrDiskNotFound), errors.Is(err, pool.ErrVolumeNotFound), errors.Is(err, pool.ErrClosed),
+		errors.Is(err, pool.ErrDiskRemoved):
 		return "gone"
 	default:
 		return "io"

@@ -143,10 +143,21 @@ func (c *conn) serve(ctx context.Context) error {
 		close(c.writes)
 	}
 	wg.Wait() // drain: every request read gets its reply
-	if c.disk != nil && c.writeGen.Load() != c.flushedGen.Load() {
-		_ = c.disk.Flush()
-	}
+	c.flushOnClose()
 	return err
+}
+
+// flushOnClose flushes the writes that the client did not flush before it
+// went away. Nobody is left to answer: a failure is logged at error level
+// (the disk's metrics count it too), since those writes may be lost.
+func (c *conn) flushOnClose() {
+	if c.disk == nil || c.writeGen.Load() == c.flushedGen.Load() {
+		return
+	}
+	if err := c.disk.Flush(); err != nil {
+		c.log.Error("flush on disconnect failed: writes the client did not flush may be lost",
+			"export", c.export, "err", err)
+	}
 }
 
 var errDisconnect = errors.New("client disconnected (NBD_CMD_DISC)")

@@ -57,8 +57,17 @@ func pattern(seed byte, off int64, n int) []byte {
 // inject behaviour into the disks).
 func newEnv(t testing.TB, cfg Config, wrap func(Exports) Exports) *testEnv {
 	t.Helper()
+	return newEnvWith(t, cfg, wrap, pool.Options{})
+}
+
+// newEnvWith is newEnv over a pool opened with popts.
+func newEnvWith(t testing.TB, cfg Config, wrap func(Exports) Exports, popts pool.Options) *testEnv {
+	t.Helper()
 	ctx := context.Background()
-	p, err := pool.Open(ctx, t.TempDir(), discardLogger())
+	if popts.Logger == nil {
+		popts.Logger = discardLogger()
+	}
+	p, err := pool.OpenWith(ctx, t.TempDir(), popts)
 	if err != nil {
 		t.Fatal(err)
 	}

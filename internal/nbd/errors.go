@@ -20,6 +20,8 @@ var errnoMapping = []struct {
 }{
 	{pool.ErrReadOnly, errPerm},
 	{pool.ErrFenced, errPerm},
+	{pool.ErrSyncFailed, errIO}, // whatever failed the sync: data may be lost, retrying cannot help
+	{pool.ErrDiskRemoved, errIO},
 	{pool.ErrOutOfRange, errInval},
 	{pool.ErrInvalid, errInval},
 	{pool.ErrNoSpace, errNoSpc},

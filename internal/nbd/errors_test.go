@@ -28,6 +28,9 @@ func TestToErrno(t *testing.T) {
 		{syscall.ENOMEM, errNoMem},
 		{syscall.EIO, errIO},
 		{pool.ErrClosed, errIO},
+		{fmt.Errorf("disk: %w", pool.ErrDiskRemoved), errIO},
+		{fmt.Errorf("disk: %w: %w", pool.ErrSyncFailed, syscall.EIO), errIO},
+		{fmt.Errorf("disk: %w: %w", pool.ErrSyncFailed, pool.ErrNoSpace), errIO},
 		{errors.New("anything else"), errIO},
 	} {
 		if got := toErrno(tc.err); got != tc.want {

@@ -207,7 +207,7 @@ func (v *Volume) saveAttachments(t *attachTable, fenced map[string]bool) error {
 	}
 	sort.Slice(st.Attachments, func(i, j int) bool { return st.Attachments[i].Seq < st.Attachments[j].Seq })
 	if err := durable.WriteSecretJSON(filepath.Join(v.dir, attachmentsFile), st); err != nil {
-		return mapFSError(err)
+		return v.metaError(err)
 	}
 	return nil
 }

@@ -113,7 +113,7 @@ var chunkBufs = sync.Pool{New: func() any { return new([]byte) }}
 func (df *diskFile) write(p []byte, off int64) error {
 	c := df.ch
 	if c == nil || len(p) == 0 {
-		_, err := df.f.WriteAt(p, off)
+		_, err := df.io.WriteAt(df.f, p, off)
 		return mapFSError(err)
 	}
 	end := off + int64(len(p))
@@ -122,7 +122,7 @@ func (df *diskFile) write(p []byte, off int64) error {
 		lo, hi := max(off, start), min(end, stop)
 		piece := p[lo-off : hi-off]
 		if c.isOwned(i) {
-			if _, err := df.f.WriteAt(piece, lo); err != nil {
+			if _, err := df.io.WriteAt(df.f, piece, lo); err != nil {
 				return mapFSError(err)
 			}
 			continue
@@ -149,7 +149,7 @@ func (df *diskFile) writeChunk(i int64, piece []byte, lo, start, stop int64) err
 			return df.rewrite(i, piece, lo, start, stop)
 		}
 	}
-	if _, err := df.f.WriteAt(piece, lo); err != nil {
+	if _, err := df.io.WriteAt(df.f, piece, lo); err != nil {
 		return mapFSError(err)
 	}
 	c.setOwned(i)
@@ -173,7 +173,7 @@ func (df *diskFile) rewrite(i int64, piece []byte, lo, start, stop int64) error 
 		return mapFSError(err)
 	}
 	copy(buf[lo-start:], piece)
-	if _, err := df.f.WriteAt(buf, start); err != nil {
+	if _, err := df.io.WriteAt(df.f, buf, start); err != nil {
 		if !isNoSpace(err) {
 			return mapFSError(err)
 		}
@@ -181,7 +181,7 @@ func (df *diskFile) rewrite(i int64, piece []byte, lo, start, stop int64) error 
 		// rewrite needs but have the piece's: write just that, in place
 		// (a short rewrite wrote back only bytes the chunk held or the
 		// piece's own), and leave the chunk unowned.
-		if _, err := df.f.WriteAt(piece, lo); err != nil {
+		if _, err := df.io.WriteAt(df.f, piece, lo); err != nil {
 			return mapFSError(err)
 		}
 		return nil

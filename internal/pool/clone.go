@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -68,26 +69,68 @@ func validateClone(req CloneRequest) error {
 // is visible. It is idempotent: a name that already exists as a clone of the
 // same source counts as made; one that exists otherwise fails with ErrExists.
 func (p *Pool) Clone(ctx context.Context, req CloneRequest, prog Progress) ([]VolumeInfo, error) {
-	prog = orNop(prog)
-	if err := validateClone(req); err != nil {
+	h, err := p.HoldClone(req)
+	if err != nil {
+		return nil, err
+	}
+	return h.Clone(ctx, prog)
+}
+
+// CloneHold is what a clone request needs, taken ahead of the work (in a
+// job), so that a conflict is refused when the clones are asked for: the
+// source's control lock shared, and every target name reserved against
+// concurrent creates.
+type CloneHold struct {
+	p       *Pool
+	req     CloneRequest
+	src     *Volume
+	release func()
+	once    sync.Once
+}
+
+// HoldClone validates req (as CheckClone) and takes what the clones need,
+// or refuses at once: ErrBusy when the source or a name is busy with
+// another operation.
+func (p *Pool) HoldClone(req CloneRequest) (*CloneHold, error) {
+	if err := p.CheckClone(req); err != nil {
 		return nil, err
 	}
 	src, err := p.Volume(req.Source.Volume)
 	if err != nil {
 		return nil, err
 	}
-	// Refuse early, before any work, when a name is taken by something else.
-	for _, n := range req.Names {
-		if err := p.checkCloneTarget(n, req.Source); err != nil && !errors.Is(err, errCloneExists) {
-			return nil, err
-		}
-	}
 	unlock, err := src.rlockOps("clone")
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	for i, n := range req.Names {
+		if err := p.reserve(n); err != nil {
+			for _, r := range req.Names[:i] {
+				p.unreserve(r)
+			}
+			unlock()
+			return nil, err
+		}
+	}
+	return &CloneHold{p: p, req: req, src: src, release: func() {
+		for _, n := range req.Names {
+			p.unreserve(n)
+		}
+		unlock()
+	}}, nil
+}
 
+// Release frees what the hold took, unless Clone already did.
+func (h *CloneHold) Release() { h.once.Do(h.release) }
+
+// Clone is Pool.Clone of the held request; it releases the hold.
+func (h *CloneHold) Clone(ctx context.Context, prog Progress) ([]VolumeInfo, error) {
+	defer h.Release()
+	p, req, src := h.p, h.req, h.src
+	prog = orNop(prog)
+	if err := src.checkAlive(); err != nil {
+		return nil, err
+	}
 	m := src.manifest()
 	from, disks, capacity := "", m.Disks, m.Capacity
 	if req.Source.Snapshot != "" {
@@ -164,12 +207,9 @@ func (s Source) String() string {
 	return s.Volume + "@" + s.Snapshot
 }
 
+// cloneOne makes one clone; the caller has reserved its name.
 func (p *Pool) cloneOne(ctx context.Context, name string, src Source, from string, disks []DiskSpec,
 	capacity int64, labels map[string]string, prog Progress) (VolumeInfo, error) {
-	if err := p.reserve(name); err != nil {
-		return VolumeInfo{}, err
-	}
-	defer p.unreserve(name)
 	switch err := p.checkCloneTarget(name, src); {
 	case errors.Is(err, errCloneExists):
 		v, err := p.Volume(name)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -30,6 +31,12 @@ type Extent struct {
 // when they return and durable after a later Flush returns; with fua=true
 // they are durable when they return. Flush makes every write that returned
 // before it began durable, through any handle of the disk.
+//
+// A failed sync is final: once an fdatasync of the disk has failed, Flush and
+// every request with fua=true fail with ErrSyncFailed on every handle of the
+// disk, until no handle holds it and it is reopened (docs/durability.md). A
+// handle holds its disk, not the disk's name: once the disk is removed every
+// method fails with ErrDiskRemoved.
 type Disk interface {
 	Size() int64
 	ReadOnly() bool
@@ -84,68 +91,209 @@ func (v *Volume) openDisk(name string, a *Attachment) (Disk, error) {
 	defer v.gate.Unlock()
 	if v.files == nil {
 		v.files = map[string]*diskFile{}
-		if err := v.reopenFiles(); err != nil {
+		if err := v.refreshFiles(false); err != nil {
+			v.closeFiles(ErrClosed)
 			v.files = nil
 			return nil, err
 		}
 	}
-	if v.files[name] == nil {
+	df := v.files[name]
+	if df == nil {
 		return nil, fmt.Errorf("disk %q of volume %q: %w", name, v.name, ErrDiskNotFound)
 	}
-	return &liveDisk{v: v, name: name, att: a}, nil
+	if df.failed() != nil && df.refs.Load() == 0 {
+		var err error
+		if df, err = v.reopenFailed(df); err != nil {
+			return nil, err
+		}
+	}
+	df.refs.Add(1)
+	return &liveDisk{v: v, df: df, att: a}, nil
 }
 
-// reopenFiles (gate held exclusively) closes and reopens the file of every
-// disk in the manifest, once the volume has been opened for I/O.
-func (v *Volume) reopenFiles() error {
+// openFile opens the image of disk d for I/O.
+func (v *Volume) openFile(d DiskSpec) (*diskFile, error) {
+	f, err := os.OpenFile(v.diskPath(d.Name), os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open disk %q of volume %q: %w", d.Name, v.name, err)
+	}
+	df := &diskFile{name: d.Name, f: f, io: v.pool.io, size: d.Size, shared: d.Shared}
+	df.syncEnd = sync.NewCond(&df.smu)
+	if v.pool.chunk > 0 {
+		df.ch = newChunks(d.Size, v.pool.chunk)
+	}
+	return df, nil
+}
+
+// refreshFiles (gate held exclusively) brings the open files in line with
+// the manifest, once the volume has been opened for I/O: it opens the files
+// of new disks and ends those of removed ones, whose handles then fail with
+// ErrDiskRemoved. With replace (a rollback renamed new images into place)
+// the file of every remaining disk is reopened in place: its handles follow
+// the disk to its new image, whose sync state starts afresh (the image was
+// synced before it was renamed in, and replaces all the old content).
+func (v *Volume) refreshFiles(replace bool) error {
 	if v.files == nil {
 		return nil
 	}
-	v.closeFiles()
-	v.files = map[string]*diskFile{}
+	listed := map[string]bool{}
+	var first error
 	for _, d := range v.manifest().Disks {
-		f, err := os.OpenFile(v.diskPath(d.Name), os.O_RDWR, 0)
-		if err != nil {
-			v.closeFiles()
-			v.files = map[string]*diskFile{}
-			return fmt.Errorf("open disk %q of volume %q: %w", d.Name, v.name, err)
+		listed[d.Name] = true
+		df := v.files[d.Name]
+		if df != nil && !replace {
+			continue
 		}
-		df := &diskFile{f: f, size: d.Size, shared: d.Shared}
-		if v.pool.chunk > 0 {
-			df.ch = newChunks(d.Size, v.pool.chunk)
+		nf, err := v.openFile(d)
+		switch {
+		case err != nil && df != nil:
+			v.endFile(df, err)
+		case err != nil:
+		case df == nil:
+			v.files[d.Name] = nf
+		default:
+			if cerr := df.f.Close(); cerr != nil {
+				v.pool.log.Error("close replaced disk image", "volume", v.name, "disk", d.Name, "err", cerr)
+			}
+			df.f, df.size, df.shared, df.ch = nf.f, nf.size, nf.shared, nf.ch
+			df.nw.readOff.Store(false)
+			df.nw.writeOff.Store(false)
+			df.smu.Lock()
+			df.syncErr = nil
+			df.smu.Unlock()
 		}
-		v.files[d.Name] = df
+		if first == nil {
+			first = err
+		}
 	}
+	for name, df := range v.files {
+		if !listed[name] {
+			v.endFile(df, fmt.Errorf("disk %q of volume %q: %w", name, v.name, ErrDiskRemoved))
+		}
+	}
+	return first
+}
+
+// reopenFailed (gate held exclusively) replaces the file of a disk whose
+// sync failed, once no handle holds it, with a new diskFile: a fresh open
+// file, checked by an fdatasync of its own, with the image's page cache
+// dropped so that reads show what the storage holds (the kernel marks the
+// pages it failed to write clean, so they would still read as written).
+// Until then every handle of the disk fails its flushes and FUA writes.
+func (v *Volume) reopenFailed(old *diskFile) (*diskFile, error) {
+	nf, err := v.openFile(DiskSpec{Name: old.name, Size: old.size, Shared: old.shared})
+	if err != nil {
+		return nil, err
+	}
+	if err := nf.io.Fdatasync(nf.f); err != nil {
+		v.pool.syncFailures.Add(1)
+		_ = nf.f.Close()
+		return nil, fmt.Errorf("disk %q of volume %q: reopened after a failed sync, the check fails too: %w: %w",
+			old.name, v.name, ErrSyncFailed, mapFSError(err))
+	}
+	if err := unix.Fadvise(int(nf.f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		v.pool.log.Warn("drop page cache of reopened disk", "volume", v.name, "disk", old.name, "err", err)
+	}
+	v.endFile(old, ErrClosed)
+	v.files[old.name] = nf
+	v.pool.log.Warn("disk reopened after a failed sync; writes not flushed before the failure may be lost",
+		"volume", v.name, "disk", old.name, "err", old.failed())
+	return nf, nil
+}
+
+// endFile (gate held exclusively) closes a disk's file and fails every
+// request of its handles with err from now on.
+func (v *Volume) endFile(df *diskFile, err error) {
+	df.gone = err
+	if cerr := df.f.Close(); cerr != nil {
+		v.pool.log.Error("close disk image", "volume", v.name, "disk", df.name, "err", cerr)
+	}
+	if v.files[df.name] == df {
+		delete(v.files, df.name)
+	}
+}
+
+// closeFiles (gate held exclusively) closes every open disk file; their
+// handles fail with err.
+func (v *Volume) closeFiles(err error) {
+	for _, df := range v.files {
+		v.endFile(df, err)
+	}
+}
+
+// failed returns the file's failed sync, if any.
+func (df *diskFile) failed() error {
+	df.smu.Lock()
+	defer df.smu.Unlock()
+	return df.syncErr
+}
+
+// sync makes what was written to df durable (fdatasync). A failed
+// fdatasync is final for the file: Linux reports a writeback error once per
+// open file and marks the pages it could not write clean, so a retry would
+// succeed without the data. sync therefore keeps the first failure, logs it,
+// and fails every later sync of the file with it, on every handle, until the
+// disk is reopened (reopenFailed).
+//
+// One fdatasync of a file runs at a time, so that two concurrent flushes
+// cannot split one error between them and acknowledge the other. Callers
+// that arrive meanwhile share the next one (group commit): any fdatasync
+// that starts after a caller arrived covers every write that returned
+// before it did.
+func (v *Volume) sync(df *diskFile) error {
+	df.smu.Lock()
+	defer df.smu.Unlock()
+	want := df.syncStarted + 1 // the first sync to start from now on
+	for {
+		if df.syncErr != nil {
+			return df.syncErr
+		}
+		if df.syncDone >= want {
+			return nil
+		}
+		if !df.syncing {
+			break
+		}
+		df.syncEnd.Wait()
+	}
+	df.syncing = true
+	df.syncStarted++
+	n := df.syncStarted
+	df.smu.Unlock()
+	err := df.io.Fdatasync(df.f)
+	df.smu.Lock()
+	df.syncing = false
+	df.syncEnd.Broadcast()
+	if err != nil {
+		v.pool.syncFailures.Add(1)
+		df.syncErr = fmt.Errorf("disk %q of volume %q: %w (reconnect every client of the disk to reopen it): %w",
+			df.name, v.name, ErrSyncFailed, mapFSError(err))
+		v.pool.log.Error("fdatasync failed: every later flush of the disk fails until it is reopened",
+			"volume", v.name, "disk", df.name, "err", err)
+		return df.syncErr
+	}
+	df.syncDone = n
 	return nil
 }
 
-// closeFiles (gate held exclusively) closes every open disk file; handles
-// then fail with ErrDiskNotFound until the files are reopened.
-func (v *Volume) closeFiles() {
-	for n, df := range v.files {
-		_ = df.f.Close()
-		delete(v.files, n)
-	}
-}
-
-// liveDisk is a handle to a disk of a live volume.
+// liveDisk is a handle to a disk of a live volume. It holds the disk itself,
+// not its name.
 type liveDisk struct {
 	v      *Volume
-	name   string
+	df     *diskFile
 	att    *Attachment // nil: the server's own handle
 	closed atomic.Bool
 }
 
-// file returns the open file; the caller holds the gate shared.
+// file returns the disk's file; the caller holds the gate shared.
 func (d *liveDisk) file() (*diskFile, error) {
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
-	df := d.v.files[d.name]
-	if df == nil {
-		return nil, fmt.Errorf("disk %q of volume %q: %w", d.name, d.v.name, ErrDiskNotFound)
+	if err := d.df.gone; err != nil {
+		return nil, err
 	}
-	return df, nil
+	return d.df, nil
 }
 
 func checkRange(off, length, size int64) error {
@@ -234,18 +382,18 @@ func (d *liveDisk) WriteAt(p []byte, off int64, fua bool) error {
 		return err
 	}
 	defer d.v.gate.RUnlock()
-	d.v.markDirty(d.name, off, int64(len(p)))
+	d.v.markDirty(df.name, off, int64(len(p)))
 	if err := df.write(p, off); err != nil {
 		return err
 	}
-	return syncIf(df, fua)
+	return d.syncIf(df, fua)
 }
 
-func syncIf(df *diskFile, fua bool) error {
+func (d *liveDisk) syncIf(df *diskFile, fua bool) error {
 	if !fua {
 		return nil
 	}
-	return unix.Fdatasync(int(df.f.Fd()))
+	return d.v.sync(df)
 }
 
 // Flush works for every handle, a fenced attachment's too: a stale
@@ -259,7 +407,7 @@ func (d *liveDisk) Flush() error {
 	if err != nil {
 		return err
 	}
-	return unix.Fdatasync(int(df.f.Fd()))
+	return d.v.sync(df)
 }
 
 func (d *liveDisk) Trim(off, length int64, fua bool) error {
@@ -268,14 +416,14 @@ func (d *liveDisk) Trim(off, length int64, fua bool) error {
 		return err
 	}
 	defer d.v.gate.RUnlock()
-	d.v.markDirty(d.name, off, length)
+	d.v.markDirty(df.name, off, length)
 	unlock := df.lockRange(off, length)
-	err = punchHole(df.f, off, length)
+	err = zeroRange(df, off, length, true, false)
 	unlock()
 	if err != nil {
 		return err
 	}
-	return syncIf(df, fua)
+	return d.syncIf(df, fua)
 }
 
 func (d *liveDisk) Zero(off, length int64, mayTrim, fast, fua bool) error {
@@ -284,14 +432,14 @@ func (d *liveDisk) Zero(off, length int64, mayTrim, fast, fua bool) error {
 		return err
 	}
 	defer d.v.gate.RUnlock()
-	d.v.markDirty(d.name, off, length)
+	d.v.markDirty(df.name, off, length)
 	unlock := df.lockRange(off, length)
-	err = zeroRange(df.f, off, length, mayTrim, fast)
+	err = zeroRange(df, off, length, mayTrim, fast)
 	unlock()
 	if err != nil {
 		return err
 	}
-	return syncIf(df, fua)
+	return d.syncIf(df, fua)
 }
 
 func (d *liveDisk) Cache(off, length int64) error {
@@ -325,7 +473,11 @@ func (d *liveDisk) Extents(off, length int64, limit int) ([]Extent, error) {
 }
 
 func (d *liveDisk) Close() error {
-	if !d.closed.Swap(true) && d.att != nil {
+	if d.closed.Swap(true) {
+		return nil
+	}
+	d.df.refs.Add(-1)
+	if d.att != nil {
 		d.att.released()
 	}
 	return nil
@@ -334,14 +486,10 @@ func (d *liveDisk) Close() error {
 // Attachment returns the handle's attachment (nil for the server's own).
 func (d *liveDisk) Attachment() *Attachment { return d.att }
 
-func punchHole(f *os.File, off, length int64) error {
-	return zeroRange(f, off, length, true, false)
-}
-
 // zeroRange zeroes a range with fallocate: punching a hole when mayTrim,
 // else zeroing in place. Where the filesystem cannot, it writes zeros, or
 // with fast returns ErrNotSupported.
-func zeroRange(f *os.File, off, length int64, mayTrim, fast bool) error {
+func zeroRange(df *diskFile, off, length int64, mayTrim, fast bool) error {
 	if length == 0 {
 		return nil
 	}
@@ -349,22 +497,22 @@ func zeroRange(f *os.File, off, length int64, mayTrim, fast bool) error {
 	if mayTrim {
 		mode = unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE
 	}
-	err := unix.Fallocate(int(f.Fd()), mode, off, length)
+	err := unix.Fallocate(int(df.f.Fd()), mode, off, length)
 	if errors.Is(err, unix.EOPNOTSUPP) {
 		if fast {
 			return fmt.Errorf("zero %d bytes: %w", length, ErrNotSupported)
 		}
-		return writeZeros(f, off, length)
+		return writeZeros(df, off, length)
 	}
 	return mapFSError(err)
 }
 
 var zeroBlock = make([]byte, 1<<20)
 
-func writeZeros(f *os.File, off, length int64) error {
+func writeZeros(df *diskFile, off, length int64) error {
 	for length > 0 {
 		n := min(length, int64(len(zeroBlock)))
-		if _, err := f.WriteAt(zeroBlock[:n], off); err != nil {
+		if _, err := df.io.WriteAt(df.f, zeroBlock[:n], off); err != nil {
 			return mapFSError(err)
 		}
 		off += n

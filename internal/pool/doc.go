@@ -14,7 +14,9 @@
 //	<pool>/volumes/<vol>/rollback.json       redo record of a rollback
 //
 // Every object becomes visible by one rename out of staging/ (the commit
-// point), so a crash leaves it either absent or complete.
+// point), so a crash leaves it either absent or complete. Disk data is
+// written and synced through a DiskIO (Options.DiskIO), whose failed sync is
+// final for the disk (docs/durability.md).
 //
 // pool imports fscap (filesystem data services), durable (atomic metadata
 // writes) and qos (the per-volume limiters it keeps across disk handles). It must not import any transport package (api, nbd, csi) nor the

@@ -20,6 +20,18 @@ var (
 	ErrOutOfRange         = errors.New("offset or length beyond the end of the disk")
 	ErrClosed             = errors.New("disk handle closed")
 	ErrNotSupported       = errors.New("not supported by the pool's filesystem")
+	// ErrDiskRemoved ends the handles of a disk that was removed (alone or
+	// with its volume): a disk created later under the same name is another
+	// disk, which they never reach.
+	ErrDiskRemoved = errors.New("disk removed while open")
+	// ErrSyncFailed is the failure of an fdatasync of a disk, and of every
+	// later flush and FUA write of that disk until it is reopened: writes
+	// not yet flushed when it failed may be lost (disk.go, sync).
+	ErrSyncFailed = errors.New("sync failed: data not flushed before may be lost")
+	// ErrVolumeFailed refuses changes to a volume whose metadata is in an
+	// unknown state on disk: a directory sync failed after a rename
+	// (durable.ErrUncertain). Restarting the server reloads it from disk.
+	ErrVolumeFailed = errors.New("volume metadata in an unknown state after a failed sync; restart the server to reload it")
 )
 
 // FieldError says which field of a request broke which rule. It matches

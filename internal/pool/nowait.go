@@ -62,8 +62,10 @@ func (d *liveDisk) TryReadAt(p []byte, off int64) error {
 }
 
 func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
-	if d.v.pool.writeHook != nil {
-		return ErrWouldBlock // a test holds writes in flight: take the ordinary path
+	if d.v.pool.writeHook != nil || !d.v.pool.rawIO {
+		// A test holds writes in flight, or writes go through a DiskIO
+		// that the raw system call would bypass: take the ordinary path.
+		return ErrWouldBlock
 	}
 	if !d.v.gate.TryRLock() {
 		return ErrWouldBlock
@@ -78,7 +80,7 @@ func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
 	case df.nw.writeOff.Load() || !df.owned(off, int64(len(p))):
 		return ErrWouldBlock
 	}
-	d.v.markDirty(d.name, off, int64(len(p)))
+	d.v.markDirty(df.name, off, int64(len(p)))
 	n, err := nowaitIO(unix.SYS_PWRITEV2, df.f.Fd(), p, off)
 	return df.nowaitResult(n, len(p), err, &df.nw.writeOff)
 }

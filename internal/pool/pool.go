@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/durable"
@@ -51,6 +52,12 @@ type Pool struct {
 	born time.Time
 	caps fscap.Caps
 	log  *slog.Logger
+	io   DiskIO
+	// rawIO: io is the operating system's, so writes may take the raw
+	// RWF_NOWAIT path.
+	rawIO bool
+	// syncFailures counts failed fdatasync calls on disk images.
+	syncFailures atomic.Int64
 
 	mu       sync.Mutex
 	volumes  map[string]*Volume
@@ -114,6 +121,12 @@ func (p *Pool) discard(dir string) {
 // volume and snapshot. Only what is on disk is needed: a pool directory moved
 // to another machine opens with all its volumes.
 func Open(ctx context.Context, dir string, log *slog.Logger) (*Pool, error) {
+	return OpenWith(ctx, dir, Options{Logger: log})
+}
+
+// OpenWith is Open with options.
+func OpenWith(ctx context.Context, dir string, o Options) (*Pool, error) {
+	log := o.Logger
 	if log == nil {
 		log = slog.Default()
 	}
@@ -121,7 +134,10 @@ func Open(ctx context.Context, dir string, log *slog.Logger) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Pool{dir: abs, log: log, volumes: map[string]*Volume{}, creating: map[string]bool{}}
+	p := &Pool{dir: abs, log: log, volumes: map[string]*Volume{}, creating: map[string]bool{}, io: o.DiskIO}
+	if p.io == nil {
+		p.io, p.rawIO = OSDiskIO{}, true
+	}
 	for _, d := range []string{p.dir, p.volumesDir(), p.stagingDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("open pool %s: %w", abs, err)
@@ -234,10 +250,16 @@ func (p *Pool) unreserve(name string) {
 // volumes/ (the commit point) and registers it.
 func (p *Pool) publish(staged string, m volumeManifest) (*Volume, error) {
 	dst := p.volumeDir(m.Name)
-	if err := durable.Rename(staged, dst); err != nil {
-		return nil, fmt.Errorf("publish volume %q: %w", m.Name, mapFSError(err))
-	}
 	v := newVolume(p, m, nil)
+	if err := durable.Rename(staged, dst); err != nil {
+		if err = v.metaError(err); errors.Is(err, ErrVolumeFailed) {
+			// Published, but maybe not after a crash: registered failed.
+			p.mu.Lock()
+			p.volumes[m.Name] = v
+			p.mu.Unlock()
+		}
+		return nil, fmt.Errorf("publish volume %q: %w", m.Name, err)
+	}
 	p.mu.Lock()
 	p.volumes[m.Name] = v
 	p.mu.Unlock()
@@ -263,7 +285,7 @@ func (p *Pool) Close() error {
 	p.mu.Unlock()
 	for _, v := range vols {
 		v.gate.Lock()
-		v.closeFiles()
+		v.closeFiles(ErrClosed)
 		v.gate.Unlock()
 	}
 	return nil

@@ -124,7 +124,7 @@ func TestDiskOperations(t *testing.T) {
 	if _, err := v.RemoveDisk(ctx, "wal"); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.WriteAt([]byte("x"), 0, false); !errors.Is(err, ErrDiskNotFound) {
+	if err := d.WriteAt([]byte("x"), 0, false); !errors.Is(err, ErrDiskRemoved) {
 		t.Fatalf("write to removed disk: %v", err)
 	}
 	c := 128 * mib

@@ -21,15 +21,24 @@ const rollbackRecordName = "rollback.json"
 // commit point is finished at start-up; one before it leaves the volume as it
 // was. Durable on return. Open disk handles see the rolled-back data.
 func (v *Volume) Rollback(ctx context.Context, snapshot string, prog Progress) (VolumeInfo, error) {
+	if err := ValidateName("snapshot", snapshot); err != nil {
+		return VolumeInfo{}, err
+	}
+	h, err := v.Hold("rollback")
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	return h.Rollback(ctx, snapshot, prog)
+}
+
+// Rollback is Volume.Rollback under the hold, which it releases.
+func (h *Hold) Rollback(ctx context.Context, snapshot string, prog Progress) (VolumeInfo, error) {
+	defer h.Release()
+	v := h.v
 	prog = orNop(prog)
 	if err := ValidateName("snapshot", snapshot); err != nil {
 		return VolumeInfo{}, err
 	}
-	unlock, err := v.lockOps("rollback")
-	if err != nil {
-		return VolumeInfo{}, err
-	}
-	defer unlock()
 	s, err := v.snapshotManifest(snapshot)
 	if err != nil {
 		return VolumeInfo{}, err
@@ -53,10 +62,21 @@ func (v *Volume) Rollback(ctx context.Context, snapshot string, prog Progress) (
 		v.pool.discard(staged)
 		return VolumeInfo{}, mapFSError(err)
 	}
+	// The record points start-up at the staged directory: its entry in
+	// staging/ must be durable before the record is.
+	if err := durable.SyncDir(v.pool.stagingDir()); err != nil {
+		v.pool.discard(staged)
+		return VolumeInfo{}, fmt.Errorf("rollback %s to %s: %w", v.name, snapshot, mapFSError(err))
+	}
 	rec := rollbackRecord{Snapshot: snapshot, Staging: filepath.Base(staged)}
 	if err := durable.WriteJSON(filepath.Join(v.dir, rollbackRecordName), rec); err != nil {
+		if err = v.metaError(err); errors.Is(err, ErrVolumeFailed) {
+			// The record may be in place: start-up would finish the
+			// rollback from the staged images, so keep them.
+			return VolumeInfo{}, fmt.Errorf("rollback %s to %s: %w", v.name, snapshot, err)
+		}
 		v.pool.discard(staged)
-		return VolumeInfo{}, mapFSError(err)
+		return VolumeInfo{}, err
 	}
 	v.gate.Lock()
 	err = applyRollback(v.dir, staged)
@@ -64,7 +84,7 @@ func (v *Volume) Rollback(ctx context.Context, snapshot string, prog Progress) (
 	v.m = m
 	v.mu.Unlock()
 	if err == nil {
-		err = v.reopenFiles()
+		err = v.refreshFiles(true)
 	}
 	v.gate.Unlock()
 	if err != nil {
@@ -77,11 +97,17 @@ func (v *Volume) Rollback(ctx context.Context, snapshot string, prog Progress) (
 // applyRollback moves the staged images and manifest into the volume
 // directory, removes images the new manifest does not list, and removes the
 // rollback record. Every step is idempotent, so start-up can redo it after a
-// crash at any point.
+// crash at any point. The staged directory outlives the record (it is
+// removed last), so a record whose staged directory is missing means the
+// pool lost what the rollback committed: applyRollback then fails instead of
+// finishing a rollback without its images.
 func applyRollback(volDir, staged string) error {
 	disks := filepath.Join(volDir, "disks")
 	entries, err := os.ReadDir(staged)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("staged rollback %s is missing: %w", filepath.Base(staged), err)
+	}
+	if err != nil {
 		return err
 	}
 	for _, e := range entries {

@@ -32,11 +32,20 @@ func (v *Volume) CreateSnapshot(ctx context.Context, name string, prog Progress)
 	if s, err := v.Snapshot(name); err == nil {
 		return s, false, nil
 	}
-	unlock, err := v.lockOps("snapshot")
+	h, err := v.Hold("snapshot")
 	if err != nil {
 		return SnapshotInfo{}, false, err
 	}
-	defer unlock()
+	return h.CreateSnapshot(ctx, name, prog)
+}
+
+// CreateSnapshot is Volume.CreateSnapshot under the hold, which it releases.
+func (h *Hold) CreateSnapshot(ctx context.Context, name string, prog Progress) (SnapshotInfo, bool, error) {
+	defer h.Release()
+	v := h.v
+	if err := ValidateName("name", name); err != nil {
+		return SnapshotInfo{}, false, err
+	}
 	if s, err := v.Snapshot(name); err == nil {
 		return s, false, nil
 	}
@@ -54,11 +63,11 @@ func (v *Volume) CreateSnapshot(ctx context.Context, name string, prog Progress)
 		VolumeUID: m.UID, Capacity: m.Capacity, Disks: m.Disks, Method: method, GateHeld: held, CreatedAt: time.Now().UTC()}
 	if err := durable.WriteJSON(filepath.Join(staged, "snapshot.json"), sm); err != nil {
 		v.pool.discard(staged)
-		return SnapshotInfo{}, false, mapFSError(err)
+		return SnapshotInfo{}, false, mapFSError(err) // staged: uncertain or not, nothing refers to it
 	}
 	if err := durable.Rename(staged, v.snapshotDir(name)); err != nil {
 		v.pool.discard(staged)
-		return SnapshotInfo{}, false, fmt.Errorf("snapshot %s@%s: %w", v.name, name, err)
+		return SnapshotInfo{}, false, fmt.Errorf("snapshot %s@%s: %w", v.name, name, v.metaError(err))
 	}
 	v.mu.Lock()
 	v.snaps[name] = sm
@@ -100,7 +109,9 @@ func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, p
 		srcs = append(srcs, src)
 		// Write back dirty pages first, so little is left to write back
 		// while the clone holds the file locked or new I/O waits.
-		_ = unix.Fdatasync(int(src.Fd()))
+		if err := v.syncSource(d.Name, src); err != nil {
+			return "", 0, err
+		}
 		dst, err := v.pool.newImageFile(filepath.Join(dstDir, d.Name+".img"))
 		if err != nil {
 			return "", 0, err
@@ -126,12 +137,38 @@ func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, p
 	if err != nil {
 		return "", held, err
 	}
+	// The copies hold what the page cache held at the cut; they are a
+	// snapshot of the disks only if the sources' data reached the storage.
+	for i, d := range m.Disks {
+		if err := v.syncSource(d.Name, srcs[i]); err != nil {
+			return "", held, err
+		}
+	}
 	for _, dst := range dsts {
 		if err := dst.Sync(); err != nil {
 			return "", held, mapFSError(err)
 		}
 	}
 	return method, held, durable.SyncDir(dstDir)
+}
+
+// syncSource makes what was written to disk name durable, before or after
+// it is captured: through the disk's open file when the volume is open for
+// I/O, whose failed sync is final (sync), else through src, the capture's
+// own file. A capture fails with a failed sync: the page cache it copies
+// may hold writes that the storage lost.
+func (v *Volume) syncSource(name string, src *os.File) error {
+	v.gate.RLock()
+	defer v.gate.RUnlock()
+	if df := v.files[name]; df != nil {
+		return v.sync(df)
+	}
+	if err := v.pool.io.Fdatasync(src); err != nil {
+		v.pool.syncFailures.Add(1)
+		v.pool.log.Error("fdatasync of a disk being captured failed", "volume", v.name, "disk", name, "err", err)
+		return fmt.Errorf("disk %q of volume %q: %w: %w", name, v.name, ErrSyncFailed, mapFSError(err))
+	}
+	return nil
 }
 
 // captureGated copies each src into its dst with the gate closed. A dst may
@@ -241,8 +278,10 @@ func (v *Volume) captureLive(ctx context.Context, disks []DiskSpec, dsts, srcs [
 			return "", 0, err
 		}
 	}
-	for _, src := range srcs {
-		_ = unix.Fdatasync(int(src.Fd())) // less to write back with the gate closed
+	for i, src := range srcs { // less to write back with the gate closed
+		if err := v.syncSource(disks[i].Name, src); err != nil {
+			return "", 0, err
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return "", 0, err
@@ -438,7 +477,7 @@ func (v *Volume) DeleteSnapshot(ctx context.Context, name string) error {
 	}
 	trash := filepath.Join(v.pool.stagingDir(), "del-"+newUID())
 	if err := durable.Rename(v.snapshotDir(name), trash); err != nil {
-		return fmt.Errorf("delete snapshot %s@%s: %w", v.name, name, err)
+		return fmt.Errorf("delete snapshot %s@%s: %w", v.name, name, v.metaError(err))
 	}
 	v.mu.Lock()
 	delete(v.snaps, name)

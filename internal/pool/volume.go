@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -55,14 +56,37 @@ type Volume struct {
 	m       volumeManifest
 	snaps   map[string]*snapshotManifest
 	deleted bool
+	// failed, once set, refuses every change and every new handle: the
+	// volume's metadata on disk is in an unknown state (metaError).
+	failed error
 }
 
+// diskFile is one disk of a live volume, open for I/O: the identity that
+// handles hold (a disk removed and added again under its name is another
+// diskFile). Its fields change only with the gate held exclusively, except
+// refs, smu and what they guard.
 type diskFile struct {
+	name   string
 	f      *os.File
+	io     DiskIO
 	size   int64
 	shared bool    // exempt from the single-writer rule
 	ch     *chunks // chunk ownership (chunks.go); nil when off
 	nw     noWait  // what RWF_NOWAIT does on this file (nowait.go)
+	// gone, once set, fails every request of every handle of the disk:
+	// ErrDiskRemoved, or ErrClosed when the pool closed.
+	gone error
+	// refs counts the open handles.
+	refs atomic.Int32
+	// smu guards the file's sync state (sync): syncErr, the first failed
+	// sync; syncing, whether one runs; syncStarted and syncDone, the number
+	// of the last sync started and of the last that succeeded. syncEnd
+	// (on smu) is broadcast when a sync ends.
+	smu                   sync.Mutex
+	syncEnd               *sync.Cond
+	syncErr               error
+	syncing               bool
+	syncStarted, syncDone uint64
 }
 
 func newVolume(p *Pool, m volumeManifest, snaps map[string]*snapshotManifest) *Volume {
@@ -117,7 +141,30 @@ func (v *Volume) checkAlive() error {
 	if v.deleted {
 		return fmt.Errorf("volume %q: %w", v.name, ErrVolumeNotFound)
 	}
+	if v.failed != nil {
+		return fmt.Errorf("volume %q: %w (since: %v)", v.name, ErrVolumeFailed, v.failed)
+	}
 	return nil
+}
+
+// metaError handles the failure of a metadata write of the volume. When
+// the write's rename was done but not made durable (durable.ErrUncertain),
+// the metadata on disk may or may not hold the change, now and after a
+// crash, while memory holds the old state: the volume is marked failed, so
+// that nothing builds on either, until the server restarts and reloads it
+// from disk. It returns err, wrapped with ErrVolumeFailed in that case.
+func (v *Volume) metaError(err error) error {
+	if !errors.Is(err, durable.ErrUncertain) {
+		return mapFSError(err)
+	}
+	v.mu.Lock()
+	if v.failed == nil {
+		v.failed = err
+	}
+	v.mu.Unlock()
+	v.pool.log.Error("metadata sync failed after a rename; the volume refuses changes until the server restarts",
+		"volume", v.name, "err", err)
+	return fmt.Errorf("volume %q: %w: %w", v.name, ErrVolumeFailed, err)
 }
 
 // Info returns a view of the volume with the disks' allocated bytes.
@@ -141,7 +188,7 @@ func (v *Volume) Info() VolumeInfo {
 // the in-memory truth.
 func (v *Volume) commit(m volumeManifest) error {
 	if err := durable.WriteJSON(filepath.Join(v.dir, "volume.json"), m); err != nil {
-		return mapFSError(err)
+		return v.metaError(err)
 	}
 	v.mu.Lock()
 	v.m = m
@@ -270,9 +317,9 @@ func (p *Pool) Delete(ctx context.Context, name string) error {
 	if err := durable.Rename(v.dir, trash); err != nil {
 		v.cancelDelete()
 		v.gate.Unlock()
-		return fmt.Errorf("delete volume %q: %w", name, err)
+		return fmt.Errorf("delete volume %q: %w", name, v.metaError(err))
 	}
-	v.closeFiles()
+	v.closeFiles(fmt.Errorf("volume %q deleted: %w", name, ErrDiskRemoved))
 	v.detachAllLocked()
 	v.gate.Unlock()
 	v.mu.Lock()
@@ -384,7 +431,7 @@ func (v *Volume) AddDisk(ctx context.Context, d DiskSpec) (VolumeInfo, error) {
 		return VolumeInfo{}, err
 	}
 	v.gate.Lock()
-	err = v.reopenFiles()
+	err = v.refreshFiles(false)
 	v.gate.Unlock()
 	return v.Info(), err
 }
@@ -480,12 +527,16 @@ func (v *Volume) RemoveDisk(ctx context.Context, disk string) (VolumeInfo, error
 	}
 	v.gate.Lock()
 	if df := v.files[disk]; df != nil {
-		_ = df.f.Close()
-		delete(v.files, disk)
+		v.endFile(df, fmt.Errorf("disk %q of volume %q: %w", disk, v.name, ErrDiskRemoved))
 	}
 	v.gate.Unlock()
+	// The manifest no longer lists the image: if its removal does not
+	// last, start-up removes the orphan.
 	if err := os.Remove(v.diskPath(disk)); err == nil {
-		_ = durable.SyncDir(v.disksDir())
+		if err := durable.SyncDir(v.disksDir()); err != nil {
+			v.pool.log.Error("sync after removing a disk image; start-up removes it if it comes back",
+				"volume", v.name, "disk", disk, "err", err)
+		}
 	}
 	return v.Info(), nil
 }

@@ -44,13 +44,18 @@ type Config struct {
 	// Ready, if set, is called with the API's and the NBD TCP listener's
 	// addresses (nil when there is none) once requests are served.
 	Ready func(api, nbd net.Addr)
+	// WrapListener, if set, wraps every listener Run opens (tests use it to
+	// make one fail).
+	WrapListener func(net.Listener) net.Listener
 }
 
 // ErrInsecure refuses a non-loopback listener without authentication.
 var ErrInsecure = errors.New("refusing to listen on a non-loopback address without authentication: pass --token-file")
 
-// Run serves until ctx is cancelled, then stops accepting requests, lets
-// running requests finish (up to 10 s), cancels running jobs and returns.
+// Run serves until ctx is cancelled or a listener fails, then stops
+// accepting requests, lets running requests finish (up to 10 s), cancels
+// running jobs and returns (the listener's error first, if one failed). When
+// it cannot start, it closes whatever it opened.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Logger
 	if log == nil {
@@ -87,10 +92,15 @@ func Run(ctx context.Context, cfg Config) error {
 	nbdSrv := nbd.NewServer(nbd.PoolExports{Pool: p, Metrics: m, RequireToken: cfg.NBDRequireToken},
 		nbd.Config{Logger: log, Observer: m})
 	var nbdLns []net.Listener
+	closeAll := func() {
+		for _, l := range append(nbdLns, ln) {
+			_ = l.Close()
+		}
+	}
 	if cfg.NBDAddr != "" {
 		l, err := net.Listen("tcp", cfg.NBDAddr)
 		if err != nil {
-			_ = ln.Close()
+			closeAll()
 			return fmt.Errorf("nbd listen %s: %w (pick another address with --nbd-listen)", cfg.NBDAddr, err)
 		}
 		nbdLns = append(nbdLns, l)
@@ -98,10 +108,16 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.NBDSocket != "" {
 		l, err := nbd.ListenUnix(cfg.NBDSocket)
 		if err != nil {
-			_ = ln.Close()
+			closeAll()
 			return fmt.Errorf("nbd socket %s: %w", cfg.NBDSocket, err)
 		}
 		nbdLns = append(nbdLns, l)
+	}
+	if w := cfg.WrapListener; w != nil {
+		ln = w(ln)
+		for i, l := range nbdLns {
+			nbdLns[i] = w(l)
+		}
 	}
 	handler := apiserver.NewServer(p, jobs, token, log)
 	handler.Mount("GET /metrics", m.Handler())
@@ -133,10 +149,15 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr(), nbdAddr)
 	}
-	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	var failed error
 	select {
-	case err := <-errc:
-		return err
+	case failed = <-errc:
+		log.Error("a listener failed; shutting down", "err", failed)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
@@ -148,6 +169,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if jerr := jobs.Shutdown(sctx); err == nil {
 		err = jerr
+	}
+	if failed != nil {
+		return fmt.Errorf("serve: %w", failed)
 	}
 	return err
 }
