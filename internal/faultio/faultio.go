@@ -4,6 +4,8 @@
 //
 // It imports only the standard library and x/sys, so that tests of any
 // package, pool's own included, can use it.
+//
+// Imports from quiver: nothing.
 package faultio
 
 import (
