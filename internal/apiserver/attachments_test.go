@@ -17,11 +17,12 @@ func TestAttachmentRoutes(t *testing.T) {
 	if src.ID == "" || len(src.Token) != 64 || src.Mode != api.ModeReadWrite || src.Volume != "vm" {
 		t.Fatalf("attach: %+v", src)
 	}
-	c.expect("POST", "/v1/volumes/vm/attachments", api.AttachmentSpec{Node: "node-a", Mode: "rw"}, http.StatusOK, &again)
+	c.expectError("POST", "/v1/volumes/vm/attachments", api.AttachmentSpec{Node: "node-a", Mode: "rw"}, http.StatusConflict, api.CodeConflict)
+	c.expect("POST", "/v1/volumes/vm/attachments?idempotent=true", api.AttachmentSpec{Node: "node-a", Mode: "rw"}, http.StatusOK, &again)
 	if again.ID != src.ID || again.Token != src.Token {
 		t.Fatalf("idempotent attach returned %+v, want %+v", again, src)
 	}
-	c.expectError("POST", "/v1/volumes/vm/attachments", api.AttachmentSpec{Node: "node-a", Mode: "ro"}, http.StatusConflict, api.CodeConflict)
+	c.expectError("POST", "/v1/volumes/vm/attachments?idempotent=true", api.AttachmentSpec{Node: "node-a", Mode: "ro"}, http.StatusConflict, api.CodeConflict)
 	if e := c.expectError("POST", "/v1/volumes/vm/attachments", api.AttachmentSpec{Node: "Node A"}, http.StatusBadRequest, api.CodeInvalid); e.Field != "node" {
 		t.Fatalf("bad node: field %q", e.Field)
 	}

@@ -41,20 +41,24 @@ func TestAttachListStates(t *testing.T) {
 		{ID: "att-2", Node: "dst", Mode: "rw", Writer: true, Conns: 2, CreatedAt: testNow.Add(-time.Minute)},
 		{ID: "att-3", Node: "backup", Mode: "ro", CreatedAt: testNow},
 		{ID: "implicit-1", Node: "127.0.0.1:4000", Mode: "rw", Implicit: true, Fenced: true, Conns: 1, CreatedAt: testNow},
+		{ID: "implicit-2", Node: "127.0.0.1:4001", Mode: "rw", Implicit: true, State: api.AttachmentReadOnly, Conns: 1, CreatedAt: testNow},
+		{ID: "att-4", Node: "spare", Mode: "rw", State: api.AttachmentStandby, CreatedAt: testNow},
 	}})
 	got := run(t, context.Background(), url, nil, "attach", "list", "web01")
 	lines := strings.Split(strings.TrimSpace(got.stdout), "\n")
-	if len(lines) != 5 {
-		t.Fatalf("want a header and 4 rows:\n%s", got.stdout)
+	if len(lines) != 7 {
+		t.Fatalf("want a header and 6 rows:\n%s", got.stdout)
 	}
-	for i, want := range []string{"fenced", "writer", "standby", "fenced (implicit)"} {
+	// An ro attachment is read-only, never standby or fenced; the server's
+	// state is shown as it is.
+	for i, want := range []string{"fenced", "writer", "read-only", "fenced (implicit)", "read-only (implicit)", "standby"} {
 		if !strings.Contains(lines[i+1], want) {
 			t.Errorf("row %d lacks %q: %q", i+1, want, lines[i+1])
 		}
 	}
 	got = run(t, context.Background(), url, nil, "attach", "list", "web01", "-o", "json")
 	var list api.List[api.Attachment]
-	if err := json.Unmarshal([]byte(got.stdout), &list); err != nil || len(list.Items) != 4 {
+	if err := json.Unmarshal([]byte(got.stdout), &list); err != nil || len(list.Items) != 6 {
 		t.Fatalf("json: %v %s", err, got.stdout)
 	}
 }

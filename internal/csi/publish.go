@@ -47,7 +47,8 @@ func (c *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 	if req.GetReadonly() || readOnlyMode(req.GetVolumeCapability().GetAccessMode().GetMode()) {
 		mode = api.ModeReadOnly
 	}
-	a, err := qc.Attach(ctx, name, api.AttachmentSpec{Node: req.GetNodeId(), Mode: mode})
+	a, err := qc.Attach(ctx, name, api.AttachmentSpec{Node: req.GetNodeId(), Mode: mode},
+		requestKey("publish", name, req.GetNodeId()))
 	switch {
 	case client.IsConflict(err):
 		return nil, fmt.Errorf("volume %s is already published to node %s with another mode than %s: %w (%v)",
