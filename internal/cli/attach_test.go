@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -81,5 +82,31 @@ func TestSharedDiskOption(t *testing.T) {
 	got = run(t, context.Background(), url, nil, "volume", "create", "vm", "--capacity", "2Gi", "--disk", "quorum=64Mi,sharde")
 	if got.code == 0 || !strings.Contains(got.stderr, `unknown option "sharde"`) {
 		t.Fatalf("bad disk option: exit %d, stderr %q", got.code, got.stderr)
+	}
+}
+
+// TestForceFlag: --force of `disk remove` and `rollback` becomes
+// ?force=true; without it the server's InUse refusal is an error with a
+// hint.
+func TestForceFlag(t *testing.T) {
+	f, url := newFakeAPI(t)
+	f.routes["DELETE /v1/volumes/web01/disks/data"] = func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("force") != "true" {
+			writeJSON(w, http.StatusConflict, api.ErrorBody{Error: api.Error{Code: api.CodeInUse, Message: "connected writers"}})
+			return
+		}
+		writeJSON(w, http.StatusOK, testVolumes[0])
+	}
+	got := run(t, context.Background(), url, nil, "disk", "remove", "web01", "data")
+	if got.code != ExitError || !strings.Contains(got.stderr, "connected writers") || !strings.Contains(got.stderr, "quiver attach list") {
+		t.Errorf("without --force: exit %d, stderr %q", got.code, got.stderr)
+	}
+	if got := run(t, context.Background(), url, nil, "disk", "remove", "web01", "data", "--force"); got.code != ExitOK {
+		t.Errorf("with --force: exit %d, stderr %q", got.code, got.stderr)
+	}
+	f.reply("POST /v1/volumes/web01/rollback", http.StatusConflict, api.ErrorBody{Error: api.Error{Code: api.CodeInUse, Message: "busy"}})
+	run(t, context.Background(), url, nil, "rollback", "web01", "s", "--force")
+	if !f.sent("POST /v1/volumes/web01/rollback?async=true&force=true") {
+		t.Errorf("rollback --force sent %v", f.requests)
 	}
 }

@@ -345,6 +345,8 @@ func (v *Volume) attachImplicit(peer string) (*Attachment, error) {
 	mode := ModeReadWrite
 	if v.explicitRW.Load() > 0 {
 		mode = ModeReadOnly
+		v.pool.log.Info("tokenless connection is read-only: the volume has an rw attachment; connect with its token to write",
+			"volume", v.name, "peer", peer)
 	}
 	a := &Attachment{v: v, id: "implicit-" + newUID()[:12], node: peer, mode: mode,
 		seq: v.att.nextSeq, implicit: true, created: time.Now().UTC(), done: make(chan struct{})}
