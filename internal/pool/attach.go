@@ -37,7 +37,12 @@ import (
 // for the gate when the epoch changes is refused.
 //
 // Transfer gives the role to a chosen attachment and fences every other
-// existing one. Attachments created later are newer and may still claim.
+// existing rw one. Attachments created later are newer and may still claim.
+// Read-only attachments are never fenced: they never write.
+//
+// While an explicit rw attachment exists, tokenless connections are
+// read-only (opened ro, or refused with ErrReadOnly if opened before): a
+// tool run by hand on the storage node must not take the role from a node.
 //
 // attachments.json in the volume directory holds the epoch, the writer and
 // the explicit attachments, written atomically before a change takes effect,
