@@ -9,6 +9,24 @@ const Version = "/v1"
 // given no address: loopback only.
 const DefaultAddr = "127.0.0.1:7480"
 
+// IdempotencyKeyHeader names a create request (POST of a volume, disk,
+// snapshot, clone or attachment). The key, at most 256 printable ASCII
+// characters, is stored with the object made. A create of a taken name is
+// 409 AlreadyExists, unless the request carries the key the object was made
+// with and asks for the same spec (then the object is the answer, 200), or
+// QueryIdempotent is "true".
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// Query parameters.
+const (
+	// QueryIdempotent "true" makes a create of a taken name answer with the
+	// existing object when its spec is the same, whatever key made it.
+	QueryIdempotent = "idempotent"
+	// QueryForce "true" lets a rollback or a disk removal go ahead while
+	// writers are connected to the volume (else 409 InUse).
+	QueryForce = "force"
+)
+
 // DiskSpec describes one virtual disk: a sparse raw file <name>.img.
 type DiskSpec struct {
 	Name string `json:"name"`
@@ -78,6 +96,14 @@ const (
 	ModeReadOnly  = "ro"
 )
 
+// Attachment states (Attachment.State).
+const (
+	AttachmentWriter   = "writer"    // holds the writer role
+	AttachmentStandby  = "standby"   // rw; its first write takes the writer role
+	AttachmentFenced   = "fenced"    // lost the writer role; reads still work
+	AttachmentReadOnly = "read-only" // never writes: an ro attachment, or a tokenless connection while an rw attachment exists
+)
+
 // AttachmentSpec is the body of POST /v1/volumes/{volume}/attachments: attach
 // every disk of the volume for one node. Attaching the same node again with
 // the same mode returns the existing attachment and its token.
@@ -89,14 +115,17 @@ type AttachmentSpec struct {
 // Attachment lets one node reach a volume's disks over NBD. NBD clients
 // present Token in the export name: <volume>/<disk>/<token>.
 type Attachment struct {
-	ID        string    `json:"id"`
-	Volume    string    `json:"volume"`
-	Node      string    `json:"node"`
-	Mode      string    `json:"mode"`
-	Token     string    `json:"token,omitempty"` // only in create responses
-	Implicit  bool      `json:"implicit,omitempty"`
-	Writer    bool      `json:"writer"` // holds the writer role now
-	Fenced    bool      `json:"fenced"` // its writes are refused
+	ID       string `json:"id"`
+	Volume   string `json:"volume"`
+	Node     string `json:"node"`
+	Mode     string `json:"mode"`
+	Token    string `json:"token,omitempty"` // only in create responses
+	Implicit bool   `json:"implicit,omitempty"`
+	Writer   bool   `json:"writer"` // holds the writer role now
+	Fenced   bool   `json:"fenced"` // lost the writer role: its writes are refused
+	// State is what the attachment may do now: AttachmentWriter,
+	// AttachmentStandby, AttachmentFenced or AttachmentReadOnly.
+	State     string    `json:"state"`
 	Conns     int       `json:"connections"`
 	CreatedAt time.Time `json:"createdAt"`
 }
@@ -229,12 +258,12 @@ const (
 	CodeInvalid      = "Invalid"          // 400: a field breaks a rule
 	CodeUnauthorized = "Unauthorized"     // 401: missing or wrong bearer token
 	CodeNotFound     = "NotFound"         // 404: volume, disk, snapshot or job
-	CodeConflict     = "AlreadyExists"    // 409: same name, different spec
+	CodeConflict     = "AlreadyExists"    // 409: the name is taken
 	CodeBusy         = "Busy"             // 409: another operation holds the volume
 	CodeCapacity     = "CapacityExceeded" // 422: disks would not fit the capacity
 	CodeNoSpace      = "NoSpace"          // 507: the pool is full
 	CodeCancelled    = "Cancelled"        // 499-like: job was cancelled
-	CodeInUse        = "InUse"            // 409: the volume has attachments
+	CodeInUse        = "InUse"            // 409: the volume has attachments or connected writers
 	CodeInternal     = "Internal"         // 500
 )
 

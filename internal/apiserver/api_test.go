@@ -222,14 +222,17 @@ func TestVolumeLifecycle(t *testing.T) {
 		}
 	}
 
+	// A taken name is a conflict, even with the same spec, unless the
+	// caller asks for idempotent create (TestCreateOfATakenName: keys).
+	c.expectError("POST", "/v1/volumes", spec, http.StatusConflict, api.CodeConflict)
 	var again api.Volume
-	c.expect("POST", "/v1/volumes", spec, http.StatusOK, &again)
+	c.expect("POST", "/v1/volumes?idempotent=true", spec, http.StatusOK, &again)
 	if again.UID != created.UID {
 		t.Errorf("same spec again: uid %s, want the existing %s", again.UID, created.UID)
 	}
 	other := spec
 	other.Capacity = 32 * mib
-	c.expectError("POST", "/v1/volumes", other, http.StatusConflict, api.CodeConflict)
+	c.expectError("POST", "/v1/volumes?idempotent=true", other, http.StatusConflict, api.CodeConflict)
 
 	c.expect("POST", "/v1/volumes", api.VolumeSpec{Name: "db01", Capacity: mib, Labels: map[string]string{"app": "db"}},
 		http.StatusCreated, nil)
@@ -314,15 +317,18 @@ func TestSnapshotsClonesRollback(t *testing.T) {
 	writeDisk(t, p, "golden", "root", 0, v1)
 	writeDisk(t, p, "golden", "data", 8192, v1)
 
-	// Synchronous snapshot, then the same again (idempotent).
+	// Synchronous snapshot, then the same again: a conflict, unless asked
+	// to be idempotent.
 	var snap api.Snapshot
 	c.expect("POST", "/v1/volumes/golden/snapshots", api.SnapshotSpec{Name: "v1"}, http.StatusCreated, &snap)
 	if snap.Name != "v1" || snap.Volume != "golden" || len(snap.Disks) != 2 ||
 		(snap.Method != "reflink" && snap.Method != "copy") {
 		t.Fatalf("snapshot: %+v", snap)
 	}
+	c.expectError("POST", "/v1/volumes/golden/snapshots", api.SnapshotSpec{Name: "v1"}, http.StatusConflict, api.CodeConflict)
+	c.expectError("POST", "/v1/volumes/golden/snapshots?async=true", api.SnapshotSpec{Name: "v1"}, http.StatusConflict, api.CodeConflict)
 	var same api.Snapshot
-	c.expect("POST", "/v1/volumes/golden/snapshots", api.SnapshotSpec{Name: "v1"}, http.StatusOK, &same)
+	c.expect("POST", "/v1/volumes/golden/snapshots?idempotent=true", api.SnapshotSpec{Name: "v1"}, http.StatusOK, &same)
 	if same.UID != snap.UID {
 		t.Errorf("snapshot again: uid %s, want %s", same.UID, snap.UID)
 	}
@@ -374,9 +380,11 @@ func TestSnapshotsClonesRollback(t *testing.T) {
 			t.Errorf("clone %s: data does not hold the snapshot's data", cl.Name)
 		}
 	}
-	// The same request again finds the clones made.
+	// The same request again is a conflict; asked to be idempotent, it
+	// finds the clones made.
+	c.expectError("POST", "/v1/clones", fromSnap, http.StatusConflict, api.CodeConflict)
 	var again api.List[api.Volume]
-	c.expect("POST", "/v1/clones", fromSnap, http.StatusCreated, &again)
+	c.expect("POST", "/v1/clones?idempotent=true", fromSnap, http.StatusCreated, &again)
 	for i := range again.Items {
 		if again.Items[i].UID != clones.Items[i].UID {
 			t.Errorf("clone again: %s has uid %s, want %s", again.Items[i].Name, again.Items[i].UID, clones.Items[i].UID)

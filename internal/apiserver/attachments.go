@@ -24,11 +24,15 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &spec); err != nil {
 		return err
 	}
+	idem, err := idempotency(r)
+	if err != nil {
+		return err
+	}
 	v, err := s.volume(r)
 	if err != nil {
 		return err
 	}
-	a, created, err := v.Attach(spec.Node, spec.Mode)
+	a, created, err := v.AttachWith(spec.Node, spec.Mode, idem)
 	if err != nil {
 		return err
 	}

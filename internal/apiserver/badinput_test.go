@@ -327,7 +327,7 @@ func TestBadInput(t *testing.T) {
 		{"clone empty names", "POST", "/v1/clones", js(`{"source":{"volume":"web","snapshot":"base"},"names":[]}`), 400, api.CodeInvalid, "names: at least one name is required", "names"},
 		{"clone without names", "POST", "/v1/clones", js(`{"source":{"volume":"web"}}`), 400, api.CodeInvalid, "names: at least one name is required", "names"},
 		{"clone duplicate names", "POST", "/v1/clones", js(`{"source":{"volume":"web","snapshot":"base"},"names":["c1","c1"]}`), 400, api.CodeInvalid, `names[1] "c1": duplicate name`, "names[1]"},
-		{"clone onto existing volume", "POST", "/v1/clones", js(`{"source":{"volume":"web","snapshot":"base"},"names":["c1","db"]}`), 409, api.CodeConflict, `volume "db" exists`, ""},
+		{"clone onto existing volume", "POST", "/v1/clones", js(`{"source":{"volume":"web","snapshot":"base"},"names":["c1","db"]}`), 409, api.CodeConflict, `volume "db" already exists`, ""},
 		{"clone onto its source", "POST", "/v1/clones", js(`{"source":{"volume":"web"},"names":["web"]}`), 400, api.CodeInvalid, `names[0] "web": a clone cannot replace its source`, "names[0]"},
 		{"clone missing snapshot", "POST", "/v1/clones", js(`{"source":{"volume":"web","snapshot":"nope"},"names":["c1"]}`), 404, api.CodeNotFound, `snapshot "nope"`, ""},
 		{"async clone missing snapshot", "POST", "/v1/clones?async=true", js(`{"source":{"volume":"web","snapshot":"nope"},"names":["c1"]}`), 404, api.CodeNotFound, `snapshot "nope"`, ""},

@@ -65,5 +65,5 @@ func qosFromAPI(q *api.QoS) qos.Limits {
 
 func attachmentToAPI(a pool.AttachmentInfo) api.Attachment {
 	return api.Attachment{ID: a.ID, Volume: a.Volume, Node: a.Node, Mode: a.Mode, Token: a.Token, Implicit: a.Implicit,
-		Writer: a.Writer, Fenced: a.Fenced, Conns: a.Conns, CreatedAt: a.CreatedAt}
+		Writer: a.Writer, Fenced: a.Fenced, State: a.State, Conns: a.Conns, CreatedAt: a.CreatedAt}
 }

@@ -8,6 +8,9 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/pool"
 )
 
 // maxBody bounds a request body; the largest legitimate one is a bulk clone
@@ -71,5 +74,29 @@ func typeName(kind reflect.Kind) string {
 		return "a boolean"
 	default:
 		return "a " + kind.String()
+	}
+}
+
+// idempotency reads how a create treats a taken name: the Idempotency-Key
+// header and ?idempotent=true.
+func idempotency(r *http.Request) (pool.Idempotency, error) {
+	idem := pool.Idempotency{Key: r.Header.Get(api.IdempotencyKeyHeader)}
+	if err := pool.ValidateIdempotencyKey(api.IdempotencyKeyHeader, idem.Key); err != nil {
+		return idem, err
+	}
+	var err error
+	idem.SameSpec, err = boolQuery(r, api.QueryIdempotent)
+	return idem, err
+}
+
+// boolQuery reads a query parameter that is absent, "true" or "false".
+func boolQuery(r *http.Request, name string) (bool, error) {
+	switch v := r.URL.Query().Get(name); v {
+	case "", "false":
+		return false, nil
+	case "true":
+		return true, nil
+	default:
+		return false, &badRequest{field: name, msg: fmt.Sprintf("query parameter %s=%q: want true or false", name, v)}
 	}
 }

@@ -50,8 +50,12 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &spec); err != nil {
 		return err
 	}
+	idem, err := idempotency(r)
+	if err != nil {
+		return err
+	}
 	info, created, err := s.pool.Create(r.Context(), pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity,
-		Labels: spec.Labels, Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS)})
+		Labels: spec.Labels, Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS), Idempotency: idem})
 	if err != nil {
 		return err
 	}
@@ -111,11 +115,15 @@ func (s *Server) addDisk(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &d); err != nil {
 		return err
 	}
+	idem, err := idempotency(r)
+	if err != nil {
+		return err
+	}
 	v, err := s.volume(r)
 	if err != nil {
 		return err
 	}
-	info, err := v.AddDisk(r.Context(), pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
+	info, err := v.AddDiskWith(r.Context(), pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared}, idem)
 	if err != nil {
 		return err
 	}
@@ -145,7 +153,11 @@ func (s *Server) removeDisk(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	info, err := v.RemoveDisk(r.Context(), r.PathValue("disk"))
+	force, err := boolQuery(r, api.QueryForce)
+	if err != nil {
+		return err
+	}
+	info, err := v.RemoveDiskWith(r.Context(), r.PathValue("disk"), force)
 	if err != nil {
 		return err
 	}
@@ -176,12 +188,17 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := pool.ValidateName("name", spec.Name); err != nil {
+	idem, err := idempotency(r)
+	if err != nil {
+		return err
+	}
+	// A taken name is a 409 here, not a failed job.
+	if err := v.CheckSnapshot(spec.Name, idem); err != nil {
 		return err
 	}
 	// Take the volume before starting a job, so that a busy volume is a
 	// 409, not a failed job. An existing snapshot needs no lock.
-	create := v.CreateSnapshot
+	create := v.CreateSnapshotWith
 	if _, err := v.Snapshot(spec.Name); err != nil {
 		h, err := v.Hold("snapshot")
 		if err != nil {
@@ -193,7 +210,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	created := false
 	return s.runJob(w, r, "snapshot", v.Name()+"@"+spec.Name, 1, func(ctx context.Context, j *job.Job) error {
 		var err error
-		info, created, err = create(ctx, spec.Name, j)
+		info, created, err = create(ctx, spec.Name, idem, j)
 		return err
 	}, func() error {
 		status := http.StatusOK
@@ -245,6 +262,15 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) error {
 	if _, err := v.Snapshot(spec.Snapshot); err != nil {
 		return err
 	}
+	force, err := boolQuery(r, api.QueryForce)
+	if err != nil {
+		return err
+	}
+	if !force { // connected writers are a 409 here, not a failed job
+		if err := v.CheckWriters("rollback to " + spec.Snapshot); err != nil {
+			return err
+		}
+	}
 	h, err := v.Hold("rollback") // a busy volume is a 409, not a failed job
 	if err != nil {
 		return err
@@ -252,7 +278,7 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) error {
 	var info pool.VolumeInfo
 	return s.runJob(w, r, "rollback", v.Name()+"@"+spec.Snapshot, 1, func(ctx context.Context, j *job.Job) error {
 		var err error
-		info, err = h.Rollback(ctx, spec.Snapshot, j)
+		info, err = h.Rollback(ctx, spec.Snapshot, force, j)
 		return err
 	}, func() error {
 		writeJSON(w, http.StatusOK, volumeToAPI(info))
@@ -265,11 +291,15 @@ func (s *Server) clone(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &spec); err != nil {
 		return err
 	}
+	idem, err := idempotency(r)
+	if err != nil {
+		return err
+	}
 	req := pool.CloneRequest{Source: pool.Source{Volume: spec.Source.Volume, Snapshot: spec.Source.Snapshot},
-		Names: spec.Names, Labels: spec.Labels}
+		Names: spec.Names, Labels: spec.Labels, Idempotency: idem}
 	// Validate, look up the source and take it and the names before
-	// starting a job, so that bad input, a missing source or a busy one is
-	// a 4xx, not a failed job.
+	// starting a job, so that bad input, a missing source, a taken name or
+	// a busy one is a 4xx, not a failed job.
 	h, err := s.pool.HoldClone(req)
 	if err != nil {
 		return err

@@ -160,12 +160,17 @@ func (a *app) attachTable(atts ...api.Attachment) func(io.Writer) error {
 		now := a.env.Now()
 		t := newTable(w, "ID", "NODE", "MODE", "STATE", "CONNECTIONS", "AGE")
 		for _, at := range atts {
-			state := "standby"
-			switch {
-			case at.Fenced:
-				state = "fenced"
-			case at.Writer:
-				state = "writer"
+			state := at.State
+			if state == "" { // a server that predates the field
+				state = api.AttachmentStandby
+				switch {
+				case at.Mode == api.ModeReadOnly:
+					state = api.AttachmentReadOnly
+				case at.Fenced:
+					state = api.AttachmentFenced
+				case at.Writer:
+					state = api.AttachmentWriter
+				}
 			}
 			if at.Implicit {
 				state += " (implicit)"

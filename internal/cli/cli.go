@@ -147,7 +147,41 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 	add("node", a.serverCommand(), a.poolCommand(), a.jobCommand(), a.csiCommand())
 	add("storage", a.volumeCommand(), a.diskCommand(), a.attachCommand())
 	add("data", a.snapshotCommand(), a.rollbackCommand(), a.cloneCommand())
+	requireSubcommands(root)
 	return root
+}
+
+// requireSubcommands makes every command group of the tree (a command that
+// only holds subcommands) refuse an unknown subcommand with an error that
+// suggests the nearest names, as cobra does only at the top level; left
+// alone, cobra prints a group's help for any word and exits 0, so a typo
+// in a script looks like success. A group given no word prints its help.
+func requireSubcommands(cmd *cobra.Command) {
+	for _, c := range cmd.Commands() {
+		requireSubcommands(c)
+	}
+	if !cmd.HasSubCommands() || cmd.Runnable() {
+		return
+	}
+	cmd.Args = knownSubcommand
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+}
+
+// knownSubcommand refuses any word left after cobra found the deepest
+// command: for a group it names no subcommand. It runs before the command
+// starts, so the error is reported as a usage error.
+func knownSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2 // cobra's default, set only when it suggests itself
+	}
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
+	}
+	return errors.New(msg)
 }
 
 // client builds the API client from the global flags.
@@ -213,6 +247,8 @@ func (a *app) hint(err error) string {
 		return "another operation holds the volume; `quiver job list` shows what is running"
 	case api.CodeNoSpace:
 		return "the pool is full; `quiver pool info` shows its free space"
+	case api.CodeInUse:
+		return "`quiver attach list VOLUME` shows who is attached and connected"
 	}
 	return ""
 }

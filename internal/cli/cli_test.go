@@ -10,10 +10,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/quiverstorage/quiver/internal/api"
 )
@@ -231,6 +234,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"volume", "create", "v"}, `required flag(s) "capacity" not set`},
 		{[]string{"-o", "yaml", "pool", "info"}, `--output "yaml": want table or json`},
 		{[]string{"volume", "label"}, "hint: see 'quiver volume label --help'"},
+		// The typos of issue 14: each printed the group's help and exited 0.
+		{[]string{"snapshot", "craete", "db01", "x"}, "unknown command \"craete\" for \"quiver snapshot\"\n\nDid you mean this?\n\tcreate"},
+		{[]string{"volume", "lst"}, "\tlist\n"},
+		{[]string{"pool", "inf"}, "Did you mean this?\n\tinfo"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -436,5 +443,60 @@ func TestProgressBarOnlyOnTerminal(t *testing.T) {
 		if drew := strings.Contains(stderr.String(), "rollback web01@nightly"); drew != interactive {
 			t.Fatalf("interactive=%v: stderr %q", interactive, stderr.String())
 		}
+	}
+}
+
+// TestUnknownSubcommand walks the whole command tree: every command group
+// refuses a word that names none of its subcommands with a non-zero exit,
+// and suggests the subcommand a typo was meant to be; no request is sent.
+// Given no word, a group prints its help and exits 0.
+func TestUnknownSubcommand(t *testing.T) {
+	a := &app{env: Env{Getenv: func(string) string { return "" }}}
+	var groups [][]string
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		if c.HasAvailableSubCommands() {
+			groups = append(groups, path)
+		}
+		for _, sub := range c.Commands() {
+			if sub.IsAvailableCommand() {
+				walk(sub, append(slices.Clone(path), sub.Name()))
+			}
+		}
+	}
+	walk(a.rootCommand(), nil)
+	if len(groups) < 6 {
+		t.Fatalf("found %d command groups, the tree has more: %v", len(groups), groups)
+	}
+	for _, path := range groups {
+		t.Run(strings.Join(append([]string{"quiver"}, path...), " "), func(t *testing.T) {
+			f, url := newFakeAPI(t)
+			got := run(t, context.Background(), url, nil, append(slices.Clone(path), "frobnicate")...)
+			if got.code != ExitError || !strings.Contains(got.stderr, `unknown command "frobnicate"`) {
+				t.Errorf("unknown word: exit %d, stderr %q; want exit %d and unknown command", got.code, got.stderr, ExitError)
+			}
+			// A typo of the group's first subcommand: two letters swapped
+			// ("craete"), or the last one dropped ("inf").
+			c, _, err := a.rootCommand().Find(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := c.Commands()[0].Name()
+			typo := name[:len(name)-1]
+			if len(name) >= 4 && name[2] != name[3] {
+				typo = name[:2] + name[3:4] + name[2:3] + name[4:]
+			}
+			got = run(t, context.Background(), url, nil, append(slices.Clone(path), typo, "x", "y")...)
+			if got.code != ExitError || !strings.Contains(got.stderr, "Did you mean this?\n\t"+name) {
+				t.Errorf("typo %q: exit %d, stderr %q; want exit %d and a suggestion of %q", typo, got.code, got.stderr, ExitError, name)
+			}
+			if len(f.requests) != 0 {
+				t.Errorf("requests sent: %v", f.requests)
+			}
+			got = run(t, context.Background(), url, nil, path...)
+			if got.code != ExitOK || !strings.Contains(got.stdout, "Usage:") {
+				t.Errorf("no word: exit %d, stdout %q; want the help and exit 0", got.code, got.stdout)
+			}
+		})
 	}
 }

@@ -10,10 +10,14 @@ import (
 )
 
 func (a *app) rollbackCommand() *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:   "rollback VOLUME SNAPSHOT",
 		Short: "Return every disk of a volume to a snapshot",
 		Long: `Return every disk of a volume to a snapshot. What was written since is lost.
+
+While writers are connected to the volume (a running VM: a rollback under it
+corrupts its filesystems) the server refuses; stop them first, or pass --force.
 
 The command waits for the rollback, showing its progress on a terminal.
 Ctrl-C cancels it on the server.`,
@@ -24,7 +28,7 @@ Ctrl-C cancels it on the server.`,
 			if err != nil {
 				return err
 			}
-			job, err := c.StartRollback(cmd.Context(), vol, snap)
+			job, err := c.StartRollback(cmd.Context(), vol, snap, forceOpts(force)...)
 			if err != nil {
 				return err
 			}
@@ -41,6 +45,16 @@ Ctrl-C cancels it on the server.`,
 			return printJSON(cmd.OutOrStdout(), v)
 		},
 	}
+	cmd.Flags().BoolVar(&force, "force", false, "roll back even while writers are connected to the volume")
+	return cmd
+}
+
+// forceOpts turns a --force flag into the request option.
+func forceOpts(force bool) []client.CallOption {
+	if force {
+		return []client.CallOption{client.Force()}
+	}
+	return nil
 }
 
 func (a *app) cloneCommand() *cobra.Command {

@@ -67,21 +67,26 @@ func (a *app) diskGrowCommand() *cobra.Command {
 }
 
 func (a *app) diskRemoveCommand() *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:     "remove VOLUME NAME",
 		Aliases: []string{"rm"},
 		Short:   "Remove a disk and its data from a volume",
-		Args:    cobra.ExactArgs(2),
+		Long: `Remove a disk and its data from a volume. While writers are connected to the
+volume the server refuses; stop them first, or pass --force.`,
+		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			v, err := c.RemoveDisk(cmd.Context(), args[0], args[1])
+			v, err := c.RemoveDisk(cmd.Context(), args[0], args[1], forceOpts(force)...)
 			if err != nil {
 				return err
 			}
 			return a.show(cmd.OutOrStdout(), v, a.volumeDetail(v))
 		},
 	}
+	cmd.Flags().BoolVar(&force, "force", false, "remove the disk even while writers are connected to the volume")
+	return cmd
 }

@@ -8,15 +8,16 @@ import (
 )
 
 // Attach attaches every disk of a volume for a node and returns the
-// attachment with its token. Attaching the same node with the same mode again
-// returns the existing attachment; another mode fails with IsConflict.
-func (c *Client) Attach(ctx context.Context, volume string, spec api.AttachmentSpec) (api.Attachment, error) {
+// attachment with its token. A node already attached fails with IsConflict,
+// unless opts allow its attachment (as for CreateVolume) and the mode is the
+// same: then that attachment is returned with its token.
+func (c *Client) Attach(ctx context.Context, volume string, spec api.AttachmentSpec, opts ...CallOption) (api.Attachment, error) {
 	var a api.Attachment
 	p, err := segment("volume", volume)
 	if err != nil {
 		return a, err
 	}
-	err = c.do(ctx, http.MethodPost, "/volumes/"+p+"/attachments", nil, spec, &a)
+	err = c.do(ctx, http.MethodPost, "/volumes/"+p+"/attachments", nil, spec, &a, opts...)
 	return a, err
 }
 

@@ -108,12 +108,51 @@ func segment(what, name string) (string, error) {
 // maxErrorBody bounds how much of an error response is read.
 const maxErrorBody = 1 << 20
 
+// CallOption changes one request: see IdempotencyKey, IdempotentCreate and
+// Force.
+type CallOption func(*call)
+
+type call struct {
+	header http.Header
+	query  url.Values
+}
+
+// IdempotencyKey names a create request (header api.IdempotencyKeyHeader):
+// the key is stored with the object made, and a create of a taken name
+// returns the existing object only when it was made with the same key and
+// the same spec. Send the same key when retrying a request whose answer was
+// lost; without a key a taken name is always a conflict (IsConflict).
+func IdempotencyKey(key string) CallOption {
+	return func(c *call) { c.header.Set(api.IdempotencyKeyHeader, key) }
+}
+
+// IdempotentCreate makes a create of a taken name return the existing object
+// when its spec is the same, whatever key it was made with
+// (?idempotent=true).
+func IdempotentCreate() CallOption {
+	return func(c *call) { c.query.Set(api.QueryIdempotent, "true") }
+}
+
+// Force lets a destructive operation (rollback, disk removal) go ahead while
+// writers are connected to the volume (?force=true); without it the server
+// refuses with IsInUse.
+func Force() CallOption {
+	return func(c *call) { c.query.Set(api.QueryForce, "true") }
+}
+
 // do sends one request and decodes a 2xx answer into out (when out is not
 // nil and the answer has a body). Anything else becomes an *Error.
-func (c *Client) do(ctx context.Context, method, path string, query url.Values, in, out any) error {
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, in, out any, opts ...CallOption) error {
+	cl := call{header: http.Header{}, query: url.Values{}}
+	for k, v := range query {
+		cl.query[k] = v
+	}
+	for _, opt := range opts {
+		opt(&cl)
+	}
 	target := c.base + api.Version + path
-	if len(query) > 0 {
-		target += "?" + query.Encode()
+	if len(cl.query) > 0 {
+		target += "?" + cl.query.Encode()
 	}
 	var body io.Reader
 	if in != nil {
@@ -131,6 +170,9 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json")
+	for k, v := range cl.header {
+		req.Header[k] = v
+	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}

@@ -10,9 +10,9 @@ import (
 )
 
 // startJob posts body to path with async=true and returns the job.
-func (c *Client) startJob(ctx context.Context, path string, body any) (api.Job, error) {
+func (c *Client) startJob(ctx context.Context, path string, body any, opts ...CallOption) (api.Job, error) {
 	var job api.Job
-	if err := c.do(ctx, http.MethodPost, path, asyncQuery, body, &job); err != nil {
+	if err := c.do(ctx, http.MethodPost, path, asyncQuery, body, &job, opts...); err != nil {
 		return job, err
 	}
 	if job.ID == "" {

@@ -23,25 +23,26 @@ func (c *Client) ListSnapshots(ctx context.Context, volume string) ([]api.Snapsh
 }
 
 // CreateSnapshot snapshots every disk of a volume and returns when the
-// snapshot is complete.
-func (c *Client) CreateSnapshot(ctx context.Context, volume, name string) (api.Snapshot, error) {
+// snapshot is complete. A taken name fails with IsConflict, unless opts allow
+// the existing snapshot (IdempotencyKey, IdempotentCreate).
+func (c *Client) CreateSnapshot(ctx context.Context, volume, name string, opts ...CallOption) (api.Snapshot, error) {
 	var s api.Snapshot
 	p, err := segment("volume", volume)
 	if err != nil {
 		return s, err
 	}
-	err = c.do(ctx, http.MethodPost, "/volumes/"+p+"/snapshots", nil, api.SnapshotSpec{Name: name}, &s)
+	err = c.do(ctx, http.MethodPost, "/volumes/"+p+"/snapshots", nil, api.SnapshotSpec{Name: name}, &s, opts...)
 	return s, err
 }
 
 // StartSnapshot starts a snapshot as a job and returns at once; follow it
 // with WaitJob.
-func (c *Client) StartSnapshot(ctx context.Context, volume, name string) (api.Job, error) {
+func (c *Client) StartSnapshot(ctx context.Context, volume, name string, opts ...CallOption) (api.Job, error) {
 	p, err := segment("volume", volume)
 	if err != nil {
 		return api.Job{}, err
 	}
-	return c.startJob(ctx, "/volumes/"+p+"/snapshots", api.SnapshotSpec{Name: name})
+	return c.startJob(ctx, "/volumes/"+p+"/snapshots", api.SnapshotSpec{Name: name}, opts...)
 }
 
 // GetSnapshot returns one snapshot of a volume.
@@ -65,37 +66,40 @@ func (c *Client) DeleteSnapshot(ctx context.Context, volume, name string) error 
 }
 
 // Rollback returns every disk of a volume to a snapshot and returns the
-// volume when done.
-func (c *Client) Rollback(ctx context.Context, volume, snapshot string) (api.Volume, error) {
+// volume when done. While writers are connected to the volume it fails with
+// IsInUse, unless opts hold Force.
+func (c *Client) Rollback(ctx context.Context, volume, snapshot string, opts ...CallOption) (api.Volume, error) {
 	var v api.Volume
 	p, err := segment("volume", volume)
 	if err != nil {
 		return v, err
 	}
-	err = c.do(ctx, http.MethodPost, "/volumes/"+p+"/rollback", nil, api.RollbackSpec{Snapshot: snapshot}, &v)
+	err = c.do(ctx, http.MethodPost, "/volumes/"+p+"/rollback", nil, api.RollbackSpec{Snapshot: snapshot}, &v, opts...)
 	return v, err
 }
 
 // StartRollback starts a rollback as a job and returns at once.
-func (c *Client) StartRollback(ctx context.Context, volume, snapshot string) (api.Job, error) {
+func (c *Client) StartRollback(ctx context.Context, volume, snapshot string, opts ...CallOption) (api.Job, error) {
 	p, err := segment("volume", volume)
 	if err != nil {
 		return api.Job{}, err
 	}
-	return c.startJob(ctx, "/volumes/"+p+"/rollback", api.RollbackSpec{Snapshot: snapshot})
+	return c.startJob(ctx, "/volumes/"+p+"/rollback", api.RollbackSpec{Snapshot: snapshot}, opts...)
 }
 
 // Clone makes one or many volumes from a snapshot or a live volume and
-// returns them when all are made.
-func (c *Client) Clone(ctx context.Context, spec api.CloneSpec) ([]api.Volume, error) {
+// returns them when all are made. A taken name fails with IsConflict before
+// any clone is made, unless opts allow it (as for CreateVolume) and it is a
+// clone of the same source.
+func (c *Client) Clone(ctx context.Context, spec api.CloneSpec, opts ...CallOption) ([]api.Volume, error) {
 	var list api.List[api.Volume]
-	err := c.do(ctx, http.MethodPost, "/clones", nil, spec, &list)
+	err := c.do(ctx, http.MethodPost, "/clones", nil, spec, &list, opts...)
 	return list.Items, err
 }
 
 // StartClone starts a clone as a job and returns at once.
-func (c *Client) StartClone(ctx context.Context, spec api.CloneSpec) (api.Job, error) {
-	return c.startJob(ctx, "/clones", spec)
+func (c *Client) StartClone(ctx context.Context, spec api.CloneSpec, opts ...CallOption) (api.Job, error) {
+	return c.startJob(ctx, "/clones", spec, opts...)
 }
 
 func snapshotPath(volume, snapshot string) (string, error) {

@@ -27,12 +27,12 @@ func (c *Client) ListVolumes(ctx context.Context, selector string) ([]api.Volume
 	return list.Items, err
 }
 
-// CreateVolume creates a volume with its disks. Creating the same spec
-// again returns the existing volume; a different spec under the same name
-// fails with IsConflict.
-func (c *Client) CreateVolume(ctx context.Context, spec api.VolumeSpec) (api.Volume, error) {
+// CreateVolume creates a volume with its disks. A taken name fails with
+// IsConflict, unless opts allow the existing volume (IdempotencyKey,
+// IdempotentCreate) and its spec is the same.
+func (c *Client) CreateVolume(ctx context.Context, spec api.VolumeSpec, opts ...CallOption) (api.Volume, error) {
 	var v api.Volume
-	err := c.do(ctx, http.MethodPost, "/volumes", nil, spec, &v)
+	err := c.do(ctx, http.MethodPost, "/volumes", nil, spec, &v, opts...)
 	return v, err
 }
 
@@ -67,14 +67,16 @@ func (c *Client) DeleteVolume(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/volumes/"+p, nil, nil, nil)
 }
 
-// AddDisk adds a disk to a volume and returns the volume.
-func (c *Client) AddDisk(ctx context.Context, volume string, spec api.DiskSpec) (api.Volume, error) {
+// AddDisk adds a disk to a volume and returns the volume. A disk of that
+// name already there fails with IsConflict, unless opts allow it (as for
+// CreateVolume).
+func (c *Client) AddDisk(ctx context.Context, volume string, spec api.DiskSpec, opts ...CallOption) (api.Volume, error) {
 	var v api.Volume
 	p, err := segment("volume", volume)
 	if err != nil {
 		return v, err
 	}
-	err = c.do(ctx, http.MethodPost, "/volumes/"+p+"/disks", nil, spec, &v)
+	err = c.do(ctx, http.MethodPost, "/volumes/"+p+"/disks", nil, spec, &v, opts...)
 	return v, err
 }
 
@@ -91,14 +93,15 @@ func (c *Client) GrowDisk(ctx context.Context, volume, disk string, size int64) 
 }
 
 // RemoveDisk removes a disk and its image from a volume and returns the
-// volume.
-func (c *Client) RemoveDisk(ctx context.Context, volume, disk string) (api.Volume, error) {
+// volume. While writers are connected to the volume it fails with IsInUse,
+// unless opts hold Force.
+func (c *Client) RemoveDisk(ctx context.Context, volume, disk string, opts ...CallOption) (api.Volume, error) {
 	var v api.Volume
 	p, err := diskPath(volume, disk)
 	if err != nil {
 		return v, err
 	}
-	err = c.do(ctx, http.MethodDelete, p, nil, nil, &v)
+	err = c.do(ctx, http.MethodDelete, p, nil, nil, &v, opts...)
 	return v, err
 }
 

@@ -121,7 +121,8 @@ func (c *controller) createEmpty(ctx context.Context, qc *client.Client, p creat
 	if v, found, err := c.existing(ctx, qc, p, nil); err != nil || found {
 		return v, err
 	}
-	v, err := qc.CreateVolume(ctx, api.VolumeSpec{Name: p.name, Capacity: capacity, Labels: p.labels, Disks: disks, QoS: p.params.QoS})
+	v, err := qc.CreateVolume(ctx, api.VolumeSpec{Name: p.name, Capacity: capacity, Labels: p.labels, Disks: disks, QoS: p.params.QoS},
+		requestKey("volume", p.csiName))
 	if err != nil {
 		if client.IsConflict(err) {
 			return v, fmt.Errorf("volume %q: quiver volume %s exists with another spec: %w", p.csiName, p.name, ErrExists)
@@ -207,7 +208,8 @@ func (c *controller) createFromSource(ctx context.Context, qc *client.Client, p 
 		return v, err
 	}
 	if !found {
-		made, err := qc.Clone(ctx, api.CloneSpec{Source: source, Names: []string{p.name}, Labels: p.labels})
+		made, err := qc.Clone(ctx, api.CloneSpec{Source: source, Names: []string{p.name}, Labels: p.labels},
+			requestKey("volume", p.csiName))
 		switch {
 		case client.IsConflict(err):
 			return v, fmt.Errorf("volume %q: quiver volume %s exists with another spec: %w", p.csiName, p.name, ErrExists)

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/quiverstorage/quiver/internal/client"
 )
 
 // Labels the plugin puts on the quiver volumes it makes.
@@ -186,4 +188,14 @@ func page[T any](items []T, id func(T) string, after string, maxEntries int32) (
 		out = append(out, it)
 	}
 	return out, ""
+}
+
+// requestKey is the idempotency key the plugin sends with a create (quiver
+// refuses a taken name unless the retry carries the key the object was made
+// with): the kind of request and a hash of what names it, the same on every
+// retry and after a restart of the plugin, so CreateVolume, CreateSnapshot
+// and ControllerPublishVolume stay idempotent as CSI requires.
+func requestKey(kind string, names ...string) client.CallOption {
+	sum := sha256.Sum256([]byte(strings.Join(names, "\x00")))
+	return client.IdempotencyKey("csi-" + kind + "-" + hex.EncodeToString(sum[:]))
 }

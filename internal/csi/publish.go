@@ -47,7 +47,11 @@ func (c *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 	if req.GetReadonly() || readOnlyMode(req.GetVolumeCapability().GetAccessMode().GetMode()) {
 		mode = api.ModeReadOnly
 	}
-	a, err := qc.Attach(ctx, name, api.AttachmentSpec{Node: req.GetNodeId(), Mode: mode})
+	// The node's attachment of the same mode is the answer whatever made
+	// it (IdempotentCreate): CSI's own rule for a repeated publish, and it
+	// keeps publications made before requests carried keys.
+	a, err := qc.Attach(ctx, name, api.AttachmentSpec{Node: req.GetNodeId(), Mode: mode},
+		requestKey("publish", name, req.GetNodeId()), client.IdempotentCreate())
 	switch {
 	case client.IsConflict(err):
 		return nil, fmt.Errorf("volume %s is already published to node %s with another mode than %s: %w (%v)",

@@ -61,7 +61,7 @@ func (c *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		return nil, fmt.Errorf("snapshot name %q is taken by snapshot %s of another volume: %w",
 			req.GetName(), snapshotID(other, snap), ErrExists)
 	}
-	s, err = qc.CreateSnapshot(ctx, volume, snap)
+	s, err = qc.CreateSnapshot(ctx, volume, snap, requestKey("snapshot", req.GetName(), volume))
 	switch {
 	case client.IsConflict(err):
 		return nil, fmt.Errorf("snapshot %s: %w (%v)", snapshotID(volume, snap), ErrExists, err)

@@ -3,6 +3,9 @@ package nbd
 import (
 	"bytes"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/client"
 	"github.com/quiverstorage/quiver/internal/metrics"
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 // attachToken creates an attachment of the test volume and returns its ID and
@@ -226,4 +230,39 @@ func TestTokensAreNotEchoed(t *testing.T) {
 		}
 		_ = c.nc.Close()
 	}
+}
+
+// TestTokenlessQemuImgCannotFenceAnAttachment: the tour's own
+// `qemu-img convert -n ... nbd://127.0.0.1:10809/<volume>/<disk>`, run while
+// a node's explicit rw attachment writes the volume, must not take the
+// writer role from it (issue 14: it fenced the node, whose writes then
+// failed with EPERM). The tokenless connection is read-only: qemu-img fails
+// and writes nothing, and the node keeps writing at the same epoch.
+func TestTokenlessQemuImgCannotFenceAnAttachment(t *testing.T) {
+	testfs.RequireTool(t, "qemu-img")
+	e := newEnv(t, Config{}, nil)
+	id, tok := e.attachToken("node-a", "rw")
+	node := e.connect(t, hsOpts{export: exportRoot + "/" + tok, structured: true})
+	if rep := node.do(writeReq(0, pattern(20, 0, 4096))); rep.errno != 0 {
+		t.Fatalf("node write: errno %d", rep.errno)
+	}
+	e.wrote("root", 0, pattern(20, 0, 4096))
+	img := filepath.Join(t.TempDir(), "debian.img")
+	if err := os.WriteFile(img, pattern(21, 0, rootSize), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(t.Context(), "qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", img,
+		"nbd://"+e.addr+"/"+exportRoot).CombinedOutput()
+	if err == nil {
+		t.Fatalf("qemu-img convert to a volume with an rw attachment succeeded without its token:\n%s", out)
+	}
+	t.Logf("qemu-img convert without the token: %v: %s", err, bytes.TrimSpace(out))
+	if rep := node.do(writeReq(4096, pattern(22, 4096, 4096))); rep.errno != 0 {
+		t.Fatalf("the node's write after the tokenless convert: errno %d, want success", rep.errno)
+	}
+	e.wrote("root", 4096, pattern(22, 4096, 4096))
+	if w := e.vol.Writer(); w.Writer != id || w.Epoch != 1 {
+		t.Errorf("writer %+v, want %s at epoch 1", w, id)
+	}
+	e.checkDisk(t, "root", "after the tokenless convert: ")
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
+	"syscall"
 
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -20,6 +22,11 @@ type negotiation struct {
 	noZeroes   bool
 	structured bool
 	baseAlloc  bool // base:allocation selected by NBD_OPT_SET_META_CONTEXT
+
+	// options counts the options answered; budget is how many the client
+	// may send: maxOptions, plus optionsPerExport per export in the
+	// longest NBD_OPT_LIST answer (listed).
+	options, budget, listed int
 }
 
 // negotiate runs the fixed newstyle handshake ("Fixed newstyle
@@ -45,14 +52,49 @@ func (c *conn) negotiate(ctx context.Context) error {
 	if clientFlags&^uint32(clientFlagFixedNewstyle|clientFlagNoZeroes) != 0 {
 		return fmt.Errorf("unknown client flags %#x", clientFlags)
 	}
-	n := &negotiation{c: c, noZeroes: clientFlags&clientFlagNoZeroes != 0}
-	for range maxOptions {
+	n := &negotiation{c: c, noZeroes: clientFlags&clientFlagNoZeroes != 0, budget: maxOptions}
+	for ; n.options < n.budget; n.options++ {
 		done, err := n.option(ctx)
 		if err != nil || done {
-			return err
+			return n.ended(err)
 		}
 	}
-	return fmt.Errorf("more than %d options", maxOptions)
+	return n.ended(fmt.Errorf("%w: %d options (%d allowed after listing %d exports)",
+		errTooManyOptions, n.options, n.budget, n.listed))
+}
+
+// errTooManyOptions ends a negotiation that went on for more options than
+// its budget.
+var errTooManyOptions = errors.New("too many options")
+
+// optionsPerExport is how many options a client may send per export it was
+// listed, on top of maxOptions: nbdinfo --list sends NBD_OPT_INFO and
+// NBD_OPT_LIST_META_CONTEXT for each (two), a client that also sets a meta
+// context or asks twice has room to spare. The bound keeps a client from
+// negotiating forever; it grows only with NBD_OPT_LIST's answer, and asking
+// for the list again does not add to it.
+const optionsPerExport = 8
+
+// ended logs why a negotiation that did not reach transmission closes the
+// connection (a client's abort or hang-up at Debug, anything the server
+// decided or a timeout at Info) and returns err.
+func (n *negotiation) ended(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ne net.Error
+	switch {
+	case errors.Is(err, errAbort):
+		n.c.log.Debug("negotiation ended: client sent NBD_OPT_ABORT", "options", n.options)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		n.c.log.Debug("negotiation ended: client hung up", "options", n.options, "err", err)
+	case errors.As(err, &ne) && ne.Timeout():
+		n.c.log.Info("closing NBD connection: negotiation timed out", "options", n.options, "err", err)
+	default:
+		n.c.log.Info("closing NBD connection during negotiation", "options", n.options, "err", err)
+	}
+	return err
 }
 
 // option reads and answers one option; done is true once the connection
@@ -168,6 +210,10 @@ func (n *negotiation) list(ctx context.Context, data []byte) error {
 		if err := n.reply(optList, repServer, b); err != nil {
 			return err
 		}
+	}
+	if len(exports) > n.listed {
+		n.listed = len(exports)
+		n.budget = maxOptions + optionsPerExport*n.listed
 	}
 	return n.reply(optList, repAck, nil)
 }

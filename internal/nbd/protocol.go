@@ -140,7 +140,7 @@ const (
 	preferredBlockSize = 4096
 	maxPayload         = 32 << 20 // largest READ or WRITE
 	maxOptionLength    = 64 << 10 // longest option payload read during negotiation
-	maxOptions         = 256      // options per connection before it is dropped
+	maxOptions         = 256      // options per connection before it is dropped (more per export listed: handshake.go)
 	maxStringLength    = 4096     // export names and other strings
 	maxExtents         = 1 << 16  // descriptors in one BLOCK_STATUS reply
 	baseAllocationID   = 1        // our context id for base:allocation

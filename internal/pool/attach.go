@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -36,7 +37,12 @@ import (
 // for the gate when the epoch changes is refused.
 //
 // Transfer gives the role to a chosen attachment and fences every other
-// existing one. Attachments created later are newer and may still claim.
+// existing rw one. Attachments created later are newer and may still claim.
+// Read-only attachments are never fenced: they never write.
+//
+// While an explicit rw attachment exists, tokenless connections are
+// read-only (opened ro, or refused with ErrReadOnly if opened before): a
+// tool run by hand on the storage node must not take the role from a node.
 //
 // attachments.json in the volume directory holds the epoch, the writer and
 // the explicit attachments, written atomically before a change takes effect,
@@ -59,8 +65,18 @@ var ErrFenced = errors.New("fenced: another attachment holds the writer role")
 // ErrUnauthorized refuses a missing or unknown attachment token.
 var ErrUnauthorized = errors.New("missing or unknown attachment token")
 
-// ErrInUse refuses to delete a volume that still has attachments.
-var ErrInUse = errors.New("volume has attachments")
+// ErrInUse refuses to delete a volume that still has attachments, and a
+// destructive operation (rollback, disk removal) on a volume that has
+// connected writers, unless forced.
+var ErrInUse = errors.New("in use")
+
+// Attachment states, as AttachmentInfo.State reports them.
+const (
+	StateWriter   = "writer"    // holds the writer role
+	StateStandby  = "standby"   // may write: its first write claims the role
+	StateFenced   = "fenced"    // lost the role: its writes are refused
+	StateReadOnly = "read-only" // never writes: an ro attachment, or a tokenless connection while an explicit rw attachment exists
+)
 
 const attachmentsFile = "attachments.json"
 
@@ -83,6 +99,8 @@ type attachRecord struct {
 	Seq       uint64    `json:"seq"`
 	Fenced    bool      `json:"fenced,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
+	// IdempotencyKey is the key of the request that made the attachment.
+	IdempotencyKey string `json:"idempotencyKey,omitempty"`
 }
 
 // Attachment is one node's access to a volume. Its handles' writes obey the
@@ -96,6 +114,7 @@ type Attachment struct {
 	seq      uint64
 	implicit bool
 	created  time.Time
+	idemKey  string // the key of the request that made it
 
 	// fenced and detached change under the gate held exclusively (an
 	// implicit attachment ends when its last handle closes, with no writes
@@ -116,6 +135,7 @@ type AttachmentInfo struct {
 	Implicit  bool
 	Writer    bool
 	Fenced    bool
+	State     string // StateWriter, StateStandby, StateFenced or StateReadOnly
 	Conns     int
 	CreatedAt time.Time
 }
@@ -158,7 +178,7 @@ func (a *Attachment) group() string {
 
 func (a *Attachment) record() attachRecord {
 	return attachRecord{ID: a.id, Node: a.node, Mode: a.mode, Token: a.token, Seq: a.seq,
-		Fenced: a.fenced.Load(), CreatedAt: a.created}
+		Fenced: a.fenced.Load(), CreatedAt: a.created, IdempotencyKey: a.idemKey}
 }
 
 func newToken() string {
@@ -170,6 +190,7 @@ func newToken() string {
 // loadAttachments reads attachments.json (absent: none yet).
 func (v *Volume) loadAttachments() error {
 	v.att = attachTable{byID: map[string]*Attachment{}, nextSeq: 1}
+	v.explicitRW.Store(0)
 	var st attachState
 	err := durable.ReadJSON(filepath.Join(v.dir, attachmentsFile), &st)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -181,9 +202,12 @@ func (v *Volume) loadAttachments() error {
 	v.att.epoch, v.att.writer, v.att.writerSeq, v.att.nextSeq = st.Epoch, st.Writer, st.WriterSeq, max(st.NextSeq, 1)
 	for _, r := range st.Attachments {
 		a := &Attachment{v: v, id: r.ID, node: r.Node, mode: r.Mode, token: r.Token, seq: r.Seq,
-			created: r.CreatedAt, done: make(chan struct{})}
-		a.fenced.Store(r.Fenced)
+			created: r.CreatedAt, idemKey: r.IdempotencyKey, done: make(chan struct{})}
+		a.fenced.Store(r.Fenced && r.Mode != ModeReadOnly)
 		v.att.byID[a.id] = a
+		if a.mode == ModeReadWrite {
+			v.explicitRW.Add(1)
+		}
 		v.att.nextSeq = max(v.att.nextSeq, r.Seq+1)
 	}
 	return nil
@@ -222,12 +246,21 @@ func validateMode(mode string) (string, error) {
 	return "", invalid("mode", mode, `must be "rw" or "ro"`)
 }
 
-// Attach creates an attachment of the volume for node, durable on return,
-// and returns it with its token. Attaching the same node with the same mode
-// again returns the existing attachment (created false); another mode fails
-// with ErrExists.
+// Attach creates an attachment of the volume for node; a node already
+// attached fails with ErrExists. See AttachWith.
 func (v *Volume) Attach(node, mode string) (AttachmentInfo, bool, error) {
+	return v.AttachWith(node, mode, Idempotency{})
+}
+
+// AttachWith creates an attachment of the volume for node, durable on
+// return, and returns it with its token. A node already attached fails with
+// ErrExists, unless idem allows its attachment and the mode is the same:
+// then that attachment is returned (created false) with its token.
+func (v *Volume) AttachWith(node, mode string, idem Idempotency) (AttachmentInfo, bool, error) {
 	if err := ValidateNodeName(node); err != nil {
+		return AttachmentInfo{}, false, err
+	}
+	if err := ValidateIdempotencyKey("idempotency key", idem.Key); err != nil {
 		return AttachmentInfo{}, false, err
 	}
 	mode, err := validateMode(mode)
@@ -250,7 +283,10 @@ func (v *Volume) Attach(node, mode string) (AttachmentInfo, bool, error) {
 		explicit++
 		if a.node == node {
 			if a.mode != mode {
-				return AttachmentInfo{}, false, fmt.Errorf("node %q is attached to volume %q with mode %s: %w", node, v.name, a.mode, ErrExists)
+				return AttachmentInfo{}, false, fmt.Errorf("node %q is already attached to volume %q with mode %s (attachment %s); detach it first: %w", node, v.name, a.mode, a.id, ErrExists)
+			}
+			if !idem.allows(a.idemKey) {
+				return AttachmentInfo{}, false, fmt.Errorf("node %q is already attached to volume %q (attachment %s); use its token, or detach it first: %w", node, v.name, a.id, ErrExists)
 			}
 			info := v.attachmentInfo(a)
 			info.Token = a.token
@@ -261,7 +297,7 @@ func (v *Volume) Attach(node, mode string) (AttachmentInfo, bool, error) {
 		return AttachmentInfo{}, false, invalid("node", node, fmt.Sprintf("volume already has %d attachments, the maximum; detach one first", MaxAttachments))
 	}
 	a := &Attachment{v: v, id: "att-" + newUID()[:16], node: node, mode: mode, token: newToken(),
-		seq: v.att.nextSeq, created: time.Now().UTC(), done: make(chan struct{})}
+		seq: v.att.nextSeq, created: time.Now().UTC(), idemKey: idem.Key, done: make(chan struct{})}
 	// Only nextSeq and byID change: the writer fields are read under the
 	// gate alone.
 	next := v.att
@@ -272,14 +308,19 @@ func (v *Volume) Attach(node, mode string) (AttachmentInfo, bool, error) {
 		return AttachmentInfo{}, false, err
 	}
 	v.att.nextSeq, v.att.byID = next.nextSeq, next.byID
+	if a.mode == ModeReadWrite {
+		v.explicitRW.Add(1)
+	}
 	info := v.attachmentInfo(a)
 	info.Token = a.token
 	return info, true, nil
 }
 
 // OpenImplicit opens a disk for one tokenless connection through an
-// implicit attachment of its own: rw, in the implicit writer group, gone
-// when the handle closes.
+// implicit attachment of its own, in the implicit writer group, gone when
+// the handle closes. It is rw, unless the volume has an explicit rw
+// attachment: then it is read-only, so a tool run by hand on the storage
+// node cannot take the writer role from a node's VM.
 func (v *Volume) OpenImplicit(peer, disk string) (Disk, *Attachment, error) {
 	a, err := v.attachImplicit(peer)
 	if err != nil {
@@ -306,7 +347,13 @@ func (v *Volume) attachImplicit(peer string) (*Attachment, error) {
 	if len(v.att.byID) >= MaxImplicitAttachments {
 		return nil, fmt.Errorf("volume %q already has %d connections, the maximum: %w", v.name, MaxImplicitAttachments, ErrBusy)
 	}
-	a := &Attachment{v: v, id: "implicit-" + newUID()[:12], node: peer, mode: ModeReadWrite,
+	mode := ModeReadWrite
+	if v.explicitRW.Load() > 0 {
+		mode = ModeReadOnly
+		v.pool.log.Info("tokenless connection is read-only: the volume has an rw attachment; connect with its token to write",
+			"volume", v.name, "peer", peer)
+	}
+	a := &Attachment{v: v, id: "implicit-" + newUID()[:12], node: peer, mode: mode,
 		seq: v.att.nextSeq, implicit: true, created: time.Now().UTC(), done: make(chan struct{})}
 	v.att.nextSeq++
 	v.att.byID[a.id] = a
@@ -358,9 +405,20 @@ func (v *Volume) Attachment(id string) (AttachmentInfo, error) {
 
 // attachmentInfo (amu held).
 func (v *Volume) attachmentInfo(a *Attachment) AttachmentInfo {
-	return AttachmentInfo{ID: a.id, Volume: v.name, Node: a.node, Mode: a.mode, Implicit: a.implicit,
-		Writer: v.att.writer != "" && v.att.writer == a.group() && !a.fenced.Load(), Fenced: a.fenced.Load(),
-		Conns: int(a.conns.Load()), CreatedAt: a.created}
+	info := AttachmentInfo{ID: a.id, Volume: v.name, Node: a.node, Mode: a.mode, Implicit: a.implicit,
+		Writer: a.mode == ModeReadWrite && v.att.writer != "" && v.att.writer == a.group() && !a.fenced.Load(),
+		Fenced: a.mode == ModeReadWrite && a.fenced.Load(), Conns: int(a.conns.Load()), CreatedAt: a.created}
+	switch {
+	case a.mode == ModeReadOnly, a.implicit && v.explicitRW.Load() > 0:
+		info.State = StateReadOnly
+	case info.Fenced:
+		info.State = StateFenced
+	case info.Writer:
+		info.State = StateWriter
+	default:
+		info.State = StateStandby
+	}
+	return info
 }
 
 // Writer returns the volume's single-writer state.
@@ -391,6 +449,9 @@ func (v *Volume) Detach(id string) error {
 		}
 	}
 	v.att = next
+	if !a.implicit && a.mode == ModeReadWrite {
+		v.explicitRW.Add(-1)
+	}
 	if !a.detached.Swap(true) {
 		close(a.done)
 	}
@@ -413,7 +474,7 @@ func (v *Volume) Transfer(id string) (AttachmentInfo, error) {
 	}
 	fence := map[string]bool{a.id: false}
 	for _, o := range v.att.byID {
-		if o.group() != a.group() {
+		if o.group() != a.group() && o.mode == ModeReadWrite {
 			fence[o.id] = true
 		}
 	}
@@ -457,6 +518,9 @@ func (a *Attachment) mayWrite(df *diskFile) error {
 	if a.detached.Load() {
 		return fmt.Errorf("attachment %s was detached: %w", a.id, ErrFenced)
 	}
+	if a.implicit && a.v.explicitRW.Load() > 0 {
+		return a.implicitReadOnlyError()
+	}
 	if df.shared {
 		return nil
 	}
@@ -467,6 +531,13 @@ func (a *Attachment) mayWrite(df *diskFile) error {
 		return nil
 	}
 	return errMustClaim
+}
+
+// implicitReadOnlyError refuses a tokenless connection's write while the
+// volume has an explicit rw attachment.
+func (a *Attachment) implicitReadOnlyError() error {
+	return fmt.Errorf("volume %q has an rw attachment, so connections without its token are read-only "+
+		"(connect with the attachment's token: quiver attach list %s): %w", a.v.name, a.v.name, ErrReadOnly)
 }
 
 func (a *Attachment) fencedError() error {
@@ -484,6 +555,8 @@ func (a *Attachment) claim() error {
 	switch {
 	case a.detached.Load():
 		return fmt.Errorf("attachment %s was detached: %w", a.id, ErrFenced)
+	case a.implicit && v.explicitRW.Load() > 0:
+		return a.implicitReadOnlyError()
 	case a.fenced.Load():
 		return a.fencedError()
 	case v.att.writer == a.group():
@@ -497,7 +570,7 @@ func (a *Attachment) claim() error {
 	}
 	fence := map[string]bool{}
 	for _, o := range v.att.byID {
-		if o.group() != a.group() && o.seq < a.seq {
+		if o.group() != a.group() && o.seq < a.seq && o.mode == ModeReadWrite {
 			fence[o.id] = true
 		}
 	}
@@ -559,4 +632,29 @@ func (v *Volume) detachAllLocked() {
 		}
 		delete(v.att.byID, id)
 	}
+	v.explicitRW.Store(0)
+}
+
+// CheckWriters refuses, with ErrInUse, an operation that changes the disks
+// under the volume's connected writers: rw attachments (explicit or
+// implicit, fenced ones too: their VM may still run) with open handles.
+// op names the operation in the message.
+func (v *Volume) CheckWriters(op string) error {
+	v.amu.Lock()
+	defer v.amu.Unlock()
+	var who []string
+	for _, a := range v.att.byID {
+		if a.mode != ModeReadWrite || a.detached.Load() {
+			continue
+		}
+		if n := a.conns.Load(); n > 0 {
+			who = append(who, fmt.Sprintf("%s on %s: %d connection(s)", a.id, a.node, n))
+		}
+	}
+	if len(who) == 0 {
+		return nil
+	}
+	slices.Sort(who)
+	return fmt.Errorf("%s of volume %q would change the disks under its connected writers (%s): stop them first "+
+		"(quiver attach list %s), or force it if they are gone: %w", op, v.name, strings.Join(who, "; "), v.name, ErrInUse)
 }

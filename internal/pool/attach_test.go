@@ -2,9 +2,11 @@ package pool
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -67,18 +69,19 @@ func readBack(t *testing.T, d Disk, off int64, n int) []byte {
 
 func pattern(b byte, n int) []byte { return bytes.Repeat([]byte{b}, n) }
 
-func TestAttachIsIdempotentByNode(t *testing.T) {
+func TestAttachIsIdempotentByNodeAndKey(t *testing.T) {
 	p := openTestPool(t, t.TempDir())
 	v := attachVM(t, p)
-	a, created, err := v.Attach("node-a", "")
+	key := Idempotency{Key: "publish-node-a"}
+	a, created, err := v.AttachWith("node-a", "", key)
 	if err != nil || !created || a.Mode != ModeReadWrite || len(a.Token) != 64 {
 		t.Fatalf("attach: %+v created=%v err=%v", a, created, err)
 	}
-	again, created, err := v.Attach("node-a", "rw")
+	again, created, err := v.AttachWith("node-a", "rw", key)
 	if err != nil || created || again.ID != a.ID || again.Token != a.Token {
 		t.Fatalf("attach again: %+v created=%v err=%v", again, created, err)
 	}
-	if _, _, err := v.Attach("node-a", "ro"); !errors.Is(err, ErrExists) {
+	if _, _, err := v.AttachWith("node-a", "ro", key); !errors.Is(err, ErrExists) {
 		t.Fatalf("other mode: %v, want ErrExists", err)
 	}
 	for _, bad := range [][2]string{{"", "rw"}, {"Node_A", "rw"}, {"node-b", "rx"}, {"../x", "rw"}} {
@@ -307,9 +310,12 @@ func TestTransferFencesEveryOther(t *testing.T) {
 	}
 }
 
-// TestImplicitConnectionsShareTheRole: tokenless connections write together,
-// an explicit attachment fences them, and a later tokenless connection can
-// take the role back.
+// TestImplicitConnectionsShareTheRole: tokenless connections write together;
+// once an explicit rw attachment exists they are read-only, whether they
+// connected before it (their writes are refused) or after (their handles
+// are read-only), and never take the writer role from it (issue 14: the
+// tour's qemu-img convert fenced a node's attachment). With the explicit
+// attachment gone, a tokenless connection writes again.
 func TestImplicitConnectionsShareTheRole(t *testing.T) {
 	p := openTestPool(t, t.TempDir())
 	v := attachVM(t, p)
@@ -324,17 +330,52 @@ func TestImplicitConnectionsShareTheRole(t *testing.T) {
 		t.Fatalf("writer %+v", w)
 	}
 	x := mustAttach(t, v, "x", "rw")
-	if err := mustOpen(t, x, "root").WriteAt(pattern(5, 512), 0, false); err != nil {
+	// Read-only as soon as x exists, before x writes.
+	if err := d2.WriteAt(pattern(6, 512), 0, false); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("implicit write while an rw attachment exists: %v, want ErrReadOnly", err)
+	}
+	xd := mustOpen(t, x, "root")
+	if err := xd.WriteAt(pattern(5, 512), 0, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := d2.WriteAt(pattern(6, 512), 0, false); !errors.Is(err, ErrFenced) {
-		t.Fatalf("older implicit write: %v", err)
+	later := mustOpenImplicit(t, v, "127.0.0.1:3")
+	if !later.ReadOnly() {
+		t.Errorf("a tokenless connection made while an rw attachment exists is not read-only")
 	}
-	if err := mustOpenImplicit(t, v, "127.0.0.1:3").WriteAt(pattern(7, 512), 0, false); err != nil {
-		t.Fatalf("newer implicit write: %v", err)
+	for i, d := range []Disk{later, d1} {
+		if err := d.WriteAt(pattern(7, 512), 0, false); !errors.Is(err, ErrReadOnly) {
+			t.Fatalf("implicit write %d after the explicit attachment wrote: %v, want ErrReadOnly", i, err)
+		}
+		if err := d.Zero(0, 512, false, false, false); !errors.Is(err, ErrReadOnly) {
+			t.Fatalf("implicit zero %d: %v, want ErrReadOnly", i, err)
+		}
 	}
-	if err := d1.WriteAt(pattern(8, 512), 0, false); !errors.Is(err, ErrFenced) {
-		t.Fatalf("implicit connection fenced earlier wrote: %v", err)
+	if err := xd.WriteAt(pattern(8, 512), 0, false); err != nil {
+		t.Fatalf("the attachment's write after tokenless writes were tried: %v", err)
+	}
+	if got := readBack(t, later, 0, 512); !bytes.Equal(got, pattern(8, 512)) {
+		t.Fatalf("the disk holds %x..., want the attachment's write", got[:4])
+	}
+	if w := v.Writer(); w.Epoch != 2 || w.Writer != x.ID() {
+		t.Fatalf("writer %+v, want %s at epoch 2", w, x.ID())
+	}
+	states := map[string]string{}
+	for _, a := range v.Attachments() {
+		states[a.ID] = a.State
+	}
+	if states[x.ID()] != StateWriter {
+		t.Errorf("attachment x: state %q, want writer (%v)", states[x.ID()], states)
+	}
+	for id, st := range states {
+		if id != x.ID() && st != StateReadOnly {
+			t.Errorf("implicit %s: state %q, want read-only", id, st)
+		}
+	}
+	if err := v.Detach(x.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if err := mustOpenImplicit(t, v, "127.0.0.1:4").WriteAt(pattern(9, 512), 0, false); err != nil {
+		t.Fatalf("tokenless write once the attachment is gone: %v", err)
 	}
 	// An implicit attachment ends with its last handle.
 	n := len(v.Attachments())
@@ -487,5 +528,131 @@ func TestAttachmentsFileIsPrivate(t *testing.T) {
 	}
 	if st.Mode().Perm() != 0o600 {
 		t.Fatalf("attachments.json mode %v, want 0600", st.Mode().Perm())
+	}
+}
+
+// TestReadOnlyAttachmentIsNeverFenced: an ro attachment reads through every
+// move of the writer role, and shows as read-only, never fenced (issue 14:
+// it was listed as fenced although it read fine).
+func TestReadOnlyAttachmentIsNeverFenced(t *testing.T) {
+	p := openTestPool(t, t.TempDir())
+	v := attachVM(t, p)
+	backup := mustAttach(t, v, "backup", ModeReadOnly)
+	bd := mustOpen(t, backup, "root")
+	a := mustAttach(t, v, "a", ModeReadWrite)
+	if err := mustOpen(t, a, "root").WriteAt(pattern(1, 512), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	b := mustAttach(t, v, "b", ModeReadWrite)
+	if _, err := v.Transfer(b.ID()); err != nil {
+		t.Fatal(err)
+	}
+	info, err := v.Attachment(backup.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Fenced || info.Writer || info.State != StateReadOnly {
+		t.Errorf("ro attachment after two moves of the role: %+v, want read-only, not fenced", info)
+	}
+	if got := readBack(t, bd, 0, 512); !bytes.Equal(got, pattern(1, 512)) {
+		t.Errorf("ro attachment reads %x..., want the data", got[:4])
+	}
+	p.Close()
+	p = openTestPool(t, p.Dir())
+	v, _ = p.Volume("vm")
+	if info, _ := v.Attachment(backup.ID()); info.Fenced || info.State != StateReadOnly {
+		t.Errorf("ro attachment after a restart: %+v", info)
+	}
+}
+
+// TestDestructiveOpsRefuseConnectedWriters: rollback and disk removal fail
+// with ErrInUse, changing nothing, while an rw attachment (explicit or
+// tokenless) has an open handle, fenced or not; a read-only connection does
+// not count; force goes ahead; with the handles closed no force is needed.
+func TestDestructiveOpsRefuseConnectedWriters(t *testing.T) {
+	ctx := context.Background()
+	ops := []struct {
+		name string
+		run  func(v *Volume, force bool) error
+		done func(v *Volume) bool
+	}{
+		{"rollback", func(v *Volume, force bool) error {
+			_, err := v.RollbackWith(ctx, "s", force, nil)
+			return err
+		}, func(v *Volume) bool {
+			d, err := v.OpenDisk("root")
+			if err != nil {
+				return false
+			}
+			defer d.Close()
+			b := make([]byte, 512)
+			return d.ReadAt(b, 0) == nil && bytes.Equal(b, pattern(1, 512))
+		}},
+		{"remove disk", func(v *Volume, force bool) error {
+			_, err := v.RemoveDiskWith(ctx, "data", force)
+			return err
+		}, func(v *Volume) bool {
+			m := v.manifest()
+			_, ok := m.disk("data")
+			return !ok
+		}},
+	}
+	writers := []struct {
+		name string
+		open func(t *testing.T, v *Volume) (close func())
+	}{
+		{"explicit writer", func(t *testing.T, v *Volume) func() {
+			d := mustOpen(t, mustAttach(t, v, "node-a", ModeReadWrite), "root")
+			return func() { _ = d.Close() }
+		}},
+		{"fenced attachment", func(t *testing.T, v *Volume) func() {
+			old := mustAttach(t, v, "node-a", ModeReadWrite)
+			d := mustOpen(t, old, "root")
+			if err := d.WriteAt(pattern(3, 512), 512, false); err != nil {
+				t.Fatal(err)
+			}
+			if err := mustOpen(t, mustAttach(t, v, "node-b", ModeReadWrite), "data").WriteAt(pattern(3, 512), 0, false); err != nil {
+				t.Fatal(err)
+			}
+			return func() { _ = d.Close() }
+		}},
+		{"tokenless", func(t *testing.T, v *Volume) func() {
+			d := mustOpenImplicit(t, v, "127.0.0.1:9")
+			return func() { _ = d.Close() }
+		}},
+	}
+	for _, op := range ops {
+		for _, w := range writers {
+			t.Run(op.name+"/"+w.name, func(t *testing.T) {
+				p := openTestPool(t, t.TempDir())
+				v := attachVM(t, p)
+				writeDisk(t, v, "root", 0, pattern(1, 512))
+				if _, _, err := v.CreateSnapshot(ctx, "s", nil); err != nil {
+					t.Fatal(err)
+				}
+				writeDisk(t, v, "root", 0, pattern(2, 512))
+				closeWriter := w.open(t, v)
+				mustOpen(t, mustAttach(t, v, "reader", ModeReadOnly), "root") // never counts
+				err := op.run(v, false)
+				if !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), "force") {
+					t.Fatalf("with a connected writer: %v, want ErrInUse saying how to force it", err)
+				}
+				if op.done(v) {
+					t.Fatalf("refused, but done anyway")
+				}
+				closeWriter()
+				if w.name == "explicit writer" {
+					// Closed: nothing is connected, no force needed.
+					if err := op.run(v, false); err != nil {
+						t.Fatalf("with the writer gone: %v", err)
+					}
+				} else if err := op.run(v, true); err != nil {
+					t.Fatalf("forced: %v", err)
+				}
+				if !op.done(v) {
+					t.Fatalf("not done")
+				}
+			})
+		}
 	}
 }

@@ -28,6 +28,9 @@ type CloneRequest struct {
 	Source Source
 	Names  []string
 	Labels map[string]string // added to the source volume's labels
+	// Idempotency says when an existing clone of the same source is the
+	// answer; its Key is stored with every clone made.
+	Idempotency Idempotency
 }
 
 func validateClone(req CloneRequest) error {
@@ -59,6 +62,9 @@ func validateClone(req CloneRequest) error {
 		}
 		seen[n] = true
 	}
+	if err := ValidateIdempotencyKey("idempotency key", req.Idempotency.Key); err != nil {
+		return err
+	}
 	return ValidateLabels("labels", req.Labels)
 }
 
@@ -66,8 +72,9 @@ func validateClone(req CloneRequest) error {
 // thin (reflinked) where the filesystem allows, and independent of the source
 // afterwards. Each clone becomes visible atomically and is durable when it is
 // reported done; after a crash, the clones reported done exist and no other
-// is visible. It is idempotent: a name that already exists as a clone of the
-// same source counts as made; one that exists otherwise fails with ErrExists.
+// is visible. A name that is taken fails with ErrExists before any work,
+// unless req.Idempotency allows it and it is a clone of the same source:
+// then it counts as made.
 func (p *Pool) Clone(ctx context.Context, req CloneRequest, prog Progress) ([]VolumeInfo, error) {
 	h, err := p.HoldClone(req)
 	if err != nil {
@@ -98,6 +105,12 @@ func (p *Pool) HoldClone(req CloneRequest) (*CloneHold, error) {
 	src, err := p.Volume(req.Source.Volume)
 	if err != nil {
 		return nil, err
+	}
+	// Refuse early, before any work, when a name is taken by something else.
+	for _, n := range req.Names {
+		if err := p.checkCloneTarget(n, req.Source, req.Idempotency); err != nil && !errors.Is(err, errCloneExists) {
+			return nil, err
+		}
 	}
 	unlock, err := src.rlockOps("clone")
 	if err != nil {
@@ -167,7 +180,7 @@ func (h *CloneHold) Clone(ctx context.Context, prog Progress) ([]VolumeInfo, err
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			info, err := p.cloneOne(gctx, name, req.Source, from, disks, capacity, labels, prog)
+			info, err := p.cloneOne(gctx, name, req.Source, req.Idempotency, from, disks, capacity, labels, prog)
 			if err != nil {
 				return fmt.Errorf("clone %s: %w", name, err)
 			}
@@ -185,8 +198,9 @@ func (h *CloneHold) Clone(ctx context.Context, prog Progress) ([]VolumeInfo, err
 var errCloneExists = errors.New("clone exists")
 
 // checkCloneTarget returns nil when name is free, errCloneExists when it is
-// already a clone of src, and ErrExists otherwise.
-func (p *Pool) checkCloneTarget(name string, src Source) error {
+// already a clone of src that idem allows as the answer, and ErrExists
+// otherwise.
+func (p *Pool) checkCloneTarget(name string, src Source, idem Idempotency) error {
 	v, err := p.Volume(name)
 	if errors.Is(err, ErrVolumeNotFound) {
 		return nil
@@ -194,10 +208,15 @@ func (p *Pool) checkCloneTarget(name string, src Source) error {
 	if err != nil {
 		return err
 	}
-	if m := v.manifest(); m.Source != nil && *m.Source == src {
+	m := v.manifest()
+	same := m.Source != nil && *m.Source == src
+	if same && idem.allows(m.IdempotencyKey) {
 		return errCloneExists
 	}
-	return fmt.Errorf("volume %q exists and is not a clone of %s: %w", name, src, ErrExists)
+	if !same {
+		return fmt.Errorf("volume %q already exists and is not a clone of %s; pick another name, or delete it first: %w", name, src, ErrExists)
+	}
+	return idem.existsError(fmt.Sprintf("volume %q", name), true)
 }
 
 func (s Source) String() string {
@@ -208,9 +227,9 @@ func (s Source) String() string {
 }
 
 // cloneOne makes one clone; the caller has reserved its name.
-func (p *Pool) cloneOne(ctx context.Context, name string, src Source, from string, disks []DiskSpec,
+func (p *Pool) cloneOne(ctx context.Context, name string, src Source, idem Idempotency, from string, disks []DiskSpec,
 	capacity int64, labels map[string]string, prog Progress) (VolumeInfo, error) {
-	switch err := p.checkCloneTarget(name, src); {
+	switch err := p.checkCloneTarget(name, src, idem); {
 	case errors.Is(err, errCloneExists):
 		v, err := p.Volume(name)
 		if err != nil {
@@ -226,7 +245,7 @@ func (p *Pool) cloneOne(ctx context.Context, name string, src Source, from strin
 	}
 	s := src
 	m := volumeManifest{Kind: "Volume", Version: manifestVersion, Name: name, UID: newUID(), Capacity: capacity,
-		Labels: maps.Clone(labels), Disks: disks, Source: &s, CreatedAt: time.Now().UTC()}
+		Labels: maps.Clone(labels), Disks: disks, Source: &s, CreatedAt: time.Now().UTC(), IdempotencyKey: idem.Key}
 	err = p.stageVolume(staged, m, func(disksDir string) error {
 		return p.copyImages(ctx, disksDir, from, disks, prog)
 	})
@@ -317,7 +336,7 @@ func (p *Pool) CheckClone(req CloneRequest) error {
 		}
 	}
 	for _, n := range req.Names {
-		if err := p.checkCloneTarget(n, req.Source); err != nil && !errors.Is(err, errCloneExists) {
+		if err := p.checkCloneTarget(n, req.Source, req.Idempotency); err != nil && !errors.Is(err, errCloneExists) {
 			return err
 		}
 	}

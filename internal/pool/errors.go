@@ -12,7 +12,7 @@ var (
 	ErrDiskNotFound       = errors.New("disk not found")
 	ErrSnapshotNotFound   = errors.New("snapshot not found")
 	ErrAttachmentNotFound = errors.New("attachment not found")
-	ErrExists             = errors.New("already exists with a different spec")
+	ErrExists             = errors.New("already exists")
 	ErrBusy               = errors.New("busy with another operation")
 	ErrCapacity           = errors.New("capacity exceeded")
 	ErrNoSpace            = errors.New("no space left in pool")

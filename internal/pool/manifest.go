@@ -24,6 +24,8 @@ type VolumeSpec struct {
 	Labels   map[string]string
 	Disks    []DiskSpec
 	QoS      qos.Limits // zero: unlimited
+	// Idempotency says when an existing volume of that name is the answer.
+	Idempotency Idempotency
 }
 
 // Source records what a volume was cloned from.
@@ -47,6 +49,10 @@ type volumeManifest struct {
 	Source    *Source           `json:"source,omitempty"`
 	QoS       *qos.Limits       `json:"qos,omitempty"`
 	CreatedAt time.Time         `json:"createdAt"`
+	// IdempotencyKey is the key of the request that made the volume;
+	// DiskKeys those of the requests that added disks, by disk name.
+	IdempotencyKey string            `json:"idempotencyKey,omitempty"`
+	DiskKeys       map[string]string `json:"diskIdempotencyKeys,omitempty"`
 }
 
 // snapshotManifest is snapshot.json inside a snapshot directory.
@@ -62,6 +68,8 @@ type snapshotManifest struct {
 	Method    string        `json:"method"`
 	GateHeld  time.Duration `json:"gateHeldNs"`
 	CreatedAt time.Time     `json:"createdAt"`
+	// IdempotencyKey is the key of the request that took the snapshot.
+	IdempotencyKey string `json:"idempotencyKey,omitempty"`
 }
 
 // poolManifest is pool.json, the pool's identity.
@@ -84,6 +92,7 @@ func (m *volumeManifest) clone() volumeManifest {
 	c := *m
 	c.Labels = maps.Clone(m.Labels)
 	c.Disks = slices.Clone(m.Disks)
+	c.DiskKeys = maps.Clone(m.DiskKeys)
 	if m.Source != nil {
 		s := *m.Source
 		c.Source = &s

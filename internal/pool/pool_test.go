@@ -63,21 +63,12 @@ func readFile(t *testing.T, path string, off int64, n int) []byte {
 	return buf
 }
 
-func TestCreateIsIdempotentByName(t *testing.T) {
+func TestCreateLaysOutDisks(t *testing.T) {
 	p := openTestPool(t, t.TempDir())
 	ctx := context.Background()
 	_, created, err := p.Create(ctx, vm3("web01"))
 	if err != nil || !created {
 		t.Fatalf("first create: created=%v err=%v", created, err)
-	}
-	_, created, err = p.Create(ctx, vm3("web01"))
-	if err != nil || created {
-		t.Fatalf("same spec again: created=%v err=%v", created, err)
-	}
-	other := vm3("web01")
-	other.Capacity *= 2
-	if _, _, err := p.Create(ctx, other); !errors.Is(err, ErrExists) {
-		t.Fatalf("different spec: %v, want ErrExists", err)
 	}
 	for _, d := range []string{"root", "data", "logs"} {
 		st, err := os.Stat(filepath.Join(p.Dir(), "volumes", "web01", "disks", d+".img"))

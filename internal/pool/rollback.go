@@ -14,13 +14,22 @@ import (
 
 const rollbackRecordName = "rollback.json"
 
-// Rollback returns every disk of the volume to its state in a snapshot, and
-// the disk set to the snapshot's. The snapshot's images are first cloned into
+// Rollback rolls the volume back, refusing while writers are connected. See
+// RollbackWith.
+func (v *Volume) Rollback(ctx context.Context, snapshot string, prog Progress) (VolumeInfo, error) {
+	return v.RollbackWith(ctx, snapshot, false, prog)
+}
+
+// RollbackWith returns every disk of the volume to its state in a snapshot,
+// and the disk set to the snapshot's. While writers are connected to the
+// volume (a running VM: its filesystems would be corrupted) it fails with
+// ErrInUse, unless force; the check runs before the work and again just
+// before the commit point. The snapshot's images are first cloned into
 // staging; writing rollback.json is the commit point, after which the new
 // images are renamed into place under the closed I/O gate. A crash after the
 // commit point is finished at start-up; one before it leaves the volume as it
 // was. Durable on return. Open disk handles see the rolled-back data.
-func (v *Volume) Rollback(ctx context.Context, snapshot string, prog Progress) (VolumeInfo, error) {
+func (v *Volume) RollbackWith(ctx context.Context, snapshot string, force bool, prog Progress) (VolumeInfo, error) {
 	if err := ValidateName("snapshot", snapshot); err != nil {
 		return VolumeInfo{}, err
 	}
@@ -28,15 +37,24 @@ func (v *Volume) Rollback(ctx context.Context, snapshot string, prog Progress) (
 	if err != nil {
 		return VolumeInfo{}, err
 	}
-	return h.Rollback(ctx, snapshot, prog)
+	return h.Rollback(ctx, snapshot, force, prog)
 }
 
-// Rollback is Volume.Rollback under the hold, which it releases.
-func (h *Hold) Rollback(ctx context.Context, snapshot string, prog Progress) (VolumeInfo, error) {
+// Rollback is Volume.RollbackWith under the hold, which it releases.
+func (h *Hold) Rollback(ctx context.Context, snapshot string, force bool, prog Progress) (VolumeInfo, error) {
 	defer h.Release()
 	v := h.v
 	prog = orNop(prog)
 	if err := ValidateName("snapshot", snapshot); err != nil {
+		return VolumeInfo{}, err
+	}
+	checkWriters := func() error {
+		if force {
+			return nil
+		}
+		return v.CheckWriters("rollback to " + snapshot)
+	}
+	if err := checkWriters(); err != nil {
 		return VolumeInfo{}, err
 	}
 	s, err := v.snapshotManifest(snapshot)
@@ -67,6 +85,10 @@ func (h *Hold) Rollback(ctx context.Context, snapshot string, prog Progress) (Vo
 	if err := durable.SyncDir(v.pool.stagingDir()); err != nil {
 		v.pool.discard(staged)
 		return VolumeInfo{}, fmt.Errorf("rollback %s to %s: %w", v.name, snapshot, mapFSError(err))
+	}
+	if err := checkWriters(); err != nil {
+		v.pool.discard(staged)
+		return VolumeInfo{}, err
 	}
 	rec := rollbackRecord{Snapshot: snapshot, Staging: filepath.Base(staged)}
 	if err := durable.WriteJSON(filepath.Join(v.dir, rollbackRecordName), rec); err != nil {

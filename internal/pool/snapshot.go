@@ -21,33 +21,47 @@ const (
 	MethodCopy    = "copy"
 )
 
-// CreateSnapshot captures every disk of the volume at one instant. It is
-// idempotent by name: an existing snapshot of that name is returned with
-// created false. When it returns nil the snapshot is durable; a crash before
-// that leaves no trace of it.
+// CreateSnapshot captures every disk of the volume at one instant; a
+// snapshot of that name already there fails with ErrExists. See
+// CreateSnapshotWith.
 func (v *Volume) CreateSnapshot(ctx context.Context, name string, prog Progress) (SnapshotInfo, bool, error) {
+	return v.CreateSnapshotWith(ctx, name, Idempotency{}, prog)
+}
+
+// CreateSnapshotWith captures every disk of the volume at one instant. A
+// snapshot of that name already there fails with ErrExists, unless idem
+// allows it: then it is returned with created false. When it returns nil the
+// snapshot is durable; a crash before that leaves no trace of it.
+func (v *Volume) CreateSnapshotWith(ctx context.Context, name string, idem Idempotency, prog Progress) (SnapshotInfo, bool, error) {
 	if err := ValidateName("name", name); err != nil {
 		return SnapshotInfo{}, false, err
 	}
-	if s, err := v.Snapshot(name); err == nil {
-		return s, false, nil
+	if err := ValidateIdempotencyKey("idempotency key", idem.Key); err != nil {
+		return SnapshotInfo{}, false, err
+	}
+	if s, found, err := v.existingSnapshot(name, idem); found || err != nil {
+		return s, false, err
 	}
 	h, err := v.Hold("snapshot")
 	if err != nil {
 		return SnapshotInfo{}, false, err
 	}
-	return h.CreateSnapshot(ctx, name, prog)
+	return h.CreateSnapshot(ctx, name, idem, prog)
 }
 
-// CreateSnapshot is Volume.CreateSnapshot under the hold, which it releases.
-func (h *Hold) CreateSnapshot(ctx context.Context, name string, prog Progress) (SnapshotInfo, bool, error) {
+// CreateSnapshot is Volume.CreateSnapshotWith under the hold, which it
+// releases.
+func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency, prog Progress) (SnapshotInfo, bool, error) {
 	defer h.Release()
 	v := h.v
 	if err := ValidateName("name", name); err != nil {
 		return SnapshotInfo{}, false, err
 	}
-	if s, err := v.Snapshot(name); err == nil {
-		return s, false, nil
+	if err := ValidateIdempotencyKey("idempotency key", idem.Key); err != nil {
+		return SnapshotInfo{}, false, err
+	}
+	if s, found, err := v.existingSnapshot(name, idem); found || err != nil {
+		return s, false, err
 	}
 	staged, err := v.pool.newStaging("snap")
 	if err != nil {
@@ -60,7 +74,8 @@ func (h *Hold) CreateSnapshot(ctx context.Context, name string, prog Progress) (
 		return SnapshotInfo{}, false, fmt.Errorf("snapshot %s@%s: %w", v.name, name, err)
 	}
 	sm := &snapshotManifest{Kind: "Snapshot", Version: manifestVersion, Name: name, UID: newUID(), Volume: m.Name,
-		VolumeUID: m.UID, Capacity: m.Capacity, Disks: m.Disks, Method: method, GateHeld: held, CreatedAt: time.Now().UTC()}
+		VolumeUID: m.UID, Capacity: m.Capacity, Disks: m.Disks, Method: method, GateHeld: held, CreatedAt: time.Now().UTC(),
+		IdempotencyKey: idem.Key}
 	if err := durable.WriteJSON(filepath.Join(staged, "snapshot.json"), sm); err != nil {
 		v.pool.discard(staged)
 		return SnapshotInfo{}, false, mapFSError(err) // staged: uncertain or not, nothing refers to it
@@ -74,6 +89,35 @@ func (h *Hold) CreateSnapshot(ctx context.Context, name string, prog Progress) (
 	v.mu.Unlock()
 	orNop(prog).Done(name)
 	return v.snapshotInfo(sm), true, nil
+}
+
+// existingSnapshot returns the snapshot called name (found) when idem
+// allows it as the answer, ErrExists when it does not, and nothing when
+// there is no such snapshot.
+func (v *Volume) existingSnapshot(name string, idem Idempotency) (SnapshotInfo, bool, error) {
+	v.mu.Lock()
+	s, ok := v.snaps[name]
+	v.mu.Unlock()
+	switch {
+	case !ok:
+		return SnapshotInfo{}, false, nil
+	case !idem.allows(s.IdempotencyKey):
+		return SnapshotInfo{}, false, idem.existsError(fmt.Sprintf("snapshot %s@%s", v.name, name), true)
+	}
+	return v.snapshotInfo(s), true, nil
+}
+
+// CheckSnapshot tells, before a snapshot job starts, whether
+// CreateSnapshotWith would refuse name because it is taken.
+func (v *Volume) CheckSnapshot(name string, idem Idempotency) error {
+	if err := ValidateName("name", name); err != nil {
+		return err
+	}
+	if err := ValidateIdempotencyKey("idempotency key", idem.Key); err != nil {
+		return err
+	}
+	_, _, err := v.existingSnapshot(name, idem)
+	return err
 }
 
 // capture copies every disk of m into dstDir as <disk>.img, crash-consistent

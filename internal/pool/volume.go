@@ -51,6 +51,9 @@ type Volume struct {
 	// with gate held exclusively as well. Taken after gate.
 	amu sync.Mutex
 	att attachTable
+	// explicitRW counts the explicit rw attachments; it changes under amu
+	// and is read under the gate held shared by the write rule (attach.go).
+	explicitRW atomic.Int32
 
 	mu      sync.Mutex
 	m       volumeManifest
@@ -196,12 +199,15 @@ func (v *Volume) commit(m volumeManifest) error {
 	return nil
 }
 
-// Create makes a volume with its disks. It is idempotent by name: the same
-// spec returns the existing volume (created false); a different spec fails
-// with ErrExists. When Create returns nil the volume is durable; a crash
-// before that leaves nothing visible.
+// Create makes a volume with its disks. A taken name fails with ErrExists,
+// unless spec.Idempotency allows the existing volume and its spec is the
+// same: then it is returned (created false). When Create returns nil the
+// volume is durable; a crash before that leaves nothing visible.
 func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, error) {
 	if err := ValidateSpec(spec); err != nil {
+		return VolumeInfo{}, false, err
+	}
+	if err := ValidateIdempotencyKey("idempotency key", spec.Idempotency.Key); err != nil {
 		return VolumeInfo{}, false, err
 	}
 	if len(spec.Labels) == 0 {
@@ -213,17 +219,19 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 	defer p.unreserve(spec.Name)
 	if v, err := p.Volume(spec.Name); err == nil {
 		m := v.manifest()
-		if m.sameSpec(spec) {
+		same := m.sameSpec(spec)
+		if same && spec.Idempotency.allows(m.IdempotencyKey) {
 			return v.Info(), false, nil
 		}
-		return VolumeInfo{}, false, fmt.Errorf("volume %q: %w", spec.Name, ErrExists)
+		return VolumeInfo{}, false, spec.Idempotency.existsError(fmt.Sprintf("volume %q", spec.Name), same)
 	}
 	staged, err := p.newStaging("vol")
 	if err != nil {
 		return VolumeInfo{}, false, mapFSError(err)
 	}
 	m := volumeManifest{Kind: "Volume", Version: manifestVersion, Name: spec.Name, UID: newUID(),
-		Capacity: spec.Capacity, Labels: maps.Clone(spec.Labels), Disks: spec.Disks, QoS: qosOrNil(spec.QoS), CreatedAt: time.Now().UTC()}
+		Capacity: spec.Capacity, Labels: maps.Clone(spec.Labels), Disks: spec.Disks, QoS: qosOrNil(spec.QoS), CreatedAt: time.Now().UTC(),
+		IdempotencyKey: spec.Idempotency.Key}
 	if m.Disks == nil {
 		m.Disks = []DiskSpec{}
 	}
@@ -389,11 +397,22 @@ func totalSize(disks []DiskSpec) int64 {
 	return t
 }
 
-// AddDisk adds an empty disk. The image is made first and the manifest
-// written last, so a crash leaves at worst an orphan image that start-up
-// reclaims. Durable on return.
+// AddDisk adds an empty disk; a disk of that name already there fails with
+// ErrExists. See AddDiskWith.
 func (v *Volume) AddDisk(ctx context.Context, d DiskSpec) (VolumeInfo, error) {
+	return v.AddDiskWith(ctx, d, Idempotency{})
+}
+
+// AddDiskWith adds an empty disk. A disk of that name already there fails
+// with ErrExists, unless idem allows it and its size and sharing are those
+// asked for: then the volume is returned as it is. The image is made first
+// and the manifest written last, so a crash leaves at worst an orphan image
+// that start-up reclaims. Durable on return.
+func (v *Volume) AddDiskWith(ctx context.Context, d DiskSpec, idem Idempotency) (VolumeInfo, error) {
 	if err := ValidateName("name", d.Name); err != nil {
+		return VolumeInfo{}, err
+	}
+	if err := ValidateIdempotencyKey("idempotency key", idem.Key); err != nil {
 		return VolumeInfo{}, err
 	}
 	if err := ValidateSize("size", d.Size); err != nil {
@@ -406,10 +425,11 @@ func (v *Volume) AddDisk(ctx context.Context, d DiskSpec) (VolumeInfo, error) {
 	defer unlock()
 	m := v.manifest()
 	if i, ok := m.disk(d.Name); ok {
-		if m.Disks[i].Size == d.Size {
+		same := m.Disks[i] == d
+		if same && idem.allows(m.DiskKeys[d.Name]) {
 			return v.Info(), nil
 		}
-		return VolumeInfo{}, fmt.Errorf("disk %q of volume %q: %w", d.Name, m.Name, ErrExists)
+		return VolumeInfo{}, idem.existsError(fmt.Sprintf("disk %q of volume %q", d.Name, m.Name), same)
 	}
 	if len(m.Disks) >= MaxDisks {
 		return VolumeInfo{}, invalid("name", d.Name, fmt.Sprintf("volume already has %d disks, the maximum", MaxDisks))
@@ -426,6 +446,13 @@ func (v *Volume) AddDisk(ctx context.Context, d DiskSpec) (VolumeInfo, error) {
 		return VolumeInfo{}, err
 	}
 	m.Disks = append(m.Disks, d)
+	delete(m.DiskKeys, d.Name)
+	if idem.Key != "" {
+		if m.DiskKeys == nil {
+			m.DiskKeys = map[string]string{}
+		}
+		m.DiskKeys[d.Name] = idem.Key
+	}
 	if err := v.commit(m); err != nil {
 		_ = os.Remove(path)
 		return VolumeInfo{}, err
@@ -504,10 +531,17 @@ func extendImage(path string, size int64) error {
 	return f.Sync()
 }
 
-// RemoveDisk removes a disk from the volume (its snapshots keep their
-// copies). The manifest is written first; the orphan image is removed after.
-// Durable on return.
+// RemoveDisk removes a disk, refusing while writers are connected. See
+// RemoveDiskWith.
 func (v *Volume) RemoveDisk(ctx context.Context, disk string) (VolumeInfo, error) {
+	return v.RemoveDiskWith(ctx, disk, false)
+}
+
+// RemoveDiskWith removes a disk from the volume (its snapshots keep their
+// copies). While writers are connected to the volume it fails with
+// ErrInUse, unless force. The manifest is written first; the orphan image is
+// removed after. Durable on return.
+func (v *Volume) RemoveDiskWith(ctx context.Context, disk string, force bool) (VolumeInfo, error) {
 	if err := ValidateName("disk", disk); err != nil {
 		return VolumeInfo{}, err
 	}
@@ -516,12 +550,18 @@ func (v *Volume) RemoveDisk(ctx context.Context, disk string) (VolumeInfo, error
 		return VolumeInfo{}, err
 	}
 	defer unlock()
+	if !force {
+		if err := v.CheckWriters("removing disk " + disk); err != nil {
+			return VolumeInfo{}, err
+		}
+	}
 	m := v.manifest()
 	i, ok := m.disk(disk)
 	if !ok {
 		return VolumeInfo{}, fmt.Errorf("disk %q of volume %q: %w", disk, m.Name, ErrDiskNotFound)
 	}
 	m.Disks = append(m.Disks[:i:i], m.Disks[i+1:]...)
+	delete(m.DiskKeys, disk)
 	if err := v.commit(m); err != nil {
 		return VolumeInfo{}, err
 	}

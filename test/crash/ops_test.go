@@ -60,6 +60,15 @@ type worker struct {
 	prefix string
 	rng    *rand.Rand
 	seq    int // names are never reused, so an uncertain create is unambiguous
+	keys   int // idempotency keys handed out
+}
+
+// key names one create request: the op sends it on every try, so a retry
+// after a crash gets the object the first try made, while any other create
+// of a taken name is a conflict.
+func (w *worker) key() client.CallOption {
+	w.keys++
+	return client.IdempotencyKey(w.prefix + "req" + strconv.Itoa(w.keys))
 }
 
 func (w *worker) fresh(kind string) string {
@@ -136,9 +145,10 @@ func (w *worker) create() *op {
 		v.Disks = append(v.Disks, disk{Name: d, Size: w.diskSize()})
 	}
 	spec := api.VolumeSpec{Name: name, Capacity: v.Capacity, Labels: maps.Clone(v.Labels), Disks: apiDisks(v.Disks)}
+	key := w.key()
 	return &op{kind: "create", desc: "create " + name, alts: map[string]*volState{name: v}, retry: true,
 		call: func(ctx context.Context, c *client.Client) error {
-			got, err := c.CreateVolume(ctx, spec)
+			got, err := c.CreateVolume(ctx, spec, key)
 			if err != nil {
 				return err
 			}
@@ -164,13 +174,14 @@ func (w *worker) snapshot(vol string, cur *volState) *op {
 	v := cur.clone()
 	v.Snaps[snap] = snapState{Disks: slices.Clone(cur.Disks), Capacity: cur.Capacity}
 	async := w.rng.IntN(3) == 0
+	key := w.key()
 	return &op{kind: "snapshot", desc: fmt.Sprintf("snapshot %s@%s async=%v", vol, snap, async),
 		alts: map[string]*volState{vol: v}, retry: true,
 		call: func(ctx context.Context, c *client.Client) error {
 			if async {
-				return startAndWait(ctx, c, func() (api.Job, error) { return c.StartSnapshot(ctx, vol, snap) })
+				return startAndWait(ctx, c, func() (api.Job, error) { return c.StartSnapshot(ctx, vol, snap, key) })
 			}
-			got, err := c.CreateSnapshot(ctx, vol, snap)
+			got, err := c.CreateSnapshot(ctx, vol, snap, key)
 			if err != nil {
 				return err
 			}
@@ -211,12 +222,13 @@ func (w *worker) cloneOp(kind, vol, snap string, cur *volState, names []string) 
 	}
 	spec := api.CloneSpec{Source: api.Source{Volume: vol, Snapshot: snap}, Names: names, Labels: reqLabels}
 	async := w.rng.IntN(3) == 0
+	key := w.key()
 	return &op{kind: kind, desc: fmt.Sprintf("clone %s@%s -> %v async=%v", vol, snap, names, async), alts: alts, src: vol, retry: true,
 		call: func(ctx context.Context, c *client.Client) error {
 			if async {
-				return startAndWait(ctx, c, func() (api.Job, error) { return c.StartClone(ctx, spec) })
+				return startAndWait(ctx, c, func() (api.Job, error) { return c.StartClone(ctx, spec, key) })
 			}
-			got, err := c.Clone(ctx, spec)
+			got, err := c.Clone(ctx, spec, key)
 			if err != nil {
 				return err
 			}
@@ -312,10 +324,11 @@ func (w *worker) addDisk(vol string, cur *volState) *op {
 	}
 	v := cur.clone()
 	v.Disks = append(v.Disks, d)
+	key := w.key()
 	return &op{kind: "add-disk", desc: fmt.Sprintf("add disk %s/%s %d", vol, d.Name, d.Size),
 		alts: map[string]*volState{vol: v}, retry: true,
 		call: func(ctx context.Context, c *client.Client) error {
-			got, err := c.AddDisk(ctx, vol, api.DiskSpec{Name: d.Name, Size: d.Size})
+			got, err := c.AddDisk(ctx, vol, api.DiskSpec{Name: d.Name, Size: d.Size}, key)
 			if err != nil {
 				return err
 			}

@@ -233,7 +233,7 @@ func TestMetricsErrorsByKind(t *testing.T) {
 	s.createVolume(t, "vm", nil, disk("root", 16*miB))
 	q := startSession(t, s.uri("vm", "root"), "writethrough")
 	q.do(t, "write -P 0x66 0 4k", "wrote 4096/4096")
-	if _, err := s.api.RemoveDisk(t.Context(), "vm", "root"); err != nil {
+	if _, err := s.api.RemoveDisk(t.Context(), "vm", "root", client.Force()); err != nil { // a writer is connected on purpose
 		t.Fatal(err)
 	}
 	q.do(t, "write -P 0x67 0 4k", "write failed")
