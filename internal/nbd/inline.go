@@ -76,8 +76,7 @@ func (c *conn) serialWrite(req *request, b *batch) {
 		return
 	}
 	if err := c.disk.WriteAt(*req.buf, int64(req.off), false); err != nil {
-		c.log.Debug("request failed", "op", req.typ, "offset", req.off, "len", req.length, "err", err)
-		c.replyError(req, toErrno(err), err.Error())
+		c.failed(req, err)
 		req.release()
 		return
 	}

@@ -121,6 +121,8 @@ type Server struct {
 	limit   *connlimit.Limiter
 	// rejectLog paces the warnings about refused connections.
 	rejectLog *rate.Limiter
+	// failureLog paces the warnings about requests failed on the disk.
+	failureLog *rate.Limiter
 	// negotiating counts connections in negotiation (MaxHandshakes).
 	negotiating atomic.Int64
 	mem         memory // bytes in flight (memory.go)
@@ -135,7 +137,8 @@ type Server struct {
 func NewServer(exports Exports, cfg Config) *Server {
 	cfg.defaults()
 	return &Server{exports: exports, cfg: cfg, log: cfg.Logger, lns: map[net.Listener]bool{}, conns: map[*conn]bool{},
-		peers: map[string]*peerBytes{}, limit: connlimit.New(cfg.MaxConns, cfg.MaxConnsPerPeer), rejectLog: rate.NewLimiter(rate.Every(time.Second), 1)}
+		peers: map[string]*peerBytes{}, limit: connlimit.New(cfg.MaxConns, cfg.MaxConnsPerPeer), rejectLog: rate.NewLimiter(rate.Every(time.Second), 1),
+		failureLog: newFailureLog()}
 }
 
 // ListenUnix listens on a unix socket, replacing a stale socket file.
