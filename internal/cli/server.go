@@ -69,6 +69,7 @@ explains each.`,
 	f.IntVar(&cfg.NBD.MaxConns, "nbd-max-conns", 1024, "NBD connections at once; more are closed at accept")
 	f.IntVar(&cfg.NBD.MaxConnsPerPeer, "nbd-max-conns-per-peer", 256, "NBD connections at once from one IP address (or the unix socket)")
 	f.IntVar(&cfg.NBD.MaxHandshakes, "nbd-max-handshakes", 128, "NBD connections negotiating at once")
+	f.IntVar(&cfg.NBD.MaxHandshakesPerPeer, "nbd-max-handshakes-per-peer", 16, "NBD connections negotiating at once from one IP address")
 	f.DurationVar(&cfg.NBD.GreetingTimeout, "nbd-greeting-timeout", 3*time.Second, "time for an NBD client's first bytes (its flags)")
 	f.DurationVar(&cfg.NBD.HandshakeTimeout, "nbd-handshake-timeout", 10*time.Second, "time for a whole NBD negotiation")
 	f.DurationVar(&cfg.NBD.SendTimeout, "nbd-send-timeout", time.Minute, "an NBD client that takes none of a reply for this long is disconnected")

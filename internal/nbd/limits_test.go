@@ -142,12 +142,34 @@ func TestMaxHandshakes(t *testing.T) {
 	if _, err := second.greeting(); err != nil {
 		t.Fatal(err)
 	}
-	dial(t, e.addr).expectClosed(5 * time.Second) // a third negotiating connection
+	dialFrom(t, "127.0.0.2", e.addr).expectClosed(5 * time.Second) // a third negotiating connection
 	if n := obs.count(obs.rejected, ReasonHandshakes); n != 1 {
 		t.Errorf("%d rejections for reason %s, want 1", n, ReasonHandshakes)
 	}
 	if rep := good.do(testReq{typ: cmdRead, length: 4096}); rep.errno != 0 {
 		t.Errorf("READ on the negotiated connection: errno %d", rep.errno)
+	}
+}
+
+// TestMaxHandshakesPerPeer: one peer that stalls in negotiation takes at
+// most MaxHandshakesPerPeer negotiation slots; another peer still
+// negotiates.
+func TestMaxHandshakesPerPeer(t *testing.T) {
+	obs := newRecorder()
+	e := newEnv(t, Config{MaxHandshakesPerPeer: 2, HandshakeTimeout: time.Hour, GreetingTimeout: time.Hour, Observer: obs}, nil)
+	for range 2 {
+		if _, err := dialFrom(t, "127.0.0.2", e.addr).greeting(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dialFrom(t, "127.0.0.2", e.addr).expectClosed(5 * time.Second)
+	c := dialFrom(t, "127.0.0.3", e.addr)
+	c.handshake(hsOpts{export: exportRoot})
+	if rep := c.do(testReq{typ: cmdRead, length: 4096}); rep.errno != 0 {
+		t.Errorf("READ from another peer: errno %d", rep.errno)
+	}
+	if n := obs.count(obs.rejected, ReasonHandshakes); n != 1 {
+		t.Errorf("%d rejections for reason %s, want 1", n, ReasonHandshakes)
 	}
 }
 

@@ -66,10 +66,12 @@ func (m *memory) freedChan() chan struct{} {
 }
 
 // peerBytes counts the bytes in flight of every connection from one peer
-// (Config.MaxPeerBytes); Server.peers holds one per peer with connections.
+// (Config.MaxPeerBytes), and its connections; Server.peers holds one per
+// peer with connections.
 type peerBytes struct {
-	inflight atomic.Int64
-	conns    int // guarded by Server.mu
+	inflight    atomic.Int64
+	conns       int // guarded by Server.mu
+	negotiating int // guarded by Server.mu (Config.MaxHandshakesPerPeer)
 }
 
 // tryReserve reserves n bytes of budget max on counter, unless that would

@@ -27,10 +27,12 @@ const DefaultAddr = "127.0.0.1:10809"
 type Config struct {
 	MaxConns        int // connections at once; more are closed at accept (default 1024)
 	MaxConnsPerPeer int // connections at once from one IP address, or over the unix socket (default 256)
-	// MaxHandshakes bounds the connections still negotiating (default 128):
-	// clients that connect and stall cannot take the slots of connections
-	// that serve data.
-	MaxHandshakes int
+	// MaxHandshakes bounds the connections still negotiating (default 128),
+	// MaxHandshakesPerPeer those of one peer (default 16): clients that
+	// connect and stall cannot take the slots of connections that serve
+	// data, and one peer cannot take every negotiation slot.
+	MaxHandshakes        int
+	MaxHandshakesPerPeer int
 	// GreetingTimeout: the client's flags must arrive within it of the
 	// connection (default 3 s), so a connection that never sends a byte
 	// holds its slot that long.
@@ -82,6 +84,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxHandshakes <= 0 {
 		c.MaxHandshakes = 128
+	}
+	if c.MaxHandshakesPerPeer <= 0 {
+		c.MaxHandshakesPerPeer = 16
 	}
 	if c.GreetingTimeout <= 0 {
 		c.GreetingTimeout = 3 * time.Second
@@ -224,14 +229,26 @@ func (s *Server) start(nc net.Conn) {
 		_ = nc.Close()
 		return
 	}
-	s.conns[c] = true
 	pm := s.peers[peer]
 	if pm == nil {
 		pm = &peerBytes{}
 		s.peers[peer] = pm
 	}
+	if pm.negotiating >= s.cfg.MaxHandshakesPerPeer {
+		if pm.conns == 0 {
+			delete(s.peers, peer)
+		}
+		s.mu.Unlock()
+		s.negotiating.Add(-1)
+		s.limit.Release(peer)
+		_ = nc.Close()
+		s.rejected(ReasonHandshakes, peer, nil)
+		return
+	}
 	pm.conns++
+	pm.negotiating++
 	c.peerMem = pm
+	s.conns[c] = true
 	s.wg.Add(1)
 	s.mu.Unlock()
 	if tc, ok := nc.(*net.TCPConn); ok {
@@ -271,7 +288,7 @@ func (s *Server) run(c *conn) {
 	negotiating := true
 	defer func() {
 		if negotiating {
-			s.negotiating.Add(-1)
+			s.endNegotiation(c)
 		}
 	}()
 	start := time.Now()
@@ -286,7 +303,7 @@ func (s *Server) run(c *conn) {
 		}
 		return
 	}
-	s.negotiating.Add(-1)
+	s.endNegotiation(c)
 	negotiating = false
 	_ = c.nc.SetDeadline(time.Time{})
 	s.mu.Lock() // Shutdown stops the reading of the connection it sees
@@ -313,6 +330,14 @@ func (s *Server) run(c *conn) {
 	if err != nil && !errors.Is(err, errDisconnect) && !s.closing.Load() {
 		c.log.Debug("connection ended", "export", c.export, "err", err)
 	}
+}
+
+// endNegotiation gives back c's negotiation slots.
+func (s *Server) endNegotiation(c *conn) {
+	s.negotiating.Add(-1)
+	s.mu.Lock()
+	c.peerMem.negotiating--
+	s.mu.Unlock()
 }
 
 // Shutdown stops accepting, makes every connection stop reading new
