@@ -11,6 +11,9 @@ import (
 var quiverBin string
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(floodEnv); spec != "" { // a flooder process (flood_test.go)
+		os.Exit(flood(spec))
+	}
 	if bin := os.Getenv(childBinEnv); bin != "" { // re-executed inside a network namespace
 		quiverBin = bin
 		os.Exit(m.Run())
