@@ -10,5 +10,10 @@
 // handles, and so through the volume's I/O gate. Domain errors are mapped
 // to NBD error numbers in one table (errors.go).
 //
+// What clients can hold is bounded (docs/security.md): connections in
+// total, per peer and in negotiation (server.go, with internal/connlimit),
+// and READ and WRITE bytes in flight per connection, per peer and per
+// server, enforced by making the reader stop reading (memory.go).
+//
 // nbd imports pool (the domain) and nothing above it.
 package nbd
