@@ -68,6 +68,9 @@ type unlinkListener struct {
 	path string
 }
 
+// Addr is the socket's final path, not the one it was made at.
+func (l *unlinkListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
+
 func (l *unlinkListener) Close() error {
 	err := l.Listener.Close()
 	_ = os.Remove(l.path)
