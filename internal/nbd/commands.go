@@ -26,6 +26,9 @@ const holeThreshold = 256 << 10
 
 // handle validates a request in full, executes it, and replies.
 func (c *conn) handle(req *request) {
+	if c.broken.Load() {
+		return // no reply can reach the client: do not read 32 MiB for nothing
+	}
 	if errno, msg := c.validate(req); errno != 0 {
 		c.replyError(req, errno, msg)
 		return

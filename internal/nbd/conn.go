@@ -62,6 +62,9 @@ type conn struct {
 	memWake  chan struct{} // capacity 1: wakes the reader in waitConn
 	peak     int64         // the most inflight has been (reader only)
 	peerMem  *peerBytes    // the bytes in flight of the connection's peer
+	// broken is set once a reply failed to go out: the stream is lost, so
+	// the requests already buffered are neither run nor answered.
+	broken atomic.Bool
 }
 
 func (c *conn) open(ctx context.Context, name string) error {
@@ -171,9 +174,15 @@ func (c *conn) serve(ctx context.Context) error {
 
 var errDisconnect = errors.New("client disconnected (NBD_CMD_DISC)")
 
+// errBroken ends the reader once a reply could not be sent.
+var errBroken = errors.New("a reply could not be sent: connection broken")
+
 func (c *conn) readLoop() error {
 	defer c.flushOut(&c.out)
 	for {
+		if c.broken.Load() {
+			return errBroken
+		}
 		// Send the replies of requests run here before waiting for input:
 		// a reply is never held back while the reader blocks.
 		if c.r.Buffered() < requestHeaderSize {

@@ -55,8 +55,9 @@ func toErrno(err error) uint32 {
 // EPERM of a fenced writer, ...) and logged at debug.
 func (c *conn) failed(req *request, err error) {
 	errno := toErrno(err)
-	switch errno {
-	case errIO, errNoSpc:
+	gone := errors.Is(err, pool.ErrClosed) || errors.Is(err, pool.ErrDiskNotFound) || errors.Is(err, pool.ErrVolumeNotFound)
+	switch {
+	case (errno == errIO || errno == errNoSpc) && !gone:
 		name := "EIO"
 		if errno == errNoSpc {
 			name = "ENOSPC"

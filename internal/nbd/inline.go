@@ -70,6 +70,10 @@ func (c *conn) writeLoop() {
 }
 
 func (c *conn) serialWrite(req *request, b *batch) {
+	if c.broken.Load() {
+		req.release()
+		return
+	}
 	if errno, msg := c.validate(req); errno != 0 {
 		c.replyError(req, errno, msg)
 		req.release()

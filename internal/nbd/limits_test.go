@@ -308,3 +308,27 @@ func TestSendTimeout(t *testing.T) {
 		t.Errorf("%d bytes still reserved after the connection ended", got)
 	}
 }
+
+// TestBrokenConnectionStopsWork: once a reply cannot be sent (the client
+// went away), the requests already buffered are not run: a client that
+// pipelines large READs and leaves costs no further disk reads.
+func TestBrokenConnectionStopsWork(t *testing.T) {
+	var reads atomic.Int64
+	e := newEnv(t, Config{MaxConnBytes: 1 << 20}, func(x Exports) Exports { return countingExports{Exports: x, reads: &reads} })
+	c := dial(t, e.addr)
+	_ = c.nc.(*net.TCPConn).SetReadBuffer(64 << 10)
+	c.handshake(hsOpts{export: exportRoot})
+	var wire []byte
+	for i := range 200 {
+		wire = append(wire, reqBytes(testReq{typ: cmdRead, cookie: uint64(i + 1), length: 1 << 20})...)
+	}
+	c.mustWrite(wire) // 5.6 KiB: all of it sits in the server's buffer
+	time.Sleep(500 * time.Millisecond)
+	before := reads.Load()
+	_ = c.nc.(*net.TCPConn).SetLinger(0) // close with a reset: the server's next send fails
+	_ = c.nc.Close()
+	e.waitIdle()
+	if after := reads.Load(); after-before > 4 {
+		t.Errorf("%d READs run after the client went away (%d before), want at most a few", after-before, before)
+	}
+}
