@@ -268,21 +268,26 @@ func newGoodClient(t *testing.T, srv *testserver.Process, export string) *goodCl
 // round is one unit of the good client's work: an API call on a new
 // connection, a 1 MiB READ checked against the data, and every fifth round
 // a new NBD connection with its own READ.
-func (g *goodClient) round(i int) error {
+func (g *goodClient) round(i int, slowest *[3]time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	t0 := time.Now()
 	if _, err := g.api.GetVolume(ctx, "vm"); err != nil {
 		return fmt.Errorf("API: %w", err)
 	}
+	t1 := time.Now()
 	off := rand.IntN(63) << 20
 	buf := make([]byte, 1<<20)
 	if err := g.nbd.readAt(buf, uint64(off), 10*time.Second); err != nil {
 		return fmt.Errorf("NBD READ: %w", err)
 	}
+	t2 := time.Now()
+	slowest[0], slowest[1] = max(slowest[0], t1.Sub(t0)), max(slowest[1], t2.Sub(t1))
 	if !bytes.Equal(buf, g.data[off:off+1<<20]) {
 		return fmt.Errorf("NBD READ at %d: wrong data", off)
 	}
 	if i%5 == 0 {
+		defer func(t3 time.Time) { slowest[2] = max(slowest[2], time.Since(t3)) }(time.Now())
 		c, err := nbdOpen("127.0.0.1", g.srv.NBDAddr, g.export, 10*time.Second)
 		if err != nil {
 			return fmt.Errorf("new NBD connection: %w", err)
@@ -296,9 +301,10 @@ func (g *goodClient) round(i int) error {
 }
 
 type roundStats struct {
-	lat    []time.Duration
-	errs   []error
-	maxRSS int64
+	slowest [3]time.Duration // API call, READ, new NBD connection
+	lat     []time.Duration
+	errs    []error
+	maxRSS  int64
 }
 
 // runWhile runs rounds until done (when not nil) has returned and at least
@@ -314,7 +320,7 @@ func (g *goodClient) runWhile(t *testing.T, done func() bool, least time.Duratio
 	start := time.Now()
 	for i := 0; !finished.Load() || time.Since(start) < least; i++ {
 		t0 := time.Now()
-		if err := g.round(i); err != nil {
+		if err := g.round(i, &s.slowest); err != nil {
 			s.errs = append(s.errs, err)
 		}
 		s.lat = append(s.lat, time.Since(t0))
@@ -327,19 +333,21 @@ func (g *goodClient) runWhile(t *testing.T, done func() bool, least time.Duratio
 }
 
 // report logs the latency percentiles and fails on any failed round. The
-// bound on p99 is a liveness check (the greeting timeout, after which
-// stalled handshakes give their slots back), not a performance target.
+// bound on p99 is a liveness check, not a performance target: the 3 s
+// greeting timeout (after which stalled handshakes give their slots back)
+// plus a SYN lost to a full accept queue under the flood (retransmitted
+// after 1 s), with a second to spare for a loaded machine.
 func (s roundStats) report(t *testing.T, what string) {
 	t.Helper()
 	slices.Sort(s.lat)
 	p := func(q float64) time.Duration { return s.lat[min(len(s.lat)-1, int(q*float64(len(s.lat))))] }
-	t.Logf("%s: %d rounds, p50 %v, p99 %v, max %v, server RSS peak %d MiB", what, len(s.lat), p(0.5), p(0.99),
-		s.lat[len(s.lat)-1], s.maxRSS>>20)
+	t.Logf("%s: %d rounds, p50 %v, p99 %v, max %v (slowest API call %v, READ %v, new NBD connection %v), server RSS peak %d MiB",
+		what, len(s.lat), p(0.5), p(0.99), s.lat[len(s.lat)-1], s.slowest[0], s.slowest[1], s.slowest[2], s.maxRSS>>20)
 	for _, err := range s.errs {
 		t.Errorf("%s: %v", what, err)
 	}
-	if p(0.99) > 3*time.Second {
-		t.Errorf("%s: p99 %v, want under the 3 s greeting timeout", what, p(0.99))
+	if p(0.99) > 5*time.Second {
+		t.Errorf("%s: p99 %v, want under 5 s", what, p(0.99))
 	}
 }
 
