@@ -218,9 +218,6 @@ func (s *Server) start(nc net.Conn) {
 		s.rejected(reason, peer, nil)
 		return
 	}
-	id := s.nextID.Add(1)
-	c := &conn{srv: s, nc: nc, peer: peer, log: s.log.With("conn", id, "remote", nc.RemoteAddr().String())}
-	c.r = bufio.NewReaderSize(connReader{c}, 256<<10)
 	s.mu.Lock()
 	if s.closing.Load() {
 		s.mu.Unlock()
@@ -247,7 +244,10 @@ func (s *Server) start(nc net.Conn) {
 	}
 	pm.conns++
 	pm.negotiating++
-	c.peerMem = pm
+	// Only an admitted connection gets its buffers.
+	id := s.nextID.Add(1)
+	c := &conn{srv: s, nc: nc, peer: peer, peerMem: pm, log: s.log.With("conn", id, "remote", nc.RemoteAddr().String())}
+	c.r = bufio.NewReaderSize(connReader{c}, 256<<10)
 	s.conns[c] = true
 	s.wg.Add(1)
 	s.mu.Unlock()
