@@ -138,6 +138,12 @@ func TestMaxHandshakes(t *testing.T) {
 	}
 	good := dial(t, e.addr)
 	good.handshake(hsOpts{export: exportRoot}) // leaves negotiation: its slot is free again
+	// The server gives the slot back just after its last option reply.
+	for deadline := time.Now().Add(5 * time.Second); e.srv.negotiating.Load() != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections negotiating 5 s after GO, want 1", e.srv.negotiating.Load())
+		}
+	}
 	second := dial(t, e.addr)
 	if _, err := second.greeting(); err != nil {
 		t.Fatal(err)
