@@ -1,15 +1,21 @@
 package apiserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"github.com/quiverstorage/quiver/internal/api"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"path"
 	"strings"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/api"
 
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
@@ -17,6 +23,10 @@ import (
 
 // Server serves the v1 API over a pool.
 type Server struct {
+	// BodyTimeout bounds the reading of a request's body (default 10 s;
+	// set before serving). The headers are bounded by the http.Server.
+	BodyTimeout time.Duration
+
 	pool  *pool.Pool
 	jobs  *job.Manager
 	token string
@@ -30,7 +40,7 @@ func NewServer(p *pool.Pool, jobs *job.Manager, token string, log *slog.Logger) 
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{pool: p, jobs: jobs, token: token, log: log, mux: http.NewServeMux()}
+	s := &Server{pool: p, jobs: jobs, token: token, log: log, mux: http.NewServeMux(), BodyTimeout: 10 * time.Second}
 	s.routes()
 	return s
 }
@@ -75,12 +85,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errUnauthorized)
 		return
 	}
+	s.route(w, r)
+}
+
+// Local returns the API without the token check, for a unix socket whose
+// file permissions decide who may connect (docs/security.md). Never serve
+// it on a TCP listener.
+func (s *Server) Local() http.Handler { return http.HandlerFunc(s.route) }
+
+// route serves an authorized request.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	// ServeMux answers an unclean path with a method-preserving redirect
 	// to the cleaned one, so DELETE .../snapshots/.. would land on
 	// DELETE /v1/volumes/{volume}. Refuse such paths instead.
 	if p := r.URL.EscapedPath(); !isCleanPath(p) {
 		s.writeError(w, r, &badRequest{field: "path",
 			msg: fmt.Sprintf("path %q: must not have empty, \".\" or \"..\" segments", p)})
+		return
+	}
+	if err := s.readBody(w, r); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	h, pattern := s.mux.Handler(r)
@@ -99,6 +123,34 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// readBody reads the request's body (up to maxBody and one byte, which
+// decode refuses) within BodyTimeout, then lifts the deadline so that a long
+// synchronous operation is not cut short: a client that trickles its body
+// holds its connection for BodyTimeout at most.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) error {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil
+	}
+	rc := http.NewResponseController(w)
+	deadline := rc.SetReadDeadline(time.Now().Add(s.BodyTimeout)) == nil
+	data, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		// The deadline stays: net/http would otherwise wait for the rest
+		// of the body before it answers.
+		w.Header().Set("Connection", "close")
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return &badRequest{msg: fmt.Sprintf("request body: not received within %v", s.BodyTimeout)}
+		}
+		return &badRequest{msg: "request body: " + err.Error()}
+	}
+	if deadline {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	r.Body = io.NopCloser(bytes.NewReader(data))
+	return nil
 }
 
 // isCleanPath reports whether ServeMux routes p as it is, rather than

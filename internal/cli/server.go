@@ -5,12 +5,14 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/nbd"
+	"github.com/quiverstorage/quiver/internal/quantity"
 	"github.com/quiverstorage/quiver/internal/server"
 )
 
@@ -29,8 +31,18 @@ NBD exports are <volume>/<disk> (read-write) and <volume>@<snapshot>/<disk>
 
 Everything listens on loopback by default. To serve the API on another
 address, give the server a bearer token with --token-file; clients pass the
-same file. NBD on another address requires an attachment token in every export
-name (as --nbd-require-token does on loopback).`,
+same file. With a token file every API request needs the token and every NBD
+export name an attachment token, loopback included; without one, any local
+user can use the API and NBD on loopback (the server warns). NBD on another
+address requires an attachment token in every export name (as
+--nbd-require-token does on loopback).
+
+--api-socket serves the API on a unix socket without the token: the socket is
+0600 (0660 with --api-socket-group), so its file permissions decide who may
+use it (quiver --server unix:///path ...). The NBD socket gets the same mode.
+
+The --api-* and --nbd-* limits bound what clients can hold; docs/security.md
+explains each.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var level slog.Level
@@ -52,6 +64,24 @@ name (as --nbd-require-token does on loopback).`,
 	cmd.Flags().BoolVar(&cfg.NBDRequireToken, "nbd-require-token", false,
 		"refuse NBD exports without an attachment token (always on beyond loopback)")
 	cmd.Flags().BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API port")
+	f := cmd.Flags()
+	f.StringVar(&cfg.APISocket, "api-socket", "", "also serve the API on this unix socket (mode 0600, no token)")
+	f.StringVar(&cfg.APISocketGroup, "api-socket-group", "", "group allowed on the API and NBD sockets (mode 0660)")
+	f.IntVar(&cfg.API.MaxConns, "api-max-conns", 512, "API connections at once; more are closed at accept")
+	f.IntVar(&cfg.API.MaxConnsPerPeer, "api-max-conns-per-peer", 64, "API connections at once from one IP address")
+	f.DurationVar(&cfg.API.HeaderTimeout, "api-header-timeout", 5*time.Second, "time for a request's headers")
+	f.DurationVar(&cfg.API.BodyTimeout, "api-body-timeout", 10*time.Second, "time for a request's body")
+	f.DurationVar(&cfg.API.IdleTimeout, "api-idle-timeout", 30*time.Second, "idle keep-alive API connections are closed after it")
+	f.IntVar(&cfg.NBD.MaxConns, "nbd-max-conns", 1024, "NBD connections at once; more are closed at accept")
+	f.IntVar(&cfg.NBD.MaxConnsPerPeer, "nbd-max-conns-per-peer", 256, "NBD connections at once from one IP address (or the unix socket)")
+	f.IntVar(&cfg.NBD.MaxHandshakes, "nbd-max-handshakes", 128, "NBD connections negotiating at once")
+	f.IntVar(&cfg.NBD.MaxHandshakesPerPeer, "nbd-max-handshakes-per-peer", 16, "NBD connections negotiating at once from one IP address")
+	f.DurationVar(&cfg.NBD.GreetingTimeout, "nbd-greeting-timeout", 3*time.Second, "time for an NBD client's first bytes (its flags)")
+	f.DurationVar(&cfg.NBD.HandshakeTimeout, "nbd-handshake-timeout", 10*time.Second, "time for a whole NBD negotiation")
+	f.DurationVar(&cfg.NBD.SendTimeout, "nbd-send-timeout", time.Minute, "an NBD client that takes none of a reply for this long is disconnected")
+	f.Var(byteSize{&cfg.NBD.MaxConnBytes}, "nbd-max-conn-bytes", "READ/WRITE bytes in flight per NBD connection (default 64Mi)")
+	f.Var(byteSize{&cfg.NBD.MaxPeerBytes}, "nbd-max-peer-bytes", "READ/WRITE bytes in flight per NBD peer (default 256Mi)")
+	f.Var(byteSize{&cfg.NBD.MaxBytes}, "nbd-max-bytes", "READ/WRITE bytes in flight across all NBD connections (default 1Gi)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().StringVar(&readyFile, "ready-file", "",
 		"once serving, write the bound addresses here as JSON (for port 0 in scripts and tests)")
@@ -72,3 +102,24 @@ func writeReadyFile(path, socket string, log *slog.Logger) func(apiAddr, nbdAddr
 		}
 	}
 }
+
+// byteSize is a flag holding a Kubernetes quantity of bytes (64Mi, 1Gi).
+type byteSize struct{ v *int64 }
+
+func (b byteSize) String() string {
+	if b.v == nil || *b.v == 0 {
+		return ""
+	}
+	return quantity.Format(*b.v)
+}
+
+func (b byteSize) Set(s string) error {
+	n, err := quantity.Parse(s)
+	if err != nil {
+		return err
+	}
+	*b.v = n
+	return nil
+}
+
+func (byteSize) Type() string { return "quantity" }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
@@ -219,12 +220,20 @@ func TestPublishBlock(t *testing.T) {
 	if werr != nil {
 		t.Fatal(werr)
 	}
-	// Read the disk back through NBD (a tokenless loopback connection of
-	// its own) and look for the file in the ext4 image.
+	// Read the disk back through NBD (a read-only attachment of its own:
+	// a server with a token file serves no tokenless export) and look for
+	// the file in the ext4 image.
 	img := filepath.Join(dir, "copy.img")
-	uri := "nbd+unix:///" + volID + "/" + DefaultDisk + "?socket=" + s.nbdSocket
+	ro, err := s.api.Attach(t.Context(), volID, api.AttachmentSpec{Node: "reader", Mode: "ro"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uri := "nbd+unix:///" + volID + "/" + DefaultDisk + "/" + ro.Token + "?socket=" + s.nbdSocket
 	if out, err := exec.Command("nbdcopy", uri, img).CombinedOutput(); err != nil {
 		t.Fatalf("nbdcopy %s: %v\n%s", uri, err, out)
+	}
+	if err := s.api.Detach(t.Context(), volID, ro.ID); err != nil {
+		t.Fatal(err)
 	}
 	got, err := exec.Command("debugfs", "-R", "cat /hello.txt", img).Output()
 	if err != nil || string(got) != msg {

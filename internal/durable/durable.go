@@ -72,8 +72,8 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 }
 
 // WriteJSON is WriteFile of v encoded as indented JSON with a final newline,
-// readable by all (0644).
-func WriteJSON(path string, v any) error { return writeJSON(path, v, 0o644) }
+// readable by its owner only (0600): manifests name volumes and disks.
+func WriteJSON(path string, v any) error { return writeJSON(path, v, 0o600) }
 
 // WriteSecretJSON is WriteJSON for a file holding secrets: owner only (0600).
 func WriteSecretJSON(path string, v any) error { return writeJSON(path, v, 0o600) }

@@ -39,7 +39,7 @@ func Reflink(dst, src *os.File) error {
 	return nil
 }
 
-// Clone creates dstPath (exclusively, mode 0644) as a copy of srcPath and
+// Clone creates dstPath (exclusively, mode 0600) as a copy of srcPath and
 // returns the method it used: MethodReflink when caps.Reflink is set and
 // FICLONE succeeds, otherwise MethodCopy through CopySparse. A reflink that
 // turns out unsupported falls back to the copy.
@@ -64,7 +64,7 @@ func Clone(ctx context.Context, dstPath, srcPath string, caps Caps, progress fun
 	}
 	defer src.Close()
 
-	dst, err := os.OpenFile(dstPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	dst, err := os.OpenFile(dstPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return "", fmt.Errorf("clone %s to %s: %w", srcPath, dstPath, err)
 	}
@@ -109,10 +109,10 @@ func cloneInto(ctx context.Context, dst, src *os.File, caps Caps, progress func(
 	return MethodCopy, nil
 }
 
-// finish makes dst's mode exactly 0644 whatever the umask, fsyncs it, closes
+// finish makes dst's mode exactly 0600 whatever the umask, fsyncs it, closes
 // it and fsyncs its directory.
 func finish(dst *os.File) error {
-	if err := dst.Chmod(0o644); err != nil {
+	if err := dst.Chmod(0o600); err != nil {
 		return err
 	}
 	if err := dst.Sync(); err != nil {

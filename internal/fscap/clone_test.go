@@ -15,7 +15,7 @@ import (
 )
 
 func TestClone(t *testing.T) {
-	// Clone must give 0644 whatever the umask.
+	// Clone must give 0600 whatever the umask.
 	old := syscall.Umask(0o077)
 	t.Cleanup(func() { syscall.Umask(old) })
 
@@ -69,8 +69,8 @@ func TestClone(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if fi.Mode() != 0o644 {
-				t.Errorf("mode = %v, want -rw-r--r--", fi.Mode())
+			if fi.Mode() != 0o600 {
+				t.Errorf("mode = %v, want -rw-------", fi.Mode())
 			}
 			if method == MethodCopy {
 				alloc, err := Allocated(dstPath)

@@ -21,6 +21,7 @@ type Metrics struct {
 	errors    *prometheus.CounterVec
 	fenced    *prometheus.CounterVec
 	conns     prometheus.Gauge
+	limits
 }
 
 // Operation label values.
@@ -67,9 +68,11 @@ func New(p *pool.Pool) *Metrics {
 			Help: "Writes, trims and zeroes refused because their attachment lost the writer role or was detached."}, []string{"volume", "disk"}),
 		conns: prometheus.NewGauge(prometheus.GaugeOpts{Name: "quiver_nbd_connections",
 			Help: "Open NBD connections."}),
+		limits: newLimits(),
 	}
 	m.reg.MustRegister(m.ops, m.bytes, m.latency, m.inflight, m.throttled, m.errors, m.fenced, m.conns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(m.limits.collectors()...)
 	if p != nil {
 		m.reg.MustRegister(&poolCollector{p: p})
 	}

@@ -268,6 +268,7 @@ type hsOpts struct {
 	meta       []string // SET_META_CONTEXT queries (nil: not sent)
 	exportName bool     // end with NBD_OPT_EXPORT_NAME instead of NBD_OPT_GO
 	noZeroes   bool     // client flag NO_ZEROES (only matters with exportName)
+	greeted    bool     // the greeting was exchanged already (mustGreet)
 }
 
 // handshake negotiates per o and leaves the client in the transmission phase.
@@ -277,7 +278,9 @@ func (c *testClient) handshake(o hsOpts) {
 	if o.noZeroes {
 		flags |= clientFlagNoZeroes
 	}
-	c.mustGreet(flags)
+	if !o.greeted {
+		c.mustGreet(flags)
+	}
 	if o.structured {
 		if reps := c.option(optStructuredReply, nil); final(reps) != repAck {
 			c.t.Fatalf("STRUCTURED_REPLY: %v", reps)

@@ -26,6 +26,9 @@ const holeThreshold = 256 << 10
 
 // handle validates a request in full, executes it, and replies.
 func (c *conn) handle(req *request) {
+	if c.broken.Load() {
+		return // no reply can reach the client: do not read 32 MiB for nothing
+	}
 	if errno, msg := c.validate(req); errno != 0 {
 		c.replyError(req, errno, msg)
 		return
@@ -57,8 +60,7 @@ func (c *conn) handle(req *request) {
 		return
 	}
 	if err != nil {
-		c.log.Debug("request failed", "op", req.typ, "offset", off, "len", n, "err", err)
-		c.replyError(req, toErrno(err), err.Error())
+		c.failed(req, err)
 		return
 	}
 	if req.typ != cmdFlush && req.typ != cmdCache && !fua {
@@ -137,7 +139,7 @@ func (c *conn) read(req *request) {
 		}
 	}
 	if err := c.disk.ReadAt(buf, off); err != nil {
-		c.replyError(req, toErrno(err), err.Error())
+		c.failed(req, err)
 		return
 	}
 	c.replyData(req, off, buf)
@@ -170,7 +172,7 @@ func (c *conn) readSparse(req *request, ext []pool.Extent) {
 		err = pool.ReadExtents(c.disk, buf, base, ext)
 	}
 	if err != nil {
-		c.replyError(req, toErrno(err), err.Error())
+		c.failed(req, err)
 		return
 	}
 	c.wmu.Lock()
@@ -205,7 +207,7 @@ func (c *conn) blockStatus(req *request) {
 	}
 	ext, err := c.disk.Extents(int64(req.off), int64(req.length), limit)
 	if err != nil {
-		c.replyError(req, toErrno(err), err.Error())
+		c.failed(req, err)
 		return
 	}
 	if req.flags&cmdFlagReqOne != 0 && len(ext) > 1 {

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -24,6 +25,10 @@ type conn struct {
 	snd sender          // send's state (socket.go)
 	r   *bufio.Reader
 	log *slog.Logger
+	// peer is the key the connection is counted under (connlimit.Peer).
+	peer string
+	// handshakeDeadline ends negotiation (Config.HandshakeTimeout).
+	handshakeDeadline time.Time
 
 	// Set by negotiation, read-only in the transmission phase.
 	disk        pool.Disk
@@ -50,6 +55,16 @@ type conn struct {
 	queued atomic.Int32
 	// out holds the replies of requests run by the reader (inline.go).
 	out batch
+
+	// Bytes reserved by requests in flight (memory.go).
+	inflight atomic.Int64
+	memWait  atomic.Bool   // the reader waits for inflight to drop
+	memWake  chan struct{} // capacity 1: wakes the reader in waitConn
+	peak     int64         // the most inflight has been (reader only)
+	peerMem  *peerBytes    // the bytes in flight of the connection's peer
+	// broken is set once a reply failed to go out: the stream is lost, so
+	// the requests already buffered are neither run nor answered.
+	broken atomic.Bool
 }
 
 func (c *conn) open(ctx context.Context, name string) error {
@@ -101,11 +116,18 @@ type request struct {
 
 	reply [64]byte // reply header space
 	iov   [2][]byte
+
+	cost int64 // bytes reserved by conn.reserve, given back on release
+	conn *conn // the connection that reserved them
 }
 
 var requestPool = sync.Pool{New: func() any { return new(request) }}
 
 func (r *request) release() {
+	if r.cost != 0 {
+		r.conn.unreserve(r.cost)
+		r.cost, r.conn = 0, nil
+	}
 	putBuf(r.buf)
 	r.buf, r.room = nil, 0
 	requestPool.Put(r)
@@ -115,6 +137,7 @@ func (r *request) release() {
 // requests and hands them to workers, which execute and reply in any order.
 func (c *conn) serve(ctx context.Context) error {
 	c.reqs = make(chan *request, c.srv.cfg.Workers)
+	c.memWake = make(chan struct{}, 1)
 	if c.srv.cfg.Workers > 1 {
 		c.writes = make(chan *request, writeQueue)
 	}
@@ -162,9 +185,15 @@ func (c *conn) flushOnClose() {
 
 var errDisconnect = errors.New("client disconnected (NBD_CMD_DISC)")
 
+// errBroken ends the reader once a reply could not be sent.
+var errBroken = errors.New("a reply could not be sent: connection broken")
+
 func (c *conn) readLoop() error {
 	defer c.flushOut(&c.out)
 	for {
+		if c.broken.Load() {
+			return errBroken
+		}
 		// Send the replies of requests run here before waiting for input:
 		// a reply is never held back while the reader blocks.
 		if c.r.Buffered() < requestHeaderSize {
@@ -185,6 +214,9 @@ func (c *conn) readLoop() error {
 		req.cookie = binary.BigEndian.Uint64(h[8:])
 		req.off = binary.BigEndian.Uint64(h[16:])
 		req.length = binary.BigEndian.Uint32(h[24:])
+		if (req.typ == cmdRead || req.typ == cmdWrite) && req.length <= maxPayload {
+			c.reserve(req, int64(req.length)) // may wait for replies to drain
+		}
 		if req.typ == cmdWrite {
 			if req.length > maxPayload {
 				req.release()

@@ -10,8 +10,13 @@
 // handles, and so through the volume's I/O gate. Domain errors are mapped
 // to NBD error numbers in one table (errors.go).
 //
-// nbd imports pool (the domain) and metrics (which wraps each disk handle to
-// count and throttle its requests), and nothing above them.
+// What clients can hold is bounded (docs/security.md): connections in
+// total, per peer and in negotiation (server.go, with internal/connlimit),
+// and READ and WRITE bytes in flight per connection, per peer and per
+// server, enforced by making the reader stop reading (memory.go).
 //
-// Imports from quiver: metrics, pool.
+// nbd imports pool (the domain), metrics (which wraps each disk handle to
+// count and throttle its requests) and connlimit, and nothing above them.
+//
+// Imports from quiver: connlimit, metrics, pool.
 package nbd

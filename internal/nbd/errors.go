@@ -3,6 +3,9 @@ package nbd
 import (
 	"errors"
 	"syscall"
+	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -46,3 +49,34 @@ func toErrno(err error) uint32 {
 	}
 	return errIO
 }
+
+// failed answers a request that failed with err. Failures of the disk (EIO,
+// ENOSPC) are what an operator must see: they are logged at warn, paced by
+// the server's failureLog (a failing disk fails every request), and counted
+// (Observer.DataError). Everything else is the client's doing (EINVAL,
+// EPERM of a fenced writer, ...) and logged at debug.
+func (c *conn) failed(req *request, err error) {
+	errno := toErrno(err)
+	gone := errors.Is(err, pool.ErrClosed) || errors.Is(err, pool.ErrDiskNotFound) || errors.Is(err, pool.ErrVolumeNotFound)
+	switch {
+	case (errno == errIO || errno == errNoSpc) && !gone:
+		name := "EIO"
+		if errno == errNoSpc {
+			name = "ENOSPC"
+		}
+		if o := c.srv.cfg.Observer; o != nil {
+			o.DataError(name)
+		}
+		if c.srv.failureLog.Allow() {
+			c.log.Warn("request failed on the disk", "export", c.export, "op", req.typ, "offset", req.off,
+				"len", req.length, "errno", name, "err", err)
+		}
+	default:
+		c.log.Debug("request failed", "op", req.typ, "offset", req.off, "len", req.length, "err", err)
+	}
+	c.replyError(req, errno, err.Error())
+}
+
+// newFailureLog paces the warnings of failed requests: ten at once, then
+// one a second.
+func newFailureLog() *rate.Limiter { return rate.NewLimiter(rate.Every(time.Second), 10) }

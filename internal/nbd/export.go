@@ -85,7 +85,7 @@ func ParseExportName(name string) (ExportRef, error) {
 	var hasSnap bool
 	r.Volume, r.Snapshot, hasSnap = strings.Cut(parts[0], "@")
 	if hasSnap && r.Snapshot == "" {
-		return ExportRef{}, fmt.Errorf("export %q: empty snapshot name", name)
+		return ExportRef{}, fmt.Errorf("export %q: empty snapshot name", redactToken(name))
 	}
 	return r, nil
 }
@@ -115,24 +115,36 @@ func (e PoolExports) List(ctx context.Context) ([]ExportInfo, error) {
 	return out, nil
 }
 
-// Open implements Exports.
+// errNoAccess answers, when tokens are required, a missing or wrong token
+// and an unknown volume alike, so that a client without a token cannot
+// tell which volumes exist.
+var errNoAccess = fmt.Errorf("no such export, or its attachment token is missing or wrong: %w", pool.ErrUnauthorized)
+
+// Open implements Exports. When tokens are required the token is checked
+// before anything about the volume is revealed.
 func (e PoolExports) Open(ctx context.Context, name, peer string) (Export, error) {
 	ref, err := ParseExportName(name)
 	if err != nil {
 		return Export{}, fmt.Errorf("%w: %v", pool.ErrInvalid, err)
 	}
+	if e.RequireToken && ref.Token == "" {
+		return Export{}, errNoAccess
+	}
 	v, err := e.Pool.Volume(ref.Volume)
 	if err != nil {
+		if e.RequireToken {
+			return Export{}, errNoAccess
+		}
 		return Export{}, err
 	}
 	var att *pool.Attachment
-	switch {
-	case ref.Token != "":
+	if ref.Token != "" {
 		if att, err = v.AttachmentByToken(ref.Token); err != nil {
+			if e.RequireToken {
+				return Export{}, errNoAccess
+			}
 			return Export{}, err
 		}
-	case e.RequireToken:
-		return Export{}, fmt.Errorf("this server requires an attachment token: export %s/<token>: %w", name, pool.ErrUnauthorized)
 	}
 	if ref.Snapshot != "" {
 		d, err := v.OpenSnapshotDisk(ref.Snapshot, ref.Disk)

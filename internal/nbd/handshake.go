@@ -45,6 +45,7 @@ func (c *conn) negotiate(ctx context.Context) error {
 	if _, err := io.ReadFull(c.r, cf[:]); err != nil {
 		return err
 	}
+	_ = c.nc.SetDeadline(c.handshakeDeadline) // the greeting is over: the option phase's own bound
 	clientFlags := binary.BigEndian.Uint32(cf[:])
 	if clientFlags&clientFlagFixedNewstyle == 0 {
 		return errors.New("client does not speak fixed newstyle negotiation")

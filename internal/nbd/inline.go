@@ -70,14 +70,17 @@ func (c *conn) writeLoop() {
 }
 
 func (c *conn) serialWrite(req *request, b *batch) {
+	if c.broken.Load() {
+		req.release()
+		return
+	}
 	if errno, msg := c.validate(req); errno != 0 {
 		c.replyError(req, errno, msg)
 		req.release()
 		return
 	}
 	if err := c.disk.WriteAt(*req.buf, int64(req.off), false); err != nil {
-		c.log.Debug("request failed", "op", req.typ, "offset", req.off, "len", req.length, "err", err)
-		c.replyError(req, toErrno(err), err.Error())
+		c.failed(req, err)
 		req.release()
 		return
 	}

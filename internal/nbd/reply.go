@@ -119,7 +119,9 @@ func (c *conn) writev(req *request, h, data []byte) error {
 func (c *conn) sendReply(bufs [][]byte) error {
 	err := c.send(bufs)
 	if err != nil {
-		c.log.Debug("reply failed", "err", err)
+		if !c.broken.Swap(true) {
+			c.log.Debug("reply failed", "err", err)
+		}
 		_ = c.nc.Close()
 	}
 	return err

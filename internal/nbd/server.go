@@ -14,35 +14,101 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
+
+	"github.com/quiverstorage/quiver/internal/connlimit"
 )
 
 // DefaultAddr is the standard NBD port, on loopback.
 const DefaultAddr = "127.0.0.1:10809"
 
-// Config tunes the server. Zero values take the defaults.
+// Config tunes the server. Zero values take the defaults (docs/security.md
+// lists each limit and why it has its default).
 type Config struct {
-	MaxConns         int           // connections at once; more are closed at accept (default 1024)
-	HandshakeTimeout time.Duration // negotiation must finish within it (default 10 s)
+	MaxConns        int // connections at once; more are closed at accept (default 1024)
+	MaxConnsPerPeer int // connections at once from one IP address, or over the unix socket (default 256)
+	// MaxHandshakes bounds the connections still negotiating (default 128),
+	// MaxHandshakesPerPeer those of one peer (default 16): clients that
+	// connect and stall cannot take the slots of connections that serve
+	// data, and one peer cannot take every negotiation slot.
+	MaxHandshakes        int
+	MaxHandshakesPerPeer int
+	// GreetingTimeout: the client's flags must arrive within it of the
+	// connection (default 3 s), so a connection that never sends a byte
+	// holds its slot that long.
+	GreetingTimeout  time.Duration
+	HandshakeTimeout time.Duration // the whole negotiation must finish within it (default 10 s)
 	Workers          int           // requests executed at once per connection (default 16); with 1, one at a time in order
-	Logger           *slog.Logger
-	Observer         Observer // optional: told about connections
+	// MaxConnBytes caps the READ and WRITE bytes in flight on one
+	// connection (default 64 MiB), MaxPeerBytes on all the connections of
+	// one peer (default 256 MiB), MaxBytes across the server (default
+	// 1 GiB). At the cap the connection's reader stops reading
+	// requests until replies drain (memory.go).
+	MaxConnBytes int64
+	MaxPeerBytes int64
+	MaxBytes     int64
+	// SendTimeout ends a connection whose client takes none of a reply for
+	// that long (default 60 s).
+	SendTimeout time.Duration
+	Logger      *slog.Logger
+	Observer    Observer // optional: told about connections
 }
 
-// Observer is told when connections open and close (metrics).
+// Observer is told when connections open, close and are refused (metrics).
 type Observer interface {
 	ConnOpened()
 	ConnClosed()
+	// ConnRejected is called for a connection closed at accept, or an
+	// accept that failed, with the reason: connlimit.ReasonTotal,
+	// ReasonPeer, ReasonFDs or ReasonHandshakes.
+	ConnRejected(reason string)
+	// MemoryWait is called when a connection stops reading requests until
+	// in-flight reply bytes drain: scope "conn" (Config.MaxConnBytes) or
+	// "peer" (Config.MaxPeerBytes) or "server" (Config.MaxBytes).
+	MemoryWait(scope string)
+	// DataError is called for a request that failed on the disk, with the
+	// NBD error's name (EIO, ENOSPC).
+	DataError(errno string)
 }
+
+// ReasonHandshakes is the rejection reason when MaxHandshakes connections
+// are negotiating.
+const ReasonHandshakes = "handshakes"
 
 func (c *Config) defaults() {
 	if c.MaxConns <= 0 {
 		c.MaxConns = 1024
 	}
+	if c.MaxConnsPerPeer <= 0 {
+		c.MaxConnsPerPeer = 256
+	}
+	if c.MaxHandshakes <= 0 {
+		c.MaxHandshakes = 128
+	}
+	if c.MaxHandshakesPerPeer <= 0 {
+		c.MaxHandshakesPerPeer = 16
+	}
+	if c.GreetingTimeout <= 0 {
+		c.GreetingTimeout = 3 * time.Second
+	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 10 * time.Second
 	}
+	c.GreetingTimeout = min(c.GreetingTimeout, c.HandshakeTimeout)
 	if c.Workers <= 0 {
 		c.Workers = 16
+	}
+	if c.MaxConnBytes <= 0 {
+		c.MaxConnBytes = 64 << 20
+	}
+	if c.MaxPeerBytes <= 0 {
+		c.MaxPeerBytes = 256 << 20
+	}
+	if c.MaxBytes <= 0 {
+		c.MaxBytes = 1 << 30
+	}
+	if c.SendTimeout <= 0 {
+		c.SendTimeout = time.Minute
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -57,16 +123,27 @@ type Server struct {
 
 	closing atomic.Bool
 	nextID  atomic.Uint64
-	mu      sync.Mutex
-	lns     map[net.Listener]bool
-	conns   map[*conn]bool
-	wg      sync.WaitGroup
+	limit   *connlimit.Limiter
+	// rejectLog paces the warnings about refused connections.
+	rejectLog *rate.Limiter
+	// failureLog paces the warnings about requests failed on the disk.
+	failureLog *rate.Limiter
+	// negotiating counts connections in negotiation (MaxHandshakes).
+	negotiating atomic.Int64
+	mem         memory // bytes in flight (memory.go)
+	mu          sync.Mutex
+	lns         map[net.Listener]bool
+	conns       map[*conn]bool
+	peers       map[string]*peerBytes
+	wg          sync.WaitGroup
 }
 
 // NewServer returns a server for exports.
 func NewServer(exports Exports, cfg Config) *Server {
 	cfg.defaults()
-	return &Server{exports: exports, cfg: cfg, log: cfg.Logger, lns: map[net.Listener]bool{}, conns: map[*conn]bool{}}
+	return &Server{exports: exports, cfg: cfg, log: cfg.Logger, lns: map[net.Listener]bool{}, conns: map[*conn]bool{},
+		peers: map[string]*peerBytes{}, limit: connlimit.New(cfg.MaxConns, cfg.MaxConnsPerPeer), rejectLog: rate.NewLimiter(rate.Every(time.Second), 1),
+		failureLog: newFailureLog()}
 }
 
 // ListenUnix listens on a unix socket, replacing a stale socket file.
@@ -78,7 +155,9 @@ func ListenUnix(path string) (net.Listener, error) {
 }
 
 // Serve accepts connections on ln until Shutdown. It returns ErrServerClosed
-// after Shutdown.
+// after Shutdown. Accept errors that pass (out of file descriptors, a
+// connection reset before it was accepted) make it pause and go on; only a
+// listener that fails for good ends it.
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.closing.Load() {
@@ -88,34 +167,87 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.lns[ln] = true
 	s.mu.Unlock()
+	var backoff connlimit.Backoff
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
 			if s.closing.Load() {
 				return ErrServerClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond)
+			if connlimit.Temporary(err) {
+				if connlimit.OutOfFDs(err) {
+					s.rejected(connlimit.ReasonFDs, "", err)
+				}
+				backoff.Wait()
 				continue
 			}
 			return err
 		}
+		backoff.Reset()
 		s.start(nc)
 	}
 }
 
+// rejected counts a refused connection and logs it, at most once a second
+// (an attack makes thousands).
+func (s *Server) rejected(reason, peer string, err error) {
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.ConnRejected(reason)
+	}
+	if s.rejectLog.Allow() {
+		s.log.Warn("refusing NBD connection", "reason", reason, "peer", peer, "err", err,
+			"max_conns", s.cfg.MaxConns, "max_conns_per_peer", s.cfg.MaxConnsPerPeer, "max_handshakes", s.cfg.MaxHandshakes)
+	}
+}
+
 func (s *Server) start(nc net.Conn) {
-	id := s.nextID.Add(1)
-	c := &conn{srv: s, nc: nc, log: s.log.With("conn", id, "remote", nc.RemoteAddr().String())}
-	c.r = bufio.NewReaderSize(connReader{c}, 256<<10)
-	s.mu.Lock()
-	if len(s.conns) >= s.cfg.MaxConns || s.closing.Load() {
-		s.mu.Unlock()
-		s.log.Warn("refusing NBD connection: limit reached", "max", s.cfg.MaxConns)
+	peer := connlimit.Peer(nc.RemoteAddr())
+	if s.closing.Load() {
 		_ = nc.Close()
 		return
 	}
+	if s.negotiating.Add(1) > int64(s.cfg.MaxHandshakes) {
+		s.negotiating.Add(-1)
+		_ = nc.Close()
+		s.rejected(ReasonHandshakes, peer, nil)
+		return
+	}
+	if reason := s.limit.Acquire(peer); reason != "" {
+		s.negotiating.Add(-1)
+		_ = nc.Close()
+		s.rejected(reason, peer, nil)
+		return
+	}
+	s.mu.Lock()
+	if s.closing.Load() {
+		s.mu.Unlock()
+		s.negotiating.Add(-1)
+		s.limit.Release(peer)
+		_ = nc.Close()
+		return
+	}
+	pm := s.peers[peer]
+	if pm == nil {
+		pm = &peerBytes{}
+		s.peers[peer] = pm
+	}
+	if pm.negotiating >= s.cfg.MaxHandshakesPerPeer {
+		if pm.conns == 0 {
+			delete(s.peers, peer)
+		}
+		s.mu.Unlock()
+		s.negotiating.Add(-1)
+		s.limit.Release(peer)
+		_ = nc.Close()
+		s.rejected(ReasonHandshakes, peer, nil)
+		return
+	}
+	pm.conns++
+	pm.negotiating++
+	// Only an admitted connection gets its buffers.
+	id := s.nextID.Add(1)
+	c := &conn{srv: s, nc: nc, peer: peer, peerMem: pm, log: s.log.With("conn", id, "remote", nc.RemoteAddr().String())}
+	c.r = bufio.NewReaderSize(connReader{c}, 256<<10)
 	s.conns[c] = true
 	s.wg.Add(1)
 	s.mu.Unlock()
@@ -136,7 +268,12 @@ func (s *Server) start(nc net.Conn) {
 		defer func() {
 			s.mu.Lock()
 			delete(s.conns, c)
+			if pm.conns--; pm.conns == 0 {
+				delete(s.peers, peer)
+			}
 			s.mu.Unlock()
+			s.limit.Release(peer)
+			s.connClosed(c)
 			if s.cfg.Observer != nil {
 				s.cfg.Observer.ConnClosed()
 			}
@@ -148,7 +285,15 @@ func (s *Server) start(nc net.Conn) {
 func (s *Server) run(c *conn) {
 	defer func() { _ = c.nc.Close() }() // c.nc changes in leavePoller
 	defer c.closeDisk()
-	_ = c.nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	negotiating := true
+	defer func() {
+		if negotiating {
+			s.endNegotiation(c)
+		}
+	}()
+	start := time.Now()
+	c.handshakeDeadline = start.Add(s.cfg.HandshakeTimeout)
+	_ = c.nc.SetDeadline(start.Add(s.cfg.GreetingTimeout))
 	if s.closing.Load() { // Shutdown's deadline may predate ours
 		return
 	}
@@ -158,6 +303,8 @@ func (s *Server) run(c *conn) {
 		}
 		return
 	}
+	s.endNegotiation(c)
+	negotiating = false
 	_ = c.nc.SetDeadline(time.Time{})
 	s.mu.Lock() // Shutdown stops the reading of the connection it sees
 	c.leavePoller()
@@ -183,6 +330,14 @@ func (s *Server) run(c *conn) {
 	if err != nil && !errors.Is(err, errDisconnect) && !s.closing.Load() {
 		c.log.Debug("connection ended", "export", c.export, "err", err)
 	}
+}
+
+// endNegotiation gives back c's negotiation slots.
+func (s *Server) endNegotiation(c *conn) {
+	s.negotiating.Add(-1)
+	s.mu.Lock()
+	c.peerMem.negotiating--
+	s.mu.Unlock()
 }
 
 // Shutdown stops accepting, makes every connection stop reading new

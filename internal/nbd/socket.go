@@ -93,6 +93,12 @@ func (c *conn) leavePoller() {
 			_ = unix.Close(d)
 			return
 		}
+		// A blocking send gives up after SendTimeout without progress
+		// (memory.go): the client is not reading its replies.
+		if c.srv != nil {
+			tv := unix.NsecToTimeval(c.srv.cfg.SendTimeout.Nanoseconds())
+			_ = unix.SetsockoptTimeval(d, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+		}
 		dup = d
 	})
 	if err != nil || dup < 0 {
@@ -149,6 +155,10 @@ func (r connReader) Read(p []byte) (int, error) {
 	}
 	return c.nc.Read(p)
 }
+
+// errSendTimeout ends a connection whose client took none of a reply for
+// Config.SendTimeout.
+var errSendTimeout = errors.New("client took no reply data within the send timeout")
 
 // maxIovecs is how many buffers one sendmsg takes (IOV_MAX).
 const maxIovecs = 1024
@@ -228,6 +238,10 @@ func (s *sender) write(fd uintptr) bool {
 		n, _, errno := syscall.RawSyscall(unix.SYS_SENDMSG, fd, ptr, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 		if errno == unix.EAGAIN && s.blocking {
 			n, _, errno = syscall.Syscall(unix.SYS_SENDMSG, fd, ptr, unix.MSG_NOSIGNAL)
+			if errno == unix.EAGAIN { // SO_SNDTIMEO passed without progress
+				s.err = errSendTimeout
+				return true
+			}
 		}
 		switch errno {
 		case 0:

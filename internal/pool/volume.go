@@ -292,7 +292,7 @@ func (p *Pool) createImage(path string, size int64) error {
 // newImageFile creates path exclusively, with the extent size hint where the
 // filesystem has one (it must be set while the file is empty).
 func (p *Pool) newImageFile(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600) // owner only, as libvirt keeps images
 	if err != nil {
 		return nil, mapFSError(err)
 	}

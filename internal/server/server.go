@@ -3,7 +3,7 @@
 // cancelled. It is wiring only: the domain lives in pool, the transports in
 // apiserver and nbd, the wire types in api.
 //
-// Imports from quiver: api, apiserver, job, metrics, nbd, pool.
+// Imports from quiver: api, apiserver, connlimit, job, metrics, nbd, pool.
 package server
 
 import (
@@ -20,6 +20,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/apiserver"
+	"github.com/quiverstorage/quiver/internal/connlimit"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/nbd"
@@ -39,8 +40,15 @@ type Config struct {
 	// NBDRequireToken refuses NBD exports without an attachment token (no
 	// implicit attachments, no LIST). Always on for a non-loopback NBDAddr.
 	NBDRequireToken bool
-	Pprof           bool         // serve /debug/pprof/ on the API port (behind the same auth)
-	Logger          *slog.Logger // nil: slog.Default()
+	// APISocket, when set, also serves the API on this unix socket, without
+	// the token: the socket file's permissions decide who may connect (0600,
+	// or 0660 with APISocketGroup). NBDSocket gets the same permissions.
+	APISocket      string
+	APISocketGroup string
+	API            APILimits    // zero values take the defaults
+	NBD            nbd.Config   // limits of the NBD server; Logger and Observer are set by Run
+	Pprof          bool         // serve /debug/pprof/ on the API port (behind the same auth)
+	Logger         *slog.Logger // nil: slog.Default()
 	// Ready, if set, is called with the API's and the NBD TCP listener's
 	// addresses (nil when there is none) once requests are served.
 	Ready func(api, nbd net.Addr)
@@ -78,6 +86,12 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Info("NBD listens beyond loopback: every export needs an attachment token", "addr", cfg.NBDAddr)
 		cfg.NBDRequireToken = true
 	}
+	if token != "" {
+		cfg.NBDRequireToken = true // loopback included: a token file means no local trust
+	} else {
+		log.Warn("no --token-file: any local user can call the API and read and write every disk over NBD on loopback")
+	}
+	cfg.API.defaults()
 	p, err := pool.Open(ctx, cfg.PoolDir, log)
 	if err != nil {
 		return err
@@ -89,14 +103,17 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen %s: %w (is another quiver server running? pick another address with --listen)", cfg.APIAddr, err)
 	}
 	m := metrics.New(p)
-	nbdSrv := nbd.NewServer(nbd.PoolExports{Pool: p, Metrics: m, RequireToken: cfg.NBDRequireToken},
-		nbd.Config{Logger: log, Observer: m})
+	ln = &connlimit.Listener{Listener: ln, Limiter: connlimit.New(cfg.API.MaxConns, cfg.API.MaxConnsPerPeer),
+		Rejected: m.APIConnRejected}
+	cfg.NBD.Logger, cfg.NBD.Observer = log, m
+	nbdSrv := nbd.NewServer(nbd.PoolExports{Pool: p, Metrics: m, RequireToken: cfg.NBDRequireToken}, cfg.NBD)
 	var nbdLns []net.Listener
 	closeAll := func() {
 		for _, l := range append(nbdLns, ln) {
 			_ = l.Close()
 		}
 	}
+	errc := make(chan error, 4) // API, API socket, NBD TCP, NBD socket
 	if cfg.NBDAddr != "" {
 		l, err := net.Listen("tcp", cfg.NBDAddr)
 		if err != nil {
@@ -106,7 +123,7 @@ func Run(ctx context.Context, cfg Config) error {
 		nbdLns = append(nbdLns, l)
 	}
 	if cfg.NBDSocket != "" {
-		l, err := nbd.ListenUnix(cfg.NBDSocket)
+		l, err := listenUnix(cfg.NBDSocket, cfg.APISocketGroup)
 		if err != nil {
 			closeAll()
 			return fmt.Errorf("nbd socket %s: %w", cfg.NBDSocket, err)
@@ -120,6 +137,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	handler := apiserver.NewServer(p, jobs, token, log)
+	handler.BodyTimeout = cfg.API.BodyTimeout
 	handler.Mount("GET /metrics", m.Handler())
 	if cfg.Pprof {
 		handler.Mount("GET /debug/pprof/", http.HandlerFunc(pprof.Index))
@@ -127,13 +145,20 @@ func Run(ctx context.Context, cfg Config) error {
 		handler.Mount("GET /debug/pprof/heap", pprof.Handler("heap"))
 		handler.Mount("GET /debug/pprof/allocs", pprof.Handler("allocs"))
 	}
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+	srv := cfg.API.httpServer(handler)
+	var localSrv *http.Server
+	if cfg.APISocket != "" {
+		l, err := listenUnix(cfg.APISocket, cfg.APISocketGroup)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("api socket %s: %w", cfg.APISocket, err)
+		}
+		localSrv = cfg.API.httpServer(handler.Local())
+		log.Info("serving API on a unix socket (no token: its file permissions decide)", "path", cfg.APISocket,
+			"group", cfg.APISocketGroup)
+		go func() { errc <- localSrv.Serve(l) }()
 	}
 	log.Info("serving API", "addr", ln.Addr().String(), "auth", token != "")
-	errc := make(chan error, 1+len(nbdLns))
 	var nbdAddr net.Addr
 	for _, l := range nbdLns {
 		log.Info("serving NBD", "addr", l.Addr().String())
@@ -164,6 +189,11 @@ func Run(ctx context.Context, cfg Config) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err = srv.Shutdown(sctx)
+	if localSrv != nil {
+		if lerr := localSrv.Shutdown(sctx); err == nil {
+			err = lerr
+		}
+	}
 	if nerr := nbdSrv.Shutdown(sctx); err == nil {
 		err = nerr
 	}
