@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"path"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -171,7 +172,10 @@ func newToken() string {
 func (v *Volume) loadAttachments() error {
 	v.att = attachTable{byID: map[string]*Attachment{}, nextSeq: 1}
 	var st attachState
-	err := durable.ReadJSON(filepath.Join(v.dir, attachmentsFile), &st)
+	err := v.pool.readDecoded(path.Join("volumes", v.name, attachmentsFile), func(b []byte) (err error) {
+		st, err = decodeAttachments(b)
+		return err
+	})
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
@@ -232,6 +236,9 @@ func (v *Volume) Attach(node, mode string) (AttachmentInfo, bool, error) {
 	}
 	mode, err := validateMode(mode)
 	if err != nil {
+		return AttachmentInfo{}, false, err
+	}
+	if err := v.pool.checkWritable("attach " + v.name); err != nil {
 		return AttachmentInfo{}, false, err
 	}
 	if err := v.checkAlive(); err != nil {
@@ -374,6 +381,9 @@ func (v *Volume) Writer() WriterInfo {
 // from then on (any admitted before have completed) and Done is closed so
 // its connections close.
 func (v *Volume) Detach(id string) error {
+	if err := v.pool.checkWritable("detach " + id); err != nil {
+		return err
+	}
 	v.gate.Lock()
 	defer v.gate.Unlock()
 	v.amu.Lock()
@@ -400,6 +410,9 @@ func (v *Volume) Detach(id string) error {
 // Transfer gives the writer role to attachment id: the epoch grows by one and
 // every other attachment is fenced. Durable on return.
 func (v *Volume) Transfer(id string) (AttachmentInfo, error) {
+	if err := v.pool.checkWritable("transfer " + id); err != nil {
+		return AttachmentInfo{}, err
+	}
 	v.gate.Lock()
 	defer v.gate.Unlock()
 	v.amu.Lock()

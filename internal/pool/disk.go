@@ -104,7 +104,7 @@ func (v *Volume) reopenFiles() error {
 	v.closeFiles()
 	v.files = map[string]*diskFile{}
 	for _, d := range v.manifest().Disks {
-		f, err := os.OpenFile(v.diskPath(d.Name), os.O_RDWR, 0)
+		f, err := v.pool.openImage(v.pool.rel(v.diskPath(d.Name)), v.pool.diskFlag())
 		if err != nil {
 			v.closeFiles()
 			v.files = map[string]*diskFile{}
@@ -164,7 +164,7 @@ func (d *liveDisk) Size() int64 {
 	return 0
 }
 
-func (d *liveDisk) ReadOnly() bool { return d.att != nil && d.att.ReadOnly() }
+func (d *liveDisk) ReadOnly() bool { return d.v.pool.readOnly || d.att != nil && d.att.ReadOnly() }
 
 // lockWrite takes the gate shared for a write and returns the disk's file,
 // once the single-writer rule admits the write; on error the gate is not
@@ -197,6 +197,9 @@ func (d *liveDisk) admitWrite(off, length int64) (*diskFile, error) {
 	df, err := d.file()
 	if err == nil {
 		err = checkRange(off, length, df.size)
+	}
+	if err == nil && d.v.pool.readOnly {
+		err = d.v.pool.checkWritable("write to disk " + d.name)
 	}
 	if err == nil {
 		err = d.att.mayWrite(df)
@@ -444,7 +447,7 @@ func (v *Volume) OpenSnapshotDisk(snapshot, disk string) (Disk, error) {
 	}
 	for _, d := range s.Disks {
 		if d.Name == disk {
-			f, err := os.Open(filepath.Join(v.snapshotDir(snapshot), disk+".img"))
+			f, err := v.pool.openImage(v.pool.rel(filepath.Join(v.snapshotDir(snapshot), disk+".img")), os.O_RDONLY)
 			if err != nil {
 				return nil, err
 			}

@@ -20,6 +20,20 @@ var (
 	ErrOutOfRange         = errors.New("offset or length beyond the end of the disk")
 	ErrClosed             = errors.New("disk handle closed")
 	ErrNotSupported       = errors.New("not supported by the pool's filesystem")
+	// ErrBroken refuses an operation on a volume quarantined at start-up
+	// because its files are damaged or hostile; the message says why.
+	ErrBroken = errors.New("volume is broken (quarantined)")
+	// ErrHostile is a file in the pool that would lead outside it or share
+	// its data with a file outside it (a symbolic link, a hard link).
+	ErrHostile = errors.New("file in the pool leads outside it")
+	// ErrLocked refuses to open a pool another process has open.
+	ErrLocked = errors.New("pool is locked by another process")
+	// ErrNotPool refuses a directory that does not hold a pool and must not
+	// silently become a new, empty one.
+	ErrNotPool = errors.New("not a quiver pool")
+	// ErrNotMounted refuses a pool directory expected to be a mount point
+	// that is not one.
+	ErrNotMounted = errors.New("pool filesystem not mounted")
 )
 
 // FieldError says which field of a request broke which rule. It matches

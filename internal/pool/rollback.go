@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
+	"path"
 	"path/filepath"
 	"strings"
 
@@ -59,7 +59,7 @@ func (v *Volume) Rollback(ctx context.Context, snapshot string, prog Progress) (
 		return VolumeInfo{}, mapFSError(err)
 	}
 	v.gate.Lock()
-	err = applyRollback(v.dir, staged)
+	err = v.pool.applyRollback(v.dir, staged)
 	v.mu.Lock()
 	v.m = m
 	v.mu.Unlock()
@@ -77,67 +77,77 @@ func (v *Volume) Rollback(ctx context.Context, snapshot string, prog Progress) (
 // applyRollback moves the staged images and manifest into the volume
 // directory, removes images the new manifest does not list, and removes the
 // rollback record. Every step is idempotent, so start-up can redo it after a
-// crash at any point.
-func applyRollback(volDir, staged string) error {
-	disks := filepath.Join(volDir, "disks")
-	entries, err := os.ReadDir(staged)
+// crash at any point. Every file is reached through the pool's root.
+func (p *Pool) applyRollback(volDir, staged string) error {
+	vol, stg := p.rel(volDir), p.rel(staged)
+	disks := path.Join(vol, "disks")
+	entries, err := p.root.ReadDir(stg)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	for _, e := range entries {
 		if strings.HasSuffix(e.Name(), ".img") {
-			if err := os.Rename(filepath.Join(staged, e.Name()), filepath.Join(disks, e.Name())); err != nil {
+			if err := p.root.Rename(path.Join(stg, e.Name()), path.Join(disks, e.Name())); err != nil {
 				return err
 			}
 		}
 	}
-	if err := durable.SyncDir(disks); err != nil {
+	if err := durable.SyncDir(filepath.Join(volDir, "disks")); err != nil {
 		return err
 	}
-	if _, err := os.Stat(filepath.Join(staged, "volume.json")); err == nil {
-		if err := durable.Rename(filepath.Join(staged, "volume.json"), filepath.Join(volDir, "volume.json")); err != nil {
+	if err := p.checkFile(path.Join(stg, "volume.json")); err == nil {
+		if err := p.root.Rename(path.Join(stg, "volume.json"), path.Join(vol, "volume.json")); err != nil {
+			return err
+		}
+		if err := durable.SyncDir(volDir); err != nil {
 			return err
 		}
 	}
 	var m volumeManifest
-	if err := durable.ReadJSON(filepath.Join(volDir, "volume.json"), &m); err != nil {
+	err = p.readDecoded(path.Join(vol, "volume.json"), func(b []byte) (err error) {
+		m, err = decodeVolumeManifest(b, filepath.Base(volDir))
+		return err
+	})
+	if err != nil {
 		return err
 	}
-	if err := removeOrphanImages(disks, m.Disks); err != nil {
+	if err := p.removeOrphanImages(disks, m.Disks); err != nil {
 		return err
 	}
-	if err := os.Remove(filepath.Join(volDir, rollbackRecordName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := p.root.Remove(path.Join(vol, rollbackRecordName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	if err := durable.SyncDir(volDir); err != nil {
 		return err
 	}
-	return os.RemoveAll(staged)
+	return p.root.RemoveAll(stg)
 }
 
-// removeOrphanImages removes every file in the disks directory that is not
-// the image of a listed disk (crash leftovers: temp files, images of disks
-// whose add never committed or whose removal did).
-func removeOrphanImages(disksDir string, disks []DiskSpec) error {
+// removeOrphanImages removes every entry of the disks directory (relative to
+// the pool directory) that is not the image of a listed disk (crash
+// leftovers: temp files, images of disks whose add never committed or whose
+// removal did). Entries are unlinked relative to the directory, so a link
+// among them is removed, never followed.
+func (p *Pool) removeOrphanImages(disksDir string, disks []DiskSpec) error {
 	keep := make(map[string]bool, len(disks))
 	for _, d := range disks {
 		keep[d.Name+".img"] = true
 	}
-	entries, err := os.ReadDir(disksDir)
+	entries, err := p.root.ReadDir(disksDir)
 	if err != nil {
-		return err
+		return hostile(err)
 	}
 	removed := false
 	for _, e := range entries {
 		if !keep[e.Name()] {
-			if err := os.RemoveAll(filepath.Join(disksDir, e.Name())); err != nil {
+			if err := p.root.RemoveAll(path.Join(disksDir, e.Name())); err != nil {
 				return err
 			}
 			removed = true
 		}
 	}
 	if removed {
-		return durable.SyncDir(disksDir)
+		return durable.SyncDir(filepath.Join(p.dir, disksDir))
 	}
 	return nil
 }

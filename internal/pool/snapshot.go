@@ -93,7 +93,7 @@ func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, p
 		}
 	}()
 	for _, d := range m.Disks {
-		src, err := os.Open(v.diskPath(d.Name))
+		src, err := v.pool.openImage(v.pool.rel(v.diskPath(d.Name)), os.O_RDONLY)
 		if err != nil {
 			return "", 0, err
 		}

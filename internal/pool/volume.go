@@ -55,6 +55,10 @@ type Volume struct {
 	m       volumeManifest
 	snaps   map[string]*snapshotManifest
 	deleted bool
+
+	// broken, immutable, is why the volume was quarantined at start-up;
+	// every operation on it fails with ErrBroken.
+	broken error
 }
 
 type diskFile struct {
@@ -73,6 +77,14 @@ func newVolume(p *Pool, m volumeManifest, snaps map[string]*snapshotManifest) *V
 		att: attachTable{byID: map[string]*Attachment{}, nextSeq: 1}}
 }
 
+// newBrokenVolume is the stand-in for a volume quarantined at start-up: it
+// lists with its reason and refuses every operation.
+func newBrokenVolume(p *Pool, name string, why error) *Volume {
+	v := newVolume(p, volumeManifest{Name: name}, nil)
+	v.broken = why
+	return v
+}
+
 func (v *Volume) disksDir() string            { return filepath.Join(v.dir, "disks") }
 func (v *Volume) snapshotsDir() string        { return filepath.Join(v.dir, "snapshots") }
 func (v *Volume) diskPath(d string) string    { return filepath.Join(v.disksDir(), d+".img") }
@@ -89,6 +101,9 @@ func (v *Volume) manifest() volumeManifest {
 
 // lockOps takes the control lock exclusively, or refuses with ErrBusy.
 func (v *Volume) lockOps(op string) (func(), error) {
+	if err := v.pool.checkWritable(op + " " + v.name); err != nil {
+		return nil, err
+	}
 	if !v.ops.TryLock() {
 		return nil, fmt.Errorf("%s: volume %q is busy with another operation, retry later: %w", op, v.name, ErrBusy)
 	}
@@ -112,6 +127,9 @@ func (v *Volume) rlockOps(op string) (func(), error) {
 }
 
 func (v *Volume) checkAlive() error {
+	if v.broken != nil {
+		return fmt.Errorf("volume %q is quarantined (%v): %w", v.name, v.broken, ErrBroken)
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.deleted {
@@ -122,6 +140,9 @@ func (v *Volume) checkAlive() error {
 
 // Info returns a view of the volume with the disks' allocated bytes.
 func (v *Volume) Info() VolumeInfo {
+	if v.broken != nil {
+		return VolumeInfo{Name: v.name, Broken: v.broken.Error()}
+	}
 	m := v.manifest()
 	v.mu.Lock()
 	nsnaps := len(v.snaps)
@@ -205,7 +226,7 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 func (p *Pool) stageVolume(staged string, m volumeManifest, fill func(disksDir string) error) error {
 	disks := filepath.Join(staged, "disks")
 	for _, d := range []string{disks, filepath.Join(staged, "snapshots")} {
-		if err := os.Mkdir(d, 0o755); err != nil {
+		if err := p.root.Mkdir(p.rel(d), 0o755); err != nil {
 			return mapFSError(err)
 		}
 	}
@@ -237,7 +258,7 @@ func (p *Pool) createImage(path string, size int64) error {
 // newImageFile creates path exclusively, with the extent size hint where the
 // filesystem has one (it must be set while the file is empty).
 func (p *Pool) newImageFile(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := p.root.OpenFile(p.rel(path), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return nil, mapFSError(err)
 	}
@@ -371,7 +392,7 @@ func (v *Volume) AddDisk(ctx context.Context, d DiskSpec) (VolumeInfo, error) {
 		return VolumeInfo{}, fmt.Errorf("disks would total %d bytes, capacity is %d bytes; grow the volume first: %w", t, m.Capacity, ErrCapacity)
 	}
 	path := v.diskPath(d.Name)
-	_ = os.Remove(path) // an orphan from a crashed add
+	_ = v.pool.root.Remove(v.pool.rel(path)) // an orphan from a crashed add
 	if err := v.pool.createImage(path, d.Size); err != nil {
 		return VolumeInfo{}, err
 	}
@@ -380,7 +401,7 @@ func (v *Volume) AddDisk(ctx context.Context, d DiskSpec) (VolumeInfo, error) {
 	}
 	m.Disks = append(m.Disks, d)
 	if err := v.commit(m); err != nil {
-		_ = os.Remove(path)
+		_ = v.pool.root.Remove(v.pool.rel(path))
 		return VolumeInfo{}, err
 	}
 	v.gate.Lock()
@@ -424,7 +445,7 @@ func (v *Volume) GrowDisk(ctx context.Context, disk string, size int64) (VolumeI
 		return VolumeInfo{}, err
 	}
 	v.gate.Lock()
-	err = extendImage(v.diskPath(disk), size)
+	err = v.pool.checkImage(v.pool.rel(v.diskPath(disk)), size, true)
 	if df := v.files[disk]; df != nil && err == nil {
 		df.size = size
 		if df.ch != nil {
@@ -436,25 +457,6 @@ func (v *Volume) GrowDisk(ctx context.Context, disk string, size int64) (VolumeI
 		return VolumeInfo{}, err
 	}
 	return v.Info(), nil
-}
-
-func extendImage(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if st.Size() >= size {
-		return nil
-	}
-	if err := f.Truncate(size); err != nil {
-		return mapFSError(err)
-	}
-	return f.Sync()
 }
 
 // RemoveDisk removes a disk from the volume (its snapshots keep their
@@ -484,7 +486,7 @@ func (v *Volume) RemoveDisk(ctx context.Context, disk string) (VolumeInfo, error
 		delete(v.files, disk)
 	}
 	v.gate.Unlock()
-	if err := os.Remove(v.diskPath(disk)); err == nil {
+	if err := v.pool.root.Remove(v.pool.rel(v.diskPath(disk))); err == nil {
 		_ = durable.SyncDir(v.disksDir())
 	}
 	return v.Info(), nil
