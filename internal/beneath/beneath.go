@@ -164,30 +164,39 @@ func (r *Root) OpenFile(rel string, flag int, perm os.FileMode) (*os.File, error
 
 // OpenRegular opens rel like OpenFile and then requires a regular file with
 // exactly one hard link, so that nothing reached through it has another name
-// outside the root.
+// outside the root. A FIFO or device is refused without blocking in open.
 func (r *Root) OpenRegular(rel string, flag int) (*os.File, error) {
-	f, err := r.OpenFile(rel, flag, 0)
+	fd, err := r.openat(rel, flag|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
-	if err := CheckRegular(f); err != nil {
-		f.Close()
+	name := filepath.Join(r.path, rel)
+	if err := checkRegular(fd, name); err != nil {
+		unix.Close(fd)
 		return nil, err
 	}
-	return f, nil
+	if flag&unix.O_NONBLOCK == 0 {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, flag); err != nil {
+			unix.Close(fd)
+			return nil, &fs.PathError{Op: "fcntl", Path: name, Err: err}
+		}
+	}
+	return os.NewFile(uintptr(fd), name), nil
 }
 
 // CheckRegular requires f to be a regular file with one hard link.
-func CheckRegular(f *os.File) error {
+func CheckRegular(f *os.File) error { return checkRegular(int(f.Fd()), f.Name()) }
+
+func checkRegular(fd int, name string) error {
 	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return &fs.PathError{Op: "fstat", Path: f.Name(), Err: err}
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &fs.PathError{Op: "fstat", Path: name, Err: err}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return &fs.PathError{Op: "open", Path: f.Name(), Err: ErrNotRegular}
+		return &fs.PathError{Op: "open", Path: name, Err: ErrNotRegular}
 	}
 	if st.Nlink > 1 {
-		return &fs.PathError{Op: "open", Path: f.Name(), Err: fmt.Errorf("%w (%d links)", ErrHardLink, st.Nlink)}
+		return &fs.PathError{Op: "open", Path: name, Err: fmt.Errorf("%w (%d links)", ErrHardLink, st.Nlink)}
 	}
 	return nil
 }

@@ -209,3 +209,25 @@ func TestLstatAndReadDir(t *testing.T) {
 		t.Fatalf("ReadDir(dir) = %v, %v", es, err)
 	}
 }
+
+// TestOpenRegularRefusesFIFOWithoutBlocking: a FIFO where a file should be
+// would block a read-only open forever.
+func TestOpenRegularRefusesFIFOWithoutBlocking(t *testing.T) {
+	root := t.TempDir()
+	if err := syscallMkfifo(filepath.Join(root, "fifo")); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for _, flag := range []int{os.O_RDONLY, os.O_RDWR} {
+		if f, err := r.OpenRegular("fifo", flag); !errors.Is(err, ErrNotRegular) {
+			if f != nil {
+				f.Close()
+			}
+			t.Fatalf("OpenRegular(fifo, %#x) = %v, want ErrNotRegular", flag, err)
+		}
+	}
+}

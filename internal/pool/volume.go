@@ -186,6 +186,9 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 	}
 	defer p.unreserve(spec.Name)
 	if v, err := p.Volume(spec.Name); err == nil {
+		if err := v.checkAlive(); err != nil {
+			return VolumeInfo{}, false, err
+		}
 		m := v.manifest()
 		if m.sameSpec(spec) {
 			return v.Info(), false, nil
