@@ -79,6 +79,9 @@ func OpenWith(ctx context.Context, dir string, opts Options) (_ *Pool, err error
 	p := &Pool{dir: abs, root: root, log: log, volumes: map[string]*Volume{}, creating: map[string]bool{}}
 	defer func() {
 		if err != nil {
+			if errors.Is(err, ErrNotPool) && p.lockCreated {
+				_ = p.root.Remove(lockFile) // leave a refused directory as it was
+			}
 			p.release()
 		}
 	}()
@@ -162,7 +165,11 @@ func checkMounted(dir string) error {
 // pool.lock (on the directory itself where the file cannot be created: a
 // read-only pool), and writes this process's PID into it.
 func (p *Pool) takeLock() error {
-	f, err := p.root.OpenFile(lockFile, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := p.root.OpenFile(lockFile, os.O_RDWR, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		f, err = p.root.OpenFile(lockFile, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		p.lockCreated = err == nil
+	}
 	if isReadOnlyErr(err) {
 		f, err = p.root.OpenFile(lockFile, os.O_RDONLY, 0)
 		if errors.Is(err, fs.ErrNotExist) {

@@ -44,14 +44,16 @@ const ExtentSizeHint = 1 << 20
 
 // Pool is an open pool directory. It is safe for concurrent use.
 type Pool struct {
-	dir      string
-	root     *beneath.Root // the pool directory; every file in it is opened through root
-	lock     *os.File      // pool.lock, flocked for the life of the pool (open.go)
-	readOnly bool          // served read-only (open.go)
-	id       string
-	born     time.Time
-	caps     fscap.Caps
-	log      *slog.Logger
+	dir  string
+	root *beneath.Root // the pool directory; every file in it is opened through root
+	lock *os.File      // pool.lock, flocked for the life of the pool (open.go)
+	// lockCreated: this open made pool.lock (removed again if it refuses).
+	lockCreated bool
+	readOnly    bool // served read-only (open.go)
+	id          string
+	born        time.Time
+	caps        fscap.Caps
+	log         *slog.Logger
 
 	mu       sync.Mutex
 	volumes  map[string]*Volume
