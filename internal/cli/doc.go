@@ -3,6 +3,6 @@
 //
 // It parses arguments and prints results; it holds no storage logic. It may
 // import internal/api, internal/client, internal/quantity and, for `quiver
-// server` only, internal/server, and for `quiver csi` only, internal/csi;
+// server` and `quiver pool init` only, internal/server, and for `quiver csi` only, internal/csi;
 // nothing imports it but cmd/quiver.
 package cli
