@@ -85,10 +85,11 @@ func OpenWith(ctx context.Context, dir string, opts Options) (_ *Pool, err error
 			p.release()
 		}
 	}()
+	p.readOnly = p.modeReadOnly()
 	if err := p.takeLock(); err != nil {
 		return nil, err
 	}
-	p.readOnly = p.probeReadOnly()
+	p.readOnly = p.readOnly || p.probeReadOnly()
 	created, err := p.loadIdentity(opts.NoCreate)
 	if err != nil {
 		return nil, err
@@ -166,11 +167,16 @@ func checkMounted(dir string) error {
 // read-only pool), and writes this process's PID into it.
 func (p *Pool) takeLock() error {
 	f, err := p.root.OpenFile(lockFile, os.O_RDWR, 0)
-	if errors.Is(err, fs.ErrNotExist) {
+	if p.readOnly {
+		err = unix.EROFS // take the lock without writing
+	} else if errors.Is(err, fs.ErrNotExist) {
 		f, err = p.root.OpenFile(lockFile, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 		p.lockCreated = err == nil
 	}
 	if isReadOnlyErr(err) {
+		if f != nil {
+			f.Close()
+		}
 		f, err = p.root.OpenFile(lockFile, os.O_RDONLY, 0)
 		if errors.Is(err, fs.ErrNotExist) {
 			f, err = p.root.OpenDir(".")
@@ -198,7 +204,7 @@ func (p *Pool) takeLock() error {
 		}
 		return fmt.Errorf("lock pool %s: %w (on NFS, the lock needs NFSv4 or NFSv3 with the lock manager, not nolock)", p.dir, err)
 	}
-	if fi, err := f.Stat(); err == nil && !fi.IsDir() {
+	if fi, err := f.Stat(); err == nil && !fi.IsDir() && !p.readOnly {
 		if err := f.Truncate(0); err == nil {
 			_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 		}
@@ -213,15 +219,17 @@ func isReadOnlyErr(err error) bool {
 	return errors.Is(err, unix.EROFS) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)
 }
 
-// probeReadOnly reports whether the pool must be served read-only: a probe
-// file cannot be created in it (a read-only mount, no permission), or the
-// pool directory has no write permission bits at all, which an operator sets
-// to make a pool read-only even for root (who bypasses permission bits).
-func (p *Pool) probeReadOnly() bool {
+// modeReadOnly reports whether the pool directory has no write permission
+// bits at all, which an operator sets to make a pool read-only even for root
+// (who bypasses permission bits).
+func (p *Pool) modeReadOnly() bool {
 	fi, err := os.Stat(p.dir)
-	if err == nil && fi.Mode().Perm()&0o222 == 0 {
-		return true
-	}
+	return err == nil && fi.Mode().Perm()&0o222 == 0
+}
+
+// probeReadOnly reports whether a probe file cannot be created in the pool
+// (a read-only mount, no permission): the pool must be served read-only.
+func (p *Pool) probeReadOnly() bool {
 	name := durable.TempPrefix + "probe-" + newUID()
 	f, err := p.root.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
