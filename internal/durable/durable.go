@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // TempPrefix starts the name of every temporary file this package creates.
@@ -27,11 +29,27 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	if dir == "" {
 		dir = "."
 	}
-	tmp := filepath.Join(dir, TempPrefix+base+"-"+randomSuffix())
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	d, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
+	defer d.Close()
+	return WriteFileAt(d, base, data, perm)
+}
+
+// WriteFileAt is WriteFile of name in the open directory dir: the temporary
+// file is created (never through a symbolic link), renamed and synced
+// relative to dir, so a link put in place of dir's path meanwhile is not
+// followed.
+func WriteFileAt(dir *os.File, name string, data []byte, perm os.FileMode) error {
+	path := filepath.Join(dir.Name(), name)
+	dfd := int(dir.Fd())
+	tmp := TempPrefix + name + "-" + randomSuffix()
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(perm.Perm()))
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(dir.Name(), tmp))
 	_, werr := f.Write(data)
 	if werr == nil {
 		werr = f.Sync()
@@ -40,13 +58,16 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 		werr = cerr
 	}
 	if werr == nil {
-		werr = os.Rename(tmp, path)
+		werr = unix.Renameat(dfd, tmp, dfd, name)
 	}
 	if werr != nil {
-		_ = os.Remove(tmp)
+		_ = unix.Unlinkat(dfd, tmp, 0)
 		return fmt.Errorf("write %s: %w", path, werr)
 	}
-	return SyncDir(dir)
+	if err := dir.Sync(); err != nil {
+		return fmt.Errorf("sync dir %s: %w", dir.Name(), err)
+	}
+	return nil
 }
 
 // WriteJSON is WriteFile of v encoded as indented JSON with a final newline,
@@ -57,11 +78,35 @@ func WriteJSON(path string, v any) error { return writeJSON(path, v, 0o644) }
 func WriteSecretJSON(path string, v any) error { return writeJSON(path, v, 0o600) }
 
 func writeJSON(path string, v any, perm os.FileMode) error {
+	data, err := encodeJSON(path, v)
+	if err != nil {
+		return err
+	}
+	return WriteFile(path, data, perm)
+}
+
+// WriteJSONAt is WriteJSON of name in the open directory dir (WriteFileAt).
+func WriteJSONAt(dir *os.File, name string, v any) error { return writeJSONAt(dir, name, v, 0o644) }
+
+// WriteSecretJSONAt is WriteSecretJSON of name in the open directory dir.
+func WriteSecretJSONAt(dir *os.File, name string, v any) error {
+	return writeJSONAt(dir, name, v, 0o600)
+}
+
+func writeJSONAt(dir *os.File, name string, v any, perm os.FileMode) error {
+	data, err := encodeJSON(filepath.Join(dir.Name(), name), v)
+	if err != nil {
+		return err
+	}
+	return WriteFileAt(dir, name, data, perm)
+}
+
+func encodeJSON(path string, v any) ([]byte, error) {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return fmt.Errorf("encode %s: %w", path, err)
+		return nil, fmt.Errorf("encode %s: %w", path, err)
 	}
-	return WriteFile(path, append(data, '\n'), perm)
+	return append(data, '\n'), nil
 }
 
 // ReadJSON decodes the JSON file at path into v, refusing unknown fields.

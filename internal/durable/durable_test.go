@@ -55,3 +55,36 @@ func TestIsTemp(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteFileAtIgnoresSwappedPath: once the directory is open, a link put
+// in place of its path does not redirect the write.
+func TestWriteFileAtIgnoresSwappedPath(t *testing.T) {
+	base := t.TempDir()
+	dir, moved, outside := filepath.Join(base, "dir"), filepath.Join(base, "moved"), filepath.Join(base, "outside")
+	for _, d := range []string{dir, outside} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := os.Rename(dir, moved); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteJSONAt(d, "m.json", map[string]int{"a": 1}); err != nil {
+		t.Fatal(err)
+	}
+	if es, _ := os.ReadDir(outside); len(es) != 0 {
+		t.Fatalf("the write followed the link: %v", es)
+	}
+	var got map[string]int
+	if err := ReadJSON(filepath.Join(moved, "m.json"), &got); err != nil || got["a"] != 1 {
+		t.Fatalf("read back: %v, %v", got, err)
+	}
+}

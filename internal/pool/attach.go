@@ -14,8 +14,6 @@ import (
 	"sort"
 	"sync/atomic"
 	"time"
-
-	"github.com/quiverstorage/quiver/internal/durable"
 )
 
 // Attachments and the single-writer rule.
@@ -210,7 +208,7 @@ func (v *Volume) saveAttachments(t *attachTable, fenced map[string]bool) error {
 		st.Attachments = append(st.Attachments, r)
 	}
 	sort.Slice(st.Attachments, func(i, j int) bool { return st.Attachments[i].Seq < st.Attachments[j].Seq })
-	if err := durable.WriteSecretJSON(filepath.Join(v.dir, attachmentsFile), st); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(v.dir, attachmentsFile), st, true); err != nil {
 		return mapFSError(err)
 	}
 	return nil

@@ -714,3 +714,34 @@ func checkBroken(t *testing.T, p *Pool, name string) {
 		}
 	}
 }
+
+// TestManifestWritesNeverFollowALink: a volume directory swapped for a link
+// to a directory outside the pool while the server runs does not receive
+// the next manifest write; the change is refused.
+func TestManifestWritesNeverFollowALink(t *testing.T) {
+	base := t.TempDir()
+	dir, outside := filepath.Join(base, "pool"), filepath.Join(base, "outside")
+	p := openTestPool(t, dir)
+	mustCreate(t, p, hostileSpec("web"))
+	v, _ := p.Volume("web")
+	if err := os.Rename(v.dir, outside); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, v.dir); err != nil {
+		t.Fatal(err)
+	}
+	before := treeSum(t, outside)
+	ctx := context.Background()
+	if _, err := v.Update(ctx, Update{Labels: map[string]string{"a": "b"}}); !errors.Is(err, ErrHostile) {
+		t.Errorf("update through a swapped link: %v, want ErrHostile", err)
+	}
+	if _, _, err := v.Attach("node-a", ModeReadWrite); !errors.Is(err, ErrHostile) {
+		t.Errorf("attach through a swapped link: %v, want ErrHostile", err)
+	}
+	if _, err := v.AddDisk(ctx, DiskSpec{Name: "x", Size: mib}); err == nil {
+		t.Error("add disk through a swapped link succeeded")
+	}
+	if treeSum(t, outside) != before {
+		t.Fatal("a write went through the link to the directory outside the pool")
+	}
+}

@@ -262,7 +262,7 @@ func (p *Pool) loadIdentity(noCreate bool) (created bool, err error) {
 			return false, fmt.Errorf("pool %s: no pool.json and the directory is read-only: %w", p.dir, ErrNotPool)
 		}
 		m = poolManifest{Kind: "Pool", Version: manifestVersion, ID: newUID(), CreatedAt: time.Now().UTC()}
-		if err := durable.WriteJSON(filepath.Join(p.dir, "pool.json"), m); err != nil {
+		if err := p.writeJSON(filepath.Join(p.dir, "pool.json"), m, false); err != nil {
 			return false, fmt.Errorf("create pool identity: %w", err)
 		}
 		created = true

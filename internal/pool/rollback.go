@@ -49,12 +49,12 @@ func (v *Volume) Rollback(ctx context.Context, snapshot string, prog Progress) (
 	m := v.manifest()
 	m.Disks = append([]DiskSpec(nil), s.Disks...)
 	m.Capacity = max(m.Capacity, s.Capacity)
-	if err := durable.WriteJSON(filepath.Join(staged, "volume.json"), m); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(staged, "volume.json"), m, false); err != nil {
 		v.pool.discard(staged)
 		return VolumeInfo{}, mapFSError(err)
 	}
 	rec := rollbackRecord{Snapshot: snapshot, Staging: filepath.Base(staged)}
-	if err := durable.WriteJSON(filepath.Join(v.dir, rollbackRecordName), rec); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(v.dir, rollbackRecordName), rec, false); err != nil {
 		v.pool.discard(staged)
 		return VolumeInfo{}, mapFSError(err)
 	}

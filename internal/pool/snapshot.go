@@ -52,7 +52,7 @@ func (v *Volume) CreateSnapshot(ctx context.Context, name string, prog Progress)
 	}
 	sm := &snapshotManifest{Kind: "Snapshot", Version: manifestVersion, Name: name, UID: newUID(), Volume: m.Name,
 		VolumeUID: m.UID, Capacity: m.Capacity, Disks: m.Disks, Method: method, GateHeld: held, CreatedAt: time.Now().UTC()}
-	if err := durable.WriteJSON(filepath.Join(staged, "snapshot.json"), sm); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(staged, "snapshot.json"), sm, false); err != nil {
 		v.pool.discard(staged)
 		return SnapshotInfo{}, false, mapFSError(err)
 	}

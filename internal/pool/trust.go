@@ -8,8 +8,10 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 
 	"github.com/quiverstorage/quiver/internal/beneath"
+	"github.com/quiverstorage/quiver/internal/durable"
 )
 
 // maxManifest bounds a manifest read from the pool (volume.json with
@@ -22,6 +24,23 @@ const maxManifest = 4 << 20
 // not validate: each loader does.
 func (p *Pool) readManifest(rel string, v any) error {
 	return p.readDecoded(rel, func(data []byte) error { return decodeStrict(data, v) })
+}
+
+// writeJSON replaces the manifest at path (in the pool) atomically and
+// durably (durable.WriteJSONAt), through a directory opened beneath the pool
+// root: a link put in place of a directory of the pool is refused, never
+// written through. secret makes the file owner-only (attachment tokens).
+func (p *Pool) writeJSON(path string, v any, secret bool) error {
+	rel := p.rel(path)
+	d, err := p.root.OpenDir(filepath.Dir(rel))
+	if err != nil {
+		return hostile(err)
+	}
+	defer d.Close()
+	if secret {
+		return durable.WriteSecretJSONAt(d, filepath.Base(rel), v)
+	}
+	return durable.WriteJSONAt(d, filepath.Base(rel), v)
 }
 
 // decodeStrict decodes one JSON value, refusing unknown fields and anything

@@ -161,7 +161,7 @@ func (v *Volume) Info() VolumeInfo {
 // commit writes m as the volume's manifest (durable on return) and makes it
 // the in-memory truth.
 func (v *Volume) commit(m volumeManifest) error {
-	if err := durable.WriteJSON(filepath.Join(v.dir, "volume.json"), m); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(v.dir, "volume.json"), m, false); err != nil {
 		return mapFSError(err)
 	}
 	v.mu.Lock()
@@ -239,7 +239,7 @@ func (p *Pool) stageVolume(staged string, m volumeManifest, fill func(disksDir s
 	if err := durable.SyncDir(disks); err != nil {
 		return err
 	}
-	if err := durable.WriteJSON(filepath.Join(staged, "volume.json"), m); err != nil {
+	if err := p.writeJSON(filepath.Join(staged, "volume.json"), m, false); err != nil {
 		return mapFSError(err)
 	}
 	return nil
