@@ -80,7 +80,16 @@ type Volume struct {
 	Path string `json:"path"`
 	// Writer is the single-writer state: which attachment may write.
 	Writer Writer `json:"writer"`
+	// State is VolumeBroken for a volume quarantined at start-up because
+	// its files are damaged or hostile (Reason says why; only Name is set
+	// besides), and empty for a healthy volume.
+	State  string `json:"state,omitempty"`
+	Reason string `json:"reason,omitempty"`
 }
+
+// VolumeBroken is the State of a quarantined volume: listed, not served,
+// every operation refused with CodeBroken.
+const VolumeBroken = "broken"
 
 // Writer is a volume's single-writer state. Epoch grows by one each time the
 // writer role moves; Attachment is the attachment holding it ("" for none,
@@ -234,6 +243,11 @@ type PoolInfo struct {
 	// ChunkSize is the unit in which disks are kept cheap to snapshot
 	// (docs/design/0001-pool-layout.md, chunk ownership); 0 when off.
 	ChunkSize int64 `json:"chunkSize"`
+	// ReadOnly: the pool cannot be written (read-only mount or no write
+	// permission) and is served read-only.
+	ReadOnly bool `json:"readOnly,omitempty"`
+	// Broken counts the volumes quarantined at start-up.
+	Broken int `json:"broken,omitempty"`
 }
 
 // List wraps collections.
@@ -264,6 +278,8 @@ const (
 	CodeNoSpace      = "NoSpace"          // 507: the pool is full
 	CodeCancelled    = "Cancelled"        // 499-like: job was cancelled
 	CodeInUse        = "InUse"            // 409: the volume has attachments or connected writers
+	CodeBroken       = "Broken"           // 409: the volume is quarantined (damaged or hostile files)
+	CodeReadOnly     = "ReadOnly"         // 409: the pool is read-only
 	CodeInternal     = "Internal"         // 500
 )
 

@@ -28,6 +28,8 @@ var errorMapping = []struct {
 	{pool.ErrSnapshotNotFound, http.StatusNotFound, api.CodeNotFound},
 	{pool.ErrAttachmentNotFound, http.StatusNotFound, api.CodeNotFound},
 	{pool.ErrInUse, http.StatusConflict, api.CodeInUse},
+	{pool.ErrBroken, http.StatusConflict, api.CodeBroken},
+	{pool.ErrReadOnly, http.StatusConflict, api.CodeReadOnly},
 	{job.ErrNotFound, http.StatusNotFound, api.CodeNotFound},
 	{errRouteNotFound, http.StatusNotFound, api.CodeNotFound},
 	{errMethod, http.StatusMethodNotAllowed, api.CodeInvalid},

@@ -23,7 +23,7 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 		Capabilities: api.Capabilities{Reflink: c.Reflink, CopyFileRange: c.CopyFileRange, SeekHole: c.SeekHole,
 			BtrfsSubvolumes: c.BtrfsSubvolumes, ExtentSizeHint: c.ExtentSizeHint},
 		TotalBytes: info.TotalBytes, FreeBytes: info.FreeBytes, Volumes: info.Volumes, CreatedAt: info.CreatedAt,
-		ChunkSize: info.ChunkSize})
+		ChunkSize: info.ChunkSize, ReadOnly: info.ReadOnly, Broken: info.Broken})
 	return nil
 }
 

@@ -3,9 +3,10 @@
 //
 // It parses arguments and prints results; it holds no storage logic. It may
 // import internal/api, internal/client, internal/quantity and, for `quiver
-// server` only, internal/server, for `quiver csi` only, internal/csi, and
-// internal/nbd for the default NBD address only, and internal/durable to
-// write the server's ready file; nothing imports it but cmd/quiver.
+// server` and `quiver pool init` only, internal/server, for `quiver csi`
+// only, internal/csi, internal/nbd for the default NBD address only, and
+// internal/durable to write the server's ready file; nothing imports it but
+// cmd/quiver.
 //
 // Imports from quiver: api, client, csi, durable, nbd, quantity, server.
 package cli

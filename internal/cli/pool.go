@@ -3,19 +3,22 @@ package cli
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/quantity"
+	"github.com/quiverstorage/quiver/internal/server"
 )
 
 func (a *app) poolCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "pool",
-		Short: "Show the storage pool of the server",
+		Short: "Show the storage pool of the server, or make a new one",
 	}
+	cmd.AddCommand(a.poolInitCommand())
 	cmd.AddCommand(&cobra.Command{
 		Use:   "info",
 		Short: "Show the pool's filesystem, capabilities and free space",
@@ -33,6 +36,26 @@ func (a *app) poolCommand() *cobra.Command {
 		},
 	})
 	return cmd
+}
+
+// poolInitCommand makes a new pool in a local directory, without a server.
+func (a *app) poolInitCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "init DIR",
+		Short: "Make a new, empty pool in DIR (absent or empty) for 'quiver server --pool DIR'",
+		Long: `Make a new, empty pool in DIR, which must be absent or empty, and print its ID.
+It works on the directory itself, not through a server, and refuses a
+directory that already holds a pool or anything else.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log := slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+			id, dir, err := server.InitPool(cmd.Context(), args[0], log)
+			if err != nil {
+				return err
+			}
+			return a.printDone(cmd.OutOrStdout(), "pool %s created in %s", id, dir)
+		},
+	}
 }
 
 // poolDetail prints the pool's facts.
@@ -54,7 +77,14 @@ func (a *app) poolDetail(p api.PoolInfo) func(io.Writer) error {
 			free += fmt.Sprintf(" (%d%%)", p.FreeBytes*100/p.TotalBytes)
 		}
 		f.add("Free", free)
-		f.add("Volumes", fmt.Sprint(p.Volumes))
+		vols := fmt.Sprint(p.Volumes)
+		if p.Broken > 0 {
+			vols += fmt.Sprintf(" (%d broken: see `quiver volume list`)", p.Broken)
+		}
+		f.add("Volumes", vols)
+		if p.ReadOnly {
+			f.add("Mode", "read-only (every change is refused)")
+		}
 		f.add("Created", timestamp(a.env.Now(), p.CreatedAt))
 		return f.flush()
 	}

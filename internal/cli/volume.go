@@ -189,6 +189,10 @@ func (a *app) volumeTable(vols ...api.Volume) func(io.Writer) error {
 		now := a.env.Now()
 		t := newTable(w, "NAME", "CAPACITY", "DISKS", "SNAPSHOTS", "LABELS", "AGE")
 		for _, v := range vols {
+			if v.State == api.VolumeBroken {
+				t.row(v.Name, "-", "BROKEN: "+v.Reason, "-", "-", "-")
+				continue
+			}
 			t.row(v.Name, quantity.Format(v.Capacity), formatDisks(v.Disks),
 				fmt.Sprint(v.Snapshots), formatLabels(v.Labels), age(now, v.CreatedAt))
 		}
@@ -201,6 +205,11 @@ func (a *app) volumeDetail(v api.Volume) func(io.Writer) error {
 	return func(w io.Writer) error {
 		f := newFields(w)
 		f.add("Name", v.Name)
+		if v.State == api.VolumeBroken {
+			f.add("State", "BROKEN (quarantined: not served, every operation refused)")
+			f.add("Reason", v.Reason)
+			return f.flush()
+		}
 		f.add("UID", v.UID)
 		f.add("Capacity", fmt.Sprintf("%s (%s in disks)", quantity.Format(v.Capacity), quantity.Format(diskTotal(v.Disks))))
 		f.add("Labels", formatLabels(v.Labels))

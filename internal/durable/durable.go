@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // TempPrefix starts the name of every temporary file this package creates.
@@ -28,9 +30,14 @@ func IsTemp(name string) bool { return strings.HasPrefix(name, TempPrefix) }
 // after a crash.
 var ErrUncertain = errors.New("renamed, but the directory sync failed: the change may or may not survive a crash")
 
-// syncDir is SyncDir; the package's tests replace it to make directory syncs
-// fail.
-var syncDir = SyncDir
+// syncDir fsyncs an open directory; the package's tests replace it to make
+// directory syncs fail.
+var syncDir = func(d *os.File) error {
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync dir %s: %w", d.Name(), err)
+	}
+	return nil
+}
 
 // WriteFile replaces path with data atomically: it writes a temporary file in
 // the same directory, fsyncs it, renames it over path and fsyncs the
@@ -46,11 +53,27 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	if dir == "" {
 		dir = "."
 	}
-	tmp := filepath.Join(dir, TempPrefix+base+"-"+randomSuffix())
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	d, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
+	defer d.Close()
+	return WriteFileAt(d, base, data, perm)
+}
+
+// WriteFileAt is WriteFile of name in the open directory dir: the temporary
+// file is created (never through a symbolic link), renamed and synced
+// relative to dir, so a link put in place of dir's path meanwhile is not
+// followed.
+func WriteFileAt(dir *os.File, name string, data []byte, perm os.FileMode) error {
+	path := filepath.Join(dir.Name(), name)
+	dfd := int(dir.Fd())
+	tmp := TempPrefix + name + "-" + randomSuffix()
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(perm.Perm()))
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(dir.Name(), tmp))
 	_, werr := f.Write(data)
 	if werr == nil {
 		werr = f.Sync()
@@ -59,10 +82,10 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 		werr = cerr
 	}
 	if werr == nil {
-		werr = os.Rename(tmp, path)
+		werr = unix.Renameat(dfd, tmp, dfd, name)
 	}
 	if werr != nil {
-		_ = os.Remove(tmp)
+		_ = unix.Unlinkat(dfd, tmp, 0)
 		return fmt.Errorf("write %s: %w", path, werr)
 	}
 	if err := syncDir(dir); err != nil {
@@ -79,11 +102,36 @@ func WriteJSON(path string, v any) error { return writeJSON(path, v, 0o600) }
 func WriteSecretJSON(path string, v any) error { return writeJSON(path, v, 0o600) }
 
 func writeJSON(path string, v any, perm os.FileMode) error {
+	data, err := encodeJSON(path, v)
+	if err != nil {
+		return err
+	}
+	return WriteFile(path, data, perm)
+}
+
+// WriteJSONAt is WriteJSON of name in the open directory dir (WriteFileAt),
+// owner only (0600) like WriteJSON.
+func WriteJSONAt(dir *os.File, name string, v any) error { return writeJSONAt(dir, name, v, 0o600) }
+
+// WriteSecretJSONAt is WriteSecretJSON of name in the open directory dir.
+func WriteSecretJSONAt(dir *os.File, name string, v any) error {
+	return writeJSONAt(dir, name, v, 0o600)
+}
+
+func writeJSONAt(dir *os.File, name string, v any, perm os.FileMode) error {
+	data, err := encodeJSON(filepath.Join(dir.Name(), name), v)
+	if err != nil {
+		return err
+	}
+	return WriteFileAt(dir, name, data, perm)
+}
+
+func encodeJSON(path string, v any) ([]byte, error) {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return fmt.Errorf("encode %s: %w", path, err)
+		return nil, fmt.Errorf("encode %s: %w", path, err)
 	}
-	return WriteFile(path, append(data, '\n'), perm)
+	return append(data, '\n'), nil
 }
 
 // ReadJSON decodes the JSON file at path into v, refusing unknown fields.
@@ -109,10 +157,7 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("sync dir %s: %w", dir, err)
 	}
 	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync dir %s: %w", dir, err)
-	}
-	return nil
+	return syncDir(d)
 }
 
 // Rename renames oldpath to newpath and fsyncs both parent directories, so
@@ -126,9 +171,9 @@ func Rename(oldpath, newpath string) error {
 		return err
 	}
 	oldDir, newDir := filepath.Dir(oldpath), filepath.Dir(newpath)
-	err := syncDir(newDir)
+	err := SyncDir(newDir)
 	if err == nil && oldDir != newDir {
-		err = syncDir(oldDir)
+		err = SyncDir(oldDir)
 	}
 	if err != nil {
 		return fmt.Errorf("rename %s to %s: %w: %w", oldpath, newpath, ErrUncertain, err)

@@ -62,8 +62,9 @@ func TestIsTemp(t *testing.T) {
 // failDirSync makes every directory sync fail with EIO for the rest of the
 // test.
 func failDirSync(t *testing.T) {
-	t.Cleanup(func() { syncDir = SyncDir })
-	syncDir = func(dir string) error { return fmt.Errorf("sync dir %s: %w", dir, syscall.EIO) }
+	old := syncDir
+	t.Cleanup(func() { syncDir = old })
+	syncDir = func(d *os.File) error { return fmt.Errorf("sync dir %s: %w", d.Name(), syscall.EIO) }
 }
 
 // TestDirSyncFailureIsUncertain: when the directory sync after the rename
@@ -93,4 +94,37 @@ func TestDirSyncFailureIsUncertain(t *testing.T) {
 			t.Fatalf("Rename with a failing directory sync: %v, want ErrUncertain and EIO", err)
 		}
 	})
+}
+
+// TestWriteFileAtIgnoresSwappedPath: once the directory is open, a link put
+// in place of its path does not redirect the write.
+func TestWriteFileAtIgnoresSwappedPath(t *testing.T) {
+	base := t.TempDir()
+	dir, moved, outside := filepath.Join(base, "dir"), filepath.Join(base, "moved"), filepath.Join(base, "outside")
+	for _, d := range []string{dir, outside} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := os.Rename(dir, moved); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteJSONAt(d, "m.json", map[string]int{"a": 1}); err != nil {
+		t.Fatal(err)
+	}
+	if es, _ := os.ReadDir(outside); len(es) != 0 {
+		t.Fatalf("the write followed the link: %v", es)
+	}
+	var got map[string]int
+	if err := ReadJSON(filepath.Join(moved, "m.json"), &got); err != nil || got["a"] != 1 {
+		t.Fatalf("read back: %v, %v", got, err)
+	}
 }

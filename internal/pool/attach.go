@@ -8,14 +8,13 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"path"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
-
-	"github.com/quiverstorage/quiver/internal/durable"
 )
 
 // Attachments and the single-writer rule.
@@ -192,7 +191,10 @@ func (v *Volume) loadAttachments() error {
 	v.att = attachTable{byID: map[string]*Attachment{}, nextSeq: 1}
 	v.explicitRW.Store(0)
 	var st attachState
-	err := durable.ReadJSON(filepath.Join(v.dir, attachmentsFile), &st)
+	err := v.pool.readDecoded(path.Join("volumes", v.name, attachmentsFile), func(b []byte) (err error) {
+		st, err = decodeAttachments(b)
+		return err
+	})
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
@@ -230,7 +232,7 @@ func (v *Volume) saveAttachments(t *attachTable, fenced map[string]bool) error {
 		st.Attachments = append(st.Attachments, r)
 	}
 	sort.Slice(st.Attachments, func(i, j int) bool { return st.Attachments[i].Seq < st.Attachments[j].Seq })
-	if err := durable.WriteSecretJSON(filepath.Join(v.dir, attachmentsFile), st); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(v.dir, attachmentsFile), st, true); err != nil {
 		return v.metaError(err)
 	}
 	return nil
@@ -265,6 +267,9 @@ func (v *Volume) AttachWith(node, mode string, idem Idempotency) (AttachmentInfo
 	}
 	mode, err := validateMode(mode)
 	if err != nil {
+		return AttachmentInfo{}, false, err
+	}
+	if err := v.pool.checkWritable("attach " + v.name); err != nil {
 		return AttachmentInfo{}, false, err
 	}
 	if err := v.checkAlive(); err != nil {
@@ -432,6 +437,9 @@ func (v *Volume) Writer() WriterInfo {
 // from then on (any admitted before have completed) and Done is closed so
 // its connections close.
 func (v *Volume) Detach(id string) error {
+	if err := v.pool.checkWritable("detach " + id); err != nil {
+		return err
+	}
 	v.gate.Lock()
 	defer v.gate.Unlock()
 	v.amu.Lock()
@@ -461,6 +469,9 @@ func (v *Volume) Detach(id string) error {
 // Transfer gives the writer role to attachment id: the epoch grows by one and
 // every other attachment is fenced. Durable on return.
 func (v *Volume) Transfer(id string) (AttachmentInfo, error) {
+	if err := v.pool.checkWritable("transfer " + id); err != nil {
+		return AttachmentInfo{}, err
+	}
 	v.gate.Lock()
 	defer v.gate.Unlock()
 	v.amu.Lock()

@@ -279,7 +279,7 @@ func (p *Pool) addCopyTotal(prog Progress, dir string, disks []DiskSpec, times i
 		return nil
 	}
 	for _, d := range disks {
-		f, err := os.Open(filepath.Join(dir, d.Name+".img"))
+		f, err := p.openImage(p.rel(filepath.Join(dir, d.Name+".img")), os.O_RDONLY)
 		if err != nil {
 			return err
 		}
@@ -294,7 +294,7 @@ func (p *Pool) addCopyTotal(prog Progress, dir string, disks []DiskSpec, times i
 }
 
 func (p *Pool) copyImage(ctx context.Context, dstPath, srcPath string, prog Progress) error {
-	src, err := os.Open(srcPath)
+	src, err := p.openImage(p.rel(srcPath), os.O_RDONLY)
 	if err != nil {
 		return err
 	}

@@ -113,7 +113,7 @@ func (v *Volume) openDisk(name string, a *Attachment) (Disk, error) {
 
 // openFile opens the image of disk d for I/O.
 func (v *Volume) openFile(d DiskSpec) (*diskFile, error) {
-	f, err := os.OpenFile(v.diskPath(d.Name), os.O_RDWR, 0)
+	f, err := v.pool.openImage(v.pool.rel(v.diskPath(d.Name)), v.pool.diskFlag())
 	if err != nil {
 		return nil, fmt.Errorf("open disk %q of volume %q: %w", d.Name, v.name, err)
 	}
@@ -312,7 +312,7 @@ func (d *liveDisk) Size() int64 {
 	return 0
 }
 
-func (d *liveDisk) ReadOnly() bool { return d.att != nil && d.att.ReadOnly() }
+func (d *liveDisk) ReadOnly() bool { return d.v.pool.readOnly || d.att != nil && d.att.ReadOnly() }
 
 // lockWrite takes the gate shared for a write and returns the disk's file,
 // once the single-writer rule admits the write; on error the gate is not
@@ -345,6 +345,9 @@ func (d *liveDisk) admitWrite(off, length int64) (*diskFile, error) {
 	df, err := d.file()
 	if err == nil {
 		err = checkRange(off, length, df.size)
+	}
+	if err == nil && d.v.pool.readOnly {
+		err = d.v.pool.checkWritable("write to disk " + df.name)
 	}
 	if err == nil {
 		err = d.att.mayWrite(df)
@@ -592,7 +595,7 @@ func (v *Volume) OpenSnapshotDisk(snapshot, disk string) (Disk, error) {
 	}
 	for _, d := range s.Disks {
 		if d.Name == disk {
-			f, err := os.Open(filepath.Join(v.snapshotDir(snapshot), disk+".img"))
+			f, err := v.pool.openImage(v.pool.rel(filepath.Join(v.snapshotDir(snapshot), disk+".img")), os.O_RDONLY)
 			if err != nil {
 				return nil, err
 			}

@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"log/slog"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -36,9 +35,3 @@ func (OSDiskIO) Fdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd()))
 // SyncFailures returns how many fdatasync calls on disk images have failed
 // since the pool was opened.
 func (p *Pool) SyncFailures() int64 { return p.syncFailures.Load() }
-
-// Options configure Open.
-type Options struct {
-	Logger *slog.Logger // nil: slog.Default()
-	DiskIO DiskIO       // nil: OSDiskIO
-}

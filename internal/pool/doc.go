@@ -7,6 +7,7 @@
 // Layout of a pool (see docs/design/0001-pool-layout.md):
 //
 //	<pool>/pool.json                         identity, written once
+//	<pool>/pool.lock                         flock of the one process with the pool open
 //	<pool>/staging/                          work in progress; wiped at start
 //	<pool>/volumes/<vol>/volume.json         the volume manifest
 //	<pool>/volumes/<vol>/disks/<disk>.img    sparse raw disk images
@@ -18,9 +19,17 @@
 // written and synced through a DiskIO (Options.DiskIO), whose failed sync is
 // final for the disk (docs/durability.md).
 //
+// Nothing read from the pool is trusted: every file is reached through
+// internal/beneath (no symbolic link followed, no hard-linked image), every
+// manifest name passes the API's rules, and a volume that fails a check is
+// quarantined (listed as broken, not served, not touched). open.go holds the
+// pool's lock, refuses what is not a pool, and detects read-only pools.
+//
 // pool imports fscap (filesystem data services), durable (atomic metadata
-// writes) and qos (the per-volume limiters it keeps across disk handles). It must not import any transport package (api, nbd, csi) nor the
+// writes), beneath (opens and removals confined to the pool directory) and
+// qos (the per-volume limiters it keeps across disk handles). It must not
+// import any transport package (api, nbd, csi) nor the
 // job runner: long operations report through the Progress interface.
 //
-// Imports from quiver: durable, fscap, qos.
+// Imports from quiver: beneath, durable, fscap, qos.
 package pool

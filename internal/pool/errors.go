@@ -32,6 +32,20 @@ var (
 	// unknown state on disk: a directory sync failed after a rename
 	// (durable.ErrUncertain). Restarting the server reloads it from disk.
 	ErrVolumeFailed = errors.New("volume metadata in an unknown state after a failed sync; restart the server to reload it")
+	// ErrBroken refuses an operation on a volume quarantined at start-up
+	// because its files are damaged or hostile; the message says why.
+	ErrBroken = errors.New("volume is broken (quarantined)")
+	// ErrHostile is a file in the pool that would lead outside it or share
+	// its data with a file outside it (a symbolic link, a hard link).
+	ErrHostile = errors.New("file in the pool leads outside it")
+	// ErrLocked refuses to open a pool another process has open.
+	ErrLocked = errors.New("pool is locked by another process")
+	// ErrNotPool refuses a directory that does not hold a pool and must not
+	// silently become a new, empty one.
+	ErrNotPool = errors.New("not a quiver pool")
+	// ErrNotMounted refuses a pool directory expected to be a mount point
+	// that is not one.
+	ErrNotMounted = errors.New("pool filesystem not mounted")
 )
 
 // FieldError says which field of a request broke which rule. It matches

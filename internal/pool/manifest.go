@@ -139,6 +139,10 @@ type VolumeInfo struct {
 	CreatedAt time.Time
 	Dir       string // directory holding the disk images
 	Writer    WriterInfo
+	// Broken, when not empty, says why the volume was quarantined at
+	// start-up; only Name is set then, and every operation fails with
+	// ErrBroken.
+	Broken string
 }
 
 // DiskInfo is a point-in-time view of a disk image.

@@ -1,10 +1,8 @@
 package pool
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/quiverstorage/quiver/internal/beneath"
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/fscap"
 	"github.com/quiverstorage/quiver/internal/qos"
@@ -48,11 +47,16 @@ const ExtentSizeHint = 1 << 20
 // Pool is an open pool directory. It is safe for concurrent use.
 type Pool struct {
 	dir  string
-	id   string
-	born time.Time
-	caps fscap.Caps
-	log  *slog.Logger
-	io   DiskIO
+	root *beneath.Root // the pool directory; every file in it is opened through root
+	lock *os.File      // pool.lock, flocked for the life of the pool (open.go)
+	// lockCreated: this open made pool.lock (removed again if it refuses).
+	lockCreated bool
+	readOnly    bool // served read-only (open.go)
+	id          string
+	born        time.Time
+	caps        fscap.Caps
+	log         *slog.Logger
+	io          DiskIO
 	// rawIO: io is the operating system's, so writes may take the raw
 	// RWF_NOWAIT path.
 	rawIO bool
@@ -90,6 +94,8 @@ type Info struct {
 	TotalBytes int64
 	FreeBytes  int64
 	Volumes    int
+	Broken     int  // volumes quarantined at start-up (VolumeInfo.Broken)
+	ReadOnly   bool // the pool is served read-only
 	CreatedAt  time.Time
 	ChunkSize  int64 // chunk ownership unit (chunks.go), 0 when off
 }
@@ -102,7 +108,7 @@ func (p *Pool) volumeDir(n string) string { return filepath.Join(p.volumesDir(),
 // visible later by one rename.
 func (p *Pool) newStaging(kind string) (string, error) {
 	dir := filepath.Join(p.stagingDir(), kind+"-"+newUID())
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	if err := p.root.Mkdir(p.rel(dir), 0o755); err != nil {
 		return "", err
 	}
 	return dir, nil
@@ -111,69 +117,9 @@ func (p *Pool) newStaging(kind string) (string, error) {
 // discard removes a staging directory (best effort: start-up reclaims it
 // otherwise).
 func (p *Pool) discard(dir string) {
-	if err := os.RemoveAll(dir); err != nil {
+	if err := p.root.RemoveAll(p.rel(dir)); err != nil {
 		p.log.Warn("remove staging", "dir", dir, "err", err)
 	}
-}
-
-// Open opens the pool at dir, creating it if needed, probes the filesystem,
-// finishes or reclaims whatever a crash left half-done, and loads every
-// volume and snapshot. Only what is on disk is needed: a pool directory moved
-// to another machine opens with all its volumes.
-func Open(ctx context.Context, dir string, log *slog.Logger) (*Pool, error) {
-	return OpenWith(ctx, dir, Options{Logger: log})
-}
-
-// OpenWith is Open with options.
-func OpenWith(ctx context.Context, dir string, o Options) (*Pool, error) {
-	log := o.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, err
-	}
-	p := &Pool{dir: abs, log: log, volumes: map[string]*Volume{}, creating: map[string]bool{}, io: o.DiskIO}
-	if p.io == nil {
-		p.io, p.rawIO = OSDiskIO{}, true
-	}
-	for _, d := range []string{p.dir, p.volumesDir(), p.stagingDir()} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, fmt.Errorf("open pool %s: %w", abs, err)
-		}
-	}
-	if err := p.loadIdentity(); err != nil {
-		return nil, err
-	}
-	if p.caps, err = fscap.Probe(p.stagingDir()); err != nil {
-		return nil, fmt.Errorf("probe pool filesystem: %w", err)
-	}
-	if p.caps.Reflink {
-		p.chunk = ChunkSize // chunks.go: keeps images cheap to clone
-	}
-	if err := p.recover(ctx); err != nil {
-		return nil, err
-	}
-	log.Info("pool open", "dir", p.dir, "id", p.id, "volumes", len(p.volumes),
-		"fs", p.caps.Filesystem, "reflink", p.caps.Reflink)
-	return p, nil
-}
-
-func (p *Pool) loadIdentity() error {
-	path := filepath.Join(p.dir, "pool.json")
-	var m poolManifest
-	err := durable.ReadJSON(path, &m)
-	if errors.Is(err, fs.ErrNotExist) {
-		m = poolManifest{Kind: "Pool", Version: manifestVersion, ID: newUID(), CreatedAt: time.Now().UTC()}
-		if err := durable.WriteJSON(path, m); err != nil {
-			return fmt.Errorf("create pool identity: %w", err)
-		}
-	} else if err != nil {
-		return fmt.Errorf("read pool identity: %w", err)
-	}
-	p.id, p.born = m.ID, m.CreatedAt
-	return nil
 }
 
 // Caps returns what the pool's filesystem can do.
@@ -192,7 +138,7 @@ func (p *Pool) Info() (Info, error) {
 	n := len(p.volumes)
 	p.mu.Unlock()
 	return Info{ID: p.id, Dir: p.dir, Caps: p.caps, TotalBytes: total, FreeBytes: free, Volumes: n, CreatedAt: p.born,
-		ChunkSize: p.chunk}, nil
+		ChunkSize: p.chunk, Broken: p.brokenCount(), ReadOnly: p.readOnly}, nil
 }
 
 // Volume returns the open volume called name.
@@ -231,6 +177,9 @@ func (p *Pool) List(match func(labels map[string]string) bool) []VolumeInfo {
 // reserve marks name as being created so that concurrent creates of the same
 // name are refused instead of racing.
 func (p *Pool) reserve(name string) error {
+	if err := p.checkWritable("create volume " + name); err != nil {
+		return err
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.creating[name] {
@@ -288,5 +237,19 @@ func (p *Pool) Close() error {
 		v.closeFiles(ErrClosed)
 		v.gate.Unlock()
 	}
+	p.release()
 	return nil
+}
+
+// brokenCount counts the quarantined volumes.
+func (p *Pool) brokenCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, v := range p.volumes {
+		if v.broken != nil {
+			n++
+		}
+	}
+	return n
 }

@@ -200,7 +200,9 @@ func TestSnapshotCloneRollbackAndReopen(t *testing.T) {
 	}
 	_ = sd.Close()
 
-	// A fresh pool object on the same directory sees everything.
+	// A fresh pool object on the same directory sees everything (once the
+	// first lets go of the pool's lock; Close writes nothing).
+	_ = p.Close()
 	p2 := openTestPool(t, dir)
 	for _, name := range []string{"golden", "vdi-1", "vdi-2", "live-1"} {
 		if _, err := p2.Volume(name); err != nil {
@@ -272,6 +274,7 @@ func TestOpenReclaimsLeftovers(t *testing.T) {
 	must(os.WriteFile(filepath.Join(v.disksDir(), "orphan.img"), []byte("x"), 0o644))
 	must(os.Truncate(filepath.Join(v.disksDir(), "root.img"), mib))
 
+	_ = p.Close() // writes nothing: the pool is as a crash left it
 	openTestPool(t, dir)
 	if ents, _ := os.ReadDir(filepath.Join(dir, "staging")); len(ents) != 0 {
 		t.Fatalf("staging not reclaimed: %v", ents)

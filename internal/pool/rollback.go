@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
+	"path"
 	"path/filepath"
 	"strings"
 
@@ -76,7 +76,7 @@ func (h *Hold) Rollback(ctx context.Context, snapshot string, force bool, prog P
 	m := v.manifest()
 	m.Disks = append([]DiskSpec(nil), s.Disks...)
 	m.Capacity = max(m.Capacity, s.Capacity)
-	if err := durable.WriteJSON(filepath.Join(staged, "volume.json"), m); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(staged, "volume.json"), m, false); err != nil {
 		v.pool.discard(staged)
 		return VolumeInfo{}, mapFSError(err)
 	}
@@ -91,7 +91,7 @@ func (h *Hold) Rollback(ctx context.Context, snapshot string, force bool, prog P
 		return VolumeInfo{}, err
 	}
 	rec := rollbackRecord{Snapshot: snapshot, Staging: filepath.Base(staged)}
-	if err := durable.WriteJSON(filepath.Join(v.dir, rollbackRecordName), rec); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(v.dir, rollbackRecordName), rec, false); err != nil {
 		if err = v.metaError(err); errors.Is(err, ErrVolumeFailed) {
 			// The record may be in place: start-up would finish the
 			// rollback from the staged images, so keep them.
@@ -101,7 +101,7 @@ func (h *Hold) Rollback(ctx context.Context, snapshot string, force bool, prog P
 		return VolumeInfo{}, err
 	}
 	v.gate.Lock()
-	err = applyRollback(v.dir, staged)
+	err = v.pool.applyRollback(v.dir, staged)
 	v.mu.Lock()
 	v.m = m
 	v.mu.Unlock()
@@ -119,13 +119,15 @@ func (h *Hold) Rollback(ctx context.Context, snapshot string, force bool, prog P
 // applyRollback moves the staged images and manifest into the volume
 // directory, removes images the new manifest does not list, and removes the
 // rollback record. Every step is idempotent, so start-up can redo it after a
-// crash at any point. The staged directory outlives the record (it is
-// removed last), so a record whose staged directory is missing means the
-// pool lost what the rollback committed: applyRollback then fails instead of
-// finishing a rollback without its images.
-func applyRollback(volDir, staged string) error {
-	disks := filepath.Join(volDir, "disks")
-	entries, err := os.ReadDir(staged)
+// crash at any point. Every file is reached through the pool's root. The
+// staged directory outlives the record (it is removed last), so a record
+// whose staged directory is missing means the pool lost what the rollback
+// committed: applyRollback then fails instead of finishing a rollback
+// without its images.
+func (p *Pool) applyRollback(volDir, staged string) error {
+	vol, stg := p.rel(volDir), p.rel(staged)
+	disks := path.Join(vol, "disks")
+	entries, err := p.root.ReadDir(stg)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("staged rollback %s is missing: %w", filepath.Base(staged), err)
 	}
@@ -134,58 +136,67 @@ func applyRollback(volDir, staged string) error {
 	}
 	for _, e := range entries {
 		if strings.HasSuffix(e.Name(), ".img") {
-			if err := os.Rename(filepath.Join(staged, e.Name()), filepath.Join(disks, e.Name())); err != nil {
+			if err := p.root.Rename(path.Join(stg, e.Name()), path.Join(disks, e.Name())); err != nil {
 				return err
 			}
 		}
 	}
-	if err := durable.SyncDir(disks); err != nil {
+	if err := durable.SyncDir(filepath.Join(volDir, "disks")); err != nil {
 		return err
 	}
-	if _, err := os.Stat(filepath.Join(staged, "volume.json")); err == nil {
-		if err := durable.Rename(filepath.Join(staged, "volume.json"), filepath.Join(volDir, "volume.json")); err != nil {
+	if err := p.checkFile(path.Join(stg, "volume.json")); err == nil {
+		if err := p.root.Rename(path.Join(stg, "volume.json"), path.Join(vol, "volume.json")); err != nil {
+			return err
+		}
+		if err := durable.SyncDir(volDir); err != nil {
 			return err
 		}
 	}
 	var m volumeManifest
-	if err := durable.ReadJSON(filepath.Join(volDir, "volume.json"), &m); err != nil {
+	err = p.readDecoded(path.Join(vol, "volume.json"), func(b []byte) (err error) {
+		m, err = decodeVolumeManifest(b, filepath.Base(volDir))
+		return err
+	})
+	if err != nil {
 		return err
 	}
-	if err := removeOrphanImages(disks, m.Disks); err != nil {
+	if err := p.removeOrphanImages(disks, m.Disks); err != nil {
 		return err
 	}
-	if err := os.Remove(filepath.Join(volDir, rollbackRecordName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := p.root.Remove(path.Join(vol, rollbackRecordName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	if err := durable.SyncDir(volDir); err != nil {
 		return err
 	}
-	return os.RemoveAll(staged)
+	return p.root.RemoveAll(stg)
 }
 
-// removeOrphanImages removes every file in the disks directory that is not
-// the image of a listed disk (crash leftovers: temp files, images of disks
-// whose add never committed or whose removal did).
-func removeOrphanImages(disksDir string, disks []DiskSpec) error {
+// removeOrphanImages removes every entry of the disks directory (relative to
+// the pool directory) that is not the image of a listed disk (crash
+// leftovers: temp files, images of disks whose add never committed or whose
+// removal did). Entries are unlinked relative to the directory, so a link
+// among them is removed, never followed.
+func (p *Pool) removeOrphanImages(disksDir string, disks []DiskSpec) error {
 	keep := make(map[string]bool, len(disks))
 	for _, d := range disks {
 		keep[d.Name+".img"] = true
 	}
-	entries, err := os.ReadDir(disksDir)
+	entries, err := p.root.ReadDir(disksDir)
 	if err != nil {
-		return err
+		return hostile(err)
 	}
 	removed := false
 	for _, e := range entries {
 		if !keep[e.Name()] {
-			if err := os.RemoveAll(filepath.Join(disksDir, e.Name())); err != nil {
+			if err := p.root.RemoveAll(path.Join(disksDir, e.Name())); err != nil {
 				return err
 			}
 			removed = true
 		}
 	}
 	if removed {
-		return durable.SyncDir(disksDir)
+		return durable.SyncDir(filepath.Join(p.dir, disksDir))
 	}
 	return nil
 }

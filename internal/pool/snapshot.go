@@ -76,7 +76,7 @@ func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency
 	sm := &snapshotManifest{Kind: "Snapshot", Version: manifestVersion, Name: name, UID: newUID(), Volume: m.Name,
 		VolumeUID: m.UID, Capacity: m.Capacity, Disks: m.Disks, Method: method, GateHeld: held, CreatedAt: time.Now().UTC(),
 		IdempotencyKey: idem.Key}
-	if err := durable.WriteJSON(filepath.Join(staged, "snapshot.json"), sm); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(staged, "snapshot.json"), sm, false); err != nil {
 		v.pool.discard(staged)
 		return SnapshotInfo{}, false, mapFSError(err) // staged: uncertain or not, nothing refers to it
 	}
@@ -146,7 +146,7 @@ func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, p
 		}
 	}()
 	for _, d := range m.Disks {
-		src, err := os.Open(v.diskPath(d.Name))
+		src, err := v.pool.openImage(v.pool.rel(v.diskPath(d.Name)), os.O_RDONLY)
 		if err != nil {
 			return "", 0, err
 		}

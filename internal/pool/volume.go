@@ -62,6 +62,10 @@ type Volume struct {
 	// failed, once set, refuses every change and every new handle: the
 	// volume's metadata on disk is in an unknown state (metaError).
 	failed error
+
+	// broken, immutable, is why the volume was quarantined at start-up;
+	// every operation on it fails with ErrBroken.
+	broken error
 }
 
 // diskFile is one disk of a live volume, open for I/O: the identity that
@@ -100,6 +104,14 @@ func newVolume(p *Pool, m volumeManifest, snaps map[string]*snapshotManifest) *V
 		att: attachTable{byID: map[string]*Attachment{}, nextSeq: 1}}
 }
 
+// newBrokenVolume is the stand-in for a volume quarantined at start-up: it
+// lists with its reason and refuses every operation.
+func newBrokenVolume(p *Pool, name string, why error) *Volume {
+	v := newVolume(p, volumeManifest{Name: name}, nil)
+	v.broken = why
+	return v
+}
+
 func (v *Volume) disksDir() string            { return filepath.Join(v.dir, "disks") }
 func (v *Volume) snapshotsDir() string        { return filepath.Join(v.dir, "snapshots") }
 func (v *Volume) diskPath(d string) string    { return filepath.Join(v.disksDir(), d+".img") }
@@ -116,6 +128,9 @@ func (v *Volume) manifest() volumeManifest {
 
 // lockOps takes the control lock exclusively, or refuses with ErrBusy.
 func (v *Volume) lockOps(op string) (func(), error) {
+	if err := v.pool.checkWritable(op + " " + v.name); err != nil {
+		return nil, err
+	}
 	if !v.ops.TryLock() {
 		return nil, fmt.Errorf("%s: volume %q is busy with another operation, retry later: %w", op, v.name, ErrBusy)
 	}
@@ -139,6 +154,9 @@ func (v *Volume) rlockOps(op string) (func(), error) {
 }
 
 func (v *Volume) checkAlive() error {
+	if v.broken != nil {
+		return fmt.Errorf("volume %q is quarantined (%v): %w", v.name, v.broken, ErrBroken)
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.deleted {
@@ -172,6 +190,9 @@ func (v *Volume) metaError(err error) error {
 
 // Info returns a view of the volume with the disks' allocated bytes.
 func (v *Volume) Info() VolumeInfo {
+	if v.broken != nil {
+		return VolumeInfo{Name: v.name, Broken: v.broken.Error()}
+	}
 	m := v.manifest()
 	v.mu.Lock()
 	nsnaps := len(v.snaps)
@@ -190,7 +211,7 @@ func (v *Volume) Info() VolumeInfo {
 // commit writes m as the volume's manifest (durable on return) and makes it
 // the in-memory truth.
 func (v *Volume) commit(m volumeManifest) error {
-	if err := durable.WriteJSON(filepath.Join(v.dir, "volume.json"), m); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(v.dir, "volume.json"), m, false); err != nil {
 		return v.metaError(err)
 	}
 	v.mu.Lock()
@@ -218,6 +239,9 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 	}
 	defer p.unreserve(spec.Name)
 	if v, err := p.Volume(spec.Name); err == nil {
+		if err := v.checkAlive(); err != nil {
+			return VolumeInfo{}, false, err
+		}
 		m := v.manifest()
 		same := m.sameSpec(spec)
 		if same && spec.Idempotency.allows(m.IdempotencyKey) {
@@ -260,7 +284,7 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 func (p *Pool) stageVolume(staged string, m volumeManifest, fill func(disksDir string) error) error {
 	disks := filepath.Join(staged, "disks")
 	for _, d := range []string{disks, filepath.Join(staged, "snapshots")} {
-		if err := os.Mkdir(d, 0o755); err != nil {
+		if err := p.root.Mkdir(p.rel(d), 0o755); err != nil {
 			return mapFSError(err)
 		}
 	}
@@ -270,7 +294,7 @@ func (p *Pool) stageVolume(staged string, m volumeManifest, fill func(disksDir s
 	if err := durable.SyncDir(disks); err != nil {
 		return err
 	}
-	if err := durable.WriteJSON(filepath.Join(staged, "volume.json"), m); err != nil {
+	if err := p.writeJSON(filepath.Join(staged, "volume.json"), m, false); err != nil {
 		return mapFSError(err)
 	}
 	return nil
@@ -292,7 +316,7 @@ func (p *Pool) createImage(path string, size int64) error {
 // newImageFile creates path exclusively, with the extent size hint where the
 // filesystem has one (it must be set while the file is empty).
 func (p *Pool) newImageFile(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600) // owner only, as libvirt keeps images
+	f, err := p.root.OpenFile(p.rel(path), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600) // owner only, as libvirt keeps images
 	if err != nil {
 		return nil, mapFSError(err)
 	}
@@ -438,7 +462,7 @@ func (v *Volume) AddDiskWith(ctx context.Context, d DiskSpec, idem Idempotency) 
 		return VolumeInfo{}, fmt.Errorf("disks would total %d bytes, capacity is %d bytes; grow the volume first: %w", t, m.Capacity, ErrCapacity)
 	}
 	path := v.diskPath(d.Name)
-	_ = os.Remove(path) // an orphan from a crashed add
+	_ = v.pool.root.Remove(v.pool.rel(path)) // an orphan from a crashed add
 	if err := v.pool.createImage(path, d.Size); err != nil {
 		return VolumeInfo{}, err
 	}
@@ -454,7 +478,7 @@ func (v *Volume) AddDiskWith(ctx context.Context, d DiskSpec, idem Idempotency) 
 		m.DiskKeys[d.Name] = idem.Key
 	}
 	if err := v.commit(m); err != nil {
-		_ = os.Remove(path)
+		_ = v.pool.root.Remove(v.pool.rel(path))
 		return VolumeInfo{}, err
 	}
 	v.gate.Lock()
@@ -498,7 +522,7 @@ func (v *Volume) GrowDisk(ctx context.Context, disk string, size int64) (VolumeI
 		return VolumeInfo{}, err
 	}
 	v.gate.Lock()
-	err = extendImage(v.diskPath(disk), size)
+	err = v.pool.checkImage(v.pool.rel(v.diskPath(disk)), size, true)
 	if df := v.files[disk]; df != nil && err == nil {
 		df.size = size
 		if df.ch != nil {
@@ -510,25 +534,6 @@ func (v *Volume) GrowDisk(ctx context.Context, disk string, size int64) (VolumeI
 		return VolumeInfo{}, err
 	}
 	return v.Info(), nil
-}
-
-func extendImage(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if st.Size() >= size {
-		return nil
-	}
-	if err := f.Truncate(size); err != nil {
-		return mapFSError(err)
-	}
-	return f.Sync()
 }
 
 // RemoveDisk removes a disk, refusing while writers are connected. See
@@ -572,7 +577,7 @@ func (v *Volume) RemoveDiskWith(ctx context.Context, disk string, force bool) (V
 	v.gate.Unlock()
 	// The manifest no longer lists the image: if its removal does not
 	// last, start-up removes the orphan.
-	if err := os.Remove(v.diskPath(disk)); err == nil {
+	if err := v.pool.root.Remove(v.pool.rel(v.diskPath(disk))); err == nil {
 		if err := durable.SyncDir(v.disksDir()); err != nil {
 			v.pool.log.Error("sync after removing a disk image; start-up removes it if it comes back",
 				"volume", v.name, "disk", disk, "err", err)

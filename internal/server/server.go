@@ -32,11 +32,14 @@ const DefaultPoolDir = "./quiver-data"
 
 // Config is everything `quiver server` needs, parsed from flags by the CLI.
 type Config struct {
-	PoolDir   string // pool directory; created on first start
-	APIAddr   string // host:port of the HTTP API
-	TokenFile string // bearer token file; required for a non-loopback APIAddr
-	NBDAddr   string // host:port of the NBD server; empty: no TCP listener
-	NBDSocket string // unix socket path for NBD; empty: none
+	PoolDir string // pool directory; a new pool is made only in an empty or absent one
+	// ExpectMount refuses a pool directory that is not a mount point: its
+	// filesystem is not mounted.
+	ExpectMount bool
+	APIAddr     string // host:port of the HTTP API
+	TokenFile   string // bearer token file; required for a non-loopback APIAddr
+	NBDAddr     string // host:port of the NBD server; empty: no TCP listener
+	NBDSocket   string // unix socket path for NBD; empty: none
 	// NBDRequireToken refuses NBD exports without an attachment token (no
 	// implicit attachments, no LIST). Always on for a non-loopback NBDAddr.
 	NBDRequireToken bool
@@ -92,7 +95,7 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Warn("no --token-file: any local user can call the API and read and write every disk over NBD on loopback")
 	}
 	cfg.API.defaults()
-	p, err := pool.Open(ctx, cfg.PoolDir, log)
+	p, err := pool.OpenWith(ctx, cfg.PoolDir, pool.Options{Logger: log, ExpectMount: cfg.ExpectMount})
 	if err != nil {
 		return err
 	}
@@ -204,6 +207,22 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("serve: %w", failed)
 	}
 	return err
+}
+
+// InitPool makes a new, empty pool in dir (absent or empty) for `quiver pool
+// init`, and returns its ID and directory. It refuses a directory that holds
+// a pool or anything else, and one a running server has open.
+func InitPool(ctx context.Context, dir string, log *slog.Logger) (id, path string, err error) {
+	p, err := pool.Init(ctx, dir, log)
+	if err != nil {
+		return "", "", err
+	}
+	defer p.Close()
+	info, err := p.Info()
+	if err != nil {
+		return "", "", err
+	}
+	return info.ID, info.Dir, nil
 }
 
 func readToken(path string) (string, error) {
