@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -215,9 +216,26 @@ func (n *negotiation) list(ctx context.Context, data []byte) error {
 	if len(exports) > n.listed {
 		n.listed = len(exports)
 		n.budget = maxOptions + optionsPerExport*n.listed
+		// A client that lists asks about each export next, and may take a
+		// while per export: libnbd 1.14 corks the end of every
+		// NBD_OPT_LIST_META_CONTEXT (MSG_MORE), so over TCP each export
+		// costs it the kernel's 200 ms cork timeout. The negotiation's
+		// deadline grows with the list, as the option budget does, so
+		// that nbdinfo --list finishes however many exports there are.
+		// Only a client allowed to list gets the time (LIST is refused
+		// when tokens are required).
+		extended := time.Now().Add(n.c.srv.cfg.HandshakeTimeout + time.Duration(n.listed)*timePerListedExport)
+		if extended.After(n.c.handshakeDeadline) {
+			n.c.handshakeDeadline = extended
+			_ = n.c.nc.SetDeadline(extended)
+		}
 	}
 	return n.reply(optList, repAck, nil)
 }
+
+// timePerListedExport is how much longer a negotiation may last per export
+// NBD_OPT_LIST returned (see list).
+const timePerListedExport = 250 * time.Millisecond
 
 // infoGo handles NBD_OPT_INFO and NBD_OPT_GO: export name, then the
 // information requests.
