@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -38,64 +37,29 @@ func hostileSpec(name string) VolumeSpec {
 		Disks: []DiskSpec{{Name: "root", Size: mib}, {Name: "data", Size: mib}}}
 }
 
-var (
-	templateOnce sync.Once
-	templateDir  string
-	templateErr  error
-)
-
-// newHostileEnv copies a template made once per test binary: a pool and a
-// victim. The victim holds a copy of v2's directory (for links to "a
-// volume"), loose files and a directory of images (what orphan reclaim would
-// delete).
-func newHostileEnv(t *testing.T) *hostileEnv {
+// newHostileEnv copies the template (newHostileTemplate) for one case.
+func newHostileEnv(t *testing.T, template string) *hostileEnv {
 	t.Helper()
-	templateOnce.Do(func() {
-		templateDir, templateErr = os.MkdirTemp("", "quiver-hostile-")
-		if templateErr == nil {
-			templateErr = buildHostileTemplate(templateDir)
-		}
-	})
-	if templateErr != nil {
-		t.Fatal(templateErr)
-	}
 	base := t.TempDir()
 	// Copied here, not by cp(1): a forked child holds this process's pool
 	// locks until it execs, which makes a parallel case's reopen fail.
-	copyExact(t, templateDir, base)
+	copyExact(t, template, base)
 	e := &hostileEnv{base: base, pool: filepath.Join(base, "pool"), victim: filepath.Join(base, "victim")}
 	e.v2 = filepath.Join(e.pool, "volumes", "v2")
 	return e
 }
 
-// buildHostileTemplate makes the pool and the victim in base.
-func buildHostileTemplate(base string) (err error) {
+// newHostileTemplate makes, once for all cases, the pool and the victim.
+// The victim holds a copy of v2's directory (for links to "a volume"),
+// loose files and a directory of images (what orphan reclaim would delete).
+func newHostileTemplate(t *testing.T) string {
+	t.Helper()
+	base := t.TempDir()
 	e := &hostileEnv{base: base, pool: filepath.Join(base, "pool"), victim: filepath.Join(base, "victim")}
 	e.v2 = filepath.Join(e.pool, "volumes", "v2")
-	t := &templateT{}
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%v", r)
-		}
-	}()
 	buildHostile(t, e)
-	return t.err
+	return base
 }
-
-// templateT lets the template be built with the test helpers outside a
-// test: the first failure ends the build.
-type templateT struct {
-	testing.TB
-	err error
-}
-
-func (t *templateT) Helper() {}
-func (t *templateT) Fatal(args ...any) {
-	t.err = fmt.Errorf("hostile template: %s", fmt.Sprint(args...))
-	panic(t.err)
-}
-func (t *templateT) Fatalf(f string, a ...any) { t.Fatal(fmt.Sprintf(f, a...)) }
-func (t *templateT) Cleanup(func())            {}
 
 func buildHostile(t testing.TB, e *hostileEnv) {
 	p, err := Open(context.Background(), e.pool, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -549,10 +513,11 @@ func TestHostileFiles(t *testing.T) {
 			}
 		}, "broken"},
 	}
+	template := newHostileTemplate(t)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			e := newHostileEnv(t)
+			e := newHostileEnv(t, template)
 			tt.mutate(t, e)
 			before := treeSum(t, e.victim)
 			checkVictim := func(when string) {
