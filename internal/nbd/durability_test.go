@@ -135,7 +135,7 @@ func TestRemovedDiskOverNBD(t *testing.T) {
 	if rep := c.do(writeReq(0, pattern(3, 0, 4096))); rep.errno != 0 {
 		t.Fatalf("write: errno %d (%s)", rep.errno, rep.msg)
 	}
-	if _, err := e.vol.RemoveDisk(ctx, "data"); err != nil {
+	if _, err := e.vol.RemoveDiskWith(ctx, "data", true); err != nil { // forced: its writer is connected
 		t.Fatal(err)
 	}
 	if rep := c.do(writeReq(4096, pattern(4, 4096, 4096))); rep.errno != errIO {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -289,12 +288,14 @@ func TestUncertainMetadataFailsVolume(t *testing.T) {
 }
 
 // TestRollbackRecordWithoutStagingFails: a rollback record whose staged
-// images are gone cannot be finished; start-up refuses it instead of
-// "finishing" a rollback without its images.
+// images are gone cannot be finished; start-up quarantines the volume, with
+// a reason naming the missing staging, instead of "finishing" a rollback
+// without its images, and serves the other volumes.
 func TestRollbackRecordWithoutStagingFails(t *testing.T) {
 	dir := t.TempDir()
 	p := openTestPool(t, dir)
 	mustCreate(t, p, vm3("vm"))
+	mustCreate(t, p, vm3("other"))
 	v, err := p.Volume("vm")
 	if err != nil {
 		t.Fatal(err)
@@ -304,9 +305,24 @@ func TestRollbackRecordWithoutStagingFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = p.Close()
-	_, err = Open(context.Background(), dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "rb-gone") {
-		t.Fatalf("open with a rollback record whose staging is gone: %v, want an error naming it", err)
+	p, err = Open(context.Background(), dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("open with a rollback record whose staging is gone: %v, want the volume quarantined", err)
+	}
+	defer p.Close()
+	v, err = p.Volume("vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := v.Info(); !strings.Contains(info.Broken, "rb-gone") {
+		t.Fatalf("volume with a rollback record whose staging is gone: broken %q, want a reason naming it", info.Broken)
+	}
+	if _, _, err := v.CreateSnapshot(context.Background(), "x", nil); !errors.Is(err, ErrBroken) {
+		t.Fatalf("snapshot of the quarantined volume: %v, want ErrBroken", err)
+	}
+	o, err := p.Volume("other")
+	if err != nil || o.Info().Broken != "" {
+		t.Fatalf("the other volume: %v, broken %q", err, o.Info().Broken)
 	}
 }
 
