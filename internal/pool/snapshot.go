@@ -33,14 +33,8 @@ func (v *Volume) CreateSnapshot(ctx context.Context, name string, prog Progress)
 // allows it: then it is returned with created false. When it returns nil the
 // snapshot is durable; a crash before that leaves no trace of it.
 func (v *Volume) CreateSnapshotWith(ctx context.Context, name string, idem Idempotency, prog Progress) (SnapshotInfo, bool, error) {
-	if err := ValidateName("name", name); err != nil {
-		return SnapshotInfo{}, false, err
-	}
-	if err := ValidateIdempotencyKey("idempotency key", idem.Key); err != nil {
-		return SnapshotInfo{}, false, err
-	}
-	if s, found, err := v.existingSnapshot(name, idem); found || err != nil {
-		return s, false, err
+	if s, found, err := v.checkNewSnapshot(name, idem); found || err != nil {
+		return s, false, err // checked before the hold too: a retry needs no lock
 	}
 	h, err := v.Hold("snapshot")
 	if err != nil {
@@ -49,18 +43,25 @@ func (v *Volume) CreateSnapshotWith(ctx context.Context, name string, idem Idemp
 	return h.CreateSnapshot(ctx, name, idem, prog)
 }
 
-// CreateSnapshot is Volume.CreateSnapshotWith under the hold, which it
-// releases.
-func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency, prog Progress) (SnapshotInfo, bool, error) {
-	defer h.Release()
-	v := h.v
+// checkNewSnapshot validates a snapshot's name and idempotency key and
+// looks for a snapshot of that name: found with its info when idem allows
+// returning it, ErrExists when it does not.
+func (v *Volume) checkNewSnapshot(name string, idem Idempotency) (SnapshotInfo, bool, error) {
 	if err := ValidateName("name", name); err != nil {
 		return SnapshotInfo{}, false, err
 	}
 	if err := ValidateIdempotencyKey("idempotency key", idem.Key); err != nil {
 		return SnapshotInfo{}, false, err
 	}
-	if s, found, err := v.existingSnapshot(name, idem); found || err != nil {
+	return v.existingSnapshot(name, idem)
+}
+
+// CreateSnapshot is Volume.CreateSnapshotWith under the hold, which it
+// releases.
+func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency, prog Progress) (SnapshotInfo, bool, error) {
+	defer h.Release()
+	v := h.v
+	if s, found, err := v.checkNewSnapshot(name, idem); found || err != nil {
 		return s, false, err
 	}
 	staged, err := v.pool.newStaging("snap")
