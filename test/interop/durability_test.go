@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/quiverstorage/quiver/internal/client"
 	"github.com/quiverstorage/quiver/internal/testfs"
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
@@ -130,7 +131,7 @@ func TestRemovedDiskKeepsItsClient(t *testing.T) {
 	if got := next(); got != "written" {
 		t.Fatalf("client: %q, want \"written\"\n%s", got, stderr.String())
 	}
-	if _, err := s.api.RemoveDisk(t.Context(), "vm", "scratch"); err != nil {
+	if _, err := s.api.RemoveDisk(t.Context(), "vm", "scratch", client.Force()); err != nil { // its writer is connected
 		t.Fatal(err)
 	}
 	if _, err := s.api.AddDisk(t.Context(), "vm", disk("scratch", 4*miB)); err != nil {
