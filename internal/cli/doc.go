@@ -7,5 +7,5 @@
 // internal/nbd for the default NBD address only, and internal/durable to
 // write the server's ready file; nothing imports it but cmd/quiver.
 //
-// Imports from quiver: api, client, csi, durable, nbd, quantity, server.
+// Imports from quiver: api, client, csi, durable, kubevirt/hook, kubevirt/webhook, nbd, quantity, server.
 package cli
