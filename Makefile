@@ -70,6 +70,15 @@ bench-qos:
 		$(GO) test -count=1 -timeout 60m -run TestQoSOverhead -v .
 	cd test/qos && $(GO) test -run '^$$' -bench DiskPath -count 5 .
 
+# Provisioning storm: VMS VMs x DISKS disks through the CSI controller, in
+# process, against a real server: one CreateVolume and one CreateSnapshot per
+# VM (quiver) against one per disk (today's drivers), side by side. DIR: the
+# pool's parent directory (default /tmp). Prints, never asserts.
+bench-storm:
+	cd test/storm && QUIVER_BENCH=1 QUIVER_STORM_VMS=$(VMS) QUIVER_STORM_DISKS=$(DISKS) \
+		QUIVER_STORM_WORKERS=$(WORKERS) QUIVER_BENCH_DIR=$(DIR) \
+		$(GO) test -count=1 -timeout 120m -run TestProvisioningStorm -v .
+
 # KubeVirt's hook sidecar API (internal/kubevirt/hookapi): Go code from the
 # .proto files, committed. Needs protoc (Debian protobuf-compiler); the two
 # plugins are built into bin/ at pinned versions.
