@@ -197,6 +197,13 @@ func TestWebhook(t *testing.T) {
 				if resp.Allowed || resp.Result == nil || !strings.Contains(resp.Result.Message, tc.denied) || resp.Patch != nil {
 					t.Fatalf("want a refusal mentioning %q, got %s", tc.denied, rec.Body)
 				}
+				wantCode := int32(http.StatusBadRequest) // the user's to fix
+				if strings.Contains(tc.name, "API down") {
+					wantCode = http.StatusInternalServerError // a lookup that failed
+				}
+				if resp.Result.Code != wantCode {
+					t.Errorf("refusal code %d, want %d", resp.Result.Code, wantCode)
+				}
 				return
 			}
 			if !resp.Allowed {
