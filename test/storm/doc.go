@@ -14,7 +14,9 @@
 // Kubernetes objects each model needs (PVC + PV per volume, VolumeSnapshot
 // + VolumeSnapshotContent per snapshot), with ratios. It measures and never
 // asserts; it runs only when QUIVER_BENCH=1. QUIVER_STORM_VMS (default
-// 1000), QUIVER_STORM_DISKS (4), QUIVER_STORM_WORKERS (10) and
-// QUIVER_BENCH_DIR (the pool's parent directory, default a temporary one)
-// tune it.
+// 1000), QUIVER_STORM_DISKS (4), QUIVER_STORM_WORKERS (10),
+// QUIVER_STORM_BUDGET (seconds per phase, 600) and QUIVER_BENCH_DIR (the
+// pool's parent directory, default a temporary one) tune it. Snapshots are
+// measured twice: through the CSI controller, and through the quiver API
+// alone (a second snapshot of every volume).
 package storm

@@ -61,6 +61,11 @@ func (w *Webhook) Review(ctx context.Context, req *admissionv1.AdmissionRequest)
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return resp
 	}
+	if req.Kind.Kind == KindVMI && req.Operation != admissionv1.Create {
+		// A VMI's disks are fixed once it runs: they are looked up when it
+		// is created, at every start of its VM, and never again.
+		return resp
+	}
 	patch, warnings, err := w.mutate(ctx, req)
 	log := w.cfg.Logger.With("kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name)
 	resp.Warnings = warnings

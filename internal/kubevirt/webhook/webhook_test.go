@@ -166,6 +166,7 @@ func TestWebhook(t *testing.T) {
 		{name: "bad hookSidecars annotation", body: review(KindVMI, "CREATE", vmi(`,"annotations":{"hooks.kubevirt.io/hookSidecars":"{"}`, pvc("rootdisk", "vm1-disks"))),
 			denied: "hooks.kubevirt.io/hookSidecars: not a JSON list"},
 		{name: "DELETE is allowed untouched", body: review(KindVMI, "DELETE", "null")},
+		{name: "a running VMI's UPDATE is allowed untouched", body: review(KindVMI, "UPDATE", vmi("", pvc("rootdisk", "vm1-disks")))},
 		{name: "not JSON", body: `{"apiVersion":`, status: http.StatusBadRequest},
 		{name: "no request", body: `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`, status: http.StatusBadRequest},
 		{name: "request without uid", body: `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"operation":"CREATE"}}`, status: http.StatusBadRequest},
