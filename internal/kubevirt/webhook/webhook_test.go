@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/kubevirt"
@@ -345,4 +346,8 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+func metaKind(kind string) metav1.GroupVersionKind {
+	return metav1.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: kind}
 }
