@@ -3,8 +3,10 @@ package hook
 import (
 	"bytes"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path"
@@ -249,8 +251,9 @@ func checkFile(root, dir, disk, volume string) error {
 	return nil
 }
 
+// unwrapPath drops the path of an *fs.PathError: the message names it.
 func unwrapPath(err error) error {
-	if pe, ok := err.(*os.PathError); ok {
+	if pe, ok := errors.AsType[*fs.PathError](err); ok {
 		return pe.Err
 	}
 	return err
