@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: all build run test test-race test-short lint fuzz bench bench-nbd bench-qos clean
+.PHONY: all build run test test-race test-short lint fuzz bench bench-nbd bench-qos bench-storm proto clean
 
 all: build
 
@@ -69,6 +69,29 @@ bench-qos:
 	cd test/qos && QUIVER_BENCH=1 QUIVER_BENCH_RUNTIME=$(RUNTIME) QUIVER_BENCH_ROUNDS=$(ROUNDS) \
 		$(GO) test -count=1 -timeout 60m -run TestQoSOverhead -v .
 	cd test/qos && $(GO) test -run '^$$' -bench DiskPath -count 5 .
+
+# Provisioning storm: VMS VMs x DISKS disks through the CSI controller, in
+# process, against a real server: one CreateVolume and one CreateSnapshot per
+# VM (quiver) against one per disk (today's drivers), side by side. DIR: the
+# pool's parent directory (default /tmp). Prints, never asserts.
+bench-storm:
+	cd test/storm && QUIVER_BENCH=1 QUIVER_STORM_VMS=$(VMS) QUIVER_STORM_DISKS=$(DISKS) \
+		QUIVER_STORM_WORKERS=$(WORKERS) QUIVER_BENCH_DIR=$(DIR) \
+		$(GO) test -count=1 -timeout 120m -run TestProvisioningStorm -v .
+
+# KubeVirt's hook sidecar API (internal/kubevirt/hookapi): Go code from the
+# .proto files, committed. Needs protoc (Debian protobuf-compiler); the two
+# plugins are built into bin/ at pinned versions.
+PROTOC_GEN_GO_GRPC ?= v1.6.2
+proto:
+	GOBIN=$(CURDIR)/bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go
+	GOBIN=$(CURDIR)/bin $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC)
+	cd internal/kubevirt/hookapi && for f in info/info.proto v1alpha2/callbacks.proto v1alpha3/callbacks.proto; do \
+		protoc --plugin=protoc-gen-go=$(CURDIR)/bin/protoc-gen-go \
+			--plugin=protoc-gen-go-grpc=$(CURDIR)/bin/protoc-gen-go-grpc \
+			--go_out=. --go_opt=paths=source_relative \
+			--go-grpc_out=. --go-grpc_opt=paths=source_relative $$f || exit 1; \
+	done
 
 clean:
 	rm -rf bin

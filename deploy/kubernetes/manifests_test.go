@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -24,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/quiverstorage/quiver/internal/csi"
+	"github.com/quiverstorage/quiver/internal/kubevirt"
 )
 
 // kinds maps apiVersion/kind to a new typed object. KubeVirt's and CDI's Go
@@ -33,9 +35,14 @@ import (
 // mirror the upstream field names for every field the examples use;
 // unknown fields are errors there too.
 var kinds = map[string]func() any{
-	"v1/Namespace":      func() any { return &corev1.Namespace{} },
-	"v1/Secret":         func() any { return &corev1.Secret{} },
-	"v1/ServiceAccount": func() any { return &corev1.ServiceAccount{} },
+	"v1/Namespace":             func() any { return &corev1.Namespace{} },
+	"v1/Secret":                func() any { return &corev1.Secret{} },
+	"v1/ServiceAccount":        func() any { return &corev1.ServiceAccount{} },
+	"v1/Service":               func() any { return &corev1.Service{} },
+	"v1/PersistentVolumeClaim": func() any { return &corev1.PersistentVolumeClaim{} },
+	"admissionregistration.k8s.io/v1/MutatingWebhookConfiguration": func() any {
+		return &admissionregistrationv1.MutatingWebhookConfiguration{}
+	},
 	"rbac.authorization.k8s.io/v1/ClusterRole":        func() any { return &rbacv1.ClusterRole{} },
 	"rbac.authorization.k8s.io/v1/ClusterRoleBinding": func() any { return &rbacv1.ClusterRoleBinding{} },
 	"rbac.authorization.k8s.io/v1/Role":               func() any { return &rbacv1.Role{} },
@@ -210,9 +217,16 @@ func TestManifestsAgree(t *testing.T) {
 	if ten.VolumeBindingMode == nil || *ten.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
 		t.Errorf("quiver-tenant: want WaitForFirstConsumer")
 	}
+	claims := map[string]*corev1.PersistentVolumeClaim{}
+	for _, o := range decodeAll(t) {
+		if pvc, ok := o.obj.(*corev1.PersistentVolumeClaim); ok {
+			claims[pvc.Name] = pvc
+		}
+	}
 	for _, o := range decodeAll(t) {
 		switch obj := o.obj.(type) {
 		case *virtualMachine:
+			checkExtraDisks(t, obj, claims, classes)
 			for _, dv := range obj.Spec.DataVolumeTemplates {
 				s := dv.Spec.Storage
 				if s == nil || s.StorageClassName == nil || *s.StorageClassName != mig.Name ||
@@ -225,6 +239,44 @@ func TestManifestsAgree(t *testing.T) {
 				t.Errorf("DataVolume %s: not on a quiver class", obj.Name)
 			}
 		}
+	}
+}
+
+// checkExtraDisks: a VM's quiver.io/extra-disks annotation names, for each
+// PVC volume on a class with a disks parameter, that class's disks other
+// than "disk", as the webhook would.
+func checkExtraDisks(t *testing.T, vm *virtualMachine, claims map[string]*corev1.PersistentVolumeClaim, classes map[string]*storagev1.StorageClass) {
+	t.Helper()
+	value, ok := vm.Spec.Template.Annotations[kubevirt.AnnotationExtraDisks]
+	if !ok {
+		return
+	}
+	extra, err := kubevirt.ParseExtraDisks(value)
+	if err != nil {
+		t.Errorf("VM %s: %v", vm.Name, err)
+		return
+	}
+	want := kubevirt.ExtraDisks{}
+	for _, v := range vm.Spec.Template.Spec.Volumes {
+		if v.PersistentVolumeClaim == nil {
+			continue
+		}
+		pvc := claims[v.PersistentVolumeClaim.ClaimName]
+		if pvc == nil || pvc.Spec.StorageClassName == nil || classes[*pvc.Spec.StorageClassName] == nil {
+			t.Errorf("VM %s: volume %s: no PVC on a quiver class here", vm.Name, v.Name)
+			continue
+		}
+		if pvc.Spec.VolumeMode == nil || *pvc.Spec.VolumeMode != corev1.PersistentVolumeFilesystem {
+			t.Errorf("VM %s: PVC %s: extra disks need volumeMode Filesystem", vm.Name, pvc.Name)
+		}
+		for item := range strings.SplitSeq(classes[*pvc.Spec.StorageClassName].Parameters[csi.ParamDisks], ",") {
+			if name, _, _ := strings.Cut(item, "="); name != kubevirt.PrimaryDisk && name != "" {
+				want[v.Name] = append(want[v.Name], name)
+			}
+		}
+	}
+	if extra.Format() != want.Format() {
+		t.Errorf("VM %s: annotation %s = %s, want %s (from the StorageClass)", vm.Name, kubevirt.AnnotationExtraDisks, extra.Format(), want.Format())
 	}
 }
 

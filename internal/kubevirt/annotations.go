@@ -1,0 +1,108 @@
+package kubevirt
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Annotation keys, set on a VirtualMachine's template (so KubeVirt copies
+// them to the VMI) by the webhook or by hand. docs/kubevirt.md describes
+// them.
+const (
+	// AnnotationExtraDisks names the extra disks per KubeVirt volume, as a
+	// JSON object: {"rootdisk":["data","logs"]}. Each disk <d> is the file
+	// <d>.img beside the volume's disk.img.
+	AnnotationExtraDisks = "quiver.io/extra-disks"
+	// AnnotationDiskBus is the bus of every extra disk: virtio (default)
+	// or sata.
+	AnnotationDiskBus = "quiver.io/extra-disk-bus"
+	// AnnotationHookSidecars is KubeVirt's own key for the list of hook
+	// sidecars of a VMI.
+	AnnotationHookSidecars = "hooks.kubevirt.io/hookSidecars"
+)
+
+// Buses the extra disks may use.
+const (
+	BusVirtio = "virtio"
+	BusSATA   = "sata"
+)
+
+// PrimaryDisk is the disk KubeVirt boots from a Filesystem PVC: disk.img.
+const PrimaryDisk = "disk"
+
+// MaxSerial is the longest serial a virtio-blk disk carries whole (the
+// VIRTIO_BLK_ID_BYTES of the virtio spec); a disk name is its serial.
+const MaxSerial = 20
+
+// ExtraDisks maps a KubeVirt volume name to the names of its extra disks, in
+// the order they are added to the domain.
+type ExtraDisks map[string][]string
+
+// ParseExtraDisks decodes and checks the AnnotationExtraDisks value: every
+// disk name is a DNS label of at most MaxSerial bytes, is not the primary
+// disk, and appears once in the whole annotation (it becomes the disk's
+// serial, which must be unique in the guest).
+func ParseExtraDisks(value string) (ExtraDisks, error) {
+	var extra ExtraDisks
+	dec := json.NewDecoder(strings.NewReader(value))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&extra); err != nil {
+		return nil, fmt.Errorf("annotation %s: want a JSON object of volume name to disk names, e.g. {\"rootdisk\":[\"data\"]}: %v: %w",
+			AnnotationExtraDisks, err, ErrInvalid)
+	}
+	seen := map[string]string{}
+	for _, vol := range slices.Sorted(maps.Keys(extra)) {
+		if len(validation.IsDNS1123Label(vol)) != 0 {
+			return nil, fmt.Errorf("annotation %s: volume name %q: must be a DNS label: %w", AnnotationExtraDisks, vol, ErrInvalid)
+		}
+		for _, d := range extra[vol] {
+			if err := CheckDiskName(d); err != nil {
+				return nil, fmt.Errorf("annotation %s, volume %s: %w", AnnotationExtraDisks, vol, err)
+			}
+			if other, dup := seen[d]; dup {
+				return nil, fmt.Errorf("annotation %s: disk %q named for volume %s and for volume %s (a disk's name is its serial, unique in the guest): %w",
+					AnnotationExtraDisks, d, other, vol, ErrDuplicate)
+			}
+			seen[d] = vol
+		}
+	}
+	return extra, nil
+}
+
+// CheckDiskName checks one extra disk's name.
+func CheckDiskName(d string) error {
+	switch {
+	case len(validation.IsDNS1123Label(d)) != 0:
+		return fmt.Errorf("disk name %q: must be a DNS label (lower-case letters, digits and '-'): %w", d, ErrInvalid)
+	case len(d) > MaxSerial:
+		return fmt.Errorf("disk name %q: longer than %d bytes, the longest serial a virtio disk carries whole: %w", d, MaxSerial, ErrInvalid)
+	case d == PrimaryDisk:
+		return fmt.Errorf("disk name %q: is the disk KubeVirt itself boots (disk.img), not an extra disk: %w", d, ErrDuplicate)
+	}
+	return nil
+}
+
+// Format encodes e as an AnnotationExtraDisks value (keys sorted).
+func (e ExtraDisks) Format() string {
+	b, err := json.Marshal(map[string][]string(e))
+	if err != nil {
+		panic(err) // a map of strings always encodes
+	}
+	return string(b)
+}
+
+// ParseBus checks an AnnotationDiskBus value; "" is virtio.
+func ParseBus(value string) (string, error) {
+	switch value {
+	case "", BusVirtio:
+		return BusVirtio, nil
+	case BusSATA:
+		return BusSATA, nil
+	}
+	return "", fmt.Errorf("annotation %s=%q: want %s or %s: %w", AnnotationDiskBus, value, BusVirtio, BusSATA, ErrInvalid)
+}

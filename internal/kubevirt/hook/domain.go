@@ -1,0 +1,315 @@
+package hook
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/quiverstorage/quiver/internal/kubevirt"
+)
+
+// kubevirtAliasPrefix starts the alias KubeVirt gives each disk of a VMI:
+// "ua-" + the VMI disk's name, which is its volume's name.
+const kubevirtAliasPrefix = "ua-"
+
+// primaryFile is the file KubeVirt boots from a Filesystem PVC.
+const primaryFile = kubevirt.PrimaryDisk + ".img"
+
+// Options tune AddDisks.
+type Options struct {
+	// Volume, when set, limits the hook to that KubeVirt volume (one
+	// sidecar per quiver PVC, each seeing its own PVC mounted).
+	Volume string
+	// Root is prepended to every path the hook checks on disk; "" checks
+	// the domain's paths as they are (the sidecar sees the PVC where the
+	// compute container does).
+	Root string
+}
+
+// AddDisks returns domainXML with the extra disks the VMI's annotations name
+// added, or an error naming the cause; it never returns a domain with some
+// of the named disks missing. A VMI without the annotation gets the domain
+// back unchanged, byte for byte.
+func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) {
+	value, ok := vmi.Metadata.Annotations[kubevirt.AnnotationExtraDisks]
+	if !ok {
+		return domainXML, nil
+	}
+	extra, err := kubevirt.ParseExtraDisks(value)
+	if err != nil {
+		return nil, err
+	}
+	bus, err := kubevirt.ParseBus(vmi.Metadata.Annotations[kubevirt.AnnotationDiskBus])
+	if err != nil {
+		return nil, err
+	}
+	var dom libvirtxml.Domain
+	if err := dom.Unmarshal(string(domainXML)); err != nil {
+		return nil, fmt.Errorf("domain XML: %v: %w", err, kubevirt.ErrInvalid)
+	}
+	if dom.Devices == nil {
+		return nil, fmt.Errorf("domain XML: no <devices>: %w", kubevirt.ErrInvalid)
+	}
+	targets, serials, err := usedNames(dom.Devices.Disks)
+	if err != nil {
+		return nil, err
+	}
+	volumes := map[string]kubevirt.Volume{}
+	for _, v := range vmi.Spec.Volumes {
+		volumes[v.Name] = v
+	}
+	var added []libvirtxml.DomainDisk
+	for _, name := range slices.Sorted(maps.Keys(extra)) {
+		if opts.Volume != "" && name != opts.Volume {
+			continue
+		}
+		if len(extra[name]) == 0 {
+			continue
+		}
+		vol, ok := volumes[name]
+		if !ok || vol.ClaimName() == "" {
+			return nil, fmt.Errorf("annotation %s names volume %q, which is not a PVC or DataVolume volume of the VMI: %w",
+				kubevirt.AnnotationExtraDisks, name, kubevirt.ErrInvalid)
+		}
+		primary, err := primaryDisk(dom.Devices.Disks, name)
+		if err != nil {
+			return nil, err
+		}
+		dir := path.Dir(primary.Source.File.File)
+		for _, disk := range extra[name] {
+			if err := checkFile(opts.Root, dir, disk, name); err != nil {
+				return nil, err
+			}
+			if other, dup := serials[disk]; dup {
+				return nil, fmt.Errorf("volume %s, disk %s: serial %q is already the serial of the domain's disk %s: %w",
+					name, disk, disk, other, kubevirt.ErrDuplicate)
+			}
+			d := extraDisk(primary, dir, disk, bus)
+			d.Target.Dev, err = nextTarget(targets, bus)
+			if err != nil {
+				return nil, err
+			}
+			targets[d.Target.Dev] = disk
+			serials[disk] = d.Target.Dev
+			added = append(added, d)
+		}
+	}
+	if len(added) == 0 {
+		return domainXML, nil
+	}
+	return insertDisks(domainXML, added)
+}
+
+// insertDisks returns the document with the disks inserted after its last
+// <disk> in <devices> (or at the end of <devices>). Everything else stays
+// byte for byte as KubeVirt wrote it: a decode-encode round trip through
+// libvirtxml would drop elements it models as empty (TestRoundTrip).
+func insertDisks(doc []byte, disks []libvirtxml.DomainDisk) ([]byte, error) {
+	at, indent, err := insertionPoint(doc)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	buf.Write(doc[:at])
+	for _, d := range disks {
+		b, err := xml.MarshalIndent(&d, indent, "  ")
+		if err != nil {
+			return nil, fmt.Errorf("domain XML: encode disk %s: %v: %w", d.Serial, err, kubevirt.ErrInvalid)
+		}
+		buf.WriteString("\n" + indent)
+		buf.Write(bytes.TrimLeft(b, " \t"))
+	}
+	buf.Write(doc[at:])
+	return buf.Bytes(), nil
+}
+
+// insertionPoint finds the byte offset just after the last <disk> child of
+// <domain><devices>, or, with no disk, just before </devices>; and the
+// indentation of the devices' children.
+func insertionPoint(doc []byte) (int, string, error) {
+	dec := xml.NewDecoder(bytes.NewReader(doc))
+	depth, at, end := 0, -1, -1
+	indent := "    "
+	var inDevices bool
+	for {
+		off := dec.InputOffset()
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, "", fmt.Errorf("domain XML: %v: %w", err, kubevirt.ErrInvalid)
+		}
+		switch tok := tok.(type) {
+		case xml.StartElement:
+			depth++
+			inDevices = inDevices || (depth == 2 && tok.Name.Local == "devices")
+			if inDevices && depth == 3 && tok.Name.Local == "disk" {
+				line := doc[:off]
+				indent = string(line[bytes.LastIndexByte(line, '\n')+1:])
+				if strings.Trim(indent, " \t") != "" {
+					indent = ""
+				}
+			}
+		case xml.EndElement:
+			switch {
+			case inDevices && depth == 3 && tok.Name.Local == "disk":
+				at = int(dec.InputOffset())
+			case inDevices && depth == 2:
+				end = int(off)
+				inDevices = false
+			}
+			depth--
+		}
+	}
+	switch {
+	case at >= 0:
+		return at, indent, nil
+	case end >= 0:
+		return end, indent, nil
+	}
+	return 0, "", fmt.Errorf("domain XML: no <devices>: %w", kubevirt.ErrInvalid)
+}
+
+// usedNames collects the targets and serials the domain's disks already
+// use; a target used twice is an error (libvirt would refuse the domain).
+func usedNames(disks []libvirtxml.DomainDisk) (targets, serials map[string]string, err error) {
+	targets, serials = map[string]string{}, map[string]string{}
+	for _, d := range disks {
+		id := diskID(d)
+		if d.Target != nil && d.Target.Dev != "" {
+			if other, dup := targets[d.Target.Dev]; dup {
+				return nil, nil, fmt.Errorf("domain XML: target %s is used by disk %s and by disk %s: %w",
+					d.Target.Dev, other, id, kubevirt.ErrDuplicate)
+			}
+			targets[d.Target.Dev] = id
+		}
+		if d.Serial != "" {
+			serials[d.Serial] = id
+		}
+	}
+	return targets, serials, nil
+}
+
+// diskID names a domain disk in messages: its alias, else its target.
+func diskID(d libvirtxml.DomainDisk) string {
+	if d.Alias != nil && d.Alias.Name != "" {
+		return strings.TrimPrefix(d.Alias.Name, kubevirtAliasPrefix)
+	}
+	if d.Target != nil {
+		return d.Target.Dev
+	}
+	return "(unnamed)"
+}
+
+// primaryDisk finds the disk KubeVirt made for a volume (alias ua-<volume>)
+// and checks it is the disk.img of a Filesystem PVC.
+func primaryDisk(disks []libvirtxml.DomainDisk, volume string) (libvirtxml.DomainDisk, error) {
+	for _, d := range disks {
+		if d.Alias == nil || d.Alias.Name != kubevirtAliasPrefix+volume {
+			continue
+		}
+		if d.Source == nil || d.Source.File == nil || d.Source.File.File == "" {
+			return d, fmt.Errorf("volume %s: its domain disk is not a file (a Block-mode PVC?); extra disks need a Filesystem-mode PVC: %w",
+				volume, kubevirt.ErrUnsupported)
+		}
+		if path.Base(d.Source.File.File) != primaryFile {
+			return d, fmt.Errorf("volume %s: its domain disk is %s, not the %s of a Filesystem PVC: %w",
+				volume, d.Source.File.File, primaryFile, kubevirt.ErrUnsupported)
+		}
+		if d.Target == nil {
+			return d, fmt.Errorf("volume %s: its domain disk has no <target>: %w", volume, kubevirt.ErrInvalid)
+		}
+		return d, nil
+	}
+	return libvirtxml.DomainDisk{}, fmt.Errorf("volume %s: the domain has no disk with alias %s%s: %w",
+		volume, kubevirtAliasPrefix, volume, kubevirt.ErrInvalid)
+}
+
+// checkFile checks that <dir>/<disk>.img is a regular file: the disk exists
+// in the volume the PVC holds.
+func checkFile(root, dir, disk, volume string) error {
+	file := path.Join(dir, disk+".img")
+	fi, err := os.Stat(filepath.Join(root, filepath.FromSlash(file)))
+	switch {
+	case err != nil:
+		return fmt.Errorf("volume %s has no disk %s: %s: %v: %w", volume, disk, file, unwrapPath(err), kubevirt.ErrMissingDisk)
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("volume %s, disk %s: %s is not a regular file: %w", volume, disk, file, kubevirt.ErrMissingDisk)
+	}
+	return nil
+}
+
+// unwrapPath drops the path of an *fs.PathError: the message names it.
+func unwrapPath(err error) error {
+	if pe, ok := errors.AsType[*fs.PathError](err); ok {
+		return pe.Err
+	}
+	return err
+}
+
+// extraDisk builds the <disk> of one extra disk from the volume's primary:
+// the same driver (format, cache, io, discard, error policy, iothread),
+// read-only and shareable flags; the disk name as serial; no boot order, no
+// alias (KubeVirt's aliases name VMI disks) and no address (libvirt assigns
+// one).
+func extraDisk(primary libvirtxml.DomainDisk, dir, disk, bus string) libvirtxml.DomainDisk {
+	d := libvirtxml.DomainDisk{
+		XMLName: xml.Name{Local: "disk"},
+		Device:  "disk",
+		Source: &libvirtxml.DomainDiskSource{
+			File: &libvirtxml.DomainDiskSourceFile{File: path.Join(dir, disk+".img")},
+		},
+		Target:    &libvirtxml.DomainDiskTarget{Bus: bus},
+		ReadOnly:  primary.ReadOnly,
+		Shareable: primary.Shareable,
+		Serial:    disk,
+	}
+	if primary.Driver != nil {
+		drv := *primary.Driver
+		d.Driver = &drv
+	}
+	if bus == kubevirt.BusVirtio && primary.Target.Bus == kubevirt.BusVirtio {
+		d.Model = primary.Model // virtio-non-transitional and friends
+	}
+	if bus != kubevirt.BusVirtio && d.Driver != nil {
+		d.Driver.IOThread = nil // iothreads serve virtio disks only
+	}
+	return d
+}
+
+// nextTarget is the first free device name of the bus's prefix, in libvirt's
+// order: vda..vdz, vdaa.. (sda.. for sata).
+func nextTarget(used map[string]string, bus string) (string, error) {
+	prefix := "vd"
+	if bus == kubevirt.BusSATA {
+		prefix = "sd"
+	}
+	for i := range 26 * 27 {
+		name := prefix + deviceSuffix(i)
+		if _, taken := used[name]; !taken {
+			return name, nil
+		}
+	}
+	return "", fmt.Errorf("no free %s target left: %w", prefix, kubevirt.ErrDuplicate)
+}
+
+// deviceSuffix is libvirt's disk index to name suffix: 0 a, 25 z, 26 aa.
+func deviceSuffix(i int) string {
+	s := ""
+	for i++; i > 0; i = (i - 1) / 26 {
+		s = string(rune('a'+(i-1)%26)) + s
+	}
+	return s
+}

@@ -1,0 +1,6 @@
+// Package v1alpha2 is the generated Go code of KubeVirt's hook sidecar API
+// (v1alpha2/*.proto, transcribed from KubeVirt's published definitions);
+// regenerate it with make proto, never edit the *.pb.go files by hand.
+//
+// Imports from quiver: nothing.
+package v1alpha2

@@ -1,0 +1,15 @@
+// Package webhook is quiver's optional KubeVirt mutating admission webhook.
+// For a VirtualMachineInstance (or a VirtualMachine's template) whose PVC is
+// a quiver volume in Filesystem mode, it names the volume's other disks in
+// the quiver.io/extra-disks annotation and adds the quiver hook sidecar to
+// hooks.kubevirt.io/hookSidecars, so an ordinary VM with one PVC boots with
+// every disk of its volume. A Block-mode quiver PVC with several disks gets
+// an admission warning: only its primary disk reaches the VM.
+//
+// It learns a PVC's volume from Kubernetes (claims.go: the PVC, its PV, or
+// its StorageClass while unbound) and the volume's disks from the quiver API
+// (internal/client). It decodes only the fields it needs of KubeVirt's
+// objects and answers with a JSON Patch.
+//
+// Imports from quiver: api, client, kubevirt.
+package webhook

@@ -1,0 +1,23 @@
+// Package kubevirt is the end-to-end test of quiver's KubeVirt hook with
+// real libvirt: a quiver volume with three disks (disk, data, logs) lives
+// in a real quiver server's pool; a domain of the shape KubeVirt generates
+// for a Filesystem PVC (its primary disk the volume's disks/disk.img, as a
+// PVC mount shows it) goes through the hook over gRPC, as virt-launcher
+// sends it; libvirtd (QEMU driver, TCG) defines and starts the returned
+// domain. The guest (internal/testguest: Debian's kernel, a busybox
+// initramfs) lists its virtio disks with their serials and writes a marker
+// naming the serial to the first sector of each, then powers off. Read back
+// through quiver's NBD export of each disk, every marker must be on the
+// disk its serial names.
+//
+// Run it with
+//
+//	go test -v ./test/kubevirt/
+//
+// It needs root, libvirtd, virtlogd and virsh (Debian:
+// libvirt-daemon-system, libvirt-clients), qemu-system-x86_64, qemu-img,
+// busybox-static and what internal/testguest needs to fetch the kernel.
+// Without them it skips, except when CI is set: there it fails. The test
+// starts virtlogd and libvirtd itself when no libvirtd answers on
+// qemu:///system, and stops them (by PID) when it ends.
+package kubevirt

@@ -1,0 +1,325 @@
+package storm
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	quivercsi "github.com/quiverstorage/quiver/internal/csi"
+	"github.com/quiverstorage/quiver/internal/testserver"
+)
+
+func TestMain(m *testing.M) { os.Exit(testserver.Main(m)) }
+
+func envInt(t *testing.T, key string, def int) int {
+	t.Helper()
+	v := os.Getenv(key)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want a whole number above 0", key, v)
+	}
+	return n
+}
+
+// model is one way of provisioning the VMs.
+type model struct {
+	name string
+	// volumes are the CreateVolume requests, one per PVC.
+	volumes []*csi.CreateVolumeRequest
+}
+
+// phase is what one storm of calls measured.
+type phase struct {
+	done, failed int64
+	wall         time.Duration
+	stopped      bool // the budget ran out before every call was made
+}
+
+func (p phase) String() string {
+	s := fmt.Sprintf("%d in %v", p.done, p.wall.Round(time.Millisecond))
+	if p.stopped {
+		s += " (budget out)"
+	}
+	if p.failed > 0 {
+		s += fmt.Sprintf(", %d failed", p.failed)
+	}
+	return s
+}
+
+func (p phase) rate() float64 { return float64(p.done) / p.wall.Seconds() }
+
+// result is what one model measured.
+type result struct {
+	model          string
+	volumes, disks int
+	create         phase
+	csiSnap        phase // CreateSnapshot through the CSI controller
+	apiSnap        phase // the same snapshots through the quiver API alone
+}
+
+const diskSize = 1 << 30
+
+var mountCap = []*csi.VolumeCapability{{
+	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER},
+}}
+
+func perVM(vms, disks int) model {
+	names := []string{"disk"}
+	for i := 1; i < disks; i++ {
+		names = append(names, fmt.Sprintf("data%d", i))
+	}
+	var layout []string
+	for _, n := range names {
+		layout = append(layout, n+"=1Gi")
+	}
+	m := model{name: "per VM (quiver)"}
+	for i := range vms {
+		m.volumes = append(m.volumes, &csi.CreateVolumeRequest{
+			Name:               fmt.Sprintf("pvc-vm-%05d", i),
+			CapacityRange:      &csi.CapacityRange{RequiredBytes: int64(disks) * diskSize},
+			VolumeCapabilities: mountCap,
+			Parameters:         map[string]string{quivercsi.ParamDisks: strings.Join(layout, ",")},
+		})
+	}
+	return m
+}
+
+func perDisk(vms, disks int) model {
+	m := model{name: "per disk (today's drivers)"}
+	for i := range vms {
+		for d := range disks {
+			m.volumes = append(m.volumes, &csi.CreateVolumeRequest{
+				Name:               fmt.Sprintf("pvc-vm-%05d-disk-%d", i, d),
+				CapacityRange:      &csi.CapacityRange{RequiredBytes: diskSize},
+				VolumeCapabilities: mountCap,
+			})
+		}
+	}
+	return m
+}
+
+// TestProvisioningStorm is the benchmark of the package comment.
+func TestProvisioningStorm(t *testing.T) {
+	if os.Getenv("QUIVER_BENCH") != "1" {
+		t.Skip("a benchmark: set QUIVER_BENCH=1 (make bench-storm)")
+	}
+	vms := envInt(t, "QUIVER_STORM_VMS", 1000)
+	disks := envInt(t, "QUIVER_STORM_DISKS", 4)
+	workers := envInt(t, "QUIVER_STORM_WORKERS", 10)
+	budget := time.Duration(envInt(t, "QUIVER_STORM_BUDGET", 600)) * time.Second
+	bin := testserver.Binary(t, false)
+	models := []model{perVM(vms, disks), perDisk(vms, disks)}
+	envs := make([]*env, len(models))
+	results := make([]result, len(models))
+	for i, m := range models {
+		envs[i] = newEnv(t, bin)
+		results[i] = result{model: m.name, volumes: len(m.volumes), disks: vms * disks}
+	}
+	// Phase by phase, the two models one after the other, each on its own
+	// server: creates, snapshots through CSI, snapshots through the API.
+	for i, m := range models {
+		results[i].create = envs[i].createAll(m, workers, budget)
+		t.Logf("%s: CreateVolume %v", m.name, results[i].create)
+	}
+	for i, m := range models {
+		results[i].csiSnap = envs[i].snapshotCSI(m, workers, budget)
+		t.Logf("%s: CreateSnapshot %v", m.name, results[i].csiSnap)
+	}
+	for i, m := range models {
+		results[i].apiSnap = envs[i].snapshotAPI(t, m, workers, budget)
+		t.Logf("%s: API snapshots %v", m.name, results[i].apiSnap)
+	}
+
+	fs, _ := exec.Command("stat", "-f", "-c", "%T", poolParent()).Output()
+	fmt.Printf("\nprovisioning storm: %d VMs x %d disks, %d workers, pool on %s, %d CPUs, budget %v per phase\n",
+		vms, disks, workers, strings.TrimSpace(string(fs)), nproc(), budget)
+	fmt.Printf("%-27s %7s %6s %7s | %-24s %8s | %-24s %8s | %-22s %8s\n", "model", "PVC+PV", "VS+VSC", "disks",
+		"CreateVolume", "/s", "CreateSnapshot (CSI)", "/s", "snapshot (quiver API)", "/s")
+	for _, r := range results {
+		fmt.Printf("%-27s %7d %6d %7d | %-24v %8.1f | %-24v %8.1f | %-22v %8.1f\n", r.model, 2*r.volumes, 2*r.volumes, r.disks,
+			r.create, r.create.rate(), r.csiSnap, r.csiSnap.rate(), r.apiSnap, r.apiSnap.rate())
+	}
+	a, b := results[0], results[1]
+	fmt.Printf("time to provision all %d disks: per disk / per VM = %.2fx (CreateVolume)\n", a.disks,
+		(b.create.wall.Seconds()/float64(max(b.create.done, 1))*float64(b.volumes))/a.create.wall.Seconds())
+	fmt.Printf("time to snapshot all %d disks: per disk / per VM = %.2fx through CSI, %.2fx through the quiver API\n", a.disks,
+		(b.csiSnap.wall.Seconds()/float64(max(b.csiSnap.done, 1))*float64(b.volumes))/(a.csiSnap.wall.Seconds()/float64(max(a.csiSnap.done, 1))*float64(a.volumes)),
+		(b.apiSnap.wall.Seconds()/float64(max(b.apiSnap.done, 1))*float64(b.volumes))/(a.apiSnap.wall.Seconds()/float64(max(a.apiSnap.done, 1))*float64(a.volumes)))
+	fmt.Println("(a phase stopped by the budget is extrapolated at its average rate, which only understates a rate that falls)")
+}
+
+func nproc() int {
+	out, err := exec.Command("nproc").Output()
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+	return n
+}
+
+func poolParent() string {
+	if dir := os.Getenv("QUIVER_BENCH_DIR"); dir != "" {
+		return dir
+	}
+	return os.TempDir()
+}
+
+// env is one model's server and CSI controller, and the IDs it created.
+type env struct {
+	srv  *testserver.Process
+	ctrl csi.ControllerClient
+	ids  []string
+}
+
+func newEnv(t *testing.T, bin string) *env {
+	t.Helper()
+	pool, err := os.MkdirTemp(poolParent(), "quiver-storm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(pool) })
+	srv, err := testserver.Start(context.Background(), bin, testserver.Options{Pool: pool, LogLevel: "warn"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Stop(time.Minute); err != nil {
+			t.Error(err)
+		}
+	})
+	return &env{srv: srv, ctrl: startController(t, "http://"+srv.APIAddr)}
+}
+
+func (e *env) createAll(m model, workers int, budget time.Duration) phase {
+	e.ids = make([]string, len(m.volumes))
+	return storm(len(m.volumes), workers, budget, func(ctx context.Context, i int) error {
+		resp, err := e.ctrl.CreateVolume(ctx, m.volumes[i])
+		e.ids[i] = resp.GetVolume().GetVolumeId()
+		return err
+	})
+}
+
+func (e *env) snapshotCSI(m model, workers int, budget time.Duration) phase {
+	return storm(len(m.volumes), workers, budget, func(ctx context.Context, i int) error {
+		if e.ids[i] == "" {
+			return fmt.Errorf("no volume %s", m.volumes[i].Name)
+		}
+		_, err := e.ctrl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "snap-" + m.volumes[i].Name, SourceVolumeId: e.ids[i]})
+		return err
+	})
+}
+
+// snapshotAPI takes a second snapshot of every volume through the quiver API
+// directly: the storage's cost without the CSI driver's name lookups.
+func (e *env) snapshotAPI(t *testing.T, m model, workers int, budget time.Duration) phase {
+	return storm(len(m.volumes), workers, budget, func(ctx context.Context, i int) error {
+		if e.ids[i] == "" {
+			return fmt.Errorf("no volume %s", m.volumes[i].Name)
+		}
+		_, err := e.srv.API.CreateSnapshot(ctx, e.ids[i], "api")
+		return err
+	})
+}
+
+// storm runs call(0..n-1) from workers goroutines, starting no new call
+// once budget has passed, and returns what it measured; failures are
+// counted (the first few printed). Progress goes to stderr every 30 s.
+func storm(n, workers int, budget time.Duration, call func(context.Context, int) error) phase {
+	var next, done, failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(budget)
+	stop := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(30 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				fmt.Fprintf(os.Stderr, "  ... %d of %d after %v\n", done.Load(), n, time.Since(start).Round(time.Second))
+			}
+		}
+	}()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := call(context.Background(), i); err != nil {
+					if failed.Add(1) <= 3 {
+						fmt.Fprintf(os.Stderr, "call %d: %v\n", i, err)
+					}
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	p := phase{wall: time.Since(start), done: done.Load(), failed: failed.Load()}
+	p.stopped = p.done < int64(n)
+	return p
+}
+
+// startController runs the CSI plugin in controller mode on a unix socket,
+// in process, and returns a gRPC client of it.
+func startController(t *testing.T, server string) csi.ControllerClient {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "qstorm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "csi.sock")
+	d, err := quivercsi.New(quivercsi.Config{
+		Mode: quivercsi.ModeController, Endpoint: "unix://" + sock, Server: server,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.ServeListener(ctx, ln) }()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("plugin: %v", err)
+		}
+	})
+	return csi.NewControllerClient(conn)
+}
