@@ -27,14 +27,24 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// selector parses the request's label selector (?selector=k=v,k2=v2) into
+// a match function, nil when there is none.
+func selector(r *http.Request) (func(map[string]string) bool, error) {
+	q := r.URL.Query().Get("selector")
+	if q == "" {
+		return nil, nil
+	}
+	sel, err := labels.Parse(q)
+	if err != nil {
+		return nil, &badRequest{field: "selector", msg: fmt.Sprintf("selector %q: %v", q, err)}
+	}
+	return func(l map[string]string) bool { return sel.Matches(labels.Set(l)) }, nil
+}
+
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
-	var match func(map[string]string) bool
-	if q := r.URL.Query().Get("selector"); q != "" {
-		sel, err := labels.Parse(q)
-		if err != nil {
-			return &badRequest{field: "selector", msg: fmt.Sprintf("selector %q: %v", q, err)}
-		}
-		match = func(l map[string]string) bool { return sel.Matches(labels.Set(l)) }
+	match, err := selector(r)
+	if err != nil {
+		return err
 	}
 	vols := s.pool.List(match)
 	out := api.List[api.Volume]{Items: make([]api.Volume, 0, len(vols))}
@@ -162,6 +172,28 @@ func (s *Server) removeDisk(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, volumeToAPI(info))
+	return nil
+}
+
+// findSnapshots lists the snapshots of every volume matching ?selector=,
+// only those called ?name= when it is given.
+func (s *Server) findSnapshots(w http.ResponseWriter, r *http.Request) error {
+	match, err := selector(r)
+	if err != nil {
+		return err
+	}
+	name := r.URL.Query().Get("name")
+	if name != "" {
+		if err := pool.ValidateName("name", name); err != nil {
+			return err
+		}
+	}
+	snaps := s.pool.FindSnapshots(match, name)
+	out := api.List[api.Snapshot]{Items: make([]api.Snapshot, 0, len(snaps))}
+	for _, sn := range snaps {
+		out.Items = append(out.Items, snapshotToAPI(sn))
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

@@ -60,6 +60,7 @@ func (s *Server) routes() {
 		"POST /v1/volumes/{volume}/disks":                   s.addDisk,
 		"PATCH /v1/volumes/{volume}/disks/{disk}":           s.growDisk,
 		"DELETE /v1/volumes/{volume}/disks/{disk}":          s.removeDisk,
+		"GET /v1/snapshots":                                 s.findSnapshots,
 		"GET /v1/volumes/{volume}/snapshots":                s.listSnapshots,
 		"POST /v1/volumes/{volume}/snapshots":               s.createSnapshot,
 		"GET /v1/volumes/{volume}/snapshots/{snapshot}":     s.getSnapshot,

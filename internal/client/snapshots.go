@@ -22,6 +22,21 @@ func (c *Client) ListSnapshots(ctx context.Context, volume string) ([]api.Snapsh
 	return list.Items, err
 }
 
+// FindSnapshots lists the snapshots of every volume matching selector (all
+// volumes when ""), only those called name when name is not "".
+func (c *Client) FindSnapshots(ctx context.Context, selector, name string) ([]api.Snapshot, error) {
+	query := url.Values{}
+	if selector != "" {
+		query.Set("selector", selector)
+	}
+	if name != "" {
+		query.Set("name", name)
+	}
+	var list api.List[api.Snapshot]
+	err := c.do(ctx, http.MethodGet, "/snapshots", query, nil, &list)
+	return list.Items, err
+}
+
 // CreateSnapshot snapshots every disk of a volume and returns when the
 // snapshot is complete. A taken name fails with IsConflict, unless opts allow
 // the existing snapshot (IdempotencyKey, IdempotentCreate).

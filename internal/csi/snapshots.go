@@ -74,22 +74,15 @@ func (c *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 }
 
 // snapshotElsewhere returns the volume other than volume that has a snapshot
-// named snap, or "".
+// named snap, or "": one request, whatever the number of volumes.
 func (c *controller) snapshotElsewhere(ctx context.Context, qc *client.Client, volume, snap string) (string, error) {
-	vols, err := c.d.ownVolumes(ctx, qc)
+	snaps, err := qc.FindSnapshots(ctx, LabelDriver+"="+c.d.cfg.DriverName, snap)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("look up snapshot %s on other volumes: %w", snap, err)
 	}
-	for _, v := range vols {
-		if v.Name == volume || v.Snapshots == 0 {
-			continue
-		}
-		_, err := qc.GetSnapshot(ctx, v.Name, snap)
-		switch {
-		case err == nil:
-			return v.Name, nil
-		case !client.IsNotFound(err):
-			return "", fmt.Errorf("look up snapshot %s: %w", snapshotID(v.Name, snap), err)
+	for _, s := range snaps {
+		if s.Volume != volume {
+			return s.Volume, nil
 		}
 	}
 	return "", nil

@@ -174,6 +174,33 @@ func (p *Pool) List(match func(labels map[string]string) bool) []VolumeInfo {
 	return out
 }
 
+// FindSnapshots returns the snapshots called name (every snapshot when name
+// is "") of the volumes whose labels match (every volume when match is
+// nil), sorted by volume and then by creation. It reads memory only, so a
+// caller that names snapshots across volumes (CSI) finds one in a single
+// call however many volumes the pool holds. Quarantined volumes have none.
+func (p *Pool) FindSnapshots(match func(labels map[string]string) bool, name string) []SnapshotInfo {
+	p.mu.Lock()
+	vols := make([]*Volume, 0, len(p.volumes))
+	for _, v := range p.volumes {
+		vols = append(vols, v)
+	}
+	p.mu.Unlock()
+	sort.Slice(vols, func(i, j int) bool { return vols[i].name < vols[j].name })
+	var out []SnapshotInfo
+	for _, v := range vols {
+		if v.broken != nil || (match != nil && !match(v.manifest().Labels)) {
+			continue
+		}
+		if name == "" {
+			out = append(out, v.Snapshots()...)
+		} else if s, err := v.Snapshot(name); err == nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // reserve marks name as being created so that concurrent creates of the same
 // name are refused instead of racing.
 func (p *Pool) reserve(name string) error {
