@@ -21,9 +21,13 @@ import (
 
 const (
 	miB = int64(1) << 20
-	// diskSize is the guest's disk; the guest writes its first guestWrite
-	// MiB, while the full pool has only about headroom bytes free.
+	// diskSize is the guest's disk; the guest writes guestWrite MiB from
+	// guestBase on, while the full pool has only about headroom bytes free.
+	// guestBase is half of quiver's chunk (pool.ChunkSize, 1 MiB), so on
+	// XFS every guest write straddles two chunks and the first write into
+	// each chunk rewrites it whole: the copy-up path runs out of space too.
 	diskSize   = 64 * miB
+	guestBase  = miB / 2
 	guestWrite = 24
 	headroom   = 8 * miB
 )
@@ -34,7 +38,7 @@ const (
 // the filler volume is deleted and the VM continued, every write must land.
 func TestGuestPausesOnFullPool(t *testing.T) {
 	dir := shortTempDir(t)
-	k, initrd := buildGuest(t, dir, guestWrite)
+	k, initrd := buildGuest(t, dir, guestBase, guestWrite)
 	for _, fs := range []struct {
 		name  string
 		mount func(testing.TB, int64) string
@@ -115,15 +119,32 @@ func guestPausesOnFullPool(t *testing.T, mnt string, k *testguest.Kernel, initrd
 	if err := srv.API.DeleteVolume(ctx, "filler"); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("filler deleted: %d MiB free", freeBytes(t, mnt)/miB)
+	deleted := time.Now()
+	waitFree(t, ctx, mnt, 2*guestWrite*miB)
+	t.Logf("filler deleted: %d MiB free after %v", freeBytes(t, mnt)/miB, time.Since(deleted).Round(time.Millisecond))
 	contAt := time.Now()
 	if err := v.qmp.execute(ctx, "cont", nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := v.qmp.waitEvent(ctx, n, func(e qmpEvent) bool { return e.Name == "RESUME" }); err != nil {
+	_, resumed, err := v.qmp.waitEvent(ctx, n, func(e qmpEvent) bool { return e.Name == "RESUME" })
+	if err != nil {
 		t.Fatalf("no RESUME after cont: %v", err)
 	}
-	v.waitConsole(t, ctx, guestDone)
+	// A BLOCK_IO_ERROR now would stop the VM again: fail at once rather
+	// than wait for a marker that cannot come.
+	wctx, cancel := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	t.Cleanup(func() { <-watched })
+	go func() {
+		defer close(watched)
+		defer cancel()
+		if e, _, err := v.qmp.waitEvent(wctx, resumed, func(e qmpEvent) bool { return e.Name == "BLOCK_IO_ERROR" }); err == nil {
+			t.Errorf("BLOCK_IO_ERROR after cont with the space freed: %s", e.Data)
+		}
+	}()
+	v.waitConsole(t, wctx, guestDone)
+	cancel()
+	<-watched
 	done := v.writeStats(t, ctx)
 	t.Logf("continued; the guest finished %v later: %d writes, %.1f MiB, %d failed",
 		time.Since(contAt).Round(time.Millisecond), done.WrOperations, float64(done.WrBytes)/float64(miB), done.FailedWrOperations)
@@ -187,6 +208,19 @@ func freeBytes(t *testing.T, mnt string) int64 {
 	return int64(st.Bavail) * st.Bsize
 }
 
+// waitFree waits until the filesystem at mnt has want bytes free: XFS
+// frees the blocks of a deleted file in the background.
+func waitFree(t *testing.T, ctx context.Context, mnt string, want int64) {
+	t.Helper()
+	for freeBytes(t, mnt) < want {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d MiB free after the filler was deleted, want %d: %v", freeBytes(t, mnt)/miB, want/miB, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // serverLoggedNoSpace reports whether the log holds the warning of a
 // request that failed with ENOSPC.
 func serverLoggedNoSpace(log string) bool {
@@ -198,21 +232,22 @@ func serverLoggedNoSpace(log string) bool {
 	return false
 }
 
-// verifyDisk reads the disk back over NBD with qemu-io: MiB i holds the
-// byte i+1 for every MiB the guest wrote, and the rest reads as zeros.
+// verifyDisk reads the disk back over NBD with qemu-io: the MiB the guest
+// wrote at guestBase + i MiB holds the byte i+1, and the rest reads as
+// zeros.
 func verifyDisk(t *testing.T, ctx context.Context, srv *testserver.Process) {
 	t.Helper()
-	args := []string{"-r", "-f", "raw"}
+	end := guestBase + guestWrite*miB
+	args := []string{"-r", "-f", "raw", "-c", fmt.Sprintf("read -P 0 0 %d", guestBase)}
 	for i := range guestWrite {
-		args = append(args, "-c", fmt.Sprintf("read -P %d %d 1M", i+1, int64(i)*miB))
+		args = append(args, "-c", fmt.Sprintf("read -P %d %d 1M", i+1, guestBase+int64(i)*miB))
 	}
-	args = append(args, "-c", fmt.Sprintf("read -P 0 %d %d", guestWrite*miB, diskSize-guestWrite*miB))
-	args = append(args, srv.UnixURI("vm/vda"))
+	args = append(args, "-c", fmt.Sprintf("read -P 0 %d %d", end, diskSize-end), srv.UnixURI("vm/vda"))
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "qemu-io", args...).CombinedOutput()
-	if err != nil || strings.Contains(string(out), "verification failed") || strings.Count(string(out), "read ") != guestWrite+1 {
-		t.Fatalf("qemu-io read back of vm/vda (%v): want %d reads with their patterns:\n%s", err, guestWrite+1, out)
+	if err != nil || strings.Contains(string(out), "verification failed") || strings.Count(string(out), "read ") != guestWrite+2 {
+		t.Fatalf("qemu-io read back of vm/vda (%v): want %d reads with their patterns:\n%s", err, guestWrite+2, out)
 	}
 }
 

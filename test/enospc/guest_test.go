@@ -36,11 +36,11 @@ const (
 )
 
 // buildGuest writes the initramfs into dir: testguest's base and an /init
-// that writes MiB i of /dev/vda, for i < mib, filled with the byte i+1, one
-// O_DIRECT dd per MiB, then syncs and prints guestDone. A failed dd prints
-// guestError; with werror=enospc the guest never sees ENOSPC, so it must
-// not.
-func buildGuest(t *testing.T, dir string, mib int) (*testguest.Kernel, string) {
+// that writes mib MiB to /dev/vda from byte offset base on, MiB i filled
+// with the byte i+1, one O_DIRECT dd per MiB, then syncs and prints
+// guestDone. A failed dd prints guestError; with werror=enospc the guest
+// never sees ENOSPC, so it must not.
+func buildGuest(t *testing.T, dir string, base int64, mib int) (*testguest.Kernel, string) {
 	t.Helper()
 	for _, tool := range []string{"qemu-system-x86_64", "qemu-io"} {
 		testfs.RequireTool(t, tool)
@@ -70,14 +70,14 @@ i=0
 while [ $i -lt %d ]; do
 	b=$(printf '\\%%03o' $((i + 1)))
 	head -c 1048576 /dev/zero | tr '\000' "$b" |
-		dd of=/dev/vda bs=1M seek=$i count=1 iflag=fullblock oflag=direct 2>/dev/null ||
+		dd of=/dev/vda bs=1M seek=$((%d + i * 1048576)) count=1 iflag=fullblock oflag=direct,seek_bytes 2>/dev/null ||
 		echo "%s at MiB $i"
 	i=$((i + 1))
 done
 sync
 echo "%s"
 while :; do sleep 3600; done
-`, guestStart, mib, mib, guestError, guestDone)))
+`, guestStart, mib, mib, base, guestError, guestDone)))
 	if err := w.Close(); err != nil {
 		t.Fatalf("write %s: %v", initrd, err)
 	}
