@@ -15,6 +15,7 @@
 //
 // # The guest
 //
+// The guest is built by internal/testguest, which test/powercut shares.
 // The kernel is Debian's: the package linux-image-amd64 depends on (the
 // current kernel) is fetched with `apt-get download` and unpacked with
 // `dpkg -x`, nothing installed. Its config must build in the initramfs,
@@ -25,7 +26,7 @@
 // $XDG_CACHE_HOME/quiver-test (~/.cache/quiver-test), so later runs skip the
 // download.
 //
-// The test writes the initramfs itself (a newc cpio archive): busybox-static
+// The initramfs is a newc cpio archive written by testguest: busybox-static
 // with a symlink per applet, /dev/console, the modules, the guest writer
 // (./guestwriter, built with CGO_ENABLED=0) and an /init script that loads
 // the modules and runs the writer. The writer opens /dev/vda and /dev/vdb

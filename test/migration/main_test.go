@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/testfs"
+	"github.com/quiverstorage/quiver/internal/testguest"
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
@@ -22,10 +23,6 @@ var (
 	theGuest  *guest
 	guestErr  error
 )
-
-// errMissing marks a prerequisite that is not there (a tool, a package, the
-// package index): the test skips locally and fails under CI.
-var errMissing = errors.New("missing prerequisite")
 
 func TestMain(m *testing.M) {
 	os.Exit(runTests(m))
@@ -66,7 +63,7 @@ func requireGuest(t *testing.T) *guest {
 				theGuest.kernel.Package, theGuest.kernel.Modules, time.Since(start).Round(time.Millisecond))
 		}
 	})
-	if errors.Is(guestErr, errMissing) {
+	if errors.Is(guestErr, testguest.ErrMissing) {
 		testfs.SkipOrFail(t, "%v", guestErr)
 	}
 	if guestErr != nil {

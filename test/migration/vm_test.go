@@ -67,7 +67,7 @@ func startVM(t *testing.T, ctx context.Context, cfg vmConfig) *vm {
 		"-machine", "pc", "-accel", "tcg,thread=single",
 		"-cpu", "qemu64", "-smp", "1", "-m", fmt.Sprint(guestMemory),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-kernel", cfg.guest.kernel.vmlinuzPath(), "-initrd", cfg.guest.initrd,
+		"-kernel", cfg.guest.kernel.VmlinuzPath(), "-initrd", cfg.guest.initrd,
 		"-append", "console=ttyS0 loglevel=4 panic=-1",
 		"-serial", "file:" + v.console,
 		"-qmp", "unix:" + qmpPath + ",server=on,wait=off",

@@ -1,4 +1,4 @@
-package migration
+package testguest
 
 import (
 	"bytes"
@@ -16,14 +16,14 @@ import (
 func TestCPIOWriterReadByGNUcpio(t *testing.T) {
 	testfs.RequireTool(t, "cpio")
 	var archive bytes.Buffer
-	w := newCPIOWriter(&archive)
-	w.dir("bin")
-	w.file("bin/hello", 0o755, []byte("hello, initramfs\n")) // 17 bytes: exercises the padding
-	w.symlink("bin/sh", "busybox")
-	w.dir("dev")
-	w.charDevice("dev/console", 0o600, 5, 1)
-	w.file("odd-name-length.txt", 0o644, []byte("x"))
-	if err := w.close(); err != nil {
+	w := NewCPIOWriter(&archive)
+	w.Dir("bin")
+	w.File("bin/hello", 0o755, []byte("hello, initramfs\n")) // 17 bytes: exercises the padding
+	w.Symlink("bin/sh", "busybox")
+	w.Dir("dev")
+	w.CharDevice("dev/console", 0o600, 5, 1)
+	w.File("odd-name-length.txt", 0o644, []byte("x"))
+	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
 

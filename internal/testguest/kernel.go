@@ -1,9 +1,11 @@
-package migration
+package testguest
 
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"debug/elf"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,39 +18,49 @@ import (
 	"strings"
 )
 
-// kernelRoots are the modules the guest needs for virtio-blk disks on
-// virtio-pci; their dependencies are found in the modules themselves.
-var kernelRoots = []string{"virtio_pci", "virtio_blk"}
+// ErrMissing marks a prerequisite that is not there (a tool, a package, the
+// package index): the test skips locally and fails under CI.
+var ErrMissing = errors.New("missing prerequisite")
 
-// kernelConfigNeeds are the options the guest relies on, each with the
-// values that will do ("m" means the module is loaded from the initramfs).
-var kernelConfigNeeds = map[string][]string{
+// baseConfig are the options every guest relies on, each with the values
+// that will do ("m" means the module is loaded from the initramfs).
+var baseConfig = map[string][]string{
 	"CONFIG_BLK_DEV_INITRD":      {"y"},
 	"CONFIG_DEVTMPFS":            {"y"},
 	"CONFIG_SERIAL_8250_CONSOLE": {"y"},
-	"CONFIG_VIRTIO_PCI":          {"y", "m"},
-	"CONFIG_VIRTIO_BLK":          {"y", "m"},
 }
 
-// kernel is the guest's kernel, unpacked from Debian's package into the
-// cache: a bzImage and the modules virtio-blk over virtio-pci needs, in an
-// order that loads every dependency first.
-type kernel struct {
+// KernelSpec says what a guest needs of the kernel.
+type KernelSpec struct {
+	// Modules are the modules to load (e.g. virtio_pci, virtio_blk); their
+	// dependencies are found in the modules themselves.
+	Modules []string
+	// Config are kernel options the guest relies on besides the base ones
+	// (initrd, devtmpfs, serial console), each with the values that will do.
+	Config map[string][]string
+}
+
+// Kernel is a guest kernel unpacked from Debian's package into the cache:
+// a bzImage and the modules of a KernelSpec, in an order that loads every
+// dependency first.
+type Kernel struct {
 	Package string   `json:"package"` // e.g. linux-image-6.1.0-57-amd64
 	Vmlinuz string   `json:"vmlinuz"` // file name in Dir
 	Modules []string `json:"modules"` // module names in load order, files modules/<name>.ko
 	Dir     string   `json:"-"`
 }
 
-func (k *kernel) vmlinuzPath() string { return filepath.Join(k.Dir, k.Vmlinuz) }
+// VmlinuzPath is the kernel image, for QEMU's -kernel.
+func (k *Kernel) VmlinuzPath() string { return filepath.Join(k.Dir, k.Vmlinuz) }
 
-func (k *kernel) modulePath(name string) string {
+// ModulePath is the file of a module of Modules.
+func (k *Kernel) ModulePath(name string) string {
 	return filepath.Join(k.Dir, "modules", name+".ko")
 }
 
-// cacheRoot is where downloads survive between runs: $QUIVER_TEST_CACHE,
+// CacheRoot is where downloads survive between runs: $QUIVER_TEST_CACHE,
 // else quiver-test under $XDG_CACHE_HOME or ~/.cache.
-func cacheRoot() string {
+func CacheRoot() string {
 	if dir := os.Getenv("QUIVER_TEST_CACHE"); dir != "" {
 		return dir
 	}
@@ -59,17 +71,22 @@ func cacheRoot() string {
 	return filepath.Join(dir, "quiver-test")
 }
 
-// fetchKernel returns the kernel of Debian's linux-image-amd64 (the current
-// kernel of the release the machine's apt points at), from the cache when an
-// earlier run put it there, else downloaded with `apt-get download` and
-// unpacked with `dpkg -x`, nothing installed.
-func fetchKernel() (*kernel, error) {
+// FetchKernel returns the kernel of Debian's linux-image-amd64 (the current
+// kernel of the release the machine's apt points at) with the modules of
+// spec, from the cache when an earlier run put it there, else downloaded
+// with `apt-get download` and unpacked with `dpkg -x`, nothing installed.
+func FetchKernel(spec KernelSpec) (*Kernel, error) {
+	for _, tool := range []string{"apt-cache", "apt-get", "dpkg"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrMissing, tool, err)
+		}
+	}
 	pkg, err := kernelPackage()
 	if err != nil {
-		return nil, fmt.Errorf("%w: no Debian kernel package to boot the guest: %v", errMissing, err)
+		return nil, fmt.Errorf("%w: no Debian kernel package to boot the guest: %v", ErrMissing, err)
 	}
-	root := filepath.Join(cacheRoot(), "kernel")
-	dir := filepath.Join(root, pkg)
+	root := filepath.Join(CacheRoot(), "kernel")
+	dir := filepath.Join(root, pkg+"-"+spec.key())
 	if k, err := loadKernel(dir); err == nil {
 		return k, nil
 	}
@@ -84,7 +101,7 @@ func fetchKernel() (*kernel, error) {
 	download := exec.Command("apt-get", "download", pkg)
 	download.Dir = work
 	if out, err := download.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("%w: apt-get download %s: %v\n%s", errMissing, pkg, err, out)
+		return nil, fmt.Errorf("%w: apt-get download %s: %v\n%s", ErrMissing, pkg, err, out)
 	}
 	debs, _ := filepath.Glob(filepath.Join(work, "*.deb"))
 	if len(debs) != 1 {
@@ -95,7 +112,7 @@ func fetchKernel() (*kernel, error) {
 		return nil, fmt.Errorf("dpkg -x %s: %v\n%s", debs[0], err, out)
 	}
 	out := filepath.Join(work, "kernel")
-	k, err := extractKernel(pkg, tree, out)
+	k, err := extractKernel(pkg, tree, out, spec)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", pkg, err)
 	}
@@ -109,6 +126,14 @@ func fetchKernel() (*kernel, error) {
 	}
 	k.Dir = dir
 	return k, nil
+}
+
+// key names the spec's module set in the cache.
+func (s KernelSpec) key() string {
+	mods := slices.Clone(s.Modules)
+	slices.Sort(mods)
+	sum := sha256.Sum256([]byte(strings.Join(mods, ",")))
+	return hex.EncodeToString(sum[:4])
 }
 
 // kernelPackage names the package linux-image-amd64 depends on, the current
@@ -126,12 +151,12 @@ func kernelPackage() (string, error) {
 	return string(m[1]), nil
 }
 
-func loadKernel(dir string) (*kernel, error) {
+func loadKernel(dir string) (*Kernel, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "kernel.json"))
 	if err != nil {
 		return nil, err
 	}
-	k := &kernel{Dir: dir}
+	k := &Kernel{Dir: dir}
 	if err := json.Unmarshal(b, k); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
@@ -139,9 +164,9 @@ func loadKernel(dir string) (*kernel, error) {
 }
 
 // extractKernel copies from the unpacked package tree into out what the
-// guest needs: vmlinuz, the config, the modules of kernelRoots and their
+// guest needs: vmlinuz, the config, the modules of spec and their
 // dependencies, and kernel.json describing them.
-func extractKernel(pkg, tree, out string) (*kernel, error) {
+func extractKernel(pkg, tree, out string, spec KernelSpec) (*Kernel, error) {
 	vmlinuz, _ := filepath.Glob(filepath.Join(tree, "boot", "vmlinuz-*"))
 	configs, _ := filepath.Glob(filepath.Join(tree, "boot", "config-*"))
 	moddirs, _ := filepath.Glob(filepath.Join(tree, "lib", "modules", "*"))
@@ -152,20 +177,20 @@ func extractKernel(pkg, tree, out string) (*kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkKernelConfig(config); err != nil {
+	if err := checkKernelConfig(config, spec.Config); err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Base(configs[0]), err)
 	}
-	order, files, err := resolveModules(moddirs[0], kernelRoots)
+	order, files, err := resolveModules(moddirs[0], spec.Modules)
 	if err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(out, "modules"), 0o755); err != nil {
 		return nil, err
 	}
-	k := &kernel{Package: pkg, Vmlinuz: filepath.Base(vmlinuz[0]), Modules: order, Dir: out}
-	copies := map[string]string{vmlinuz[0]: k.vmlinuzPath(), configs[0]: filepath.Join(out, filepath.Base(configs[0]))}
+	k := &Kernel{Package: pkg, Vmlinuz: filepath.Base(vmlinuz[0]), Modules: order, Dir: out}
+	copies := map[string]string{vmlinuz[0]: k.VmlinuzPath(), configs[0]: filepath.Join(out, filepath.Base(configs[0]))}
 	for _, name := range order {
-		copies[files[name]] = k.modulePath(name)
+		copies[files[name]] = k.ModulePath(name)
 	}
 	for from, to := range copies {
 		if err := copyFile(from, to); err != nil {
@@ -179,9 +204,9 @@ func extractKernel(pkg, tree, out string) (*kernel, error) {
 	return k, os.WriteFile(filepath.Join(out, "kernel.json"), append(b, '\n'), 0o644)
 }
 
-// checkKernelConfig fails unless config sets every option of
-// kernelConfigNeeds to an acceptable value.
-func checkKernelConfig(config []byte) error {
+// checkKernelConfig fails unless config sets every option of baseConfig
+// and needs to an acceptable value.
+func checkKernelConfig(config []byte, needs map[string][]string) error {
 	set := map[string]string{}
 	sc := bufio.NewScanner(bytes.NewReader(config))
 	for sc.Scan() {
@@ -190,9 +215,11 @@ func checkKernelConfig(config []byte) error {
 		}
 	}
 	var errs []error
-	for opt, ok := range kernelConfigNeeds {
-		if v := set[opt]; !slices.Contains(ok, v) {
-			errs = append(errs, fmt.Errorf("%s=%q, want one of %q", opt, v, ok))
+	for _, m := range []map[string][]string{baseConfig, needs} {
+		for opt, ok := range m {
+			if v := set[opt]; !slices.Contains(ok, v) {
+				errs = append(errs, fmt.Errorf("%s=%q, want one of %q", opt, v, ok))
+			}
 		}
 	}
 	return errors.Join(errs...)

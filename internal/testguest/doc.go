@@ -1,0 +1,23 @@
+// Package testguest builds small Linux guests for tests that boot a real
+// kernel under QEMU (test/migration, test/powercut): Debian's kernel with
+// just the modules a test names, and an initramfs of busybox-static, those
+// modules, the test's own files and its /init.
+//
+// The kernel is Debian's: the package linux-image-amd64 depends on (the
+// current kernel) is fetched with `apt-get download` and unpacked with
+// `dpkg -x`, nothing installed. The modules a test asks for and their
+// dependencies are found from each module's .modinfo (Debian's package
+// ships no modules.dep) and listed dependencies first. vmlinuz and those
+// modules are cached under $QUIVER_TEST_CACHE, else
+// $XDG_CACHE_HOME/quiver-test (~/.cache/quiver-test), one directory per
+// kernel package and module set, so later runs skip the download.
+//
+// The initramfs is a newc cpio archive written here (CPIOWriter).
+// A missing prerequisite (apt-get, dpkg, a package index, busybox-static)
+// is reported wrapped in ErrMissing, so that a test can skip locally and
+// fail under CI (testfs.SkipOrFail).
+//
+// testguest is for tests only and imports no other quiver package.
+//
+// Imports from quiver: nothing.
+package testguest

@@ -1,0 +1,99 @@
+package testguest
+
+import (
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+)
+
+// BusyboxPath is where Debian's busybox-static package installs busybox.
+const BusyboxPath = "/bin/busybox"
+
+// Initramfs is an initramfs being written: NewInitramfs has put in the
+// base (directories, /dev/console, busybox with a symlink per applet, the
+// kernel's modules as /lib/modules/<name>.ko); the caller adds its files
+// and /init through the embedded writer, then closes it.
+type Initramfs struct {
+	*CPIOWriter
+	f *os.File
+}
+
+// NewInitramfs creates the archive at path with the base of a guest for
+// kernel k.
+func NewInitramfs(path string, k *Kernel) (*Initramfs, error) {
+	busybox, applets, err := staticBusybox()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v (install Debian's busybox-static)", ErrMissing, err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	w := NewCPIOWriter(f)
+	for _, d := range []string{"bin", "dev", "proc", "sys", "lib", "lib/modules", "etc", "mnt", "tmp"} {
+		w.Dir(d)
+	}
+	w.CharDevice("dev/console", 0o600, 5, 1)
+	w.File("bin/busybox", 0o755, busybox)
+	for _, a := range applets {
+		if a != "busybox" {
+			w.Symlink("bin/"+a, "busybox")
+		}
+	}
+	for _, m := range k.Modules {
+		b, err := os.ReadFile(k.ModulePath(m))
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		w.File("lib/modules/"+m+".ko", 0o644, b)
+	}
+	return &Initramfs{CPIOWriter: w, f: f}, nil
+}
+
+// Close ends the archive and closes its file.
+func (i *Initramfs) Close() error {
+	err := i.CPIOWriter.Close()
+	if cerr := i.f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// InsmodLines is the part of an /init script that loads the kernel's
+// modules, dependencies first, complaining on the console ("init: insmod
+// NAME failed") about any that fails.
+func InsmodLines(k *Kernel) string {
+	return fmt.Sprintf("for m in %s; do\n\tinsmod /lib/modules/$m.ko || echo \"init: insmod $m failed\"\ndone\n",
+		strings.Join(k.Modules, " "))
+}
+
+// staticBusybox reads busybox-static's binary and lists its applets. A
+// dynamically linked busybox (Debian's busybox package) would not run in
+// an initramfs without its libraries, so it is refused.
+func staticBusybox() ([]byte, []string, error) {
+	f, err := elf.Open(BusyboxPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("busybox: %w", err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return nil, nil, fmt.Errorf("%s is dynamically linked", BusyboxPath)
+		}
+	}
+	out, err := exec.Command(BusyboxPath, "--list").Output()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s --list: %w", BusyboxPath, err)
+	}
+	applets := strings.Fields(string(out))
+	for _, need := range []string{"sh", "mount", "insmod", "sleep"} {
+		if !strings.Contains("\n"+string(out), "\n"+need+"\n") {
+			return nil, nil, fmt.Errorf("%s has no applet %s", BusyboxPath, need)
+		}
+	}
+	b, err := os.ReadFile(BusyboxPath)
+	return b, applets, err
+}
