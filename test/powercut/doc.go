@@ -26,7 +26,7 @@
 // --pool /mnt/pool --listen 0.0.0.0:7480 --nbd-listen 0.0.0.0:10809
 // --token-file ...`. Beyond loopback NBD needs attachment tokens, so every
 // export the test opens is <volume>/<disk>/<token>. The guest writes dirty
-// pages back within a second, so the disk's cache, not only the guest's
+// pages back within 0.1 s, so the disk's cache, not only the guest's
 // page cache, holds unflushed data at the cut.
 //
 // The pool disk is an XFS image made by mkfs.xfs on the host, served to

@@ -52,7 +52,8 @@ type lane struct {
 	dir       string
 	medium    *medium
 	model     *model
-	rng       *rand.Rand
+	rng       *rand.Rand // the workload's
+	cutRng    *rand.Rand // the cuts': when and what the cache keeps
 	window    time.Duration
 	mc        *machine
 	conns     map[string]*nbdClient
@@ -87,7 +88,8 @@ func TestPowerCut(t *testing.T) {
 			t.Parallel()
 			dir := shortTempDir(t)
 			l := &lane{t: t, g: g, token: token, dir: dir, medium: newMedium(t, dir),
-				model: newModel(seed + uint64(i)), rng: rand.New(rand.NewPCG(seed, uint64(i))), window: window}
+				model: newModel(seed + uint64(i)), rng: rand.New(rand.NewPCG(seed, uint64(i))), cutRng: rand.New(rand.NewPCG(seed, uint64(i)+1<<32)),
+				window: window}
 			l.run(ctx, n)
 		})
 	}
@@ -147,7 +149,7 @@ func (l *lane) workAndCut(ctx context.Context, cycle int) {
 	var cut atomic.Bool
 	done := make(chan error, 1)
 	go func() { done <- l.workload(ctx, &cut) }()
-	delay := time.Duration(l.rng.Int64N(int64(l.window) + 1))
+	delay := time.Duration(l.cutRng.Int64N(int64(l.window) + 1))
 	var werr error
 	select {
 	case <-time.After(delay):
@@ -156,13 +158,13 @@ func (l *lane) workAndCut(ctx context.Context, cycle int) {
 	}
 	cut.Store(true)
 	keep := 0.0
-	switch r := l.rng.IntN(6); {
+	switch r := l.cutRng.IntN(6); {
 	case r == 0:
 		keep = 1
 	case r >= 3:
-		keep = l.rng.Float64()
+		keep = l.cutRng.Float64()
 	}
-	dirty, kept, err := l.mc.cutPower(keep, l.rng)
+	dirty, kept, err := l.mc.cutPower(keep, l.cutRng)
 	if err != nil {
 		l.t.Fatalf("cycle %d: cut: %v", cycle, err)
 	}
