@@ -32,7 +32,7 @@ func (l *lane) verify(ctx context.Context) error {
 		present[v.Name] = true
 		if m.vols[v.Name] == nil {
 			if v.Name != p.newVolume {
-				return fmt.Errorf("volume %s is in the pool but was never created (in flight: %q)", v.Name, p.what)
+				return fmt.Errorf("volume %s is in the pool, but its create never completed, or its delete completed before the cut (in flight: %q)", v.Name, p.what)
 			}
 			m.vols[v.Name] = p.newVol
 			l.stats.pendingHappened++
@@ -101,7 +101,7 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 	}
 	for s := range gotSnaps {
 		if vm.snaps[s] == nil {
-			return fmt.Errorf("snapshot %s is in the pool but was never taken", s)
+			return fmt.Errorf("snapshot %s is in the pool, but it was never taken, or its delete completed before the cut", s)
 		}
 	}
 	for _, s := range sortedKeys(vm.snaps) {
@@ -135,7 +135,7 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 			l.stats.pendingHappened++
 			continue
 		}
-		return fmt.Errorf("attachment %s (node %s) is in the pool but was never created", id, node)
+		return fmt.Errorf("attachment %s (node %s) is in the pool, but no attach of it completed, or its detach completed before the cut", id, node)
 	}
 	for id, node := range vm.atts {
 		if _, ok := gotAtts[id]; !ok {

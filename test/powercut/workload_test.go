@@ -127,6 +127,7 @@ func (l *lane) burst(v, d string) error {
 	dm.flushed()
 	l.stats.flushes++
 	if l.unflushed[v+"/"+d] {
+		l.stats.flushesChecked++
 		if l.mc.disk.snapshotStats().Flushes == before {
 			l.stats.flushesNotReachingDisk++
 		}
