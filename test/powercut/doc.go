@@ -47,8 +47,8 @@
 // TestPowerCut runs lanes in parallel, each a sequence of cycles on its own
 // pool disk: boot, check, work, cut. The host's client (a small NBD client
 // of the test's own, one request at a time, and internal/client for the
-// API) writes stamped 4 KiB blocks to the volumes' disks, one in eight with
-// FUA, half of the bursts followed by a FLUSH, and runs volume create and
+// API) writes stamped 4 KiB blocks to the volumes' disks, one in sixteen
+// with FUA, a third of the bursts followed by a FLUSH, and runs volume create and
 // delete (detaching first), snapshot create and delete, clones of
 // snapshots and of live volumes, disk add and attach, recording what was
 // acknowledged (model_test.go). After a random time the power is cut: QEMU

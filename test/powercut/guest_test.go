@@ -98,12 +98,11 @@ ip link set lo up
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
 ip route add default via 10.0.2.2
-# Write dirty pages back within 0.1 s, and XFS metadata every second: the
-# disk's cache then holds unflushed writes when the power goes, instead of
-# the guest's page cache holding everything until an fsync.
+# Write dirty pages back within 0.1 s: the disk's cache then holds
+# unflushed writes when the power goes, instead of the guest's page cache
+# holding everything until an fsync.
 echo 10 >/proc/sys/vm/dirty_expire_centisecs
 echo 10 >/proc/sys/vm/dirty_writeback_centisecs
-echo 100 >/proc/sys/fs/xfs/xfssyncd_centisecs
 mkdir -p /mnt/pool
 if ! mount -t xfs /dev/vda /mnt/pool; then
 	echo "` + consoleMountFail + `"

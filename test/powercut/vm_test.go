@@ -156,22 +156,25 @@ func (mc *machine) waitReady(ctx context.Context) error {
 	}
 }
 
-// cutPower is the power cut: QEMU dies by SIGKILL (the guest's RAM and
-// page cache with it), then the disk's volatile cache is lost except for a
-// random subset, each block kept with probability keep. Nothing reaches the
-// disk after the cut: QEMU is reaped before the cache is dropped, and the
-// dropped disk refuses every later request.
+// cutPower is the power cut: the disk's volatile cache is lost except for
+// a random subset, each block kept with probability keep, and the disk
+// refuses every later request; then QEMU dies by SIGKILL (the guest's RAM
+// and page cache with it) and is reaped. The cache goes first: QEMU's
+// death closes its NBD connection, and the NBD server flushes an export
+// whose client leaves with writes unflushed, which would save the cache.
+// A guest request in the instant between fails, as it would on a disk
+// without power.
 func (mc *machine) cutPower(keep float64, rng *rand.Rand) (dirty, kept int, err error) {
+	if rng == nil {
+		rng = rand.New(rand.NewPCG(0, 0))
+	}
+	dirty, kept, err = mc.disk.cut(keep, rng)
 	select {
 	case <-mc.exited:
 	default:
 		_ = mc.cmd.Process.Kill()
 		<-mc.exited
 	}
-	if rng == nil {
-		rng = rand.New(rand.NewPCG(0, 0))
-	}
-	dirty, kept, err = mc.disk.cut(keep, rng)
 	mc.stopBackend()
 	return dirty, kept, err
 }

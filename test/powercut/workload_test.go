@@ -90,8 +90,10 @@ func (l *lane) pickDisk() (string, string, bool) {
 	return c[0], c[1], true
 }
 
-// burst writes 1 to maxWritesInBurst blocks of one disk, one in eight with
-// FUA, then sends a FLUSH half of the time. It checks that every FLUSH
+// burst writes 1 to maxWritesInBurst blocks of one disk, one in sixteen
+// with FUA, then sends a FLUSH a third of the time (each FUA or FLUSH
+// flushes the whole disk cache, so they are kept rare enough for the cache
+// to hold unflushed data at some cuts). It checks that every FLUSH
 // after plain writes reached the pool's disk as a FLUSH of its own.
 func (l *lane) burst(v, d string) error {
 	cl, err := l.conn(v, d)
@@ -105,7 +107,7 @@ func (l *lane) burst(v, d string) error {
 		id := l.model.nextID
 		b := &dm.blocks[blk]
 		b.later = append(b.later, id) // it may land from now on
-		fua := l.rng.IntN(8) == 0
+		fua := l.rng.IntN(16) == 0
 		if err := cl.write(stamp(l.model.run, id, blk), int64(blk)*blockSize, fua); err != nil {
 			return fmt.Errorf("write %d to block %d of %s/%s: %w", id, blk, v, d, err)
 		}
@@ -117,7 +119,7 @@ func (l *lane) burst(v, d string) error {
 			l.unflushed[v+"/"+d] = true
 		}
 	}
-	if l.rng.IntN(2) == 0 {
+	if l.rng.IntN(3) != 0 {
 		return nil
 	}
 	before := l.mc.disk.snapshotStats().Flushes
