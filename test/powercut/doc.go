@@ -51,9 +51,11 @@
 // with FUA, a third of the bursts followed by a FLUSH, and runs volume create and
 // delete (detaching first), snapshot create and delete, clones of
 // snapshots and of live volumes, disk add and attach, recording what was
-// acknowledged (model_test.go). After a random time the power is cut: QEMU
-// is killed with SIGKILL and reaped, then the disk's cache is dropped. The
-// next boot mounts the XFS (log recovery), starts quiver (the pool must
+// acknowledged (model_test.go). After a random time the power is cut: the
+// disk's cache is dropped, then QEMU is killed with SIGKILL and reaped (in
+// that order: quiver's NBD server flushes an export whose client leaves
+// with unflushed writes, so QEMU's death would save the cache). The next
+// boot mounts the XFS (log recovery), starts quiver (the pool must
 // open) and checks: every volume, disk, snapshot and attachment of a
 // completed operation is there and whole; the operation in flight may be
 // there or not, but whole if it is; every block of a live disk holds its
