@@ -20,9 +20,11 @@ run: build
 # are missing, and fail instead when CI is set. The live-migration test runs
 # last and alone: its guests run under TCG, and QEMU's migration of a guest
 # under TCG on a loaded 2-core machine sometimes corrupts guest memory (see
-# docs/live-migration.md).
+# docs/live-migration.md). The power-cut test runs alone before it: its
+# guests take both cores (docs/durability.md).
 test: lint
-	$(GO) test -race -count=1 -timeout 30m $$($(GO) list $(PKGS) | grep -v /test/migration$$)
+	$(GO) test -race -count=1 -timeout 30m $$($(GO) list $(PKGS) | grep -v -e /test/migration$$ -e /test/powercut$$)
+	$(GO) test -race -count=1 -timeout 20m ./test/powercut/
 	$(GO) test -race -count=1 -timeout 10m ./test/migration/
 	$(GO) test -count=1 -run 'TestHotPathAllocations' ./internal/nbd/  # sync.Pool drops items under -race
 

@@ -1,7 +1,9 @@
 package testguest
 
 import (
+	"bytes"
 	"debug/elf"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -48,7 +50,7 @@ func NewInitramfs(path string, k *Kernel) (*Initramfs, error) {
 			f.Close()
 			return nil, err
 		}
-		w.File("lib/modules/"+m+".ko", 0o644, b)
+		w.File("lib/modules/"+m+".ko", 0o644, stripSignature(b))
 	}
 	return &Initramfs{CPIOWriter: w, f: f}, nil
 }
@@ -60,6 +62,28 @@ func (i *Initramfs) Close() error {
 		err = cerr
 	}
 	return err
+}
+
+// moduleSigMagic ends a signed module: the signature, then a struct
+// module_signature whose last field is the signature's length (big-endian
+// 32 bits), then this string.
+const moduleSigMagic = "~Module signature appended~\n"
+
+// stripSignature returns a module without its appended signature. A
+// kernel that does not enforce signatures (CONFIG_MODULE_SIG_FORCE off)
+// loads it all the same, and does not hash megabytes of module under TCG
+// (sha256 of xfs.ko) to check it.
+func stripSignature(ko []byte) []byte {
+	const sigInfo = 12 // sizeof(struct module_signature)
+	body, ok := bytes.CutSuffix(ko, []byte(moduleSigMagic))
+	if !ok || len(body) < sigInfo {
+		return ko
+	}
+	n := int(binary.BigEndian.Uint32(body[len(body)-4:]))
+	if n > len(body)-sigInfo {
+		return ko
+	}
+	return body[:len(body)-sigInfo-n]
 }
 
 // InsmodLines is the part of an /init script that loads the kernel's

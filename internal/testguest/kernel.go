@@ -32,6 +32,10 @@ var baseConfig = map[string][]string{
 
 // KernelSpec says what a guest needs of the kernel.
 type KernelSpec struct {
+	// Flavour is the Debian kernel flavour: "amd64" (the default) or
+	// "cloud-amd64", built for virtual machines, with fewer drivers built
+	// in, which boots in about half the CPU time under TCG.
+	Flavour string
 	// Modules are the modules to load (e.g. virtio_pci, virtio_blk); their
 	// dependencies are found in the modules themselves.
 	Modules []string
@@ -71,8 +75,8 @@ func CacheRoot() string {
 	return filepath.Join(dir, "quiver-test")
 }
 
-// FetchKernel returns the kernel of Debian's linux-image-amd64 (the current
-// kernel of the release the machine's apt points at) with the modules of
+// FetchKernel returns the kernel of Debian's linux-image-<flavour> (the
+// current kernel of the release the machine's apt points at) with the modules of
 // spec, from the cache when an earlier run put it there, else downloaded
 // with `apt-get download` and unpacked with `dpkg -x`, nothing installed.
 func FetchKernel(spec KernelSpec) (*Kernel, error) {
@@ -81,7 +85,7 @@ func FetchKernel(spec KernelSpec) (*Kernel, error) {
 			return nil, fmt.Errorf("%w: %s: %v", ErrMissing, tool, err)
 		}
 	}
-	pkg, err := kernelPackage()
+	pkg, err := kernelPackage(spec.flavour())
 	if err != nil {
 		return nil, fmt.Errorf("%w: no Debian kernel package to boot the guest: %v", ErrMissing, err)
 	}
@@ -128,6 +132,13 @@ func FetchKernel(spec KernelSpec) (*Kernel, error) {
 	return k, nil
 }
 
+func (s KernelSpec) flavour() string {
+	if s.Flavour == "" {
+		return "amd64"
+	}
+	return s.Flavour
+}
+
 // key names the spec's module set in the cache.
 func (s KernelSpec) key() string {
 	mods := slices.Clone(s.Modules)
@@ -136,17 +147,18 @@ func (s KernelSpec) key() string {
 	return hex.EncodeToString(sum[:4])
 }
 
-// kernelPackage names the package linux-image-amd64 depends on, the current
-// kernel, e.g. linux-image-6.1.0-57-amd64.
-func kernelPackage() (string, error) {
-	out, err := exec.Command("apt-cache", "depends", "linux-image-amd64").CombinedOutput()
+// kernelPackage names the package linux-image-<flavour> depends on, the
+// current kernel, e.g. linux-image-6.1.0-57-amd64.
+func kernelPackage(flavour string) (string, error) {
+	meta := "linux-image-" + flavour
+	out, err := exec.Command("apt-cache", "depends", meta).CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("apt-cache depends linux-image-amd64: %v\n%s", err, out)
+		return "", fmt.Errorf("apt-cache depends %s: %v\n%s", meta, err, out)
 	}
-	re := regexp.MustCompile(`(?m)^\s*\|?Depends:\s*(linux-image-[0-9][a-z0-9.+-]*-amd64)\s*$`)
+	re := regexp.MustCompile(`(?m)^\s*\|?Depends:\s*(linux-image-[0-9][a-z0-9.+-]*-` + regexp.QuoteMeta(flavour) + `)\s*$`)
 	m := re.FindSubmatch(out)
 	if m == nil {
-		return "", fmt.Errorf("apt-cache depends linux-image-amd64 names no linux-image-<version>-amd64 (run apt-get update?):\n%s", out)
+		return "", fmt.Errorf("apt-cache depends %s names no linux-image-<version>-%s (run apt-get update?):\n%s", meta, flavour, out)
 	}
 	return string(m[1]), nil
 }

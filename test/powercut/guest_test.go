@@ -1,0 +1,121 @@
+package powercut
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/quiverstorage/quiver/internal/testguest"
+)
+
+// guestKernel is what the guest needs: the pool's disk (virtio-blk over
+// virtio-pci) formatted XFS, and a network card for the API and NBD.
+// Debian's cloud kernel boots in about half the CPU time of the generic
+// one under TCG. Its crc32c is built in: XFS checksums with it through the
+// crypto API, and no modprobe could load one here.
+var guestKernel = testguest.KernelSpec{
+	Flavour: "cloud-amd64",
+	Modules: []string{"virtio_pci", "virtio_blk", "virtio_net", "xfs"},
+	Config: map[string][]string{
+		"CONFIG_VIRTIO_PCI":    {"y", "m"},
+		"CONFIG_VIRTIO_BLK":    {"y", "m"},
+		"CONFIG_VIRTIO_NET":    {"y", "m"},
+		"CONFIG_XFS_FS":        {"y", "m"},
+		"CONFIG_INET":          {"y"},
+		"CONFIG_CRYPTO_CRC32C": {"y"},
+	},
+}
+
+// Guest ports, forwarded from loopback ports of the host by QEMU's user
+// networking.
+const (
+	guestAPIPort = 7480
+	guestNBDPort = 10809
+)
+
+// Console lines of /init that the test waits for or rejects.
+const (
+	consoleMounted   = "powercut: pool mounted"
+	consoleMountFail = "powercut: mount failed"
+	consoleQuiverEnd = "powercut: quiver exited"
+	consoleCache     = "powercut: write_cache "
+)
+
+// guest is what QEMU boots: Debian's kernel and an initramfs whose /init
+// mounts the pool's XFS and runs quiver.
+type guest struct {
+	kernel *testguest.Kernel
+	initrd string
+}
+
+// buildGuest builds, in dir, a static quiver (CGO_ENABLED=0) and the
+// initramfs holding it, the API token and /init.
+func buildGuest(dir, token string) (*guest, error) {
+	k, err := testguest.FetchKernel(guestKernel)
+	if err != nil {
+		return nil, err
+	}
+	bin := filepath.Join(dir, "quiver-static")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "github.com/quiverstorage/quiver/cmd/quiver")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build the static quiver: %v\n%s", err, out)
+	}
+	qb, err := os.ReadFile(bin)
+	if err != nil {
+		return nil, err
+	}
+	g := &guest{kernel: k, initrd: filepath.Join(dir, "initramfs.cpio")}
+	w, err := testguest.NewInitramfs(g.initrd, k)
+	if err != nil {
+		return nil, err
+	}
+	w.File("bin/quiver", 0o755, qb)
+	w.File("etc/quiver-token", 0o600, []byte(token+"\n"))
+	w.File("init", 0o755, []byte(initScript(k)))
+	if err := w.Close(); err != nil {
+		return nil, fmt.Errorf("write %s: %w", g.initrd, err)
+	}
+	return g, nil
+}
+
+// initScript is the guest's /init: load the modules, report whether the
+// disk has a write cache (the kernel then sends flushes), bring up the
+// network (QEMU's user networking: 10.0.2.15, gateway 10.0.2.2), mount the
+// pool's XFS (log recovery after a cut happens here) and run quiver on it,
+// its log in RAM: the serial console under TCG is slow. The console shows
+// the guest's uptime when the pool is mounted and when quiver is ready. If quiver exits,
+// the tail of its log goes to the console.
+func initScript(k *testguest.Kernel) string {
+	return `#!/bin/sh
+export PATH=/bin
+mount -t devtmpfs devtmpfs /dev
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+` + testguest.InsmodLines(k) + `echo "` + consoleCache + `$(cat /sys/block/vda/queue/write_cache)"
+ip link set lo up
+ip link set eth0 up
+ip addr add 10.0.2.15/24 dev eth0
+ip route add default via 10.0.2.2
+# Write dirty pages back within 0.1 s: the disk's cache then holds
+# unflushed writes when the power goes, instead of the guest's page cache
+# holding everything until an fsync.
+echo 10 >/proc/sys/vm/dirty_expire_centisecs
+echo 10 >/proc/sys/vm/dirty_writeback_centisecs
+mkdir -p /mnt/pool
+if ! mount -t xfs /dev/vda /mnt/pool; then
+	echo "` + consoleMountFail + `"
+	dmesg | tail -n 30
+	while :; do sleep 3600; done
+fi
+echo "` + consoleMounted + ` t=$(cut -d' ' -f1 /proc/uptime)"
+quiver server --pool /mnt/pool --listen 0.0.0.0:` + fmt.Sprint(guestAPIPort) + ` --nbd-listen 0.0.0.0:` + fmt.Sprint(guestNBDPort) + ` --token-file /etc/quiver-token --log-level warn --ready-file /tmp/ready >/tmp/quiver.log 2>&1 &
+while [ ! -s /tmp/ready ]; do sleep 0.1; done
+echo "powercut: quiver ready t=$(cut -d' ' -f1 /proc/uptime)"
+wait
+echo "` + consoleQuiverEnd + ` with status $?"
+tail -n 40 /tmp/quiver.log
+while :; do sleep 3600; done
+`
+}

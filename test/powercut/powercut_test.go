@@ -1,0 +1,193 @@
+package powercut
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Knobs, from the environment.
+const (
+	cutsEnv   = "QUIVER_POWERCUT_CUTS"   // power cuts in all (default defaultCuts)
+	lanesEnv  = "QUIVER_POWERCUT_LANES"  // guests running at once, each with its own pool (default 2)
+	seedEnv   = "QUIVER_POWERCUT_SEED"   // seed of the run, to reproduce one
+	windowEnv = "QUIVER_POWERCUT_WINDOW" // the longest workload before a cut, in ms (default 2000)
+)
+
+const defaultCuts = 100
+
+func envInt(t *testing.T, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		t.Fatalf("%s=%q: want a number >= 0", name, s)
+	}
+	return n
+}
+
+// laneStats count what a lane did, for the log.
+type laneStats struct {
+	cuts, writes, fua, flushes, ops, opsDone int
+	pendingHappened, laterLanded             int
+	blocksChecked                            int
+	flushesChecked, flushesNotReachingDisk   int
+	dirtyAtCut, keptAtCut                    int
+	boot, work, check                        time.Duration
+	qemuCPU                                  time.Duration
+}
+
+// lane is one guest's sequence of boots and cuts on its own pool disk.
+type lane struct {
+	t         *testing.T
+	g         *guest
+	token     string
+	dir       string
+	medium    *medium
+	model     *model
+	rng       *rand.Rand // the workload's
+	cutRng    *rand.Rand // the cuts': when and what the cache keeps
+	window    time.Duration
+	mc        *machine
+	conns     map[string]*nbdClient
+	unflushed map[string]bool // disks written without FUA since their last FLUSH
+	stats     laneStats
+}
+
+// TestPowerCut runs quiver in a guest whose pool disk has a volatile write
+// cache and cuts the power again and again while a client writes through
+// NBD and changes the pool through the API; after each cut it boots again
+// and checks the pool against everything quiver acknowledged (doc.go).
+func TestPowerCut(t *testing.T) {
+	g, token := requireGuest(t)
+	cuts := envInt(t, cutsEnv, defaultCuts)
+	lanes := max(envInt(t, lanesEnv, 2), 1)
+	window := time.Duration(envInt(t, windowEnv, 2000)) * time.Millisecond
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv(seedEnv); s != "" {
+		var err error
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("%s=%q: %v", seedEnv, s, err)
+		}
+	}
+	t.Logf("%d cuts over %d lanes, workload window %v, seed %d (%s=%d reproduces the workloads)", cuts, lanes, window, seed, seedEnv, seed)
+	ctx := testContext(t)
+	for i := range lanes {
+		n := cuts / lanes
+		if i < cuts%lanes {
+			n++
+		}
+		t.Run(fmt.Sprintf("lane%d", i), func(t *testing.T) {
+			t.Parallel()
+			dir := shortTempDir(t)
+			l := &lane{t: t, g: g, token: token, dir: dir, medium: newMedium(t, dir),
+				model: newModel(seed + uint64(i)), rng: rand.New(rand.NewPCG(seed, uint64(i))), cutRng: rand.New(rand.NewPCG(seed, uint64(i)+1<<32)),
+				window: window}
+			l.run(ctx, n)
+		})
+	}
+}
+
+func (l *lane) run(ctx context.Context, cuts int) {
+	t := l.t
+	start := time.Now()
+	for cycle := 0; ; cycle++ {
+		l.bootAndVerify(ctx, cycle)
+		if cycle == cuts {
+			break
+		}
+		l.workAndCut(ctx, cycle)
+	}
+	l.mc.cutPower(0, nil)
+	s := l.stats
+	t.Logf("%d cuts in %v (%.1f s per cut; QEMU CPU %.1f s per boot): boot %v, check %v, workload %v in all",
+		s.cuts, time.Since(start).Round(time.Second), time.Since(start).Seconds()/float64(max(s.cuts, 1)),
+		s.qemuCPU.Seconds()/float64(s.cuts+1), s.boot.Round(time.Second), s.check.Round(time.Second), s.work.Round(time.Second))
+	t.Logf("acknowledged: %d writes (%d FUA), %d flushes, %d of %d operations; at the cuts %d of %d dirty cache blocks kept; "+
+		"after the cuts %d in-flight operations had happened, %d blocks held a write newer than the durable one; %d blocks checked",
+		s.writes, s.fua, s.flushes, s.opsDone, s.ops, s.keptAtCut, s.dirtyAtCut, s.pendingHappened, s.laterLanded, s.blocksChecked)
+	t.Logf("%d of %d acknowledged NBD FLUSHes after plain writes sent a FLUSH to the pool's disk",
+		s.flushesChecked-s.flushesNotReachingDisk, s.flushesChecked)
+	if s.flushesNotReachingDisk > 0 {
+		t.Errorf("%d acknowledged NBD FLUSHes after plain writes sent no FLUSH to the pool's disk", s.flushesNotReachingDisk)
+	}
+}
+
+// bootAndVerify boots the guest on the lane's disk, waits for quiver and
+// checks the pool against the model.
+func (l *lane) bootAndVerify(ctx context.Context, cycle int) {
+	t := l.t
+	start := time.Now()
+	mc, err := boot(ctx, l.g, l.medium, l.dir, l.token, cycle)
+	if err != nil {
+		t.Fatalf("cycle %d: %v", cycle, err)
+	}
+	l.mc = mc
+	l.conns = map[string]*nbdClient{}
+	l.unflushed = map[string]bool{}
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if err := mc.waitReady(rctx); err != nil {
+		l.fail(cycle, "after the cut, boot: %v", err)
+	}
+	l.stats.boot += time.Since(start)
+	start = time.Now()
+	if err := l.verify(rctx); err != nil {
+		l.fail(cycle, "after the cut: %v", err)
+	}
+	l.stats.check += time.Since(start)
+}
+
+// workAndCut runs the workload and cuts the power after a random time.
+func (l *lane) workAndCut(ctx context.Context, cycle int) {
+	start := time.Now()
+	var cut atomic.Bool
+	done := make(chan error, 1)
+	go func() { done <- l.workload(ctx, &cut) }()
+	delay := time.Duration(l.cutRng.Int64N(int64(l.window) + 1))
+	var werr error
+	select {
+	case <-time.After(delay):
+	case werr = <-done: // a failure before the cut
+		l.fail(cycle, "workload: %v", werr)
+	}
+	cut.Store(true)
+	keep := 0.0
+	switch r := l.cutRng.IntN(6); {
+	case r == 0:
+		keep = 1
+	case r >= 3:
+		keep = l.cutRng.Float64()
+	}
+	dirty, kept, err := l.mc.cutPower(keep, l.cutRng)
+	if err != nil {
+		l.t.Fatalf("cycle %d: cut: %v", cycle, err)
+	}
+	if werr = <-done; werr != nil {
+		l.fail(cycle, "workload: %v", werr)
+	}
+	l.closeConns("")
+	l.stats.cuts++
+	l.stats.dirtyAtCut += dirty
+	l.stats.keptAtCut += kept
+	l.stats.work += time.Since(start)
+	if ps := l.mc.cmd.ProcessState; ps != nil {
+		l.stats.qemuCPU += ps.UserTime() + ps.SystemTime()
+	}
+}
+
+// fail ends the lane with the guest's console.
+func (l *lane) fail(cycle int, format string, args ...any) {
+	l.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	diag := l.mc.diagnostics()
+	l.mc.cutPower(0, nil)
+	l.t.Fatalf("cycle %d: %s\n%s", cycle, redact(msg), redact(diag))
+}

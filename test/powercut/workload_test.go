@@ -1,0 +1,309 @@
+package powercut
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+// Limits that keep a cycle short: reading back every disk and snapshot
+// after each boot must stay cheap under TCG.
+const (
+	maxVolumes       = 3
+	maxDisksPerVol   = 2
+	maxSnapsPerVol   = 2
+	maxWritesInBurst = 8
+)
+
+// workload runs random steps against the quiver in the guest until the
+// power is cut (cut becomes true) and returns nil then; any failure before
+// the cut is returned. Each step updates the model as its replies arrive:
+// a write enters the model before it is sent (it may land even if no reply
+// comes), an operation is pending while in flight and applied when it
+// completes.
+func (l *lane) workload(ctx context.Context, cut *atomic.Bool) error {
+	for {
+		err := l.step(ctx)
+		if err != nil {
+			if cut.Load() {
+				return nil
+			}
+			return err
+		}
+		if cut.Load() {
+			return nil
+		}
+	}
+}
+
+func (l *lane) step(ctx context.Context) error {
+	m := l.model
+	if len(m.vols) == 0 || l.rng.IntN(10) < 7 {
+		if v, d, ok := l.pickDisk(); ok {
+			return l.burst(v, d)
+		}
+	}
+	names := m.volNames()
+	var v string
+	if len(names) > 0 {
+		v = names[l.rng.IntN(len(names))]
+	}
+	switch op := l.rng.IntN(7); {
+	case op == 0 && len(m.vols) < maxVolumes || len(m.vols) == 0:
+		return l.createVolume(ctx)
+	case op == 1 && len(m.vols) > 1:
+		return l.deleteVolume(ctx, v)
+	case op == 2 && len(m.vols[v].snaps) < maxSnapsPerVol:
+		return l.createSnapshot(ctx, v)
+	case op == 3 && len(m.vols[v].snaps) > 0:
+		return l.deleteSnapshot(ctx, v)
+	case op == 4 && len(m.vols) < maxVolumes:
+		return l.clone(ctx, v)
+	case op == 5 && len(m.vols[v].disks) < maxDisksPerVol:
+		return l.addDisk(ctx, v)
+	case op == 6:
+		return l.attach(ctx, v)
+	}
+	return nil
+}
+
+// pickDisk picks a live disk of a volume the test holds a token for.
+func (l *lane) pickDisk() (string, string, bool) {
+	var cands [][2]string
+	for _, v := range l.model.volNames() {
+		vm := l.model.vols[v]
+		if vm.token == "" {
+			continue
+		}
+		for _, d := range vm.diskNames() {
+			cands = append(cands, [2]string{v, d})
+		}
+	}
+	if len(cands) == 0 {
+		return "", "", false
+	}
+	c := cands[l.rng.IntN(len(cands))]
+	return c[0], c[1], true
+}
+
+// burst writes 1 to maxWritesInBurst blocks of one disk, one in sixteen
+// with FUA, then sends a FLUSH a third of the time (each FUA or FLUSH
+// flushes the whole disk cache, so they are kept rare enough for the cache
+// to hold unflushed data at some cuts). It checks that every FLUSH
+// after plain writes reached the pool's disk as a FLUSH of its own.
+func (l *lane) burst(v, d string) error {
+	cl, err := l.conn(v, d)
+	if err != nil {
+		return err
+	}
+	dm := l.model.vols[v].disks[d]
+	for range 1 + l.rng.IntN(maxWritesInBurst) {
+		blk := l.rng.IntN(diskBlocks)
+		l.model.nextID++
+		id := l.model.nextID
+		b := &dm.blocks[blk]
+		b.later = append(b.later, id) // it may land from now on
+		fua := l.rng.IntN(16) == 0
+		if err := cl.write(stamp(l.model.run, id, blk), int64(blk)*blockSize, fua); err != nil {
+			return fmt.Errorf("write %d to block %d of %s/%s: %w", id, blk, v, d, err)
+		}
+		l.stats.writes++
+		if fua {
+			b.durable, b.later = id, nil
+			l.stats.fua++
+		} else {
+			l.unflushed[v+"/"+d] = true
+		}
+	}
+	if l.rng.IntN(3) != 0 {
+		return nil
+	}
+	before := l.mc.disk.snapshotStats().Flushes
+	if err := cl.flush(); err != nil {
+		return fmt.Errorf("flush %s/%s: %w", v, d, err)
+	}
+	dm.flushed()
+	l.stats.flushes++
+	if l.unflushed[v+"/"+d] {
+		l.stats.flushesChecked++
+		if l.mc.disk.snapshotStats().Flushes == before {
+			l.stats.flushesNotReachingDisk++
+		}
+		delete(l.unflushed, v+"/"+d)
+	}
+	return nil
+}
+
+// begin marks op as in flight; done applies it to the model.
+func (l *lane) begin(p *pendingOp) { l.model.pending = p; l.stats.ops++ }
+func (l *lane) done()              { l.model.pending = nil; l.stats.opsDone++ }
+
+func (l *lane) createVolume(ctx context.Context) error {
+	name := l.model.name("v")
+	disks := map[string]*diskModel{"d0": newDisk(nil)}
+	spec := api.VolumeSpec{Name: name, Capacity: 8 * diskSize, Disks: []api.DiskSpec{{Name: "d0", Size: diskSize}}}
+	if l.rng.IntN(2) == 0 {
+		disks["d1"] = newDisk(nil)
+		spec.Disks = append(spec.Disks, api.DiskSpec{Name: "d1", Size: diskSize})
+	}
+	nv := newVol(disks)
+	l.begin(&pendingOp{what: "create volume " + name, newVolume: name, newVol: nv})
+	if _, err := l.mc.api.CreateVolume(ctx, spec); err != nil {
+		return fmt.Errorf("create volume %s: %w", name, err)
+	}
+	l.model.vols[name] = nv
+	l.done()
+	return l.attach(ctx, name)
+}
+
+// deleteVolume detaches every attachment of v, which quiver requires
+// first, then deletes it.
+func (l *lane) deleteVolume(ctx context.Context, v string) error {
+	l.closeConns(v)
+	vm := l.model.vols[v]
+	for _, id := range sortedKeys(vm.atts) {
+		l.begin(&pendingOp{what: "detach " + v + " " + id, vol: v, detach: id})
+		if err := l.mc.api.Detach(ctx, v, id); err != nil {
+			return fmt.Errorf("detach %s %s: %w", v, id, err)
+		}
+		delete(vm.atts, id)
+		vm.token = ""
+		l.done()
+	}
+	l.begin(&pendingOp{what: "delete volume " + v, delVolume: v})
+	if err := l.mc.api.DeleteVolume(ctx, v); err != nil {
+		return fmt.Errorf("delete volume %s: %w", v, err)
+	}
+	delete(l.model.vols, v)
+	l.done()
+	return nil
+}
+
+func (l *lane) createSnapshot(ctx context.Context, v string) error {
+	vm := l.model.vols[v]
+	name := l.model.name("s")
+	vals := map[string][]uint64{}
+	for d, dm := range vm.disks {
+		vals[d] = dm.current()
+	}
+	l.begin(&pendingOp{what: "snapshot " + v + "@" + name, vol: v, newSnap: name, snapVals: vals})
+	if _, err := l.mc.api.CreateSnapshot(ctx, v, name); err != nil {
+		return fmt.Errorf("snapshot %s@%s: %w", v, name, err)
+	}
+	vm.snaps[name] = vals
+	l.done()
+	return nil
+}
+
+func (l *lane) deleteSnapshot(ctx context.Context, v string) error {
+	vm := l.model.vols[v]
+	snaps := sortedKeys(vm.snaps)
+	s := snaps[l.rng.IntN(len(snaps))]
+	l.begin(&pendingOp{what: "delete snapshot " + v + "@" + s, vol: v, delSnap: s})
+	if err := l.mc.api.DeleteSnapshot(ctx, v, s); err != nil {
+		return fmt.Errorf("delete snapshot %s@%s: %w", v, s, err)
+	}
+	delete(vm.snaps, s)
+	l.done()
+	return nil
+}
+
+// clone clones a snapshot of v when it has one (half of the time), else v
+// itself; the clone holds exactly what its source held.
+func (l *lane) clone(ctx context.Context, v string) error {
+	vm := l.model.vols[v]
+	name := l.model.name("c")
+	src := api.Source{Volume: v}
+	disks := map[string]*diskModel{}
+	if len(vm.snaps) > 0 && l.rng.IntN(2) == 0 {
+		snaps := sortedKeys(vm.snaps)
+		src.Snapshot = snaps[l.rng.IntN(len(snaps))]
+		for d, vals := range vm.snaps[src.Snapshot] {
+			disks[d] = newDisk(vals)
+		}
+	} else {
+		for d, dm := range vm.disks {
+			disks[d] = newDisk(dm.current())
+		}
+	}
+	nv := newVol(disks)
+	what := "clone " + v
+	if src.Snapshot != "" {
+		what += "@" + src.Snapshot
+	}
+	l.begin(&pendingOp{what: what + " to " + name, newVolume: name, newVol: nv})
+	if _, err := l.mc.api.Clone(ctx, api.CloneSpec{Source: src, Names: []string{name}}); err != nil {
+		return fmt.Errorf("%s to %s: %w", what, name, err)
+	}
+	l.model.vols[name] = nv
+	l.done()
+	return nil
+}
+
+func (l *lane) addDisk(ctx context.Context, v string) error {
+	vm := l.model.vols[v]
+	name := l.model.name("d")
+	l.begin(&pendingOp{what: "add disk " + v + "/" + name, vol: v, newDisk: name})
+	if _, err := l.mc.api.AddDisk(ctx, v, api.DiskSpec{Name: name, Size: diskSize}); err != nil {
+		return fmt.Errorf("add disk %s/%s: %w", v, name, err)
+	}
+	vm.disks[name] = newDisk(nil)
+	l.done()
+	return nil
+}
+
+// attach creates an rw attachment of v; its token becomes the one the test
+// writes and reads v with (the previous one is fenced at the first write).
+func (l *lane) attach(ctx context.Context, v string) error {
+	vm := l.model.vols[v]
+	node := l.model.name("n")
+	l.begin(&pendingOp{what: "attach " + v + " for " + node, vol: v, attach: node})
+	a, err := l.mc.api.Attach(ctx, v, api.AttachmentSpec{Node: node, Mode: api.ModeReadWrite})
+	if err != nil {
+		return fmt.Errorf("attach %s for %s: %w", v, node, err)
+	}
+	if a.Token == "" {
+		return fmt.Errorf("attach %s for %s: no token in the reply", v, node)
+	}
+	vm.atts[a.ID] = node
+	l.closeConns(v)
+	vm.token = a.Token
+	l.done()
+	return nil
+}
+
+// conn returns the open NBD connection to a disk, dialling it on first use.
+func (l *lane) conn(v, d string) (*nbdClient, error) {
+	key := v + "/" + d
+	if cl := l.conns[key]; cl != nil {
+		return cl, nil
+	}
+	cl, err := dialNBD(l.mc.nbdAddr, key+"/"+l.model.vols[v].token)
+	if err != nil {
+		return nil, err
+	}
+	l.conns[key] = cl
+	return cl, nil
+}
+
+func (l *lane) closeConns(v string) {
+	for key, cl := range l.conns {
+		if v == "" || strings.HasPrefix(key, v+"/") {
+			cl.close()
+			delete(l.conns, key)
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
