@@ -595,8 +595,7 @@ func (v *Volume) detachAllLocked() {
 		}
 		delete(v.att.byID, id)
 	}
-	r := *v.rules.Load()
-	r.members, r.explicitRW = map[string]ruleMember{}, 0
+	r := v.rules.Load().detachAll()
 	v.rules.Store(&r)
 }
 

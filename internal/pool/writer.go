@@ -149,6 +149,14 @@ func (r writerRules) detach(id string) (writerRules, ruleChange, error) {
 	return next, ruleChange{persist: !m.implicit}, nil
 }
 
+// detachAll removes every attachment, for a volume being deleted: nothing
+// is persisted, the volume's directory goes with it. The writer fields
+// stay.
+func (r writerRules) detachAll() writerRules {
+	r.members, r.explicitRW = map[string]ruleMember{}, 0
+	return r
+}
+
 // admit says whether attachment id may write now: nil, errMustClaim (it
 // must claim the role first), or why not (ErrReadOnly,
 // errTokenlessReadOnly, errNotAttached, ErrFenced). A shared disk admits

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -37,6 +38,8 @@ func (run *ruleRun) do(ev ruleEvent) (ruleChange, error) {
 		next, ch, err = run.r.claim(f[1])
 	case "transfer":
 		next, ch, err = run.r.transfer(f[1])
+	case "detach-all":
+		next = run.r.detachAll()
 	case "reload":
 		next, err = reloadRules(run.r)
 	default:
@@ -139,6 +142,9 @@ func TestWriterRulesTransitions(t *testing.T) {
 		{name: "fenced stays fenced across a reload",
 			events: []ruleEvent{"attach A rw", "claim A", "attach B rw", "claim B", "reload", "claim A"},
 			last:   ErrFenced, writer: "B", epoch: 2, admit: []string{"B"}},
+		{name: "detach all keeps the writer fields",
+			events:  []ruleEvent{"attach A rw", "claim A", "implicit I", "detach-all", "attach B rw"},
+			persist: true, writer: "A", epoch: 1},
 		{name: "reload forgets implicit attachments, keeps the group's role",
 			events: []ruleEvent{"implicit I", "claim I", "reload"}, writer: ImplicitWriter, epoch: 1},
 	} {
@@ -178,14 +184,8 @@ func TestWriterRulesTransitions(t *testing.T) {
 }
 
 func sortedCopy(s []string) []string {
-	out := append([]string(nil), s...)
-	for i := range out {
-		for j := i + 1; j < len(out); j++ {
-			if out[j] < out[i] {
-				out[i], out[j] = out[j], out[i]
-			}
-		}
-	}
+	out := slices.Clone(s)
+	slices.Sort(out)
 	return out
 }
 
