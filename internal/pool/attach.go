@@ -11,7 +11,6 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -47,6 +46,11 @@ import (
 // the explicit attachments, written atomically before a change takes effect,
 // so epochs and fencing survive a restart. Implicit attachments live only as
 // long as their connection.
+//
+// The rule itself is writerRules (writer.go), a pure state machine: this
+// file holds the attachments' identities (node, token, connections), takes
+// the locks, feeds events to the rule, persists what it returns and then
+// publishes it.
 
 // ImplicitWriter is the writer group of tokenless loopback connections.
 const ImplicitWriter = "implicit"
@@ -110,15 +114,13 @@ type Attachment struct {
 	node     string
 	mode     string
 	token    string
-	seq      uint64
 	implicit bool
 	created  time.Time
 	idemKey  string // the key of the request that made it
 
-	// fenced and detached change under the gate held exclusively (an
-	// implicit attachment ends when its last handle closes, with no writes
-	// of its own in flight).
-	fenced   atomic.Bool
+	// detached changes under the gate held exclusively (an implicit
+	// attachment ends when its last handle closes, with no writes of its
+	// own in flight). Whether it is fenced is in the volume's writerRules.
 	detached atomic.Bool
 	done     chan struct{} // closed on detach
 	conns    atomic.Int32  // open disk handles
@@ -145,14 +147,10 @@ type WriterInfo struct {
 	Writer string // attachment ID, ImplicitWriter, or "" before any write
 }
 
-// attachTable is a volume's attachment state; it lives under Volume.amu,
-// and its writer fields change only with the gate held exclusively too.
+// attachTable is a volume's attachments; it lives under Volume.amu. What
+// the single-writer rule knows of them is in Volume.rules.
 type attachTable struct {
-	epoch     uint64
-	writer    string
-	writerSeq uint64
-	nextSeq   uint64
-	byID      map[string]*Attachment
+	byID map[string]*Attachment
 	// deleting is set, with the gate held exclusively, once Delete has
 	// found no explicit attachment: Attach then refuses.
 	deleting bool
@@ -168,18 +166,6 @@ func (a *Attachment) Done() <-chan struct{} { return a.done }
 // ReadOnly reports whether the attachment may never write.
 func (a *Attachment) ReadOnly() bool { return a.mode == ModeReadOnly }
 
-func (a *Attachment) group() string {
-	if a.implicit {
-		return ImplicitWriter
-	}
-	return a.id
-}
-
-func (a *Attachment) record() attachRecord {
-	return attachRecord{ID: a.id, Node: a.node, Mode: a.mode, Token: a.token, Seq: a.seq,
-		Fenced: a.fenced.Load(), CreatedAt: a.created, IdempotencyKey: a.idemKey}
-}
-
 func newToken() string {
 	var b [32]byte
 	_, _ = rand.Read(b[:])
@@ -188,8 +174,9 @@ func newToken() string {
 
 // loadAttachments reads attachments.json (absent: none yet).
 func (v *Volume) loadAttachments() error {
-	v.att = attachTable{byID: map[string]*Attachment{}, nextSeq: 1}
-	v.explicitRW.Store(0)
+	v.att = attachTable{byID: map[string]*Attachment{}}
+	r := newWriterRules()
+	v.rules.Store(&r)
 	var st attachState
 	err := v.pool.readDecoded(path.Join("volumes", v.name, attachmentsFile), func(b []byte) (err error) {
 		st, err = decodeAttachments(b)
@@ -201,40 +188,41 @@ func (v *Volume) loadAttachments() error {
 	if err != nil {
 		return fmt.Errorf("attachments of volume %q: %w", v.name, err)
 	}
-	v.att.epoch, v.att.writer, v.att.writerSeq, v.att.nextSeq = st.Epoch, st.Writer, st.WriterSeq, max(st.NextSeq, 1)
+	recs := make([]ruleRecord, 0, len(st.Attachments))
 	for _, r := range st.Attachments {
-		a := &Attachment{v: v, id: r.ID, node: r.Node, mode: r.Mode, token: r.Token, seq: r.Seq,
+		v.att.byID[r.ID] = &Attachment{v: v, id: r.ID, node: r.Node, mode: r.Mode, token: r.Token,
 			created: r.CreatedAt, idemKey: r.IdempotencyKey, done: make(chan struct{})}
-		a.fenced.Store(r.Fenced && r.Mode != ModeReadOnly)
-		v.att.byID[a.id] = a
-		if a.mode == ModeReadWrite {
-			v.explicitRW.Add(1)
-		}
-		v.att.nextSeq = max(v.att.nextSeq, r.Seq+1)
+		recs = append(recs, ruleRecord{ID: r.ID, Mode: r.Mode, Seq: r.Seq, Fenced: r.Fenced})
 	}
+	r = restoreRules(st.Epoch, st.Writer, st.WriterSeq, st.NextSeq, recs)
+	v.rules.Store(&r)
 	return nil
 }
 
-// saveAttachments writes t as attachments.json, durable on return. fenced
-// overrides the fenced flag of the named attachments (the change being
-// made); others keep theirs.
-func (v *Volume) saveAttachments(t *attachTable, fenced map[string]bool) error {
-	st := attachState{Kind: "Attachments", Version: 1, Epoch: t.epoch, Writer: t.writer, WriterSeq: t.writerSeq,
-		NextSeq: t.nextSeq, Attachments: []attachRecord{}}
-	for _, a := range t.byID {
-		if a.implicit {
-			continue
-		}
-		r := a.record()
-		if f, ok := fenced[a.id]; ok {
-			r.Fenced = f
-		}
-		st.Attachments = append(st.Attachments, r)
+// attachFile is attachments.json holding r, with each explicit
+// attachment's node, token and the rest from byID.
+func attachFile(r writerRules, byID map[string]*Attachment) attachState {
+	st := attachState{Kind: "Attachments", Version: 1, Epoch: r.epoch, Writer: r.writer, WriterSeq: r.writerSeq,
+		NextSeq: r.nextSeq, Attachments: []attachRecord{}}
+	for _, rec := range r.records() {
+		a := byID[rec.ID]
+		st.Attachments = append(st.Attachments, attachRecord{ID: rec.ID, Node: a.node, Mode: rec.Mode,
+			Token: a.token, Seq: rec.Seq, Fenced: rec.Fenced, CreatedAt: a.created, IdempotencyKey: a.idemKey})
 	}
-	sort.Slice(st.Attachments, func(i, j int) bool { return st.Attachments[i].Seq < st.Attachments[j].Seq })
-	if err := v.pool.writeJSON(filepath.Join(v.dir, attachmentsFile), st, true); err != nil {
-		return v.metaError(err)
+	return st
+}
+
+// applyRules (amu held; gate held exclusively if the writer or a fenced
+// flag changes) carries out ch: it writes attachments.json with next and
+// the attachments byID, durable, if ch asks, and then publishes next. On
+// a failed write nothing changes.
+func (v *Volume) applyRules(next writerRules, ch ruleChange, byID map[string]*Attachment) error {
+	if ch.persist {
+		if err := v.pool.writeJSON(filepath.Join(v.dir, attachmentsFile), attachFile(next, byID), true); err != nil {
+			return v.metaError(err)
+		}
 	}
+	v.rules.Store(&next)
 	return nil
 }
 
@@ -302,20 +290,18 @@ func (v *Volume) AttachWith(node, mode string, idem Idempotency) (AttachmentInfo
 		return AttachmentInfo{}, false, invalid("node", node, fmt.Sprintf("volume already has %d attachments, the maximum; detach one first", MaxAttachments))
 	}
 	a := &Attachment{v: v, id: "att-" + newUID()[:16], node: node, mode: mode, token: newToken(),
-		seq: v.att.nextSeq, created: time.Now().UTC(), idemKey: idem.Key, done: make(chan struct{})}
-	// Only nextSeq and byID change: the writer fields are read under the
-	// gate alone.
-	next := v.att
-	next.nextSeq++
-	next.byID = maps.Clone(v.att.byID)
-	next.byID[a.id] = a
-	if err := v.saveAttachments(&next, nil); err != nil {
+		created: time.Now().UTC(), idemKey: idem.Key, done: make(chan struct{})}
+	// The writer fields do not change: the gate is not needed.
+	next, _, ch, err := v.rules.Load().attach(a.id, mode, false)
+	if err != nil {
+		return AttachmentInfo{}, false, fmt.Errorf("attach %s to volume %q: %w", node, v.name, err)
+	}
+	byID := maps.Clone(v.att.byID)
+	byID[a.id] = a
+	if err := v.applyRules(next, ch, byID); err != nil {
 		return AttachmentInfo{}, false, err
 	}
-	v.att.nextSeq, v.att.byID = next.nextSeq, next.byID
-	if a.mode == ModeReadWrite {
-		v.explicitRW.Add(1)
-	}
+	v.att.byID = byID
 	info := v.attachmentInfo(a)
 	info.Token = a.token
 	return info, true, nil
@@ -352,15 +338,20 @@ func (v *Volume) attachImplicit(peer string) (*Attachment, error) {
 	if len(v.att.byID) >= MaxImplicitAttachments {
 		return nil, fmt.Errorf("volume %q already has %d connections, the maximum: %w", v.name, MaxImplicitAttachments, ErrBusy)
 	}
-	mode := ModeReadWrite
-	if v.explicitRW.Load() > 0 {
-		mode = ModeReadOnly
+	id := "implicit-" + newUID()[:12]
+	next, m, ch, err := v.rules.Load().attach(id, ModeReadWrite, true)
+	if err != nil {
+		return nil, fmt.Errorf("volume %q: %w", v.name, err)
+	}
+	if m.mode == ModeReadOnly {
 		v.pool.log.Info("tokenless connection is read-only: the volume has an rw attachment; connect with its token to write",
 			"volume", v.name, "peer", peer)
 	}
-	a := &Attachment{v: v, id: "implicit-" + newUID()[:12], node: peer, mode: mode,
-		seq: v.att.nextSeq, implicit: true, created: time.Now().UTC(), done: make(chan struct{})}
-	v.att.nextSeq++
+	a := &Attachment{v: v, id: id, node: peer, mode: m.mode, implicit: true, created: time.Now().UTC(),
+		done: make(chan struct{})}
+	if err := v.applyRules(next, ch, v.att.byID); err != nil {
+		return nil, err
+	}
 	v.att.byID[a.id] = a
 	return a, nil
 }
@@ -410,11 +401,13 @@ func (v *Volume) Attachment(id string) (AttachmentInfo, error) {
 
 // attachmentInfo (amu held).
 func (v *Volume) attachmentInfo(a *Attachment) AttachmentInfo {
+	r := v.rules.Load()
+	m, _ := r.member(a.id)
 	info := AttachmentInfo{ID: a.id, Volume: v.name, Node: a.node, Mode: a.mode, Implicit: a.implicit,
-		Writer: a.mode == ModeReadWrite && v.att.writer != "" && v.att.writer == a.group() && !a.fenced.Load(),
-		Fenced: a.mode == ModeReadWrite && a.fenced.Load(), Conns: int(a.conns.Load()), CreatedAt: a.created}
+		Writer: r.isWriter(a.id), Fenced: a.mode == ModeReadWrite && m.fenced, Conns: int(a.conns.Load()),
+		CreatedAt: a.created}
 	switch {
-	case a.mode == ModeReadOnly, a.implicit && v.explicitRW.Load() > 0:
+	case a.mode == ModeReadOnly, a.implicit && r.explicitRW > 0:
 		info.State = StateReadOnly
 	case info.Fenced:
 		info.State = StateFenced
@@ -430,7 +423,8 @@ func (v *Volume) attachmentInfo(a *Attachment) AttachmentInfo {
 func (v *Volume) Writer() WriterInfo {
 	v.amu.Lock()
 	defer v.amu.Unlock()
-	return WriterInfo{Epoch: v.att.epoch, Writer: v.att.writer}
+	r := v.rules.Load()
+	return WriterInfo{Epoch: r.epoch, Writer: r.writer}
 }
 
 // Detach removes an attachment, durable on return: writes through it fail
@@ -448,18 +442,16 @@ func (v *Volume) Detach(id string) error {
 	if !ok {
 		return fmt.Errorf("attachment %q of volume %q: %w", id, v.name, ErrAttachmentNotFound)
 	}
-	next := v.att
-	next.byID = maps.Clone(v.att.byID)
-	delete(next.byID, id)
-	if !a.implicit {
-		if err := v.saveAttachments(&next, nil); err != nil {
-			return err
-		}
+	next, ch, err := v.rules.Load().detach(id)
+	if err != nil {
+		return fmt.Errorf("attachment %q of volume %q: %w", id, v.name, ErrAttachmentNotFound)
 	}
-	v.att = next
-	if !a.implicit && a.mode == ModeReadWrite {
-		v.explicitRW.Add(-1)
+	byID := maps.Clone(v.att.byID)
+	delete(byID, id)
+	if err := v.applyRules(next, ch, byID); err != nil {
+		return err
 	}
+	v.att.byID = byID
 	if !a.detached.Swap(true) {
 		close(a.done)
 	}
@@ -480,45 +472,22 @@ func (v *Volume) Transfer(id string) (AttachmentInfo, error) {
 	if !ok {
 		return AttachmentInfo{}, fmt.Errorf("attachment %q of volume %q: %w", id, v.name, ErrAttachmentNotFound)
 	}
-	if a.ReadOnly() {
+	next, ch, err := v.rules.Load().transfer(id)
+	switch {
+	case errors.Is(err, ErrReadOnly):
 		return AttachmentInfo{}, invalid("attachment", id, "is read-only and cannot hold the writer role")
+	case err != nil:
+		return AttachmentInfo{}, fmt.Errorf("attachment %q of volume %q: %w", id, v.name, err)
 	}
-	fence := map[string]bool{a.id: false}
-	for _, o := range v.att.byID {
-		if o.group() != a.group() && o.mode == ModeReadWrite {
-			fence[o.id] = true
-		}
-	}
-	if err := v.claimLocked(a, fence); err != nil {
+	if err := v.applyRules(next, ch, v.att.byID); err != nil {
 		return AttachmentInfo{}, err
 	}
-	v.pool.log.Info("writer role transferred", "volume", v.name, "attachment", a.id, "epoch", v.att.epoch)
+	v.pool.log.Info("writer role transferred", "volume", v.name, "attachment", a.id, "epoch", next.epoch)
 	return v.attachmentInfo(a), nil
 }
 
-// claimLocked (gate exclusive, amu held) makes a's group the writer with a
-// new epoch and applies fence, persisting first.
-func (v *Volume) claimLocked(a *Attachment, fence map[string]bool) error {
-	next := v.att
-	next.epoch++
-	next.writer = a.group()
-	next.writerSeq = a.seq
-	if err := v.saveAttachments(&next, fence); err != nil {
-		return err
-	}
-	v.att = next
-	for id, f := range fence {
-		if o := v.att.byID[id]; o != nil {
-			o.fenced.Store(f)
-		}
-	}
-	return nil
-}
-
-// errMustClaim says a write needs the writer role first.
-var errMustClaim = errors.New("must claim the writer role")
-
-// mayWrite (gate held shared) says whether a may write disk df now.
+// mayWrite (gate held shared) says whether a may write disk df now:
+// errMustClaim if it must claim the writer role first.
 func (a *Attachment) mayWrite(df *diskFile) error {
 	if a == nil {
 		return nil // an internal handle
@@ -527,70 +496,50 @@ func (a *Attachment) mayWrite(df *diskFile) error {
 		return fmt.Errorf("attachment %s is read-only: %w", a.id, ErrReadOnly)
 	}
 	if a.detached.Load() {
+		return a.ruleError(errNotAttached)
+	}
+	return a.ruleError(a.v.rules.Load().admit(a.id, df.shared))
+}
+
+// ruleError words an error of the writer rule for a.
+func (a *Attachment) ruleError(err error) error {
+	switch {
+	case errors.Is(err, errNotAttached):
 		return fmt.Errorf("attachment %s was detached: %w", a.id, ErrFenced)
+	case errors.Is(err, errTokenlessReadOnly):
+		return fmt.Errorf("volume %q has an rw attachment, so connections without its token are read-only "+
+			"(connect with the attachment's token: quiver attach list %s): %w", a.v.name, a.v.name, ErrReadOnly)
+	case errors.Is(err, ErrFenced):
+		return fmt.Errorf("attachment %s of volume %q: %w", a.id, a.v.name, ErrFenced)
+	case errors.Is(err, ErrReadOnly):
+		return fmt.Errorf("attachment %s is read-only: %w", a.id, ErrReadOnly)
 	}
-	if a.implicit && a.v.explicitRW.Load() > 0 {
-		return a.implicitReadOnlyError()
-	}
-	if df.shared {
-		return nil
-	}
-	if a.fenced.Load() {
-		return a.fencedError()
-	}
-	if a.v.att.writer == a.group() {
-		return nil
-	}
-	return errMustClaim
-}
-
-// implicitReadOnlyError refuses a tokenless connection's write while the
-// volume has an explicit rw attachment.
-func (a *Attachment) implicitReadOnlyError() error {
-	return fmt.Errorf("volume %q has an rw attachment, so connections without its token are read-only "+
-		"(connect with the attachment's token: quiver attach list %s): %w", a.v.name, a.v.name, ErrReadOnly)
-}
-
-func (a *Attachment) fencedError() error {
-	return fmt.Errorf("attachment %s of volume %q: %w", a.id, a.v.name, ErrFenced)
+	return err
 }
 
 // claim takes the gate exclusively and makes a the writer if it is newer
-// than the current writer's claim; otherwise fences it.
+// than the current writer's claim; otherwise fences it (writerRules.claim).
 func (a *Attachment) claim() error {
 	v := a.v
 	v.gate.Lock()
 	defer v.gate.Unlock()
 	v.amu.Lock()
 	defer v.amu.Unlock()
-	switch {
-	case a.detached.Load():
-		return fmt.Errorf("attachment %s was detached: %w", a.id, ErrFenced)
-	case a.implicit && v.explicitRW.Load() > 0:
-		return a.implicitReadOnlyError()
-	case a.fenced.Load():
-		return a.fencedError()
-	case v.att.writer == a.group():
-		return nil // another connection of the group claimed meanwhile
-	case v.att.writer != "" && a.seq < v.att.writerSeq:
-		if err := v.saveAttachments(&v.att, map[string]bool{a.id: true}); err != nil {
-			return err
-		}
-		a.fenced.Store(true)
-		return a.fencedError()
+	if a.detached.Load() {
+		return a.ruleError(errNotAttached)
 	}
-	fence := map[string]bool{}
-	for _, o := range v.att.byID {
-		if o.group() != a.group() && o.seq < a.seq && o.mode == ModeReadWrite {
-			fence[o.id] = true
-		}
+	old := v.rules.Load()
+	next, ch, err := old.claim(a.id)
+	if aerr := v.applyRules(next, ch, v.att.byID); aerr != nil {
+		return aerr
 	}
-	old := v.att.writer
-	if err := v.claimLocked(a, fence); err != nil {
-		return err
+	if err != nil {
+		return a.ruleError(err)
 	}
-	v.pool.log.Info("writer role claimed", "volume", v.name, "attachment", a.id, "node", a.node,
-		"epoch", v.att.epoch, "previous", old, "fenced", len(fence))
+	if ch.writerMoved {
+		v.pool.log.Info("writer role claimed", "volume", v.name, "attachment", a.id, "node", a.node,
+			"epoch", next.epoch, "previous", old.writer, "fenced", len(ch.fenced))
+	}
 	return nil
 }
 
@@ -603,6 +552,9 @@ func (a *Attachment) released() {
 		v := a.v
 		v.amu.Lock()
 		if !a.detached.Swap(true) {
+			if next, ch, err := v.rules.Load().detach(a.id); err == nil {
+				_ = v.applyRules(next, ch, v.att.byID) // implicit: nothing to write
+			}
 			delete(v.att.byID, a.id)
 			close(a.done)
 		}
@@ -643,7 +595,8 @@ func (v *Volume) detachAllLocked() {
 		}
 		delete(v.att.byID, id)
 	}
-	v.explicitRW.Store(0)
+	r := v.rules.Load().detachAll()
+	v.rules.Store(&r)
 }
 
 // CheckWriters refuses, with ErrInUse, an operation that changes the disks

@@ -49,13 +49,15 @@ type Volume struct {
 	// opened for I/O. It changes only under gate held exclusively.
 	files map[string]*diskFile
 
-	// amu guards att, the attachments; att's writer fields change only
-	// with gate held exclusively as well. Taken after gate.
+	// amu guards att, the attachments, and changes to rules. Taken after
+	// gate.
 	amu sync.Mutex
 	att attachTable
-	// explicitRW counts the explicit rw attachments; it changes under amu
-	// and is read under the gate held shared by the write rule (attach.go).
-	explicitRW atomic.Int32
+	// rules is the single-writer rule's state (writer.go), an immutable
+	// value replaced under amu, and under gate held exclusively as well
+	// when the writer or a fenced flag changes; the write check reads it
+	// under the gate held shared.
+	rules atomic.Pointer[writerRules]
 
 	mu      sync.Mutex
 	m       volumeManifest
@@ -102,8 +104,11 @@ func newVolume(p *Pool, m volumeManifest, snaps map[string]*snapshotManifest) *V
 	if snaps == nil {
 		snaps = map[string]*snapshotManifest{}
 	}
-	return &Volume{pool: p, name: m.Name, dir: p.volumeDir(m.Name), m: m, snaps: snaps,
-		att: attachTable{byID: map[string]*Attachment{}, nextSeq: 1}}
+	v := &Volume{pool: p, name: m.Name, dir: p.volumeDir(m.Name), m: m, snaps: snaps,
+		att: attachTable{byID: map[string]*Attachment{}}}
+	r := newWriterRules()
+	v.rules.Store(&r)
+	return v
 }
 
 // newBrokenVolume is the stand-in for a volume quarantined at start-up: it
