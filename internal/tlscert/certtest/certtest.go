@@ -7,6 +7,7 @@
 package certtest
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -118,12 +119,18 @@ func (p Pair) Write(t testing.TB, dir string) (certFile, keyFile string) {
 }
 
 // ClientDir makes a directory in the layout of QEMU's tls-creds-x509
-// (endpoint=client) and libnbd's tls-certificates: ca-cert.pem, and with a
-// client pair client-cert.pem and client-key.pem.
-func ClientDir(t testing.TB, ca *CA, client *Pair) string {
+// (endpoint=client) and libnbd's tls-certificates: ca-cert.pem (ca and
+// more), and with a client pair client-cert.pem and client-key.pem. QEMU
+// checks its own client certificate against ca-cert.pem too: pass the
+// client's CA in more.
+func ClientDir(t testing.TB, ca *CA, client *Pair, more ...*CA) string {
 	t.Helper()
 	dir := t.TempDir()
-	WriteFile(t, filepath.Join(dir, "ca-cert.pem"), ca.PEM)
+	cas := bytes.Clone(ca.PEM)
+	for _, m := range more {
+		cas = append(cas, m.PEM...)
+	}
+	WriteFile(t, filepath.Join(dir, "ca-cert.pem"), cas)
 	if client != nil {
 		WriteFile(t, filepath.Join(dir, "client-cert.pem"), client.Cert)
 		WriteFile(t, filepath.Join(dir, "client-key.pem"), client.Key)
