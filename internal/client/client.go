@@ -93,6 +93,9 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 
 // tlsHTTPClient returns a copy of hc that verifies servers with cfg.
 func tlsHTTPClient(hc *http.Client, cfg *tls.Config) (*http.Client, error) {
+	if hc == nil {
+		hc = http.DefaultClient
+	}
 	var tr *http.Transport
 	switch t := hc.Transport.(type) {
 	case nil:
