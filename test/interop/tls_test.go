@@ -122,34 +122,35 @@ func TestTLSRefusals(t *testing.T) {
 	good := certtest.ClientDir(t, ca, nil)
 
 	t.Run("plain client", func(t *testing.T) {
-		out := runFails(t, "nbdinfo", s.URI("vm/root"))
+		// libnbd reports NBD_REP_ERR_TLS_REQD as ENOTSUP.
+		out := refused(t, "Operation not supported", "nbdinfo", s.URI("vm/root"))
 		t.Logf("nbdinfo without TLS: %s", out)
-		out = runFails(t, "nbdinfo", "--list", "nbd://"+s.NBDAddr)
+		out = refused(t, "Operation not supported", "nbdinfo", "--list", "nbd://"+s.NBDAddr)
 		if strings.Contains(out, "vm/") {
 			t.Errorf("nbdinfo --list without TLS learnt an export name:\n%s", out)
 		}
 	})
 	t.Run("wrong CA", func(t *testing.T) {
 		other := certtest.ClientDir(t, certtest.NewCA(t, "another CA"), nil)
-		runFails(t, "nbdinfo", s.nbds("vm/root", other))
+		refused(t, "certificate verification", "nbdinfo", s.nbds("vm/root", other))
 		obj, img := s.qemuOpts(t, "vm/root", other, "localhost")
-		runFails(t, "qemu-io", "--object", obj, "--image-opts", img, "-c", "read 0 4k")
+		refused(t, "known issuer", "qemu-io", "--object", obj, "--image-opts", img, "-c", "read 0 4k")
 	})
 	t.Run("wrong hostname", func(t *testing.T) {
 		obj, img := s.qemuOpts(t, "vm/root", good, "other.example")
-		runFails(t, "qemu-io", "--object", obj, "--image-opts", img, "-c", "read 0 4k")
+		refused(t, "hostname", "qemu-io", "--object", obj, "--image-opts", img, "-c", "read 0 4k")
 	})
 	t.Run("expired certificate", func(t *testing.T) {
 		expired := ca.Server(t, true, "127.0.0.1", "localhost")
 		e := startExpired(t, ca, expired)
-		runFails(t, "nbdinfo", e.nbds("vm/root", good))
+		refused(t, "certificate verification", "nbdinfo", e.nbds("vm/root", good))
 		obj, img := e.qemuOpts(t, "vm/root", good, "localhost")
-		runFails(t, "qemu-io", "--object", obj, "--image-opts", img, "-c", "read 0 4k")
+		refused(t, "not trusted", "qemu-io", "--object", obj, "--image-opts", img, "-c", "read 0 4k")
 	})
 	t.Run("certificate for another host", func(t *testing.T) {
 		p := ca.Server(t, false, "other.example")
 		e := startExpired(t, ca, p)
-		runFails(t, "nbdinfo", e.nbds("vm/root", good))
+		refused(t, "certificate verification", "nbdinfo", e.nbds("vm/root", good))
 	})
 }
 
@@ -181,8 +182,8 @@ func TestTLSClientCertificates(t *testing.T) {
 	run(t, "qemu-io", "--object", obj, "--image-opts", img, "-c", "write -P 0x5a 0 64k", "-c", "read -P 0x5a 0 64k")
 
 	foreign := certtest.NewCA(t, "another CA").Client(t, "intruder")
-	runFails(t, "nbdinfo", s.nbds("vm/root", certtest.ClientDir(t, ca, &foreign)))
-	runFails(t, "nbdinfo", s.nbds("vm/root", certtest.ClientDir(t, ca, nil)))
+	refused(t, "fatal alert", "nbdinfo", s.nbds("vm/root", certtest.ClientDir(t, ca, &foreign)))
+	refused(t, "fatal alert", "nbdinfo", s.nbds("vm/root", certtest.ClientDir(t, ca, nil)))
 }
 
 // TestTLSAPI: the API over HTTPS with the Go client (startTLSServer) and
@@ -196,8 +197,8 @@ func TestTLSAPI(t *testing.T) {
 	if _, err := s.api.GetVolume(t.Context(), "vm"); err != nil {
 		t.Errorf("Go client over HTTPS: %v", err)
 	}
-	runFails(t, quiverBin, "--server", url, "volume", "list")                                        // unknown CA
-	runFails(t, quiverBin, "--server", "http://"+s.APIAddr, "--ca-file", s.caFile, "volume", "list") // plain HTTP
+	refused(t, "certificate", quiverBin, "--server", url, "volume", "list") // unknown CA
+	refused(t, "HTTP request to an HTTPS server", quiverBin, "--server", "http://"+s.APIAddr, "volume", "list")
 	if out, err := exec.Command("curl", "-sf", "--cacert", s.caFile, url+"/metrics").CombinedOutput(); err == nil {
 		if !strings.Contains(string(out), "quiver_") {
 			t.Errorf("/metrics over HTTPS: no quiver_ metric")
@@ -226,7 +227,7 @@ func TestTLSRotation(t *testing.T) {
 	waitFor(t, func() bool { return strings.Contains(s.Log.String(), "TLS certificate reloaded") })
 
 	run(t, "nbdinfo", "--size", s.nbds("vm/root", newDir))
-	runFails(t, "nbdinfo", "--size", s.nbds("vm/root", oldDir))
+	refused(t, "certificate verification", "nbdinfo", "--size", s.nbds("vm/root", oldDir))
 	held.do("read 0", "ok 0x11")
 	held.do("write 0x22 4096 4096", "ok")
 	held.do("flush", "ok")
@@ -249,4 +250,15 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10 s")
 		}
 	}
+}
+
+// refused runs a peer that must fail with want in its message (the reason:
+// a certificate error, not any failure).
+func refused(t *testing.T, want, name string, args ...string) string {
+	t.Helper()
+	out := runFails(t, name, args...)
+	if !strings.Contains(out, want) {
+		t.Errorf("%s failed without %q in its message:\n%s", commandLine(name, args), want, out)
+	}
+	return out
 }
