@@ -3,11 +3,14 @@ package nbd
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"io"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/tlscert"
 	"github.com/quiverstorage/quiver/internal/tlscert/certtest"
@@ -146,5 +149,61 @@ func TestStartTLSWithPipelinedDataCloses(t *testing.T) {
 	b := make([]byte, 1)
 	if err := c.readFull(b); !errors.Is(err, io.EOF) {
 		t.Fatalf("STARTTLS with data behind it: read %v, want the connection closed", err)
+	}
+}
+
+// TestTLSShutdown: Shutdown ends an idle TLS connection (its reader waits
+// in tls.Conn.Read, not on a blocking socket) and answers what is in
+// flight.
+func TestTLSShutdown(t *testing.T) {
+	e, roots := tlsEnv(t, true)
+	c := dial(t, e.addr)
+	c.mustGreet(clientFlagFixedNewstyle)
+	if err := c.startTLS(roots); err != nil {
+		t.Fatal(err)
+	}
+	c.handshake(hsOpts{export: exportRoot, structured: true, greeted: true})
+	c.readAt(0, 4096)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown with a TLS connection open: %v", err)
+	}
+	if _, err := c.readReply(); err == nil {
+		t.Fatal("the TLS connection is still open after Shutdown")
+	}
+}
+
+// TestTLSSendTimeout: a TLS client that stops reading its replies is
+// disconnected after SendTimeout, as a plain one is.
+func TestTLSSendTimeout(t *testing.T) {
+	ca := certtest.NewCA(t, "quiver test CA")
+	certFile, keyFile := ca.Server(t, false, "127.0.0.1").Write(t, t.TempDir())
+	pair, err := tlscert.Load(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := tlscert.ServerConfig(pair, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	e := newEnv(t, Config{TLS: cfg, SendTimeout: 200 * time.Millisecond}, nil)
+	c := dial(t, e.addr)
+	_ = c.nc.(*net.TCPConn).SetReadBuffer(64 << 10)
+	c.mustGreet(clientFlagFixedNewstyle)
+	if err := c.startTLS(roots); err != nil {
+		t.Fatal(err)
+	}
+	c.handshake(hsOpts{export: exportRoot, structured: true, greeted: true})
+	var wire []byte
+	for i := range 64 {
+		wire = append(wire, reqBytes(testReq{typ: cmdRead, cookie: uint64(i + 1), length: 1 << 20})...)
+	}
+	go func() { _ = c.write(wire) }()
+	e.waitIdle()
+	if got := e.srv.mem.inflight.Load(); got != 0 {
+		t.Errorf("%d bytes still reserved after the connection ended", got)
 	}
 }
