@@ -16,6 +16,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/client"
+	"github.com/quiverstorage/quiver/internal/tlscert"
 )
 
 // Exit codes of Execute.
@@ -56,6 +57,7 @@ func OSEnv() Env {
 const (
 	envServer    = "QUIVER_SERVER"
 	envTokenFile = "QUIVER_TOKEN_FILE"
+	envCAFile    = "QUIVER_CA_FILE"
 )
 
 // app is one run of the command line: the parsed global flags and the Env.
@@ -63,6 +65,7 @@ type app struct {
 	env       Env
 	server    string
 	tokenFile string
+	caFile    string
 	output    string
 	// started is set once flags and arguments parsed and a command began,
 	// to tell usage errors from failures of the command.
@@ -128,9 +131,11 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 	}
 	flags := root.PersistentFlags()
 	flags.StringVar(&a.server, "server", defaultServer,
-		"URL of the quiver API: http://host:port or unix:///path/to.sock (env "+envServer+")")
+		"URL of the quiver API: http://host:port, https://host:port or unix:///path/to.sock (env "+envServer+")")
 	flags.StringVar(&a.tokenFile, "token-file", a.env.Getenv(envTokenFile),
 		"file holding the API bearer token (env "+envTokenFile+")")
+	flags.StringVar(&a.caFile, "ca-file", a.env.Getenv(envCAFile),
+		"PEM file of the CAs an https:// --server's certificate must chain to (env "+envCAFile+")")
 	flags.StringVarP(&a.output, "output", "o", outputTable, "output format: table or json")
 
 	root.AddGroup(
@@ -194,6 +199,13 @@ func (a *app) client() (*client.Client, error) {
 			return nil, err
 		}
 		opts = append(opts, client.WithToken(token))
+	}
+	if a.caFile != "" {
+		tc, err := tlscert.ClientConfig(a.caFile)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, client.WithTLSConfig(tc))
 	}
 	return client.New(serverURL(a.server), opts...)
 }

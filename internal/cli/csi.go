@@ -36,6 +36,7 @@ See docs/csi.md for deployment and StorageClass parameters.`,
 			}
 			cfg.Mode = csi.Mode(mode)
 			cfg.Server = serverURL(a.server)
+			cfg.CAFile = a.caFile
 			if a.tokenFile != "" {
 				token, err := readToken(a.tokenFile)
 				if err != nil {

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -46,6 +48,12 @@ user can use the API and NBD on loopback (the server warns). NBD on another
 address requires an attachment token in every export name (as
 --nbd-require-token does on loopback).
 
+--tls-cert and --tls-key serve the API over HTTPS (clients pass --ca-file and
+an https:// --server). --nbd-tls-cert and --nbd-tls-key let NBD clients
+upgrade with NBD_OPT_STARTTLS; --nbd-tls require refuses clients that do not
+(the default beyond loopback). SIGHUP reloads every certificate file: new
+connections get the new certificate, established ones keep theirs.
+
 --api-socket serves the API on a unix socket without the token: the socket is
 0600 (0660 with --api-socket-group), so its file permissions decide who may
 use it (quiver --server unix:///path ...). The NBD socket gets the same mode.
@@ -60,6 +68,26 @@ explains each.`,
 			}
 			cfg.TokenFile = a.tokenFile
 			cfg.Logger = slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: level}))
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			reload, done := make(chan struct{}), make(chan struct{})
+			defer close(done)
+			go func() {
+				for {
+					select {
+					case <-hup:
+					case <-done:
+						return
+					}
+					select {
+					case reload <- struct{}{}:
+					case <-done:
+						return
+					}
+				}
+			}()
+			cfg.Reload = reload
 			if readyFile != "" {
 				cfg.Ready = writeReadyFile(readyFile, cfg.NBDSocket, cfg.Logger)
 			}
@@ -93,6 +121,13 @@ explains each.`,
 	f.Var(byteSize{&cfg.NBD.MaxConnBytes}, "nbd-max-conn-bytes", "READ/WRITE bytes in flight per NBD connection (default 64Mi)")
 	f.Var(byteSize{&cfg.NBD.MaxPeerBytes}, "nbd-max-peer-bytes", "READ/WRITE bytes in flight per NBD peer (default 256Mi)")
 	f.Var(byteSize{&cfg.NBD.MaxBytes}, "nbd-max-bytes", "READ/WRITE bytes in flight across all NBD connections (default 1Gi)")
+	f.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "serve the API (and /metrics) over HTTPS with this PEM certificate (reloaded on SIGHUP)")
+	f.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "the PEM key of --tls-cert")
+	f.StringVar(&cfg.TLS.NBDCertFile, "nbd-tls-cert", "", "PEM certificate for NBD over TLS (NBD_OPT_STARTTLS; reloaded on SIGHUP)")
+	f.StringVar(&cfg.TLS.NBDKeyFile, "nbd-tls-key", "", "the PEM key of --nbd-tls-cert")
+	f.StringVar(&cfg.TLS.NBDMode, "nbd-tls", "",
+		"off, on (clients may upgrade) or require (default with --nbd-tls-cert: require beyond loopback, on on loopback)")
+	f.StringVar(&cfg.TLS.NBDClientCAFile, "nbd-tls-client-ca", "", "require NBD clients to present a certificate signed by a CA of this PEM file")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().StringVar(&readyFile, "ready-file", "",
 		"once serving, write the bound addresses here as JSON (for port 0 in scripts and tests)")

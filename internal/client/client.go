@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ type Client struct {
 	base  string // scheme://host[/prefix] with no trailing slash
 	httpc *http.Client
 	token string
+	tls   *tls.Config
 }
 
 // Option configures a Client made by New.
@@ -37,12 +39,27 @@ func WithHTTPClient(hc *http.Client) Option {
 	return func(c *Client) { c.httpc = hc }
 }
 
+// WithTLSConfig makes the Client verify an https:// server with cfg (for
+// example the CAs of a --ca-file). It applies to the transport of the
+// HTTP client in use (WithHTTPClient's, or a copy of the default), which
+// must be an *http.Transport.
+func WithTLSConfig(cfg *tls.Config) Option {
+	return func(c *Client) { c.tls = cfg }
+}
+
 // New returns a Client for the server at baseURL: "http://host:port",
 // "https://host:port" or "unix:///path/to.sock".
 func New(baseURL string, opts ...Option) (*Client, error) {
 	c := &Client{httpc: http.DefaultClient}
 	for _, opt := range opts {
 		opt(c)
+	}
+	if c.tls != nil {
+		hc, err := tlsHTTPClient(c.httpc, c.tls)
+		if err != nil {
+			return nil, err
+		}
+		c.httpc = hc
 	}
 	u, err := url.Parse(baseURL)
 	if err != nil {
@@ -72,6 +89,26 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("server URL %q: want http://host:port, https://host:port or unix:///path/to.sock", baseURL)
 	}
 	return c, nil
+}
+
+// tlsHTTPClient returns a copy of hc that verifies servers with cfg.
+func tlsHTTPClient(hc *http.Client, cfg *tls.Config) (*http.Client, error) {
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	var tr *http.Transport
+	switch t := hc.Transport.(type) {
+	case nil:
+		tr = http.DefaultTransport.(*http.Transport).Clone()
+	case *http.Transport:
+		tr = t.Clone()
+	default:
+		return nil, fmt.Errorf("the HTTP client's transport is %T, want *http.Transport to set its TLS configuration", t)
+	}
+	tr.TLSClientConfig = cfg.Clone()
+	copied := *hc
+	copied.Transport = tr
+	return &copied, nil
 }
 
 // unixHTTPClient returns a copy of hc whose connections all go to the unix

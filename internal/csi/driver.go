@@ -20,6 +20,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/client"
+	"github.com/quiverstorage/quiver/internal/tlscert"
 )
 
 // DefaultDriverName is the CSI driver name (CSIDriver object, StorageClass
@@ -60,6 +61,9 @@ type Config struct {
 	// token ("" for none).
 	Server string
 	Token  string
+	// CAFile, if set, holds the PEM CAs that an https:// Server's
+	// certificate must chain to (the system's roots otherwise).
+	CAFile string
 	// NodeID names this node (node and all modes): the Kubernetes node
 	// name in a cluster.
 	NodeID string
@@ -141,6 +145,13 @@ func New(cfg Config) (*Driver, error) {
 
 func newClient(cfg Config, token string) (*client.Client, error) {
 	opts := []client.Option{client.WithHTTPClient(cfg.HTTPClient)}
+	if cfg.CAFile != "" {
+		tc, err := tlscert.ClientConfig(cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("quiver API: %w", err)
+		}
+		opts = append(opts, client.WithTLSConfig(tc))
+	}
 	if token != "" {
 		opts = append(opts, client.WithToken(token))
 	}

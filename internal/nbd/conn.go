@@ -23,8 +23,11 @@ type conn struct {
 	nc  net.Conn
 	raw syscall.RawConn // nc's socket, for send; nil when nc is not one
 	snd sender          // send's state (socket.go)
-	r   *bufio.Reader
-	log *slog.Logger
+	// tlsOut buffers replies on a TLS connection (tls.go); nil on a plain
+	// one.
+	tlsOut *bufio.Writer
+	r      *bufio.Reader
+	log    *slog.Logger
 	// peer is the key the connection is counted under (connlimit.Peer).
 	peer string
 	// handshakeDeadline ends negotiation (Config.HandshakeTimeout).

@@ -3,7 +3,10 @@
 // over TCP or a unix socket. It follows the NBD protocol specification
 // (NetworkBlockDevice/nbd, doc/proto.md): fixed newstyle negotiation,
 // structured replies, the base:allocation metadata context, and many
-// requests in flight per connection with replies in any order.
+// requests in flight per connection with replies in any order. Clients may
+// upgrade to TLS with NBD_OPT_STARTTLS, or must (Config.RequireTLS); a TLS
+// connection is served through its tls.Conn (tls.go), a plain one from a
+// blocking socket with raw sendmsg (socket.go).
 //
 // Each request is validated in full, then executed, then answered (the
 // shape of nbdkit's server/protocol.c). All I/O goes through pool.Disk

@@ -23,6 +23,7 @@ type negotiation struct {
 	noZeroes   bool
 	structured bool
 	baseAlloc  bool // base:allocation selected by NBD_OPT_SET_META_CONTEXT
+	tls        bool // NBD_OPT_STARTTLS succeeded: the connection is a *tls.Conn
 
 	// options counts the options answered; budget is how many the client
 	// may send: maxOptions, plus optionsPerExport per export in the
@@ -124,6 +125,15 @@ func (n *negotiation) option(ctx context.Context) (done bool, err error) {
 	if _, err := io.ReadFull(n.c.r, data); err != nil {
 		return false, err
 	}
+	if n.c.srv.cfg.RequireTLS && !n.tls {
+		switch opt {
+		case optExportName: // no way to refuse it politely
+			return false, errors.New("NBD_OPT_EXPORT_NAME before TLS: TLS is required")
+		case optAbort, optStartTLS:
+		default:
+			return false, n.replyError(opt, repErrTLSReqd, "TLS is required: send NBD_OPT_STARTTLS first")
+		}
+	}
 	switch opt {
 	case optExportName:
 		return true, n.exportName(ctx, data)
@@ -143,7 +153,7 @@ func (n *negotiation) option(ctx context.Context) (done bool, err error) {
 	case optListMetaContext, optSetMetaContext:
 		return false, n.metaContext(ctx, opt, data)
 	case optStartTLS:
-		return false, n.replyError(opt, repErrPolicy, "TLS is not supported by this server")
+		return false, n.startTLS(data)
 	default:
 		return false, n.replyError(opt, repErrUnsup, fmt.Sprintf("option %d is not supported", opt))
 	}

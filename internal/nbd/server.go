@@ -3,6 +3,7 @@ package nbd
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,8 +51,15 @@ type Config struct {
 	// SendTimeout ends a connection whose client takes none of a reply for
 	// that long (default 60 s).
 	SendTimeout time.Duration
-	Logger      *slog.Logger
-	Observer    Observer // optional: told about connections
+	// TLS, if set, lets clients upgrade with NBD_OPT_STARTTLS (tls.go); it
+	// is used for each handshake, so a GetCertificate that reads the
+	// current pair rotates certificates for new connections. RequireTLS
+	// refuses everything but NBD_OPT_STARTTLS and NBD_OPT_ABORT before
+	// the upgrade.
+	TLS        *tls.Config
+	RequireTLS bool
+	Logger     *slog.Logger
+	Observer   Observer // optional: told about connections
 }
 
 // Observer is told when connections open, close and are refused (metrics).

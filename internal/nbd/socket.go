@@ -189,6 +189,9 @@ type sender struct {
 // the kernel (a plain system call), a polled one in the poller.
 func (c *conn) send(bufs [][]byte) error {
 	if c.raw == nil {
+		if c.tlsOut != nil {
+			return c.sendTLS(bufs)
+		}
 		nb := net.Buffers(bufs)
 		_, err := nb.WriteTo(c.nc)
 		return err

@@ -3,7 +3,7 @@
 // cancelled. It is wiring only: the domain lives in pool, the transports in
 // apiserver and nbd, the wire types in api.
 //
-// Imports from quiver: api, apiserver, connlimit, job, metrics, nbd, pool.
+// Imports from quiver: api, apiserver, connlimit, job, metrics, nbd, pool, tlscert.
 package server
 
 import (
@@ -48,10 +48,15 @@ type Config struct {
 	// or 0660 with APISocketGroup). NBDSocket gets the same permissions.
 	APISocket      string
 	APISocketGroup string
-	API            APILimits    // zero values take the defaults
-	NBD            nbd.Config   // limits of the NBD server; Logger and Observer are set by Run
-	Pprof          bool         // serve /debug/pprof/ on the API port (behind the same auth)
-	Logger         *slog.Logger // nil: slog.Default()
+	API            APILimits  // zero values take the defaults
+	NBD            nbd.Config // limits of the NBD server; Logger and Observer are set by Run
+	TLS            TLSConfig  // certificates of the API and NBD (tls.go); zero: plain
+	// Reload, if set, makes Run read the certificate files again each time
+	// it receives (the CLI sends on SIGHUP): new connections get the new
+	// certificates, established ones keep theirs.
+	Reload <-chan struct{}
+	Pprof  bool         // serve /debug/pprof/ on the API port (behind the same auth)
+	Logger *slog.Logger // nil: slog.Default()
 	// Ready, if set, is called with the API's and the NBD TCP listener's
 	// addresses (nil when there is none) once requests are served.
 	Ready func(api, nbd net.Addr)
@@ -94,6 +99,11 @@ func Run(ctx context.Context, cfg Config) error {
 	} else {
 		log.Warn("no --token-file: any local user can call the API and read and write every disk over NBD on loopback")
 	}
+	tlsSet, err := setupTLS(cfg.TLS, cfg.NBDAddr)
+	if err != nil {
+		return err
+	}
+	cfg.NBD.TLS, cfg.NBD.RequireTLS = tlsSet.nbd, tlsSet.nbdReq
 	cfg.API.defaults()
 	p, err := pool.OpenWith(ctx, cfg.PoolDir, pool.Options{Logger: log, ExpectMount: cfg.ExpectMount})
 	if err != nil {
@@ -161,10 +171,10 @@ func Run(ctx context.Context, cfg Config) error {
 			"group", cfg.APISocketGroup)
 		go func() { errc <- localSrv.Serve(l) }()
 	}
-	log.Info("serving API", "addr", ln.Addr().String(), "auth", token != "")
+	log.Info("serving API", "addr", ln.Addr().String(), "auth", token != "", "https", tlsSet.api != nil)
 	var nbdAddr net.Addr
 	for _, l := range nbdLns {
-		log.Info("serving NBD", "addr", l.Addr().String())
+		log.Info("serving NBD", "addr", l.Addr().String(), "tls", tlsMode(cfg.NBD))
 		if l.Addr().Network() == "tcp" {
 			nbdAddr = l.Addr()
 		}
@@ -178,15 +188,22 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Ready(ln.Addr(), nbdAddr)
 	}
 	go func() {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := tlsSet.serveAPI(srv, ln); !errors.Is(err, http.ErrServerClosed) {
 			errc <- err
 		}
 	}()
 	var failed error
-	select {
-	case failed = <-errc:
-		log.Error("a listener failed; shutting down", "err", failed)
-	case <-ctx.Done():
+wait:
+	for {
+		select {
+		case failed = <-errc:
+			log.Error("a listener failed; shutting down", "err", failed)
+			break wait
+		case <-cfg.Reload:
+			tlsSet.reload(log)
+		case <-ctx.Done():
+			break wait
+		}
 	}
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -207,6 +224,16 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("serve: %w", failed)
 	}
 	return err
+}
+
+func tlsMode(c nbd.Config) string {
+	switch {
+	case c.TLS == nil:
+		return TLSOff
+	case c.RequireTLS:
+		return TLSRequire
+	}
+	return TLSOn
 }
 
 // InitPool makes a new, empty pool in dir (absent or empty) for `quiver pool

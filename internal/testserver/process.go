@@ -2,6 +2,7 @@ package testserver
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +30,9 @@ type Options struct {
 	// Token, when set, is the server's bearer token: Start writes it to a
 	// file beside the pool, passes --token-file, and Process.API sends it.
 	Token string
+	// TLS, when set, makes Process.API call the server over HTTPS and
+	// verify it with this configuration (pass --tls-cert in Args).
+	TLS *tls.Config
 }
 
 // Process is one `quiver server` on loopback ports the kernel chose.
@@ -43,6 +47,7 @@ type Process struct {
 	cmd        *exec.Cmd
 	readyFile  string
 	clientOpts []client.Option
+	tls        *tls.Config
 	hc         *http.Client
 	exited     chan struct{} // closed once the process is reaped
 	werr       error         // cmd.Wait's result, set before exited is closed
@@ -72,7 +77,7 @@ func Spawn(bin string, o Options) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Process{Socket: o.NBDSocket, Pool: o.Pool, Log: &LogBuffer{}, exited: make(chan struct{}),
+	p := &Process{Socket: o.NBDSocket, Pool: o.Pool, Log: &LogBuffer{}, exited: make(chan struct{}), tls: o.TLS,
 		readyFile: filepath.Join(dir, "ready.json")}
 	args := []string{"server", "--pool", o.Pool, "--listen", "127.0.0.1:0", "--nbd-listen=", "--ready-file", p.readyFile}
 	if o.NBDTCP {
@@ -137,8 +142,13 @@ func (p *Process) waitReady(ctx context.Context) error {
 	}
 	p.APIAddr, p.NBDAddr = ready.API, ready.NBD
 	p.hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 30 * time.Second}
+	scheme := "http://"
+	if p.tls != nil {
+		scheme = "https://"
+		p.hc.Transport.(*http.Transport).TLSClientConfig = p.tls
+	}
 	var err error
-	if p.API, err = client.New("http://"+p.APIAddr, append(p.clientOpts, client.WithHTTPClient(p.hc))...); err != nil {
+	if p.API, err = client.New(scheme+p.APIAddr, append(p.clientOpts, client.WithHTTPClient(p.hc))...); err != nil {
 		return err
 	}
 	info, err := p.API.Pool(ctx)
@@ -158,6 +168,9 @@ func (p *Process) URI(export string) string { return "nbd://" + p.NBDAddr + "/" 
 func (p *Process) UnixURI(export string) string {
 	return "nbd+unix:///" + export + "?socket=" + p.Socket
 }
+
+// Signal sends sig to the server.
+func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 
 // PID is the server's process ID.
 func (p *Process) PID() int { return p.cmd.Process.Pid }

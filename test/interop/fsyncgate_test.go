@@ -88,6 +88,7 @@ func failingExt4(t *testing.T) (mnt, trigger string) {
 const driverScript = `
 import nbd, sys
 h = nbd.NBD()
+h.set_uri_allow_local_file(True)  # nbds:// URIs name a certificate directory
 h.connect_uri(sys.argv[1])
 print("ready", flush=True)
 for line in sys.stdin:

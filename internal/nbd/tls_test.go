@@ -1,0 +1,212 @@
+package nbd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/tlscert"
+	"github.com/quiverstorage/quiver/internal/tlscert/certtest"
+)
+
+// tlsEnv serves a fresh pool with TLS (required or not) and returns the CA
+// that signed the server's certificate.
+func tlsEnv(t *testing.T, require bool) (*testEnv, *x509.CertPool) {
+	t.Helper()
+	ca := certtest.NewCA(t, "quiver test CA")
+	certFile, keyFile := ca.Server(t, false, "127.0.0.1", "localhost").Write(t, t.TempDir())
+	pair, err := tlscert.Load(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := tlscert.ServerConfig(pair, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	return newEnv(t, Config{TLS: cfg, RequireTLS: require}, nil), roots
+}
+
+// startTLS sends NBD_OPT_STARTTLS and, on its ack, moves c onto TLS.
+func (c *testClient) startTLS(roots *x509.CertPool) error {
+	c.t.Helper()
+	if reps := c.option(optStartTLS, nil); final(reps) != repAck {
+		c.t.Fatalf("STARTTLS: %s", describe(reps))
+	}
+	tc := tls.Client(c.nc, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})
+	c.deadline()
+	if err := tc.Handshake(); err != nil {
+		return err
+	}
+	c.nc, c.r = tc, bufio.NewReader(tc)
+	return nil
+}
+
+func TestTLSRequiredRefusesEverythingBeforeStartTLS(t *testing.T) {
+	e, roots := tlsEnv(t, true)
+	c := dial(t, e.addr)
+	c.mustGreet(clientFlagFixedNewstyle)
+	for _, o := range []struct {
+		name string
+		opt  uint32
+		data []byte
+	}{
+		{"LIST", optList, nil},
+		{"INFO", optInfo, goData(exportRoot)},
+		{"GO", optGo, goData(exportRoot)},
+		{"STRUCTURED_REPLY", optStructuredReply, nil},
+		{"LIST_META_CONTEXT", optListMetaContext, metaData(exportRoot)},
+		{"unknown", 1000, nil},
+	} {
+		reps := c.option(o.opt, o.data)
+		if len(reps) != 1 || reps[0].typ != repErrTLSReqd {
+			t.Errorf("%s before STARTTLS: %s, want one NBD_REP_ERR_TLS_REQD", o.name, describe(reps))
+		}
+		if bytes.Contains(reps[0].data, []byte(testVolume)) {
+			t.Errorf("%s before STARTTLS: the reply names the volume: %q", o.name, reps[0].data)
+		}
+	}
+	if err := c.startTLS(roots); err != nil {
+		t.Fatalf("TLS handshake: %v", err)
+	}
+	c.handshake(hsOpts{export: exportRoot, structured: true, greeted: true})
+	data := pattern(7, 0, 8192)
+	if rep := c.do(writeReq(4096, data)); rep.errno != 0 {
+		t.Fatalf("write over TLS: errno %d", rep.errno)
+	}
+	if rep := c.do(testReq{typ: cmdRead, off: 4096, length: 8192}); !bytes.Equal(rep.data, data) {
+		t.Fatalf("read over TLS: got other data than written")
+	}
+	e.wrote("root", 4096, data)
+	if got := c.readAt(0, 1<<20); !bytes.Equal(got, e.content("root")[:1<<20]) {
+		t.Fatalf("1 MiB read over TLS: got other data than the disk holds")
+	}
+}
+
+func TestTLSRequiredExportNameBeforeStartTLSCloses(t *testing.T) {
+	e, _ := tlsEnv(t, true)
+	c := dial(t, e.addr)
+	c.mustGreet(clientFlagFixedNewstyle)
+	c.sendOpt(optExportName, []byte(exportRoot))
+	b := make([]byte, 10)
+	if err := c.readFull(b); !errors.Is(err, io.EOF) {
+		t.Fatalf("NBD_OPT_EXPORT_NAME before TLS: read %v, want the connection closed", err)
+	}
+}
+
+func TestTLSOptional(t *testing.T) {
+	e, roots := tlsEnv(t, false)
+	// A plain client is served.
+	plain := e.connect(t, hsOpts{export: exportRoot, structured: true})
+	if rep := plain.do(testReq{typ: cmdRead, length: 4096}); rep.errno != 0 {
+		t.Fatalf("plain read: errno %d", rep.errno)
+	}
+	// An upgrading one forgets what it negotiated before.
+	c := dial(t, e.addr)
+	c.mustGreet(clientFlagFixedNewstyle)
+	if reps := c.option(optStructuredReply, nil); final(reps) != repAck {
+		t.Fatalf("STRUCTURED_REPLY: %s", describe(reps))
+	}
+	if err := c.startTLS(roots); err != nil {
+		t.Fatal(err)
+	}
+	if reps := c.option(optStartTLS, nil); final(reps) != repErrInvalid {
+		t.Errorf("second STARTTLS: %s, want NBD_REP_ERR_INVALID", describe(reps))
+	}
+	if reps := c.option(optSetMetaContext, metaData(exportRoot, metaContextBaseAllocation)); final(reps) != repErrInvalid {
+		t.Errorf("SET_META_CONTEXT after TLS without STRUCTURED_REPLY again: %s, want NBD_REP_ERR_INVALID", describe(reps))
+	}
+	c.handshake(hsOpts{export: exportRoot, greeted: true})
+	if rep := c.do(testReq{typ: cmdRead, length: 4096}); rep.errno != 0 || !rep.simple {
+		t.Fatalf("read over TLS: errno %d, simple %v", rep.errno, rep.simple)
+	}
+}
+
+func TestStartTLSWithoutTLSIsPolicy(t *testing.T) {
+	e := newEnv(t, Config{}, nil)
+	c := dial(t, e.addr)
+	c.mustGreet(clientFlagFixedNewstyle)
+	if reps := c.option(optStartTLS, nil); final(reps) != repErrPolicy {
+		t.Fatalf("STARTTLS on a server without TLS: %s, want NBD_REP_ERR_POLICY", describe(reps))
+	}
+}
+
+// Bytes pipelined after STARTTLS would be taken as sent over TLS: the
+// server closes instead.
+func TestStartTLSWithPipelinedDataCloses(t *testing.T) {
+	e, _ := tlsEnv(t, true)
+	c := dial(t, e.addr)
+	c.mustGreet(clientFlagFixedNewstyle)
+	c.mustWrite(append(optBytes(optStartTLS, nil), optBytes(optList, nil)...))
+	b := make([]byte, 1)
+	if err := c.readFull(b); !errors.Is(err, io.EOF) {
+		t.Fatalf("STARTTLS with data behind it: read %v, want the connection closed", err)
+	}
+}
+
+// TestTLSShutdown: Shutdown ends an idle TLS connection (its reader waits
+// in tls.Conn.Read, not on a blocking socket) and answers what is in
+// flight.
+func TestTLSShutdown(t *testing.T) {
+	e, roots := tlsEnv(t, true)
+	c := dial(t, e.addr)
+	c.mustGreet(clientFlagFixedNewstyle)
+	if err := c.startTLS(roots); err != nil {
+		t.Fatal(err)
+	}
+	c.handshake(hsOpts{export: exportRoot, structured: true, greeted: true})
+	c.readAt(0, 4096)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown with a TLS connection open: %v", err)
+	}
+	if _, err := c.readReply(); err == nil {
+		t.Fatal("the TLS connection is still open after Shutdown")
+	}
+}
+
+// TestTLSSendTimeout: a TLS client that stops reading its replies is
+// disconnected after SendTimeout, as a plain one is.
+func TestTLSSendTimeout(t *testing.T) {
+	ca := certtest.NewCA(t, "quiver test CA")
+	certFile, keyFile := ca.Server(t, false, "127.0.0.1").Write(t, t.TempDir())
+	pair, err := tlscert.Load(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := tlscert.ServerConfig(pair, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	e := newEnv(t, Config{TLS: cfg, SendTimeout: 200 * time.Millisecond}, nil)
+	c := dial(t, e.addr)
+	_ = c.nc.(*net.TCPConn).SetReadBuffer(64 << 10)
+	c.mustGreet(clientFlagFixedNewstyle)
+	if err := c.startTLS(roots); err != nil {
+		t.Fatal(err)
+	}
+	// Simple replies: every READ answers 1 MiB of data, where structured
+	// ones would send the disk's holes as a few bytes each, and the whole
+	// lot could fit in the socket buffers.
+	c.handshake(hsOpts{export: exportRoot, greeted: true})
+	var wire []byte
+	for i := range 64 {
+		wire = append(wire, reqBytes(testReq{typ: cmdRead, cookie: uint64(i + 1), length: 1 << 20})...)
+	}
+	go func() { _ = c.write(wire) }()
+	e.waitIdle()
+	if got := e.srv.mem.inflight.Load(); got != 0 {
+		t.Errorf("%d bytes still reserved after the connection ended", got)
+	}
+}

@@ -1,0 +1,126 @@
+package server
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+
+	"github.com/quiverstorage/quiver/internal/tlscert"
+)
+
+// TLS modes of the NBD server (Config.NBDTLS).
+const (
+	TLSOff     = "off"     // STARTTLS is refused
+	TLSOn      = "on"      // clients may upgrade with STARTTLS
+	TLSRequire = "require" // clients must upgrade before anything else
+)
+
+// TLSConfig is the TLS part of Config: the files and the NBD mode.
+type TLSConfig struct {
+	// CertFile and KeyFile, when set, serve the API over HTTPS (and
+	// /metrics with it).
+	CertFile, KeyFile string
+	// NBDCertFile and NBDKeyFile, when set, let NBD clients upgrade with
+	// NBD_OPT_STARTTLS. NBDClientCAFile, if set, requires NBD clients to
+	// present a certificate signed by one of its CAs.
+	NBDCertFile, NBDKeyFile, NBDClientCAFile string
+	// NBDMode is TLSOff, TLSOn or TLSRequire. Empty: with certificate
+	// files, require on a non-loopback NBD address, on otherwise; without
+	// them, off.
+	NBDMode string
+}
+
+// ErrTLSConfig is returned for TLS flags that do not fit together.
+var ErrTLSConfig = errors.New("TLS configuration")
+
+// tlsSetup is what Run builds from TLSConfig: the pairs SIGHUP reloads, and
+// the configurations of each transport (nil: plain).
+type tlsSetup struct {
+	pairs  []*tlscert.Pair
+	api    *tls.Config
+	nbd    *tls.Config
+	nbdReq bool
+}
+
+// setupTLS loads the certificate files that cfg names.
+func setupTLS(cfg TLSConfig, nbdAddr string) (*tlsSetup, error) {
+	s := &tlsSetup{}
+	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
+		return nil, fmt.Errorf("%w: --tls-cert and --tls-key go together", ErrTLSConfig)
+	}
+	if cfg.CertFile != "" {
+		p, err := tlscert.Load(cfg.CertFile, cfg.KeyFile)
+		if err != nil {
+			return nil, err
+		}
+		if s.api, err = tlscert.ServerConfig(p, ""); err != nil {
+			return nil, err
+		}
+		s.pairs = append(s.pairs, p)
+	}
+	if (cfg.NBDCertFile == "") != (cfg.NBDKeyFile == "") {
+		return nil, fmt.Errorf("%w: --nbd-tls-cert and --nbd-tls-key go together", ErrTLSConfig)
+	}
+	mode := cfg.NBDMode
+	switch mode {
+	case "":
+		mode = TLSOff
+		if cfg.NBDCertFile != "" {
+			mode = TLSOn
+			if nbdAddr != "" && !IsLoopback(nbdAddr) {
+				mode = TLSRequire
+			}
+		}
+	case TLSOff:
+	case TLSOn, TLSRequire:
+		if cfg.NBDCertFile == "" {
+			return nil, fmt.Errorf("%w: --nbd-tls %s needs --nbd-tls-cert and --nbd-tls-key", ErrTLSConfig, mode)
+		}
+	default:
+		return nil, fmt.Errorf("%w: --nbd-tls %q: want off, on or require", ErrTLSConfig, mode)
+	}
+	if cfg.NBDClientCAFile != "" && mode == TLSOff {
+		return nil, fmt.Errorf("%w: --nbd-tls-client-ca needs NBD TLS", ErrTLSConfig)
+	}
+	if mode == TLSOff {
+		return s, nil
+	}
+	p, err := tlscert.Load(cfg.NBDCertFile, cfg.NBDKeyFile)
+	if err != nil {
+		return nil, err
+	}
+	if s.nbd, err = tlscert.ServerConfig(p, cfg.NBDClientCAFile); err != nil {
+		return nil, err
+	}
+	s.pairs = append(s.pairs, p)
+	s.nbdReq = mode == TLSRequire
+	return s, nil
+}
+
+// reload reads every certificate pair again; a pair that fails to load
+// stays as it was.
+func (s *tlsSetup) reload(log *slog.Logger) {
+	for _, p := range s.pairs {
+		cert, key := p.Files()
+		if err := p.Reload(); err != nil {
+			log.Error("TLS certificate not reloaded: the previous one stays in use", "cert", cert, "key", key, "err", err)
+			continue
+		}
+		log.Info("TLS certificate reloaded: new connections use it", "cert", cert)
+	}
+}
+
+// serveAPI serves srv on ln, over TLS when the API has a certificate.
+func (s *tlsSetup) serveAPI(srv *http.Server, ln net.Listener) error {
+	if s.api == nil {
+		return srv.Serve(ln)
+	}
+	srv.TLSConfig = s.api
+	// HTTP/1.1 only, as over plain TCP: the API's limits (per-connection
+	// body timeouts, connections per peer) are written for it.
+	srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+	return srv.ServeTLS(ln, "", "")
+}

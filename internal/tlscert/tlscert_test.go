@@ -1,0 +1,93 @@
+package tlscert_test
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/quiverstorage/quiver/internal/tlscert"
+	"github.com/quiverstorage/quiver/internal/tlscert/certtest"
+)
+
+func leaf(t *testing.T, p *tlscert.Pair) []byte {
+	t.Helper()
+	c, err := p.GetCertificate(&tls.ClientHelloInfo{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Certificate[0]
+}
+
+// TestReload: Reload swaps the pair that new handshakes get, and a pair
+// that does not load leaves the previous one in use.
+func TestReload(t *testing.T) {
+	ca := certtest.NewCA(t, "ca")
+	dir := t.TempDir()
+	certFile, keyFile := ca.Server(t, false, "127.0.0.1").Write(t, dir)
+	p, err := tlscert.Load(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := leaf(t, p)
+
+	ca.Server(t, false, "127.0.0.1").Write(t, dir)
+	if err := p.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	second := leaf(t, p)
+	if bytes.Equal(first, second) {
+		t.Fatal("Reload kept the old certificate")
+	}
+
+	certtest.WriteFile(t, certFile, []byte("not a certificate"))
+	if err := p.Reload(); err == nil {
+		t.Fatal("Reload of a broken file succeeded")
+	}
+	if !bytes.Equal(leaf(t, p), second) {
+		t.Fatal("a failed Reload changed the certificate in use")
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := tlscert.Load("", ""); err == nil {
+		t.Error("Load without files succeeded")
+	}
+	if _, err := tlscert.Load(filepath.Join(dir, "no.pem"), filepath.Join(dir, "no.key")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Load of missing files: %v, want ErrNotExist", err)
+	}
+	empty := filepath.Join(dir, "empty.pem")
+	certtest.WriteFile(t, empty, []byte("nothing here"))
+	if _, err := tlscert.CAPool(empty); !errors.Is(err, tlscert.ErrNoCertificates) {
+		t.Errorf("CAPool of a file without certificates: %v, want ErrNoCertificates", err)
+	}
+	if _, err := tlscert.ClientConfig(filepath.Join(dir, "no.pem")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("ClientConfig with a missing CA file: %v, want ErrNotExist", err)
+	}
+}
+
+// TestServerConfigClientCA: with a client CA, the server asks for and
+// verifies client certificates.
+func TestServerConfigClientCA(t *testing.T) {
+	ca := certtest.NewCA(t, "ca")
+	certFile, keyFile := ca.Server(t, false, "127.0.0.1").Write(t, t.TempDir())
+	p, err := tlscert.Load(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	certtest.WriteFile(t, caFile, ca.PEM)
+	cfg, err := tlscert.ServerConfig(p, caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ClientAuth != tls.RequireAndVerifyClientCert || cfg.ClientCAs == nil {
+		t.Fatalf("ClientAuth %v, ClientCAs %v: want client certificates required", cfg.ClientAuth, cfg.ClientCAs)
+	}
+	if cfg, _ := tlscert.ServerConfig(p, ""); cfg.ClientAuth != tls.NoClientCert {
+		t.Fatalf("without a client CA: ClientAuth %v", cfg.ClientAuth)
+	}
+}
