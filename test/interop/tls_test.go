@@ -5,9 +5,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -199,10 +200,23 @@ func TestTLSAPI(t *testing.T) {
 	}
 	refused(t, "certificate", quiverBin, "--server", url, "volume", "list") // unknown CA
 	refused(t, "HTTP request to an HTTPS server", quiverBin, "--server", "http://"+s.APIAddr, "volume", "list")
-	if out, err := exec.Command("curl", "-sf", "--cacert", s.caFile, url+"/metrics").CombinedOutput(); err == nil {
-		if !strings.Contains(string(out), "quiver_") {
-			t.Errorf("/metrics over HTTPS: no quiver_ metric")
-		}
+	pem, err := os.ReadFile(s.caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		t.Fatalf("no certificate in %s", s.caFile)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}, Timeout: 30 * time.Second}
+	resp, err := hc.Get(url + "/metrics")
+	if err != nil {
+		t.Fatalf("/metrics over HTTPS: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "quiver_") {
+		t.Errorf("/metrics over HTTPS: status %d, err %v, no quiver_ metric in %.200s", resp.StatusCode, err, body)
 	}
 }
 
