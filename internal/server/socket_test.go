@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 // TestListenUnix: the socket gets exactly 0600, or 0660 and the group,
@@ -23,8 +25,8 @@ func TestListenUnix(t *testing.T) {
 		{"group by number", "4242", 0o660, 4242},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.group != "" && os.Geteuid() != 0 {
-				t.Skip("chown to another group needs root")
+			if tc.group != "" {
+				testfs.RequireRoot(t) // chown to another group
 			}
 			dir, err := os.MkdirTemp("", "qvs")
 			if err != nil {
