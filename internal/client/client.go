@@ -96,24 +96,28 @@ func tlsHTTPClient(hc *http.Client, cfg *tls.Config) (*http.Client, error) {
 	if hc == nil {
 		hc = http.DefaultClient
 	}
-	var tr *http.Transport
-	switch t := hc.Transport.(type) {
-	case nil:
-		tr = http.DefaultTransport.(*http.Transport).Clone()
-	case *http.Transport:
-		tr = t.Clone()
-	default:
-		return nil, fmt.Errorf("the HTTP client's transport is %T, want *http.Transport to set its TLS configuration", t)
-	}
-	tr.TLSClientConfig = cfg.Clone()
-	copied := *hc
-	copied.Transport = tr
-	return &copied, nil
+	return withTransport(hc, "set its TLS configuration", func(tr *http.Transport) {
+		tr.TLSClientConfig = cfg.Clone()
+	})
 }
 
 // unixHTTPClient returns a copy of hc whose connections all go to the unix
 // socket at path.
 func unixHTTPClient(hc *http.Client, path string) (*http.Client, error) {
+	return withTransport(hc, "dial a unix socket", func(tr *http.Transport) {
+		tr.Proxy = nil
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}
+	})
+}
+
+// withTransport returns a copy of hc with a copy of its transport (the
+// default one when it has none) changed by set; hc itself is untouched. A
+// transport other than *http.Transport cannot be changed: the error says
+// what for.
+func withTransport(hc *http.Client, what string, set func(*http.Transport)) (*http.Client, error) {
 	var tr *http.Transport
 	switch t := hc.Transport.(type) {
 	case nil:
@@ -121,13 +125,9 @@ func unixHTTPClient(hc *http.Client, path string) (*http.Client, error) {
 	case *http.Transport:
 		tr = t.Clone()
 	default:
-		return nil, fmt.Errorf("the HTTP client's transport is %T, want *http.Transport to dial a unix socket", t)
+		return nil, fmt.Errorf("the HTTP client's transport is %T, want *http.Transport to %s", t, what)
 	}
-	tr.Proxy = nil
-	tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", path)
-	}
+	set(tr)
 	copied := *hc
 	copied.Transport = tr
 	return &copied, nil
