@@ -9,8 +9,14 @@ PKGS    ?= ./...
 
 all: build
 
+# The version and commit `quiver version` prints.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS ?= -X github.com/quiverstorage/quiver/internal/buildinfo.Version=$(VERSION) \
+	-X github.com/quiverstorage/quiver/internal/buildinfo.Commit=$(COMMIT)
+
 build:
-	$(GO) build -o $(BIN) ./cmd/quiver
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/quiver
 
 run: build
 	./$(BIN) server

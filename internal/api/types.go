@@ -283,6 +283,16 @@ const (
 	CodeInternal     = "Internal"         // 500
 )
 
+// BuildInfo says which quiver a binary is (GET /v1/version, `quiver version`).
+type BuildInfo struct {
+	Version    string `json:"version"`              // the release, or "dev"
+	Commit     string `json:"commit,omitempty"`     // the git commit it was built from
+	CommitTime string `json:"commitTime,omitempty"` // RFC 3339
+	Modified   bool   `json:"modified,omitempty"`   // built from a tree with uncommitted changes
+	GoVersion  string `json:"goVersion"`
+	Platform   string `json:"platform"` // GOOS/GOARCH
+}
+
 // ReadyFile is what `quiver server --ready-file PATH` writes, atomically,
 // once it serves: the addresses it is bound to, so that scripts and tests can
 // start it on port 0 and learn the port it got.

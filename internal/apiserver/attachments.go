@@ -19,6 +19,27 @@ func (s *Server) listAttachments(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// findAttachments lists the attachments of every volume matching the
+// selector (all volumes when none), by volume name.
+func (s *Server) findAttachments(w http.ResponseWriter, r *http.Request) error {
+	match, err := selector(r)
+	if err != nil {
+		return err
+	}
+	out := api.List[api.Attachment]{Items: []api.Attachment{}}
+	for _, info := range s.pool.List(match) {
+		v, err := s.pool.Volume(info.Name)
+		if err != nil {
+			continue // deleted since List, or quarantined: nothing attached to serve
+		}
+		for _, a := range v.Attachments() {
+			out.Items = append(out.Items, attachmentToAPI(a))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
 func (s *Server) attach(w http.ResponseWriter, r *http.Request) error {
 	var spec api.AttachmentSpec
 	if err := decode(r, &spec); err != nil {

@@ -3,12 +3,13 @@ package apiserver
 import (
 	"context"
 	"fmt"
-	"github.com/quiverstorage/quiver/internal/api"
 	"net/http"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/buildinfo"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -39,6 +40,11 @@ func selector(r *http.Request) (func(map[string]string) bool, error) {
 		return nil, &badRequest{field: "selector", msg: fmt.Sprintf("selector %q: %v", q, err)}
 	}
 	return func(l map[string]string) bool { return sel.Matches(labels.Set(l)) }, nil
+}
+
+func (s *Server) getVersion(w http.ResponseWriter, _ *http.Request) error {
+	writeJSON(w, http.StatusOK, buildinfo.Get())
+	return nil
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {

@@ -13,10 +13,10 @@ import (
 	"net/http"
 	"path"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
-
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -32,6 +32,9 @@ type Server struct {
 	token string
 	log   *slog.Logger
 	mux   *http.ServeMux
+	// draining is set when the server begins to shut down: /readyz then
+	// answers 503 so that a load balancer or kubelet stops sending work.
+	draining atomic.Bool
 }
 
 // NewServer returns the API handler. With a non-empty token every request
@@ -52,6 +55,7 @@ func (s *Server) Mount(pattern string, h http.Handler) { s.mux.Handle(pattern, h
 func (s *Server) routes() {
 	for pattern, h := range map[string]func(http.ResponseWriter, *http.Request) error{
 		"GET /v1/pool":                                      s.getPool,
+		"GET /v1/version":                                   s.getVersion,
 		"GET /v1/volumes":                                   s.listVolumes,
 		"POST /v1/volumes":                                  s.createVolume,
 		"GET /v1/volumes/{volume}":                          s.getVolume,
@@ -67,6 +71,7 @@ func (s *Server) routes() {
 		"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  s.deleteSnapshot,
 		"POST /v1/volumes/{volume}/rollback":                s.rollback,
 		"POST /v1/clones":                                   s.clone,
+		"GET /v1/attachments":                               s.findAttachments,
 		"GET /v1/volumes/{volume}/attachments":              s.listAttachments,
 		"POST /v1/volumes/{volume}/attachments":             s.attach,
 		"GET /v1/volumes/{volume}/attachments/{id}":         s.getAttachment,
@@ -80,8 +85,43 @@ func (s *Server) routes() {
 	}
 }
 
-// ServeHTTP checks the token, then routes.
+// Drain makes /readyz answer 503 from now on; the server calls it when it
+// begins to shut down.
+func (s *Server) Drain() { s.draining.Store(true) }
+
+// Health probes, answered without a token: they say only whether the
+// process lives (/healthz) and whether it takes work (/readyz), as
+// Kubernetes probes and load balancers expect.
+const (
+	pathHealthz = "/healthz"
+	pathReadyz  = "/readyz"
+)
+
+// probe answers /healthz and /readyz and reports whether r was one.
+func (s *Server) probe(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return false
+	}
+	switch r.URL.Path {
+	case pathHealthz:
+	case pathReadyz:
+		if s.draining.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return true
+		}
+	default:
+		return false
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	io.WriteString(w, "ok\n")
+	return true
+}
+
+// ServeHTTP answers the health probes, checks the token, then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.probe(w, r) {
+		return
+	}
 	if s.token != "" && !s.authorized(r) {
 		s.writeError(w, r, errUnauthorized)
 		return
@@ -92,7 +132,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Local returns the API without the token check, for a unix socket whose
 // file permissions decide who may connect (docs/security.md). Never serve
 // it on a TCP listener.
-func (s *Server) Local() http.Handler { return http.HandlerFunc(s.route) }
+func (s *Server) Local() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.probe(w, r) {
+			s.route(w, r)
+		}
+	})
+}
 
 // route serves an authorized request.
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {

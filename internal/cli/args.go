@@ -27,6 +27,55 @@ func parseLabels(words []string) (map[string]string, error) {
 	return labels, nil
 }
 
+// parseLabelChanges reads the words of `volume label`: KEY=VALUE sets a
+// label, KEY- removes one. A key named twice is an error.
+func parseLabelChanges(words []string) (set map[string]string, remove []string, err error) {
+	set = map[string]string{}
+	seen := map[string]bool{}
+	for _, w := range words {
+		k, v, isSet := strings.Cut(w, "=")
+		if !isSet {
+			var isRemove bool
+			if k, isRemove = strings.CutSuffix(w, "-"); !isRemove {
+				return nil, nil, fmt.Errorf("label %q: want KEY=VALUE to set a label or KEY- to remove one", w)
+			}
+		}
+		if k == "" {
+			return nil, nil, fmt.Errorf("label %q: the key is empty", w)
+		}
+		if seen[k] {
+			return nil, nil, fmt.Errorf("label %q: key %q is given twice", w, k)
+		}
+		seen[k] = true
+		if isSet {
+			set[k] = v
+		} else {
+			remove = append(remove, k)
+		}
+	}
+	return set, remove, nil
+}
+
+// mergeLabels applies set and remove to labels and returns the result (a
+// new map; labels is not changed). Changing a value needs overwrite;
+// removing a label that is not there is fine, as with kubectl.
+func mergeLabels(labels, set map[string]string, remove []string, overwrite bool) (map[string]string, error) {
+	out := make(map[string]string, len(labels)+len(set))
+	for k, v := range labels {
+		out[k] = v
+	}
+	for k, v := range set {
+		if old, ok := out[k]; ok && old != v && !overwrite {
+			return nil, fmt.Errorf("label %s is already %q: pass --overwrite to change it to %q", k, old, v)
+		}
+		out[k] = v
+	}
+	for _, k := range remove {
+		delete(out, k)
+	}
+	return out, nil
+}
+
 // parseDisk reads NAME=SIZE[,shared], e.g. root=40Gi or quorum=1Gi,shared.
 func parseDisk(word string) (api.DiskSpec, error) {
 	name, rest, ok := strings.Cut(word, "=")

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -69,23 +70,34 @@ the same attachment.`,
 }
 
 func (a *app) attachListCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:     "list VOLUME",
+	var selector string
+	cmd := &cobra.Command{
+		Use:     "list [VOLUME] [-l KEY=VALUE,...]",
 		Aliases: []string{"ls"},
-		Short:   "List the attachments of a volume, with the writer and who is fenced",
-		Args:    cobra.ExactArgs(1),
+		Short:   "List the attachments of a volume, or of every volume, with the writer and who is fenced",
+		Args:    cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 && selector != "" {
+				return fmt.Errorf("give a VOLUME or a --selector, not both")
+			}
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			atts, err := c.ListAttachments(cmd.Context(), args[0])
+			var atts []api.Attachment
+			if len(args) == 1 {
+				atts, err = c.ListAttachments(cmd.Context(), args[0])
+			} else {
+				atts, err = c.FindAttachments(cmd.Context(), selector)
+			}
 			if err != nil {
 				return err
 			}
-			return a.show(cmd.OutOrStdout(), api.List[api.Attachment]{Items: nonNil(atts)}, a.attachTable(atts...))
+			return a.show(cmd.OutOrStdout(), api.List[api.Attachment]{Items: nonNil(atts)}, a.attachTable(len(args) == 0, atts...))
 		},
 	}
+	cmd.Flags().StringVarP(&selector, "selector", "l", "", "with no VOLUME: only volumes matching KEY=VALUE[,KEY=VALUE...]")
+	return cmd
 }
 
 func (a *app) attachGetCommand() *cobra.Command {
@@ -102,7 +114,7 @@ func (a *app) attachGetCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.show(cmd.OutOrStdout(), att, a.attachTable(att))
+			return a.show(cmd.OutOrStdout(), att, a.attachTable(false, att))
 		},
 	}
 }
@@ -144,8 +156,8 @@ func (a *app) attachWriterCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if a.output == outputJSON {
-				return printJSON(cmd.OutOrStdout(), att)
+			if !a.forPeople() {
+				return a.printObject(cmd.OutOrStdout(), att)
 			}
 			_, err = fmt.Fprintf(cmd.OutOrStdout(), "attachment %s (node %s) is the writer of volume %s, epoch %d; every other attachment is fenced\n",
 				att.ID, att.Node, args[0], vol.Writer.Epoch)
@@ -155,10 +167,18 @@ func (a *app) attachWriterCommand() *cobra.Command {
 }
 
 // attachTable prints attachments as a table.
-func (a *app) attachTable(atts ...api.Attachment) func(io.Writer) error {
+// With allVolumes (a list across volumes) a VOLUME column comes first.
+func (a *app) attachTable(allVolumes bool, atts ...api.Attachment) func(io.Writer) error {
 	return func(w io.Writer) error {
 		now := a.env.Now()
-		t := newTable(w, "ID", "NODE", "MODE", "STATE", "CONNECTIONS", "AGE")
+		header := []string{"ID", "NODE", "MODE", "STATE", "CONNECTIONS", "AGE"}
+		if allVolumes {
+			header = append([]string{"VOLUME"}, header...)
+		}
+		if a.wide() {
+			header = append(header, "CREATED")
+		}
+		t := newTable(w, header...)
 		for _, at := range atts {
 			state := at.State
 			if state == "" { // a server that predates the field
@@ -175,7 +195,14 @@ func (a *app) attachTable(atts ...api.Attachment) func(io.Writer) error {
 			if at.Implicit {
 				state += " (implicit)"
 			}
-			t.row(at.ID, at.Node, at.Mode, state, fmt.Sprint(at.Conns), age(now, at.CreatedAt))
+			row := []string{at.ID, at.Node, at.Mode, state, fmt.Sprint(at.Conns), age(now, at.CreatedAt)}
+			if allVolumes {
+				row = append([]string{at.Volume}, row...)
+			}
+			if a.wide() {
+				row = append(row, at.CreatedAt.UTC().Format(time.RFC3339))
+			}
+			t.row(row...)
 		}
 		return t.flush()
 	}

@@ -118,8 +118,8 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 			if err := cmd.ValidateRequiredFlags(); err != nil {
 				return err
 			}
-			if a.output != outputTable && a.output != outputJSON {
-				return fmt.Errorf("--output %q: want %s or %s", a.output, outputTable, outputJSON)
+			if err := checkOutput(a.output); err != nil {
+				return err
 			}
 			a.started = true
 			return nil
@@ -136,7 +136,7 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 		"file holding the API bearer token (env "+envTokenFile+")")
 	flags.StringVar(&a.caFile, "ca-file", a.env.Getenv(envCAFile),
 		"PEM file of the CAs an https:// --server's certificate must chain to (env "+envCAFile+")")
-	flags.StringVarP(&a.output, "output", "o", outputTable, "output format: table or json")
+	flags.StringVarP(&a.output, "output", "o", outputTable, "output format: "+strings.Join(outputFormats, ", "))
 
 	root.AddGroup(
 		&cobra.Group{ID: "node", Title: "Storage node:"},
@@ -153,6 +153,7 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 		a.kubevirtHookCommand(), a.kubevirtWebhookCommand())
 	add("storage", a.volumeCommand(), a.diskCommand(), a.attachCommand())
 	add("data", a.snapshotCommand(), a.rollbackCommand(), a.cloneCommand())
+	root.AddCommand(a.versionCommand())
 	requireSubcommands(root)
 	return root
 }

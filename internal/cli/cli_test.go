@@ -232,7 +232,7 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{[]string{"volume", "get"}, "hint: see 'quiver volume get --help'"},
 		{[]string{"volume", "create", "v"}, `required flag(s) "capacity" not set`},
-		{[]string{"-o", "yaml", "pool", "info"}, `--output "yaml": want table or json`},
+		{[]string{"-o", "xml", "pool", "info"}, `--output "xml": want one of table, wide, json, yaml, name`},
 		{[]string{"volume", "label"}, "hint: see 'quiver volume label --help'"},
 		// The typos of issue 14: each printed the group's help and exited 0.
 		{[]string{"snapshot", "craete", "db01", "x"}, "unknown command \"craete\" for \"quiver snapshot\"\n\nDid you mean this?\n\tcreate"},

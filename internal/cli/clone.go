@@ -35,14 +35,14 @@ Ctrl-C cancels it on the server.`,
 			if _, err := a.wait(cmd.Context(), c, job); err != nil {
 				return err
 			}
-			if a.output != outputJSON {
+			if a.forPeople() {
 				return a.printDone(cmd.OutOrStdout(), "volume %s rolled back to snapshot %s", vol, snap)
 			}
 			v, err := c.GetVolume(cmd.Context(), vol)
 			if err != nil {
 				return fmt.Errorf("volume %s was rolled back, but reading it back failed: %w", vol, err)
 			}
-			return printJSON(cmd.OutOrStdout(), v)
+			return a.printObject(cmd.OutOrStdout(), v)
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "roll back even while writers are connected to the volume")

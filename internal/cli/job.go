@@ -79,9 +79,24 @@ func (a *app) jobCommand() *cobra.Command {
 func (a *app) jobTable(jobs ...api.Job) func(io.Writer) error {
 	return func(w io.Writer) error {
 		now := a.env.Now()
-		t := newTable(w, "ID", "KIND", "TARGET", "STATE", "PROGRESS", "AGE")
+		header := []string{"ID", "KIND", "TARGET", "STATE", "PROGRESS", "AGE"}
+		if a.wide() {
+			header = append(header, "DURATION", "ERROR")
+		}
+		t := newTable(w, header...)
 		for _, j := range jobs {
-			t.row(j.ID, j.Kind, j.Target, j.State, progress(j), age(now, j.StartedAt))
+			row := []string{j.ID, j.Kind, j.Target, j.State, progress(j), age(now, j.StartedAt)}
+			if a.wide() {
+				took, msg := "-", none
+				if !j.EndedAt.IsZero() {
+					took = j.EndedAt.Sub(j.StartedAt).Round(time.Millisecond).String()
+				}
+				if j.Error != nil {
+					msg = j.Error.Message
+				}
+				row = append(row, took, msg)
+			}
+			t.row(row...)
 		}
 		return t.flush()
 	}

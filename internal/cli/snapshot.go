@@ -53,23 +53,34 @@ Ctrl-C cancels it on the server.`,
 }
 
 func (a *app) snapshotListCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:     "list VOLUME",
+	var selector string
+	cmd := &cobra.Command{
+		Use:     "list [VOLUME] [-l KEY=VALUE,...]",
 		Aliases: []string{"ls"},
-		Short:   "List the snapshots of a volume",
-		Args:    cobra.ExactArgs(1),
+		Short:   "List the snapshots of a volume, or of every volume (matching a label selector)",
+		Args:    cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 && selector != "" {
+				return fmt.Errorf("give a VOLUME or a --selector, not both")
+			}
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			snaps, err := c.ListSnapshots(cmd.Context(), args[0])
+			var snaps []api.Snapshot
+			if len(args) == 1 {
+				snaps, err = c.ListSnapshots(cmd.Context(), args[0])
+			} else {
+				snaps, err = c.FindSnapshots(cmd.Context(), selector, "")
+			}
 			if err != nil {
 				return err
 			}
 			return a.show(cmd.OutOrStdout(), api.List[api.Snapshot]{Items: nonNil(snaps)}, a.snapshotTable(snaps...))
 		},
 	}
+	cmd.Flags().StringVarP(&selector, "selector", "l", "", "with no VOLUME: only volumes matching KEY=VALUE[,KEY=VALUE...]")
+	return cmd
 }
 
 func (a *app) snapshotGetCommand() *cobra.Command {
@@ -114,9 +125,17 @@ func (a *app) snapshotDeleteCommand() *cobra.Command {
 func (a *app) snapshotTable(snaps ...api.Snapshot) func(io.Writer) error {
 	return func(w io.Writer) error {
 		now := a.env.Now()
-		t := newTable(w, "NAME", "VOLUME", "DISKS", "METHOD", "GATE-HELD", "AGE")
+		header := []string{"NAME", "VOLUME", "DISKS", "METHOD", "GATE-HELD", "AGE"}
+		if a.wide() {
+			header = append(header, "UID", "CREATED")
+		}
+		t := newTable(w, header...)
 		for _, s := range snaps {
-			t.row(s.Name, s.Volume, formatDisks(s.Disks), s.Method, gateHeld(s.GateHeld), age(now, s.CreatedAt))
+			row := []string{s.Name, s.Volume, formatDisks(s.Disks), s.Method, gateHeld(s.GateHeld), age(now, s.CreatedAt)}
+			if a.wide() {
+				row = append(row, s.UID, s.CreatedAt.UTC().Format(time.RFC3339))
+			}
+			t.row(row...)
 		}
 		return t.flush()
 	}

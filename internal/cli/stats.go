@@ -130,11 +130,22 @@ func (a *app) watchStats(cmd *cobra.Command, c *client.Client, name string, inte
 		s := computeStats(v, prev, cur, now.Sub(prevAt))
 		s.Time = now
 		prev, prevAt = cur, now
-		if a.output == outputJSON {
+		switch a.output {
+		case outputJSON:
 			if err := json.NewEncoder(w).Encode(s); err != nil {
 				return err
 			}
 			continue
+		case outputYAML: // a document per sample
+			if _, err := fmt.Fprintln(w, "---"); err != nil {
+				return err
+			}
+			if err := printYAML(w, s); err != nil {
+				return err
+			}
+			continue
+		case outputName:
+			return errNoName
 		}
 		var buf bytes.Buffer
 		if err := statsTable(&buf, s); err != nil {

@@ -156,45 +156,73 @@ func (a *app) volumeGrowCommand() *cobra.Command {
 }
 
 func (a *app) volumeLabelCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "label NAME [KEY=VALUE...]",
-		Short: "Replace the labels of a volume",
-		Long: `Replace the labels of a volume with the ones given: a label not given is
-removed, so with no KEY=VALUE every label is removed.`,
-		Args: cobra.MinimumNArgs(1),
+	var overwrite bool
+	cmd := &cobra.Command{
+		Use:   "label NAME KEY=VALUE... | KEY-...",
+		Short: "Add, change or remove labels of a volume",
+		Long: `Add, change or remove labels of a volume, as kubectl label does: KEY=VALUE
+adds a label (changing an existing value needs --overwrite), KEY- removes one.
+Labels not named are kept.`,
+		Example: `  quiver volume label web01 tier=gold app=web
+  quiver volume label web01 tier=silver --overwrite
+  quiver volume label web01 app-`,
+		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			labels, err := parseLabels(args[1:])
+			set, remove, err := parseLabelChanges(args[1:])
 			if err != nil {
 				return err
-			}
-			if labels == nil {
-				labels = map[string]string{}
 			}
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			v, err := c.UpdateVolume(cmd.Context(), args[0], api.VolumeUpdate{Labels: labels})
+			v, err := c.GetVolume(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			labels, err := mergeLabels(v.Labels, set, remove, overwrite)
+			if err != nil {
+				return err
+			}
+			v, err = c.UpdateVolume(cmd.Context(), args[0], api.VolumeUpdate{Labels: labels})
 			if err != nil {
 				return err
 			}
 			return a.show(cmd.OutOrStdout(), v, a.volumeTable(v))
 		},
 	}
+	cmd.Flags().BoolVar(&overwrite, "overwrite", false, "allow changing the value of a label the volume already has")
+	return cmd
 }
 
 // volumeTable prints volumes as a table.
 func (a *app) volumeTable(vols ...api.Volume) func(io.Writer) error {
 	return func(w io.Writer) error {
 		now := a.env.Now()
-		t := newTable(w, "NAME", "CAPACITY", "DISKS", "SNAPSHOTS", "LABELS", "AGE")
+		header := []string{"NAME", "CAPACITY", "DISKS", "SNAPSHOTS", "LABELS", "AGE"}
+		if a.wide() {
+			header = append(header, "UID", "QOS", "WRITER", "SOURCE")
+		}
+		t := newTable(w, header...)
 		for _, v := range vols {
 			if v.State == api.VolumeBroken {
-				t.row(v.Name, "-", "BROKEN: "+v.Reason, "-", "-", "-")
+				row := []string{v.Name, "-", "BROKEN: " + v.Reason, "-", "-", "-"}
+				if a.wide() {
+					row = append(row, "-", "-", "-", "-")
+				}
+				t.row(row...)
 				continue
 			}
-			t.row(v.Name, quantity.Format(v.Capacity), formatDisks(v.Disks),
-				fmt.Sprint(v.Snapshots), formatLabels(v.Labels), age(now, v.CreatedAt))
+			row := []string{v.Name, quantity.Format(v.Capacity), formatDisks(v.Disks),
+				fmt.Sprint(v.Snapshots), formatLabels(v.Labels), age(now, v.CreatedAt)}
+			if a.wide() {
+				writer := none
+				if v.Writer.Epoch > 0 {
+					writer = fmt.Sprintf("%s@%d", v.Writer.Attachment, v.Writer.Epoch)
+				}
+				row = append(row, v.UID, formatQoS(v.QoS), writer, source(v.Source))
+			}
+			t.row(row...)
 		}
 		return t.flush()
 	}
@@ -248,10 +276,10 @@ func printDisks(w io.Writer, f *fields, disks []api.Disk) error {
 	return t.flush()
 }
 
-// printDone prints a confirmation for people; JSON output stays empty, as
-// the API's answer (204) is.
+// printDone prints a confirmation for people; the machine formats stay
+// empty, as the API's answer (204) is.
 func (a *app) printDone(w io.Writer, format string, args ...any) error {
-	if a.output == outputJSON {
+	if !a.forPeople() {
 		return nil
 	}
 	_, err := fmt.Fprintf(w, format+"\n", args...)

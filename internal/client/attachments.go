@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"net/http"
+	"net/url"
 
 	"github.com/quiverstorage/quiver/internal/api"
 )
@@ -30,6 +31,18 @@ func (c *Client) ListAttachments(ctx context.Context, volume string) ([]api.Atta
 	}
 	var list api.List[api.Attachment]
 	err = c.do(ctx, http.MethodGet, "/volumes/"+p+"/attachments", nil, nil, &list)
+	return list.Items, err
+}
+
+// FindAttachments lists the attachments of every volume matching selector
+// (all volumes when ""), without their tokens.
+func (c *Client) FindAttachments(ctx context.Context, selector string) ([]api.Attachment, error) {
+	query := url.Values{}
+	if selector != "" {
+		query.Set("selector", selector)
+	}
+	var list api.List[api.Attachment]
+	err := c.do(ctx, http.MethodGet, "/attachments", query, nil, &list)
 	return list.Items, err
 }
 

@@ -116,3 +116,10 @@ func diskPath(volume, disk string) (string, error) {
 	}
 	return "/volumes/" + v + "/disks/" + d, nil
 }
+
+// Version returns which quiver the server is.
+func (c *Client) Version(ctx context.Context) (api.BuildInfo, error) {
+	var v api.BuildInfo
+	err := c.do(ctx, http.MethodGet, "/version", nil, nil, &v)
+	return v, err
+}

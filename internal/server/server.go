@@ -206,6 +206,7 @@ wait:
 		}
 	}
 	log.Info("shutting down")
+	handler.Drain()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err = srv.Shutdown(sctx)

@@ -1,0 +1,106 @@
+package apiserver
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+// TestProbes: /healthz and /readyz answer without the token (kubelet and
+// load balancers have none), and only those: every other path still needs
+// it. /readyz turns 503 once the server drains.
+func TestProbes(t *testing.T) {
+	s, _ := newTestAPI(t, "secret")
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	get := func(method, path string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, srv.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if code, body := get("GET", path); code != 200 || body != "ok\n" {
+			t.Errorf("GET %s = %d %q, want 200 ok", path, code, body)
+		}
+		if code, _ := get("HEAD", path); code != 200 {
+			t.Errorf("HEAD %s = %d, want 200", path, code)
+		}
+		if code, _ := get("POST", path); code != http.StatusUnauthorized {
+			t.Errorf("POST %s = %d, want 401 (only GET and HEAD are probes)", path, code)
+		}
+	}
+	for _, path := range []string{"/v1/version", "/v1/pool", "/healthz/x", "/metrics"} {
+		if code, _ := get("GET", path); code != http.StatusUnauthorized {
+			t.Errorf("GET %s without token = %d, want 401", path, code)
+		}
+	}
+	s.Drain()
+	if code, _ := get("GET", "/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("GET /readyz while draining = %d, want 503", code)
+	}
+	if code, _ := get("GET", "/healthz"); code != 200 {
+		t.Errorf("GET /healthz while draining = %d, want 200", code)
+	}
+	local := httptest.NewServer(s.Local())
+	t.Cleanup(local.Close)
+	resp, err := http.Get(local.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("GET /healthz on the local handler = %d", resp.StatusCode)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	c, _ := startAPI(t, "secret")
+	var v api.BuildInfo
+	c.expect("GET", "/v1/version", nil, 200, &v)
+	if v.Version == "" || v.GoVersion == "" || v.Platform == "" {
+		t.Fatalf("version = %+v", v)
+	}
+}
+
+// TestFindAttachments: GET /v1/attachments lists the attachments of every
+// volume, filtered by the volumes' labels, without tokens.
+func TestFindAttachments(t *testing.T) {
+	c, _ := startAPI(t, "")
+	for _, v := range []api.VolumeSpec{
+		{Name: "web01", Capacity: 8 * mib, Labels: map[string]string{"app": "web"}, Disks: []api.DiskSpec{{Name: "root", Size: mib}}},
+		{Name: "db01", Capacity: 8 * mib, Labels: map[string]string{"app": "db"}, Disks: []api.DiskSpec{{Name: "root", Size: mib}}},
+		{Name: "idle", Capacity: 8 * mib},
+	} {
+		c.expect("POST", "/v1/volumes", v, 201, nil)
+	}
+	c.expect("POST", "/v1/volumes/web01/attachments", api.AttachmentSpec{Node: "n1"}, 201, nil)
+	c.expect("POST", "/v1/volumes/db01/attachments", api.AttachmentSpec{Node: "n2", Mode: api.ModeReadOnly}, 201, nil)
+	var all api.List[api.Attachment]
+	c.expect("GET", "/v1/attachments", nil, 200, &all)
+	if len(all.Items) != 2 || all.Items[0].Volume != "db01" || all.Items[1].Volume != "web01" {
+		t.Fatalf("all attachments = %+v", all.Items)
+	}
+	for _, a := range all.Items {
+		if a.Token != "" {
+			t.Fatalf("a list shows a token: %+v", a)
+		}
+	}
+	var web api.List[api.Attachment]
+	c.expect("GET", "/v1/attachments?selector=app%3Dweb", nil, 200, &web)
+	if len(web.Items) != 1 || web.Items[0].Node != "n1" {
+		t.Fatalf("app=web attachments = %+v", web.Items)
+	}
+	c.expectError("GET", "/v1/attachments?selector=%3D%3D", nil, 400, api.CodeInvalid)
+}

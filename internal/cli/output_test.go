@@ -1,0 +1,235 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files of testdata/golden")
+
+// golden compares got with testdata/golden/name, or rewrites it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", "golden", name)
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -run %s -update to write it)", err, t.Name())
+	}
+	if got != string(want) {
+		t.Errorf("output differs from %s:\n--- got\n%s--- want\n%s", path, got, want)
+	}
+}
+
+var testSnapshots = []api.Snapshot{
+	{Name: "nightly", UID: "s1", Volume: "web01", Method: "reflink", GateHeld: 1500 * time.Microsecond,
+		Disks: []api.Disk{{Name: "root", Size: 40 << 30}}, CreatedAt: testNow.Add(-5 * time.Hour)},
+	{Name: "v1", UID: "s2", Volume: "golden", Method: "copy", GateHeld: 2 * time.Millisecond,
+		Disks: []api.Disk{{Name: "root", Size: 10 << 30}}, CreatedAt: testNow.Add(-50 * time.Hour)},
+}
+
+var testAttachments = []api.Attachment{
+	{ID: "att-1", Volume: "web01", Node: "node-a", Mode: api.ModeReadWrite, Writer: true, State: api.AttachmentWriter,
+		Conns: 2, CreatedAt: testNow.Add(-10 * time.Minute)},
+	{ID: "att-2", Volume: "db01", Node: "node-b", Mode: api.ModeReadOnly, State: api.AttachmentReadOnly,
+		CreatedAt: testNow.Add(-30 * time.Second)},
+}
+
+// TestOutputFormats: every list prints in each -o format as its golden
+// file says.
+func TestOutputFormats(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		route string
+		reply any
+		args  []string
+	}{
+		{"volume-list", "GET /v1/volumes", api.List[api.Volume]{Items: testVolumes}, []string{"volume", "list"}},
+		{"snapshot-list-all", "GET /v1/snapshots", api.List[api.Snapshot]{Items: testSnapshots}, []string{"snapshot", "list"}},
+		{"attach-list-all", "GET /v1/attachments", api.List[api.Attachment]{Items: testAttachments}, []string{"attach", "list"}},
+		{"volume-get", "GET /v1/volumes/web01", testVolumes[0], []string{"volume", "get", "web01"}},
+	} {
+		for _, format := range outputFormats {
+			t.Run(tc.name+"-"+format, func(t *testing.T) {
+				f, url := newFakeAPI(t)
+				f.reply(tc.route, 200, tc.reply)
+				got := run(t, context.Background(), url, nil, append(tc.args, "-o", format)...)
+				if got.code != 0 {
+					t.Fatalf("exit %d, stderr %q", got.code, got.stderr)
+				}
+				golden(t, tc.name+"."+format, got.stdout)
+			})
+		}
+	}
+}
+
+// TestOutputYAMLMatchesJSON: -o yaml is the JSON answer with the same
+// field names, not Go's.
+func TestOutputYAMLMatchesJSON(t *testing.T) {
+	f, url := newFakeAPI(t)
+	f.reply("GET /v1/volumes/web01", 200, testVolumes[0])
+	got := run(t, context.Background(), url, nil, "volume", "get", "web01", "-o", "yaml")
+	for _, want := range []string{"name: web01", "createdAt: ", "snapshots: 2", "capacity: 214748364800"} {
+		if !strings.Contains(got.stdout, want) {
+			t.Errorf("yaml lacks %q:\n%s", want, got.stdout)
+		}
+	}
+	if strings.Contains(got.stdout, "CreatedAt") {
+		t.Errorf("yaml uses Go field names:\n%s", got.stdout)
+	}
+}
+
+func TestUnknownOutputFormat(t *testing.T) {
+	f, url := newFakeAPI(t)
+	got := run(t, context.Background(), url, nil, "volume", "list", "-o", "xml")
+	if got.code != ExitError || !strings.Contains(got.stderr, "want one of table, wide, json, yaml, name") {
+		t.Fatalf("exit %d, stderr %q", got.code, got.stderr)
+	}
+	if len(f.requests) != 0 {
+		t.Fatalf("a bad -o still called the API: %v", f.requests)
+	}
+}
+
+func TestNameOutputOfUnnamedAnswer(t *testing.T) {
+	f, url := newFakeAPI(t)
+	f.reply("GET /v1/pool", 200, api.PoolInfo{ID: "p1"})
+	got := run(t, context.Background(), url, nil, "pool", "info", "-o", "name")
+	if got.code != ExitError || !strings.Contains(got.stderr, "-o name needs objects with names") {
+		t.Fatalf("exit %d, stderr %q", got.code, got.stderr)
+	}
+}
+
+// TestEmptyListsSaySo: a table of nothing says so on stderr and prints
+// nothing on stdout; the machine formats print an empty list.
+func TestEmptyListsSaySo(t *testing.T) {
+	for _, tc := range []struct {
+		route string
+		args  []string
+		want  string
+	}{
+		{"GET /v1/volumes", []string{"volume", "list"}, "No volumes found.\n"},
+		{"GET /v1/snapshots", []string{"snapshot", "list"}, "No snapshots found.\n"},
+		{"GET /v1/volumes/web01/snapshots", []string{"snapshot", "list", "web01"}, "No snapshots found.\n"},
+		{"GET /v1/attachments", []string{"attach", "list"}, "No attachments found.\n"},
+		{"GET /v1/jobs", []string{"job", "list"}, "No jobs found.\n"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			f, url := newFakeAPI(t)
+			f.reply(tc.route, 200, api.List[api.Volume]{Items: []api.Volume{}})
+			got := run(t, context.Background(), url, nil, tc.args...)
+			if got.code != 0 || got.stdout != "" || got.stderr != tc.want {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want stderr %q", got.code, got.stdout, got.stderr, tc.want)
+			}
+			got = run(t, context.Background(), url, nil, append(tc.args, "-o", "json")...)
+			if got.code != 0 || !strings.Contains(got.stdout, `"items": []`) || got.stderr != "" {
+				t.Fatalf("-o json: exit %d, stdout %q, stderr %q", got.code, got.stdout, got.stderr)
+			}
+		})
+	}
+}
+
+func TestListAllRefusesVolumeAndSelector(t *testing.T) {
+	for _, cmd := range []string{"snapshot", "attach"} {
+		f, url := newFakeAPI(t)
+		got := run(t, context.Background(), url, nil, cmd, "list", "web01", "-l", "app=web")
+		if got.code != ExitError || !strings.Contains(got.stderr, "not both") || len(f.requests) != 0 {
+			t.Fatalf("%s: exit %d, stderr %q, requests %v", cmd, got.code, got.stderr, f.requests)
+		}
+	}
+}
+
+func TestListAllPassesSelector(t *testing.T) {
+	f, url := newFakeAPI(t)
+	f.reply("GET /v1/attachments", 200, api.List[api.Attachment]{Items: testAttachments})
+	f.reply("GET /v1/snapshots", 200, api.List[api.Snapshot]{Items: testSnapshots})
+	run(t, context.Background(), url, nil, "attach", "list", "-l", "app=web")
+	run(t, context.Background(), url, nil, "snapshot", "list", "-l", "app=web")
+	if !f.sent("GET /v1/attachments?selector=app%3Dweb") || !f.sent("GET /v1/snapshots?selector=app%3Dweb") {
+		t.Fatalf("requests = %v", f.requests)
+	}
+}
+
+// TestVolumeLabelMerges: labels not named are kept, KEY- removes one, and
+// changing a value needs --overwrite, as with kubectl label.
+func TestVolumeLabelMerges(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		want    map[string]string // labels sent; nil: nothing sent
+		wantErr string
+	}{
+		{"add", []string{"owner=ops"}, map[string]string{"tier": "1", "app": "web", "owner": "ops"}, ""},
+		{"remove", []string{"tier-"}, map[string]string{"app": "web"}, ""},
+		{"remove absent", []string{"nope-"}, map[string]string{"tier": "1", "app": "web"}, ""},
+		{"same value", []string{"app=web"}, map[string]string{"tier": "1", "app": "web"}, ""},
+		{"change needs overwrite", []string{"tier=2"}, nil, `label tier is already "1": pass --overwrite`},
+		{"overwrite", []string{"tier=2", "--overwrite"}, map[string]string{"tier": "2", "app": "web"}, ""},
+		{"add and remove", []string{"owner=ops", "app-"}, map[string]string{"tier": "1", "owner": "ops"}, ""},
+		{"key twice", []string{"a=1", "a-"}, nil, `key "a" is given twice`},
+		{"bad word", []string{"justakey"}, nil, "want KEY=VALUE to set a label or KEY- to remove one"},
+		{"empty key", []string{"=v"}, nil, "the key is empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, url := newFakeAPI(t)
+			f.reply("GET /v1/volumes/web01", 200, testVolumes[0])
+			f.reply("PATCH /v1/volumes/web01", 200, testVolumes[0])
+			got := run(t, context.Background(), url, nil, append([]string{"volume", "label", "web01"}, tc.args...)...)
+			body := f.body("PATCH /v1/volumes/web01")
+			if tc.wantErr != "" {
+				if got.code != ExitError || !strings.Contains(got.stderr, tc.wantErr) || body != "" {
+					t.Fatalf("exit %d, stderr %q, sent %q; want error %q and nothing sent", got.code, got.stderr, body, tc.wantErr)
+				}
+				return
+			}
+			if got.code != 0 {
+				t.Fatalf("exit %d, stderr %q", got.code, got.stderr)
+			}
+			var sent api.VolumeUpdate
+			if err := json.Unmarshal([]byte(body), &sent); err != nil {
+				t.Fatalf("body %q: %v", body, err)
+			}
+			if len(sent.Labels) != len(tc.want) {
+				t.Fatalf("labels sent %v, want %v", sent.Labels, tc.want)
+			}
+			for k, v := range tc.want {
+				if sent.Labels[k] != v {
+					t.Fatalf("labels sent %v, want %v", sent.Labels, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	f, url := newFakeAPI(t)
+	f.reply("GET /v1/version", 200, api.BuildInfo{Version: "v9.9.9", Commit: "abc", GoVersion: "go1.99", Platform: "linux/amd64"})
+	got := run(t, context.Background(), url, nil, "version", "-o", "json")
+	var v versions
+	if err := json.Unmarshal([]byte(got.stdout), &v); err != nil || got.code != 0 {
+		t.Fatalf("exit %d, stdout %q: %v", got.code, got.stdout, err)
+	}
+	if v.Server == nil || v.Server.Version != "v9.9.9" || v.Client.GoVersion == "" {
+		t.Fatalf("versions = %+v", v)
+	}
+	got = run(t, context.Background(), "http://127.0.0.1:1", nil, "version")
+	if got.code != 0 || !strings.Contains(got.stdout, "Client version:") || !strings.Contains(got.stdout, "Server:") ||
+		!strings.Contains(got.stdout, "unreachable") {
+		t.Fatalf("unreachable server: exit %d, stdout %q, stderr %q", got.code, got.stdout, got.stderr)
+	}
+}
