@@ -25,6 +25,9 @@ const (
 	// QueryForce "true" lets a rollback or a disk removal go ahead while
 	// writers are connected to the volume (else 409 InUse).
 	QueryForce = "force"
+	// QueryRecursive "true" deletes a volume's snapshots with it; without
+	// it a volume with snapshots is refused (409 HasSnapshots).
+	QueryRecursive = "recursive"
 )
 
 // DiskSpec describes one virtual disk: a sparse raw file <name>.img.
@@ -278,6 +281,7 @@ const (
 	CodeNoSpace      = "NoSpace"          // 507: the pool is full
 	CodeCancelled    = "Cancelled"        // 499-like: job was cancelled
 	CodeInUse        = "InUse"            // 409: the volume has attachments or connected writers
+	CodeHasSnapshots = "HasSnapshots"     // 409: deleting a volume with snapshots without recursive=true
 	CodeBroken       = "Broken"           // 409: the volume is quarantined (damaged or hostile files)
 	CodeReadOnly     = "ReadOnly"         // 409: the pool is read-only
 	CodeInternal     = "Internal"         // 500

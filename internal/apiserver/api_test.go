@@ -433,8 +433,13 @@ func TestSnapshotsClonesRollback(t *testing.T) {
 		t.Errorf("snapshots after delete: %d, want 1", rolled.Snapshots)
 	}
 
+	// A volume with snapshots goes only with recursive=true, as with zfs
+	// destroy -r; the refusal changes nothing.
+	c.expectError("DELETE", "/v1/volumes/golden", nil, http.StatusConflict, api.CodeHasSnapshots)
+	c.expectError("DELETE", "/v1/volumes/golden?recursive=maybe", nil, http.StatusBadRequest, api.CodeInvalid)
+	c.expect("GET", "/v1/volumes/golden/snapshots/v1", nil, http.StatusOK, nil)
 	// Clones are independent of their source.
-	c.expect("DELETE", "/v1/volumes/golden", nil, http.StatusNoContent, nil)
+	c.expect("DELETE", "/v1/volumes/golden?recursive=true", nil, http.StatusNoContent, nil)
 	var c1 api.Volume
 	c.expect("GET", "/v1/volumes/c1", nil, http.StatusOK, &c1)
 	if got := readImage(t, findDisk(t, c1.Disks, "root").Path, 0, len(v1)); !bytes.Equal(got, v1) {

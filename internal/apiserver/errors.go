@@ -28,6 +28,7 @@ var errorMapping = []struct {
 	{pool.ErrSnapshotNotFound, http.StatusNotFound, api.CodeNotFound},
 	{pool.ErrAttachmentNotFound, http.StatusNotFound, api.CodeNotFound},
 	{pool.ErrInUse, http.StatusConflict, api.CodeInUse},
+	{pool.ErrHasSnapshots, http.StatusConflict, api.CodeHasSnapshots},
 	{pool.ErrBroken, http.StatusConflict, api.CodeBroken},
 	{pool.ErrReadOnly, http.StatusConflict, api.CodeReadOnly},
 	{job.ErrNotFound, http.StatusNotFound, api.CodeNotFound},

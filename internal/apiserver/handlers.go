@@ -119,7 +119,11 @@ func (s *Server) updateVolume(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) error {
-	if err := s.pool.Delete(r.Context(), r.PathValue("volume")); err != nil {
+	recursive, err := boolQuery(r, api.QueryRecursive)
+	if err != nil {
+		return err
+	}
+	if err := s.pool.DeleteWith(r.Context(), r.PathValue("volume"), pool.DeleteOptions{Recursive: recursive}); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -261,6 +261,8 @@ func (a *app) hint(err error) string {
 		return "another operation holds the volume; `quiver job list` shows what is running"
 	case api.CodeNoSpace:
 		return "the pool is full; `quiver pool info` shows its free space"
+	case api.CodeHasSnapshots:
+		return "`quiver snapshot list VOLUME` shows them; `quiver volume delete --recursive` deletes them with the volume"
 	case api.CodeInUse:
 		return "`quiver attach list VOLUME` shows who is attached and connected"
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -231,5 +232,24 @@ func TestVersion(t *testing.T) {
 	if got.code != 0 || !strings.Contains(got.stdout, "Client version:") || !strings.Contains(got.stdout, "Server:") ||
 		!strings.Contains(got.stdout, "unreachable") {
 		t.Fatalf("unreachable server: exit %d, stdout %q, stderr %q", got.code, got.stdout, got.stderr)
+	}
+}
+
+func TestVolumeDeleteRecursive(t *testing.T) {
+	f, url := newFakeAPI(t)
+	f.routes["DELETE /v1/volumes/web01"] = func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("recursive") != "true" {
+			writeJSON(w, http.StatusConflict, api.ErrorBody{Error: api.Error{Code: api.CodeHasSnapshots, Message: "delete volume \"web01\": it has 2 snapshots"}})
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}
+	got := run(t, context.Background(), url, nil, "volume", "delete", "web01")
+	if got.code != ExitError || !strings.Contains(got.stderr, "volume delete --recursive") {
+		t.Fatalf("exit %d, stderr %q", got.code, got.stderr)
+	}
+	got = run(t, context.Background(), url, nil, "volume", "delete", "web01", "--recursive")
+	if got.code != 0 || got.stdout != "volume web01 deleted\n" {
+		t.Fatalf("exit %d, stdout %q, stderr %q", got.code, got.stdout, got.stderr)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/client"
 	"github.com/quiverstorage/quiver/internal/quantity"
 )
 
@@ -110,22 +111,32 @@ func (a *app) volumeGetCommand() *cobra.Command {
 }
 
 func (a *app) volumeDeleteCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:     "delete NAME",
+	var recursive bool
+	cmd := &cobra.Command{
+		Use:     "delete NAME [--recursive]",
 		Aliases: []string{"rm"},
-		Short:   "Delete a volume with all its disks and snapshots",
-		Args:    cobra.ExactArgs(1),
+		Short:   "Delete a volume with all its disks (and its snapshots with --recursive)",
+		Long: `Delete a volume with all its disks. A volume with snapshots is refused
+unless --recursive deletes them too, as zfs destroy does without -r.
+A volume with attachments is refused: detach it first.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			if err := c.DeleteVolume(cmd.Context(), args[0]); err != nil {
+			var opts []client.CallOption
+			if recursive {
+				opts = append(opts, client.Recursive())
+			}
+			if err := c.DeleteVolume(cmd.Context(), args[0], opts...); err != nil {
 				return err
 			}
 			return a.printDone(cmd.OutOrStdout(), "volume %s deleted", args[0])
 		},
 	}
+	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "delete the volume's snapshots with it")
+	return cmd
 }
 
 func (a *app) volumeGrowCommand() *cobra.Command {

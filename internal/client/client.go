@@ -177,6 +177,12 @@ func Force() CallOption {
 	return func(c *call) { c.query.Set(api.QueryForce, "true") }
 }
 
+// Recursive deletes a volume's snapshots with it (?recursive=true);
+// without it a volume with snapshots is refused with IsHasSnapshots.
+func Recursive() CallOption {
+	return func(c *call) { c.query.Set(api.QueryRecursive, "true") }
+}
+
 // do sends one request and decodes a 2xx answer into out (when out is not
 // nil and the answer has a body). Anything else becomes an *Error.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, in, out any, opts ...CallOption) error {

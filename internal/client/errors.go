@@ -70,3 +70,7 @@ func jobError(job api.Job) error {
 
 // IsInUse reports whether the volume still has attachments.
 func IsInUse(err error) bool { return Code(err) == api.CodeInUse }
+
+// IsHasSnapshots reports a volume deletion refused because the volume has
+// snapshots and Recursive was not given.
+func IsHasSnapshots(err error) bool { return Code(err) == api.CodeHasSnapshots }

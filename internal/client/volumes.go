@@ -58,13 +58,14 @@ func (c *Client) UpdateVolume(ctx context.Context, name string, update api.Volum
 	return v, err
 }
 
-// DeleteVolume deletes a volume with its disks and snapshots.
-func (c *Client) DeleteVolume(ctx context.Context, name string) error {
+// DeleteVolume deletes a volume with its disks. A volume with snapshots is
+// refused (IsHasSnapshots) unless opts include Recursive.
+func (c *Client) DeleteVolume(ctx context.Context, name string, opts ...CallOption) error {
 	p, err := segment("volume", name)
 	if err != nil {
 		return err
 	}
-	return c.do(ctx, http.MethodDelete, "/volumes/"+p, nil, nil, nil)
+	return c.do(ctx, http.MethodDelete, "/volumes/"+p, nil, nil, nil, opts...)
 }
 
 // AddDisk adds a disk to a volume and returns the volume. A disk of that

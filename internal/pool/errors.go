@@ -38,6 +38,10 @@ var (
 	// ErrHostile is a file in the pool that would lead outside it or share
 	// its data with a file outside it (a symbolic link, a hard link).
 	ErrHostile = errors.New("file in the pool leads outside it")
+	// ErrHasSnapshots refuses to delete a volume that has snapshots unless
+	// the caller says they go too (DeleteOptions.Recursive), as zfs destroy
+	// without -r does.
+	ErrHasSnapshots = errors.New("volume has snapshots")
 	// ErrLocked refuses to open a pool another process has open.
 	ErrLocked = errors.New("pool is locked by another process")
 	// ErrNotPool refuses a directory that does not hold a pool and must not

@@ -340,9 +340,23 @@ func (p *Pool) newImageFile(path string) (*os.File, error) {
 	return f, nil
 }
 
+// DeleteOptions change a volume deletion.
+type DeleteOptions struct {
+	// Recursive deletes the volume's snapshots with it; without it a volume
+	// with snapshots is refused with ErrHasSnapshots.
+	Recursive bool
+}
+
 // Delete removes the volume with its disks and snapshots. The removal is
 // atomic (one rename into staging) and durable on return.
 func (p *Pool) Delete(ctx context.Context, name string) error {
+	return p.DeleteWith(ctx, name, DeleteOptions{Recursive: true})
+}
+
+// DeleteWith is Delete with options. The snapshot check and the removal
+// happen under the volume's operation lock, so no snapshot taken meanwhile
+// is lost.
+func (p *Pool) DeleteWith(ctx context.Context, name string, o DeleteOptions) error {
 	v, err := p.Volume(name)
 	if err != nil {
 		return err
@@ -352,6 +366,10 @@ func (p *Pool) Delete(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
+	if n := len(v.Snapshots()); n > 0 && !o.Recursive {
+		return fmt.Errorf("delete volume %q: it has %d snapshots; delete them first, or delete them with it (quiver volume delete --recursive): %w",
+			name, n, ErrHasSnapshots)
+	}
 	trash := filepath.Join(p.stagingDir(), "del-"+newUID())
 	v.gate.Lock()
 	if err := v.beginDelete(); err != nil {

@@ -305,7 +305,7 @@ func (w *worker) deleteSnapshot(vol string, cur *volState) *op {
 
 func (w *worker) deleteVolume(vol string) *op {
 	return &op{kind: "delete", desc: "delete " + vol, alts: map[string]*volState{vol: nil},
-		call: func(ctx context.Context, c *client.Client) error { return c.DeleteVolume(ctx, vol) }}
+		call: func(ctx context.Context, c *client.Client) error { return c.DeleteVolume(ctx, vol, client.Recursive()) }}
 }
 
 func (w *worker) addDisk(vol string, cur *volState) *op {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/client"
 )
 
 // Limits that keep a cycle short: reading back every disk and snapshot
@@ -175,7 +176,7 @@ func (l *lane) deleteVolume(ctx context.Context, v string) error {
 		l.done()
 	}
 	l.begin(&pendingOp{what: "delete volume " + v, delVolume: v})
-	if err := l.mc.api.DeleteVolume(ctx, v); err != nil {
+	if err := l.mc.api.DeleteVolume(ctx, v, client.Recursive()); err != nil {
 		return fmt.Errorf("delete volume %s: %w", v, err)
 	}
 	delete(l.model.vols, v)
