@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/client"
 )
 
 func (a *app) attachCommand() *cobra.Command {
@@ -71,52 +73,39 @@ the same attachment.`,
 
 func (a *app) attachListCommand() *cobra.Command {
 	var selector string
-	cmd := &cobra.Command{
+	cmd := a.getter(&cobra.Command{
 		Use:     "list [VOLUME] [-l KEY=VALUE,...]",
 		Aliases: []string{"ls"},
 		Short:   "List the attachments of a volume, or of every volume, with the writer and who is fenced",
-		Args:    cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 && selector != "" {
 				return fmt.Errorf("give a VOLUME or a --selector, not both")
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			var atts []api.Attachment
-			if len(args) == 1 {
-				atts, err = c.ListAttachments(cmd.Context(), args[0])
-			} else {
-				atts, err = c.FindAttachments(cmd.Context(), selector)
-			}
-			if err != nil {
-				return err
-			}
-			return a.show(cmd.OutOrStdout(), api.List[api.Attachment]{Items: nonNil(atts)}, a.attachTable(len(args) == 0, atts...))
+			return cobra.MaximumNArgs(1)(cmd, args)
 		},
-	}
+	}, func(ctx context.Context, c *client.Client, args []string) (any, func(io.Writer) error, error) {
+		var atts []api.Attachment
+		var err error
+		if len(args) == 1 {
+			atts, err = c.ListAttachments(ctx, args[0])
+		} else {
+			atts, err = c.FindAttachments(ctx, selector)
+		}
+		return api.List[api.Attachment]{Items: nonNil(atts)}, a.attachTable(len(args) == 0, atts...), err
+	})
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "with no VOLUME: only volumes matching KEY=VALUE[,KEY=VALUE...]")
 	return cmd
 }
 
 func (a *app) attachGetCommand() *cobra.Command {
-	return &cobra.Command{
+	return a.getter(&cobra.Command{
 		Use:   "get VOLUME ID",
 		Short: "Show one attachment",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			att, err := c.GetAttachment(cmd.Context(), args[0], args[1])
-			if err != nil {
-				return err
-			}
-			return a.show(cmd.OutOrStdout(), att, a.attachTable(false, att))
-		},
-	}
+	}, func(ctx context.Context, c *client.Client, args []string) (any, func(io.Writer) error, error) {
+		att, err := c.GetAttachment(ctx, args[0], args[1])
+		return att, a.attachTable(false, att), err
+	})
 }
 
 func (a *app) attachDeleteCommand() *cobra.Command {

@@ -154,6 +154,7 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 	add("storage", a.volumeCommand(), a.diskCommand(), a.attachCommand())
 	add("data", a.snapshotCommand(), a.rollbackCommand(), a.cloneCommand())
 	root.AddCommand(a.versionCommand())
+	a.addCompletions(root)
 	requireSubcommands(root)
 	return root
 }

@@ -22,39 +22,23 @@ func (a *app) jobCommand() *cobra.Command {
 		Short:   "List, show and cancel long operations",
 	}
 	cmd.AddCommand(
-		&cobra.Command{
+		a.getter(&cobra.Command{
 			Use:     "list",
 			Aliases: []string{"ls"},
 			Short:   "List running jobs and those that ended in the last minutes",
 			Args:    cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				c, err := a.client()
-				if err != nil {
-					return err
-				}
-				jobs, err := c.ListJobs(cmd.Context())
-				if err != nil {
-					return err
-				}
-				return a.show(cmd.OutOrStdout(), api.List[api.Job]{Items: nonNil(jobs)}, a.jobTable(jobs...))
-			},
-		},
-		&cobra.Command{
+		}, func(ctx context.Context, c *client.Client, _ []string) (any, func(io.Writer) error, error) {
+			jobs, err := c.ListJobs(ctx)
+			return api.List[api.Job]{Items: nonNil(jobs)}, a.jobTable(jobs...), err
+		}),
+		a.getter(&cobra.Command{
 			Use:   "get ID",
 			Short: "Show a job with its progress",
 			Args:  cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				c, err := a.client()
-				if err != nil {
-					return err
-				}
-				job, err := c.GetJob(cmd.Context(), args[0])
-				if err != nil {
-					return err
-				}
-				return a.show(cmd.OutOrStdout(), job, a.jobDetail(job))
-			},
-		},
+		}, func(ctx context.Context, c *client.Client, args []string) (any, func(io.Writer) error, error) {
+			job, err := c.GetJob(ctx, args[0])
+			return job, a.jobDetail(job), err
+		}),
 		&cobra.Command{
 			Use:   "cancel ID",
 			Short: "Ask the server to cancel a running job",

@@ -253,3 +253,70 @@ func TestVolumeDeleteRecursive(t *testing.T) {
 		t.Fatalf("exit %d, stdout %q, stderr %q", got.code, got.stdout, got.stderr)
 	}
 }
+
+// TestWatch: --watch prints again only when the object changes, and Ctrl-C
+// (the context ending) ends it with success.
+func TestWatch(t *testing.T) {
+	f, url := newFakeAPI(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	calls := 0
+	f.routes["GET /v1/volumes"] = func(w http.ResponseWriter, _ *http.Request) {
+		calls++
+		vols := testVolumes[:1]
+		if calls > 3 {
+			vols = testVolumes
+		}
+		if calls == 6 {
+			cancel()
+		}
+		writeJSON(w, 200, api.List[api.Volume]{Items: vols})
+	}
+	got := run(t, ctx, url, nil, "volume", "list", "--watch", "--watch-interval", "1ms")
+	if got.code != 0 {
+		t.Fatalf("exit %d, stderr %q", got.code, got.stderr)
+	}
+	if n := strings.Count(got.stdout, "NAME "); n != 2 {
+		t.Fatalf("printed %d tables for 2 states, want 2:\n%s", n, got.stdout)
+	}
+	if !strings.Contains(got.stdout, "vdi-001") {
+		t.Fatalf("the change was not printed:\n%s", got.stdout)
+	}
+	got = run(t, context.Background(), url, nil, "volume", "get", "web01", "-w", "--watch-interval", "0s")
+	if got.code != ExitError || !strings.Contains(got.stderr, "want a positive duration") {
+		t.Fatalf("zero interval: exit %d, stderr %q", got.code, got.stderr)
+	}
+}
+
+// TestCompletion: the shell completes volume, snapshot, disk and attachment
+// names from the server (cobra's __complete, which the completion scripts
+// call).
+func TestCompletion(t *testing.T) {
+	f, url := newFakeAPI(t)
+	f.reply("GET /v1/volumes", 200, api.List[api.Volume]{Items: testVolumes})
+	f.reply("GET /v1/volumes/web01", 200, testVolumes[0])
+	f.reply("GET /v1/volumes/web01/snapshots", 200, api.List[api.Snapshot]{Items: testSnapshots[:1]})
+	f.reply("GET /v1/volumes/web01/attachments", 200, api.List[api.Attachment]{Items: testAttachments[:1]})
+	f.reply("GET /v1/snapshots", 200, api.List[api.Snapshot]{Items: testSnapshots})
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"volume", "get", ""}, []string{"web01", "vdi-001"}},
+		{[]string{"volume", "get", "we"}, []string{"web01"}},
+		{[]string{"volume", "get", "web01", ""}, nil},
+		{[]string{"snapshot", "delete", "web01", ""}, []string{"nightly"}},
+		{[]string{"rollback", "web01", "n"}, []string{"nightly"}},
+		{[]string{"disk", "grow", "web01", ""}, []string{"root", "data"}},
+		{[]string{"attach", "writer", "web01", ""}, []string{"att-1"}},
+		{[]string{"clone", "golden@"}, []string{"golden@v1"}},
+		{[]string{"clone", "v"}, []string{"vdi-001"}},
+	} {
+		got := run(t, context.Background(), url, nil, append([]string{"__complete"}, tc.args...)...)
+		lines := strings.Split(strings.TrimSpace(got.stdout), "\n")
+		names := lines[:len(lines)-1] // the last line is the directive, ":4"
+		if got.code != 0 || lines[len(lines)-1] != ":4" || strings.Join(names, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("complete %q: exit %d, stdout %q, stderr %q; want %v", tc.args, got.code, got.stdout, got.stderr, tc.want)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/client"
 )
 
 func (a *app) snapshotCommand() *cobra.Command {
@@ -54,52 +56,39 @@ Ctrl-C cancels it on the server.`,
 
 func (a *app) snapshotListCommand() *cobra.Command {
 	var selector string
-	cmd := &cobra.Command{
+	cmd := a.getter(&cobra.Command{
 		Use:     "list [VOLUME] [-l KEY=VALUE,...]",
 		Aliases: []string{"ls"},
 		Short:   "List the snapshots of a volume, or of every volume (matching a label selector)",
-		Args:    cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 && selector != "" {
 				return fmt.Errorf("give a VOLUME or a --selector, not both")
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			var snaps []api.Snapshot
-			if len(args) == 1 {
-				snaps, err = c.ListSnapshots(cmd.Context(), args[0])
-			} else {
-				snaps, err = c.FindSnapshots(cmd.Context(), selector, "")
-			}
-			if err != nil {
-				return err
-			}
-			return a.show(cmd.OutOrStdout(), api.List[api.Snapshot]{Items: nonNil(snaps)}, a.snapshotTable(snaps...))
+			return cobra.MaximumNArgs(1)(cmd, args)
 		},
-	}
+	}, func(ctx context.Context, c *client.Client, args []string) (any, func(io.Writer) error, error) {
+		var snaps []api.Snapshot
+		var err error
+		if len(args) == 1 {
+			snaps, err = c.ListSnapshots(ctx, args[0])
+		} else {
+			snaps, err = c.FindSnapshots(ctx, selector, "")
+		}
+		return api.List[api.Snapshot]{Items: nonNil(snaps)}, a.snapshotTable(snaps...), err
+	})
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "with no VOLUME: only volumes matching KEY=VALUE[,KEY=VALUE...]")
 	return cmd
 }
 
 func (a *app) snapshotGetCommand() *cobra.Command {
-	return &cobra.Command{
+	return a.getter(&cobra.Command{
 		Use:   "get VOLUME NAME",
 		Short: "Show a snapshot with its disks",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			s, err := c.GetSnapshot(cmd.Context(), args[0], args[1])
-			if err != nil {
-				return err
-			}
-			return a.show(cmd.OutOrStdout(), s, a.snapshotDetail(s))
-		},
-	}
+	}, func(ctx context.Context, c *client.Client, args []string) (any, func(io.Writer) error, error) {
+		s, err := c.GetSnapshot(ctx, args[0], args[1])
+		return s, a.snapshotDetail(s), err
+	})
 }
 
 func (a *app) snapshotDeleteCommand() *cobra.Command {

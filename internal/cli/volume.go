@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 
@@ -70,44 +71,28 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 
 func (a *app) volumeListCommand() *cobra.Command {
 	var selector string
-	cmd := &cobra.Command{
+	cmd := a.getter(&cobra.Command{
 		Use:     "list [-l KEY=VALUE,...]",
 		Aliases: []string{"ls"},
 		Short:   "List volumes, optionally those matching a label selector",
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			vols, err := c.ListVolumes(cmd.Context(), selector)
-			if err != nil {
-				return err
-			}
-			return a.show(cmd.OutOrStdout(), api.List[api.Volume]{Items: nonNil(vols)}, a.volumeTable(vols...))
-		},
-	}
+	}, func(ctx context.Context, c *client.Client, _ []string) (any, func(io.Writer) error, error) {
+		vols, err := c.ListVolumes(ctx, selector)
+		return api.List[api.Volume]{Items: nonNil(vols)}, a.volumeTable(vols...), err
+	})
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "label selector: KEY=VALUE[,KEY=VALUE...]")
 	return cmd
 }
 
 func (a *app) volumeGetCommand() *cobra.Command {
-	return &cobra.Command{
+	return a.getter(&cobra.Command{
 		Use:   "get NAME",
 		Short: "Show a volume with its disks",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			v, err := c.GetVolume(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return a.show(cmd.OutOrStdout(), v, a.volumeDetail(v))
-		},
-	}
+	}, func(ctx context.Context, c *client.Client, args []string) (any, func(io.Writer) error, error) {
+		v, err := c.GetVolume(ctx, args[0])
+		return v, a.volumeDetail(v), err
+	})
 }
 
 func (a *app) volumeDeleteCommand() *cobra.Command {
