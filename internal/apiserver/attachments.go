@@ -1,9 +1,12 @@
 package apiserver
 
 import (
+	"net"
 	"net/http"
+	"net/url"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/pool"
 )
 
 func (s *Server) listAttachments(w http.ResponseWriter, r *http.Request) error {
@@ -62,8 +65,66 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) error {
 		status = http.StatusCreated
 		s.log.Info("attached", "volume", v.Name(), "attachment", a.ID, "node", a.Node, "mode", a.Mode)
 	}
-	writeJSON(w, status, attachmentToAPI(a))
+	out := attachmentToAPI(a)
+	out.URIs = s.nbdURIs(r, v.Info(), a.Token)
+	writeJSON(w, status, out)
 	return nil
+}
+
+// NBDEndpoint is where the node serves NBD, for the URIs of attach answers.
+type NBDEndpoint struct {
+	Addr   string // host:port of NBD over TCP; "" when not served
+	Socket string // path of the NBD unix socket; "" when not served
+	TLS    bool   // TLS is required: the URIs are nbds://
+}
+
+// SetNBD tells the API where NBD is served; set it before serving.
+func (s *Server) SetNBD(e NBDEndpoint) { s.nbd = e }
+
+// nbdURIs returns the NBD URI of every disk of vol for token, by disk
+// name: over TCP when served (a wildcard listen address is replaced by the
+// host the client reached the API at), else on the unix socket; nil when
+// NBD is not served or there is no token.
+func (s *Server) nbdURIs(r *http.Request, vol pool.VolumeInfo, token string) map[string]string {
+	if token == "" || (s.nbd.Addr == "" && s.nbd.Socket == "") {
+		return nil
+	}
+	uris := make(map[string]string, len(vol.Disks))
+	for _, d := range vol.Disks {
+		export := vol.Name + "/" + d.Name + "/" + token
+		u := url.URL{Path: "/" + export}
+		switch {
+		case s.nbd.Addr != "":
+			u.Scheme, u.Host = "nbd", reachableHost(s.nbd.Addr, r.Host)
+			if s.nbd.TLS {
+				u.Scheme = "nbds"
+			}
+		default:
+			u.Scheme, u.RawQuery = "nbd+unix", url.Values{"socket": {s.nbd.Socket}}.Encode()
+			if s.nbd.TLS {
+				u.Scheme = "nbds+unix"
+			}
+		}
+		uris[d.Name] = u.String()
+	}
+	return uris
+}
+
+// reachableHost returns addr (host:port) with an unspecified host (0.0.0.0,
+// ::) replaced by the host of apiHost, the Host the client used.
+func reachableHost(addr, apiHost string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if h, _, err := net.SplitHostPort(apiHost); err == nil {
+			host = h
+		} else if apiHost != "" {
+			host = apiHost
+		}
+	}
+	return net.JoinHostPort(host, port)
 }
 
 func (s *Server) getAttachment(w http.ResponseWriter, r *http.Request) error {

@@ -2,8 +2,10 @@ package apiserver
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/quiverstorage/quiver/internal/api"
@@ -103,4 +105,47 @@ func TestFindAttachments(t *testing.T) {
 		t.Fatalf("app=web attachments = %+v", web.Items)
 	}
 	c.expectError("GET", "/v1/attachments?selector=%3D%3D", nil, 400, api.CodeInvalid)
+}
+
+// TestAttachURIs: an attach answer carries a ready NBD URI per disk, with
+// the token, the scheme the node requires, and a host the client can reach
+// when NBD listens on a wildcard address; lists and gets carry none.
+func TestAttachURIs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		nbd  NBDEndpoint
+		want string // URI of disk root, with TOKEN for the token and HOST for the API's host
+	}{
+		{"tcp", NBDEndpoint{Addr: "127.0.0.1:10809"}, "nbd://127.0.0.1:10809/vm/root/TOKEN"},
+		{"tls", NBDEndpoint{Addr: "127.0.0.1:10809", TLS: true}, "nbds://127.0.0.1:10809/vm/root/TOKEN"},
+		{"wildcard", NBDEndpoint{Addr: "0.0.0.0:10809"}, "nbd://HOST:10809/vm/root/TOKEN"},
+		{"wildcard v6", NBDEndpoint{Addr: "[::]:10809"}, "nbd://HOST:10809/vm/root/TOKEN"},
+		{"socket", NBDEndpoint{Socket: "/run/quiver/nbd.sock"}, "nbd+unix:///vm/root/TOKEN?socket=%2Frun%2Fquiver%2Fnbd.sock"},
+		{"none", NBDEndpoint{}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := newTestAPI(t, "")
+			s.SetNBD(tc.nbd)
+			srv := httptest.NewServer(s)
+			t.Cleanup(srv.Close)
+			c := &apiClient{t: t, base: srv.URL}
+			c.expect("POST", "/v1/volumes", api.VolumeSpec{Name: "vm", Capacity: 8 * mib,
+				Disks: []api.DiskSpec{{Name: "root", Size: mib}, {Name: "data", Size: mib}}}, 201, nil)
+			var a api.Attachment
+			c.expect("POST", "/v1/volumes/vm/attachments", api.AttachmentSpec{Node: "n1"}, 201, &a)
+			host, _, _ := net.SplitHostPort(srv.Listener.Addr().String())
+			want := strings.NewReplacer("TOKEN", a.Token, "HOST", host).Replace(tc.want)
+			if got := a.URIs["root"]; got != want {
+				t.Fatalf("URI of root = %q, want %q (all: %v)", got, want, a.URIs)
+			}
+			if tc.want != "" && len(a.URIs) != 2 {
+				t.Fatalf("URIs = %v, want one per disk", a.URIs)
+			}
+			var got api.Attachment
+			c.expect("GET", "/v1/volumes/vm/attachments/"+a.ID, nil, 200, &got)
+			if got.URIs != nil || got.Token != "" {
+				t.Fatalf("a get shows the token: %+v", got)
+			}
+		})
+	}
 }

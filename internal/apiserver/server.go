@@ -35,6 +35,7 @@ type Server struct {
 	// draining is set when the server begins to shut down: /readyz then
 	// answers 503 so that a load balancer or kubelet stops sending work.
 	draining atomic.Bool
+	nbd      NBDEndpoint
 }
 
 // NewServer returns the API handler. With a non-empty token every request

@@ -38,8 +38,9 @@ func (a *app) attachCreateCommand() *cobra.Command {
 		Use:   "create VOLUME NODE",
 		Short: "Attach every disk of a volume for a node and print its token",
 		Long: `Attach every disk of a volume for a node and print the attachment's token
-and NBD export names. Attaching the same node again with the same mode prints
-the same attachment.`,
+and the NBD URI of each disk (nbd://host:port/<volume>/<disk>/<token>), ready
+for qemu-img, qemu-io, nbdinfo or QEMU's -blockdev. A node attached already is
+refused ("already exists"): quiver attach list VOLUME shows it.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
@@ -61,7 +62,11 @@ the same attachment.`,
 				f.add("Mode", att.Mode)
 				f.add("Token", att.Token)
 				for _, d := range vol.Disks {
-					f.add("Export "+d.Name, args[0]+"/"+d.Name+"/"+att.Token)
+					if uri, ok := att.URIs[d.Name]; ok {
+						f.add("URI "+d.Name, uri)
+					} else { // a server that predates URIs, or serves no NBD
+						f.add("Export "+d.Name, args[0]+"/"+d.Name+"/"+att.Token)
+					}
 				}
 				return f.flush()
 			})

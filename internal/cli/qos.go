@@ -3,11 +3,13 @@ package cli
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/quantity"
 )
 
 // qosLimit is one of the six QoS limits as the command line names it.
@@ -16,6 +18,54 @@ type qosLimit struct {
 	header string // table column
 	help   string
 	field  func(*api.QoS) *int64
+}
+
+// bandwidth says the limit is in MB/s (else in operations per second).
+func (l qosLimit) bandwidth() bool { return strings.HasSuffix(l.flag, "-mbytes") }
+
+// limitValue is a QoS flag's value. A plain number is the limit in the
+// flag's unit (operations, or MB = 10^6 bytes, per second). A bandwidth
+// also takes a size per second as people write it ("48Mi", "1G"), which is
+// rounded to the nearest MB/s (1 at least); a rate of operations also takes
+// a quantity ("2k" is 2000).
+type limitValue struct {
+	p         *int64
+	bandwidth bool
+}
+
+func (v limitValue) String() string { return strconv.FormatInt(*v.p, 10) }
+
+func (v limitValue) Type() string {
+	if v.bandwidth {
+		return "MB/s"
+	}
+	return "IOPS"
+}
+
+func (v limitValue) Set(s string) error {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n < 0 {
+			return fmt.Errorf("%d: must be 0 (unlimited) or more", n)
+		}
+		*v.p = n
+		return nil
+	}
+	n, err := quantity.Parse(s)
+	if err != nil {
+		if v.bandwidth {
+			return fmt.Errorf("%q: want MB per second (e.g. 50) or a size per second (e.g. 50M, 48Mi)", s)
+		}
+		return fmt.Errorf("%q: want operations per second (e.g. 500 or 2k)", s)
+	}
+	if v.bandwidth {
+		mb := (n + 500_000) / 1_000_000
+		if mb == 0 && n > 0 {
+			mb = 1
+		}
+		n = mb
+	}
+	*v.p = n
+	return nil
 }
 
 // qosLimits lists the limits in the order they are shown.
@@ -43,7 +93,7 @@ type qosFlags struct {
 func addQoSFlags(cmd *cobra.Command, prefix, scope string) *qosFlags {
 	q := &qosFlags{prefix: prefix}
 	for _, l := range qosLimits {
-		cmd.Flags().Int64Var(l.field(&q.values), prefix+l.flag, 0, l.help+scope+" (0: unlimited)")
+		cmd.Flags().Var(limitValue{p: l.field(&q.values), bandwidth: l.bandwidth()}, prefix+l.flag, l.help+scope+" (0: unlimited)")
 	}
 	return q
 }
@@ -57,17 +107,6 @@ func (q *qosFlags) changed(cmd *cobra.Command) []qosLimit {
 		}
 	}
 	return out
-}
-
-// validate refuses negative limits before anything is sent; the server
-// checks the upper bound.
-func (q *qosFlags) validate() error {
-	for _, l := range qosLimits {
-		if v := *l.field(&q.values); v < 0 {
-			return fmt.Errorf("--%s%s %d: must be 0 (unlimited) or more", q.prefix, l.flag, v)
-		}
-	}
-	return nil
 }
 
 // spec returns the limits for a VolumeSpec: nil when none is set.
@@ -97,9 +136,6 @@ others (0 removes it); --clear removes every limit not given with it.`,
   quiver volume qos web01 --clear                    # remove all limits`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := flags.validate(); err != nil {
-				return err
-			}
 			changed := flags.changed(cmd)
 			c, err := a.client()
 			if err != nil {

@@ -156,9 +156,11 @@ func TestBadQoSIsRefusedBeforeSending(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"volume", "create", "v", "--capacity", "1Gi", "--qos-rw-iops", "-1"}, "--qos-rw-iops -1: must be 0 (unlimited) or more"},
-		{[]string{"volume", "qos", "v", "--write-mbytes", "-5"}, "--write-mbytes -5: must be 0 (unlimited) or more"},
-		{[]string{"volume", "qos", "v", "--rw-iops", "lots"}, `invalid argument "lots" for "--rw-iops"`},
+		{[]string{"volume", "create", "v", "--capacity", "1Gi", "--qos-rw-iops", "-1"}, `invalid argument "-1" for "--qos-rw-iops" flag: -1: must be 0 (unlimited) or more`},
+		{[]string{"volume", "qos", "v", "--write-mbytes", "-5"}, `invalid argument "-5" for "--write-mbytes" flag: -5: must be 0 (unlimited) or more`},
+		{[]string{"volume", "qos", "v", "--rw-iops", "lots"}, `invalid argument "lots" for "--rw-iops" flag: "lots": want operations per second (e.g. 500 or 2k)`},
+		{[]string{"volume", "qos", "v", "--rw-mbytes", "20 Mi"}, `invalid argument "20 Mi" for "--rw-mbytes" flag: "20 Mi": want MB per second (e.g. 50) or a size per second (e.g. 50M, 48Mi)`},
+		{[]string{"volume", "qos", "v", "--rw-mbytes", "-20Mi"}, `invalid argument "-20Mi" for "--rw-mbytes" flag: "-20Mi": want MB per second`},
 		{[]string{"volume", "stats", "v", "--interval", "0s"}, "--interval 0s: must be positive"},
 		{[]string{"volume", "stats", "v", "--count", "-1"}, "--count -1: must be 0 (until interrupted) or more"},
 	}
@@ -171,6 +173,37 @@ func TestBadQoSIsRefusedBeforeSending(t *testing.T) {
 			}
 			if len(f.requests) != 0 {
 				t.Fatalf("requests sent: %v", f.requests)
+			}
+		})
+	}
+}
+
+// TestQoSFlagsTakeSizes: --*-mbytes take sizes per second as people write
+// them, not only MB counts, and IOPS take SI quantities; no Go parse error
+// reaches the user.
+func TestQoSFlagsTakeSizes(t *testing.T) {
+	for _, tc := range []struct {
+		flag, value string
+		want        string // the JSON the server gets
+	}{
+		{"--rw-mbytes", "50", `"rwMBytes":50`},
+		{"--rw-mbytes", "20Mi", `"rwMBytes":21`}, // 20.97 MB
+		{"--rw-mbytes", "50M", `"rwMBytes":50`},
+		{"--write-mbytes", "1G", `"writeMBytes":1000`},
+		{"--read-mbytes", "1Ki", `"readMBytes":1`}, // below 1 MB/s: 1, never 0 (unlimited)
+		{"--rw-iops", "2k", `"rwIOPS":2000`},
+		{"--rw-iops", "0", `{}`},
+	} {
+		t.Run(tc.flag+"="+tc.value, func(t *testing.T) {
+			f, url := newFakeAPI(t)
+			f.reply("GET /v1/volumes/v", 200, qosVolume(nil))
+			f.reply("PATCH /v1/volumes/v", 200, qosVolume(nil))
+			got := run(t, context.Background(), url, nil, "volume", "qos", "v", tc.flag, tc.value)
+			if got.code != 0 {
+				t.Fatalf("exit %d, stderr %q", got.code, got.stderr)
+			}
+			if body := f.body("PATCH /v1/volumes/v"); !strings.Contains(body, tc.want) {
+				t.Fatalf("sent %s, want it to hold %s", body, tc.want)
 			}
 		})
 	}

@@ -46,9 +46,6 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 			if spec.Labels, err = parseLabels(labels); err != nil {
 				return fmt.Errorf("--label: %w", err)
 			}
-			if err := limits.validate(); err != nil {
-				return err
-			}
 			spec.QoS = limits.spec()
 			c, err := a.client()
 			if err != nil {

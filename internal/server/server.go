@@ -151,6 +151,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	handler := apiserver.NewServer(p, jobs, token, log)
 	handler.BodyTimeout = cfg.API.BodyTimeout
+	endpoint := apiserver.NBDEndpoint{Socket: cfg.NBDSocket, TLS: cfg.NBD.TLS != nil && cfg.NBD.RequireTLS}
+	for _, l := range nbdLns {
+		if l.Addr().Network() == "tcp" {
+			endpoint.Addr = l.Addr().String()
+		}
+	}
+	handler.SetNBD(endpoint)
 	handler.Mount("GET /metrics", m.Handler())
 	if cfg.Pprof {
 		handler.Mount("GET /debug/pprof/", http.HandlerFunc(pprof.Index))
