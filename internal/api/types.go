@@ -127,19 +127,19 @@ type AttachmentSpec struct {
 // Attachment lets one node reach a volume's disks over NBD. NBD clients
 // present Token in the export name: <volume>/<disk>/<token>.
 type Attachment struct {
-	ID       string `json:"id"`
-	Volume   string `json:"volume"`
-	Node     string `json:"node"`
-	Mode     string `json:"mode"`
-	Token    string `json:"token,omitempty"` // only in create responses
+	ID     string `json:"id"`
+	Volume string `json:"volume"`
+	Node   string `json:"node"`
+	Mode   string `json:"mode"`
+	Token  string `json:"token,omitempty"` // only in create responses
 	// URIs are the NBD URIs of the volume's disks for this attachment, by
 	// disk name (nbd://host:port/<volume>/<disk>/<token>, nbds:// when the
 	// node requires TLS, nbd+unix:// on a socket): only in create
 	// responses, as they hold the token.
-	URIs map[string]string `json:"uris,omitempty"`
-	Implicit bool   `json:"implicit,omitempty"`
-	Writer   bool   `json:"writer"` // holds the writer role now
-	Fenced   bool   `json:"fenced"` // lost the writer role: its writes are refused
+	URIs     map[string]string `json:"uris,omitempty"`
+	Implicit bool              `json:"implicit,omitempty"`
+	Writer   bool              `json:"writer"` // holds the writer role now
+	Fenced   bool              `json:"fenced"` // lost the writer role: its writes are refused
 	// State is what the attachment may do now: AttachmentWriter,
 	// AttachmentStandby, AttachmentFenced or AttachmentReadOnly.
 	State     string    `json:"state"`

@@ -14,6 +14,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -226,9 +228,9 @@ func TestBadInput(t *testing.T) {
 		{"capacity zero", "POST", "/v1/volumes", capBody("0"), 400, api.CodeInvalid, `capacity "0": must be greater than zero`, "capacity"},
 		{"capacity missing", "POST", "/v1/volumes", js(`{"name":"new"}`), 400, api.CodeInvalid, `capacity "0"`, "capacity"},
 		{"capacity null", "POST", "/v1/volumes", capBody("null"), 400, api.CodeInvalid, `capacity "0"`, "capacity"},
-		{"capacity negative", "POST", "/v1/volumes", capBody("-1048576"), 400, api.CodeInvalid, `capacity "-1048576"`, "capacity"},
+		{"capacity negative", "POST", "/v1/volumes", capBody("-1048576"), 400, api.CodeInvalid, `capacity "-1Mi"`, "capacity"},
 		{"capacity not sectors", "POST", "/v1/volumes", capBody("1000"), 400, api.CodeInvalid, `capacity "1000": must be a multiple of 512`, "capacity"},
-		{"capacity over 8 PiB", "POST", "/v1/volumes", capBody("9007199254741504"), 400, api.CodeInvalid, `capacity "9007199254741504": must be at most`, "capacity"},
+		{"capacity over 8 PiB", "POST", "/v1/volumes", capBody("9007199254741504"), 400, api.CodeInvalid, `capacity "8Pi (9007199254741504 bytes)": must be at most 8Pi`, "capacity"},
 		{"capacity overflows int64", "POST", "/v1/volumes", capBody("9223372036854775808"), 400, api.CodeInvalid, "capacity: must be", "capacity"},
 		{"capacity huge exponent", "POST", "/v1/volumes", capBody("1e30"), 400, api.CodeInvalid, "capacity: must be", "capacity"},
 		{"capacity string", "POST", "/v1/volumes", capBody(`"1Gi"`), 400, api.CodeInvalid, "capacity: must be", "capacity"},
@@ -238,11 +240,11 @@ func TestBadInput(t *testing.T) {
 		// Disks of a new volume.
 		{"disk size zero", "POST", "/v1/volumes", disksBody(mib, `{"name":"root","size":0}`), 400, api.CodeInvalid, `disks[0].size "0"`, "disks[0].size"},
 		{"disk size negative", "POST", "/v1/volumes", disksBody(mib, `{"name":"root","size":-512}`), 400, api.CodeInvalid, `disks[0].size "-512"`, "disks[0].size"},
-		{"disk size not sectors", "POST", "/v1/volumes", disksBody(mib, `{"name":"root","size":4097}`), 400, api.CodeInvalid, `disks[0].size "4097"`, "disks[0].size"},
+		{"disk size not sectors", "POST", "/v1/volumes", disksBody(mib, `{"name":"root","size":4097}`), 400, api.CodeInvalid, `disks[0].size "4Ki (4097 bytes)": must be a multiple of 512 bytes`, "disks[0].size"},
 		{"disk size string", "POST", "/v1/volumes", disksBody(mib, `{"name":"root","size":"1Mi"}`), 400, api.CodeInvalid, "disks.size: must be", "disks.size"},
 		{"disk size overflows int64", "POST", "/v1/volumes", disksBody(mib, `{"name":"root","size":18446744073709551616}`), 400, api.CodeInvalid, "disks.size: must be", "disks.size"},
-		{"disks over capacity", "POST", "/v1/volumes", disksBody(mib, `{"name":"root","size":1048576},{"name":"data","size":512}`), 422, api.CodeCapacity, "capacity is 1048576 bytes", ""},
-		{"disk sizes sum past int64", "POST", "/v1/volumes", disksBody(mib, `{"name":"a","size":9007199254740992},{"name":"b","size":9007199254740992}`), 422, api.CodeCapacity, "capacity is 1048576 bytes", ""},
+		{"disks over capacity", "POST", "/v1/volumes", disksBody(mib, `{"name":"root","size":1048576},{"name":"data","size":512}`), 422, api.CodeCapacity, "disks total 1Mi (1049088 bytes), capacity is 1Mi", ""},
+		{"disk sizes sum past int64", "POST", "/v1/volumes", disksBody(mib, `{"name":"a","size":9007199254740992},{"name":"b","size":9007199254740992}`), 422, api.CodeCapacity, "disks total 16Pi, capacity is 1Mi", ""},
 		{"duplicate disk names", "POST", "/v1/volumes", disksBody(mib, `{"name":"root","size":512},{"name":"root","size":512}`), 400, api.CodeInvalid, `disks[1].name "root": duplicate disk name`, "disks[1].name"},
 		{"disk name bad", "POST", "/v1/volumes", disksBody(mib, `{"name":"Root!","size":512}`), 400, api.CodeInvalid, `disks[0].name "Root!"`, "disks[0].name"},
 		{"disk name empty", "POST", "/v1/volumes", disksBody(mib, `{"name":"","size":512}`), 400, api.CodeInvalid, "disks[0].name: is required", "disks[0].name"},
@@ -272,7 +274,7 @@ func TestBadInput(t *testing.T) {
 		{"null body", "POST", "/v1/volumes", js(`null`), 400, api.CodeInvalid, "name: is required", "name"},
 		{"wrong content type", "POST", "/v1/volumes", payload{"text/plain", `{"name":"new","capacity":1048576}`}, 400, api.CodeInvalid, `Content-Type "text/plain"`, ""},
 		{"form content type", "PATCH", "/v1/volumes/web", payload{"application/x-www-form-urlencoded", "capacity=1"}, 400, api.CodeInvalid, "Content-Type", ""},
-		{"oversize body", "POST", "/v1/volumes", oversize, 400, api.CodeInvalid, "request body: larger than 1048576 bytes", ""},
+		{"oversize body", "POST", "/v1/volumes", oversize, 400, api.CodeInvalid, "request body: larger than 1Mi", ""},
 
 		// An existing name with another spec.
 		{"create existing different spec", "POST", "/v1/volumes", volBody("web"), 409, api.CodeConflict, `volume "web"`, ""},
@@ -304,19 +306,19 @@ func TestBadInput(t *testing.T) {
 
 		// Disks of an existing volume.
 		{"grow missing disk", "PATCH", "/v1/volumes/web/disks/nope", js(`{"size":4194304}`), 404, api.CodeNotFound, `disk "nope"`, ""},
-		{"shrink disk", "PATCH", "/v1/volumes/web/disks/root", js(`{"size":1048576}`), 400, api.CodeInvalid, `size "1048576": a disk can only grow`, "size"},
-		{"grow disk past capacity", "PATCH", "/v1/volumes/web/disks/root", js(`{"size":8388608}`), 422, api.CodeCapacity, "capacity is 8388608 bytes", ""},
+		{"shrink disk", "PATCH", "/v1/volumes/web/disks/root", js(`{"size":1048576}`), 400, api.CodeInvalid, `size "1Mi": a disk can only grow (now 2Mi)`, "size"},
+		{"grow disk past capacity", "PATCH", "/v1/volumes/web/disks/root", js(`{"size":8388608}`), 422, api.CodeCapacity, "disks would total 9Mi, capacity is 8Mi", ""},
 		{"grow disk to zero", "PATCH", "/v1/volumes/web/disks/root", js(`{"size":0}`), 400, api.CodeInvalid, `size "0"`, "size"},
 		{"grow disk overflow", "PATCH", "/v1/volumes/web/disks/root", js(`{"size":9223372036854775808}`), 400, api.CodeInvalid, "size: must be", "size"},
 		{"add existing disk other size", "POST", "/v1/volumes/web/disks", js(`{"name":"root","size":1048576}`), 409, api.CodeConflict, `disk "root" of volume "web"`, ""},
-		{"add disk past capacity", "POST", "/v1/volumes/web/disks", js(`{"name":"big","size":6291456}`), 422, api.CodeCapacity, "capacity is 8388608 bytes", ""},
+		{"add disk past capacity", "POST", "/v1/volumes/web/disks", js(`{"name":"big","size":6291456}`), 422, api.CodeCapacity, "capacity is 8Mi; grow the volume first", ""},
 		{"add disk not sectors", "POST", "/v1/volumes/web/disks", js(`{"name":"logs","size":1000}`), 400, api.CodeInvalid, `size "1000"`, "size"},
 		{"add disk without size", "POST", "/v1/volumes/web/disks", js(`{"name":"logs"}`), 400, api.CodeInvalid, `size "0"`, "size"},
 		{"add disk bad name", "POST", "/v1/volumes/web/disks", js(`{"name":"Data_2","size":512}`), 400, api.CodeInvalid, `name "Data_2"`, "name"},
 		{"remove missing disk", "DELETE", "/v1/volumes/web/disks/nope", noBody, 404, api.CodeNotFound, `disk "nope"`, ""},
 
 		// api.Volume updates.
-		{"shrink capacity", "PATCH", "/v1/volumes/web", js(`{"capacity":4194304}`), 400, api.CodeInvalid, `capacity "4194304": can only grow`, "capacity"},
+		{"shrink capacity", "PATCH", "/v1/volumes/web", js(`{"capacity":4194304}`), 400, api.CodeInvalid, `capacity "4Mi": can only grow (now 8Mi)`, "capacity"},
 		{"capacity update zero", "PATCH", "/v1/volumes/web", js(`{"capacity":0}`), 400, api.CodeInvalid, `capacity "0"`, "capacity"},
 		{"capacity update string", "PATCH", "/v1/volumes/web", js(`{"capacity":"16Mi"}`), 400, api.CodeInvalid, "capacity: must be", "capacity"},
 		{"labels update bad key", "PATCH", "/v1/volumes/web", js(`{"labels":{"-app":"web"}}`), 400, api.CodeInvalid, `labels key "-app"`, "labels key"},
@@ -414,6 +416,9 @@ func TestBadInput(t *testing.T) {
 			if tt.field != "" && e.Field != tt.field {
 				t.Errorf("field %q, want %q (message %q)", e.Field, tt.field, e.Message)
 			}
+			if raw := rawByteCount(e.Message); raw != "" {
+				t.Errorf("message %q shows the size %s in bytes: sizes are for people (40Gi), exact bytes only in parentheses after one", e.Message, raw)
+			}
 			if diff := diffFingerprints(before, fingerprint(t, p.Dir())); len(diff) > 0 {
 				t.Errorf("the pool changed:\n%s", strings.Join(diff, "\n"))
 			}
@@ -460,4 +465,22 @@ func TestFingerprintSeesChanges(t *testing.T) {
 	if diff := diffFingerprints(before, fingerprint(t, p.Dir())); len(diff) == 0 {
 		t.Error("creating and removing a file left the fingerprint unchanged")
 	}
+}
+
+// rawByteCounts finds sizes of 1Ki or more in raw bytes in an error
+// message: "N bytes" (but not the exact count formatSize puts in
+// parentheses after a human size, "1.5Gi (1610612737 bytes)") and a quoted
+// value that is a bare number, as a size field's value is quoted.
+var rawByteCounts = regexp.MustCompile(`(\(?)(\d+) bytes|"(-?\d+)"`)
+
+// rawByteCount returns the first raw byte count in msg, or "".
+func rawByteCount(msg string) string {
+	for _, m := range rawByteCounts.FindAllStringSubmatch(msg, -1) {
+		n := m[2] + m[3]
+		if v, err := strconv.ParseInt(strings.TrimPrefix(n, "-"), 10, 64); m[1] == "(" || (err == nil && v < 1024) {
+			continue
+		}
+		return n
+	}
+	return ""
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/quantity"
 )
 
 // maxBody bounds a request body; the largest legitimate one is a bulk clone
@@ -53,7 +54,7 @@ func decodeError(err error) error {
 	case errors.As(err, &syntaxErr):
 		return &badRequest{msg: fmt.Sprintf("request body: malformed JSON at byte %d: %v", syntaxErr.Offset, err)}
 	case errors.As(err, &maxErr):
-		return &badRequest{msg: fmt.Sprintf("request body: larger than %d bytes", maxBody)}
+		return &badRequest{msg: "request body: larger than " + quantity.Format(maxBody)}
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
 		return &badRequest{field: field, msg: fmt.Sprintf("%s: unknown field", field)}

@@ -6,5 +6,5 @@
 // one place (errors.go). It imports api, pool and job; nothing in the domain
 // imports it.
 //
-// Imports from quiver: api, buildinfo, job, pool, qos.
+// Imports from quiver: api, buildinfo, job, pool, qos, quantity.
 package apiserver

@@ -31,5 +31,5 @@
 // import any transport package (api, nbd, csi) nor the
 // job runner: long operations report through the Progress interface.
 //
-// Imports from quiver: beneath, durable, fscap, qos.
+// Imports from quiver: beneath, durable, fscap, qos, quantity.
 package pool

@@ -2,10 +2,13 @@ package pool
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/quiverstorage/quiver/internal/quantity"
 )
 
 // Limits on what one volume may hold.
@@ -55,13 +58,27 @@ func ValidateName(field, name string) error {
 func ValidateSize(field string, size int64) error {
 	switch {
 	case size <= 0:
-		return invalid(field, fmt.Sprint(size), "must be greater than zero")
+		return invalid(field, formatSize(size), "must be greater than zero")
 	case size > MaxSize:
-		return invalid(field, fmt.Sprint(size), fmt.Sprintf("must be at most %d bytes (8 PiB)", MaxSize))
+		return invalid(field, formatSize(size), "must be at most "+formatSize(MaxSize))
 	case size%SectorSize != 0:
-		return invalid(field, fmt.Sprint(size), "must be a multiple of 512 bytes")
+		return invalid(field, formatSize(size), "must be a multiple of 512 bytes")
 	}
 	return nil
+}
+
+// formatSize renders a size for people in error messages: "40Gi", or
+// "1.5Gi (1610612737 bytes)" when the binary unit alone is not exact, so
+// that two sizes that differ by a few bytes never read the same.
+func formatSize(n int64) string {
+	if n < 0 && n != math.MinInt64 { // whose negation overflows
+		return "-" + formatSize(-n)
+	}
+	s := quantity.Format(n)
+	if back, err := quantity.Parse(s); err != nil || back != n {
+		return fmt.Sprintf("%s (%d bytes)", s, n)
+	}
+	return s
 }
 
 // ValidateLabels checks label keys and values with Kubernetes' rules.
@@ -108,7 +125,7 @@ func ValidateDisks(disks []DiskSpec, capacity int64) error {
 		total += d.Size
 	}
 	if total > capacity {
-		return fmt.Errorf("disks total %d bytes, capacity is %d bytes: %w", total, capacity, ErrCapacity)
+		return fmt.Errorf("disks total %s, capacity is %s: %w", formatSize(total), formatSize(capacity), ErrCapacity)
 	}
 	return nil
 }

@@ -217,7 +217,7 @@ func (p *Pool) checkImage(rel string, size int64, repair bool) error {
 		return nil
 	}
 	if !repair {
-		return fmt.Errorf("image is %d bytes, its manifest says %d: open the pool read-write to repair it", st.Size(), size)
+		return fmt.Errorf("image is %s, its manifest says %s: open the pool read-write to repair it", formatSize(st.Size()), formatSize(size))
 	}
 	if err := f.Truncate(size); err != nil {
 		return mapFSError(err)

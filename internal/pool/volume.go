@@ -417,7 +417,7 @@ func (v *Volume) Update(ctx context.Context, u Update) (VolumeInfo, error) {
 			return VolumeInfo{}, err
 		}
 		if *capacity < m.Capacity {
-			return VolumeInfo{}, invalid("capacity", fmt.Sprint(*capacity), fmt.Sprintf("can only grow (now %d bytes)", m.Capacity))
+			return VolumeInfo{}, invalid("capacity", formatSize(*capacity), "can only grow (now "+formatSize(m.Capacity)+")")
 		}
 		m.Capacity = *capacity
 	}
@@ -489,7 +489,7 @@ func (v *Volume) AddDiskWith(ctx context.Context, d DiskSpec, idem Idempotency) 
 		return VolumeInfo{}, invalid("name", d.Name, fmt.Sprintf("volume already has %d disks, the maximum", MaxDisks))
 	}
 	if t := totalSize(m.Disks) + d.Size; t > m.Capacity {
-		return VolumeInfo{}, fmt.Errorf("disks would total %d bytes, capacity is %d bytes; grow the volume first: %w", t, m.Capacity, ErrCapacity)
+		return VolumeInfo{}, fmt.Errorf("disks would total %s, capacity is %s; grow the volume first: %w", formatSize(t), formatSize(m.Capacity), ErrCapacity)
 	}
 	path := v.diskPath(d.Name)
 	_ = v.pool.root.Remove(v.pool.rel(path)) // an orphan from a crashed add
@@ -542,10 +542,10 @@ func (v *Volume) GrowDisk(ctx context.Context, disk string, size int64) (VolumeI
 		return v.Info(), nil
 	}
 	if size < old {
-		return VolumeInfo{}, invalid("size", fmt.Sprint(size), fmt.Sprintf("a disk can only grow (now %d bytes)", old))
+		return VolumeInfo{}, invalid("size", formatSize(size), "a disk can only grow (now "+formatSize(old)+")")
 	}
 	if t := totalSize(m.Disks) - old + size; t > m.Capacity {
-		return VolumeInfo{}, fmt.Errorf("disks would total %d bytes, capacity is %d bytes; grow the volume first: %w", t, m.Capacity, ErrCapacity)
+		return VolumeInfo{}, fmt.Errorf("disks would total %s, capacity is %s; grow the volume first: %w", formatSize(t), formatSize(m.Capacity), ErrCapacity)
 	}
 	m.Disks[i].Size = size
 	if err := v.commit(m); err != nil {
