@@ -31,6 +31,7 @@ var completions = map[string][]argKind{
 	"volume label":    {argVolume},
 	"volume qos":      {argVolume},
 	"volume stats":    {argVolume},
+	"volume export":   {argVolume},
 	"disk add":        {argVolume},
 	"disk grow":       {argVolume, argDisk},
 	"disk remove":     {argVolume, argDisk},

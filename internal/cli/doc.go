@@ -8,5 +8,5 @@
 // internal/durable to write the server's ready file; nothing imports it but
 // cmd/quiver.
 //
-// Imports from quiver: api, buildinfo, client, csi, durable, kubevirt/hook, kubevirt/webhook, nbd, quantity, server, tlscert.
+// Imports from quiver: api, buildinfo, client, csi, durable, imageconv, kubevirt/hook, kubevirt/webhook, nbd, ova, quantity, server, tlscert.
 package cli

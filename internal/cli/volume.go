@@ -20,7 +20,7 @@ func (a *app) volumeCommand() *cobra.Command {
 	}
 	cmd.AddCommand(a.volumeCreateCommand(), a.volumeListCommand(), a.volumeGetCommand(),
 		a.volumeDeleteCommand(), a.volumeGrowCommand(), a.volumeLabelCommand(), a.volumeQoSCommand(),
-		a.volumeStatsCommand())
+		a.volumeStatsCommand(), a.volumeImportCommand(), a.volumeExportCommand())
 	return cmd
 }
 

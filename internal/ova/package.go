@@ -118,7 +118,7 @@ func openOVA(path string, names []string) (*Package, error) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: not a readable tar archive (%v): %w", path, err, ErrInvalid)
+			return nil, fmt.Errorf("%s: not a readable tar archive: truncated or damaged (%v): %w", path, err, ErrInvalid)
 		}
 		if i >= 4*MaxDisks {
 			return nil, fmt.Errorf("%s: more than %d members: %w", path, 4*MaxDisks, ErrInvalid)
