@@ -75,7 +75,7 @@ func TestParseRefuses(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, ovf, want string
-		names          []string
+		names           []string
 	}{
 		{"not xml", "this is not xml", "not an OVF envelope", nil},
 		{"truncated", goodOVF[:len(goodOVF)/2], "not an OVF envelope", nil},

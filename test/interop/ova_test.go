@@ -133,7 +133,9 @@ func TestOVAImportExport(t *testing.T) {
 	ovf := ovfFor(order, []int64{24 * miB, 40 * miB})
 	good := filepath.Join(dir, "legacy-vm.ova")
 	packOVA(t, good, ovf, files, order)
-	cli := func(args ...string) string { return run(t, quiverBin, append([]string{"--server", s.APIAddr}, args...)...) }
+	cli := func(args ...string) string {
+		return run(t, quiverBin, append([]string{"--server", s.APIAddr}, args...)...)
+	}
 	uri := func(vol, disk string) string { return s.URI(vol + "/" + disk) }
 
 	cli("volume", "import", "web01", "--from", good, "--disk-names", "root,data")
