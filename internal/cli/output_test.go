@@ -320,3 +320,30 @@ func TestCompletion(t *testing.T) {
 		}
 	}
 }
+
+// TestVolumeBulkDelete: names expand as for clone, a selector picks the
+// volumes, a refusal does not stop the others, and the command fails
+// naming what it could not delete.
+func TestVolumeBulkDelete(t *testing.T) {
+	f, url := newFakeAPI(t)
+	for _, n := range []string{"vdi-001", "vdi-003", "web01", "vdi-001x"} {
+		f.routes["DELETE /v1/volumes/"+n] = func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }
+	}
+	f.reply("DELETE /v1/volumes/vdi-002", http.StatusConflict, api.ErrorBody{Error: api.Error{Code: api.CodeHasSnapshots, Message: "it has 1 snapshots"}})
+	got := run(t, context.Background(), url, nil, "volume", "delete", "vdi-{001..003}")
+	if got.code != ExitError || got.stdout != "volume vdi-001 deleted\nvolume vdi-003 deleted\n" ||
+		!strings.Contains(got.stderr, "error: vdi-002: it has 1 snapshots") || !strings.Contains(got.stderr, "1 of 3 volumes were not deleted (vdi-002)") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", got.code, got.stdout, got.stderr)
+	}
+	f.reply("GET /v1/volumes", 200, api.List[api.Volume]{Items: testVolumes[:1]})
+	got = run(t, context.Background(), url, nil, "volume", "delete", "-l", "app=web")
+	if got.code != 0 || got.stdout != "volume web01 deleted\n" || !f.sent("GET /v1/volumes?selector=app%3Dweb") {
+		t.Fatalf("selector: exit %d, stdout %q, stderr %q, requests %v", got.code, got.stdout, got.stderr, f.requests)
+	}
+	for _, args := range [][]string{{"volume", "delete"}, {"volume", "delete", "web01", "-l", "app=web"}} {
+		got = run(t, context.Background(), url, nil, args...)
+		if got.code != ExitError || !strings.Contains(got.stderr, "not both") {
+			t.Fatalf("%v: exit %d, stderr %q", args, got.code, got.stderr)
+		}
+	}
+}

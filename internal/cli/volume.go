@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -94,30 +96,81 @@ func (a *app) volumeGetCommand() *cobra.Command {
 
 func (a *app) volumeDeleteCommand() *cobra.Command {
 	var recursive bool
+	var selector string
 	cmd := &cobra.Command{
-		Use:     "delete NAME [--recursive]",
+		Use:     "delete NAME... | -l KEY=VALUE,... [--recursive]",
 		Aliases: []string{"rm"},
-		Short:   "Delete a volume with all its disks (and its snapshots with --recursive)",
-		Long: `Delete a volume with all its disks. A volume with snapshots is refused
-unless --recursive deletes them too, as zfs destroy does without -r.
-A volume with attachments is refused: detach it first.`,
-		Args: cobra.ExactArgs(1),
+		Short:   "Delete volumes with all their disks (and their snapshots with --recursive)",
+		Long: `Delete volumes with all their disks: those named (brace patterns such as
+'vdi-{001..500}' expand as for clone), or every volume matching a label
+selector. A volume with snapshots is refused unless --recursive deletes them
+too, as zfs destroy does without -r. A volume with attachments is refused:
+detach it first. Each volume is deleted on its own; the command goes on past
+a refusal and fails at the end, naming every volume it could not delete.`,
+		Example: `  quiver volume delete web01
+  quiver volume delete 'vdi-{001..500}' --recursive
+  quiver volume delete -l pool=vdi`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if (len(args) == 0) == (selector == "") {
+				return errors.New("give volume names or a --selector, not both")
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
+			names, err := expandAll(args)
+			if err != nil {
+				return err
+			}
+			if selector != "" {
+				vols, err := c.ListVolumes(cmd.Context(), selector)
+				if err != nil {
+					return err
+				}
+				for _, v := range vols {
+					names = append(names, v.Name)
+				}
+				if len(names) == 0 {
+					_, err := fmt.Fprintf(a.env.Stderr, "No volumes match %s.\n", selector)
+					return err
+				}
+			}
 			var opts []client.CallOption
 			if recursive {
 				opts = append(opts, client.Recursive())
 			}
-			if err := c.DeleteVolume(cmd.Context(), args[0], opts...); err != nil {
-				return err
+			var failed []string
+			var first error
+			for _, name := range names {
+				if err := c.DeleteVolume(cmd.Context(), name, opts...); err != nil {
+					if cmd.Context().Err() != nil {
+						return errInterrupted
+					}
+					if len(names) == 1 {
+						return err
+					}
+					fmt.Fprintf(a.env.Stderr, "error: %s: %v\n", name, err)
+					failed = append(failed, name)
+					if first == nil {
+						first = err
+					}
+					continue
+				}
+				if err := a.printDone(cmd.OutOrStdout(), "volume %s deleted", name); err != nil {
+					return err
+				}
 			}
-			return a.printDone(cmd.OutOrStdout(), "volume %s deleted", args[0])
+			if len(failed) > 0 {
+				return fmt.Errorf("%d of %d volumes were not deleted (%s): %w", len(failed), len(names), strings.Join(failed, ", "), first)
+			}
+			return nil
 		},
 	}
-	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "delete the volume's snapshots with it")
+	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "delete the volumes' snapshots with them")
+	cmd.Flags().StringVarP(&selector, "selector", "l", "", "delete every volume matching KEY=VALUE[,KEY=VALUE...]")
 	return cmd
 }
 
