@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: all build run test test-race test-short lint fuzz bench bench-nbd bench-qos bench-storm proto clean
+.PHONY: man all build run test test-race test-short lint fuzz bench bench-nbd bench-qos bench-storm proto clean
 
 all: build
 
@@ -17,6 +17,10 @@ LDFLAGS ?= -X github.com/quiverstorage/quiver/internal/buildinfo.Version=$(VERSI
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/quiver
+
+# Man pages of every command, generated from the command tree, in man/.
+man: build
+	./$(BIN) man --dir man
 
 run: build
 	./$(BIN) server

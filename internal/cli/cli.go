@@ -153,7 +153,7 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 		a.kubevirtHookCommand(), a.kubevirtWebhookCommand())
 	add("storage", a.volumeCommand(), a.diskCommand(), a.attachCommand())
 	add("data", a.snapshotCommand(), a.rollbackCommand(), a.cloneCommand())
-	root.AddCommand(a.versionCommand())
+	root.AddCommand(a.versionCommand(), a.manCommand())
 	a.addCompletions(root)
 	requireSubcommands(root)
 	return root

@@ -347,3 +347,52 @@ func TestVolumeBulkDelete(t *testing.T) {
 		}
 	}
 }
+
+func TestManPages(t *testing.T) {
+	dir := t.TempDir()
+	got := run(t, context.Background(), "http://127.0.0.1:1", nil, "man", "--dir", dir)
+	if got.code != 0 {
+		t.Fatalf("exit %d, stderr %q", got.code, got.stderr)
+	}
+	for page, want := range map[string]string{
+		"quiver.1":               "Storage for virtual machines",
+		"quiver-volume-import.1": "OVA",
+		"quiver-volume-delete.1": "unless --recursive deletes",
+	} {
+		b, err := os.ReadFile(filepath.Join(dir, page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), want) || !strings.HasPrefix(string(b), ".nh") && !strings.Contains(string(b), ".TH") {
+			t.Errorf("%s lacks %q or is not a man page:\n%.300s", page, want, b)
+		}
+	}
+}
+
+// TestSystemdUnitFlags: every flag the systemd unit passes exists, so the
+// unit does not rot as flags change.
+func TestSystemdUnitFlags(t *testing.T) {
+	unit, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", "quiver.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &app{env: Env{Getenv: func(string) string { return "" }}}
+	server, _, err := a.rootCommand().Find([]string{"server"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	_, exec, _ := strings.Cut(string(unit), "ExecStart=")
+	exec, _, _ = strings.Cut(exec, "ExecReload=")
+	for _, word := range strings.Fields(exec) {
+		if name, ok := strings.CutPrefix(word, "--"); ok {
+			n++
+			if server.Flags().Lookup(name) == nil && server.InheritedFlags().Lookup(name) == nil {
+				t.Errorf("the unit passes --%s, which quiver server does not have", name)
+			}
+		}
+	}
+	if n < 5 {
+		t.Fatalf("found %d flags in the unit", n)
+	}
+}
