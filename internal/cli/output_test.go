@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/quiverstorage/quiver/internal/api"
 )
 
@@ -394,5 +397,46 @@ func TestSystemdUnitFlags(t *testing.T) {
 	}
 	if n < 5 {
 		t.Fatalf("found %d flags in the unit", n)
+	}
+}
+
+func TestServerConfigFile(t *testing.T) {
+	flagsAfter := func(t *testing.T, yamlText string, args ...string) (*cobra.Command, error) {
+		t.Helper()
+		a := &app{env: Env{Getenv: func(string) string { return "" }}}
+		root := a.rootCommand()
+		server, _, err := root.Find([]string{"server"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := server.ParseFlags(args); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), "server.yaml")
+		os.WriteFile(path, []byte(yamlText), 0o600)
+		return server, applyConfig(server.Flags(), path)
+	}
+	server, err := flagsAfter(t, "listen: 127.0.0.2:7481\nnbd-max-conns: 77\nlog-level: debug\ntoken-file: /etc/quiver/token\npprof: true\n", "--log-level", "warn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"listen": "127.0.0.2:7481", "nbd-max-conns": "77", "log-level": "warn", "token-file": "/etc/quiver/token", "pprof": "true"} {
+		if got := server.Flags().Lookup(name).Value.String(); got != want {
+			t.Errorf("%s = %q, want %q", name, got, want)
+		}
+	}
+	for text, want := range map[string]string{
+		"lisen: x\n":            `unknown setting "lisen"`,
+		"nbd-max-conns: lots\n": "nbd-max-conns",
+		"listen: [a, b]\n":      "want a single value",
+		"config: other.yaml\n":  `unknown setting "config"`,
+		"just some words\n":     "not YAML key: value lines",
+	} {
+		if _, err := flagsAfter(t, text); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("config %q: err %v, want %q", text, err, want)
+		}
+	}
+	if err := applyConfig(pflag.NewFlagSet("x", pflag.ContinueOnError), filepath.Join(t.TempDir(), "absent.yaml")); err == nil {
+		t.Error("an absent --config file was accepted")
 	}
 }

@@ -20,7 +20,7 @@ import (
 
 func (a *app) serverCommand() *cobra.Command {
 	cfg := server.Config{}
-	var logLevel, readyFile string
+	var logLevel, readyFile, configFile string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run a storage node: open the pool, serve the API and the disks over NBD",
@@ -59,9 +59,18 @@ connections get the new certificate, established ones keep theirs.
 use it (quiver --server unix:///path ...). The NBD socket gets the same mode.
 
 The --api-* and --nbd-* limits bound what clients can hold; docs/security.md
-explains each.`,
+explains each.
+
+Every flag can also be set in a YAML file, --config (default
+/etc/quiver/server.yaml when it exists), by its name without "--":
+    listen: 0.0.0.0:7480
+    token-file: /etc/quiver/token
+A flag on the command line wins over the file.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyConfig(cmd.Flags(), configFile); err != nil {
+				return err
+			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel)
@@ -129,6 +138,7 @@ explains each.`,
 		"off, on (clients may upgrade) or require (default with --nbd-tls-cert: require beyond loopback, on on loopback)")
 	f.StringVar(&cfg.TLS.NBDClientCAFile, "nbd-tls-client-ca", "", "require NBD clients to present a certificate signed by a CA of this PEM file")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().StringVar(&configFile, "config", "", "YAML file of settings, each a flag name without -- (default "+defaultConfig+" when it exists)")
 	cmd.Flags().StringVar(&readyFile, "ready-file", "",
 		"once serving, write the bound addresses here as JSON (for port 0 in scripts and tests)")
 	return cmd
