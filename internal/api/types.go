@@ -211,6 +211,9 @@ const (
 	JobSucceeded = "succeeded"
 	JobFailed    = "failed"
 	JobCancelled = "cancelled"
+	// JobInterrupted: the server stopped while the job ran; shown after a
+	// restart, with its partial work discarded.
+	JobInterrupted = "interrupted"
 )
 
 // Job is a long operation (snapshot, rollback, clone) with its progress.
@@ -287,6 +290,7 @@ const (
 	CodeCancelled    = "Cancelled"        // 499-like: job was cancelled
 	CodeInUse        = "InUse"            // 409: the volume has attachments or connected writers
 	CodeHasSnapshots = "HasSnapshots"     // 409: deleting a volume with snapshots without recursive=true
+	CodeInterrupted  = "Interrupted"      // a job's error: the server stopped while it ran
 	CodeBroken       = "Broken"           // 409: the volume is quarantined (damaged or hostile files)
 	CodeReadOnly     = "ReadOnly"         // 409: the pool is read-only
 	CodeInternal     = "Internal"         // 500

@@ -32,6 +32,7 @@ var errorMapping = []struct {
 	{pool.ErrBroken, http.StatusConflict, api.CodeBroken},
 	{pool.ErrReadOnly, http.StatusConflict, api.CodeReadOnly},
 	{job.ErrNotFound, http.StatusNotFound, api.CodeNotFound},
+	{job.ErrInterrupted, http.StatusConflict, api.CodeInterrupted},
 	{errRouteNotFound, http.StatusNotFound, api.CodeNotFound},
 	{errMethod, http.StatusMethodNotAllowed, api.CodeInvalid},
 	{pool.ErrExists, http.StatusConflict, api.CodeConflict},

@@ -17,10 +17,18 @@ const (
 	Succeeded = "succeeded"
 	Failed    = "failed"
 	Cancelled = "cancelled"
+	// Interrupted is a job that was running when its server stopped; it
+	// shows after the restart (Journal) as ended, never to resume.
+	Interrupted = "interrupted"
 )
 
 // ErrNotFound is returned for an unknown job id.
 var ErrNotFound = errors.New("job not found")
+
+// ErrInterrupted is the error of a job that was running when its server
+// stopped: what it did is undone at start-up (staging is cleared), and
+// nothing of it is left.
+var ErrInterrupted = errors.New("the server stopped while the job ran; its partial work was discarded: run it again")
 
 // Retention is how long a finished job stays listed.
 const Retention = 10 * time.Minute
@@ -94,13 +102,16 @@ func (j *Job) Status() Status {
 
 // Manager owns the running and recently finished jobs.
 type Manager struct {
-	base   context.Context
-	stop   context.CancelFunc
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	jobs   map[string]*Job
-	now    func() time.Time
-	retain time.Duration
+	base    context.Context
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	jobs    map[string]*Job
+	now     func() time.Time
+	retain  time.Duration
+	journal Journal
+	saveMu  sync.Mutex // serializes saves: each writes the state it read
+	log     func(err error)
 }
 
 // NewManager returns a manager whose jobs are cancelled by Shutdown.
@@ -121,10 +132,12 @@ func (m *Manager) Start(kind, target string, items int, fn func(ctx context.Cont
 	m.gcLocked()
 	m.jobs[j.id] = j
 	m.mu.Unlock()
+	m.save()
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
 		defer cancel()
+		defer m.save()
 		err := fn(ctx, j)
 		j.mu.Lock()
 		j.err, j.ended = err, m.now().UTC()

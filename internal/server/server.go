@@ -21,7 +21,6 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/apiserver"
 	"github.com/quiverstorage/quiver/internal/connlimit"
-	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/pool"
@@ -110,7 +109,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer p.Close()
-	jobs := job.NewManager()
+	jobs := newJobs(p, log)
 	ln, err := net.Listen("tcp", cfg.APIAddr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w (is another quiver server running? pick another address with --listen)", cfg.APIAddr, err)

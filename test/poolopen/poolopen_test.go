@@ -244,3 +244,32 @@ func sum(t *testing.T, dir string) string {
 	}
 	return fmt.Sprintf("%x", h.Sum(nil))
 }
+
+// TestJobHistorySurvivesRestart: `quiver job list` after a restart shows
+// the jobs of the last run, with their outcome.
+func TestJobHistorySurvivesRestart(t *testing.T) {
+	pool := filepath.Join(t.TempDir(), "pool")
+	srv, err := testserver.Start(t.Context(), quiverBin, testserver.Options{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	createVolume(t, srv.API, "web01")
+	j, err := srv.API.StartSnapshot(t.Context(), "web01", "nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.API.WaitJob(t.Context(), j.ID, 10*time.Millisecond, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	srv = testserver.StartT(t, quiverBin, testserver.Options{Pool: pool})
+	got, err := srv.API.GetJob(t.Context(), j.ID)
+	if err != nil {
+		t.Fatalf("the snapshot job is gone after a restart: %v", err)
+	}
+	if got.State != api.JobSucceeded || got.Kind != "snapshot" || got.Target != j.Target {
+		t.Fatalf("after a restart: %+v, want the succeeded snapshot %+v", got, j)
+	}
+}
