@@ -15,16 +15,22 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/faultio"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // openFaultPool opens a pool in a temporary directory whose disk writes and
 // syncs go through a fault injector, with one volume "vm" of disks root and
 // data.
-func openFaultPool(t *testing.T) (*Pool, *Volume, *faultio.IO) {
+func openFaultPool(t *testing.T) (*Pool, *Volume, *faultio.FS) {
 	t.Helper()
-	fio := faultio.New()
-	p, err := OpenWith(context.Background(), t.TempDir(),
-		Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DiskIO: fio})
+	dir := t.TempDir()
+	osfs, err := storage.OpenOS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fio := faultio.New(osfs)
+	p, err := OpenWith(context.Background(), dir,
+		Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), FS: fio})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,23 +118,24 @@ func TestSnapshotFailsWithFailedSync(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		open bool // the disk is open for I/O (else the capture syncs its own file)
-		arm  func(t *testing.T, fio *faultio.IO, d Disk)
+		arm  func(t *testing.T, fio *faultio.FS, d Disk)
 	}{
-		{"sync fails during the capture, disk open", true, func(t *testing.T, fio *faultio.IO, d Disk) {
+		{"sync fails during the capture, disk open", true, func(t *testing.T, fio *faultio.FS, d Disk) {
 			fio.FailSync(1, syscall.EIO)
 		}},
-		{"sync fails during the capture, disk not open", false, func(t *testing.T, fio *faultio.IO, d Disk) {
+		{"sync fails during the capture, disk not open", false, func(t *testing.T, fio *faultio.FS, d Disk) {
 			fio.FailSync(1, syscall.EIO)
 		}},
-		{"a flush failed before", true, func(t *testing.T, fio *faultio.IO, d Disk) {
+		{"a flush failed before", true, func(t *testing.T, fio *faultio.FS, d Disk) {
 			fio.FailSync(1, syscall.EIO)
 			if err := d.Flush(); !errors.Is(err, ErrSyncFailed) {
 				t.Fatalf("flush: %v", err)
 			}
 		}},
-		{"the sync after the cut fails", true, func(t *testing.T, fio *faultio.IO, d Disk) {
-			// Count the syncs of a snapshot that succeeds, then fail the
-			// last one of the next: the data disk's, after the cut.
+		{"the sync after the cut fails", true, func(t *testing.T, fio *faultio.FS, d Disk) {
+			// Count the file syncs of a snapshot that succeeds, then fail
+			// the data disk's after the cut in the next: the last but
+			// three (the two copies and snapshot.json come after it).
 			before := fio.Syncs()
 			if _, _, err := d.(*liveDisk).v.CreateSnapshot(context.Background(), "probe", nil); err != nil {
 				t.Fatal(err)
@@ -136,7 +143,7 @@ func TestSnapshotFailsWithFailedSync(t *testing.T) {
 			if err := d.(*liveDisk).v.DeleteSnapshot(context.Background(), "probe"); err != nil {
 				t.Fatal(err)
 			}
-			fio.FailSync(fio.Syncs()-before, syscall.EIO)
+			fio.FailSync(fio.Syncs()-before-3, syscall.EIO)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -300,7 +307,7 @@ func TestRollbackRecordWithoutStagingFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := durable.WriteJSON(filepath.Join(v.dir, rollbackRecordName),
+	if err := durable.WriteJSONPath(filepath.Join(v.dir, rollbackRecordName),
 		rollbackRecord{Snapshot: "s", Staging: "rb-gone"}); err != nil {
 		t.Fatal(err)
 	}
