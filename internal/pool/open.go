@@ -312,12 +312,14 @@ func (p *Pool) checkEmpty() error {
 // and refuses a pool where either is anything but a directory (a symbolic
 // link to elsewhere above all).
 func (p *Pool) checkLayout() error {
+	made := false
 	for _, d := range []string{"volumes", "staging"} {
 		fi, err := p.fs.Lstat(d)
 		if errors.Is(err, fs.ErrNotExist) && !p.readOnly {
 			if err := p.fs.Mkdir(d, 0o755); err != nil {
 				return fmt.Errorf("open pool %s: %w", p.dir, err)
 			}
+			made = true
 			continue
 		}
 		if err != nil {
@@ -326,6 +328,14 @@ func (p *Pool) checkLayout() error {
 		if !fi.IsDir() {
 			return fmt.Errorf("open pool %s: %s is a %s, not a directory: refusing to use it: %w",
 				p.dir, d, kindOf(fi), ErrHostile)
+		}
+	}
+	// The new directories must be durable before anything is put in
+	// them: volumes published into a volumes/ that a crash loses are lost
+	// with it.
+	if made {
+		if err := p.fs.SyncDir("."); err != nil {
+			return fmt.Errorf("open pool %s: %w", p.dir, err)
 		}
 	}
 	return nil
