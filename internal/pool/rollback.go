@@ -139,7 +139,12 @@ func (p *Pool) applyRollback(volDir, staged string) error {
 			}
 		}
 	}
+	// A rename is durable once both directories are synced: the staged
+	// directory too, or a crash may put the images back there.
 	if err := p.fs.SyncDir(path.Join(vol, "disks")); err != nil {
+		return err
+	}
+	if err := p.fs.SyncDir(stg); err != nil {
 		return err
 	}
 	if err := p.checkFile(path.Join(stg, "volume.json")); err == nil {
@@ -147,6 +152,9 @@ func (p *Pool) applyRollback(volDir, staged string) error {
 			return err
 		}
 		if err := p.fs.SyncDir(vol); err != nil {
+			return err
+		}
+		if err := p.fs.SyncDir(stg); err != nil {
 			return err
 		}
 	}
