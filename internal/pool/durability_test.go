@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -371,5 +372,85 @@ func TestFlushWaitsForASyncThatStartsAfterIt(t *testing.T) {
 		t.Fatalf("late flushes returned on the sync that was running when they arrived: %d syncs after it", got)
 	} else if got > late {
 		t.Fatalf("%d syncs for %d late flushes", got, late)
+	}
+}
+
+// TestReadOnlyRemountWhileServing: the filesystem goes read-only under a
+// serving pool (the kernel remounts it on an error; the fault twin does it
+// here). Every write through a disk handle and every operation that changes
+// the pool fails, with an error that says read-only (ErrReadOnly, which the
+// API answers 409 ReadOnly and NBD EPERM); nothing on disk changes, the pool
+// in memory is as before, and reads still work. Once the filesystem is
+// writable again, so is the pool.
+func TestReadOnlyRemountWhileServing(t *testing.T) {
+	ctx := context.Background()
+	p, v, fio := openFaultPool(t)
+	d := openDisk(t, v, "root")
+	if err := d.WriteAt(pattern(7, 4096), 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.CreateSnapshot(ctx, "s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.Attach("node-a", ModeReadWrite); err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, p, VolumeSpec{Name: "other", Capacity: 8 * mib, Disks: []DiskSpec{{Name: "root", Size: mib}}})
+	list := p.List(nil)
+	before := treeSum(t, p.Dir())
+
+	fio.RemountReadOnly(true)
+	ops := []struct {
+		name string
+		run  func() error
+	}{
+		{"disk write", func() error { return d.WriteAt(pattern(8, 4096), 4096, false) }},
+		{"disk write with FUA", func() error { return d.WriteAt(pattern(8, 4096), 0, true) }},
+		{"disk trim", func() error { return d.Trim(0, 4096, false) }},
+		{"volume create", func() error {
+			_, _, err := p.Create(ctx, VolumeSpec{Name: "new", Capacity: 8 * mib, Disks: []DiskSpec{{Name: "root", Size: mib}}})
+			return err
+		}},
+		{"volume update", func() error {
+			_, err := v.Update(ctx, Update{Labels: map[string]string{"a": "b"}})
+			return err
+		}},
+		{"disk add", func() error { _, err := v.AddDisk(ctx, DiskSpec{Name: "logs", Size: mib}); return err }},
+		{"disk grow", func() error { _, err := v.GrowDisk(ctx, "data", 8*mib); return err }},
+		{"disk remove", func() error { _, err := v.RemoveDiskWith(ctx, "data", true); return err }},
+		{"snapshot create", func() error { _, _, err := v.CreateSnapshot(ctx, "s2", nil); return err }},
+		{"snapshot delete", func() error { return v.DeleteSnapshot(ctx, "s1") }},
+		{"clone", func() error {
+			_, err := p.Clone(ctx, CloneRequest{Source: Source{Volume: "vm", Snapshot: "s1"}, Names: []string{"c1"}}, nil)
+			return err
+		}},
+		{"attach", func() error { _, _, err := v.Attach("node-b", ModeReadWrite); return err }},
+		{"detach", func() error { return v.Detach(v.Attachments()[0].ID) }},
+		{"rollback", func() error { _, err := v.RollbackWith(ctx, "s1", true, nil); return err }},
+		{"volume delete", func() error { return p.Delete(ctx, "other") }},
+	}
+	for _, op := range ops {
+		err := op.run()
+		if !errors.Is(err, ErrReadOnly) || !strings.Contains(err.Error(), "read-only") {
+			t.Errorf("%s on a filesystem remounted read-only: %v, want ErrReadOnly saying read-only", op.name, err)
+		}
+	}
+	buf := make([]byte, 4096)
+	if err := d.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, pattern(7, 4096)) {
+		t.Errorf("read on a read-only filesystem: %v, or not what was written", err)
+	}
+	if after := treeSum(t, p.Dir()); after != before {
+		t.Errorf("the pool changed on disk while read-only:\nbefore %s\nafter  %s", before, after)
+	}
+	if got := p.List(nil); !reflect.DeepEqual(got, list) {
+		t.Errorf("the pool in memory changed:\nbefore %+v\nafter  %+v", list, got)
+	}
+
+	fio.RemountReadOnly(false)
+	if err := d.WriteAt(pattern(9, 4096), 4096, true); err != nil {
+		t.Errorf("write once writable again: %v", err)
+	}
+	if _, err := v.AddDisk(ctx, DiskSpec{Name: "logs", Size: mib}); err != nil {
+		t.Errorf("disk add once writable again: %v", err)
 	}
 }
