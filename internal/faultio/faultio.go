@@ -202,6 +202,9 @@ func (f *FS) Rename(oldrel, newrel string) error {
 }
 
 func (f *FS) SyncDir(rel string) error {
+	if storage.SkipSync() { // the mutation check: as if the call were not there
+		return nil
+	}
 	f.mu.Lock()
 	f.dirSyncs++
 	fail := f.dirSyncs == f.dirAt
@@ -288,6 +291,9 @@ func (f *file) WriteAt(p []byte, off int64) (int, error) {
 }
 
 func (f *file) Sync() error {
+	if storage.SkipSync() { // the mutation check: as if the call were not there
+		return nil
+	}
 	x := f.fs
 	x.mu.Lock()
 	x.syncs++

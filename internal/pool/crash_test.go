@@ -289,10 +289,22 @@ func TestCrashAtEverySyncPoint(t *testing.T) {
 			}
 			after := describe(t, p)
 			syncs := cfs.Syncs()[s0:]
-			p = reboot(t, p, cfs)
-			if got := describe(t, p); !sameMaps(got, after) {
-				t.Fatalf("a power cut after the operation returned loses some of it:\nafter the cut %v\nwhen it returned %v", got, after)
+			// Another operation follows (its syncs must not make anything
+			// of the first one's undone work durable), then the cut.
+			if _, _, err := p.Create(context.Background(), VolumeSpec{Name: "z", Capacity: mib,
+				Disks: []DiskSpec{{Name: "root", Size: crashDisk}}}); err != nil {
+				t.Fatalf("the operation after: %v", err)
 			}
+			p = reboot(t, p, cfs)
+			got := describe(t, p)
+			if _, ok := got["z"]; !ok {
+				t.Errorf("the volume created after the operation is lost")
+			}
+			delete(got, "z")
+			if !sameMaps(got, after) {
+				t.Fatalf("a power cut after the operation returned (and another one after it) loses some of it:\nafter the cut %v\nwhen it returned %v", got, after)
+			}
+			checkDisksDirs(t, p, cfs)
 			if l := leftovers(cfs); len(l) > 0 {
 				t.Errorf("leftovers after recovery: %v", l)
 			}
@@ -330,6 +342,7 @@ func TestCrashAtEverySyncPoint(t *testing.T) {
 					if l := leftovers(cfs); len(l) > 0 {
 						t.Errorf("%s: leftovers after recovery: %v", where, l)
 					}
+					checkDisksDirs(t, p, cfs)
 					_ = p.Close()
 				}
 			}
@@ -473,6 +486,32 @@ func TestCrashDiskWrites(t *testing.T) {
 				}
 			}
 			_ = p.Close()
+		}
+	}
+}
+
+// checkDisksDirs requires the disks directory of every volume to hold the
+// images its manifest lists and nothing else.
+func checkDisksDirs(t *testing.T, p *Pool, cfs *crashfs.FS) {
+	t.Helper()
+	tree := cfs.Tree()
+	for _, info := range p.List(nil) {
+		if info.Broken != "" {
+			continue
+		}
+		prefix := "volumes/" + info.Name + "/disks/"
+		var got, want []string
+		for _, e := range tree {
+			if strings.HasPrefix(e, prefix) && e != prefix {
+				got = append(got, strings.TrimPrefix(e, prefix))
+			}
+		}
+		for _, d := range info.Disks {
+			want = append(want, d.Name+".img")
+		}
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("volume %s: disks directory holds %v, its manifest lists %v", info.Name, got, want)
 		}
 	}
 }

@@ -454,3 +454,35 @@ func TestReadOnlyRemountWhileServing(t *testing.T) {
 		t.Errorf("disk add once writable again: %v", err)
 	}
 }
+
+// TestReopenAfterFailedSyncIsChecked: a disk whose sync failed is reopened
+// once no handle holds it, and the reopened file is checked by a sync of its
+// own: while the storage still fails, the disk stays failed; once it works,
+// the disk opens and flushes.
+func TestReopenAfterFailedSyncIsChecked(t *testing.T) {
+	_, v, fio := openFaultPool(t)
+	d := openDisk(t, v, "root")
+	if err := d.WriteAt(pattern(1, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	fio.FailSync(1, syscall.EIO)
+	if err := d.Flush(); !errors.Is(err, ErrSyncFailed) {
+		t.Fatalf("flush: %v, want ErrSyncFailed", err)
+	}
+	_ = d.Close()
+	fio.FailSync(1, syscall.EIO) // the storage still fails
+	if d2, err := v.OpenDisk("root"); !errors.Is(err, ErrSyncFailed) {
+		if d2 != nil {
+			_ = d2.Close()
+		}
+		t.Fatalf("reopen while the storage fails: %v, want ErrSyncFailed", err)
+	}
+	d3, err := v.OpenDisk("root")
+	if err != nil {
+		t.Fatalf("reopen once the storage works: %v", err)
+	}
+	defer d3.Close()
+	if err := d3.Flush(); err != nil {
+		t.Fatalf("flush after the reopen: %v", err)
+	}
+}

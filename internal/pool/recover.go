@@ -9,7 +9,6 @@ import (
 	"path"
 	"path/filepath"
 
-	"github.com/quiverstorage/quiver/internal/beneath"
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/storage"
 )
@@ -74,8 +73,8 @@ func (p *Pool) recover(ctx context.Context) error {
 		n++
 	}
 	if n > 0 {
+		// Not synced: what comes back after a crash is reclaimed again.
 		p.log.Info("reclaimed unfinished work", "entries", n)
-		return p.fs.SyncDir("staging")
 	}
 	return nil
 }
@@ -220,14 +219,13 @@ func (p *Pool) checkImage(rel string, size int64, repair bool) error {
 	if !repair {
 		return fmt.Errorf("image is %d bytes, its manifest says %d: open the pool read-write to repair it", st.Size(), size)
 	}
-	if err := f.Truncate(size); err != nil {
-		return err
-	}
-	return f.Sync()
+	// Not synced: a crash that loses the new size leaves the image short
+	// again, and the next start extends it again.
+	return f.Truncate(size)
 }
 
 // linksOf returns the hard links of a file described by Lstat.
-func linksOf(fi fs.FileInfo) uint64 { return beneath.Links(fi) }
+func linksOf(fi fs.FileInfo) uint64 { return storage.Links(fi) }
 
 // stagingPath is the path of an entry of staging/.
 func (p *Pool) stagingPath(name string) string { return filepath.Join(p.stagingDir(), name) }

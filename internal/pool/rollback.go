@@ -139,24 +139,21 @@ func (p *Pool) applyRollback(volDir, staged string) error {
 			}
 		}
 	}
-	// A rename is durable once both directories are synced: the staged
-	// directory too, or a crash may put the images back there.
-	if err := p.fs.SyncDir(path.Join(vol, "disks")); err != nil {
-		return err
-	}
-	if err := p.fs.SyncDir(stg); err != nil {
-		return err
-	}
 	if err := p.checkFile(path.Join(stg, "volume.json")); err == nil {
 		if err := p.fs.Rename(path.Join(stg, "volume.json"), path.Join(vol, "volume.json")); err != nil {
 			return err
 		}
-		if err := p.fs.SyncDir(vol); err != nil {
-			return err
-		}
-		if err := p.fs.SyncDir(stg); err != nil {
-			return err
-		}
+	}
+	// A rename is durable once both its directories are synced. The
+	// images' are before the record goes (the staged directory's sync
+	// comes after the disks directory's); volume.json's rename becomes
+	// durable with the record's removal, at the sync of the volume
+	// directory below. Until the record is gone, a crash redoes all this.
+	if err := p.fs.SyncDir(disks); err != nil {
+		return err
+	}
+	if err := p.fs.SyncDir(stg); err != nil {
+		return err
 	}
 	var m volumeManifest
 	err = p.readDecoded(path.Join(vol, "volume.json"), func(b []byte) (err error) {
@@ -182,7 +179,8 @@ func (p *Pool) applyRollback(volDir, staged string) error {
 // the pool directory) that is not the image of a listed disk (crash
 // leftovers: temp files, images of disks whose add never committed or whose
 // removal did). Entries are unlinked relative to the directory, so a link
-// among them is removed, never followed.
+// among them is removed, never followed. The removals are not synced:
+// orphans that come back after a crash are removed at the next start.
 func (p *Pool) removeOrphanImages(disksDir string, disks []DiskSpec) error {
 	keep := make(map[string]bool, len(disks))
 	for _, d := range disks {
@@ -192,17 +190,12 @@ func (p *Pool) removeOrphanImages(disksDir string, disks []DiskSpec) error {
 	if err != nil {
 		return hostile(err)
 	}
-	removed := false
 	for _, e := range entries {
 		if !keep[e.Name()] {
 			if err := p.fs.RemoveAll(path.Join(disksDir, e.Name())); err != nil {
 				return err
 			}
-			removed = true
 		}
-	}
-	if removed {
-		return p.fs.SyncDir(disksDir)
 	}
 	return nil
 }

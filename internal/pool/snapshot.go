@@ -192,7 +192,9 @@ func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, p
 			return "", held, err
 		}
 	}
-	return method, held, v.pool.fs.SyncDir(v.pool.rel(dstDir))
+	// The copies' entries in dstDir become durable with the next sync of
+	// it: the snapshot's manifest write, or the clone's stageVolume.
+	return method, held, nil
 }
 
 // syncSource makes what was written to disk name durable, before or after

@@ -311,17 +311,16 @@ func (p *Pool) stageVolume(staged string, m volumeManifest, fill func(disksDir s
 // imageCreators is how many images of one new volume are made at once.
 const imageCreators = 8
 
-// createImage makes an empty sparse image of size bytes, durable on return.
+// createImage makes an empty sparse image of size bytes. Its size is not
+// synced: an image that a crash leaves short of its manifest's size is
+// extended at start-up (checkImage), and it holds no data yet.
 func (p *Pool) createImage(path string, size int64) error {
 	f, err := p.newImageFile(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if err := f.Truncate(size); err != nil {
-		return err
-	}
-	return f.Sync()
+	return f.Truncate(size)
 }
 
 // newImageFile creates path exclusively, with the extent size hint where the
@@ -587,13 +586,8 @@ func (v *Volume) RemoveDiskWith(ctx context.Context, disk string, force bool) (V
 	}
 	v.gate.Unlock()
 	// The manifest no longer lists the image: if its removal does not
-	// last, start-up removes the orphan.
-	if err := v.pool.fs.Remove(v.pool.rel(v.diskPath(disk))); err == nil {
-		if err := v.pool.fs.SyncDir(v.pool.rel(v.disksDir())); err != nil {
-			v.pool.log.Error("sync after removing a disk image; start-up removes it if it comes back",
-				"volume", v.name, "disk", disk, "err", err)
-		}
-	}
+	// last (it is not synced), start-up removes the orphan.
+	_ = v.pool.fs.Remove(v.pool.rel(v.diskPath(disk)))
 	return v.Info(), nil
 }
 

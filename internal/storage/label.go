@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 )
 
 // MutateEnv names the environment variable of the mutation check: when it
@@ -15,7 +16,16 @@ import (
 // durability tests once per label.
 const MutateEnv = "QUIVER_MUTATE_SYNC"
 
-var mutated = os.Getenv(MutateEnv)
+// SyncLogEnv names the environment variable that lists sync points: when it
+// holds a file name, the label of every sync is appended to that file (the
+// mutation check collects the sync points its tests reach this way).
+const SyncLogEnv = "QUIVER_SYNC_LOG"
+
+var (
+	mutated = os.Getenv(MutateEnv)
+	syncLog = os.Getenv(SyncLogEnv)
+	logMu   sync.Mutex
+)
 
 // SyncLabel names the sync point that called into the storage layer: the
 // first caller outside the layer and its twins, as "pkg.Func:file.go:line"
@@ -39,9 +49,31 @@ func SyncLabel() string {
 // mutation check.
 func Mutated(label string) bool { return mutated != "" && label == mutated }
 
-// skipSync reports whether the mutation check switches off the caller's
-// sync (SyncLabel is only computed when a mutation is set).
-func skipSync() bool { return mutated != "" && SyncLabel() == mutated }
+// SkipSync is called by every sync of this layer and its twins before it
+// does anything: it logs the sync point when SyncLogEnv is set, and reports
+// whether the mutation check switches it off. The label is only computed
+// when either is set.
+func SkipSync() bool {
+	if mutated == "" && syncLog == "" {
+		return false
+	}
+	label := SyncLabel()
+	if syncLog != "" {
+		logSync(label)
+	}
+	return label == mutated
+}
+
+func logSync(label string) {
+	logMu.Lock()
+	defer logMu.Unlock()
+	f, err := os.OpenFile(syncLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = f.WriteString(label + "\n")
+}
 
 const module = "github.com/quiverstorage/quiver/"
 

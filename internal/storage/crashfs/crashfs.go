@@ -18,7 +18,7 @@
 // Every sync point is counted and recorded with its label
 // (storage.SyncLabel); CutAtSync cuts the power right before or right after
 // the k-th one, so a test can cut an operation at each of its syncs in turn.
-// A sync switched off by the mutation check (storage.Mutated) does nothing
+// A sync switched off by the mutation check (storage.SkipSync) does nothing
 // and is not counted, as if it were not in the code.
 //
 // The twin reports reflink (a clone is a copy here) and no hole reporting;
@@ -555,7 +555,7 @@ func (f *FS) SyncDir(rel string) error {
 	if err != nil {
 		return err
 	}
-	if storage.Mutated(label) {
+	if storage.SkipSync() {
 		return nil
 	}
 	if !f.syncPoint(label, rel, true) {
@@ -718,7 +718,7 @@ func (h *file) Sync() error {
 		return err
 	}
 	defer unlock()
-	if storage.Mutated(label) {
+	if storage.SkipSync() {
 		return nil
 	}
 	if !h.fs.syncPoint(label, h.name, false) {
