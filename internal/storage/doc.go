@@ -16,8 +16,8 @@
 //
 // Every sync point (File.Sync, FS.SyncDir) is labelled with its call site
 // (SyncLabel): tests count and name them, and the mutation check
-// (cmd internal/storage/mutatesyncs) turns one label's syncs into no-ops to
-// show that some test notices.
+// (scripts/mutate-syncs, docs/durability.md) turns one label's syncs into
+// no-ops to show that some test notices.
 //
 // The generic mechanisms built on the interfaces live here once: the walk
 // over data runs (DataRuns), the sparse copy (CopySparse) and the

@@ -45,10 +45,6 @@ func SyncLabel() string {
 	}
 }
 
-// Mutated reports whether the sync at label is switched off by the
-// mutation check.
-func Mutated(label string) bool { return mutated != "" && label == mutated }
-
 // SkipSync is called by every sync of this layer and its twins before it
 // does anything: it logs the sync point when SyncLogEnv is set, and reports
 // whether the mutation check switches it off. The label is only computed
