@@ -77,11 +77,11 @@ func (d faultDisk) Extents(off, n int64, limit int) ([]pool.Extent, error) {
 }
 
 func (d faultDisk) WriteAt(p []byte, off int64, fua bool) error {
-	return fmt.Errorf("pwrite: %w", syscall.ENOSPC)
+	return fmt.Errorf("pwrite: %w: %w", pool.ErrNoSpace, syscall.ENOSPC) // as the storage layer classifies it
 }
 func (d faultDisk) Flush() error { return fmt.Errorf("fdatasync: %w", syscall.EIO) }
 func (d faultDisk) Trim(off, n int64, fua bool) error {
-	return fmt.Errorf("punch: %w", syscall.EOPNOTSUPP)
+	return fmt.Errorf("punch: %w: %w", pool.ErrNotSupported, syscall.EOPNOTSUPP)
 }
 func (d faultDisk) Zero(off, n int64, mayTrim, fast, fua bool) error {
 	if fast {
