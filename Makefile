@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: man all build run test test-race test-short lint fuzz bench bench-nbd bench-qos bench-storm proto clean
+.PHONY: man all build run test test-race test-short lint fuzz bench bench-nbd bench-qos bench-storm proto clean mutate-syncs
 
 all: build
 
@@ -39,6 +39,11 @@ test: lint
 	$(GO) test -count=1 -run 'TestHotPathAllocations' ./internal/nbd/  # sync.Pool drops items under -race
 
 test-race: test
+
+# The mutation check of docs/durability.md: every sync point switched off in
+# turn must make a durability test fail.
+mutate-syncs:
+	scripts/mutate-syncs
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

@@ -153,7 +153,7 @@ func writeReadyFile(path, socket string, log *slog.Logger) func(apiAddr, nbdAddr
 		if nbdAddr != nil {
 			r.NBD = nbdAddr.String()
 		}
-		if err := durable.WriteJSON(path, r); err != nil {
+		if err := durable.WriteJSONPath(path, r); err != nil {
 			log.Error("write ready file", "path", path, "err", err)
 		}
 	}

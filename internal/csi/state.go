@@ -94,7 +94,7 @@ func (s *stateStore) load(volume string) (*stageRecord, error) {
 }
 
 func (s *stateStore) save(r *stageRecord) error {
-	if err := durable.WriteJSON(s.path(r.Volume), r); err != nil {
+	if err := durable.WriteJSONPath(s.path(r.Volume), r); err != nil {
 		return fmt.Errorf("node state of %s: %w", r.Volume, err)
 	}
 	return nil
@@ -104,5 +104,5 @@ func (s *stateStore) remove(volume string) error {
 	if err := os.Remove(s.path(volume)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("node state of %s: %w", volume, err)
 	}
-	return durable.SyncDir(s.volumesDir())
+	return durable.SyncDirPath(s.volumesDir())
 }

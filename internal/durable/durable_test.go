@@ -2,21 +2,33 @@ package durable
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/quiverstorage/quiver/internal/faultio"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
+
+func openFS(t *testing.T, dir string) storage.FS {
+	t.Helper()
+	fsys, err := storage.OpenOS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fsys.Close() })
+	return fsys
+}
 
 func TestWriteFileReplacesAtomically(t *testing.T) {
 	dir := t.TempDir()
-	p := filepath.Join(dir, "m.json")
+	fsys := openFS(t, dir)
 	for _, content := range []string{"one", "two, longer", "3"} {
-		if err := WriteFile(p, []byte(content), 0o644); err != nil {
+		if err := WriteFile(fsys, "m.json", []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		got, err := os.ReadFile(p)
+		got, err := os.ReadFile(filepath.Join(dir, "m.json"))
 		if err != nil || string(got) != content {
 			t.Fatalf("got %q, %v; want %q", got, err, content)
 		}
@@ -28,7 +40,8 @@ func TestWriteFileReplacesAtomically(t *testing.T) {
 }
 
 func TestWriteFileMissingDirLeavesNothing(t *testing.T) {
-	if err := WriteFile(filepath.Join(t.TempDir(), "no", "x"), []byte("x"), 0o644); err == nil || errors.Is(err, ErrUncertain) {
+	fsys := openFS(t, t.TempDir())
+	if err := WriteFile(fsys, "no/x", []byte("x"), 0o600); err == nil || errors.Is(err, ErrUncertain) {
 		t.Fatalf("missing directory: %v, want an error that is not ErrUncertain", err)
 	}
 }
@@ -36,18 +49,21 @@ func TestWriteFileMissingDirLeavesNothing(t *testing.T) {
 func TestJSONRoundTripRefusesUnknownFields(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "v.json")
 	type v1 struct{ A int }
-	if err := WriteJSON(p, struct{ A, B int }{1, 2}); err != nil {
+	if err := WriteJSONPath(p, struct{ A, B int }{1, 2}); err != nil {
 		t.Fatal(err)
 	}
 	var got v1
 	if err := ReadJSON(p, &got); err == nil {
 		t.Fatal("want error for unknown field B")
 	}
-	if err := WriteJSON(p, v1{A: 7}); err != nil {
+	if err := WriteJSONPath(p, v1{A: 7}); err != nil {
 		t.Fatal(err)
 	}
 	if err := ReadJSON(p, &got); err != nil || got.A != 7 {
 		t.Fatalf("got %+v, %v", got, err)
+	}
+	if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, %v; want 0600", fi.Mode(), err)
 	}
 }
 
@@ -59,28 +75,40 @@ func TestIsTemp(t *testing.T) {
 	}
 }
 
-// failDirSync makes every directory sync fail with EIO for the rest of the
-// test.
-func failDirSync(t *testing.T) {
-	old := syncDir
-	t.Cleanup(func() { syncDir = old })
-	syncDir = func(d *os.File) error { return fmt.Errorf("sync dir %s: %w", d.Name(), syscall.EIO) }
-}
-
 // TestDirSyncFailureIsUncertain: when the directory sync after the rename
-// fails, the error says the state is unknown (ErrUncertain, with the cause);
-// failures before the rename are not uncertain
-// (TestWriteFileMissingDirLeavesNothing).
+// fails (the fault twin fails it), the error says the state is unknown
+// (ErrUncertain, with the cause); failures before the rename are not
+// uncertain (TestWriteFileMissingDirLeavesNothing, and a failed file sync
+// below).
 func TestDirSyncFailureIsUncertain(t *testing.T) {
 	t.Run("WriteFile", func(t *testing.T) {
-		p := filepath.Join(t.TempDir(), "m.json")
-		if err := WriteFile(p, []byte("old"), 0o644); err != nil {
+		dir := t.TempDir()
+		fsys := faultio.New(openFS(t, dir))
+		if err := WriteFile(fsys, "m.json", []byte("old"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		failDirSync(t)
-		err := WriteFile(p, []byte("new"), 0o644)
-		if !errors.Is(err, ErrUncertain) || !errors.Is(err, syscall.EIO) {
+		fsys.FailDirSync(1, syscall.EIO)
+		err := WriteFile(fsys, "m.json", []byte("new"), 0o600)
+		if !errors.Is(err, ErrUncertain) || !errors.Is(err, syscall.EIO) || !errors.Is(err, storage.ErrIO) {
 			t.Fatalf("WriteFile with a failing directory sync: %v, want ErrUncertain and EIO", err)
+		}
+	})
+	t.Run("WriteFile, file sync fails", func(t *testing.T) {
+		dir := t.TempDir()
+		fsys := faultio.New(openFS(t, dir))
+		if err := WriteFile(fsys, "m.json", []byte("old"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		fsys.FailSync(1, syscall.EIO)
+		err := WriteFile(fsys, "m.json", []byte("new"), 0o600)
+		if err == nil || errors.Is(err, ErrUncertain) || !errors.Is(err, syscall.EIO) {
+			t.Fatalf("WriteFile with a failing file sync: %v, want EIO and not ErrUncertain", err)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, "m.json")); string(b) != "old" {
+			t.Fatalf("content %q after a failed write, want the old", b)
+		}
+		if es, _ := os.ReadDir(dir); len(es) != 1 {
+			t.Fatalf("temporary files left: %v", es)
 		}
 	})
 	t.Run("Rename", func(t *testing.T) {
@@ -88,43 +116,33 @@ func TestDirSyncFailureIsUncertain(t *testing.T) {
 		if err := os.Mkdir(filepath.Join(dir, "a"), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		failDirSync(t)
-		err := Rename(filepath.Join(dir, "a"), filepath.Join(dir, "b"))
+		fsys := faultio.New(openFS(t, dir))
+		fsys.FailDirSync(1, syscall.EIO)
+		err := Rename(fsys, "a", "b")
 		if !errors.Is(err, ErrUncertain) || !errors.Is(err, syscall.EIO) {
 			t.Fatalf("Rename with a failing directory sync: %v, want ErrUncertain and EIO", err)
 		}
 	})
 }
 
-// TestWriteFileAtIgnoresSwappedPath: once the directory is open, a link put
-// in place of its path does not redirect the write.
-func TestWriteFileAtIgnoresSwappedPath(t *testing.T) {
+// TestWriteFileNeverFollowsALink: a directory of the root swapped for a link
+// is refused, not written through.
+func TestWriteFileNeverFollowsALink(t *testing.T) {
 	base := t.TempDir()
-	dir, moved, outside := filepath.Join(base, "dir"), filepath.Join(base, "moved"), filepath.Join(base, "outside")
-	for _, d := range []string{dir, outside} {
+	root, outside := filepath.Join(base, "root"), filepath.Join(base, "outside")
+	for _, d := range []string{root, outside} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	d, err := os.Open(dir)
-	if err != nil {
+	if err := os.Symlink(outside, filepath.Join(root, "dir")); err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
-	if err := os.Rename(dir, moved); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(outside, dir); err != nil {
-		t.Fatal(err)
-	}
-	if err := WriteJSONAt(d, "m.json", map[string]int{"a": 1}); err != nil {
-		t.Fatal(err)
+	fsys := openFS(t, root)
+	if err := WriteJSON(fsys, "dir/m.json", map[string]int{"a": 1}); !errors.Is(err, storage.ErrEscape) {
+		t.Fatalf("write through a link: %v, want ErrEscape", err)
 	}
 	if es, _ := os.ReadDir(outside); len(es) != 0 {
 		t.Fatalf("the write followed the link: %v", es)
-	}
-	var got map[string]int
-	if err := ReadJSON(filepath.Join(moved, "m.json"), &got); err != nil || got["a"] != 1 {
-		t.Fatalf("read back: %v, %v", got, err)
 	}
 }

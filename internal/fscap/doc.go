@@ -6,13 +6,12 @@
 // instead of trusting the filesystem's name, because the same filesystem can
 // be formatted with or without a feature (XFS with reflink=0, for example).
 //
-// Clone and CopySparse make a disk file from another one: a reflink when the
-// filesystem shares extents, otherwise a copy of the data runs only, so holes
-// in a sparse disk stay holes. ReflinkRange clones one range of a file into
-// another: a copy made while its source changed is brought up to date by
-// re-cloning only the ranges that changed. DataBytes, Allocated, Usage and
-// Extents report the numbers that progress totals, capacity checks and tests
-// need.
+// Reflink and ReflinkRange share a whole file's or one range's extents with
+// another file; Solid, SetExtentSizeHint, Allocated, Usage and Extents are
+// the other ioctls and figures the storage layer needs. The mechanisms built
+// on them (the walk over data runs, the sparse copy, the reflink-or-copy
+// fallback) live once in internal/storage, the only user of this package
+// besides tests and benchmarks.
 //
 // The package is Linux-only: it talks to the kernel through ioctls, lseek and
 // statfs via golang.org/x/sys/unix. It owns no state and knows nothing of

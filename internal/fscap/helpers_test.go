@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 
@@ -77,7 +78,7 @@ func content(off, n int64) []byte {
 // fillContent fills b with content(off, len(b)) without allocating.
 func fillContent(b []byte, off int64) {
 	patternOnce.Do(func() {
-		pattern = make([]byte, maxChunk)
+		pattern = make([]byte, testChunk)
 		r := rand.NewChaCha8([32]byte{'q', 'u', 'i', 'v', 'e', 'r'})
 		r.Read(pattern)
 	})
@@ -100,10 +101,10 @@ func writeRuns(t testing.TB, path string, size int64, runs []run) {
 	if err := f.Truncate(size); err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, maxChunk)
+	buf := make([]byte, testChunk)
 	for _, r := range runs {
-		for off := r.off; off < r.off+r.len; off += maxChunk {
-			b := buf[:min(maxChunk, r.off+r.len-off)]
+		for off := r.off; off < r.off+r.len; off += testChunk {
+			b := buf[:min(testChunk, r.off+r.len-off)]
 			fillContent(b, off)
 			if _, err := f.WriteAt(b, off); err != nil {
 				t.Fatal(err)
@@ -221,3 +222,43 @@ func mustProbe(t testing.TB, dir string) Caps {
 	}
 	return caps
 }
+
+// A sparse layout: data at the start, a run longer than two chunks that ends
+// off a chunk boundary, a run that has written zeros in its middle, and a
+// hole at the end.
+const (
+	sparseSize = 48 << 20
+	zeroOff    = 30<<20 + 256<<10 // written zeros inside the third run
+	zeroLen    = 256 << 10
+)
+
+var sparseRuns = []run{
+	{0, 64 << 10},
+	{1 << 20, 20<<20 + 12<<10},
+	{30 << 20, 1 << 20},
+}
+
+// makeSparse writes the sparse layout to dir/name and returns its path.
+func makeSparse(t testing.TB, dir, name string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	writeRuns(t, path, sparseSize, sparseRuns)
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(make([]byte, zeroLen), zeroOff); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := seekMap(t, path); !slices.Equal(got, sparseRuns) {
+		t.Fatalf("test setup: %s has data runs %v, want %v", path, got, sparseRuns)
+	}
+	return path
+}
+
+// testChunk is the size of the test pattern and of the write buffer.
+const testChunk = 8 << 20

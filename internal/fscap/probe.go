@@ -116,14 +116,9 @@ func (p *prober) run() (Caps, error) {
 // probeSeekHole reports whether SEEK_DATA and SEEK_HOLE find the data run of
 // src rather than calling the whole file data.
 func probeSeekHole(src *os.File) bool {
-	var runs [][2]int64
-	err := dataRuns(src, probeFileSize, func(start, end int64) error {
-		runs = append(runs, [2]int64{start, end})
-		return nil
-	})
-	return err == nil && len(runs) == 1 &&
-		runs[0][0] > 0 && runs[0][0] <= probeDataOff &&
-		runs[0][1] >= probeDataOff+probeDataLen && runs[0][1] < probeFileSize
+	data, hole, err := seekDataHole(src, 0)
+	return err == nil && data > 0 && data <= probeDataOff &&
+		hole >= probeDataOff+probeDataLen && hole < probeFileSize
 }
 
 // probeCopy copies src into a new probe file with copyFn and reports whether

@@ -99,7 +99,7 @@ func errorKind(err error) string {
 		return "read_only"
 	case errors.Is(err, pool.ErrSyncFailed):
 		return "sync"
-	case errors.Is(err, pool.ErrNoSpace):
+	case errors.Is(err, pool.ErrNoSpace): // the storage layer's class of ENOSPC, EDQUOT, EFBIG
 		return "no_space"
 	case errors.Is(err, pool.ErrFenced):
 		return "fenced"

@@ -12,6 +12,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/faultio"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // errorLog collects the server's error-level log records.
@@ -61,8 +62,8 @@ func (l *errorLog) waitFor(t *testing.T, words ...string) {
 // unaffected. Once every connection to the disk is gone a new one finds it
 // reopened and its flushes work.
 func TestFailedFlushIsStickyOverNBD(t *testing.T) {
-	fio := faultio.New()
-	e := newEnvWith(t, Config{}, nil, pool.Options{DiskIO: fio})
+	fio := faultio.New(osFS(t))
+	e := newEnvWith(t, Config{}, nil, pool.Options{FS: fio})
 	c1 := e.connect(t, hsOpts{export: exportRoot})
 	c2 := e.connect(t, hsOpts{export: exportRoot})
 	other := e.connect(t, hsOpts{export: exportData})
@@ -108,9 +109,9 @@ func TestFailedFlushIsStickyOverNBD(t *testing.T) {
 // unflushed writes while the storage fails gets them flushed by the server,
 // and the failure is logged at error level, not dropped.
 func TestFlushOnDisconnectReportsFailure(t *testing.T) {
-	fio := faultio.New()
+	fio := faultio.New(osFS(t))
 	log := &errorLog{}
-	e := newEnvWith(t, Config{Logger: slog.New(log)}, nil, pool.Options{DiskIO: fio})
+	e := newEnvWith(t, Config{Logger: slog.New(log)}, nil, pool.Options{FS: fio})
 	c := e.connect(t, hsOpts{export: exportRoot})
 	if rep := c.do(writeReq(0, pattern(7, 0, 4096))); rep.errno != 0 {
 		t.Fatalf("write: errno %d (%s)", rep.errno, rep.msg)
@@ -164,4 +165,15 @@ func TestRemovedDiskOverNBD(t *testing.T) {
 	if rep := fresh.do(writeReq(0, pattern(9, 0, 4096))); rep.errno != 0 {
 		t.Errorf("write on a new connection to the new disk: errno %d (%s)", rep.errno, rep.msg)
 	}
+}
+
+// osFS returns the operating system's storage layer rooted at a new
+// temporary directory, for a twin to wrap; the pool then lives there.
+func osFS(t *testing.T) storage.FS {
+	t.Helper()
+	fsys, err := storage.OpenOS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fsys
 }

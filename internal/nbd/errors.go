@@ -27,12 +27,8 @@ var errnoMapping = []struct {
 	{pool.ErrDiskRemoved, errIO},
 	{pool.ErrOutOfRange, errInval},
 	{pool.ErrInvalid, errInval},
-	{pool.ErrNoSpace, errNoSpc},
-	{syscall.ENOSPC, errNoSpc},
-	{syscall.EDQUOT, errNoSpc},
-	{syscall.EFBIG, errNoSpc},
+	{pool.ErrNoSpace, errNoSpc}, // the storage layer's class: ENOSPC, EDQUOT, EFBIG
 	{pool.ErrNotSupported, errNotSup},
-	{syscall.EOPNOTSUPP, errNotSup},
 	{errShuttingDown, errShutdown},
 	{syscall.ENOMEM, errNoMem},
 }

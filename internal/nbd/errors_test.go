@@ -19,11 +19,10 @@ func TestToErrno(t *testing.T) {
 		{fmt.Errorf("write: %w", pool.ErrOutOfRange), errInval},
 		{&pool.FieldError{Field: "disk", Rule: "bad"}, errInval},
 		{pool.ErrNoSpace, errNoSpc},
-		{fmt.Errorf("pwrite: %w", syscall.ENOSPC), errNoSpc},
-		{syscall.EDQUOT, errNoSpc},
-		{syscall.EFBIG, errNoSpc},
+		{fmt.Errorf("write: %w: %w", pool.ErrNoSpace, syscall.ENOSPC), errNoSpc},
+		{fmt.Errorf("write: %w: %w", pool.ErrNoSpace, syscall.EDQUOT), errNoSpc},
 		{pool.ErrNotSupported, errNotSup},
-		{syscall.EOPNOTSUPP, errNotSup},
+		{fmt.Errorf("fallocate: %w: %w", pool.ErrNotSupported, syscall.EOPNOTSUPP), errNotSup},
 		{errShuttingDown, errShutdown},
 		{syscall.ENOMEM, errNoMem},
 		{syscall.EIO, errIO},
@@ -78,11 +77,11 @@ func (d faultDisk) Extents(off, n int64, limit int) ([]pool.Extent, error) {
 }
 
 func (d faultDisk) WriteAt(p []byte, off int64, fua bool) error {
-	return fmt.Errorf("pwrite: %w", syscall.ENOSPC)
+	return fmt.Errorf("pwrite: %w: %w", pool.ErrNoSpace, syscall.ENOSPC) // as the storage layer classifies it
 }
 func (d faultDisk) Flush() error { return fmt.Errorf("fdatasync: %w", syscall.EIO) }
 func (d faultDisk) Trim(off, n int64, fua bool) error {
-	return fmt.Errorf("punch: %w", syscall.EOPNOTSUPP)
+	return fmt.Errorf("punch: %w: %w", pool.ErrNotSupported, syscall.EOPNOTSUPP)
 }
 func (d faultDisk) Zero(off, n int64, mayTrim, fast, fua bool) error {
 	if fast {

@@ -3,11 +3,13 @@ package nbd
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/quiverstorage/quiver/internal/pool"
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
@@ -130,7 +132,7 @@ func TestDataErrorsWarn(t *testing.T) {
 		name  string
 	}{
 		{syscall.EIO, errIO, "EIO"},
-		{syscall.ENOSPC, errNoSpc, "ENOSPC"},
+		{fmt.Errorf("%w: %w", pool.ErrNoSpace, syscall.ENOSPC), errNoSpc, "ENOSPC"}, // classified, as the storage layer returns it
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logs := &testserver.LogBuffer{}

@@ -218,7 +218,7 @@ func attachFile(r writerRules, byID map[string]*Attachment) attachState {
 // a failed write nothing changes.
 func (v *Volume) applyRules(next writerRules, ch ruleChange, byID map[string]*Attachment) error {
 	if ch.persist {
-		if err := v.pool.writeJSON(filepath.Join(v.dir, attachmentsFile), attachFile(next, byID), true); err != nil {
+		if err := v.pool.writeJSON(filepath.Join(v.dir, attachmentsFile), attachFile(next, byID)); err != nil {
 			return v.metaError(err)
 		}
 	}

@@ -5,8 +5,6 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
-
-	"github.com/quiverstorage/quiver/internal/fscap"
 )
 
 // Chunk ownership: keeping disk images cheap to snapshot.
@@ -113,8 +111,8 @@ var chunkBufs = sync.Pool{New: func() any { return new([]byte) }}
 func (df *diskFile) write(p []byte, off int64) error {
 	c := df.ch
 	if c == nil || len(p) == 0 {
-		_, err := df.io.WriteAt(df.f, p, off)
-		return mapFSError(err)
+		_, err := df.f.WriteAt(p, off)
+		return err
 	}
 	end := off + int64(len(p))
 	for i := off >> c.shift; i<<c.shift < end; i++ {
@@ -122,8 +120,8 @@ func (df *diskFile) write(p []byte, off int64) error {
 		lo, hi := max(off, start), min(end, stop)
 		piece := p[lo-off : hi-off]
 		if c.isOwned(i) {
-			if _, err := df.io.WriteAt(df.f, piece, lo); err != nil {
-				return mapFSError(err)
+			if _, err := df.f.WriteAt(piece, lo); err != nil {
+				return err
 			}
 			continue
 		}
@@ -141,16 +139,16 @@ func (df *diskFile) writeChunk(i int64, piece []byte, lo, start, stop int64) err
 	defer c.lock(i).Unlock()
 	whole := lo == start && lo+int64(len(piece)) == stop
 	if !whole && !c.isOwned(i) {
-		solid, err := fscap.Solid(df.f, start, stop-start)
-		if err != nil && !errors.Is(err, fscap.ErrNotSupported) {
+		solid, err := df.f.Solid(start, stop-start)
+		if err != nil && !errors.Is(err, ErrNotSupported) {
 			return err
 		}
 		if !solid {
 			return df.rewrite(i, piece, lo, start, stop)
 		}
 	}
-	if _, err := df.io.WriteAt(df.f, piece, lo); err != nil {
-		return mapFSError(err)
+	if _, err := df.f.WriteAt(piece, lo); err != nil {
+		return err
 	}
 	c.setOwned(i)
 	return nil
@@ -170,19 +168,19 @@ func (df *diskFile) rewrite(i int64, piece []byte, lo, start, stop int64) error 
 		err = nil
 	}
 	if err != nil {
-		return mapFSError(err)
+		return err
 	}
 	copy(buf[lo-start:], piece)
-	if _, err := df.io.WriteAt(df.f, buf, start); err != nil {
-		if !isNoSpace(err) {
-			return mapFSError(err)
+	if _, err := df.f.WriteAt(buf, start); err != nil {
+		if !errors.Is(err, ErrNoSpace) {
+			return err
 		}
 		// A nearly full pool may lack the chunk's worth of space the
 		// rewrite needs but have the piece's: write just that, in place
 		// (a short rewrite wrote back only bytes the chunk held or the
 		// piece's own), and leave the chunk unowned.
-		if _, err := df.io.WriteAt(df.f, piece, lo); err != nil {
-			return mapFSError(err)
+		if _, err := df.f.WriteAt(piece, lo); err != nil {
+			return err
 		}
 		return nil
 	}

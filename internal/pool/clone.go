@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/quiverstorage/quiver/internal/fscap"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // MaxClones bounds the names of one clone request.
@@ -155,7 +155,7 @@ func (h *CloneHold) Clone(ctx context.Context, prog Progress) ([]VolumeInfo, err
 	} else {
 		staged, err := p.newStaging("implicit")
 		if err != nil {
-			return nil, mapFSError(err)
+			return nil, err
 		}
 		defer p.discard(staged)
 		if _, _, err := src.capture(ctx, staged, m, prog); err != nil {
@@ -241,7 +241,7 @@ func (p *Pool) cloneOne(ctx context.Context, name string, src Source, idem Idemp
 	}
 	staged, err := p.newStaging("vol")
 	if err != nil {
-		return VolumeInfo{}, mapFSError(err)
+		return VolumeInfo{}, err
 	}
 	s := src
 	m := volumeManifest{Kind: "Volume", Version: manifestVersion, Name: name, UID: newUID(), Capacity: capacity,
@@ -283,7 +283,7 @@ func (p *Pool) addCopyTotal(prog Progress, dir string, disks []DiskSpec, times i
 		if err != nil {
 			return err
 		}
-		n, err := fscap.DataBytes(f)
+		n, err := storage.DataBytes(f)
 		_ = f.Close()
 		if err != nil {
 			return err
@@ -304,10 +304,10 @@ func (p *Pool) copyImage(ctx context.Context, dstPath, srcPath string, prog Prog
 		return err
 	}
 	defer dst.Close()
-	if _, err := cloneFiles(ctx, []*os.File{dst}, []*os.File{src}, p.caps.Reflink, prog); err != nil {
+	if _, err := cloneFiles(ctx, []storage.File{dst}, []storage.File{src}, p.caps.Reflink, prog); err != nil {
 		return err
 	}
-	return mapFSError(dst.Sync())
+	return dst.Sync()
 }
 
 func (v *Volume) snapshotManifest(name string) (*snapshotManifest, error) {

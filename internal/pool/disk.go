@@ -9,7 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"golang.org/x/sys/unix"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // Extent is a run of a disk that holds data or is a hole (reads as zeros).
@@ -117,7 +117,7 @@ func (v *Volume) openFile(d DiskSpec) (*diskFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open disk %q of volume %q: %w", d.Name, v.name, err)
 	}
-	df := &diskFile{name: d.Name, f: f, io: v.pool.io, size: d.Size, shared: d.Shared}
+	df := &diskFile{name: d.Name, f: f, size: d.Size, shared: d.Shared}
 	df.syncEnd = sync.NewCond(&df.smu)
 	if v.pool.chunk > 0 {
 		df.ch = newChunks(d.Size, v.pool.chunk)
@@ -185,13 +185,13 @@ func (v *Volume) reopenFailed(old *diskFile) (*diskFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := nf.io.Fdatasync(nf.f); err != nil {
+	if err := nf.f.Sync(); err != nil {
 		v.pool.syncFailures.Add(1)
 		_ = nf.f.Close()
 		return nil, fmt.Errorf("disk %q of volume %q: reopened after a failed sync, the check fails too: %w: %w",
-			old.name, v.name, ErrSyncFailed, mapFSError(err))
+			old.name, v.name, ErrSyncFailed, err)
 	}
-	if err := unix.Fadvise(int(nf.f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+	if err := nf.f.Advise(0, 0, storage.AdviseDontNeed); err != nil {
 		v.pool.log.Warn("drop page cache of reopened disk", "volume", v.name, "disk", old.name, "err", err)
 	}
 	v.endFile(old, ErrClosed)
@@ -260,14 +260,14 @@ func (v *Volume) sync(df *diskFile) error {
 	df.syncStarted++
 	n := df.syncStarted
 	df.smu.Unlock()
-	err := df.io.Fdatasync(df.f)
+	err := df.f.Sync()
 	df.smu.Lock()
 	df.syncing = false
 	df.syncEnd.Broadcast()
 	if err != nil {
 		v.pool.syncFailures.Add(1)
 		df.syncErr = fmt.Errorf("disk %q of volume %q: %w (reconnect every client of the disk to reopen it): %w",
-			df.name, v.name, ErrSyncFailed, mapFSError(err))
+			df.name, v.name, ErrSyncFailed, err)
 		v.pool.log.Error("fdatasync failed: every later flush of the disk fails until it is reopened",
 			"volume", v.name, "disk", df.name, "err", err)
 		return df.syncErr
@@ -459,7 +459,7 @@ func cache(df *diskFile, off, length int64) error {
 	if err := checkRange(off, length, df.size); err != nil {
 		return err
 	}
-	return unix.Fadvise(int(df.f.Fd()), off, length, unix.FADV_WILLNEED)
+	return df.f.Advise(off, length, storage.AdviseWillNeed)
 }
 
 func (d *liveDisk) Extents(off, length int64, limit int) ([]Extent, error) {
@@ -496,18 +496,19 @@ func zeroRange(df *diskFile, off, length int64, mayTrim, fast bool) error {
 	if length == 0 {
 		return nil
 	}
-	mode := uint32(unix.FALLOC_FL_ZERO_RANGE | unix.FALLOC_FL_KEEP_SIZE)
+	var err error
 	if mayTrim {
-		mode = unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE
+		err = df.f.Punch(off, length)
+	} else {
+		err = df.f.ZeroRange(off, length)
 	}
-	err := unix.Fallocate(int(df.f.Fd()), mode, off, length)
-	if errors.Is(err, unix.EOPNOTSUPP) {
+	if errors.Is(err, ErrNotSupported) {
 		if fast {
 			return fmt.Errorf("zero %d bytes: %w", length, ErrNotSupported)
 		}
 		return writeZeros(df, off, length)
 	}
-	return mapFSError(err)
+	return err
 }
 
 var zeroBlock = make([]byte, 1<<20)
@@ -515,8 +516,8 @@ var zeroBlock = make([]byte, 1<<20)
 func writeZeros(df *diskFile, off, length int64) error {
 	for length > 0 {
 		n := min(length, int64(len(zeroBlock)))
-		if _, err := df.io.WriteAt(df.f, zeroBlock[:n], off); err != nil {
-			return mapFSError(err)
+		if _, err := df.f.WriteAt(zeroBlock[:n], off); err != nil {
+			return err
 		}
 		off += n
 		length -= n
@@ -524,41 +525,41 @@ func writeZeros(df *diskFile, off, length int64) error {
 	return nil
 }
 
-// extents walks [off, off+length) with SEEK_DATA and SEEK_HOLE, stopping
-// after limit extents when limit > 0: the cost is two lseek calls per
-// extent, so a caller that needs one must not pay for the whole disk.
-func extents(f *os.File, off, length int64, limit int) ([]Extent, error) {
-	fd := int(f.Fd())
+// extents reports [off, off+length) as data runs and holes
+// (storage.DataRuns), stopping after limit extents when limit > 0: the cost
+// is two lseek calls per data run, so a caller that needs one must not pay
+// for the whole disk. A file shorter than the disk (after a crash mid-grow)
+// has a hole for a tail.
+func extents(f storage.File, off, length int64, limit int) ([]Extent, error) {
 	end := off + length
 	var out []Extent
-	for off < end && (limit <= 0 || len(out) < limit) {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			data = end // only a hole remains
-		} else if err != nil {
-			return nil, err
+	full := func() bool { return limit > 0 && len(out) >= limit }
+	err := storage.DataRuns(f, off, end, func(start, stop int64) error {
+		if start > off {
+			out = append(out, Extent{Offset: off, Length: start - off, Hole: true})
+			off = start
 		}
-		data = min(data, end)
-		if data > off {
-			out = append(out, Extent{Offset: off, Length: data - off, Hole: true})
-			off = data
-			continue
+		if full() {
+			return errEnough
 		}
-		hole, err := unix.Seek(fd, off, unix.SEEK_HOLE)
-		if err != nil {
-			return nil, err
+		out = append(out, Extent{Offset: start, Length: stop - start})
+		off = stop
+		if full() {
+			return errEnough
 		}
-		hole = min(hole, end)
-		if hole <= off { // file shorter than the disk: the tail is a hole
-			hole = end
-			out = append(out, Extent{Offset: off, Length: hole - off, Hole: true})
-		} else {
-			out = append(out, Extent{Offset: off, Length: hole - off})
-		}
-		off = hole
+		return nil
+	})
+	if err != nil && !errors.Is(err, errEnough) {
+		return nil, err
+	}
+	if off < end && !full() {
+		out = append(out, Extent{Offset: off, Length: end - off, Hole: true})
 	}
 	return out, nil
 }
+
+// errEnough stops a walk that has found what it needs.
+var errEnough = errors.New("enough extents")
 
 // ReadExtents reads the data extents among ext (which cover [off,
 // off+len(p))) into p; holes are skipped.
@@ -572,10 +573,6 @@ func ReadExtents(d Disk, p []byte, off int64, ext []Extent) error {
 		}
 	}
 	return nil
-}
-
-func isNoSpace(err error) bool {
-	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
 }
 
 // snapshotDisk is a read-only handle to a disk of a snapshot. Snapshot
@@ -620,3 +617,7 @@ func (d *snapshotDisk) Extents(off, length int64, limit int) ([]Extent, error) {
 	}
 	return extents(d.df.f, off, length, limit)
 }
+
+// SyncFailures returns how many fdatasync calls on disk images have failed
+// since the pool was opened.
+func (p *Pool) SyncFailures() int64 { return p.syncFailures.Load() }

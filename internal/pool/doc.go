@@ -15,21 +15,23 @@
 //	<pool>/volumes/<vol>/rollback.json       redo record of a rollback
 //
 // Every object becomes visible by one rename out of staging/ (the commit
-// point), so a crash leaves it either absent or complete. Disk data is
-// written and synced through a DiskIO (Options.DiskIO), whose failed sync is
-// final for the disk (docs/durability.md).
+// point), so a crash leaves it either absent or complete. A failed sync of
+// a disk is final for the disk (docs/durability.md).
 //
-// Nothing read from the pool is trusted: every file is reached through
-// internal/beneath (no symbolic link followed, no hard-linked image), every
+// Every filesystem call goes through the storage layer (internal/storage,
+// Options.FS), nothing else: a twin of it (internal/faultio,
+// internal/storage/crashfs) sees and can fail every write and sync.
+//
+// Nothing read from the pool is trusted: every file is reached beneath the
+// pool root (no symbolic link followed, no hard-linked image), every
 // manifest name passes the API's rules, and a volume that fails a check is
 // quarantined (listed as broken, not served, not touched). open.go holds the
 // pool's lock, refuses what is not a pool, and detects read-only pools.
 //
-// pool imports fscap (filesystem data services), durable (atomic metadata
-// writes), beneath (opens and removals confined to the pool directory) and
-// qos (the per-volume limiters it keeps across disk handles). It must not
+// pool imports storage (every filesystem call, confined to the pool
+// directory), durable (atomic metadata writes) and qos (the per-volume limiters it keeps across disk handles). It must not
 // import any transport package (api, nbd, csi) nor the
 // job runner: long operations report through the Progress interface.
 //
-// Imports from quiver: beneath, durable, fscap, qos, quantity.
+// Imports from quiver: durable, qos, quantity, storage.
 package pool

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,16 +16,22 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/faultio"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // openFaultPool opens a pool in a temporary directory whose disk writes and
 // syncs go through a fault injector, with one volume "vm" of disks root and
 // data.
-func openFaultPool(t *testing.T) (*Pool, *Volume, *faultio.IO) {
+func openFaultPool(t *testing.T) (*Pool, *Volume, *faultio.FS) {
 	t.Helper()
-	fio := faultio.New()
-	p, err := OpenWith(context.Background(), t.TempDir(),
-		Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DiskIO: fio})
+	dir := t.TempDir()
+	osfs, err := storage.OpenOS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fio := faultio.New(osfs)
+	p, err := OpenWith(context.Background(), dir,
+		Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), FS: fio})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,23 +119,24 @@ func TestSnapshotFailsWithFailedSync(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		open bool // the disk is open for I/O (else the capture syncs its own file)
-		arm  func(t *testing.T, fio *faultio.IO, d Disk)
+		arm  func(t *testing.T, fio *faultio.FS, d Disk)
 	}{
-		{"sync fails during the capture, disk open", true, func(t *testing.T, fio *faultio.IO, d Disk) {
+		{"sync fails during the capture, disk open", true, func(t *testing.T, fio *faultio.FS, d Disk) {
 			fio.FailSync(1, syscall.EIO)
 		}},
-		{"sync fails during the capture, disk not open", false, func(t *testing.T, fio *faultio.IO, d Disk) {
+		{"sync fails during the capture, disk not open", false, func(t *testing.T, fio *faultio.FS, d Disk) {
 			fio.FailSync(1, syscall.EIO)
 		}},
-		{"a flush failed before", true, func(t *testing.T, fio *faultio.IO, d Disk) {
+		{"a flush failed before", true, func(t *testing.T, fio *faultio.FS, d Disk) {
 			fio.FailSync(1, syscall.EIO)
 			if err := d.Flush(); !errors.Is(err, ErrSyncFailed) {
 				t.Fatalf("flush: %v", err)
 			}
 		}},
-		{"the sync after the cut fails", true, func(t *testing.T, fio *faultio.IO, d Disk) {
-			// Count the syncs of a snapshot that succeeds, then fail the
-			// last one of the next: the data disk's, after the cut.
+		{"the sync after the cut fails", true, func(t *testing.T, fio *faultio.FS, d Disk) {
+			// Count the file syncs of a snapshot that succeeds, then fail
+			// the data disk's after the cut in the next: the last but
+			// three (the two copies and snapshot.json come after it).
 			before := fio.Syncs()
 			if _, _, err := d.(*liveDisk).v.CreateSnapshot(context.Background(), "probe", nil); err != nil {
 				t.Fatal(err)
@@ -136,7 +144,7 @@ func TestSnapshotFailsWithFailedSync(t *testing.T) {
 			if err := d.(*liveDisk).v.DeleteSnapshot(context.Background(), "probe"); err != nil {
 				t.Fatal(err)
 			}
-			fio.FailSync(fio.Syncs()-before, syscall.EIO)
+			fio.FailSync(fio.Syncs()-before-3, syscall.EIO)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -300,7 +308,7 @@ func TestRollbackRecordWithoutStagingFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := durable.WriteJSON(filepath.Join(v.dir, rollbackRecordName),
+	if err := durable.WriteJSONPath(filepath.Join(v.dir, rollbackRecordName),
 		rollbackRecord{Snapshot: "s", Staging: "rb-gone"}); err != nil {
 		t.Fatal(err)
 	}
@@ -364,5 +372,117 @@ func TestFlushWaitsForASyncThatStartsAfterIt(t *testing.T) {
 		t.Fatalf("late flushes returned on the sync that was running when they arrived: %d syncs after it", got)
 	} else if got > late {
 		t.Fatalf("%d syncs for %d late flushes", got, late)
+	}
+}
+
+// TestReadOnlyRemountWhileServing: the filesystem goes read-only under a
+// serving pool (the kernel remounts it on an error; the fault twin does it
+// here). Every write through a disk handle and every operation that changes
+// the pool fails, with an error that says read-only (ErrReadOnly, which the
+// API answers 409 ReadOnly and NBD EPERM); nothing on disk changes, the pool
+// in memory is as before, and reads still work. Once the filesystem is
+// writable again, so is the pool.
+func TestReadOnlyRemountWhileServing(t *testing.T) {
+	ctx := context.Background()
+	p, v, fio := openFaultPool(t)
+	d := openDisk(t, v, "root")
+	if err := d.WriteAt(pattern(7, 4096), 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.CreateSnapshot(ctx, "s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.Attach("node-a", ModeReadWrite); err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, p, VolumeSpec{Name: "other", Capacity: 8 * mib, Disks: []DiskSpec{{Name: "root", Size: mib}}})
+	list := p.List(nil)
+	before := treeSum(t, p.Dir())
+
+	fio.RemountReadOnly(true)
+	ops := []struct {
+		name string
+		run  func() error
+	}{
+		{"disk write", func() error { return d.WriteAt(pattern(8, 4096), 4096, false) }},
+		{"disk write with FUA", func() error { return d.WriteAt(pattern(8, 4096), 0, true) }},
+		{"disk trim", func() error { return d.Trim(0, 4096, false) }},
+		{"volume create", func() error {
+			_, _, err := p.Create(ctx, VolumeSpec{Name: "new", Capacity: 8 * mib, Disks: []DiskSpec{{Name: "root", Size: mib}}})
+			return err
+		}},
+		{"volume update", func() error {
+			_, err := v.Update(ctx, Update{Labels: map[string]string{"a": "b"}})
+			return err
+		}},
+		{"disk add", func() error { _, err := v.AddDisk(ctx, DiskSpec{Name: "logs", Size: mib}); return err }},
+		{"disk grow", func() error { _, err := v.GrowDisk(ctx, "data", 8*mib); return err }},
+		{"disk remove", func() error { _, err := v.RemoveDiskWith(ctx, "data", true); return err }},
+		{"snapshot create", func() error { _, _, err := v.CreateSnapshot(ctx, "s2", nil); return err }},
+		{"snapshot delete", func() error { return v.DeleteSnapshot(ctx, "s1") }},
+		{"clone", func() error {
+			_, err := p.Clone(ctx, CloneRequest{Source: Source{Volume: "vm", Snapshot: "s1"}, Names: []string{"c1"}}, nil)
+			return err
+		}},
+		{"attach", func() error { _, _, err := v.Attach("node-b", ModeReadWrite); return err }},
+		{"detach", func() error { return v.Detach(v.Attachments()[0].ID) }},
+		{"rollback", func() error { _, err := v.RollbackWith(ctx, "s1", true, nil); return err }},
+		{"volume delete", func() error { return p.Delete(ctx, "other") }},
+	}
+	for _, op := range ops {
+		err := op.run()
+		if !errors.Is(err, ErrReadOnly) || !strings.Contains(err.Error(), "read-only") {
+			t.Errorf("%s on a filesystem remounted read-only: %v, want ErrReadOnly saying read-only", op.name, err)
+		}
+	}
+	buf := make([]byte, 4096)
+	if err := d.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, pattern(7, 4096)) {
+		t.Errorf("read on a read-only filesystem: %v, or not what was written", err)
+	}
+	if after := treeSum(t, p.Dir()); after != before {
+		t.Errorf("the pool changed on disk while read-only:\nbefore %s\nafter  %s", before, after)
+	}
+	if got := p.List(nil); !reflect.DeepEqual(got, list) {
+		t.Errorf("the pool in memory changed:\nbefore %+v\nafter  %+v", list, got)
+	}
+
+	fio.RemountReadOnly(false)
+	if err := d.WriteAt(pattern(9, 4096), 4096, true); err != nil {
+		t.Errorf("write once writable again: %v", err)
+	}
+	if _, err := v.AddDisk(ctx, DiskSpec{Name: "logs", Size: mib}); err != nil {
+		t.Errorf("disk add once writable again: %v", err)
+	}
+}
+
+// TestReopenAfterFailedSyncIsChecked: a disk whose sync failed is reopened
+// once no handle holds it, and the reopened file is checked by a sync of its
+// own: while the storage still fails, the disk stays failed; once it works,
+// the disk opens and flushes.
+func TestReopenAfterFailedSyncIsChecked(t *testing.T) {
+	_, v, fio := openFaultPool(t)
+	d := openDisk(t, v, "root")
+	if err := d.WriteAt(pattern(1, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	fio.FailSync(1, syscall.EIO)
+	if err := d.Flush(); !errors.Is(err, ErrSyncFailed) {
+		t.Fatalf("flush: %v, want ErrSyncFailed", err)
+	}
+	_ = d.Close()
+	fio.FailSync(1, syscall.EIO) // the storage still fails
+	if d2, err := v.OpenDisk("root"); !errors.Is(err, ErrSyncFailed) {
+		if d2 != nil {
+			_ = d2.Close()
+		}
+		t.Fatalf("reopen while the storage fails: %v, want ErrSyncFailed", err)
+	}
+	d3, err := v.OpenDisk("root")
+	if err != nil {
+		t.Fatalf("reopen once the storage works: %v", err)
+	}
+	defer d3.Close()
+	if err := d3.Flush(); err != nil {
+		t.Fatalf("flush after the reopen: %v", err)
 	}
 }

@@ -3,6 +3,8 @@ package pool
 import (
 	"errors"
 	"fmt"
+
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // Sentinels. Callers test them with errors.Is; each transport maps them once.
@@ -15,11 +17,15 @@ var (
 	ErrExists             = errors.New("already exists")
 	ErrBusy               = errors.New("busy with another operation")
 	ErrCapacity           = errors.New("capacity exceeded")
-	ErrNoSpace            = errors.New("no space left in pool")
-	ErrReadOnly           = errors.New("read-only")
-	ErrOutOfRange         = errors.New("offset or length beyond the end of the disk")
-	ErrClosed             = errors.New("disk handle closed")
-	ErrNotSupported       = errors.New("not supported by the pool's filesystem")
+	// ErrNoSpace, ErrIO, ErrReadOnly and ErrNotSupported are the storage
+	// layer's classes (internal/storage): a full filesystem, a failing
+	// device, a read-only pool or filesystem, a missing feature.
+	ErrNoSpace      = storage.ErrNoSpace
+	ErrIO           = storage.ErrIO
+	ErrReadOnly     = storage.ErrReadOnly
+	ErrOutOfRange   = errors.New("offset or length beyond the end of the disk")
+	ErrClosed       = errors.New("disk handle closed")
+	ErrNotSupported = storage.ErrNotSupported
 	// ErrDiskRemoved ends the handles of a disk that was removed (alone or
 	// with its volume): a disk created later under the same name is another
 	// disk, which they never reach.

@@ -2,12 +2,9 @@ package pool
 
 import (
 	"errors"
-	"runtime"
 	"sync/atomic"
-	"syscall"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // ErrWouldBlock says a Try request was not done because it would have had
@@ -18,7 +15,7 @@ import (
 // part of it before stopping (a short write), which the ordinary write then
 // stores again: until a write is acknowledged its range holds old or new
 // data, as with any write in flight.
-var ErrWouldBlock = errors.New("request would block")
+var ErrWouldBlock = storage.ErrWouldBlock
 
 // Nonblocking is implemented by disk handles that can try a read or a write
 // without waiting (preadv2/pwritev2 with RWF_NOWAIT). A server runs such
@@ -57,15 +54,13 @@ func (d *liveDisk) TryReadAt(p []byte, off int64) error {
 	if df.nw.readOff.Load() {
 		return ErrWouldBlock
 	}
-	n, err := nowaitIO(unix.SYS_PREADV2, df.f.Fd(), p, off)
+	n, err := df.f.TryReadAt(p, off)
 	return df.nowaitResult(n, len(p), err, &df.nw.readOff)
 }
 
 func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
-	if d.v.pool.writeHook != nil || !d.v.pool.rawIO {
-		// A test holds writes in flight, or writes go through a DiskIO
-		// that the raw system call would bypass: take the ordinary path.
-		return ErrWouldBlock
+	if d.v.pool.writeHook != nil {
+		return ErrWouldBlock // a test holds writes in flight
 	}
 	if !d.v.gate.TryRLock() {
 		return ErrWouldBlock
@@ -81,30 +76,8 @@ func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
 		return ErrWouldBlock
 	}
 	d.v.markDirty(df.name, off, int64(len(p)))
-	n, err := nowaitIO(unix.SYS_PWRITEV2, df.f.Fd(), p, off)
+	n, err := df.f.TryWriteAt(p, off)
 	return df.nowaitResult(n, len(p), err, &df.nw.writeOff)
-}
-
-// nowaitIO calls preadv2 or pwritev2 (trap) with RWF_NOWAIT on one
-// buffer, as a raw system call. With RWF_NOWAIT the kernel never sleeps, so
-// the Go scheduler need not know about the call: an ordinary system call
-// that runs past 20 us has its P handed to another thread, and a request
-// served from the page cache, a 256 KiB copy, can take that long. Raw, the
-// thread keeps its P and no other thread is woken. (No allocation either:
-// unix.Preadv2 builds its iovec array on the heap.)
-func nowaitIO(trap, fd uintptr, p []byte, off int64) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	iov := unix.Iovec{Base: &p[0]}
-	iov.SetLen(len(p))
-	// pos_l, pos_h: on 64-bit Linux the whole offset goes in pos_l.
-	n, _, errno := syscall.RawSyscall6(trap, fd, uintptr(unsafe.Pointer(&iov)), 1, uintptr(off), 0, unix.RWF_NOWAIT)
-	runtime.KeepAlive(p)
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
 }
 
 // owned reports whether every chunk of [off, off+length) is owned, so that
@@ -129,12 +102,12 @@ func (df *diskFile) nowaitResult(n, want int, err error, off *atomic.Bool) error
 	switch {
 	case err == nil && n == want:
 		return nil
-	case err == nil, errors.Is(err, unix.EAGAIN):
+	case err == nil, errors.Is(err, storage.ErrWouldBlock):
 		return ErrWouldBlock
-	case errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EINVAL):
+	case errors.Is(err, storage.ErrNotSupported):
 		off.Store(true)
 		return ErrWouldBlock
 	default:
-		return mapFSError(err)
+		return err
 	}
 }

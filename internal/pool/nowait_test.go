@@ -6,8 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/quiverstorage/quiver/internal/storage"
 	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
@@ -28,11 +27,11 @@ func tryDisk(t *testing.T, dir string) (*Pool, *Volume, *liveDisk) {
 // dropCache writes the disk's dirty pages back and evicts its page cache.
 func dropCache(t *testing.T, d *liveDisk) {
 	t.Helper()
-	fd := int(d.v.files["root"].f.Fd())
-	if err := unix.Fsync(fd); err != nil {
+	f := d.v.files["root"].f
+	if err := f.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED); err != nil {
+	if err := f.Advise(0, 0, storage.AdviseDontNeed); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -12,11 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/quiverstorage/quiver/internal/beneath"
 	"github.com/quiverstorage/quiver/internal/durable"
-	"github.com/quiverstorage/quiver/internal/fscap"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // lockFile is the pool's lock: held (flock) by the one process that has the
@@ -31,9 +28,12 @@ type Options struct {
 	ExpectMount bool
 	// NoCreate refuses to make a new pool: the directory must hold one.
 	NoCreate bool
-	// DiskIO writes disk images and syncs them; nil: the operating
-	// system's (OSDiskIO). Tests pass one that injects faults.
-	DiskIO DiskIO
+	// FS is the pool directory seen through the storage layer; nil: the
+	// operating system's (storage.OpenOS of the directory). Tests pass a
+	// twin: internal/faultio injects faults, internal/storage/crashfs cuts
+	// power. With FS set, dir only names the pool in messages, and
+	// ExpectMount is not checked. The pool closes FS when it closes.
+	FS storage.FS
 }
 
 // Open opens the pool at dir (see OpenWith) with default options.
@@ -65,28 +65,27 @@ func OpenWith(ctx context.Context, dir string, opts Options) (_ *Pool, err error
 	if err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(abs); errors.Is(err, fs.ErrNotExist) && !opts.ExpectMount && !opts.NoCreate {
-		if err := os.MkdirAll(abs, 0o755); err != nil {
+	fsys := opts.FS
+	if fsys == nil {
+		if !opts.ExpectMount && !opts.NoCreate {
+			if err := storage.PrepareDir(abs); err != nil {
+				return nil, fmt.Errorf("open pool %s: %w", abs, err)
+			}
+		}
+		if opts.ExpectMount {
+			if err := checkMounted(abs); err != nil {
+				return nil, err
+			}
+		}
+		if fsys, err = storage.OpenOS(abs); err != nil {
 			return nil, fmt.Errorf("open pool %s: %w", abs, err)
 		}
 	}
-	if opts.ExpectMount {
-		if err := checkMounted(abs); err != nil {
-			return nil, err
-		}
-	}
-	root, err := beneath.Open(abs)
-	if err != nil {
-		return nil, fmt.Errorf("open pool %s: %w", abs, err)
-	}
-	p := &Pool{dir: abs, root: root, log: log, volumes: map[string]*Volume{}, creating: map[string]bool{}, io: opts.DiskIO}
-	if p.io == nil {
-		p.io, p.rawIO = OSDiskIO{}, true
-	}
+	p := &Pool{dir: abs, fs: fsys, log: log, volumes: map[string]*Volume{}, creating: map[string]bool{}}
 	defer func() {
 		if err != nil {
 			if errors.Is(err, ErrNotPool) && p.lockCreated {
-				_ = p.root.Remove(lockFile) // leave a refused directory as it was
+				_ = p.fs.Remove(lockFile) // leave a refused directory as it was
 			}
 			p.release()
 		}
@@ -104,7 +103,7 @@ func OpenWith(ctx context.Context, dir string, opts Options) (_ *Pool, err error
 		return nil, err
 	}
 	if !p.readOnly {
-		if p.caps, err = fscap.Probe(p.stagingDir()); err != nil {
+		if p.caps, err = p.fs.Probe("staging"); err != nil {
 			return nil, fmt.Errorf("probe pool filesystem: %w", err)
 		}
 	}
@@ -129,10 +128,16 @@ func Init(ctx context.Context, dir string, log *slog.Logger) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(abs, 0o755); err != nil {
+	if err := storage.PrepareDir(abs); err != nil {
 		return nil, fmt.Errorf("init pool %s: %w", abs, err)
 	}
-	if _, err := os.Lstat(filepath.Join(abs, "pool.json")); err == nil {
+	fsys, err := storage.OpenOS(abs)
+	if err != nil {
+		return nil, fmt.Errorf("init pool %s: %w", abs, err)
+	}
+	_, err = fsys.Lstat("pool.json")
+	_ = fsys.Close()
+	if err == nil {
 		return nil, fmt.Errorf("init pool %s: already a pool (it has pool.json): %w", abs, ErrExists)
 	}
 	return OpenWith(ctx, abs, Options{Logger: log})
@@ -144,9 +149,9 @@ func (p *Pool) release() {
 		_ = p.lock.Close() // closing the last descriptor drops the flock
 		p.lock = nil
 	}
-	if p.root != nil {
-		_ = p.root.Close()
-		p.root = nil
+	if p.fs != nil {
+		_ = p.fs.Close()
+		p.fs = nil
 	}
 }
 
@@ -154,14 +159,11 @@ func (p *Pool) release() {
 // same device as its parent is an empty mount point whose filesystem is not
 // mounted (or never was).
 func checkMounted(dir string) error {
-	var st, parent unix.Stat_t
-	if err := unix.Stat(dir, &st); err != nil {
+	mounted, err := storage.CheckMountPoint(dir)
+	if err != nil {
 		return fmt.Errorf("pool %s: %w (--expect-mount: the pool's filesystem must be mounted there)", dir, err)
 	}
-	if err := unix.Stat(filepath.Join(dir, ".."), &parent); err != nil {
-		return fmt.Errorf("pool %s: %w", dir, err)
-	}
-	if st.Dev == parent.Dev && st.Ino != parent.Ino {
+	if !mounted {
 		return fmt.Errorf("pool %s is not a mount point (same device as %s): is its filesystem mounted? %w",
 			dir, filepath.Dir(dir), ErrNotMounted)
 	}
@@ -172,37 +174,38 @@ func checkMounted(dir string) error {
 // pool.lock (on the directory itself where the file cannot be created: a
 // read-only pool), and writes this process's PID into it.
 func (p *Pool) takeLock() error {
-	f, err := p.root.OpenFile(lockFile, os.O_RDWR, 0)
+	f, err := p.fs.OpenFile(lockFile, os.O_RDWR, 0)
 	if p.readOnly {
-		err = unix.EROFS // take the lock without writing
+		err = storage.ErrReadOnly // take the lock without writing
 	} else if errors.Is(err, fs.ErrNotExist) {
-		f, err = p.root.OpenFile(lockFile, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		f, err = p.fs.OpenFile(lockFile, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 		p.lockCreated = err == nil
 	}
 	if isReadOnlyErr(err) {
 		if f != nil {
 			f.Close()
 		}
-		f, err = p.root.OpenFile(lockFile, os.O_RDONLY, 0)
+		f, err = p.fs.OpenFile(lockFile, os.O_RDONLY, 0)
 		if errors.Is(err, fs.ErrNotExist) {
-			f, err = p.root.OpenDir(".")
+			f, err = p.fs.OpenFile(".", os.O_RDONLY|storage.ODirectory, 0)
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("lock pool %s: %w", p.dir, err)
 	}
 	if fi, err := f.Stat(); err == nil && !fi.IsDir() {
-		if err := beneath.CheckRegular(f); err != nil {
+		if err := storage.CheckRegular(fi, f.Name()); err != nil {
 			f.Close()
 			return fmt.Errorf("lock pool %s: %w", p.dir, err)
 		}
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if err := f.Lock(); err != nil {
 		defer f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
+		if errors.Is(err, storage.ErrLocked) {
 			holder := "another process"
-			if b, rerr := os.ReadFile(f.Name()); rerr == nil {
-				if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil && pid > 0 {
+			b := make([]byte, 32)
+			if n, _ := f.ReadAt(b, 0); n > 0 {
+				if pid, perr := strconv.Atoi(strings.TrimSpace(string(b[:n]))); perr == nil && pid > 0 {
 					holder = fmt.Sprintf("process %d", pid)
 				}
 			}
@@ -222,14 +225,14 @@ func (p *Pool) takeLock() error {
 // isReadOnlyErr reports an error that means "this cannot be written": a
 // read-only filesystem or missing permission.
 func isReadOnlyErr(err error) bool {
-	return errors.Is(err, unix.EROFS) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)
+	return errors.Is(err, storage.ErrReadOnly) || errors.Is(err, fs.ErrPermission)
 }
 
 // modeReadOnly reports whether the pool directory has no write permission
 // bits at all, which an operator sets to make a pool read-only even for root
 // (who bypasses permission bits).
 func (p *Pool) modeReadOnly() bool {
-	fi, err := os.Stat(p.dir)
+	fi, err := p.fs.Lstat(".")
 	return err == nil && fi.Mode().Perm()&0o222 == 0
 }
 
@@ -237,12 +240,12 @@ func (p *Pool) modeReadOnly() bool {
 // (a read-only mount, no permission): the pool must be served read-only.
 func (p *Pool) probeReadOnly() bool {
 	name := durable.TempPrefix + "probe-" + newUID()
-	f, err := p.root.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := p.fs.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return isReadOnlyErr(err)
 	}
 	f.Close()
-	_ = p.root.Remove(name)
+	_ = p.fs.Remove(name)
 	return false
 }
 
@@ -268,7 +271,7 @@ func (p *Pool) loadIdentity(noCreate bool) (created bool, err error) {
 			return false, fmt.Errorf("pool %s: no pool.json and the directory is read-only: %w", p.dir, ErrNotPool)
 		}
 		m = poolManifest{Kind: "Pool", Version: manifestVersion, ID: newUID(), CreatedAt: time.Now().UTC()}
-		if err := p.writeJSON(filepath.Join(p.dir, "pool.json"), m, false); err != nil {
+		if err := p.writeJSON(filepath.Join(p.dir, "pool.json"), m); err != nil {
 			return false, fmt.Errorf("create pool identity: %w", err)
 		}
 		created = true
@@ -282,7 +285,7 @@ func (p *Pool) loadIdentity(noCreate bool) (created bool, err error) {
 // checkEmpty refuses to make a new pool in a directory that holds anything
 // but the lock and what an interrupted first start leaves (temporary files).
 func (p *Pool) checkEmpty() error {
-	es, err := p.root.ReadDir(".")
+	es, err := p.fs.ReadDir(".")
 	if err != nil {
 		return fmt.Errorf("pool %s: %w", p.dir, err)
 	}
@@ -309,12 +312,14 @@ func (p *Pool) checkEmpty() error {
 // and refuses a pool where either is anything but a directory (a symbolic
 // link to elsewhere above all).
 func (p *Pool) checkLayout() error {
+	made := false
 	for _, d := range []string{"volumes", "staging"} {
-		fi, err := p.root.Lstat(d)
+		fi, err := p.fs.Lstat(d)
 		if errors.Is(err, fs.ErrNotExist) && !p.readOnly {
-			if err := p.root.Mkdir(d, 0o755); err != nil {
+			if err := p.fs.Mkdir(d, 0o755); err != nil {
 				return fmt.Errorf("open pool %s: %w", p.dir, err)
 			}
+			made = true
 			continue
 		}
 		if err != nil {
@@ -323,6 +328,14 @@ func (p *Pool) checkLayout() error {
 		if !fi.IsDir() {
 			return fmt.Errorf("open pool %s: %s is a %s, not a directory: refusing to use it: %w",
 				p.dir, d, kindOf(fi), ErrHostile)
+		}
+	}
+	// The new directories must be durable before anything is put in
+	// them: volumes published into a volumes/ that a crash loses are lost
+	// with it.
+	if made {
+		if err := p.fs.SyncDir("."); err != nil {
+			return fmt.Errorf("open pool %s: %w", p.dir, err)
 		}
 	}
 	return nil
@@ -342,7 +355,7 @@ func kindOf(fi fs.FileInfo) string {
 	}
 }
 
-// rel returns path relative to the pool directory, for p.root.
+// rel returns path relative to the pool directory, for p.fs.
 func (p *Pool) rel(path string) string {
 	r, err := filepath.Rel(p.dir, path)
 	if err != nil {

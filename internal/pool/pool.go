@@ -4,17 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/quiverstorage/quiver/internal/beneath"
 	"github.com/quiverstorage/quiver/internal/durable"
-	"github.com/quiverstorage/quiver/internal/fscap"
 	"github.com/quiverstorage/quiver/internal/qos"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // Progress receives the progress of a long operation. Implementations must
@@ -46,20 +44,18 @@ const ExtentSizeHint = 1 << 20
 
 // Pool is an open pool directory. It is safe for concurrent use.
 type Pool struct {
-	dir  string
-	root *beneath.Root // the pool directory; every file in it is opened through root
-	lock *os.File      // pool.lock, flocked for the life of the pool (open.go)
+	dir string
+	// fs is the pool directory: every file in it is reached through fs,
+	// the storage layer (internal/storage), beneath the pool's root.
+	fs   storage.FS
+	lock storage.File // pool.lock, flocked for the life of the pool (open.go)
 	// lockCreated: this open made pool.lock (removed again if it refuses).
 	lockCreated bool
 	readOnly    bool // served read-only (open.go)
 	id          string
 	born        time.Time
-	caps        fscap.Caps
+	caps        storage.Caps
 	log         *slog.Logger
-	io          DiskIO
-	// rawIO: io is the operating system's, so writes may take the raw
-	// RWF_NOWAIT path.
-	rawIO bool
 	// syncFailures counts failed fdatasync calls on disk images.
 	syncFailures atomic.Int64
 
@@ -90,7 +86,7 @@ func (p *Pool) SetWriteHook(h func(attachment string)) { p.writeHook = h }
 type Info struct {
 	ID         string
 	Dir        string
-	Caps       fscap.Caps
+	Caps       storage.Caps
 	TotalBytes int64
 	FreeBytes  int64
 	Volumes    int
@@ -108,7 +104,7 @@ func (p *Pool) volumeDir(n string) string { return filepath.Join(p.volumesDir(),
 // visible later by one rename.
 func (p *Pool) newStaging(kind string) (string, error) {
 	dir := filepath.Join(p.stagingDir(), kind+"-"+newUID())
-	if err := p.root.Mkdir(p.rel(dir), 0o755); err != nil {
+	if err := p.fs.Mkdir(p.rel(dir), 0o755); err != nil {
 		return "", err
 	}
 	return dir, nil
@@ -117,20 +113,24 @@ func (p *Pool) newStaging(kind string) (string, error) {
 // discard removes a staging directory (best effort: start-up reclaims it
 // otherwise).
 func (p *Pool) discard(dir string) {
-	if err := p.root.RemoveAll(p.rel(dir)); err != nil {
+	if err := p.fs.RemoveAll(p.rel(dir)); err != nil {
 		p.log.Warn("remove staging", "dir", dir, "err", err)
 	}
 }
 
 // Caps returns what the pool's filesystem can do.
-func (p *Pool) Caps() fscap.Caps { return p.caps }
+func (p *Pool) Caps() storage.Caps { return p.caps }
 
 // Dir returns the pool directory.
 func (p *Pool) Dir() string { return p.dir }
 
+// FS is the pool's directory in the storage layer, for the few files the
+// server keeps beside the volumes (the job history).
+func (p *Pool) FS() storage.FS { return p.fs }
+
 // Info reports the pool's identity, capabilities and usage.
 func (p *Pool) Info() (Info, error) {
-	total, free, err := fscap.Usage(p.dir)
+	total, free, err := p.fs.Usage()
 	if err != nil {
 		return Info{}, err
 	}
@@ -227,7 +227,7 @@ func (p *Pool) unreserve(name string) {
 func (p *Pool) publish(staged string, m volumeManifest) (*Volume, error) {
 	dst := p.volumeDir(m.Name)
 	v := newVolume(p, m, nil)
-	if err := durable.Rename(staged, dst); err != nil {
+	if err := durable.Rename(p.fs, p.rel(staged), p.rel(dst)); err != nil {
 		if err = v.metaError(err); errors.Is(err, ErrVolumeFailed) {
 			// Published, but maybe not after a crash: registered failed.
 			p.mu.Lock()
@@ -240,14 +240,6 @@ func (p *Pool) publish(staged string, m volumeManifest) (*Volume, error) {
 	p.volumes[m.Name] = v
 	p.mu.Unlock()
 	return v, nil
-}
-
-// mapFSError turns filesystem errors that callers can act on into sentinels.
-func mapFSError(err error) error {
-	if isNoSpace(err) {
-		return fmt.Errorf("%w: %v", ErrNoSpace, err)
-	}
-	return err
 }
 
 // Close closes every open disk file. Handles fail afterwards. Everything

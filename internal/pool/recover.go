@@ -9,8 +9,8 @@ import (
 	"path"
 	"path/filepath"
 
-	"github.com/quiverstorage/quiver/internal/beneath"
 	"github.com/quiverstorage/quiver/internal/durable"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // recover brings the pool to a clean state after any crash and loads it:
@@ -31,7 +31,7 @@ func (p *Pool) recover(ctx context.Context) error {
 			return fmt.Errorf("reclaim temporary files: %w", err)
 		}
 	}
-	entries, err := p.root.ReadDir("volumes")
+	entries, err := p.fs.ReadDir("volumes")
 	if err != nil {
 		return fmt.Errorf("read volumes: %w", err)
 	}
@@ -58,7 +58,7 @@ func (p *Pool) recover(ctx context.Context) error {
 	if p.readOnly {
 		return nil
 	}
-	staged, err := p.root.ReadDir("staging")
+	staged, err := p.fs.ReadDir("staging")
 	if err != nil {
 		return err
 	}
@@ -67,14 +67,14 @@ func (p *Pool) recover(ctx context.Context) error {
 		if keep[e.Name()] {
 			continue
 		}
-		if err := p.root.RemoveAll(path.Join("staging", e.Name())); err != nil {
+		if err := p.fs.RemoveAll(path.Join("staging", e.Name())); err != nil {
 			return fmt.Errorf("reclaim staging: %w", err)
 		}
 		n++
 	}
 	if n > 0 {
+		// Not synced: what comes back after a crash is reclaimed again.
 		p.log.Info("reclaimed unfinished work", "entries", n)
-		return durable.SyncDir(p.stagingDir())
 	}
 	return nil
 }
@@ -150,7 +150,7 @@ func (p *Pool) rollbackRecord(name string) (rollbackRecord, error) {
 // be a regular file with one link or a directory that is not in dirs only if
 // dirs is nil (a staging directory holds files only).
 func (p *Pool) checkTree(dir string, dirs map[string]bool) error {
-	fi, err := p.root.Lstat(dir)
+	fi, err := p.fs.Lstat(dir)
 	if err != nil {
 		return hostile(err)
 	}
@@ -158,7 +158,7 @@ func (p *Pool) checkTree(dir string, dirs map[string]bool) error {
 		return fmt.Errorf("%s is a %s, not a directory: %w", dir, kindOf(fi), ErrHostile)
 	}
 	for d := range dirs {
-		fi, err := p.root.Lstat(path.Join(dir, d))
+		fi, err := p.fs.Lstat(path.Join(dir, d))
 		if err != nil {
 			return hostile(err)
 		}
@@ -166,7 +166,7 @@ func (p *Pool) checkTree(dir string, dirs map[string]bool) error {
 			return fmt.Errorf("%s/%s is a %s, not a directory: %w", dir, d, kindOf(fi), ErrHostile)
 		}
 	}
-	es, err := p.root.ReadDir(dir)
+	es, err := p.fs.ReadDir(dir)
 	if err != nil {
 		return hostile(err)
 	}
@@ -183,7 +183,7 @@ func (p *Pool) checkTree(dir string, dirs map[string]bool) error {
 
 // checkFile requires rel to be a regular file with one link.
 func (p *Pool) checkFile(rel string) error {
-	fi, err := p.root.Lstat(rel)
+	fi, err := p.fs.Lstat(rel)
 	if err != nil {
 		return hostile(err)
 	}
@@ -219,22 +219,21 @@ func (p *Pool) checkImage(rel string, size int64, repair bool) error {
 	if !repair {
 		return fmt.Errorf("image is %s, its manifest says %s: open the pool read-write to repair it", formatSize(st.Size()), formatSize(size))
 	}
-	if err := f.Truncate(size); err != nil {
-		return mapFSError(err)
-	}
-	return f.Sync()
+	// Not synced: a crash that loses the new size leaves the image short
+	// again, and the next start extends it again.
+	return f.Truncate(size)
 }
 
 // linksOf returns the hard links of a file described by Lstat.
-func linksOf(fi fs.FileInfo) uint64 { return beneath.Links(fi) }
+func linksOf(fi fs.FileInfo) uint64 { return storage.Links(fi) }
 
 // stagingPath is the path of an entry of staging/.
 func (p *Pool) stagingPath(name string) string { return filepath.Join(p.stagingDir(), name) }
 
 // openImage opens a disk image (rel to the pool directory) through the
 // root: never through a symbolic link, never a file with another name.
-func (p *Pool) openImage(rel string, flag int) (*os.File, error) {
-	f, err := p.root.OpenRegular(rel, flag)
+func (p *Pool) openImage(rel string, flag int) (storage.File, error) {
+	f, err := p.fs.OpenRegular(rel, flag)
 	if err != nil {
 		return nil, hostile(err)
 	}
@@ -243,7 +242,7 @@ func (p *Pool) openImage(rel string, flag int) (*os.File, error) {
 
 func (v *Volume) loadSnapshots() error {
 	dir := path.Join("volumes", v.name, "snapshots")
-	entries, err := v.pool.root.ReadDir(dir)
+	entries, err := v.pool.fs.ReadDir(dir)
 	if err != nil {
 		return hostile(err)
 	}
@@ -280,13 +279,13 @@ func (v *Volume) loadSnapshots() error {
 // removeTemps removes temporary files that an interrupted atomic write left
 // in dir (relative to the pool directory).
 func (p *Pool) removeTemps(dir string) error {
-	entries, err := p.root.ReadDir(dir)
+	entries, err := p.fs.ReadDir(dir)
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
 		if durable.IsTemp(e.Name()) {
-			if err := p.root.Remove(path.Join(dir, e.Name())); err != nil {
+			if err := p.fs.Remove(path.Join(dir, e.Name())); err != nil {
 				return err
 			}
 		}

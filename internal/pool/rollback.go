@@ -8,8 +8,6 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-
-	"github.com/quiverstorage/quiver/internal/durable"
 )
 
 const rollbackRecordName = "rollback.json"
@@ -63,7 +61,7 @@ func (h *Hold) Rollback(ctx context.Context, snapshot string, force bool, prog P
 	}
 	staged, err := v.pool.newStaging("rb")
 	if err != nil {
-		return VolumeInfo{}, mapFSError(err)
+		return VolumeInfo{}, err
 	}
 	err = v.pool.addCopyTotal(prog, v.snapshotDir(snapshot), s.Disks, 1)
 	if err == nil {
@@ -76,22 +74,22 @@ func (h *Hold) Rollback(ctx context.Context, snapshot string, force bool, prog P
 	m := v.manifest()
 	m.Disks = append([]DiskSpec(nil), s.Disks...)
 	m.Capacity = max(m.Capacity, s.Capacity)
-	if err := v.pool.writeJSON(filepath.Join(staged, "volume.json"), m, false); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(staged, "volume.json"), m); err != nil {
 		v.pool.discard(staged)
-		return VolumeInfo{}, mapFSError(err)
+		return VolumeInfo{}, err
 	}
 	// The record points start-up at the staged directory: its entry in
 	// staging/ must be durable before the record is.
-	if err := durable.SyncDir(v.pool.stagingDir()); err != nil {
+	if err := v.pool.fs.SyncDir("staging"); err != nil {
 		v.pool.discard(staged)
-		return VolumeInfo{}, fmt.Errorf("rollback %s to %s: %w", v.name, snapshot, mapFSError(err))
+		return VolumeInfo{}, fmt.Errorf("rollback %s to %s: %w", v.name, snapshot, err)
 	}
 	if err := checkWriters(); err != nil {
 		v.pool.discard(staged)
 		return VolumeInfo{}, err
 	}
 	rec := rollbackRecord{Snapshot: snapshot, Staging: filepath.Base(staged)}
-	if err := v.pool.writeJSON(filepath.Join(v.dir, rollbackRecordName), rec, false); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(v.dir, rollbackRecordName), rec); err != nil {
 		if err = v.metaError(err); errors.Is(err, ErrVolumeFailed) {
 			// The record may be in place: start-up would finish the
 			// rollback from the staged images, so keep them.
@@ -127,7 +125,7 @@ func (h *Hold) Rollback(ctx context.Context, snapshot string, force bool, prog P
 func (p *Pool) applyRollback(volDir, staged string) error {
 	vol, stg := p.rel(volDir), p.rel(staged)
 	disks := path.Join(vol, "disks")
-	entries, err := p.root.ReadDir(stg)
+	entries, err := p.fs.ReadDir(stg)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("staged rollback %s is missing: %w", filepath.Base(staged), err)
 	}
@@ -136,21 +134,26 @@ func (p *Pool) applyRollback(volDir, staged string) error {
 	}
 	for _, e := range entries {
 		if strings.HasSuffix(e.Name(), ".img") {
-			if err := p.root.Rename(path.Join(stg, e.Name()), path.Join(disks, e.Name())); err != nil {
+			if err := p.fs.Rename(path.Join(stg, e.Name()), path.Join(disks, e.Name())); err != nil {
 				return err
 			}
 		}
 	}
-	if err := durable.SyncDir(filepath.Join(volDir, "disks")); err != nil {
+	if err := p.checkFile(path.Join(stg, "volume.json")); err == nil {
+		if err := p.fs.Rename(path.Join(stg, "volume.json"), path.Join(vol, "volume.json")); err != nil {
+			return err
+		}
+	}
+	// A rename is durable once both its directories are synced. The
+	// images' are before the record goes (the staged directory's sync
+	// comes after the disks directory's); volume.json's rename becomes
+	// durable with the record's removal, at the sync of the volume
+	// directory below. Until the record is gone, a crash redoes all this.
+	if err := p.fs.SyncDir(disks); err != nil {
 		return err
 	}
-	if err := p.checkFile(path.Join(stg, "volume.json")); err == nil {
-		if err := p.root.Rename(path.Join(stg, "volume.json"), path.Join(vol, "volume.json")); err != nil {
-			return err
-		}
-		if err := durable.SyncDir(volDir); err != nil {
-			return err
-		}
+	if err := p.fs.SyncDir(stg); err != nil {
+		return err
 	}
 	var m volumeManifest
 	err = p.readDecoded(path.Join(vol, "volume.json"), func(b []byte) (err error) {
@@ -163,40 +166,36 @@ func (p *Pool) applyRollback(volDir, staged string) error {
 	if err := p.removeOrphanImages(disks, m.Disks); err != nil {
 		return err
 	}
-	if err := p.root.Remove(path.Join(vol, rollbackRecordName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := p.fs.Remove(path.Join(vol, rollbackRecordName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	if err := durable.SyncDir(volDir); err != nil {
+	if err := p.fs.SyncDir(vol); err != nil {
 		return err
 	}
-	return p.root.RemoveAll(stg)
+	return p.fs.RemoveAll(stg)
 }
 
 // removeOrphanImages removes every entry of the disks directory (relative to
 // the pool directory) that is not the image of a listed disk (crash
 // leftovers: temp files, images of disks whose add never committed or whose
 // removal did). Entries are unlinked relative to the directory, so a link
-// among them is removed, never followed.
+// among them is removed, never followed. The removals are not synced:
+// orphans that come back after a crash are removed at the next start.
 func (p *Pool) removeOrphanImages(disksDir string, disks []DiskSpec) error {
 	keep := make(map[string]bool, len(disks))
 	for _, d := range disks {
 		keep[d.Name+".img"] = true
 	}
-	entries, err := p.root.ReadDir(disksDir)
+	entries, err := p.fs.ReadDir(disksDir)
 	if err != nil {
 		return hostile(err)
 	}
-	removed := false
 	for _, e := range entries {
 		if !keep[e.Name()] {
-			if err := p.root.RemoveAll(path.Join(disksDir, e.Name())); err != nil {
+			if err := p.fs.RemoveAll(path.Join(disksDir, e.Name())); err != nil {
 				return err
 			}
-			removed = true
 		}
-	}
-	if removed {
-		return durable.SyncDir(filepath.Join(p.dir, disksDir))
 	}
 	return nil
 }

@@ -9,10 +9,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/quiverstorage/quiver/internal/durable"
-	"github.com/quiverstorage/quiver/internal/fscap"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // Capture methods recorded in snapshot manifests.
@@ -66,7 +64,7 @@ func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency
 	}
 	staged, err := v.pool.newStaging("snap")
 	if err != nil {
-		return SnapshotInfo{}, false, mapFSError(err)
+		return SnapshotInfo{}, false, err
 	}
 	m := v.manifest()
 	method, held, err := v.capture(ctx, staged, m, orNop(prog))
@@ -77,11 +75,11 @@ func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency
 	sm := &snapshotManifest{Kind: "Snapshot", Version: manifestVersion, Name: name, UID: newUID(), Volume: m.Name,
 		VolumeUID: m.UID, Capacity: m.Capacity, Disks: m.Disks, Method: method, GateHeld: held, CreatedAt: time.Now().UTC(),
 		IdempotencyKey: idem.Key}
-	if err := v.pool.writeJSON(filepath.Join(staged, "snapshot.json"), sm, false); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(staged, "snapshot.json"), sm); err != nil {
 		v.pool.discard(staged)
-		return SnapshotInfo{}, false, mapFSError(err) // staged: uncertain or not, nothing refers to it
+		return SnapshotInfo{}, false, err // staged: uncertain or not, nothing refers to it
 	}
-	if err := durable.Rename(staged, v.snapshotDir(name)); err != nil {
+	if err := durable.Rename(v.pool.fs, v.pool.rel(staged), v.pool.rel(v.snapshotDir(name))); err != nil {
 		v.pool.discard(staged)
 		return SnapshotInfo{}, false, fmt.Errorf("snapshot %s@%s: %w", v.name, name, v.metaError(err))
 	}
@@ -139,8 +137,8 @@ func (v *Volume) CheckSnapshot(name string, idem Idempotency) error {
 // It returns the method used and how long the gate was held for the cut:
 // the catch-up pass, or the whole copy.
 func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, prog Progress) (string, time.Duration, error) {
-	srcs := make([]*os.File, 0, len(m.Disks))
-	dsts := make([]*os.File, 0, len(m.Disks))
+	srcs := make([]storage.File, 0, len(m.Disks))
+	dsts := make([]storage.File, 0, len(m.Disks))
 	defer func() {
 		for _, f := range append(srcs, dsts...) {
 			_ = f.Close()
@@ -171,7 +169,7 @@ func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, p
 	gated := !v.pool.caps.Reflink
 	if !gated {
 		method, held, err = v.captureLive(ctx, m.Disks, dsts, srcs)
-		if gated = errors.Is(err, fscap.ErrNotSupported); gated {
+		if gated = errors.Is(err, ErrNotSupported); gated {
 			v.pool.log.Info("cloning ranges is not supported; capturing with the gate closed",
 				"volume", v.name, "op", "snapshot", "err", err)
 		}
@@ -191,10 +189,12 @@ func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, p
 	}
 	for _, dst := range dsts {
 		if err := dst.Sync(); err != nil {
-			return "", held, mapFSError(err)
+			return "", held, err
 		}
 	}
-	return method, held, durable.SyncDir(dstDir)
+	// The copies' entries in dstDir become durable with the next sync of
+	// it: the snapshot's manifest write, or the clone's stageVolume.
+	return method, held, nil
 }
 
 // syncSource makes what was written to disk name durable, before or after
@@ -202,32 +202,32 @@ func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, p
 // I/O, whose failed sync is final (sync), else through src, the capture's
 // own file. A capture fails with a failed sync: the page cache it copies
 // may hold writes that the storage lost.
-func (v *Volume) syncSource(name string, src *os.File) error {
+func (v *Volume) syncSource(name string, src storage.File) error {
 	v.gate.RLock()
 	defer v.gate.RUnlock()
 	if df := v.files[name]; df != nil {
 		return v.sync(df)
 	}
-	if err := v.pool.io.Fdatasync(src); err != nil {
+	if err := src.Sync(); err != nil {
 		v.pool.syncFailures.Add(1)
 		v.pool.log.Error("fdatasync of a disk being captured failed", "volume", v.name, "disk", name, "err", err)
-		return fmt.Errorf("disk %q of volume %q: %w: %w", name, v.name, ErrSyncFailed, mapFSError(err))
+		return fmt.Errorf("disk %q of volume %q: %w: %w", name, v.name, ErrSyncFailed, err)
 	}
 	return nil
 }
 
 // captureGated copies each src into its dst with the gate closed. A dst may
 // hold part of an abandoned live capture; it is emptied first.
-func (v *Volume) captureGated(ctx context.Context, dsts, srcs []*os.File, prog Progress) (string, time.Duration, error) {
+func (v *Volume) captureGated(ctx context.Context, dsts, srcs []storage.File, prog Progress) (string, time.Duration, error) {
 	for _, dst := range dsts {
 		if err := dst.Truncate(0); err != nil {
-			return "", 0, mapFSError(err)
+			return "", 0, err
 		}
 	}
 	useReflink := v.pool.caps.Reflink
 	if !useReflink {
 		for _, src := range srcs {
-			n, err := fscap.DataBytes(src)
+			n, err := storage.DataBytes(src)
 			if err != nil {
 				return "", 0, err
 			}
@@ -250,8 +250,8 @@ func (v *Volume) captureGated(ctx context.Context, dsts, srcs []*os.File, prog P
 // snapshot is being taken.
 var afterFirstPass func()
 
-// reflinkRange is fscap.ReflinkRange; tests replace it to inject failures.
-var reflinkRange = fscap.ReflinkRange
+// reflinkRange is File.CloneRange; tests replace it to inject failures.
+var reflinkRange = func(dst, src storage.File, off, length int64) error { return dst.CloneRange(src, off, length) }
 
 // Rounds of a live capture. While more than roundAbove ranges are dirty
 // after a pass, another pass re-clones them with the gate open, at most
@@ -282,11 +282,11 @@ const maxRounds = 4
 // A disk whose dirty set overflowed is cloned whole: in step 3 with the gate
 // open, in step 4 with it closed, as is a disk whose ranges turn out not to
 // clone in step 4. When ranges cannot be cloned in steps 2 or 3,
-// captureLive returns an error wrapping fscap.ErrNotSupported and the
+// captureLive returns an error wrapping ErrNotSupported and the
 // caller captures with the gate closed instead. It returns the method used
 // and how long step 4 held the gate; the other closures last only as long as
 // storing a pointer.
-func (v *Volume) captureLive(ctx context.Context, disks []DiskSpec, dsts, srcs []*os.File) (string, time.Duration, error) {
+func (v *Volume) captureLive(ctx context.Context, disks []DiskSpec, dsts, srcs []storage.File) (string, time.Duration, error) {
 	v.capturing.Lock()
 	defer v.capturing.Unlock()
 	sizes := make([]int64, len(srcs))
@@ -303,7 +303,7 @@ func (v *Volume) captureLive(ctx context.Context, disks []DiskSpec, dsts, srcs [
 	start := time.Now()
 	for i := range srcs {
 		if err := cloneInPieces(ctx, dsts[i], srcs[i], sizes[i]); err != nil {
-			return "", 0, fmt.Errorf("disk %q: %w", disks[i].Name, mapFSError(err))
+			return "", 0, fmt.Errorf("disk %q: %w", disks[i].Name, err)
 		}
 	}
 	first := time.Since(start)
@@ -357,7 +357,7 @@ func (v *Volume) trackWrites(disks []DiskSpec) *dirtyTracker {
 
 // recloneRound, with the gate open, clones again into each dst the ranges
 // that t recorded; a disk whose set overflowed is cloned again whole.
-func recloneRound(ctx context.Context, t *dirtyTracker, disks []DiskSpec, dsts, srcs []*os.File, sizes []int64) error {
+func recloneRound(ctx context.Context, t *dirtyTracker, disks []DiskSpec, dsts, srcs []storage.File, sizes []int64) error {
 	for i, d := range disks {
 		spans, ok := t.disks[d.Name].ranges(sizes[i])
 		var err error
@@ -367,7 +367,7 @@ func recloneRound(ctx context.Context, t *dirtyTracker, disks []DiskSpec, dsts, 
 			err = cloneInPieces(ctx, dsts[i], srcs[i], sizes[i])
 		}
 		if err != nil {
-			return fmt.Errorf("disk %q: %w", d.Name, mapFSError(err))
+			return fmt.Errorf("disk %q: %w", d.Name, err)
 		}
 	}
 	return nil
@@ -387,50 +387,46 @@ const (
 )
 
 // cloneInPieces clones the first size bytes of src into the empty dst, a
-// piece at a time. A piece starts where src's next data does, so holes
-// longer than a piece are skipped rather than cloned; holes stay holes
-// either way. src may change meanwhile: the changes are tracked and cloned
-// again later.
-func cloneInPieces(ctx context.Context, dst, src *os.File, size int64) error {
+// piece at a time, walking src's data runs (storage.DataRuns): holes are
+// skipped rather than cloned, and stay holes either way. Pieces start on a
+// dirtyGranule boundary. src may change meanwhile: the changes are tracked
+// and cloned again later.
+func cloneInPieces(ctx context.Context, dst, src storage.File, size int64) error {
 	if err := dst.Truncate(size); err != nil {
 		return err
 	}
 	piece := int64(firstPiece)
-	for off := int64(0); off < size; {
-		if err := ctx.Err(); err != nil {
-			return err
+	done := int64(0) // everything below done is cloned
+	return storage.DataRuns(src, 0, size, func(start, end int64) error {
+		off := max(done, start&^(dirtyGranule-1))
+		end = min((end+dirtyGranule-1)&^(dirtyGranule-1), size)
+		for off < end {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			n := min(piece, end-off)
+			began := time.Now()
+			if err := reflinkRange(dst, src, off, n); err != nil {
+				return err
+			}
+			switch took := time.Since(began); {
+			case took > pieceTarget && piece > minPiece:
+				piece /= 2
+			case took < pieceTarget/4 && piece < maxPiece:
+				piece *= 2
+			}
+			off += n
 		}
-		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return nil // only a hole remains
-		}
-		if err != nil {
-			return err
-		}
-		if off = max(off, data&^(dirtyGranule-1)); off >= size {
-			return nil
-		}
-		n := min(piece, size-off)
-		start := time.Now()
-		if err := reflinkRange(dst, src, off, n); err != nil {
-			return err
-		}
-		switch took := time.Since(start); {
-		case took > pieceTarget && piece > minPiece:
-			piece /= 2
-		case took < pieceTarget/4 && piece < maxPiece:
-			piece *= 2
-		}
-		off += n
-	}
-	return nil
+		done = max(done, end)
+		return nil
+	})
 }
 
 // catchUp (gate held exclusively) makes each dst equal its src by cloning
 // again the ranges written since tracking began. A disk whose dirty set
 // overflowed, whose size changed, or whose ranges turn out not to clone, is
 // cloned whole. It returns the method used and how many ranges it cloned.
-func catchUp(ctx context.Context, t *dirtyTracker, disks []DiskSpec, dsts, srcs []*os.File, sizes []int64) (string, int, error) {
+func catchUp(ctx context.Context, t *dirtyTracker, disks []DiskSpec, dsts, srcs []storage.File, sizes []int64) (string, int, error) {
 	method, cloned := MethodReflink, 0
 	for i, d := range disks {
 		st, err := srcs[i].Stat()
@@ -444,8 +440,8 @@ func catchUp(ctx context.Context, t *dirtyTracker, disks []DiskSpec, dsts, srcs 
 			if err == nil {
 				continue
 			}
-			if !errors.Is(err, fscap.ErrNotSupported) {
-				return "", cloned, fmt.Errorf("disk %q: %w", d.Name, mapFSError(err))
+			if !errors.Is(err, ErrNotSupported) {
+				return "", cloned, fmt.Errorf("disk %q: %w", d.Name, err)
 			}
 		}
 		m, err := recloneWhole(ctx, dsts[i], srcs[i])
@@ -459,7 +455,7 @@ func catchUp(ctx context.Context, t *dirtyTracker, disks []DiskSpec, dsts, srcs 
 	return method, cloned, nil
 }
 
-func recloneSpans(dst, src *os.File, spans []span) error {
+func recloneSpans(dst, src storage.File, spans []span) error {
 	for _, sp := range spans {
 		if err := reflinkRange(dst, src, sp.off, sp.end-sp.off); err != nil {
 			return err
@@ -468,39 +464,24 @@ func recloneSpans(dst, src *os.File, spans []span) error {
 	return nil
 }
 
-// recloneWhole makes dst, whatever it holds, a copy of src: a whole-file
-// reflink (which replaces dst's extents, holes included), else a copy.
-func recloneWhole(ctx context.Context, dst, src *os.File) (string, error) {
-	err := fscap.Reflink(dst, src)
-	if err == nil {
-		return MethodReflink, nil
-	}
-	if !errors.Is(err, fscap.ErrNotSupported) {
-		return "", mapFSError(err)
-	}
-	if err := fscap.CopySparse(ctx, dst, src, nil); err != nil {
-		return "", mapFSError(err)
-	}
-	return MethodCopy, nil
+// recloneWhole makes dst, whatever it holds, a copy of src
+// (storage.CloneOrCopy: a whole-file reflink, which replaces dst's extents,
+// holes included, else a copy).
+func recloneWhole(ctx context.Context, dst, src storage.File) (string, error) {
+	return storage.CloneOrCopy(ctx, dst, src, true, nil)
 }
 
 // cloneFiles makes each dst a copy of the matching src by reflink, falling
-// back to a sparse copy. It does not sync.
-func cloneFiles(ctx context.Context, dsts, srcs []*os.File, reflink bool, prog Progress) (string, error) {
+// back to a sparse copy (storage.CloneOrCopy). It does not sync.
+func cloneFiles(ctx context.Context, dsts, srcs []storage.File, reflink bool, prog Progress) (string, error) {
 	method := MethodReflink
 	for i, src := range srcs {
-		if reflink {
-			err := fscap.Reflink(dsts[i], src)
-			if err == nil {
-				continue
-			}
-			if !errors.Is(err, fscap.ErrNotSupported) {
-				return "", mapFSError(err)
-			}
+		m, err := storage.CloneOrCopy(ctx, dsts[i], src, reflink, prog.Add)
+		if err != nil {
+			return "", err
 		}
-		method = MethodCopy
-		if err := fscap.CopySparse(ctx, dsts[i], src, prog.Add); err != nil {
-			return "", mapFSError(err)
+		if m == storage.MethodCopy {
+			method = MethodCopy
 		}
 	}
 	return method, nil
@@ -521,7 +502,7 @@ func (v *Volume) DeleteSnapshot(ctx context.Context, name string) error {
 		return err
 	}
 	trash := filepath.Join(v.pool.stagingDir(), "del-"+newUID())
-	if err := durable.Rename(v.snapshotDir(name), trash); err != nil {
+	if err := durable.Rename(v.pool.fs, v.pool.rel(v.snapshotDir(name)), v.pool.rel(trash)); err != nil {
 		return fmt.Errorf("delete snapshot %s@%s: %w", v.name, name, v.metaError(err))
 	}
 	v.mu.Lock()

@@ -9,13 +9,13 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/quiverstorage/quiver/internal/fscap"
+	"github.com/quiverstorage/quiver/internal/storage"
 	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 // setCaptureHooks replaces afterFirstPass and reflinkRange (either may be
 // nil to keep it) until the test ends.
-func setCaptureHooks(t *testing.T, after func(), clone func(dst, src *os.File, off, length int64) error) {
+func setCaptureHooks(t *testing.T, after func(), clone func(dst, src storage.File, off, length int64) error) {
 	t.Helper()
 	oldAfter, oldClone := afterFirstPass, reflinkRange
 	t.Cleanup(func() { afterFirstPass, reflinkRange = oldAfter, oldClone })
@@ -36,8 +36,8 @@ func setRoundAbove(t *testing.T, n int) {
 	roundAbove = n
 }
 
-func unsupportedRange(dst, src *os.File, off, length int64) error {
-	return fmt.Errorf("injected: %w", fscap.ErrNotSupported)
+func unsupportedRange(dst, src storage.File, off, length int64) error {
+	return fmt.Errorf("injected: %w", storage.ErrNotSupported)
 }
 
 // modelDisk is a disk handle and the bytes it must hold.
@@ -143,8 +143,8 @@ func TestLiveCaptureCatchesUp(t *testing.T) {
 			switch tc.fault {
 			case "write during first pass":
 				calls := 0
-				setCaptureHooks(t, nil, func(dst, src *os.File, off, length int64) error {
-					err := fscap.ReflinkRange(dst, src, off, length)
+				setCaptureHooks(t, nil, func(dst, src storage.File, off, length int64) error {
+					err := dst.CloneRange(src, off, length)
 					if calls++; calls == 1 { // a's first piece, which covers all of it, is cloned
 						a.write(t, 14, 0, 64<<10)
 						a.write(t, 15, 7*mib, 4096)
@@ -154,8 +154,8 @@ func TestLiveCaptureCatchesUp(t *testing.T) {
 			case "write during a round":
 				setRoundAbove(t, 0)
 				calls := 0
-				setCaptureHooks(t, nil, func(dst, src *os.File, off, length int64) error {
-					err := fscap.ReflinkRange(dst, src, off, length)
+				setCaptureHooks(t, nil, func(dst, src storage.File, off, length int64) error {
+					err := dst.CloneRange(src, off, length)
 					if hookRan {
 						if calls++; calls == 1 { // the first range of the first round is cloned
 							a.write(t, 16, 100<<10, 4096)

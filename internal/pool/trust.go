@@ -8,10 +8,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 
-	"github.com/quiverstorage/quiver/internal/beneath"
 	"github.com/quiverstorage/quiver/internal/durable"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // maxManifest bounds a manifest read from the pool (volume.json with
@@ -27,20 +26,11 @@ func (p *Pool) readManifest(rel string, v any) error {
 }
 
 // writeJSON replaces the manifest at path (in the pool) atomically and
-// durably (durable.WriteJSONAt), through a directory opened beneath the pool
-// root: a link put in place of a directory of the pool is refused, never
-// written through. secret makes the file owner-only (attachment tokens).
-func (p *Pool) writeJSON(path string, v any, secret bool) error {
-	rel := p.rel(path)
-	d, err := p.root.OpenDir(filepath.Dir(rel))
-	if err != nil {
-		return hostile(err)
-	}
-	defer d.Close()
-	if secret {
-		return durable.WriteSecretJSONAt(d, filepath.Base(rel), v)
-	}
-	return durable.WriteJSONAt(d, filepath.Base(rel), v)
+// durably (durable.WriteJSON), owner-only, every step resolved beneath the
+// pool root: a link put in place of a directory of the pool is refused,
+// never written through.
+func (p *Pool) writeJSON(path string, v any) error {
+	return hostile(durable.WriteJSON(p.fs, p.rel(path), v))
 }
 
 // decodeStrict decodes one JSON value, refusing unknown fields and anything
@@ -59,7 +49,7 @@ func decodeStrict(data []byte, v any) error {
 
 // hostile adds ErrHostile to the errors of beneath that mean a link.
 func hostile(err error) error {
-	if errors.Is(err, beneath.ErrEscape) || errors.Is(err, beneath.ErrHardLink) || errors.Is(err, beneath.ErrNotRegular) {
+	if errors.Is(err, storage.ErrEscape) || errors.Is(err, storage.ErrHardLink) || errors.Is(err, storage.ErrNotRegular) {
 		return fmt.Errorf("%w: %w", ErrHostile, err)
 	}
 	return err
@@ -210,7 +200,7 @@ func validateStagingName(n string) error {
 // one link, at most maxManifest bytes) and hands it to decode.
 // fs.ErrNotExist passes through for callers to test.
 func (p *Pool) readDecoded(rel string, decode func([]byte) error) error {
-	f, err := p.root.OpenRegular(rel, os.O_RDONLY)
+	f, err := p.fs.OpenRegular(rel, os.O_RDONLY)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return err
@@ -218,7 +208,7 @@ func (p *Pool) readDecoded(rel string, decode func([]byte) error) error {
 		return hostile(err)
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxManifest+1))
+	data, err := io.ReadAll(io.LimitReader(io.NewSectionReader(f, 0, maxManifest+1), maxManifest+1))
 	if err != nil {
 		return err
 	}

@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/quiverstorage/quiver/internal/durable"
-	"github.com/quiverstorage/quiver/internal/fscap"
 	"github.com/quiverstorage/quiver/internal/qos"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // Volume holds every disk of one VM. Its methods are safe for concurrent use.
@@ -78,8 +78,7 @@ type Volume struct {
 // refs, smu and what they guard.
 type diskFile struct {
 	name   string
-	f      *os.File
-	io     DiskIO
+	f      storage.File
 	size   int64
 	shared bool    // exempt from the single-writer rule
 	ch     *chunks // chunk ownership (chunks.go); nil when off
@@ -183,7 +182,7 @@ func (v *Volume) checkAlive() error {
 // from disk. It returns err, wrapped with ErrVolumeFailed in that case.
 func (v *Volume) metaError(err error) error {
 	if !errors.Is(err, durable.ErrUncertain) {
-		return mapFSError(err)
+		return storage.Classify(err)
 	}
 	v.mu.Lock()
 	if v.failed == nil {
@@ -208,7 +207,7 @@ func (v *Volume) Info() VolumeInfo {
 		Snapshots: nsnaps, CreatedAt: m.CreatedAt, Dir: v.disksDir()}
 	for _, d := range m.Disks {
 		path := v.diskPath(d.Name)
-		alloc, _ := fscap.Allocated(path)
+		alloc, _ := v.pool.fs.Allocated(v.pool.rel(path))
 		info.Disks = append(info.Disks, DiskInfo{Name: d.Name, Size: d.Size, Allocated: alloc, Path: path, Shared: d.Shared})
 	}
 	info.Writer = v.Writer()
@@ -218,7 +217,7 @@ func (v *Volume) Info() VolumeInfo {
 // commit writes m as the volume's manifest (durable on return) and makes it
 // the in-memory truth.
 func (v *Volume) commit(m volumeManifest) error {
-	if err := v.pool.writeJSON(filepath.Join(v.dir, "volume.json"), m, false); err != nil {
+	if err := v.pool.writeJSON(filepath.Join(v.dir, "volume.json"), m); err != nil {
 		return v.metaError(err)
 	}
 	v.mu.Lock()
@@ -258,7 +257,7 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 	}
 	staged, err := p.newStaging("vol")
 	if err != nil {
-		return VolumeInfo{}, false, mapFSError(err)
+		return VolumeInfo{}, false, err
 	}
 	m := volumeManifest{Kind: "Volume", Version: manifestVersion, Name: spec.Name, UID: newUID(),
 		Capacity: spec.Capacity, Labels: maps.Clone(spec.Labels), Disks: spec.Disks, QoS: qosOrNil(spec.QoS), CreatedAt: time.Now().UTC(),
@@ -293,18 +292,18 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 func (p *Pool) stageVolume(staged string, m volumeManifest, fill func(disksDir string) error) error {
 	disks := filepath.Join(staged, "disks")
 	for _, d := range []string{disks, filepath.Join(staged, "snapshots")} {
-		if err := p.root.Mkdir(p.rel(d), 0o755); err != nil {
-			return mapFSError(err)
+		if err := p.fs.Mkdir(p.rel(d), 0o755); err != nil {
+			return err
 		}
 	}
 	if err := fill(disks); err != nil {
 		return err
 	}
-	if err := durable.SyncDir(disks); err != nil {
+	if err := p.fs.SyncDir(p.rel(disks)); err != nil {
 		return err
 	}
-	if err := p.writeJSON(filepath.Join(staged, "volume.json"), m, false); err != nil {
-		return mapFSError(err)
+	if err := p.writeJSON(filepath.Join(staged, "volume.json"), m); err != nil {
+		return err
 	}
 	return nil
 }
@@ -312,28 +311,27 @@ func (p *Pool) stageVolume(staged string, m volumeManifest, fill func(disksDir s
 // imageCreators is how many images of one new volume are made at once.
 const imageCreators = 8
 
-// createImage makes an empty sparse image of size bytes, durable on return.
+// createImage makes an empty sparse image of size bytes. Its size is not
+// synced: an image that a crash leaves short of its manifest's size is
+// extended at start-up (checkImage), and it holds no data yet.
 func (p *Pool) createImage(path string, size int64) error {
 	f, err := p.newImageFile(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if err := f.Truncate(size); err != nil {
-		return mapFSError(err)
-	}
-	return f.Sync()
+	return f.Truncate(size)
 }
 
 // newImageFile creates path exclusively, with the extent size hint where the
 // filesystem has one (it must be set while the file is empty).
-func (p *Pool) newImageFile(path string) (*os.File, error) {
-	f, err := p.root.OpenFile(p.rel(path), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600) // owner only, as libvirt keeps images
+func (p *Pool) newImageFile(path string) (storage.File, error) {
+	f, err := p.fs.OpenFile(p.rel(path), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600) // owner only, as libvirt keeps images
 	if err != nil {
-		return nil, mapFSError(err)
+		return nil, err
 	}
 	if p.caps.ExtentSizeHint {
-		if err := fscap.SetExtentSizeHint(f, ExtentSizeHint); err != nil {
+		if err := f.SetExtentSizeHint(ExtentSizeHint); err != nil {
 			p.log.Debug("extent size hint", "path", path, "err", err)
 		}
 	}
@@ -376,7 +374,7 @@ func (p *Pool) DeleteWith(ctx context.Context, name string, o DeleteOptions) err
 		v.gate.Unlock()
 		return err
 	}
-	if err := durable.Rename(v.dir, trash); err != nil {
+	if err := durable.Rename(p.fs, p.rel(v.dir), p.rel(trash)); err != nil {
 		v.cancelDelete()
 		v.gate.Unlock()
 		return fmt.Errorf("delete volume %q: %w", name, v.metaError(err))
@@ -492,11 +490,11 @@ func (v *Volume) AddDiskWith(ctx context.Context, d DiskSpec, idem Idempotency) 
 		return VolumeInfo{}, fmt.Errorf("disks would total %s, capacity is %s; grow the volume first: %w", formatSize(t), formatSize(m.Capacity), ErrCapacity)
 	}
 	path := v.diskPath(d.Name)
-	_ = v.pool.root.Remove(v.pool.rel(path)) // an orphan from a crashed add
+	_ = v.pool.fs.Remove(v.pool.rel(path)) // an orphan from a crashed add
 	if err := v.pool.createImage(path, d.Size); err != nil {
 		return VolumeInfo{}, err
 	}
-	if err := durable.SyncDir(v.disksDir()); err != nil {
+	if err := v.pool.fs.SyncDir(v.pool.rel(v.disksDir())); err != nil {
 		return VolumeInfo{}, err
 	}
 	m.Disks = append(m.Disks, d)
@@ -508,7 +506,7 @@ func (v *Volume) AddDiskWith(ctx context.Context, d DiskSpec, idem Idempotency) 
 		m.DiskKeys[d.Name] = idem.Key
 	}
 	if err := v.commit(m); err != nil {
-		_ = v.pool.root.Remove(v.pool.rel(path))
+		_ = v.pool.fs.Remove(v.pool.rel(path))
 		return VolumeInfo{}, err
 	}
 	v.gate.Lock()
@@ -606,13 +604,8 @@ func (v *Volume) RemoveDiskWith(ctx context.Context, disk string, force bool) (V
 	}
 	v.gate.Unlock()
 	// The manifest no longer lists the image: if its removal does not
-	// last, start-up removes the orphan.
-	if err := v.pool.root.Remove(v.pool.rel(v.diskPath(disk))); err == nil {
-		if err := durable.SyncDir(v.disksDir()); err != nil {
-			v.pool.log.Error("sync after removing a disk image; start-up removes it if it comes back",
-				"volume", v.name, "disk", disk, "err", err)
-		}
-	}
+	// last (it is not synced), start-up removes the orphan.
+	_ = v.pool.fs.Remove(v.pool.rel(v.diskPath(disk)))
 	return v.Info(), nil
 }
 
@@ -652,7 +645,7 @@ func (v *Volume) snapshotInfo(s *snapshotManifest) SnapshotInfo {
 		GateHeld: s.GateHeld, CreatedAt: s.CreatedAt}
 	for _, d := range s.Disks {
 		path := filepath.Join(v.snapshotDir(s.Name), d.Name+".img")
-		alloc, _ := fscap.Allocated(path)
+		alloc, _ := v.pool.fs.Allocated(v.pool.rel(path))
 		info.Disks = append(info.Disks, DiskInfo{Name: d.Name, Size: d.Size, Allocated: alloc, Path: path})
 	}
 	return info

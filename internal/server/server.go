@@ -3,7 +3,7 @@
 // cancelled. It is wiring only: the domain lives in pool, the transports in
 // apiserver and nbd, the wire types in api.
 //
-// Imports from quiver: api, apiserver, connlimit, job, metrics, nbd, pool, tlscert.
+// Imports from quiver: api, apiserver, connlimit, durable, job, metrics, nbd, pool, storage, tlscert.
 package server
 
 import (

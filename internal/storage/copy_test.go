@@ -1,4 +1,4 @@
-package fscap
+package storage
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/quiverstorage/quiver/internal/fscap"
 )
 
 // A sparse layout: data at the start, a run longer than two chunks that ends
@@ -55,23 +57,14 @@ func TestCopySparse(t *testing.T) {
 				dir := fs.dir(t)
 				srcPath := makeSparse(t, dir, "src")
 				dstPath := filepath.Join(dir, "dst")
-				src, err := os.Open(srcPath)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer src.Close()
-				dst, err := os.Create(dstPath)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer dst.Close()
+				src, dst := openPair(t, srcPath, dstPath)
 				// Old content must not survive in dst's holes.
-				if _, err := dst.Write(content(0, 4<<20)); err != nil {
+				if _, err := dst.WriteAt(content(0, 4<<20), 0); err != nil {
 					t.Fatal(err)
 				}
 
 				var calls []int64
-				err = copySparse(context.Background(), dst, src, func(n int64) { calls = append(calls, n) }, method.useCFR)
+				err := copySparse(context.Background(), dst, src, func(n int64) { calls = append(calls, n) }, method.useCFR)
 				if err != nil {
 					t.Fatalf("copySparse: %v", err)
 				}
@@ -91,7 +84,7 @@ func TestCopySparse(t *testing.T) {
 				if got := sumRuns(dstMap); got != wantData {
 					t.Errorf("dst has %d data bytes, want %d (runs %v)", got, wantData, dstMap)
 				}
-				alloc, err := Allocated(dstPath)
+				alloc, err := fscap.Allocated(dstPath)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -119,16 +112,10 @@ func TestCopySparse(t *testing.T) {
 
 func TestCopySparseEmpty(t *testing.T) {
 	dir := t.TempDir()
-	src, err := os.Create(filepath.Join(dir, "src"))
-	if err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "src"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
-	dst, err := os.Create(filepath.Join(dir, "dst"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Close()
+	src, dst := openPair(t, filepath.Join(dir, "src"), filepath.Join(dir, "dst"))
 	called := false
 	if err := CopySparse(context.Background(), dst, src, func(int64) { called = true }); err != nil {
 		t.Fatal(err)
@@ -138,5 +125,54 @@ func TestCopySparseEmpty(t *testing.T) {
 	}
 	if called {
 		t.Error("progress called for an empty file")
+	}
+}
+
+// openPair opens srcPath read-only and creates dstPath, both through an OS
+// FS rooted at their directory.
+func openPair(t testing.TB, srcPath, dstPath string) (src, dst File) {
+	t.Helper()
+	fsys, err := OpenOS(filepath.Dir(srcPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fsys.Close() })
+	if src, err = fsys.OpenFile(filepath.Base(srcPath), os.O_RDONLY, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	if dst, err = fsys.OpenFile(filepath.Base(dstPath), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dst.Close() })
+	return src, dst
+}
+
+// TestDataBytes: the walk over data runs finds the sparse layout's runs on
+// every filesystem that reports holes.
+func TestDataBytes(t *testing.T) {
+	for _, fsc := range []fsCase{onExt4, onXFS, onBtrfs, onTmpfs} {
+		t.Run(fsc.name, func(t *testing.T) {
+			dir := fsc.dir(t)
+			path := makeSparse(t, dir, "src")
+			src, _ := openPair(t, path, filepath.Join(dir, "unused"))
+			data, err := DataBytes(src)
+			if err != nil {
+				t.Fatalf("DataBytes: %v", err)
+			}
+			if want := sumRuns(sparseRuns); data != want {
+				t.Errorf("DataBytes = %d, want %d", data, want)
+			}
+			var runs []run
+			if err := DataRuns(src, 0, sparseSize, func(s, e int64) error {
+				runs = append(runs, run{s, e - s})
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(runs, sparseRuns) {
+				t.Errorf("DataRuns = %v, want %v", runs, sparseRuns)
+			}
+		})
 	}
 }
