@@ -5,6 +5,7 @@ import (
 	"errors"
 	"github.com/quiverstorage/quiver/internal/api"
 	"net/http"
+	"regexp"
 
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
@@ -42,9 +43,16 @@ var errorMapping = []struct {
 	{pool.ErrNoSpace, http.StatusInsufficientStorage, api.CodeNoSpace},
 }
 
-// toError maps any error to its HTTP status and wire error.
+// stagingPath matches the part of a file name in a message that lies in
+// the pool's staging area ("/srv/pool/staging/clone-3f2a/", or relative):
+// the work directory of an operation, which means nothing to a user and is
+// gone by the time they read it.
+var stagingPath = regexp.MustCompile(`[^\s"':]*\bstaging/[^/\s"':]+/`)
+
+// toError maps any error to its HTTP status and wire error. File names in
+// the pool's staging area are shown without it: "open vdi-001/disks/root.img".
 func toError(err error) (int, api.Error) {
-	e := api.Error{Code: api.CodeInternal, Message: err.Error()}
+	e := api.Error{Code: api.CodeInternal, Message: stagingPath.ReplaceAllString(err.Error(), "")}
 	var fe *pool.FieldError
 	if errors.As(err, &fe) {
 		e.Field = fe.Field

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/quiverstorage/quiver/internal/api"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/quiverstorage/quiver/internal/job"
@@ -74,6 +75,20 @@ func TestToError(t *testing.T) {
 	for _, m := range errorMapping {
 		if !covered[m.err] {
 			t.Errorf("errorMapping row %v (%d %s) has no test case", m.err, m.status, m.code)
+		}
+	}
+}
+
+// TestErrorsHideStaging: a file in the staging area of an operation shows
+// as the object it becomes, not as a work directory.
+func TestErrorsHideStaging(t *testing.T) {
+	for in, want := range map[string]string{
+		"clone vdi-001: open /srv/pool/staging/clone-3f2a/vdi-001/disks/root.img: no space left on device": "clone vdi-001: open vdi-001/disks/root.img: no space left on device",
+		"write staging/snap-9/nightly/root.img: input/output error":                                       "write nightly/root.img: input/output error",
+		"volume \"web01\": staging is full":                                                                 "volume \"web01\": staging is full",
+	} {
+		if _, e := toError(fmt.Errorf("%s: %w", in, pool.ErrNoSpace)); !strings.HasPrefix(e.Message, want) {
+			t.Errorf("message %q, want it to start %q", e.Message, want)
 		}
 	}
 }
