@@ -84,8 +84,8 @@ func TestToError(t *testing.T) {
 func TestErrorsHideStaging(t *testing.T) {
 	for in, want := range map[string]string{
 		"clone vdi-001: open /srv/pool/staging/clone-3f2a/vdi-001/disks/root.img: no space left on device": "clone vdi-001: open vdi-001/disks/root.img: no space left on device",
-		"write staging/snap-9/nightly/root.img: input/output error":                                       "write nightly/root.img: input/output error",
-		"volume \"web01\": staging is full":                                                                 "volume \"web01\": staging is full",
+		"write staging/snap-9/nightly/root.img: input/output error":                                        "write nightly/root.img: input/output error",
+		"volume \"web01\": staging is full":                                                                "volume \"web01\": staging is full",
 	} {
 		if _, e := toError(fmt.Errorf("%s: %w", in, pool.ErrNoSpace)); !strings.HasPrefix(e.Message, want) {
 			t.Errorf("message %q, want it to start %q", e.Message, want)
