@@ -249,8 +249,11 @@ type PoolInfo struct {
 	Capabilities Capabilities `json:"capabilities"`
 	TotalBytes   int64        `json:"totalBytes"`
 	FreeBytes    int64        `json:"freeBytes"`
-	Volumes      int          `json:"volumes"`
-	CreatedAt    time.Time    `json:"createdAt"`
+	// ProvisionedBytes is the sum of the virtual sizes of every disk: what
+	// the VMs may write. Above TotalBytes the pool is overcommitted.
+	ProvisionedBytes int64     `json:"provisionedBytes"`
+	Volumes          int       `json:"volumes"`
+	CreatedAt        time.Time `json:"createdAt"`
 	// ChunkSize is the unit in which disks are kept cheap to snapshot
 	// (docs/design/0001-pool-layout.md, chunk ownership); 0 when off.
 	ChunkSize int64 `json:"chunkSize"`

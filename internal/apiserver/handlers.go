@@ -23,7 +23,8 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, api.PoolInfo{ID: info.ID, Path: info.Dir, Filesystem: c.Filesystem,
 		Capabilities: api.Capabilities{Reflink: c.Reflink, CopyFileRange: c.CopyFileRange, SeekHole: c.SeekHole,
 			BtrfsSubvolumes: c.BtrfsSubvolumes, ExtentSizeHint: c.ExtentSizeHint},
-		TotalBytes: info.TotalBytes, FreeBytes: info.FreeBytes, Volumes: info.Volumes, CreatedAt: info.CreatedAt,
+		TotalBytes: info.TotalBytes, FreeBytes: info.FreeBytes, ProvisionedBytes: s.provisioned(),
+		Volumes: info.Volumes, CreatedAt: info.CreatedAt,
 		ChunkSize: info.ChunkSize, ReadOnly: info.ReadOnly, Broken: info.Broken})
 	return nil
 }
@@ -68,6 +69,13 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	}
 	idem, err := idempotency(r)
 	if err != nil {
+		return err
+	}
+	var size int64
+	for _, d := range spec.Disks {
+		size += d.Size
+	}
+	if err := s.checkOvercommit(size); err != nil {
 		return err
 	}
 	info, created, err := s.pool.Create(r.Context(), pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity,
@@ -143,6 +151,9 @@ func (s *Server) addDisk(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkOvercommit(d.Size); err != nil {
+		return err
+	}
 	info, err := v.AddDiskWith(r.Context(), pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared}, idem)
 	if err != nil {
 		return err
@@ -159,6 +170,13 @@ func (s *Server) growDisk(w http.ResponseWriter, r *http.Request) error {
 	v, err := s.volume(r)
 	if err != nil {
 		return err
+	}
+	for _, d := range v.Info().Disks {
+		if d.Name == r.PathValue("disk") {
+			if err := s.checkOvercommit(u.Size - d.Size); err != nil {
+				return err
+			}
+		}
 	}
 	info, err := v.GrowDisk(r.Context(), r.PathValue("disk"), u.Size)
 	if err != nil {
@@ -339,6 +357,9 @@ func (s *Server) clone(w http.ResponseWriter, r *http.Request) error {
 	}
 	req := pool.CloneRequest{Source: pool.Source{Volume: spec.Source.Volume, Snapshot: spec.Source.Snapshot},
 		Names: spec.Names, Labels: spec.Labels, Idempotency: idem}
+	if err := s.checkOvercommit(s.cloneSize(req.Source) * int64(len(spec.Names))); err != nil {
+		return err
+	}
 	// Validate, look up the source and take it and the names before
 	// starting a job, so that bad input, a missing source, a taken name or
 	// a busy one is a 4xx, not a failed job.

@@ -149,3 +149,48 @@ func TestAttachURIs(t *testing.T) {
 		})
 	}
 }
+
+// TestMaxOvercommit: the pool reports what is provisioned, and with a limit
+// a create, a clone, a new disk or a grow that would provision past it is
+// refused (507 NoSpace) with the pool unchanged; without one thin
+// provisioning has no bound.
+func TestMaxOvercommit(t *testing.T) {
+	s, p := newTestAPI(t, "")
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	c := &apiClient{t: t, base: srv.URL}
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	half := (info.TotalBytes / 2) &^ 511
+	c.expect("POST", "/v1/volumes", api.VolumeSpec{Name: "big", Capacity: 4 * half, Disks: []api.DiskSpec{{Name: "root", Size: half}}}, 201, nil)
+	c.expect("POST", "/v1/volumes/big/snapshots", api.SnapshotSpec{Name: "s"}, 201, nil)
+	var pi api.PoolInfo
+	c.expect("GET", "/v1/pool", nil, 200, &pi)
+	if pi.ProvisionedBytes != half {
+		t.Fatalf("provisioned %d, want %d", pi.ProvisionedBytes, half)
+	}
+	s.MaxOvercommit = 0.75
+	for _, tc := range []struct {
+		method, path string
+		body         any
+	}{
+		{"POST", "/v1/volumes", api.VolumeSpec{Name: "more", Capacity: half, Disks: []api.DiskSpec{{Name: "root", Size: half}}}},
+		{"POST", "/v1/clones", api.CloneSpec{Source: api.Source{Volume: "big", Snapshot: "s"}, Names: []string{"c1"}}},
+		{"POST", "/v1/volumes/big/disks", api.DiskSpec{Name: "data", Size: half}},
+		{"PATCH", "/v1/volumes/big/disks/root", api.DiskUpdate{Size: 2 * half}},
+	} {
+		e := c.expectError(tc.method, tc.path, tc.body, http.StatusInsufficientStorage, api.CodeNoSpace)
+		if !strings.Contains(e.Message, "--max-overcommit 0.75x") {
+			t.Errorf("%s %s: message %q", tc.method, tc.path, e.Message)
+		}
+	}
+	c.expect("GET", "/v1/pool", nil, 200, &pi)
+	if pi.ProvisionedBytes != half || pi.Volumes != 1 {
+		t.Fatalf("after refusals: %+v", pi)
+	}
+	c.expect("POST", "/v1/volumes", api.VolumeSpec{Name: "small", Capacity: mib, Disks: []api.DiskSpec{{Name: "root", Size: mib}}}, 201, nil)
+	s.MaxOvercommit = 0
+	c.expect("POST", "/v1/clones", api.CloneSpec{Source: api.Source{Volume: "big", Snapshot: "s"}, Names: []string{"c1", "c2"}}, 201, nil)
+}

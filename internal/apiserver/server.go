@@ -26,6 +26,9 @@ type Server struct {
 	// BodyTimeout bounds the reading of a request's body (default 10 s;
 	// set before serving). The headers are bounded by the http.Server.
 	BodyTimeout time.Duration
+	// MaxOvercommit refuses creates, clones and disk changes that would
+	// provision more than this many times the pool's size; 0: no limit.
+	MaxOvercommit float64
 
 	pool  *pool.Pool
 	jobs  *job.Manager

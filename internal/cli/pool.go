@@ -77,6 +77,10 @@ func (a *app) poolDetail(p api.PoolInfo) func(io.Writer) error {
 			free += fmt.Sprintf(" (%d%%)", p.FreeBytes*100/p.TotalBytes)
 		}
 		f.add("Free", free)
+		if p.TotalBytes > 0 {
+			f.add("Provisioned", fmt.Sprintf("%s (%.2fx the pool's size)", quantity.Format(p.ProvisionedBytes),
+				float64(p.ProvisionedBytes)/float64(p.TotalBytes)))
+		}
 		vols := fmt.Sprint(p.Volumes)
 		if p.Broken > 0 {
 			vols += fmt.Sprintf(" (%d broken: see `quiver volume list`)", p.Broken)

@@ -112,6 +112,8 @@ A flag on the command line wins over the file.`,
 	cmd.Flags().BoolVar(&cfg.NBDRequireToken, "nbd-require-token", false,
 		"refuse NBD exports without an attachment token (always on beyond loopback)")
 	cmd.Flags().BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API port")
+	cmd.Flags().Float64Var(&cfg.MaxOvercommit, "max-overcommit", 0,
+		"refuse creates, clones and disk growth that would provision more than this many times the pool's size, e.g. 3 (0: no limit)")
 	f := cmd.Flags()
 	f.StringVar(&cfg.APISocket, "api-socket", "", "also serve the API on this unix socket (mode 0600, no token)")
 	f.StringVar(&cfg.APISocketGroup, "api-socket-group", "", "group allowed on the API and NBD sockets (mode 0660)")

@@ -21,27 +21,31 @@ var (
 	descTotal    = prometheus.NewDesc("quiver_pool_size_bytes", "Size of the pool's filesystem.", nil, nil)
 	descFree     = prometheus.NewDesc("quiver_pool_free_bytes", "Free space in the pool's filesystem.", nil, nil)
 	descVolumes  = prometheus.NewDesc("quiver_pool_volumes", "Volumes in the pool.", nil, nil)
+	descProv     = prometheus.NewDesc("quiver_pool_provisioned_bytes", "Sum of the virtual sizes of every disk; above quiver_pool_size_bytes the pool is overcommitted.", nil, nil)
 	descSyncFail = prometheus.NewDesc("quiver_sync_failures_total", "fdatasync calls on disk images that failed (each fails its disk's flushes until it is reopened).", nil, nil)
 )
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descCapacity, descVirtual, descAlloc, descSnaps, descEpoch, descTotal, descFree, descVolumes, descSyncFail} {
+	for _, d := range []*prometheus.Desc{descCapacity, descVirtual, descAlloc, descSnaps, descEpoch, descTotal, descFree, descVolumes, descProv, descSyncFail} {
 		ch <- d
 	}
 }
 
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	vols := c.p.List(nil)
+	var provisioned int64
 	for _, v := range vols {
 		ch <- prometheus.MustNewConstMetric(descCapacity, prometheus.GaugeValue, float64(v.Capacity), v.Name)
 		ch <- prometheus.MustNewConstMetric(descSnaps, prometheus.GaugeValue, float64(v.Snapshots), v.Name)
 		ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(v.Writer.Epoch), v.Name)
 		for _, d := range v.Disks {
 			ch <- prometheus.MustNewConstMetric(descVirtual, prometheus.GaugeValue, float64(d.Size), v.Name, d.Name)
+			provisioned += d.Size
 			ch <- prometheus.MustNewConstMetric(descAlloc, prometheus.GaugeValue, float64(d.Allocated), v.Name, d.Name)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(descVolumes, prometheus.GaugeValue, float64(len(vols)))
+	ch <- prometheus.MustNewConstMetric(descProv, prometheus.GaugeValue, float64(provisioned))
 	ch <- prometheus.MustNewConstMetric(descSyncFail, prometheus.CounterValue, float64(c.p.SyncFailures()))
 	if info, err := c.p.Info(); err == nil {
 		ch <- prometheus.MustNewConstMetric(descTotal, prometheus.GaugeValue, float64(info.TotalBytes))

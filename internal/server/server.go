@@ -54,8 +54,11 @@ type Config struct {
 	// it receives (the CLI sends on SIGHUP): new connections get the new
 	// certificates, established ones keep theirs.
 	Reload <-chan struct{}
-	Pprof  bool         // serve /debug/pprof/ on the API port (behind the same auth)
-	Logger *slog.Logger // nil: slog.Default()
+	Pprof  bool // serve /debug/pprof/ on the API port (behind the same auth)
+	// MaxOvercommit refuses what would provision more than this many times
+	// the pool's size (apiserver.Server.MaxOvercommit); 0: no limit.
+	MaxOvercommit float64
+	Logger        *slog.Logger // nil: slog.Default()
 	// Ready, if set, is called with the API's and the NBD TCP listener's
 	// addresses (nil when there is none) once requests are served.
 	Ready func(api, nbd net.Addr)
@@ -150,6 +153,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	handler := apiserver.NewServer(p, jobs, token, log)
 	handler.BodyTimeout = cfg.API.BodyTimeout
+	handler.MaxOvercommit = cfg.MaxOvercommit
 	endpoint := apiserver.NBDEndpoint{Socket: cfg.NBDSocket, TLS: cfg.NBD.TLS != nil && cfg.NBD.RequireTLS}
 	for _, l := range nbdLns {
 		if l.Addr().Network() == "tcp" {
