@@ -54,7 +54,7 @@ func (c *conn) handle(req *request) {
 	case cmdCache:
 		err = c.disk.Cache(off, n)
 	case cmdWriteZeroes:
-		err = c.disk.Zero(off, n, req.flags&cmdFlagNoHole == 0, req.flags&cmdFlagFastZero != 0, fua)
+		err = c.disk.Zero(off, n, zeroFlags(req.flags))
 	case cmdBlockStatus:
 		c.blockStatus(req)
 		return
@@ -67,6 +67,22 @@ func (c *conn) handle(req *request) {
 		c.writeGen.Add(1)
 	}
 	c.replyOK(req)
+}
+
+// zeroFlags translates the flags of NBD_CMD_WRITE_ZEROES: without NO_HOLE
+// the range may be punched ("NBD_CMD_WRITE_ZEROES").
+func zeroFlags(f uint16) pool.ZeroFlags {
+	var z pool.ZeroFlags
+	if f&cmdFlagNoHole == 0 {
+		z |= pool.ZeroMayTrim
+	}
+	if f&cmdFlagFastZero != 0 {
+		z |= pool.ZeroFast
+	}
+	if f&cmdFlagFUA != 0 {
+		z |= pool.ZeroFUA
+	}
+	return z
 }
 
 // validate checks command, flags and range before anything is executed.
