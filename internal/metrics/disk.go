@@ -158,10 +158,10 @@ func (d *Disk) Trim(off, length int64, fua bool) error {
 }
 
 // Zero counts a zero as a write operation of no bandwidth.
-func (d *Disk) Zero(off, length int64, mayTrim, fast, fua bool) error {
+func (d *Disk) Zero(off, length int64, flags pool.ZeroFlags) error {
 	start, err := d.admit(qos.Write, 0)
 	if err == nil {
-		err = d.Disk.Zero(off, length, mayTrim, fast, fua)
+		err = d.Disk.Zero(off, length, flags)
 	}
 	return d.done(iZero, start, 0, err)
 }

@@ -24,53 +24,126 @@ var allowedFlags = map[uint16]uint16{
 // more than sending the zeros.
 const holeThreshold = 256 << 10
 
-// handle validates a request in full, executes it, and replies.
-func (c *conn) handle(req *request) {
-	if c.broken.Load() {
-		return // no reply can reach the client: do not read 32 MiB for nothing
+// exec runs a request that validate has accepted, or answers the refusal
+// validate wrote into it. It is the one place where requests are executed:
+// the reader, the write executor and the workers all call it, and differ
+// only in r, which says whether it may wait and where successful replies go
+// (schedule.go). With r.nowait it runs only what the disk can do without
+// waiting and reports false, having changed nothing the client can see,
+// for anything else: the caller then hands req on. Otherwise, and whenever
+// it reports true, req is exec's: it is released once its reply has gone
+// out, or dropped when the connection is broken.
+func (c *conn) exec(req *request, r runner) bool {
+	switch {
+	case c.broken.Load():
+		// No reply can reach the client: do not read 32 MiB for nothing.
+		req.release()
+		return true
+	case req.errno != 0:
+		c.answer(req, r, nil)
+		return true
 	}
-	if errno, msg := c.validate(req); errno != 0 {
-		c.replyError(req, errno, msg)
-		return
-	}
-	var err error
-	off, n := int64(req.off), int64(req.length)
-	fua := req.flags&cmdFlagFUA != 0
 	switch req.typ {
 	case cmdRead:
-		c.read(req)
-		return
+		return c.read(req, r)
 	case cmdWrite:
-		err = c.disk.WriteAt(*req.buf, off, fua)
+		return c.write(req, r)
+	}
+	if r.nowait {
+		return false // every other command may wait for the device
+	}
+	switch req.typ {
 	case cmdFlush:
-		gen := c.writeGen.Load()
-		if err = c.disk.Flush(); err == nil {
-			// Raise flushedGen to gen (never lower it: flushes overlap).
-			for cur := c.flushedGen.Load(); cur < gen && !c.flushedGen.CompareAndSwap(cur, gen); cur = c.flushedGen.Load() {
-			}
-		}
+		c.answer(req, r, c.flush())
 	case cmdTrim:
-		err = c.disk.Trim(off, n, fua)
-	case cmdCache:
-		err = c.disk.Cache(off, n)
+		c.answer(req, r, c.trim(req))
 	case cmdWriteZeroes:
-		err = c.disk.Zero(off, n, req.flags&cmdFlagNoHole == 0, req.flags&cmdFlagFastZero != 0, fua)
+		c.answer(req, r, c.zero(req))
+	case cmdCache:
+		c.answer(req, r, c.disk.Cache(int64(req.off), int64(req.length)))
 	case cmdBlockStatus:
-		c.blockStatus(req)
-		return
+		c.blockStatus(req, r)
 	}
-	if err != nil {
-		c.failed(req, err)
-		return
-	}
-	if req.typ != cmdFlush && req.typ != cmdCache && !fua {
-		c.writeGen.Add(1)
-	}
-	c.replyOK(req)
+	return true
 }
 
-// validate checks command, flags and range before anything is executed.
-func (c *conn) validate(req *request) (uint32, string) {
+// write runs NBD_CMD_WRITE. Without FUA the data is in the page cache when
+// it is acknowledged, with FUA durable (pool.Disk).
+func (c *conn) write(req *request, r runner) bool {
+	off, fua := int64(req.off), req.flags&cmdFlagFUA != 0
+	var err error
+	if r.nowait {
+		if fua || c.nb == nil || req.length > inlineMax { // FUA waits for the device
+			return false
+		}
+		if c.nb.TryWriteAt(*req.buf, off) != nil {
+			return false
+		}
+	} else {
+		err = c.disk.WriteAt(*req.buf, off, fua)
+	}
+	if err == nil && !fua {
+		c.writeGen.Add(1)
+	}
+	c.answer(req, r, err)
+	return true
+}
+
+// flush runs NBD_CMD_FLUSH: it covers every write completed before it, on
+// any connection to the disk (they share one file).
+func (c *conn) flush() error {
+	gen := c.writeGen.Load()
+	err := c.disk.Flush()
+	if err == nil {
+		// Raise flushedGen to gen (never lower it: flushes overlap).
+		for cur := c.flushedGen.Load(); cur < gen && !c.flushedGen.CompareAndSwap(cur, gen); cur = c.flushedGen.Load() {
+		}
+	}
+	return err
+}
+
+// trim runs NBD_CMD_TRIM.
+func (c *conn) trim(req *request) error {
+	fua := req.flags&cmdFlagFUA != 0
+	err := c.disk.Trim(int64(req.off), int64(req.length), fua)
+	if err == nil && !fua {
+		c.writeGen.Add(1)
+	}
+	return err
+}
+
+// zero runs NBD_CMD_WRITE_ZEROES.
+func (c *conn) zero(req *request) error {
+	f := zeroFlags(req.flags)
+	err := c.disk.Zero(int64(req.off), int64(req.length), f)
+	if err == nil && f&pool.ZeroFUA == 0 {
+		c.writeGen.Add(1)
+	}
+	return err
+}
+
+// zeroFlags translates the flags of NBD_CMD_WRITE_ZEROES: without NO_HOLE
+// the range may be punched ("NBD_CMD_WRITE_ZEROES").
+func zeroFlags(f uint16) pool.ZeroFlags {
+	var z pool.ZeroFlags
+	if f&cmdFlagNoHole == 0 {
+		z |= pool.ZeroMayTrim
+	}
+	if f&cmdFlagFastZero != 0 {
+		z |= pool.ZeroFast
+	}
+	if f&cmdFlagFUA != 0 {
+		z |= pool.ZeroFUA
+	}
+	return z
+}
+
+// validate checks command, flags and range of a request. It is the only
+// check of a request in this package: the reader calls it once for every
+// request it reads, before it decides where the request runs, and exec
+// obeys its verdict. A refusal is an NBD error value and a message for the
+// client; nothing of a refused request is executed.
+func (c *conn) validate(req *request) (errno uint32, msg string) {
 	allowed, known := allowedFlags[req.typ]
 	if !known {
 		return errInval, fmt.Sprintf("unknown command %d", req.typ)
@@ -117,32 +190,57 @@ func (c *conn) validate(req *request) (uint32, string) {
 	return 0, ""
 }
 
-// read answers NBD_CMD_READ. All data is read before anything is sent, so a
+// read runs NBD_CMD_READ. All data is read before anything is sent, so a
 // failure is always a single error reply, never a success header followed
 // by an error.
-func (c *conn) read(req *request) {
+func (c *conn) read(req *request, r runner) bool {
 	off, n := int64(req.off), int(req.length)
-	// Small reads leave room for the reply header in front of the data so
-	// that header and data go out in one write from one buffer.
-	room := 0
-	if n <= inlineReplyMax {
-		room = replyRoom
+	if r.nowait && (c.nb == nil || n > inlineMax) {
+		return false
 	}
-	req.buf = getBuf(room + n)
-	req.room = room
-	buf := (*req.buf)[room:]
+	var ext []pool.Extent
 	if c.structured && n >= holeThreshold && req.flags&cmdFlagDF == 0 {
-		ext, err := c.disk.Extents(off, int64(n), 0)
-		if err == nil && hasHole(ext) {
-			c.readSparse(req, ext)
-			return
+		// Holes go out as holes. The lookup is two lseek calls on cached
+		// metadata; the sparse reply, a pread per data extent, may wait.
+		var err error
+		ext, err = c.disk.Extents(off, int64(n), 0)
+		if r.nowait && (err != nil || hasHole(ext)) {
+			return false
+		}
+		if err != nil || !hasHole(ext) {
+			ext = nil
 		}
 	}
-	if err := c.disk.ReadAt(buf, off); err != nil {
-		c.failed(req, err)
-		return
+	// Reads that may join a batch leave room for the reply header in front
+	// of the data, so that header and data go out from one buffer.
+	room := 0
+	if n <= inlineMax {
+		room = replyRoom
 	}
-	c.replyData(req, off, buf)
+	req.buf, req.room = getBuf(room+n), room
+	buf := (*req.buf)[room:]
+	var err error
+	switch {
+	case ext != nil:
+		c.flushOut(r.out)
+		c.readSparse(req, ext)
+		req.release()
+		return true
+	case r.nowait:
+		if c.nb.TryReadAt(buf, off) != nil {
+			putBuf(req.buf)
+			req.buf, req.room = nil, 0
+			return false
+		}
+	default:
+		err = c.disk.ReadAt(buf, off)
+	}
+	if err != nil {
+		c.answer(req, r, err)
+		return true
+	}
+	c.answerData(req, r, off, buf)
+	return true
 }
 
 // dataReader is implemented by disks that account a sparse read as one
@@ -199,15 +297,15 @@ func (c *conn) readSparse(req *request, ext []pool.Extent) {
 	}
 }
 
-// blockStatus answers NBD_CMD_BLOCK_STATUS for base:allocation.
-func (c *conn) blockStatus(req *request) {
+// blockStatus runs NBD_CMD_BLOCK_STATUS for base:allocation.
+func (c *conn) blockStatus(req *request, r runner) {
 	limit := maxExtents
 	if req.flags&cmdFlagReqOne != 0 {
 		limit = 1
 	}
 	ext, err := c.disk.Extents(int64(req.off), int64(req.length), limit)
 	if err != nil {
-		c.failed(req, err)
+		c.answer(req, r, err)
 		return
 	}
 	if req.flags&cmdFlagReqOne != 0 && len(ext) > 1 {
@@ -227,7 +325,9 @@ func (c *conn) blockStatus(req *request) {
 		binary.BigEndian.PutUint32(p[4+8*i:], uint32(e.Length))
 		binary.BigEndian.PutUint32(p[8+8*i:], state)
 	}
+	c.flushOut(r.out)
 	c.wmu.Lock()
-	defer c.wmu.Unlock()
 	_ = c.writeChunk(req, replyFlagDone, replyTypeBlockStatus, nil, p)
+	c.wmu.Unlock()
+	req.release()
 }

@@ -47,7 +47,7 @@ type conn struct {
 	wmu  sync.Mutex // one reply at a time on the wire
 	reqs chan *request
 	// writes carries small WRITEs without FUA to the connection's write
-	// executor (inline.go); nil with one worker, where every request runs
+	// executor (schedule.go); nil with one worker, where every request runs
 	// in the order it came.
 	writes chan *request
 	// writeGen counts writes completed without FUA; flushedGen is the
@@ -56,7 +56,7 @@ type conn struct {
 	writeGen, flushedGen atomic.Uint64
 	// queued counts requests handed to workers and not yet answered.
 	queued atomic.Int32
-	// out holds the replies of requests run by the reader (inline.go).
+	// out holds the replies of requests run by the reader (schedule.go).
 	out batch
 
 	// Bytes reserved by requests in flight (memory.go).
@@ -120,6 +120,11 @@ type request struct {
 	reply [64]byte // reply header space
 	iov   [2][]byte
 
+	// validate's verdict, set once by the reader: when errno is not zero the
+	// request is refused with errno and msg, and nothing of it runs.
+	errno uint32
+	msg   string
+
 	cost int64 // bytes reserved by conn.reserve, given back on release
 	conn *conn // the connection that reserved them
 }
@@ -133,11 +138,13 @@ func (r *request) release() {
 	}
 	putBuf(r.buf)
 	r.buf, r.room = nil, 0
+	r.errno, r.msg = 0, ""
 	requestPool.Put(r)
 }
 
-// serve runs the transmission phase: one reader (this goroutine) decodes
-// requests and hands them to workers, which execute and reply in any order.
+// serve runs the transmission phase: one reader (this goroutine) reads and
+// validates requests, and runs each or hands it to the write executor or a
+// worker (schedule.go); replies go out in any order.
 func (c *conn) serve(ctx context.Context) error {
 	c.reqs = make(chan *request, c.srv.cfg.Workers)
 	c.memWake = make(chan struct{}, 1)
@@ -149,11 +156,7 @@ func (c *conn) serve(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for req := range c.reqs {
-				c.handle(req)
-				req.release()
-				c.queued.Add(-1)
-			}
+			c.work()
 		}()
 	}
 	if c.writes != nil {
@@ -202,79 +205,59 @@ func (c *conn) readLoop() error {
 		if c.r.Buffered() < requestHeaderSize {
 			c.flushOut(&c.out)
 		}
-		req := requestPool.Get().(*request)
-		if _, err := io.ReadFull(c.r, req.hdr[:]); err != nil {
-			req.release()
+		req, err := c.readRequest()
+		if err != nil {
 			return err
 		}
-		h := req.hdr[:]
-		if binary.BigEndian.Uint32(h[0:]) != magicRequest {
-			req.release()
-			return errors.New("bad request magic")
-		}
-		req.flags = binary.BigEndian.Uint16(h[4:])
-		req.typ = binary.BigEndian.Uint16(h[6:])
-		req.cookie = binary.BigEndian.Uint64(h[8:])
-		req.off = binary.BigEndian.Uint64(h[16:])
-		req.length = binary.BigEndian.Uint32(h[24:])
-		if (req.typ == cmdRead || req.typ == cmdWrite) && req.length <= maxPayload {
-			c.reserve(req, int64(req.length)) // may wait for replies to drain
-		}
-		if req.typ == cmdWrite {
-			if req.length > maxPayload {
-				req.release()
-				return fmt.Errorf("write of %d bytes exceeds the maximum payload %d", req.length, maxPayload)
-			}
-			if c.r.Buffered() < int(req.length) {
-				c.flushOut(&c.out)
-			}
-			req.buf = getBuf(int(req.length))
-			if _, err := io.ReadFull(c.r, *req.buf); err != nil {
-				req.release()
-				return fmt.Errorf("client vanished mid-payload: %w", err)
-			}
-		}
-		if req.typ == cmdDisc {
-			req.release()
-			return errDisconnect
-		}
-		closing := c.srv.closing.Load()
-		if !closing && c.inline(req) {
-			continue
-		}
-		// Replies already made go first: what follows may wait, and with
-		// one worker replies keep the order of their requests.
-		c.flushOut(&c.out)
-		if closing {
-			c.replyError(req, errShutdown, "server is shutting down")
-			req.release()
-			continue
-		}
-		// A lone READ or WRITE (nothing queued, nothing more in the socket
-		// buffer) runs here even when it may wait for the disk: handing it
-		// to a worker would add two scheduler wake-ups to its latency and
-		// some 25 us of CPU (measured at queue depth 1), and at queue depth
-		// 1 nothing else arrives meanwhile. Writes with FUA wait for the
-		// device and go to a worker. Everything else goes to the workers so
-		// that slow requests never block reading.
-		if c.lone(req) {
-			c.handle(req)
-			req.release()
-			continue
-		}
-		q := c.reqs
-		if c.writes != nil && serialWrite(req) {
-			q = c.writes
-		}
-		c.queued.Add(1)
-		q <- req
+		c.schedule(req)
 	}
 }
 
-// lone reports whether req runs on the reader although it may wait.
-func (c *conn) lone(req *request) bool {
-	if c.queued.Load() != 0 || c.r.Buffered() != 0 {
-		return false
+// readRequest reads the next request, with its payload, and validates it.
+// It fails, ending the connection, where the stream cannot be followed or
+// the client asked to end it: a bad magic, a WRITE payload over
+// maxPayload, a client gone mid-request, NBD_CMD_DISC.
+func (c *conn) readRequest() (*request, error) {
+	req := requestPool.Get().(*request)
+	if _, err := io.ReadFull(c.r, req.hdr[:]); err != nil {
+		req.release()
+		return nil, err
 	}
-	return req.typ == cmdRead || serialWrite(req)
+	h := req.hdr[:]
+	if binary.BigEndian.Uint32(h[0:]) != magicRequest {
+		req.release()
+		return nil, errors.New("bad request magic")
+	}
+	req.flags = binary.BigEndian.Uint16(h[4:])
+	req.typ = binary.BigEndian.Uint16(h[6:])
+	req.cookie = binary.BigEndian.Uint64(h[8:])
+	req.off = binary.BigEndian.Uint64(h[16:])
+	req.length = binary.BigEndian.Uint32(h[24:])
+	if (req.typ == cmdRead || req.typ == cmdWrite) && req.length <= maxPayload {
+		c.reserve(req, int64(req.length)) // may wait for replies to drain
+	}
+	if req.typ == cmdWrite {
+		if req.length > maxPayload {
+			req.release()
+			return nil, fmt.Errorf("write of %d bytes exceeds the maximum payload %d", req.length, maxPayload)
+		}
+		if c.r.Buffered() < int(req.length) {
+			c.flushOut(&c.out)
+		}
+		req.buf = getBuf(int(req.length))
+		if _, err := io.ReadFull(c.r, *req.buf); err != nil {
+			req.release()
+			return nil, fmt.Errorf("client vanished mid-payload: %w", err)
+		}
+	}
+	if req.typ == cmdDisc {
+		req.release()
+		return nil, errDisconnect
+	}
+	if c.srv.closing.Load() {
+		req.errno, req.msg = errShutdown, errShuttingDown.Error()
+	} else {
+		req.errno, req.msg = c.validate(req)
+	}
+	return req, nil
 }

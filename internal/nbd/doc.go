@@ -9,8 +9,11 @@
 // blocking socket with raw sendmsg (socket.go).
 //
 // Each request is validated in full, then executed, then answered (the
-// shape of nbdkit's server/protocol.c). All I/O goes through pool.Disk
-// handles, and so through the volume's I/O gate. Domain errors are mapped
+// shape of nbdkit's server/protocol.c): the reader validates it once as it
+// reads it (validate), and one function executes and answers it (exec,
+// commands.go), whichever goroutine runs it; schedule.go decides only
+// where that is (the reader, the write executor or a worker). All I/O goes
+// through pool.Disk handles, and so through the volume's I/O gate. Domain errors are mapped
 // to NBD error numbers in one table (errors.go).
 //
 // What clients can hold is bounded (docs/security.md): connections in

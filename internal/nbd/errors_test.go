@@ -83,11 +83,11 @@ func (d faultDisk) Flush() error { return fmt.Errorf("fdatasync: %w", syscall.EI
 func (d faultDisk) Trim(off, n int64, fua bool) error {
 	return fmt.Errorf("punch: %w: %w", pool.ErrNotSupported, syscall.EOPNOTSUPP)
 }
-func (d faultDisk) Zero(off, n int64, mayTrim, fast, fua bool) error {
-	if fast {
+func (d faultDisk) Zero(off, n int64, flags pool.ZeroFlags) error {
+	if flags&pool.ZeroFast != 0 {
 		return fmt.Errorf("zero: %w", pool.ErrNotSupported)
 	}
-	return d.Disk.Zero(off, n, mayTrim, fast, fua)
+	return d.Disk.Zero(off, n, flags)
 }
 
 // TestStorageErrors: errors from the storage reach the client as the

@@ -178,7 +178,7 @@ func (h *memHandle) zero(op string, off, n int64) error {
 
 func (h *memHandle) Trim(off, n int64, fua bool) error { return h.zero("trim", off, n) }
 
-func (h *memHandle) Zero(off, n int64, mayTrim, fast, fua bool) error {
+func (h *memHandle) Zero(off, n int64, flags pool.ZeroFlags) error {
 	return h.zero("zero", off, n)
 }
 

@@ -51,12 +51,9 @@ func (c *conn) replyData(req *request, off int64, data []byte) {
 	_ = c.writeChunk(req, replyFlagDone, replyTypeOffsetData, p[:], data)
 }
 
-// Reads up to inlineReplyMax bytes are read replyRoom bytes into their
-// buffer, leaving space for the reply header: one buffer sent whole.
-const (
-	inlineReplyMax = 256 << 10
-	replyRoom      = 32 // >= structuredHeaderSize + 8 and >= simpleReplySize
-)
+// Reads up to inlineMax bytes are read replyRoom bytes into their buffer,
+// leaving space for the reply header: one buffer sent whole.
+const replyRoom = 32 // >= structuredHeaderSize + 8 and >= simpleReplySize
 
 // dataHeader writes the reply header of a READ into the replyRoom bytes in
 // front of its data and returns header and data as one slice.

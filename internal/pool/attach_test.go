@@ -137,7 +137,7 @@ func TestMigrationSequence(t *testing.T) {
 		if err := d.Trim(0, 4096, false); !errors.Is(err, ErrFenced) {
 			t.Fatalf("source trim: %v", err)
 		}
-		if err := d.Zero(0, 4096, false, false, false); !errors.Is(err, ErrFenced) {
+		if err := d.Zero(0, 4096, 0); !errors.Is(err, ErrFenced) {
 			t.Fatalf("source zero: %v", err)
 		}
 		if err := d.Flush(); err != nil {
@@ -274,7 +274,7 @@ func TestReadOnlyAttachment(t *testing.T) {
 		if err := d.WriteAt(pattern(1, 512), 0, false); !errors.Is(err, ErrReadOnly) {
 			t.Fatalf("ro write to %s: %v", name, err)
 		}
-		if err := d.Zero(0, 512, true, false, false); !errors.Is(err, ErrReadOnly) {
+		if err := d.Zero(0, 512, ZeroMayTrim); !errors.Is(err, ErrReadOnly) {
 			t.Fatalf("ro zero: %v", err)
 		}
 	}
@@ -346,7 +346,7 @@ func TestImplicitConnectionsShareTheRole(t *testing.T) {
 		if err := d.WriteAt(pattern(7, 512), 0, false); !errors.Is(err, ErrReadOnly) {
 			t.Fatalf("implicit write %d after the explicit attachment wrote: %v, want ErrReadOnly", i, err)
 		}
-		if err := d.Zero(0, 512, false, false, false); !errors.Is(err, ErrReadOnly) {
+		if err := d.Zero(0, 512, 0); !errors.Is(err, ErrReadOnly) {
 			t.Fatalf("implicit zero %d: %v, want ErrReadOnly", i, err)
 		}
 	}

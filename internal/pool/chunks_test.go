@@ -84,7 +84,7 @@ func TestChunksNoLostUpdates(t *testing.T) {
 							err = d.Trim(off, block, false)
 							clear(mine)
 						default:
-							err = d.Zero(off, block, false, false, false)
+							err = d.Zero(off, block, 0)
 							clear(mine)
 						}
 						if err != nil {

@@ -27,13 +27,14 @@ type Extent struct {
 // The hot-path methods take no context: a pread or pwrite cannot be cancelled
 // once issued, and requests are short.
 //
-// Durability: WriteAt, Trim and Zero with fua=false are in the page cache
-// when they return and durable after a later Flush returns; with fua=true
-// they are durable when they return. Flush makes every write that returned
-// before it began durable, through any handle of the disk.
+// Durability: WriteAt, Trim and Zero without FUA (fua=false, no ZeroFUA) are
+// in the page cache when they return and durable after a later Flush
+// returns; with FUA they are durable when they return. Flush makes every
+// write that returned before it began durable, through any handle of the
+// disk.
 //
 // A failed sync is final: once an fdatasync of the disk has failed, Flush and
-// every request with fua=true fail with ErrSyncFailed on every handle of the
+// every request with FUA fail with ErrSyncFailed on every handle of the
 // disk, until no handle holds it and it is reopened (docs/durability.md). A
 // handle holds its disk, not the disk's name: once the disk is removed every
 // method fails with ErrDiskRemoved.
@@ -45,9 +46,10 @@ type Disk interface {
 	Flush() error
 	// Trim deallocates a range; it then reads as zeros.
 	Trim(off, length int64, fua bool) error
-	// Zero writes zeros to a range; with mayTrim it may deallocate it. With
-	// fast it fails with ErrNotSupported instead of writing zeros slowly.
-	Zero(off, length int64, mayTrim, fast, fua bool) error
+	// Zero writes zeros to a range; with ZeroMayTrim it may deallocate it.
+	// With ZeroFast it fails with ErrNotSupported instead of writing zeros
+	// slowly.
+	Zero(off, length int64, flags ZeroFlags) error
 	// Cache asks for a range to be read ahead into the page cache.
 	Cache(off, length int64) error
 	// Extents reports data and holes in [off, off+length), at most limit
@@ -429,7 +431,7 @@ func (d *liveDisk) Trim(off, length int64, fua bool) error {
 	return d.syncIf(df, fua)
 }
 
-func (d *liveDisk) Zero(off, length int64, mayTrim, fast, fua bool) error {
+func (d *liveDisk) Zero(off, length int64, flags ZeroFlags) error {
 	df, err := d.lockWrite(off, length)
 	if err != nil {
 		return err
@@ -437,12 +439,12 @@ func (d *liveDisk) Zero(off, length int64, mayTrim, fast, fua bool) error {
 	defer d.v.gate.RUnlock()
 	d.v.markDirty(df.name, off, length)
 	unlock := df.lockRange(off, length)
-	err = zeroRange(df, off, length, mayTrim, fast)
+	err = zeroRange(df, off, length, flags&ZeroMayTrim != 0, flags&ZeroFast != 0)
 	unlock()
 	if err != nil {
 		return err
 	}
-	return d.syncIf(df, fua)
+	return d.syncIf(df, flags&ZeroFUA != 0)
 }
 
 func (d *liveDisk) Cache(off, length int64) error {
@@ -602,15 +604,15 @@ func (v *Volume) OpenSnapshotDisk(snapshot, disk string) (Disk, error) {
 	return nil, fmt.Errorf("disk %q of snapshot %s@%s: %w", disk, v.name, snapshot, ErrDiskNotFound)
 }
 
-func (d *snapshotDisk) Size() int64                               { return d.df.size }
-func (d *snapshotDisk) ReadOnly() bool                            { return true }
-func (d *snapshotDisk) ReadAt(p []byte, off int64) error          { return readAt(&d.df, p, off) }
-func (d *snapshotDisk) WriteAt([]byte, int64, bool) error         { return ErrReadOnly }
-func (d *snapshotDisk) Flush() error                              { return nil }
-func (d *snapshotDisk) Trim(int64, int64, bool) error             { return ErrReadOnly }
-func (d *snapshotDisk) Zero(int64, int64, bool, bool, bool) error { return ErrReadOnly }
-func (d *snapshotDisk) Cache(off, length int64) error             { return cache(&d.df, off, length) }
-func (d *snapshotDisk) Close() error                              { return d.df.f.Close() }
+func (d *snapshotDisk) Size() int64                        { return d.df.size }
+func (d *snapshotDisk) ReadOnly() bool                     { return true }
+func (d *snapshotDisk) ReadAt(p []byte, off int64) error   { return readAt(&d.df, p, off) }
+func (d *snapshotDisk) WriteAt([]byte, int64, bool) error  { return ErrReadOnly }
+func (d *snapshotDisk) Flush() error                       { return nil }
+func (d *snapshotDisk) Trim(int64, int64, bool) error      { return ErrReadOnly }
+func (d *snapshotDisk) Zero(int64, int64, ZeroFlags) error { return ErrReadOnly }
+func (d *snapshotDisk) Cache(off, length int64) error      { return cache(&d.df, off, length) }
+func (d *snapshotDisk) Close() error                       { return d.df.f.Close() }
 func (d *snapshotDisk) Extents(off, length int64, limit int) ([]Extent, error) {
 	if err := checkRange(off, length, d.df.size); err != nil {
 		return nil, err

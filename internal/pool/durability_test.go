@@ -63,7 +63,7 @@ var syncOps = []struct {
 	{"flush", func(d Disk) error { return d.Flush() }},
 	{"fua write", func(d Disk) error { return d.WriteAt(pattern(9, 4096), 0, true) }},
 	{"fua trim", func(d Disk) error { return d.Trim(0, 4096, true) }},
-	{"fua zero", func(d Disk) error { return d.Zero(0, 4096, false, false, true) }},
+	{"fua zero", func(d Disk) error { return d.Zero(0, 4096, ZeroFUA) }},
 }
 
 // TestFailedSyncIsSticky: after one failed fdatasync, every later flush and
@@ -237,7 +237,7 @@ func TestRemovedDiskEndsItsHandles(t *testing.T) {
 			}{
 				{"write", func() error { return old.WriteAt(pattern(2, 4096), 0, false) }},
 				{"fua write", func() error { return old.WriteAt(pattern(2, 4096), 4096, true) }},
-				{"zero", func() error { return old.Zero(8192, 4096, false, false, false) }},
+				{"zero", func() error { return old.Zero(8192, 4096, 0) }},
 				{"trim", func() error { return old.Trim(8192, 4096, false) }},
 				{"read", func() error { return old.ReadAt(make([]byte, 4096), 0) }},
 				{"flush", func() error { return old.Flush() }},

@@ -209,7 +209,7 @@ func checkReadOnly(t *testing.T, p *Pool) {
 	ops := map[string]func() error{
 		"write":    func() error { return d.WriteAt([]byte("x"), 0, false) },
 		"trim":     func() error { return d.Trim(0, 4096, false) },
-		"zero":     func() error { return d.Zero(0, 4096, false, false, false) },
+		"zero":     func() error { return d.Zero(0, 4096, 0) },
 		"create":   func() error { _, _, err := p.Create(ctx, vm3("new")); return err },
 		"snapshot": func() error { _, _, err := v.CreateSnapshot(ctx, "s2", nil); return err },
 		"add disk": func() error { _, err := v.AddDisk(ctx, DiskSpec{Name: "x", Size: mib}); return err },

@@ -318,7 +318,7 @@ func TestDiskHandleZeroTrimExtents(t *testing.T) {
 			t.Fatalf("extents %+v, want %+v", ext, want)
 		}
 	}
-	if err := d.Zero(2*mib, 4096, false, false, true); err != nil {
+	if err := d.Zero(2*mib, 4096, ZeroFUA); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Trim(2*mib+4096, 4096, false); err != nil {

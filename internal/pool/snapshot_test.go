@@ -66,7 +66,11 @@ func (m *modelDisk) trim(t *testing.T, off, n int64) {
 
 func (m *modelDisk) zero(t *testing.T, off, n int64, mayTrim bool) {
 	t.Helper()
-	if err := m.d.Zero(off, n, mayTrim, false, false); err != nil {
+	var flags ZeroFlags
+	if mayTrim {
+		flags = ZeroMayTrim
+	}
+	if err := m.d.Zero(off, n, flags); err != nil {
 		t.Fatal(err)
 	}
 	clear(m.want[off : off+n])

@@ -209,11 +209,11 @@ func (h cacheHandle) Flush() error                                { return h.d.f
 func (h cacheHandle) Trim(off, length int64, fua bool) error {
 	return h.d.writeAt(make([]byte, length), off, fua)
 }
-func (h cacheHandle) Zero(off, length int64, _, fast, fua bool) error {
-	if fast {
+func (h cacheHandle) Zero(off, length int64, flags pool.ZeroFlags) error {
+	if flags&pool.ZeroFast != 0 {
 		return pool.ErrNotSupported
 	}
-	return h.d.writeAt(make([]byte, length), off, fua)
+	return h.d.writeAt(make([]byte, length), off, flags&pool.ZeroFUA != 0)
 }
 func (h cacheHandle) Cache(off, length int64) error { return nil }
 func (h cacheHandle) Extents(off, length int64, _ int) ([]pool.Extent, error) {
