@@ -29,6 +29,19 @@ type vmConfig struct {
 	nbdSocket string            // quiver's NBD unix socket
 	exports   map[string]string // disk (guestDisks) -> NBD export name
 	incoming  bool              // start with -incoming defer, waiting for migrate-incoming
+	// sockets overrides nbdSocket per disk (servers with one export per
+	// socket: nbdkit memory, qemu-nbd).
+	sockets map[string]string
+	// extra are more QEMU arguments (trace events, a log file).
+	extra []string
+}
+
+// socket is the NBD unix socket of disk.
+func (cfg vmConfig) socket(disk string) string {
+	if s, ok := cfg.sockets[disk]; ok {
+		return s
+	}
+	return cfg.nbdSocket
 }
 
 // vm is a running QEMU: qemu-system-x86_64 under TCG booting the guest
@@ -76,7 +89,7 @@ func startVM(t *testing.T, ctx context.Context, cfg vmConfig) *vm {
 		node, err := json.Marshal(map[string]any{
 			"driver":    "nbd",
 			"node-name": "disk-" + disk,
-			"server":    map[string]string{"type": "unix", "path": cfg.nbdSocket},
+			"server":    map[string]string{"type": "unix", "path": cfg.socket(disk)},
 			"export":    cfg.exports[disk],
 		})
 		if err != nil {
@@ -87,6 +100,7 @@ func startVM(t *testing.T, ctx context.Context, cfg vmConfig) *vm {
 	if cfg.incoming {
 		args = append(args, "-incoming", "defer")
 	}
+	args = append(args, cfg.extra...)
 	v.cmd = exec.Command("qemu-system-x86_64", args...)
 	v.cmd.Stdout = v.stderr
 	v.cmd.Stderr = v.stderr
