@@ -57,14 +57,15 @@ func TestMigrationPingPong(t *testing.T) {
 	var res ppResults
 	for boot := 1; res.migrations < total; boot++ {
 		pp := &pingPong{t: t, ctx: ctx, g: g, dir: dir, name: name, keep: keep, settle: settle,
-			tag: fmt.Sprintf("%s-%s-b%d", name, run, boot)}
+			memcheck: os.Getenv("QUIVER_MIGRATION_MEMCHECK") != "",
+			tag:      fmt.Sprintf("%s-%s-b%d", name, run, boot)}
 		pp.boot = backend.boot(t, ctx, boot)
 		n := min(perBoot, total-res.migrations)
 		pp.run(n, &res)
 		pp.boot.end()
 	}
-	t.Logf("pingpong summary: backend=%s migrations=%d crashes=%d stalls=%d failed=%d lost=%d downtime_ms=%s",
-		name, res.migrations, res.crashes, res.stalls, res.failed, res.lost, res.downtimes())
+	t.Logf("pingpong summary: backend=%s migrations=%d crashes=%d stalls=%d failed=%d lost=%d ram_differs=%d downtime_ms=%s",
+		name, res.migrations, res.crashes, res.stalls, res.failed, res.lost, res.memDiffs, res.downtimes())
 	for _, c := range res.signatures {
 		t.Logf("pingpong crash: %s", c)
 	}
@@ -79,6 +80,7 @@ func envInt(name string, def int) int {
 
 type ppResults struct {
 	migrations, crashes, stalls, failed, lost int
+	memDiffs                                  int // migrations whose RAM differed
 	downtime                                  []int64
 	signatures                                []string
 }
@@ -102,12 +104,18 @@ type pingPong struct {
 	keep   string
 	tag    string
 	settle time.Duration
-	boot   ppBoot
-	stats  []map[string]blockStats // of every QEMU that has quit
+	// memcheck compares the guest RAM of source and destination after
+	// each migration (QUIVER_MIGRATION_MEMCHECK).
+	memcheck bool
+	boot     ppBoot
+	stats    []map[string]blockStats // of every QEMU that has quit
 }
 
 func (p *pingPong) start(gen int) *vm {
 	cfg := vmConfig{name: fmt.Sprintf("%s-g%d", p.tag, gen), dir: p.dir, guest: p.g, incoming: gen > 0}
+	if p.memcheck && gen > 0 {
+		cfg.extra = append(cfg.extra, "-S") // stays paused after the migration until memCompare has run
+	}
 	if ev := os.Getenv("QUIVER_MIGRATION_TRACE"); ev != "" && p.keep != "" {
 		for e := range strings.SplitSeq(ev, ",") {
 			cfg.extra = append(cfg.extra, "-trace", "enable="+e)
@@ -139,6 +147,14 @@ func (p *pingPong) run(n int, res *ppResults) {
 		}
 		res.downtime = append(res.downtime, info.Downtime)
 		srcStats := cur.blockStats(t, ctx)
+		memDiff := ""
+		if p.memcheck {
+			dst.waitStatus(t, ctx, "paused")
+			memDiff = p.memCompare(cur, dst)
+			if err := dst.qmp.execute(ctx, "cont", nil, nil); err != nil {
+				t.Fatalf("%s: %v", dst.name, err)
+			}
+		}
 		dst.waitStatus(t, ctx, "running")
 		cur.quit(t, ctx)
 		p.boot.released(t, ctx, gen-1)
@@ -146,8 +162,11 @@ func (p *pingPong) run(n int, res *ppResults) {
 		cur = dst
 
 		outcome, detail := p.watch(dst)
-		t.Logf("pingpong: %s migration %d: total %d ms, downtime %d ms, %s: %s",
-			p.tag, gen, info.TotalTime, info.Downtime, outcome, detail)
+		t.Logf("pingpong: %s migration %d: total %d ms, downtime %d ms, %s: %s%s",
+			p.tag, gen, info.TotalTime, info.Downtime, outcome, detail, memDiff)
+		if memDiff != "" {
+			res.memDiffs++
+		}
 		if outcome != "ok" {
 			if outcome == "crash" {
 				res.crashes++
@@ -264,4 +283,59 @@ func (p *pingPong) keepFile(path string) {
 	if b, err := os.ReadFile(path); err == nil {
 		_ = os.WriteFile(filepath.Join(p.keep, filepath.Base(path)), b, 0o644)
 	}
+}
+
+// memCompare saves the guest RAM of the source (stopped for good after the
+// migration) and of the destination (paused by -S, not yet run) with QMP
+// pmemsave and compares them page by page. Nothing may write the guest's RAM
+// between the two: a difference is a page the migration did not carry over
+// as it was. It returns "" when they match, else a description.
+func (p *pingPong) memCompare(src, dst *vm) string {
+	dir, err := os.MkdirTemp("/dev/shm", "qvmem")
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	var img [2][]byte
+	for i, v := range []*vm{src, dst} {
+		f := filepath.Join(dir, v.name)
+		args := map[string]any{"val": 0, "size": guestMemory << 20, "filename": f}
+		if err := v.qmp.execute(p.ctx, "pmemsave", args, nil); err != nil {
+			p.t.Fatalf("%s: %v", v.name, err)
+		}
+		if img[i], err = os.ReadFile(f); err != nil {
+			p.t.Fatal(err)
+		}
+	}
+	const page = 4096
+	var pages []string
+	n := 0
+	for off := 0; off < len(img[0]); off += page {
+		a, b := img[0][off:off+page], img[1][off:off+page]
+		if string(a) == string(b) {
+			continue
+		}
+		n++
+		if len(pages) < 8 {
+			bytes, first := 0, -1
+			for i := range a {
+				if a[i] != b[i] {
+					bytes++
+					if first < 0 {
+						first = i
+					}
+				}
+			}
+			pages = append(pages, fmt.Sprintf("%#x(+%#x,%dB)", off, first, bytes))
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	if p.keep != "" {
+		for i, v := range []*vm{src, dst} {
+			_ = os.WriteFile(filepath.Join(p.keep, v.name+".ram"), img[i], 0o644)
+		}
+	}
+	return fmt.Sprintf("; RAM differs in %d pages: %s", n, strings.Join(pages, " "))
 }
