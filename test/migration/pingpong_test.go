@@ -337,5 +337,6 @@ func (p *pingPong) memCompare(src, dst *vm) string {
 			_ = os.WriteFile(filepath.Join(p.keep, v.name+".ram"), img[i], 0o644)
 		}
 	}
-	return fmt.Sprintf("; RAM differs in %d pages: %s", n, strings.Join(pages, " "))
+	return fmt.Sprintf("; RAM differs in %d pages: %s; source %s; destination %s",
+		n, strings.Join(pages, " "), src.queueStatus(p.ctx), dst.queueStatus(p.ctx))
 }

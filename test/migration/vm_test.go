@@ -36,6 +36,17 @@ type vmConfig struct {
 	extra []string
 }
 
+// envOr is the environment variable name, or def when it is empty. The
+// machine (QUIVER_MIGRATION_MACHINE, pc or q35) and TCG's threading
+// (QUIVER_MIGRATION_TCG_THREAD, single or multi) can be changed to
+// reproduce other setups; the tests run with the defaults.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
 // socket is the NBD unix socket of disk.
 func (cfg vmConfig) socket(disk string) string {
 	if s, ok := cfg.sockets[disk]; ok {
@@ -77,7 +88,7 @@ func startVM(t *testing.T, ctx context.Context, cfg vmConfig) *vm {
 		// migration in four (stack corruption, oopses in random places:
 		// guest memory the source had changed was not migrated); with
 		// thread=single, none did in 16 runs.
-		"-machine", "pc", "-accel", "tcg,thread=single",
+		"-machine", envOr("QUIVER_MIGRATION_MACHINE", "pc"), "-accel", "tcg,thread=" + envOr("QUIVER_MIGRATION_TCG_THREAD", "single"),
 		"-cpu", "qemu64", "-smp", "1", "-m", fmt.Sprint(guestMemory),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", cfg.guest.kernel.VmlinuzPath(), "-initrd", cfg.guest.initrd,
