@@ -182,10 +182,16 @@ func (p *pingPong) run(n int, res *ppResults) {
 	}
 	// The last QEMU stops; its counters are final. Every record any QEMU
 	// completed must be on the disks, whether the guest crashed or not.
-	if err := cur.qmp.execute(ctx, "stop", nil, nil); err != nil {
-		t.Fatalf("%s: %v", cur.name, err)
+	// A guest that panicked has ended its QEMU (-no-reboot): then the
+	// records must still be intact and in order, but their number is
+	// not known.
+	counted := cur.running()
+	if counted {
+		if err := cur.qmp.execute(ctx, "stop", nil, nil); err != nil {
+			t.Fatalf("%s: %v", cur.name, err)
+		}
+		p.stats = append(p.stats, cur.blockStats(t, ctx))
 	}
-	p.stats = append(p.stats, cur.blockStats(t, ctx))
 	cur.shutdown()
 	p.boot.released(t, ctx, gen)
 	for i, d := range guestDisks {
@@ -194,6 +200,11 @@ func (p *pingPong) run(n int, res *ppResults) {
 			want += s[d].WrOperations
 		}
 		got, err := record.Count(p.boot.read(t, ctx, d), uint64(i))
+		if err == nil && !counted && got >= want {
+			t.Logf("pingpong: %s disk %s: records 0..%d intact and in order; the QEMUs before the crashed one completed %d",
+				p.tag, d, got-1, want)
+			continue
+		}
 		if err != nil || got != want {
 			res.lost++
 			t.Errorf("pingpong: %s disk %s: %d records (%v), the QEMUs completed %d writes", p.tag, d, got, err, want)
