@@ -37,9 +37,10 @@ type vmConfig struct {
 }
 
 // envOr is the environment variable name, or def when it is empty. The
-// machine (QUIVER_MIGRATION_MACHINE, pc or q35) and TCG's threading
-// (QUIVER_MIGRATION_TCG_THREAD, single or multi) can be changed to
-// reproduce other setups; the tests run with the defaults.
+// machine (QUIVER_MIGRATION_MACHINE, pc or q35), TCG's threading
+// (QUIVER_MIGRATION_TCG_THREAD, single or multi) and the RAM size
+// (QUIVER_MIGRATION_MEM, QEMU's -m) can be changed to reproduce other
+// setups; the tests run with the defaults.
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
 		return v
@@ -89,7 +90,7 @@ func startVM(t *testing.T, ctx context.Context, cfg vmConfig) *vm {
 		// guest memory the source had changed was not migrated); with
 		// thread=single, none did in 16 runs.
 		"-machine", envOr("QUIVER_MIGRATION_MACHINE", "pc"), "-accel", "tcg,thread=" + envOr("QUIVER_MIGRATION_TCG_THREAD", "single"),
-		"-cpu", "qemu64", "-smp", "1", "-m", fmt.Sprint(guestMemory),
+		"-cpu", "qemu64", "-smp", "1", "-m", envOr("QUIVER_MIGRATION_MEM", fmt.Sprint(guestMemory)),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", cfg.guest.kernel.VmlinuzPath(), "-initrd", cfg.guest.initrd,
 		"-append", "console=ttyS0 loglevel=4 panic=-1",
