@@ -3,6 +3,8 @@ package migration
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,6 +53,7 @@ var ppBackends = map[string]func(t *testing.T, dir string) ppBackend{
 // one is detached once it has quit, as KubeVirt does; without, every QEMU
 // connects tokenless (one implicit writer group: nobody is fenced).
 type quiverBackend struct {
+	t      *testing.T
 	srv    *server
 	tokens bool
 	dir    string
@@ -62,7 +65,7 @@ func newQuiverBackend(t *testing.T, dir string, tokens bool) ppBackend {
 		args = []string{"--nbd-require-token"}
 	}
 	p := testserver.StartT(t, quiverBin, testserver.Options{NBDSocket: filepath.Join(dir, "nbd.sock"), Args: args})
-	return &quiverBackend{srv: &server{Process: p, api: p.API, socket: p.Socket}, tokens: tokens, dir: dir}
+	return &quiverBackend{t: t, srv: &server{Process: p, api: p.API, socket: p.Socket}, tokens: tokens, dir: dir}
 }
 
 func (b *quiverBackend) boot(t *testing.T, ctx context.Context, n int) ppBoot {
@@ -133,7 +136,26 @@ func (q *quiverBoot) read(t *testing.T, ctx context.Context, disk string) []byte
 	return q.b.srv.readDisk(t, ctx, q.export(disk, att), t.TempDir())
 }
 
-func (q *quiverBoot) end() {}
+// end logs what quiver's metrics say of the boot's volume: its writer
+// epoch (one more per migration with tokens) and the writes it refused as
+// fenced (none: the source never writes after the destination took over).
+func (q *quiverBoot) end() {
+	resp, err := http.Get("http://" + q.b.srv.APIAddr + "/metrics")
+	if err != nil {
+		q.b.t.Logf("pingpong: metrics: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var lines []string
+	for l := range strings.Lines(string(body)) {
+		if strings.Contains(l, `volume="`+q.vol+`"`) &&
+			(strings.HasPrefix(l, "quiver_volume_writer_epoch") || strings.HasPrefix(l, "quiver_fenced_writes_total")) {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	q.b.t.Logf("pingpong: quiver metrics of %s: %s", q.vol, strings.Join(lines, "; "))
+}
 
 // nbdkitFileBackend is one nbdkit with the file plugin serving a directory:
 // the export name picks the file, one per disk and boot.
