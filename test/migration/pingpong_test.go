@@ -113,9 +113,7 @@ type pingPong struct {
 
 func (p *pingPong) start(gen int) *vm {
 	cfg := vmConfig{name: fmt.Sprintf("%s-g%d", p.tag, gen), dir: p.dir, guest: p.g, incoming: gen > 0}
-	if p.memcheck && gen > 0 {
-		cfg.extra = append(cfg.extra, "-S") // stays paused after the migration until memCompare has run
-	}
+	cfg.paused = p.memcheck && gen > 0 // until compareRAM has run
 	if ev := os.Getenv("QUIVER_MIGRATION_TRACE"); ev != "" && p.keep != "" {
 		for e := range strings.SplitSeq(ev, ",") {
 			cfg.extra = append(cfg.extra, "-trace", "enable="+e)
@@ -150,7 +148,9 @@ func (p *pingPong) run(n int, res *ppResults) {
 		memDiff := ""
 		if p.memcheck {
 			dst.waitStatus(t, ctx, "paused")
-			memDiff = p.memCompare(cur, dst)
+			if d := compareRAM(t, ctx, cur, dst, p.keep); d != "" {
+				memDiff = "; " + d
+			}
 			if err := dst.qmp.execute(ctx, "cont", nil, nil); err != nil {
 				t.Fatalf("%s: %v", dst.name, err)
 			}
@@ -294,60 +294,4 @@ func (p *pingPong) keepFile(path string) {
 	if b, err := os.ReadFile(path); err == nil {
 		_ = os.WriteFile(filepath.Join(p.keep, filepath.Base(path)), b, 0o644)
 	}
-}
-
-// memCompare saves the guest RAM of the source (stopped for good after the
-// migration) and of the destination (paused by -S, not yet run) with QMP
-// pmemsave and compares them page by page. Nothing may write the guest's RAM
-// between the two: a difference is a page the migration did not carry over
-// as it was. It returns "" when they match, else a description.
-func (p *pingPong) memCompare(src, dst *vm) string {
-	dir, err := os.MkdirTemp("/dev/shm", "qvmem")
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	var img [2][]byte
-	for i, v := range []*vm{src, dst} {
-		f := filepath.Join(dir, v.name)
-		args := map[string]any{"val": 0, "size": guestMemory << 20, "filename": f}
-		if err := v.qmp.execute(p.ctx, "pmemsave", args, nil); err != nil {
-			p.t.Fatalf("%s: %v", v.name, err)
-		}
-		if img[i], err = os.ReadFile(f); err != nil {
-			p.t.Fatal(err)
-		}
-	}
-	const page = 4096
-	var pages []string
-	n := 0
-	for off := 0; off < len(img[0]); off += page {
-		a, b := img[0][off:off+page], img[1][off:off+page]
-		if string(a) == string(b) {
-			continue
-		}
-		n++
-		if len(pages) < 8 {
-			bytes, first := 0, -1
-			for i := range a {
-				if a[i] != b[i] {
-					bytes++
-					if first < 0 {
-						first = i
-					}
-				}
-			}
-			pages = append(pages, fmt.Sprintf("%#x(+%#x,%dB)", off, first, bytes))
-		}
-	}
-	if n == 0 {
-		return ""
-	}
-	if p.keep != "" {
-		for i, v := range []*vm{src, dst} {
-			_ = os.WriteFile(filepath.Join(p.keep, v.name+".ram"), img[i], 0o644)
-		}
-	}
-	return fmt.Sprintf("; RAM differs in %d pages: %s; source %s; destination %s",
-		n, strings.Join(pages, " "), src.queueStatus(p.ctx), dst.queueStatus(p.ctx))
 }
