@@ -73,11 +73,7 @@ export PATH=/bin
 mount -t devtmpfs devtmpfs /dev
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
-` + testguest.InsmodLines(k) + `# quiver.hammer on the kernel command line (QUIVER_MIGRATION_APPEND): a shell
-# loop that stores to the same memory without end, the workload most exposed
-# to a migration that loses guest stores.
-if grep -q quiver.hammer /proc/cmdline; then (i=0; while :; do i=$((i+1)); done) & fi
-` + fmt.Sprintf(`guestwriter /dev/%s
+` + testguest.InsmodLines(k) + fmt.Sprintf(`guestwriter /dev/%s
 echo "init: guestwriter exited with status $?"
 while :; do sleep 3600; done
 `, strings.Join(guestDisks, " /dev/"))

@@ -104,7 +104,7 @@ func startVM(t *testing.T, ctx context.Context, cfg vmConfig) *vm {
 		"-cpu", "qemu64", "-smp", "1", "-m", envOr("QUIVER_MIGRATION_MEM", fmt.Sprintf("%dK", guestRAM>>10)),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", cfg.guest.kernel.VmlinuzPath(), "-initrd", cfg.guest.initrd,
-		"-append", strings.TrimSpace("console=ttyS0 loglevel=4 panic=-1 " + os.Getenv("QUIVER_MIGRATION_APPEND")),
+		"-append", "console=ttyS0 loglevel=4 panic=-1",
 		"-serial", "file:" + v.console,
 		"-qmp", "unix:" + qmpPath + ",server=on,wait=off",
 	}
