@@ -249,7 +249,8 @@ func (p *pingPong) watch(v *vm) (outcome, detail string) {
 		}
 		sleep(p.ctx, 200*time.Millisecond)
 	}
-	return "stall", fmt.Sprintf("no write in %v; stats %+v; %s", p.settle+30*time.Second, v.blockStats(p.t, p.ctx), v.queueStatus(p.ctx))
+	return "stall", fmt.Sprintf("no write in %v; stats %+v; %s; vCPU: %s", p.settle+30*time.Second,
+		v.blockStats(p.t, p.ctx), v.queueStatus(p.ctx), v.cpuState(p.ctx))
 }
 
 // queueStatus is QMP x-query-virtio-queue-status of each disk's queue 0:
@@ -294,4 +295,26 @@ func (p *pingPong) keepFile(path string) {
 	if b, err := os.ReadFile(path); err == nil {
 		_ = os.WriteFile(filepath.Join(p.keep, filepath.Base(path)), b, 0o644)
 	}
+}
+
+// cpuState is where the guest's vCPU is (HMP info registers: RIP, flags,
+// halted) and its local APIC timer (info lapic), on one line: what a guest
+// that stopped making progress was doing.
+func (v *vm) cpuState(ctx context.Context) string {
+	var parts []string
+	for _, cmd := range []string{"info registers", "info lapic"} {
+		var out string
+		if err := v.qmp.execute(ctx, "human-monitor-command", map[string]any{"command-line": cmd}, &out); err != nil {
+			parts = append(parts, err.Error())
+			continue
+		}
+		for l := range strings.Lines(out) {
+			l = strings.TrimSpace(l)
+			if strings.HasPrefix(l, "RIP=") || strings.Contains(l, "HLT=") || strings.HasPrefix(l, "LVT0") ||
+				strings.HasPrefix(l, "LVTT") || strings.HasPrefix(l, "Timer") || strings.HasPrefix(l, "ISR") || strings.HasPrefix(l, "IRR") {
+				parts = append(parts, l)
+			}
+		}
+	}
+	return strings.Join(parts, " | ")
 }
