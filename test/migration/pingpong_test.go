@@ -155,7 +155,9 @@ func (p *pingPong) run(n int, res *ppResults) {
 				t.Fatalf("%s: %v", dst.name, err)
 			}
 		}
-		dst.waitStatus(t, ctx, "running")
+		for st := ""; st != "running" && dst.running(); st = dst.status(t, ctx) {
+			sleep(ctx, 50*time.Millisecond)
+		}
 		cur.quit(t, ctx)
 		p.boot.released(t, ctx, gen-1)
 		p.stats = append(p.stats, srcStats)
@@ -219,7 +221,16 @@ func (p *pingPong) run(n int, res *ppResults) {
 // console shows a kernel crash or QEMU exits, "stall" if the guest wrote
 // nothing, else "ok". detail is the first crash line, or the writes made.
 func (p *pingPong) watch(v *vm) (outcome, detail string) {
-	before := v.blockStats(p.t, p.ctx)
+	// A guest that panics ends its QEMU (-no-reboot), maybe before the
+	// first query: the console says why.
+	gone := func() (string, string) {
+		time.Sleep(time.Second) // let the oops finish printing
+		return "crash", crashSignature(v.consoleText()) + fmt.Sprintf(" (QEMU exited: %v)", v.werr)
+	}
+	before, err := v.tryBlockStats(p.ctx)
+	if err != nil {
+		return gone()
+	}
 	deadline := time.Now().Add(p.settle)
 	for time.Now().Before(deadline) {
 		if line := kernelTrouble.FindString(v.consoleText()); line != "" {
@@ -227,11 +238,14 @@ func (p *pingPong) watch(v *vm) (outcome, detail string) {
 			return "crash", crashSignature(v.consoleText())
 		}
 		if !v.running() {
-			return "crash", fmt.Sprintf("QEMU exited: %v", v.werr)
+			return gone()
 		}
 		sleep(p.ctx, 200*time.Millisecond)
 	}
-	after := v.blockStats(p.t, p.ctx)
+	after, err := v.tryBlockStats(p.ctx)
+	if err != nil {
+		return gone()
+	}
 	w := after["vda"].WrOperations - before["vda"].WrOperations
 	if w > 0 {
 		return "ok", fmt.Sprintf("%d writes to vda", w)
@@ -244,7 +258,11 @@ func (p *pingPong) watch(v *vm) (outcome, detail string) {
 			time.Sleep(time.Second)
 			return "crash", crashSignature(v.consoleText())
 		}
-		if s := v.blockStats(p.t, p.ctx); s["vda"].WrOperations > before["vda"].WrOperations {
+		s, err := v.tryBlockStats(p.ctx)
+		if err != nil {
+			return gone()
+		}
+		if s["vda"].WrOperations > before["vda"].WrOperations {
 			return "ok", fmt.Sprintf("no write for %v, then %d", p.settle, s["vda"].WrOperations-before["vda"].WrOperations)
 		}
 		sleep(p.ctx, 200*time.Millisecond)

@@ -277,12 +277,22 @@ func (s blockStats) failed() int64 {
 // blockStats returns query-blockstats per disk (guestDisks).
 func (v *vm) blockStats(t *testing.T, ctx context.Context) map[string]blockStats {
 	t.Helper()
+	out, err := v.tryBlockStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// tryBlockStats is blockStats for callers that expect QEMU may be gone (a
+// guest that panicked ends its QEMU: -no-reboot).
+func (v *vm) tryBlockStats(ctx context.Context) (map[string]blockStats, error) {
 	var list []struct {
 		NodeName string     `json:"node-name"`
 		Stats    blockStats `json:"stats"`
 	}
 	if err := v.qmp.execute(ctx, "query-blockstats", nil, &list); err != nil {
-		t.Fatalf("%s: %v", v.name, err)
+		return nil, fmt.Errorf("%s: %w", v.name, err)
 	}
 	out := map[string]blockStats{}
 	for _, e := range list {
@@ -291,9 +301,9 @@ func (v *vm) blockStats(t *testing.T, ctx context.Context) map[string]blockStats
 		}
 	}
 	if len(out) != len(guestDisks) {
-		t.Fatalf("%s: query-blockstats names %d of the %d disks: %+v", v.name, len(out), len(guestDisks), list)
+		return nil, fmt.Errorf("%s: query-blockstats names %d of the %d disks: %+v", v.name, len(out), len(guestDisks), list)
 	}
-	return out
+	return out, nil
 }
 
 // ioStatus returns query-block's io-status per disk ("ok", "failed",
