@@ -109,6 +109,7 @@ type pingPong struct {
 	memcheck bool
 	boot     ppBoot
 	stats    []map[string]blockStats // of every QEMU that has quit
+	traces   []string                // QEMU trace logs of this boot
 }
 
 func (p *pingPong) start(gen int) *vm {
@@ -119,6 +120,7 @@ func (p *pingPong) start(gen int) *vm {
 			cfg.extra = append(cfg.extra, "-trace", "enable="+e)
 		}
 		cfg.extra = append(cfg.extra, "-D", filepath.Join(p.keep, cfg.name+".trace"))
+		p.traces = append(p.traces, filepath.Join(p.keep, cfg.name+".trace"))
 	}
 	return startVM(p.t, p.ctx, p.boot.config(p.t, p.ctx, gen, cfg))
 }
@@ -196,6 +198,18 @@ func (p *pingPong) run(n int, res *ppResults) {
 	}
 	cur.shutdown()
 	p.boot.released(t, ctx, gen)
+	var sum nbdTraceSummary
+	for _, tr := range p.traces {
+		s, err := checkNBDTrace(tr)
+		if err != nil {
+			t.Errorf("pingpong: %s: NBD traffic: %v", p.tag, err)
+		}
+		sum.Requests, sum.Replies, sum.Writes, sum.Flushes = sum.Requests+s.Requests, sum.Replies+s.Replies, sum.Writes+s.Writes, sum.Flushes+s.Flushes
+	}
+	if len(p.traces) > 0 {
+		t.Logf("pingpong: %s: NBD traces of %d QEMUs checked: %d requests (%d writes, %d flushes), %d replies",
+			p.tag, len(p.traces), sum.Requests, sum.Writes, sum.Flushes, sum.Replies)
+	}
 	for i, d := range guestDisks {
 		var want int64
 		for _, s := range p.stats {
