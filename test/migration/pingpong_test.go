@@ -30,10 +30,13 @@ var kernelTrouble = regexp.MustCompile(`kernel BUG at|BUG: |list_add corruption|
 // QUIVER_MIGRATION_PERBOOT migrations (default 10) or a crash; then both
 // disks must hold every record the QEMUs completed, in order, and the next
 // boot starts on fresh disks. Every migration is logged on a line starting
-// "pingpong:", with a summary at the end; every crash fails the test.
+// "pingpong:", with a summary at the end; every crash, hang or lost record
+// fails the test. QUIVER_MIGRATION_MEMCHECK=1 compares the RAM of both sides
+// of each migration (compareRAM); a difference fails the test too.
 // QUIVER_MIGRATION_TRACE=event,event... records those QEMU trace events
 // (e.g. virtio_blk_*,nbd_*,migration_*) in QUIVER_MIGRATION_KEEP (a
-// directory), which also keeps the consoles of crashed runs.
+// directory), and checks their NBD traffic (checkNBDTrace); the directory
+// also keeps the consoles of crashed runs and the RAM images that differed.
 func TestMigrationPingPong(t *testing.T) {
 	total, _ := strconv.Atoi(os.Getenv("QUIVER_MIGRATION_PINGPONG"))
 	if total <= 0 {
@@ -67,7 +70,7 @@ func TestMigrationPingPong(t *testing.T) {
 	t.Logf("pingpong summary: backend=%s migrations=%d crashes=%d stalls=%d failed=%d lost=%d ram_differs=%d downtime_ms=%s",
 		name, res.migrations, res.crashes, res.stalls, res.failed, res.lost, res.memDiffs, res.downtimes())
 	for _, c := range res.signatures {
-		t.Logf("pingpong crash: %s", c)
+		t.Logf("pingpong fault: %s", c)
 	}
 }
 
@@ -170,6 +173,7 @@ func (p *pingPong) run(n int, res *ppResults) {
 			p.tag, gen, info.TotalTime, info.Downtime, outcome, detail, memDiff)
 		if memDiff != "" {
 			res.memDiffs++
+			t.Errorf("pingpong: %s migration %d: QEMU's migration changed the guest's RAM%s", p.tag, gen, memDiff)
 		}
 		if outcome != "ok" {
 			if outcome == "crash" {
