@@ -20,9 +20,9 @@ import (
 // 8 KiB, not 128 MiB: QEMU 7.2 syncs the migration dirty bitmap of a RAM
 // block whose size is a multiple of 256 KiB on a fast path that does not
 // reset TCG's TLB (fixed in QEMU 9.0 by "physmem: Fix migration dirty
-// bitmap coherency with TCG memory access"), so guest stores made through
-// the TLB after a sync were never sent and the destination guest crashed
-// now and then; any other size takes the slow path, which resets the TLB
+// bitmap coherency with TCG memory access"), so some guest stores made
+// after a sync were never sent and the destination guest crashed or hung
+// now and then; any other size takes the per-page path, which resets the TLB
 // (docs/live-migration.md, "Guest crashes after migration").
 // QUIVER_MIGRATION_MEM (QEMU's -m) overrides it to reproduce the crashes.
 const guestRAM = 128<<20 + 8<<10
