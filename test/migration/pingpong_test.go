@@ -113,6 +113,7 @@ type pingPong struct {
 	boot     ppBoot
 	stats    []map[string]blockStats // of every QEMU that has quit
 	traces   []string                // QEMU trace logs of this boot
+	vms      []*vm                   // the boot's QEMUs, in order
 }
 
 func (p *pingPong) start(gen int) *vm {
@@ -125,7 +126,9 @@ func (p *pingPong) start(gen int) *vm {
 		cfg.extra = append(cfg.extra, "-D", filepath.Join(p.keep, cfg.name+".trace"))
 		p.traces = append(p.traces, filepath.Join(p.keep, cfg.name+".trace"))
 	}
-	return startVM(p.t, p.ctx, p.boot.config(p.t, p.ctx, gen, cfg))
+	v := startVM(p.t, p.ctx, p.boot.config(p.t, p.ctx, gen, cfg))
+	p.vms = append(p.vms, v)
+	return v
 }
 
 // run boots the guest and migrates it up to n times.
@@ -174,6 +177,9 @@ func (p *pingPong) run(n int, res *ppResults) {
 		if memDiff != "" {
 			res.memDiffs++
 			t.Errorf("pingpong: %s migration %d: QEMU's migration changed the guest's RAM%s", p.tag, gen, memDiff)
+		}
+		if outcome == "full" {
+			break // not a fault: the next boot starts on empty disks
 		}
 		if outcome != "ok" {
 			if outcome == "crash" {
@@ -268,9 +274,15 @@ func (p *pingPong) watch(v *vm) (outcome, detail string) {
 	if w > 0 {
 		return "ok", fmt.Sprintf("%d writes to vda", w)
 	}
-	// No write at all: a slow guest on a loaded machine, or a request
-	// whose completion never reached it. Give it 30 s more, then say what
-	// the virtqueues hold.
+	// No write at all: the guest filled its disks (it said so on the
+	// console of the QEMU it ran on then), a slow guest on a loaded
+	// machine, or a guest that hangs. Give it 30 s more, then say what the
+	// virtqueues hold and where the vCPU is.
+	for _, old := range p.vms {
+		if strings.Contains(old.consoleText(), "guestwriter: disks full") {
+			return "full", "the guest writer filled its disks and idles"
+		}
+	}
 	for range 150 {
 		if line := kernelTrouble.FindString(v.consoleText()); line != "" {
 			time.Sleep(time.Second)
