@@ -72,6 +72,27 @@
 // io-status error, no failed request, no I/O error on the guest console;
 // its disks must hold every record it wrote.
 //
+// The destination starts paused (-S): once the migration has completed,
+// compareRAM saves the guest RAM of the stopped source and of the paused
+// destination (QMP pmemsave) and they must be equal, page for page, before
+// the destination runs. The guest has 128 MiB and 8 KiB of RAM: QEMU 7.2
+// under TCG loses guest stores when it migrates a RAM block whose size is a
+// multiple of 256 KiB, and the destination guest then crashed now and then
+// (docs/live-migration.md, "Guest crashes after migration"). The test runs
+// once; a crash, a difference in RAM or anything else fails it.
+//
+// TestMigrationPingPong, skipped unless QUIVER_MIGRATION_PINGPONG=N is set,
+// boots one guest and migrates it N times in all to fresh QEMUs, against
+// the NBD server QUIVER_MIGRATION_BACKEND names (quiver with attachment
+// tokens, quiver-tokenless, nbdkit-file, nbdkit-memory, qemu-nbd), watches
+// each destination's console for a kernel crash and its disks for writes,
+// optionally compares the RAM of both sides (QUIVER_MIGRATION_MEMCHECK=1)
+// and records QEMU trace events (QUIVER_MIGRATION_TRACE, with
+// QUIVER_MIGRATION_KEEP), and checks the records at the end of each boot.
+// QUIVER_MIGRATION_MEM, QUIVER_MIGRATION_MACHINE and
+// QUIVER_MIGRATION_TCG_THREAD change QEMU's -m, -machine and TCG threading
+// to reproduce other setups.
+//
 // On failure the tests log the tail of each guest console, QEMU's stderr,
 // the QMP events and quiver's log. Every process is started by the test,
 // ended by its PID, and dies with the test binary (Pdeathsig).
