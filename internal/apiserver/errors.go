@@ -6,6 +6,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"net/http"
 
+	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -38,6 +39,12 @@ var errorMapping = []struct {
 	{context.Canceled, http.StatusConflict, api.CodeCancelled},
 	{pool.ErrCapacity, http.StatusUnprocessableEntity, api.CodeCapacity},
 	{pool.ErrNoSpace, http.StatusInsufficientStorage, api.CodeNoSpace},
+	{cluster.ErrNotEnoughNodes, http.StatusUnprocessableEntity, api.CodeNotEnoughNodes},
+	{cluster.ErrVolumeExists, http.StatusConflict, api.CodeConflict},
+	{cluster.ErrVolumeNotFound, http.StatusNotFound, api.CodeNotFound},
+	{cluster.ErrTimeout, http.StatusServiceUnavailable, api.CodeUnavailable},
+	{cluster.ErrNoSession, http.StatusServiceUnavailable, api.CodeUnavailable},
+	{errUnavailable, http.StatusServiceUnavailable, api.CodeUnavailable},
 }
 
 // toError maps any error to its HTTP status and wire error.
@@ -64,6 +71,8 @@ var (
 	errBadRequest    = errors.New("bad request")
 	errRouteNotFound = errors.New("no such API route; see docs/api.md")
 	errMethod        = errors.New("method not allowed on this route")
+	// errUnavailable wraps a failure to reach the cluster's state (etcd).
+	errUnavailable = errors.New("cluster state unavailable")
 )
 
 // badRequest is a malformed request (body, query) that never reached the

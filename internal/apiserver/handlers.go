@@ -51,6 +51,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
 	for _, v := range vols {
 		out.Items = append(out.Items, volumeToAPI(v))
 	}
+	s.annotate(r, out.Items)
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }
@@ -64,8 +65,18 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	info, created, err := s.pool.Create(r.Context(), pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity,
-		Labels: spec.Labels, Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS), Idempotency: idem})
+	if s.Cluster != nil {
+		return s.createClusterVolume(w, r, spec, idem)
+	}
+	ps := pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity, Labels: spec.Labels,
+		Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS), Replicas: spec.Replicas, Idempotency: idem}
+	if err := pool.ValidateSpec(ps); err != nil {
+		return err
+	}
+	if spec.Replicas > 1 {
+		return errSingleNode(spec.Replicas)
+	}
+	info, created, err := s.pool.Create(r.Context(), ps)
 	if err != nil {
 		return err
 	}
@@ -82,6 +93,9 @@ func (s *Server) volume(r *http.Request) (*pool.Volume, error) {
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) error {
+	if s.Cluster != nil {
+		return s.getClusterVolume(w, r)
+	}
 	v, err := s.volume(r)
 	if err != nil {
 		return err
@@ -113,6 +127,9 @@ func (s *Server) updateVolume(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) error {
+	if s.Cluster != nil {
+		return s.deleteClusterVolume(w, r)
+	}
 	if err := s.pool.Delete(r.Context(), r.PathValue("volume")); err != nil {
 		return err
 	}

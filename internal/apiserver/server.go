@@ -26,6 +26,9 @@ type Server struct {
 	// BodyTimeout bounds the reading of a request's body (default 10 s;
 	// set before serving). The headers are bounded by the http.Server.
 	BodyTimeout time.Duration
+	// Cluster, when set (before serving), makes volume creation, deletion
+	// and lookup cluster-wide (docs/cluster.md); nil on a single node.
+	Cluster Cluster
 
 	pool  *pool.Pool
 	jobs  *job.Manager
@@ -72,6 +75,7 @@ func (s *Server) routes() {
 		"GET /v1/volumes/{volume}/attachments/{id}":         s.getAttachment,
 		"DELETE /v1/volumes/{volume}/attachments/{id}":      s.detach,
 		"POST /v1/volumes/{volume}/attachments/{id}/writer": s.transferWriter,
+		"GET /v1/nodes":                                     s.listNodes,
 		"GET /v1/jobs":                                      s.listJobs,
 		"GET /v1/jobs/{id}":                                 s.getJob,
 		"DELETE /v1/jobs/{id}":                              s.cancelJob,

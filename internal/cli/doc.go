@@ -8,5 +8,8 @@
 // internal/durable to write the server's ready file; nothing imports it but
 // cmd/quiver.
 //
-// Imports from quiver: api, client, csi, durable, kubevirt/hook, kubevirt/webhook, nbd, quantity, server, tlscert.
+// It also imports internal/cluster, for the type of `quiver server`'s cluster
+// flags only.
+//
+// Imports from quiver: api, client, cluster, csi, durable, kubevirt/hook, kubevirt/webhook, nbd, quantity, server, tlscert.
 package cli

@@ -9,12 +9,21 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 )
 
 // startEmbedded starts this node's etcd member and waits until it serves,
 // which needs a quorum of the members of --initial-cluster. It returns the
 // member and the client URLs this node's own client uses.
-func startEmbedded(ctx context.Context, c *Config) (*embed.Etcd, []string, error) {
+func startEmbedded(ctx context.Context, c *Config) (*embed.Etcd, zap.AtomicLevel, []string, error) {
+	level := zap.NewAtomicLevelAt(zap.ErrorLevel)
+	e, eps, err := startMember(ctx, c, level)
+	return e, level, eps, err
+}
+
+// startMember starts the member with its log (etcd's own, JSON on stderr)
+// at level, which Close raises to silence the member's shutdown.
+func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.Etcd, []string, error) {
 	peer, err := c.peerURL()
 	if err != nil {
 		return nil, nil, err
@@ -44,7 +53,13 @@ func startEmbedded(ctx context.Context, c *Config) (*embed.Etcd, []string, error
 	// the same peers refuse each other.
 	cfg.InitialClusterToken = "quiver-" + c.ClusterName
 	cfg.ClusterState = embed.ClusterStateFlagNew // ignored once the data directory holds a member
-	cfg.Logger, cfg.LogLevel, cfg.LogOutputs = "zap", "error", []string{"stderr"}
+	zc := zap.NewProductionConfig()
+	zc.Level, zc.OutputPaths, zc.ErrorOutputPaths, zc.Sampling = level, []string{"stderr"}, []string{"stderr"}, nil
+	lg, err := zc.Build()
+	if err != nil {
+		return nil, nil, fmt.Errorf("etcd logger: %w", err)
+	}
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("start embedded etcd member %q (data %s): %w", c.NodeName, dir, err)

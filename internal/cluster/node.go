@@ -51,6 +51,7 @@ type Node struct {
 	log       *slog.Logger
 	store     Store
 	etcd      *embed.Etcd // nil with external etcd
+	etcdLog   zap.AtomicLevel
 	cli       *clientv3.Client
 	id        identity
 	started   time.Time
@@ -88,7 +89,7 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 	}
 	endpoints := cfg.EtcdEndpoints
 	if cfg.InitialCluster != "" {
-		n.etcd, endpoints, err = startEmbedded(ctx, &n.cfg)
+		n.etcd, n.etcdLog, endpoints, err = startEmbedded(ctx, &n.cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -287,6 +288,8 @@ func (n *Node) closeClients() {
 		_ = n.cli.Close()
 	}
 	if n.etcd != nil {
+		// A member logs its own shutdown as errors (closed listeners).
+		n.etcdLog.SetLevel(zap.FatalLevel)
 		n.etcd.Close()
 	}
 }

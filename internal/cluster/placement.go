@@ -36,14 +36,15 @@ type CopyInfo struct {
 
 // Placement is where a volume's copies are and which one is primary.
 type Placement struct {
-	Volume   string
-	UID      string
-	Replicas int
-	Copies   []CopyInfo
-	Primary  string
-	Term     uint64
-	Deleting bool
-	Spec     api.VolumeSpec
+	Volume    string
+	UID       string
+	Replicas  int
+	Copies    []CopyInfo
+	Primary   string
+	Term      uint64
+	Deleting  bool
+	Spec      api.VolumeSpec
+	CreatedAt time.Time
 }
 
 // Nodes lists every member, sorted by name.
@@ -246,7 +247,7 @@ func (n *Node) opError(ctx context.Context, err error) error {
 
 func toPlacement(volume string, rec volumeRecord, copies map[string]copyRecord) Placement {
 	p := Placement{Volume: volume, UID: rec.UID, Replicas: rec.Spec.Replicas, Primary: rec.Primary, Term: rec.Term,
-		Deleting: rec.State == volumeDeleting, Spec: rec.Spec}
+		Deleting: rec.State == volumeDeleting, Spec: rec.Spec, CreatedAt: rec.CreatedAt}
 	for _, node := range rec.Copies {
 		c := copies[node]
 		p.Copies = append(p.Copies, CopyInfo{Node: node, State: c.State, Reason: c.Reason})

@@ -3,7 +3,9 @@
 // cancelled. It is wiring only: the domain lives in pool, the transports in
 // apiserver and nbd, the wire types in api.
 //
-// Imports from quiver: api, apiserver, connlimit, job, metrics, nbd, pool, tlscert.
+// With cluster flags it joins the cluster (internal/cluster) before serving.
+//
+// Imports from quiver: api, apiserver, cluster, connlimit, fscap, job, metrics, nbd, pool, qos, tlscert.
 package server
 
 import (
@@ -20,6 +22,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/apiserver"
+	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/connlimit"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/metrics"
@@ -63,6 +66,10 @@ type Config struct {
 	// WrapListener, if set, wraps every listener Run opens (tests use it to
 	// make one fail).
 	WrapListener func(net.Listener) net.Listener
+	// Cluster makes the node a member of a cluster (docs/cluster.md) when
+	// any of its flags is set; its addresses, state directory and logger are
+	// filled in by Run. The zero value: a single node, as before.
+	Cluster cluster.Config
 }
 
 // ErrInsecure refuses a non-loopback listener without authentication.
@@ -151,6 +158,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	handler := apiserver.NewServer(p, jobs, token, log)
 	handler.BodyTimeout = cfg.API.BodyTimeout
+	if cfg.Cluster.Enabled() {
+		node, err := joinCluster(ctx, cfg, p, ln.Addr(), nbdLns, log)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		defer node.Close()
+		handler.Cluster = node
+		m.Register(node.Collector())
+	}
 	handler.Mount("GET /metrics", m.Handler())
 	if cfg.Pprof {
 		handler.Mount("GET /debug/pprof/", http.HandlerFunc(pprof.Index))
