@@ -102,6 +102,9 @@ type Volume struct {
 const (
 	CopyInSync = "in-sync" // holds every acknowledged write
 	CopyFailed = "failed"  // could not be made (Reason says why)
+	// CopyDegraded: left the in-sync set (unreachable, or a write failed
+	// there); it lacks writes acknowledged since, and Reason says why.
+	CopyDegraded = "degraded"
 )
 
 // Copy is one node's copy of a volume.

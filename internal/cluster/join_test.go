@@ -267,3 +267,7 @@ func TestPlacement(t *testing.T) {
 		t.Fatalf("second delete: %v", err)
 	}
 }
+
+func (s *memStore) AttachForPrimary(_ context.Context, volume, primary string, term uint64) (string, error) {
+	return fmt.Sprintf("token-%s-%s-%d", volume, primary, term), nil
+}

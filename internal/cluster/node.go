@@ -32,7 +32,12 @@ type Store interface {
 	CreateCopy(ctx context.Context, spec api.VolumeSpec) (uid string, err error)
 	// DeleteCopy deletes the volume name if its local UID is uid; a volume
 	// that is absent, or has another UID, is left alone and is no error.
+	// The attachments made by AttachForPrimary go with it.
 	DeleteCopy(ctx context.Context, name, uid string) error
+	// AttachForPrimary makes (or finds again) the read-write attachment
+	// through which primary, at term, writes this node's copy of volume
+	// over NBD, and returns its token.
+	AttachForPrimary(ctx context.Context, volume, primary string, term uint64) (token string, err error)
 }
 
 // identity is <StateDir>/node.json: which cluster and node this pool is.

@@ -337,7 +337,7 @@ func (n *Node) waitCopiesGone(ctx context.Context, volume string, rec volumeReco
 				continue
 			}
 			node := lastSegment(string(kv.Key))
-			if c.State == CopyFailed {
+			if c.State == copyDeleteFailed {
 				return Placement{}, fmt.Errorf("copy on node %s not deleted: %s: %w", node, c.Reason, ErrCopyFailed)
 			}
 			left = append(left, node)

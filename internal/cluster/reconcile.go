@@ -77,6 +77,12 @@ func (n *Node) apply(ctx context.Context, key, value []byte) {
 		} else {
 			c.LocalUID = uid
 			n.log.Info("copy made", "volume", name, "primary", rec.Primary, "term", rec.Term)
+			if rec.Primary != n.cfg.NodeName {
+				if c.Token, err = n.store.AttachForPrimary(ctx, name, rec.Primary, rec.Term); err != nil {
+					c.State, c.Reason = CopyFailed, err.Error()
+					n.log.Error("attach a copy for its primary", "volume", name, "err", err)
+				}
+			}
 		}
 		n.putCopy(ctx, ck, c)
 	case volumeDeleting:
@@ -86,7 +92,7 @@ func (n *Node) apply(ctx context.Context, key, value []byte) {
 		if have.LocalUID != "" {
 			if err := n.store.DeleteCopy(ctx, name, have.LocalUID); err != nil {
 				n.log.Error("delete a copy", "volume", name, "err", err)
-				have.State, have.Reason, have.UpdatedAt = CopyFailed, err.Error(), time.Now().UTC()
+				have.State, have.Reason, have.UpdatedAt = copyDeleteFailed, err.Error(), time.Now().UTC()
 				n.putCopy(ctx, ck, have)
 				return
 			}

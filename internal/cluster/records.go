@@ -63,15 +63,20 @@ type volumeRecord struct {
 const (
 	CopyInSync = "in-sync"
 	CopyFailed = "failed"
+	// copyDeleteFailed: the node could not delete its copy (attached).
+	copyDeleteFailed = "delete-failed"
 )
 
 // copyRecord is "copies/<volume>/<node>", written by the node holding it.
 // LocalUID is the UID of the volume in that node's pool: only a copy with
 // a LocalUID was made, and only that volume is ever deleted for it.
 type copyRecord struct {
-	State     string    `json:"state"`
-	Reason    string    `json:"reason,omitempty"`
-	LocalUID  string    `json:"localUID,omitempty"`
+	State    string `json:"state"`
+	Reason   string `json:"reason,omitempty"`
+	LocalUID string `json:"localUID,omitempty"`
+	// Token is that of the attachment the copy node made for the
+	// primary's writes (copies other than the primary's own).
+	Token     string    `json:"token,omitempty"`
 	UpdatedAt time.Time `json:"updatedAt"`
 }
 

@@ -3,9 +3,11 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/cluster"
@@ -52,11 +54,39 @@ func (s poolStore) DeleteCopy(ctx context.Context, name, uid string) error {
 	if v.Info().UID != uid {
 		return nil // not the copy the cluster made: leave it
 	}
+	for _, a := range v.Attachments() {
+		if strings.HasPrefix(a.Node, replicaNodePrefix) {
+			if err := v.Detach(a.ID); err != nil && !errors.Is(err, pool.ErrAttachmentNotFound) {
+				return err
+			}
+		}
+	}
 	err = s.p.Delete(ctx, name)
 	if errors.Is(err, pool.ErrVolumeNotFound) {
 		return nil
 	}
 	return err
+}
+
+// replicaNodePrefix starts the node name of the attachments a copy makes
+// for its primary.
+const replicaNodePrefix = "replica-"
+
+// AttachForPrimary makes the attachment through which the primary writes
+// this copy, one per term (a newer term's attachment is newer: its first
+// write fences the older primary's on this copy). A retry finds it again
+// by its idempotency key.
+func (s poolStore) AttachForPrimary(ctx context.Context, volume, primary string, term uint64) (string, error) {
+	v, err := s.p.Volume(volume)
+	if err != nil {
+		return "", err
+	}
+	node := fmt.Sprintf("%s%s-term-%d", replicaNodePrefix, primary, term)
+	a, _, err := v.AttachWith(node, api.ModeReadWrite, pool.Idempotency{Key: node})
+	if err != nil {
+		return "", err
+	}
+	return a.Token, nil
 }
 
 // joinCluster joins with the addresses the listeners got: the API's, and

@@ -5,7 +5,7 @@
 //
 // With cluster flags it joins the cluster (internal/cluster) before serving.
 //
-// Imports from quiver: api, apiserver, cluster, connlimit, fscap, job, metrics, nbd, pool, qos, tlscert.
+// Imports from quiver: api, apiserver, cluster, connlimit, fscap, job, metrics, nbd, pool, qos, replica, tlscert.
 package server
 
 import (
@@ -126,7 +126,7 @@ func Run(ctx context.Context, cfg Config) error {
 	ln = &connlimit.Listener{Listener: ln, Limiter: connlimit.New(cfg.API.MaxConns, cfg.API.MaxConnsPerPeer),
 		Rejected: m.APIConnRejected}
 	cfg.NBD.Logger, cfg.NBD.Observer = log, m
-	nbdSrv := nbd.NewServer(nbd.PoolExports{Pool: p, Metrics: m, RequireToken: cfg.NBDRequireToken}, cfg.NBD)
+	var exports nbd.Exports = nbd.PoolExports{Pool: p, Metrics: m, RequireToken: cfg.NBDRequireToken}
 	var nbdLns []net.Listener
 	closeAll := func() {
 		for _, l := range append(nbdLns, ln) {
@@ -167,7 +167,9 @@ func Run(ctx context.Context, cfg Config) error {
 		defer node.Close()
 		handler.Cluster = node
 		m.Register(node.Collector())
+		exports = replicatedExports{Exports: exports, node: node, log: log}
 	}
+	nbdSrv := nbd.NewServer(exports, cfg.NBD)
 	handler.Mount("GET /metrics", m.Handler())
 	if cfg.Pprof {
 		handler.Mount("GET /debug/pprof/", http.HandlerFunc(pprof.Index))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/client"
+	"github.com/quiverstorage/quiver/internal/testfs"
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
@@ -101,6 +102,7 @@ func startCluster(t *testing.T) *cluster {
 	}
 	for _, nd := range c.nodes {
 		nd.args = []string{"--cluster-name", "alpha", "--initial-cluster", strings.Join(initial, ","),
+			"--nbd-listen", nd.ip + ":10809",
 			"--etcd-listen-client", fmt.Sprintf("http://%s:2379,http://127.0.0.1:2379", nd.ip)}
 		c.spawn(nd)
 	}
@@ -243,6 +245,8 @@ func TestCluster(t *testing.T) {
 		t.Logf("nodes: %+v", nodes)
 	})
 
+	t.Run("writes reach both copies, a dead copy degrades the volume", func(t *testing.T) { replicatedWrites(t, c) })
+
 	t.Run("more replicas than nodes refused", func(t *testing.T) {
 		_, err := n1.api().CreateVolume(ctx, api.VolumeSpec{Name: "big", Capacity: 64 << 20, Replicas: 4})
 		if client.Code(err) != api.CodeNotEnoughNodes {
@@ -338,4 +342,118 @@ func joinRefused(t *testing.T, c *cluster) {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// qemuIO runs qemu-io commands on uri from the hub namespace and fails the
+// test unless each of them succeeded.
+func (c *cluster) qemuIO(t *testing.T, uri string, cmds ...string) {
+	t.Helper()
+	args := []string{"netns", "exec", c.net.hub, "qemu-io", "-f", "raw"}
+	for _, cmd := range cmds {
+		args = append(args, "-c", cmd)
+	}
+	out, err := exec.Command("ip", append(args, uri)...).CombinedOutput()
+	if err != nil || strings.Contains(string(out), "failed") || strings.Contains(string(out), "error") {
+		t.Fatalf("qemu-io %v: %v\n%s", cmds, err, out)
+	}
+}
+
+// fileBytes reads length bytes at off of a disk image in a node's pool.
+func fileBytes(t *testing.T, nd *node, volume, disk string, off, length int64) []byte {
+	t.Helper()
+	f, err := os.Open(filepath.Join(nd.pool, "volumes", volume, "disks", disk+".img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, length)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func allBytes(b []byte, v byte) bool {
+	for _, x := range b {
+		if x != v {
+			return false
+		}
+	}
+	return true
+}
+
+// replicatedWrites writes through the primary of a replicas=2 volume with
+// qemu-io: the write is on both copies' images once acknowledged. Then the
+// copy's node is killed: the next write and flush still succeed, the copy
+// is degraded, and only the primary holds the new data.
+func replicatedWrites(t *testing.T, c *cluster) {
+	testfs.RequireTool(t, "qemu-io")
+	ctx := context.Background()
+	const mib = 1 << 20
+	v, err := c.nodes[0].api().CreateVolume(ctx, api.VolumeSpec{Name: "rep", Capacity: 64 * mib, Replicas: 2,
+		Disks: []api.DiskSpec{{Name: "root", Size: 32 * mib}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := copyNodes(v)
+	prim := c.byName(v.Primary)
+	cp := c.byName(nodes[1])
+	att, err := prim.api().Attach(ctx, "rep", api.AttachmentSpec{Node: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uri := fmt.Sprintf("nbd://%s:10809/rep/root/%s", prim.ip, att.Token)
+	c.qemuIO(t, uri, "write -P 0xab 0 1M", "flush")
+	for _, nd := range []*node{prim, cp} {
+		if !allBytes(fileBytes(t, nd, "rep", "root", 0, mib), 0xab) {
+			t.Fatalf("%s's copy lacks the acknowledged write", nd.name)
+		}
+	}
+
+	cp.proc.Kill()
+	start := time.Now()
+	c.qemuIO(t, uri, "write -P 0xcd 1M 1M", "flush")
+	t.Logf("write and flush with the copy on %s killed: %v", cp.name, time.Since(start).Round(time.Millisecond))
+	if !allBytes(fileBytes(t, prim, "rep", "root", mib, mib), 0xcd) {
+		t.Fatal("the primary lacks the write acknowledged while degraded")
+	}
+	if !allBytes(fileBytes(t, cp, "rep", "root", mib, mib), 0) {
+		t.Fatal("the dead copy changed")
+	}
+	got, err := prim.api().GetVolume(ctx, "rep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cc := range got.Copies {
+		want := api.CopyInSync
+		if cc.Node == cp.name {
+			want = api.CopyDegraded
+		}
+		if cc.State != want {
+			t.Errorf("copy %+v: want %s", cc, want)
+		}
+	}
+	t.Logf("copies: %s", formatCopies(got))
+
+	c.spawn(cp)
+	c.waitReady(cp)
+	if err := prim.api().Detach(ctx, "rep", att.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.nodes[0].api().DeleteVolume(ctx, "rep"); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range []*node{prim, cp} {
+		if _, err := os.Stat(filepath.Join(nd.pool, "volumes", "rep")); err == nil {
+			t.Errorf("%s still holds rep", nd.name)
+		}
+	}
+}
+
+func formatCopies(v api.Volume) string {
+	var parts []string
+	for _, cc := range v.Copies {
+		parts = append(parts, fmt.Sprintf("%s=%s (%s)", cc.Node, cc.State, cc.Reason))
+	}
+	return strings.Join(parts, ", ")
 }
