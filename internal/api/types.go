@@ -330,6 +330,8 @@ const (
 	CodeReadOnly       = "ReadOnly"         // 409: the pool is read-only
 	CodeNotEnoughNodes = "NotEnoughNodes"   // 422: fewer nodes up than the replicas asked
 	CodeUnavailable    = "Unavailable"      // 503: the cluster state (etcd) cannot be reached
+	CodeNotPrimary     = "NotPrimary"       // 409: ask the volume's primary node (the message names it)
+	CodeNotSupported   = "NotSupported"     // 422: not built for replicated volumes yet
 	CodeInternal       = "Internal"         // 500
 )
 

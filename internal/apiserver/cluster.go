@@ -23,6 +23,7 @@ type Cluster interface {
 	DeleteVolume(ctx context.Context, volume string) error
 	Placement(ctx context.Context, volume string) (cluster.Placement, bool, error)
 	Placements(ctx context.Context) (map[string]cluster.Placement, error)
+	Role(ctx context.Context, volume string) (cluster.Role, error)
 }
 
 var _ Cluster = (*cluster.Node)(nil)
@@ -160,5 +161,53 @@ func (s *Server) annotate(r *http.Request, vols []api.Volume) {
 		if p, ok := ps[vols[i].Name]; ok {
 			withPlacement(&vols[i], p)
 		}
+	}
+}
+
+// What a route may do to a volume with more than one copy.
+type replicatedGuard int
+
+const (
+	onPrimary   replicatedGuard = iota // only the primary serves it
+	notYetBuilt                        // refused: it would change one copy only
+)
+
+// replicatedGuards are the routes on one volume that a replicated volume
+// restricts. Snapshots, rollback and disk changes must reach every copy at
+// one cut (docs/cluster.md), which is not built yet: refused rather than
+// applied to one copy.
+var replicatedGuards = map[string]replicatedGuard{
+	"POST /v1/volumes/{volume}/attachments":             onPrimary,
+	"POST /v1/volumes/{volume}/attachments/{id}/writer": onPrimary,
+	"POST /v1/volumes/{volume}/disks":                   notYetBuilt,
+	"PATCH /v1/volumes/{volume}/disks/{disk}":           notYetBuilt,
+	"DELETE /v1/volumes/{volume}/disks/{disk}":          notYetBuilt,
+	"POST /v1/volumes/{volume}/snapshots":               notYetBuilt,
+	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  notYetBuilt,
+	"POST /v1/volumes/{volume}/rollback":                notYetBuilt,
+}
+
+func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if s.Cluster == nil {
+			return h(w, r)
+		}
+		name := r.PathValue("volume")
+		role, err := s.Cluster.Role(r.Context(), name)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errUnavailable, err)
+		}
+		if !role.Placed || role.Replicas <= 1 {
+			return h(w, r)
+		}
+		switch {
+		case g == notYetBuilt:
+			return fmt.Errorf("%s %s: volume %q has %d copies, and this change must reach all of them at one cut, "+
+				"which is not built yet (docs/cluster.md): %w", r.Method, r.URL.Path, name, role.Replicas, cluster.ErrNotSupported)
+		case !role.IsPrimary(s.Cluster.Name()):
+			return fmt.Errorf("%s %s: volume %q is served by its primary %s (API %s), not by this node: %w",
+				r.Method, r.URL.Path, name, role.Primary, role.PrimaryAPI, cluster.ErrNotPrimary)
+		}
+		return h(w, r)
 	}
 }

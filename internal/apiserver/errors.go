@@ -44,6 +44,8 @@ var errorMapping = []struct {
 	{cluster.ErrVolumeNotFound, http.StatusNotFound, api.CodeNotFound},
 	{cluster.ErrTimeout, http.StatusServiceUnavailable, api.CodeUnavailable},
 	{cluster.ErrNoSession, http.StatusServiceUnavailable, api.CodeUnavailable},
+	{cluster.ErrNotPrimary, http.StatusConflict, api.CodeNotPrimary},
+	{cluster.ErrNotSupported, http.StatusUnprocessableEntity, api.CodeNotSupported},
 	{errUnavailable, http.StatusServiceUnavailable, api.CodeUnavailable},
 }
 

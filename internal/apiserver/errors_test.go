@@ -51,6 +51,8 @@ func TestToError(t *testing.T) {
 		{"not placed", fmt.Errorf("volume %q: %w", "web", cluster.ErrVolumeNotFound), http.StatusNotFound, api.CodeNotFound, ""},
 		{"copies late", fmt.Errorf("create volume %q: %w", "web", cluster.ErrTimeout), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"no session", fmt.Errorf("create: %w", cluster.ErrNoSession), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
+		{"not primary", fmt.Errorf("attach: %w", cluster.ErrNotPrimary), http.StatusConflict, api.CodeNotPrimary, ""},
+		{"not built for replicas", fmt.Errorf("snapshot: %w", cluster.ErrNotSupported), http.StatusUnprocessableEntity, api.CodeNotSupported, ""},
 		{"etcd unavailable", fmt.Errorf("%w: %w", errUnavailable, errors.New("context deadline exceeded")), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"unknown", errors.New("disk on fire"), http.StatusInternalServerError, api.CodeInternal, ""},
 		{"unknown wrapped", fmt.Errorf("snapshot web@v1: %w", errors.New("input/output error")), http.StatusInternalServerError, api.CodeInternal, ""},

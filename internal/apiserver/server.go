@@ -80,6 +80,9 @@ func (s *Server) routes() {
 		"GET /v1/jobs/{id}":                                 s.getJob,
 		"DELETE /v1/jobs/{id}":                              s.cancelJob,
 	} {
+		if g, ok := replicatedGuards[pattern]; ok {
+			h = s.guardReplicated(g, h)
+		}
 		s.mux.Handle(pattern, s.handle(h))
 	}
 }

@@ -27,6 +27,11 @@ var (
 	ErrCopyFailed = errors.New("copy failed")
 	// ErrTimeout: the copies did not report in time.
 	ErrTimeout = errors.New("copies did not report in time")
+	// ErrNotPrimary: the operation must go to the volume's primary.
+	ErrNotPrimary = errors.New("not the volume's primary")
+	// ErrNotSupported: the operation is not built for replicated volumes
+	// yet (docs/cluster.md).
+	ErrNotSupported = errors.New("not supported on a replicated volume yet")
 	// ErrNoSession: this node has lost its etcd session (partitioned from
 	// etcd, or etcd lost quorum) and changes nothing until it has one.
 	ErrNoSession = errors.New("no etcd session")

@@ -21,26 +21,41 @@ type Target struct {
 	Node, NBD, Token string
 }
 
-// Replication says, for a volume this node is primary of, the term and the
-// other in-sync copies; false when this node is not its primary (or the
-// volume is not placed, or is being deleted).
-func (n *Node) Replication(ctx context.Context, volume string) (term uint64, targets []Target, primary bool, err error) {
+// Role is what this node is for one volume.
+type Role struct {
+	Placed   bool // the volume is a cluster volume (placed in etcd)
+	Replicas int
+	Primary  string
+	// PrimaryAPI and PrimaryNBD are the primary's addresses, empty while it
+	// is down.
+	PrimaryAPI, PrimaryNBD string
+	Term                   uint64
+	// Targets are the other in-sync copies, when this node is the primary.
+	Targets []Target
+	// Token is that of the attachment this node made for the primary, when
+	// it holds a copy that is not the primary's.
+	Token string
+}
+
+// IsPrimary says whether this node is the volume's primary.
+func (r Role) IsPrimary(node string) bool { return r.Placed && r.Primary == node }
+
+// Role reads what this node is for volume: its primary, term and, on the
+// primary, the in-sync copies to write.
+func (n *Node) Role(ctx context.Context, volume string) (Role, error) {
 	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("volumes", volume)),
 		clientv3.OpGet(n.key("copies", volume)+"/", clientv3.WithPrefix()),
 		clientv3.OpGet(n.key("alive")+"/", clientv3.WithPrefix())).Commit()
 	if err != nil {
-		return 0, nil, false, fmt.Errorf("replication of %q: %w", volume, err)
+		return Role{}, fmt.Errorf("role for %q: %w", volume, err)
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 {
-		return 0, nil, false, nil
+		return Role{}, nil
 	}
 	var rec volumeRecord
 	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
-		return 0, nil, false, fmt.Errorf("etcd key %s: %w", kvs[0].Key, err)
-	}
-	if rec.Primary != n.cfg.NodeName || rec.State != volumeActive {
-		return 0, nil, false, nil
+		return Role{}, fmt.Errorf("etcd key %s: %w", kvs[0].Key, err)
 	}
 	copies := map[string]copyRecord{}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
@@ -49,19 +64,27 @@ func (n *Node) Replication(ctx context.Context, volume string) (term uint64, tar
 			copies[lastSegment(string(kv.Key))] = c
 		}
 	}
-	nbd := map[string]string{}
+	alive := map[string]aliveRecord{}
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
 		var a aliveRecord
 		if json.Unmarshal(kv.Value, &a) == nil {
-			nbd[lastSegment(string(kv.Key))] = a.NBD
+			alive[lastSegment(string(kv.Key))] = a
 		}
 	}
-	for _, node := range rec.InSync {
-		if node != n.cfg.NodeName {
-			targets = append(targets, Target{Node: node, NBD: nbd[node], Token: copies[node].Token})
+	r := Role{Placed: true, Replicas: max(rec.Spec.Replicas, 1), Primary: rec.Primary, Term: rec.Term,
+		PrimaryAPI: alive[rec.Primary].API, PrimaryNBD: alive[rec.Primary].NBD}
+	me := n.cfg.NodeName
+	if rec.Primary == me && rec.State == volumeActive {
+		for _, node := range rec.InSync {
+			if node != me {
+				r.Targets = append(r.Targets, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token})
+			}
 		}
 	}
-	return rec.Term, targets, true, nil
+	if rec.Primary != me && slices.Contains(rec.Copies, me) {
+		r.Token = copies[me].Token
+	}
+	return r, nil
 }
 
 // MarkOutOfSync takes copy node out of the volume's in-sync set, as the

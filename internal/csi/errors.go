@@ -78,6 +78,8 @@ var apiCodes = map[string]codes.Code{
 	// provisioner retries, and succeeds once enough nodes are up.
 	api.CodeNotEnoughNodes: codes.ResourceExhausted,
 	api.CodeUnavailable:    codes.Unavailable,
+	api.CodeNotPrimary:     codes.FailedPrecondition,
+	api.CodeNotSupported:   codes.FailedPrecondition,
 	api.CodeInternal:       codes.Internal,
 }
 

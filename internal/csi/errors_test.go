@@ -44,6 +44,8 @@ func TestToStatus(t *testing.T) {
 		{apiErr(api.CodeInUse), codes.FailedPrecondition},
 		{apiErr(api.CodeNotEnoughNodes), codes.ResourceExhausted},
 		{apiErr(api.CodeUnavailable), codes.Unavailable},
+		{apiErr(api.CodeNotPrimary), codes.FailedPrecondition},
+		{apiErr(api.CodeNotSupported), codes.FailedPrecondition},
 		{apiErr(api.CodeInternal), codes.Internal},
 		{apiErr("SomethingNew"), codes.Internal},
 		// A sentinel wins over the API code it wraps.

@@ -32,18 +32,32 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 	if !ok {
 		return ex, nil
 	}
-	term, targets, primary, err := e.node.Replication(ctx, volume)
+	role, err := e.node.Role(ctx, volume)
 	if err != nil {
-		// Without etcd this node cannot know it is still the primary:
+		// Without etcd this node cannot know whether it is the primary:
 		// refuse rather than write one copy.
 		_ = ex.Disk.Close()
 		return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
 	}
-	if !primary || len(targets) == 0 {
+	if !role.Placed || role.Replicas <= 1 {
 		return ex, nil
 	}
-	copies := make([]replica.Copy, len(targets))
-	for i, t := range targets {
+	if !role.IsPrimary(e.node.Name()) {
+		// A copy is written by its primary only: anything else would make
+		// it diverge.
+		if role.Token == "" || exportToken(name) != role.Token {
+			_ = ex.Disk.Close()
+			return nbd.Export{}, fmt.Errorf("export %s: volume %s is replicated and written through its primary %s (NBD %s): %w",
+				volume+"/"+disk, volume, role.Primary, role.PrimaryNBD, cluster.ErrNotPrimary)
+		}
+		return ex, nil
+	}
+	if len(role.Targets) == 0 {
+		return ex, nil // degraded: no other copy in sync
+	}
+	term := role.Term
+	copies := make([]replica.Copy, len(role.Targets))
+	for i, t := range role.Targets {
 		copies[i] = replica.Copy{Node: t.Node, Addr: t.NBD, Export: volume + "/" + disk + "/" + t.Token}
 	}
 	d, err := replica.Open(ctx, ex.Disk, copies, replica.Options{
@@ -56,6 +70,15 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 	e.log.Debug("replicated export opened", "volume", volume, "disk", disk, "term", term, "inSync", d.InSync())
 	ex.Disk = d
 	return ex, nil
+}
+
+// exportToken is the token part of <volume>/<disk>/<token>, or "".
+func exportToken(name string) string {
+	parts := strings.Split(name, "/")
+	if len(parts) < 3 {
+		return ""
+	}
+	return parts[2]
 }
 
 // liveExport splits <volume>/<disk>[/<token>]; snapshots (<volume>@<snap>)

@@ -402,6 +402,15 @@ func replicatedWrites(t *testing.T, c *cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Only the primary attaches clients; a change that must reach every
+	// copy at one cut is refused until that is built, not applied to one.
+	if _, err := cp.api().Attach(ctx, "rep", api.AttachmentSpec{Node: "worker-2"}); client.Code(err) != api.CodeNotPrimary ||
+		!strings.Contains(err.Error(), "primary "+prim.name) {
+		t.Errorf("attach on the copy's node: %v", err)
+	}
+	if _, err := prim.api().CreateSnapshot(ctx, "rep", "s1"); client.Code(err) != api.CodeNotSupported {
+		t.Errorf("snapshot of a replicated volume: %v", err)
+	}
 	uri := fmt.Sprintf("nbd://%s:10809/rep/root/%s", prim.ip, att.Token)
 	c.qemuIO(t, uri, "write -P 0xab 0 1M", "flush")
 	for _, nd := range []*node{prim, cp} {
