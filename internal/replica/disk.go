@@ -31,11 +31,16 @@ type Options struct {
 	// request that found the failure is answered; when it fails the request
 	// fails too and is never acknowledged.
 	OutOfSync func(node string, cause error) error
+	// Ranges orders overlapping changes: every handle of one disk must
+	// share it (nil: a lock of this handle's own, right only when it is the
+	// disk's one handle).
+	Ranges *RangeLock
 }
 
 // Disk is a primary's disk handle that keeps every in-sync copy as the
 // local disk: WRITE, TRIM, WRITE_ZEROES and FLUSH are applied locally and on
-// each in-sync copy at once and answered when all have answered. Durability
+// each in-sync copy at once and answered when all have answered; changes
+// that overlap one in flight wait for it (Options.Ranges). Durability
 // is the local disk's contract (pool.Disk) on every in-sync copy: a write is
 // durable everywhere after a later Flush, a FUA one when acknowledged. Reads
 // are local. Its methods are safe for concurrent use.
@@ -59,6 +64,9 @@ func Open(ctx context.Context, local pool.Disk, copies []Copy, opts Options) (*D
 	}
 	if opts.Granule <= 0 {
 		opts.Granule = 1 << 20
+	}
+	if opts.Ranges == nil {
+		opts.Ranges = NewRangeLock()
 	}
 	d := &Disk{local: local, opts: opts, copies: map[string]*conn{}, dirty: newDirty(local.Size(), opts.Granule)}
 	for _, cp := range copies {
@@ -99,6 +107,15 @@ func (d *Disk) Dirty() *Dirty { return d.dirty }
 // copies may differ afterwards (a copy failed, or the local disk failed
 // while copies applied the change) the range is marked dirty.
 func (d *Disk) replicate(off, length int64, local func() error, remote func(*conn) error) error {
+	if length > 0 {
+		r := d.opts.Ranges.lock(off, length)
+		defer d.opts.Ranges.unlock(r)
+	}
+	return d.replicateLocked(off, length, local, remote)
+}
+
+// replicateLocked is replicate with the range held by the caller.
+func (d *Disk) replicateLocked(off, length int64, local func() error, remote func(*conn) error) error {
 	d.mu.Lock()
 	copies := make(map[string]*conn, len(d.copies))
 	for n, c := range d.copies {
@@ -191,10 +208,12 @@ func (d *Disk) Trim(off, length int64, fua bool) error {
 // do is not sent: the client falls back to writing zeros.
 func (d *Disk) Zero(off, length int64, mayTrim, fast, fua bool) error {
 	if fast {
+		r := d.opts.Ranges.lock(off, length)
+		defer d.opts.Ranges.unlock(r)
 		if err := d.local.Zero(off, length, mayTrim, true, fua); err != nil {
 			return err
 		}
-		return d.replicate(off, length, func() error { return nil },
+		return d.replicateLocked(off, length, func() error { return nil },
 			func(c *conn) error { return c.zero(off, length, mayTrim, fua) })
 	}
 	return d.replicate(off, length, func() error { return d.local.Zero(off, length, mayTrim, false, fua) },

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/nbd"
@@ -17,8 +18,27 @@ import (
 // as it is.
 type replicatedExports struct {
 	nbd.Exports
-	node *cluster.Node
-	log  *slog.Logger
+	node   *cluster.Node
+	log    *slog.Logger
+	ranges *rangeLocks
+}
+
+// rangeLocks holds one replica.RangeLock per disk, shared by every handle
+// of the disk. Locks are kept for the server's life: one small map entry per
+// replicated disk ever opened.
+type rangeLocks struct {
+	mu sync.Mutex
+	m  map[string]*replica.RangeLock
+}
+
+func (r *rangeLocks) get(volume, disk string) *replica.RangeLock {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := volume + "/" + disk
+	if r.m[k] == nil {
+		r.m[k] = replica.NewRangeLock()
+	}
+	return r.m[k]
 }
 
 var _ nbd.Exports = replicatedExports{}
@@ -62,6 +82,7 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 	}
 	d, err := replica.Open(ctx, ex.Disk, copies, replica.Options{
 		OutOfSync: func(node string, cause error) error { return e.node.MarkOutOfSync(volume, node, term, cause) },
+		Ranges:    e.ranges.get(volume, disk),
 	})
 	if err != nil {
 		_ = ex.Disk.Close()

@@ -28,6 +28,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/replica"
 )
 
 // DefaultPoolDir is the pool directory `quiver server` uses with no flags.
@@ -167,7 +168,8 @@ func Run(ctx context.Context, cfg Config) error {
 		defer node.Close()
 		handler.Cluster = node
 		m.Register(node.Collector())
-		exports = replicatedExports{Exports: exports, node: node, log: log}
+		exports = replicatedExports{Exports: exports, node: node, log: log,
+			ranges: &rangeLocks{m: map[string]*replica.RangeLock{}}}
 	}
 	nbdSrv := nbd.NewServer(exports, cfg.NBD)
 	handler.Mount("GET /metrics", m.Handler())
