@@ -187,6 +187,14 @@ func TestCluster(t *testing.T) {
 				t.Errorf("node %d: %+v", i, n)
 			}
 		}
+		m, err := n1.api().Metrics(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if up, down, self := m.Sum("quiver_cluster_nodes", map[string]string{"state": "up"}),
+			m.Sum("quiver_cluster_nodes", map[string]string{"state": "down"}), m.Sum("quiver_cluster_node_up", nil); up != 3 || down != 0 || self != 1 {
+			t.Errorf("metrics: nodes up %v, down %v, this node up %v; want 3, 0, 1", up, down, self)
+		}
 		out := c.cli(n2, "node", "list")
 		t.Logf("quiver node list:\n%s", out)
 		if !strings.Contains(out, "n2 (this)") || strings.Count(out, " up ") != 3 || !strings.Contains(out, "zone-b") {
