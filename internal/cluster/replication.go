@@ -141,5 +141,6 @@ func (n *Node) MarkOutOfSync(volume, node string, term uint64, cause error) erro
 		if !n.up.Load() {
 			return fmt.Errorf("mark copy %s of %q out of sync: %w", node, volume, ErrNoSession)
 		}
+		sleep(ctx, 20*time.Millisecond)
 	}
 }
