@@ -67,6 +67,7 @@ type Node struct {
 	wg        sync.WaitGroup
 	placeOK   atomic.Int64
 	placeFail atomic.Int64
+	closeOnce sync.Once
 }
 
 // Join starts the embedded etcd member (with InitialCluster) or connects to
@@ -272,8 +273,13 @@ func (n *Node) alive(ctx context.Context, name string) (aliveRecord, bool, error
 }
 
 // Close stops the loops, revokes the lease (the node is down at once) and
-// stops the embedded member.
+// stops the embedded member. Later calls do nothing.
 func (n *Node) Close() error {
+	n.closeOnce.Do(n.close)
+	return nil
+}
+
+func (n *Node) close() {
 	if n.stop != nil {
 		n.stop()
 	}
@@ -285,7 +291,6 @@ func (n *Node) Close() error {
 	n.sessMu.Unlock()
 	n.up.Store(false)
 	n.closeClients()
-	return nil
 }
 
 func (n *Node) closeClients() {
