@@ -210,9 +210,9 @@ func TestManifestsAgree(t *testing.T) {
 	if mig == nil || ten == nil {
 		t.Fatalf("want StorageClasses quiver-vm-migratable and quiver-tenant, have %v", classes)
 	}
-	if mig.VolumeBindingMode == nil || *mig.VolumeBindingMode != storagev1.VolumeBindingImmediate || mig.Parameters["replication"] != "2" ||
+	if mig.VolumeBindingMode == nil || *mig.VolumeBindingMode != storagev1.VolumeBindingImmediate || mig.Parameters["replication"] != "1" ||
 		mig.Parameters["qos_rw_iops"] == "" {
-		t.Errorf("quiver-vm-migratable: want Immediate binding, replication 2 and QoS, have %+v", mig)
+		t.Errorf("quiver-vm-migratable: want Immediate binding, replication 1 and QoS, have %+v", mig)
 	}
 	if ten.VolumeBindingMode == nil || *ten.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
 		t.Errorf("quiver-tenant: want WaitForFirstConsumer")

@@ -60,6 +60,10 @@ type VolumeSpec struct {
 	Labels   map[string]string `json:"labels,omitempty"`
 	Disks    []DiskSpec        `json:"disks,omitempty"`
 	QoS      *QoS              `json:"qos,omitempty"`
+	// Replicas is how many nodes keep a copy (0 means 1). Above 1 it needs
+	// a cluster with that many nodes up (docs/cluster.md): else 422
+	// NotEnoughNodes, and nothing is made.
+	Replicas int `json:"replicas,omitempty"`
 }
 
 // Source names where a clone came from.
@@ -88,6 +92,50 @@ type Volume struct {
 	// besides), and empty for a healthy volume.
 	State  string `json:"state,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	// Replicas is how many nodes keep a copy (1 on a single node).
+	Replicas int `json:"replicas,omitempty"`
+	// Copies, Primary and Term say where a cluster keeps the volume: absent
+	// on a single node.
+	Copies  []Copy `json:"copies,omitempty"`
+	Primary string `json:"primary,omitempty"`
+	Term    uint64 `json:"term,omitempty"`
+}
+
+// Copy states (Copy.State).
+const (
+	CopyInSync = "in-sync" // holds every acknowledged write
+	CopyFailed = "failed"  // could not be made (Reason says why)
+	// CopyDegraded: left the in-sync set (unreachable, or a write failed
+	// there); it lacks writes acknowledged since, and Reason says why.
+	CopyDegraded = "degraded"
+)
+
+// Copy is one node's copy of a volume.
+type Copy struct {
+	Node   string `json:"node"`
+	State  string `json:"state"` // CopyInSync, CopyFailed, or "" while being made
+	Reason string `json:"reason,omitempty"`
+}
+
+// Node states (Node.State).
+const (
+	NodeUp   = "up"   // holds its etcd lease
+	NodeDown = "down" // a member whose lease expired or that left
+)
+
+// Node is one storage node, the body of GET /v1/nodes (in a List). A single
+// node without cluster flags lists itself.
+type Node struct {
+	Name          string `json:"name"`
+	Address       string `json:"address,omitempty"` // host:port of its API; empty while down
+	NBD           string `json:"nbd,omitempty"`     // host:port of its NBD server, when served
+	State         string `json:"state"`
+	FailureDomain string `json:"failureDomain,omitempty"`
+	CapacityBytes int64  `json:"capacityBytes"` // the pool's filesystem size, as last reported
+	FreeBytes     int64  `json:"freeBytes"`
+	Volumes       int    `json:"volumes"` // volumes with a copy on the node
+	// Self marks the node that answered.
+	Self bool `json:"self,omitempty"`
 }
 
 // VolumeBroken is the State of a quarantined volume: listed, not served,
@@ -283,20 +331,24 @@ type ErrorBody struct {
 
 // Stable error codes. Clients branch on these, never on messages.
 const (
-	CodeInvalid      = "Invalid"          // 400: a field breaks a rule
-	CodeUnauthorized = "Unauthorized"     // 401: missing or wrong bearer token
-	CodeNotFound     = "NotFound"         // 404: volume, disk, snapshot or job
-	CodeConflict     = "AlreadyExists"    // 409: the name is taken
-	CodeBusy         = "Busy"             // 409: another operation holds the volume
-	CodeCapacity     = "CapacityExceeded" // 422: disks would not fit the capacity
-	CodeNoSpace      = "NoSpace"          // 507: the pool is full
-	CodeCancelled    = "Cancelled"        // 499-like: job was cancelled
-	CodeInUse        = "InUse"            // 409: the volume has attachments or connected writers
-	CodeHasSnapshots = "HasSnapshots"     // 409: deleting a volume with snapshots without recursive=true
-	CodeInterrupted  = "Interrupted"      // a job's error: the server stopped while it ran
-	CodeBroken       = "Broken"           // 409: the volume is quarantined (damaged or hostile files)
-	CodeReadOnly     = "ReadOnly"         // 409: the pool is read-only
-	CodeInternal     = "Internal"         // 500
+	CodeInvalid        = "Invalid"          // 400: a field breaks a rule
+	CodeUnauthorized   = "Unauthorized"     // 401: missing or wrong bearer token
+	CodeNotFound       = "NotFound"         // 404: volume, disk, snapshot or job
+	CodeConflict       = "AlreadyExists"    // 409: the name is taken
+	CodeBusy           = "Busy"             // 409: another operation holds the volume
+	CodeCapacity       = "CapacityExceeded" // 422: disks would not fit the capacity
+	CodeNoSpace        = "NoSpace"          // 507: the pool is full
+	CodeCancelled      = "Cancelled"        // 499-like: job was cancelled
+	CodeInUse          = "InUse"            // 409: the volume has attachments or connected writers
+	CodeHasSnapshots   = "HasSnapshots"     // 409: deleting a volume with snapshots without recursive=true
+	CodeInterrupted    = "Interrupted"      // a job's error: the server stopped while it ran
+	CodeBroken         = "Broken"           // 409: the volume is quarantined (damaged or hostile files)
+	CodeReadOnly       = "ReadOnly"         // 409: the pool is read-only
+	CodeNotEnoughNodes = "NotEnoughNodes"   // 422: fewer nodes up than the replicas asked
+	CodeUnavailable    = "Unavailable"      // 503: the cluster state (etcd) cannot be reached
+	CodeNotPrimary     = "NotPrimary"       // 409: ask the volume's primary node (the message names it)
+	CodeNotSupported   = "NotSupported"     // 422: not built for replicated volumes yet
+	CodeInternal       = "Internal"         // 500
 )
 
 // BuildInfo says which quiver a binary is (GET /v1/version, `quiver version`).

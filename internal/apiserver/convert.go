@@ -12,7 +12,7 @@ func volumeToAPI(v pool.VolumeInfo) api.Volume {
 		return api.Volume{Name: v.Name, Disks: []api.Disk{}, State: api.VolumeBroken, Reason: v.Broken}
 	}
 	out := api.Volume{Name: v.Name, UID: v.UID, Capacity: v.Capacity, Labels: v.Labels, Disks: disksToAPI(v.Disks),
-		Snapshots: v.Snapshots, CreatedAt: v.CreatedAt, Path: v.Dir,
+		Snapshots: v.Snapshots, CreatedAt: v.CreatedAt, Path: v.Dir, Replicas: v.Replicas,
 		Writer: api.Writer{Epoch: v.Writer.Epoch, Attachment: v.Writer.Writer}}
 	if v.Source != nil {
 		out.Source = &api.Source{Volume: v.Source.Volume, Snapshot: v.Source.Snapshot}

@@ -6,5 +6,8 @@
 // one place (errors.go). It imports api, pool and job; nothing in the domain
 // imports it.
 //
-// Imports from quiver: api, buildinfo, job, pool, qos, quantity.
+// With a Cluster (a node of a cluster, internal/cluster) it creates, deletes
+// and looks up volumes cluster-wide and lists the nodes.
+//
+// Imports from quiver: api, buildinfo, cluster, job, pool, qos, quantity.
 package apiserver

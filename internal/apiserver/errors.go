@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"regexp"
 
+	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -41,6 +42,14 @@ var errorMapping = []struct {
 	{context.Canceled, http.StatusConflict, api.CodeCancelled},
 	{pool.ErrCapacity, http.StatusUnprocessableEntity, api.CodeCapacity},
 	{pool.ErrNoSpace, http.StatusInsufficientStorage, api.CodeNoSpace},
+	{cluster.ErrNotEnoughNodes, http.StatusUnprocessableEntity, api.CodeNotEnoughNodes},
+	{cluster.ErrVolumeExists, http.StatusConflict, api.CodeConflict},
+	{cluster.ErrVolumeNotFound, http.StatusNotFound, api.CodeNotFound},
+	{cluster.ErrTimeout, http.StatusServiceUnavailable, api.CodeUnavailable},
+	{cluster.ErrNoSession, http.StatusServiceUnavailable, api.CodeUnavailable},
+	{cluster.ErrNotPrimary, http.StatusConflict, api.CodeNotPrimary},
+	{cluster.ErrNotSupported, http.StatusUnprocessableEntity, api.CodeNotSupported},
+	{errUnavailable, http.StatusServiceUnavailable, api.CodeUnavailable},
 }
 
 // stagingPath matches the part of a file name in a message that lies in
@@ -74,6 +83,8 @@ var (
 	errBadRequest    = errors.New("bad request")
 	errRouteNotFound = errors.New("no such API route; see docs/api.md")
 	errMethod        = errors.New("method not allowed on this route")
+	// errUnavailable wraps a failure to reach the cluster's state (etcd).
+	errUnavailable = errors.New("cluster state unavailable")
 )
 
 // badRequest is a malformed request (body, query) that never reached the

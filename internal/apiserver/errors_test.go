@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -48,6 +49,14 @@ func TestToError(t *testing.T) {
 		{"cancelled", fmt.Errorf("clone: %w", context.Canceled), http.StatusConflict, api.CodeCancelled, ""},
 		{"capacity", fmt.Errorf("disks total: %w", pool.ErrCapacity), http.StatusUnprocessableEntity, api.CodeCapacity, ""},
 		{"no space", fmt.Errorf("%w: write: no space left on device", pool.ErrNoSpace), http.StatusInsufficientStorage, api.CodeNoSpace, ""},
+		{"not enough nodes", fmt.Errorf("create volume %q: %w", "web", cluster.ErrNotEnoughNodes), http.StatusUnprocessableEntity, api.CodeNotEnoughNodes, ""},
+		{"placed already", fmt.Errorf("volume %q: %w", "web", cluster.ErrVolumeExists), http.StatusConflict, api.CodeConflict, ""},
+		{"not placed", fmt.Errorf("volume %q: %w", "web", cluster.ErrVolumeNotFound), http.StatusNotFound, api.CodeNotFound, ""},
+		{"copies late", fmt.Errorf("create volume %q: %w", "web", cluster.ErrTimeout), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
+		{"no session", fmt.Errorf("create: %w", cluster.ErrNoSession), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
+		{"not primary", fmt.Errorf("attach: %w", cluster.ErrNotPrimary), http.StatusConflict, api.CodeNotPrimary, ""},
+		{"not built for replicas", fmt.Errorf("snapshot: %w", cluster.ErrNotSupported), http.StatusUnprocessableEntity, api.CodeNotSupported, ""},
+		{"etcd unavailable", fmt.Errorf("%w: %w", errUnavailable, errors.New("context deadline exceeded")), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"unknown", errors.New("disk on fire"), http.StatusInternalServerError, api.CodeInternal, ""},
 		{"unknown wrapped", fmt.Errorf("snapshot web@v1: %w", errors.New("input/output error")), http.StatusInternalServerError, api.CodeInternal, ""},
 	}

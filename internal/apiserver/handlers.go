@@ -58,6 +58,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
 	for _, v := range vols {
 		out.Items = append(out.Items, volumeToAPI(v))
 	}
+	s.annotate(r, out.Items)
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }
@@ -71,6 +72,17 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if s.Cluster != nil {
+		return s.createClusterVolume(w, r, spec, idem)
+	}
+	ps := pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity, Labels: spec.Labels,
+		Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS), Replicas: spec.Replicas, Idempotency: idem}
+	if err := pool.ValidateSpec(ps); err != nil {
+		return err
+	}
+	if spec.Replicas > 1 {
+		return errSingleNode(spec.Replicas)
+	}
 	var size int64
 	for _, d := range spec.Disks {
 		size += d.Size
@@ -78,8 +90,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err := s.checkOvercommit(size); err != nil {
 		return err
 	}
-	info, created, err := s.pool.Create(r.Context(), pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity,
-		Labels: spec.Labels, Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS), Idempotency: idem})
+	info, created, err := s.pool.Create(r.Context(), ps)
 	if err != nil {
 		return err
 	}
@@ -96,6 +107,9 @@ func (s *Server) volume(r *http.Request) (*pool.Volume, error) {
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) error {
+	if s.Cluster != nil {
+		return s.getClusterVolume(w, r)
+	}
 	v, err := s.volume(r)
 	if err != nil {
 		return err
@@ -130,6 +144,9 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) error {
 	recursive, err := boolQuery(r, api.QueryRecursive)
 	if err != nil {
 		return err
+	}
+	if s.Cluster != nil {
+		return s.deleteClusterVolume(w, r, recursive)
 	}
 	if err := s.pool.DeleteWith(r.Context(), r.PathValue("volume"), pool.DeleteOptions{Recursive: recursive}); err != nil {
 		return err

@@ -29,6 +29,9 @@ type Server struct {
 	// MaxOvercommit refuses creates, clones and disk changes that would
 	// provision more than this many times the pool's size; 0: no limit.
 	MaxOvercommit float64
+	// Cluster, when set (before serving), makes volume creation, deletion
+	// and lookup cluster-wide (docs/cluster.md); nil on a single node.
+	Cluster Cluster
 
 	pool  *pool.Pool
 	jobs  *job.Manager
@@ -81,10 +84,14 @@ func (s *Server) routes() {
 		"GET /v1/volumes/{volume}/attachments/{id}":         s.getAttachment,
 		"DELETE /v1/volumes/{volume}/attachments/{id}":      s.detach,
 		"POST /v1/volumes/{volume}/attachments/{id}/writer": s.transferWriter,
+		"GET /v1/nodes":                                     s.listNodes,
 		"GET /v1/jobs":                                      s.listJobs,
 		"GET /v1/jobs/{id}":                                 s.getJob,
 		"DELETE /v1/jobs/{id}":                              s.cancelJob,
 	} {
+		if g, ok := replicatedGuards[pattern]; ok {
+			h = s.guardReplicated(g, h)
+		}
 		s.mux.Handle(pattern, s.handle(h))
 	}
 }

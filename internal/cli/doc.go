@@ -8,5 +8,8 @@
 // internal/durable to write the server's ready file; nothing imports it but
 // cmd/quiver.
 //
-// Imports from quiver: api, buildinfo, client, csi, durable, imageconv, kubevirt/hook, kubevirt/webhook, nbd, ova, quantity, server, tlscert.
+// It also imports internal/cluster, for the type of `quiver server`'s cluster
+// flags only.
+//
+// Imports from quiver: api, buildinfo, client, cluster, csi, durable, imageconv, kubevirt/hook, kubevirt/webhook, nbd, ova, quantity, server, tlscert.
 package cli

@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/quantity"
@@ -60,6 +62,16 @@ use it (quiver --server unix:///path ...). The NBD socket gets the same mode.
 
 The --api-* and --nbd-* limits bound what clients can hold; docs/security.md
 explains each.
+
+With --cluster-name the server is a node of a cluster whose state is in etcd
+(docs/cluster.md): --initial-cluster n1=http://HOST:2380,n2=... runs an etcd
+member inside the node (the easy three-node setup), --etcd-endpoints uses an
+external etcd. Every node of a cluster needs --node-name (unique) and the
+cluster's --cluster-token-file. The server exits at start, naming the
+conflict, when etcd does not answer, when etcd holds another cluster, when
+the token is wrong, and when the node name is taken. Volumes then take
+--replicas N: their copies go on N distinct nodes. Without cluster flags the
+server is a single node and refuses replicas above 1.
 
 Every flag can also be set in a YAML file, --config (default
 /etc/quiver/server.yaml when it exists), by its name without "--":
@@ -139,6 +151,7 @@ A flag on the command line wins over the file.`,
 	f.StringVar(&cfg.TLS.NBDMode, "nbd-tls", "",
 		"off, on (clients may upgrade) or require (default with --nbd-tls-cert: require beyond loopback, on on loopback)")
 	f.StringVar(&cfg.TLS.NBDClientCAFile, "nbd-tls-client-ca", "", "require NBD clients to present a certificate signed by a CA of this PEM file")
+	addClusterFlags(f, &cfg.Cluster)
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().StringVar(&configFile, "config", "", "YAML file of settings, each a flag name without -- (default "+defaultConfig+" when it exists)")
 	cmd.Flags().StringVar(&readyFile, "ready-file", "",
@@ -181,3 +194,24 @@ func (b byteSize) Set(s string) error {
 }
 
 func (byteSize) Type() string { return "quantity" }
+
+// addClusterFlags adds the flags that make the server a node of a cluster
+// (docs/cluster.md); with none of them set it is a single node.
+func addClusterFlags(f *pflag.FlagSet, c *cluster.Config) {
+	f.StringVar(&c.ClusterName, "cluster-name", "", "make this server a node of the cluster of this name (a DNS label)")
+	f.StringVar(&c.NodeName, "node-name", "", "this node's name in the cluster (a DNS label, unique)")
+	f.StringVar(&c.TokenFile, "cluster-token-file", "", "file holding the cluster's token (at least 16 characters; the same on every node)")
+	f.StringSliceVar(&c.EtcdEndpoints, "etcd-endpoints", nil, "client URLs of an external etcd cluster (comma-separated)")
+	f.StringVar(&c.InitialCluster, "initial-cluster", "",
+		"run an etcd member in this node: every member as NAME=PEER-URL, comma-separated (this node's NAME is --node-name)")
+	f.StringSliceVar(&c.EtcdClientURLs, "etcd-listen-client", []string{"http://127.0.0.1:2379"},
+		"client URLs the embedded etcd member serves (other nodes' --etcd-endpoints may use them)")
+	f.StringVar(&c.EtcdDataDir, "etcd-data-dir", "", "data directory of the embedded etcd member (default POOL/cluster/etcd)")
+	f.StringVar(&c.Prefix, "etcd-prefix", "/quiver/", "etcd key prefix of the cluster (one cluster per prefix)")
+	f.StringVar(&c.FailureDomain, "failure-domain", "", "this node's failure domain (zone or rack): copies of a volume go to different ones")
+	f.DurationVar(&c.LeaseTTL, "node-lease-ttl", 10*time.Second, "the node is down for the cluster this long after it stops renewing its etcd lease")
+	f.DurationVar(&c.DialTimeout, "etcd-dial-timeout", 10*time.Second, "time for etcd's first answer at start; the server exits after it")
+	f.DurationVar(&c.StartTimeout, "etcd-start-timeout", 5*time.Minute, "time for the embedded member to find a quorum of --initial-cluster")
+	f.DurationVar(&c.ReportInterval, "node-report-interval", 5*time.Second, "how often the node reports its free space")
+	f.DurationVar(&c.OpTimeout, "cluster-op-timeout", time.Minute, "time for every copy of a volume to be made or deleted")
+}

@@ -30,8 +30,9 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 	var capacity string
 	var disks, labels []string
 	var limits *qosFlags
+	var replicas int
 	cmd := &cobra.Command{
-		Use:   "create NAME --capacity SIZE [--disk NAME=SIZE]... [--label KEY=VALUE]... [--qos-rw-iops N] [--qos-rw-mbytes N]...",
+		Use:   "create NAME --capacity SIZE [--disk NAME=SIZE]... [--label KEY=VALUE]... [--replicas N] [--qos-rw-iops N] [--qos-rw-mbytes N]...",
 		Short: "Create a volume with its disks",
 		Example: `  quiver volume create web01 --capacity 200Gi --disk root=40Gi --disk data=100Gi --label app=web
   quiver volume create db01 --capacity 100Gi --disk root=20Gi --disk data=80Gi --qos-rw-iops 500 --qos-rw-mbytes 50`,
@@ -49,6 +50,7 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 				return fmt.Errorf("--label: %w", err)
 			}
 			spec.QoS = limits.spec()
+			spec.Replicas = replicas
 			c, err := a.client()
 			if err != nil {
 				return err
@@ -63,6 +65,7 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 	cmd.Flags().StringVar(&capacity, "capacity", "", "budget for the sum of the disk sizes, e.g. 200Gi (required)")
 	cmd.Flags().StringArrayVar(&disks, "disk", nil, "a disk as NAME=SIZE[,shared], e.g. root=40Gi (repeatable; shared: exempt from the single-writer rule)")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "a label as KEY=VALUE (repeatable)")
+	cmd.Flags().IntVar(&replicas, "replicas", 1, "copies on distinct nodes of a cluster (above 1 needs a cluster: docs/cluster.md)")
 	limits = addQoSFlags(cmd, "qos-", "; one budget for all disks")
 	cmd.MarkFlagRequired("capacity")
 	return cmd
@@ -292,6 +295,9 @@ func (a *app) volumeDetail(v api.Volume) func(io.Writer) error {
 			f.add("Source", source(v.Source))
 		}
 		f.add("Snapshots", fmt.Sprint(v.Snapshots))
+		if len(v.Copies) > 0 {
+			f.add("Copies", formatCopies(v))
+		}
 		if v.Writer.Epoch > 0 {
 			f.add("Writer", fmt.Sprintf("%s (epoch %d)", v.Writer.Attachment, v.Writer.Epoch))
 		}

@@ -65,6 +65,8 @@ func TestBadInput(t *testing.T) {
 			{map[string]string{"qos_rw_iops": "-1"}, codes.InvalidArgument, "qos_rw_iops"},
 			{map[string]string{"qos_rw_mbytes": "fast"}, codes.InvalidArgument, "qos_rw_mbytes"},
 			{map[string]string{"replication": "0"}, codes.InvalidArgument, "replication"},
+			// Enforced: a single storage node keeps one copy only.
+			{map[string]string{"replication": "2"}, codes.ResourceExhausted, "single node"},
 			{map[string]string{"disks": "root=2Gi"}, codes.OutOfRange, "limit_bytes"},
 		}
 		for _, c := range cases {

@@ -121,7 +121,8 @@ func (c *controller) createEmpty(ctx context.Context, qc *client.Client, p creat
 	if v, found, err := c.existing(ctx, qc, p, nil); err != nil || found {
 		return v, err
 	}
-	v, err := qc.CreateVolume(ctx, api.VolumeSpec{Name: p.name, Capacity: capacity, Labels: p.labels, Disks: disks, QoS: p.params.QoS},
+	v, err := qc.CreateVolume(ctx, api.VolumeSpec{Name: p.name, Capacity: capacity, Labels: p.labels, Disks: disks, QoS: p.params.QoS,
+		Replicas: p.params.Replication},
 		requestKey("volume", p.csiName))
 	if err != nil {
 		if client.IsConflict(err) {

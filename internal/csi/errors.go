@@ -74,7 +74,13 @@ var apiCodes = map[string]codes.Code{
 	api.CodeNoSpace:      codes.ResourceExhausted,
 	api.CodeCancelled:    codes.Aborted,
 	api.CodeInUse:        codes.FailedPrecondition,
-	api.CodeInternal:     codes.Internal,
+	// Fewer storage nodes than the StorageClass's replication: the
+	// provisioner retries, and succeeds once enough nodes are up.
+	api.CodeNotEnoughNodes: codes.ResourceExhausted,
+	api.CodeUnavailable:    codes.Unavailable,
+	api.CodeNotPrimary:     codes.FailedPrecondition,
+	api.CodeNotSupported:   codes.FailedPrecondition,
+	api.CodeInternal:       codes.Internal,
 }
 
 // toStatus is the one mapping from errors to gRPC status codes. An error

@@ -42,6 +42,10 @@ func TestToStatus(t *testing.T) {
 		{apiErr(api.CodeCapacity), codes.OutOfRange},
 		{apiErr(api.CodeNoSpace), codes.ResourceExhausted},
 		{apiErr(api.CodeInUse), codes.FailedPrecondition},
+		{apiErr(api.CodeNotEnoughNodes), codes.ResourceExhausted},
+		{apiErr(api.CodeUnavailable), codes.Unavailable},
+		{apiErr(api.CodeNotPrimary), codes.FailedPrecondition},
+		{apiErr(api.CodeNotSupported), codes.FailedPrecondition},
 		{apiErr(api.CodeInternal), codes.Internal},
 		{apiErr("SomethingNew"), codes.Internal},
 		// A sentinel wins over the API code it wraps.

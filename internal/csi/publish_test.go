@@ -101,14 +101,14 @@ func TestPublishFilesystemThreeDisks(t *testing.T) {
 		Name:               "pvc-vm-three-disks",
 		CapacityRange:      &csi.CapacityRange{RequiredBytes: 1 << 30},
 		VolumeCapabilities: []*csi.VolumeCapability{vc},
-		Parameters:         map[string]string{ParamDisks: "root=256Mi,data=512Mi,logs=64Mi", ParamQoSRWIOPS: "500", ParamReplication: "2"},
+		Parameters:         map[string]string{ParamDisks: "root=256Mi,data=512Mi,logs=64Mi", ParamQoSRWIOPS: "500", ParamReplication: "1"},
 	})
 	v, err := s.api.GetVolume(t.Context(), volID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v.QoS == nil || v.QoS.RWIOPS != 500 || v.Labels[LabelReplication] != "2" || v.Capacity != 1<<30 {
-		t.Fatalf("volume %+v: want QoS rwIOPS 500, label %s=2, capacity 1Gi", v, LabelReplication)
+	if v.QoS == nil || v.QoS.RWIOPS != 500 || v.Labels[LabelReplication] != "1" || v.Replicas != 1 || v.Capacity != 1<<30 {
+		t.Fatalf("volume %+v: want QoS rwIOPS 500, label %s=1, 1 replica, capacity 1Gi", v, LabelReplication)
 	}
 
 	dir := t.TempDir()

@@ -46,6 +46,9 @@ const (
 	iZero
 )
 
+// Register adds collectors of other parts (the cluster's) to the registry.
+func (m *Metrics) Register(cs ...prometheus.Collector) { m.reg.MustRegister(cs...) }
+
 // New registers every collector, including one that reads the pool's state
 // (capacities, allocation, snapshots, free space) at scrape time.
 func New(p *pool.Pool) *Metrics {

@@ -24,6 +24,9 @@ type VolumeSpec struct {
 	Labels   map[string]string
 	Disks    []DiskSpec
 	QoS      qos.Limits // zero: unlimited
+	// Replicas is how many nodes of a cluster keep a copy (0 means 1). The
+	// pool only records it: placement is the cluster's (internal/cluster).
+	Replicas int
 	// Idempotency says when an existing volume of that name is the answer.
 	Idempotency Idempotency
 }
@@ -49,6 +52,8 @@ type volumeManifest struct {
 	Source    *Source           `json:"source,omitempty"`
 	QoS       *qos.Limits       `json:"qos,omitempty"`
 	CreatedAt time.Time         `json:"createdAt"`
+	// Replicas is how many nodes keep a copy, when above 1.
+	Replicas int `json:"replicas,omitempty"`
 	// IdempotencyKey is the key of the request that made the volume;
 	// DiskKeys those of the requests that added disks, by disk name.
 	IdempotencyKey string            `json:"idempotencyKey,omitempty"`
@@ -117,8 +122,11 @@ func (m *volumeManifest) disk(name string) (int, bool) {
 // idempotent creates.
 func (m *volumeManifest) sameSpec(s VolumeSpec) bool {
 	return m.Capacity == s.Capacity && maps.Equal(m.Labels, s.Labels) && slices.Equal(m.Disks, s.Disks) &&
-		m.Source == nil && limitsOf(m.QoS) == s.QoS
+		m.Source == nil && limitsOf(m.QoS) == s.QoS && replicasOf(m.Replicas) == replicasOf(s.Replicas)
 }
+
+// replicasOf normalizes a replica count: 0 means 1.
+func replicasOf(n int) int { return max(n, 1) }
 
 func newUID() string {
 	var b [12]byte
@@ -139,6 +147,7 @@ type VolumeInfo struct {
 	CreatedAt time.Time
 	Dir       string // directory holding the disk images
 	Writer    WriterInfo
+	Replicas  int // 1 unless the volume was made by a cluster
 	// Broken, when not empty, says why the volume was quarantined at
 	// start-up; only Name is set then, and every operation fails with
 	// ErrBroken.

@@ -28,6 +28,9 @@ const (
 	// MaxImplicitAttachments bounds all attachments of one volume, the
 	// implicit ones of tokenless connections included.
 	MaxImplicitAttachments = 1024
+	// MaxReplicas bounds the copies of one volume (the CSI parameter
+	// replication has the same bound).
+	MaxReplicas = 9
 )
 
 // ValidateNodeName checks the node of an attachment: a DNS subdomain, as
@@ -143,6 +146,9 @@ func ValidateSpec(s VolumeSpec) error {
 	}
 	if err := s.QoS.Validate(); err != nil {
 		return invalid("qos", "", err.Error())
+	}
+	if s.Replicas < 0 || s.Replicas > MaxReplicas {
+		return invalid("replicas", "", fmt.Sprintf("replicas %d: must be from 1 to %d (0 means 1)", s.Replicas, MaxReplicas))
 	}
 	return ValidateDisks(s.Disks, s.Capacity)
 }

@@ -99,6 +99,9 @@ func (m *volumeManifest) validate(dir string) error {
 			return invalid("qos", "", err.Error())
 		}
 	}
+	if m.Replicas < 0 || m.Replicas > MaxReplicas {
+		return invalid("replicas", "", fmt.Sprintf("replicas %d: must be from 1 to %d", m.Replicas, MaxReplicas))
+	}
 	return nil
 }
 

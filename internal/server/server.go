@@ -3,7 +3,9 @@
 // cancelled. It is wiring only: the domain lives in pool, the transports in
 // apiserver and nbd, the wire types in api.
 //
-// Imports from quiver: api, apiserver, connlimit, durable, job, metrics, nbd, pool, storage, tlscert.
+// With cluster flags it joins the cluster (internal/cluster) before serving.
+//
+// Imports from quiver: api, apiserver, cluster, connlimit, durable, job, metrics, nbd, pool, qos, replica, storage, tlscert.
 package server
 
 import (
@@ -20,10 +22,12 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/apiserver"
+	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/connlimit"
 	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/replica"
 )
 
 // DefaultPoolDir is the pool directory `quiver server` uses with no flags.
@@ -65,6 +69,10 @@ type Config struct {
 	// WrapListener, if set, wraps every listener Run opens (tests use it to
 	// make one fail).
 	WrapListener func(net.Listener) net.Listener
+	// Cluster makes the node a member of a cluster (docs/cluster.md) when
+	// any of its flags is set; its addresses, state directory and logger are
+	// filled in by Run. The zero value: a single node, as before.
+	Cluster cluster.Config
 }
 
 // ErrInsecure refuses a non-loopback listener without authentication.
@@ -121,7 +129,7 @@ func Run(ctx context.Context, cfg Config) error {
 	ln = &connlimit.Listener{Listener: ln, Limiter: connlimit.New(cfg.API.MaxConns, cfg.API.MaxConnsPerPeer),
 		Rejected: m.APIConnRejected}
 	cfg.NBD.Logger, cfg.NBD.Observer = log, m
-	nbdSrv := nbd.NewServer(nbd.PoolExports{Pool: p, Metrics: m, RequireToken: cfg.NBDRequireToken}, cfg.NBD)
+	var exports nbd.Exports = nbd.PoolExports{Pool: p, Metrics: m, RequireToken: cfg.NBDRequireToken}
 	var nbdLns []net.Listener
 	closeAll := func() {
 		for _, l := range append(nbdLns, ln) {
@@ -161,6 +169,19 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	handler.SetNBD(endpoint)
+	if cfg.Cluster.Enabled() {
+		node, err := joinCluster(ctx, cfg, p, ln.Addr(), nbdLns, log)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		defer node.Close()
+		handler.Cluster = node
+		m.Register(node.Collector())
+		exports = replicatedExports{Exports: exports, node: node, log: log,
+			ranges: &rangeLocks{m: map[string]*replica.RangeLock{}}}
+	}
+	nbdSrv := nbd.NewServer(exports, cfg.NBD)
 	handler.Mount("GET /metrics", m.Handler())
 	if cfg.Pprof {
 		handler.Mount("GET /debug/pprof/", http.HandlerFunc(pprof.Index))

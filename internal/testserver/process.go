@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -33,6 +34,12 @@ type Options struct {
 	// TLS, when set, makes Process.API call the server over HTTPS and
 	// verify it with this configuration (pass --tls-cert in Args).
 	TLS *tls.Config
+	// Wrap, when set, runs the server through this command, which must
+	// exec it in the same process (e.g. ip netns exec NS).
+	Wrap []string
+	// Dial, when set, makes the connections of Process.API (e.g. from
+	// inside a network namespace).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Process is one `quiver server` on loopback ports the kernel chose.
@@ -48,6 +55,7 @@ type Process struct {
 	readyFile  string
 	clientOpts []client.Option
 	tls        *tls.Config
+	dial       func(ctx context.Context, network, addr string) (net.Conn, error)
 	hc         *http.Client
 	exited     chan struct{} // closed once the process is reaped
 	werr       error         // cmd.Wait's result, set before exited is closed
@@ -62,11 +70,20 @@ func Start(ctx context.Context, bin string, o Options) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := p.waitReady(ctx); err != nil {
+	if err := p.WaitReady(ctx); err != nil {
 		p.Kill()
-		return nil, fmt.Errorf("quiver server: %w\nlog:\n%s", err, Tail(p.Log.String(), 100))
+		return nil, err
 	}
 	return p, nil
+}
+
+// WaitReady waits for a server made by Spawn to serve (see Start); on
+// failure the error holds the tail of its log, and the server runs on.
+func (p *Process) WaitReady(ctx context.Context) error {
+	if err := p.waitReady(ctx); err != nil {
+		return fmt.Errorf("quiver server: %w\nlog:\n%s", err, Tail(p.Log.String(), 100))
+	}
+	return nil
 }
 
 // Spawn starts bin as a server and returns at once, without waiting for it
@@ -78,7 +95,7 @@ func Spawn(bin string, o Options) (*Process, error) {
 		return nil, err
 	}
 	p := &Process{Socket: o.NBDSocket, Pool: o.Pool, Log: &LogBuffer{}, exited: make(chan struct{}), tls: o.TLS,
-		readyFile: filepath.Join(dir, "ready.json")}
+		dial: o.Dial, readyFile: filepath.Join(dir, "ready.json")}
 	args := []string{"server", "--pool", o.Pool, "--listen", "127.0.0.1:0", "--nbd-listen=", "--ready-file", p.readyFile}
 	if o.NBDTCP {
 		args[5] = "--nbd-listen=127.0.0.1:0"
@@ -100,6 +117,10 @@ func Spawn(bin string, o Options) (*Process, error) {
 		p.clientOpts = append(p.clientOpts, client.WithToken(o.Token))
 	}
 	args = append(args, o.Args...)
+	if len(o.Wrap) > 0 {
+		args = append(append(o.Wrap[1:len(o.Wrap):len(o.Wrap)], bin), args...)
+		bin = o.Wrap[0]
+	}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.Log, p.Log
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
@@ -142,6 +163,9 @@ func (p *Process) waitReady(ctx context.Context) error {
 	}
 	p.APIAddr, p.NBDAddr = ready.API, ready.NBD
 	p.hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 30 * time.Second}
+	if p.dial != nil {
+		p.hc.Transport.(*http.Transport).DialContext = p.dial
+	}
 	scheme := "http://"
 	if p.tls != nil {
 		scheme = "https://"

@@ -1,0 +1,219 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/cluster"
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+// Cluster is what the API needs of the node's cluster membership
+// (cluster.Node). Server.Cluster is nil on a single node.
+type Cluster interface {
+	Name() string
+	Nodes(ctx context.Context) ([]cluster.NodeInfo, error)
+	// CreateVolume places spec and returns once every copy is made;
+	// idempotent says whether an existing volume is the answer.
+	CreateVolume(ctx context.Context, spec api.VolumeSpec, key string,
+		idempotent func(sameSpec bool, key string) bool) (cluster.Placement, bool, error)
+	DeleteVolume(ctx context.Context, volume string) error
+	Placement(ctx context.Context, volume string) (cluster.Placement, bool, error)
+	Placements(ctx context.Context) (map[string]cluster.Placement, error)
+	Role(ctx context.Context, volume string) (cluster.Role, error)
+}
+
+var _ Cluster = (*cluster.Node)(nil)
+
+// errSingleNode refuses replicas above 1 without a cluster.
+func errSingleNode(replicas int) error {
+	return fmt.Errorf("replicas %d: this server is a single node (started without cluster flags) and each copy needs a node of its own; "+
+		"see docs/cluster.md: %w", replicas, cluster.ErrNotEnoughNodes)
+}
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
+	if s.Cluster == nil {
+		info, err := s.pool.Info()
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, api.List[api.Node]{Items: []api.Node{{Name: "local", Address: r.Host, State: api.NodeUp,
+			CapacityBytes: info.TotalBytes, FreeBytes: info.FreeBytes, Volumes: info.Volumes, Self: true}}})
+		return nil
+	}
+	nodes, err := s.Cluster.Nodes(r.Context())
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	out := api.List[api.Node]{Items: make([]api.Node, 0, len(nodes))}
+	for _, n := range nodes {
+		state := api.NodeDown
+		if n.Up {
+			state = api.NodeUp
+		}
+		out.Items = append(out.Items, api.Node{Name: n.Name, Address: n.API, NBD: n.NBD, State: state,
+			FailureDomain: n.FailureDomain, CapacityBytes: n.TotalBytes, FreeBytes: n.FreeBytes, Volumes: n.Volumes,
+			Self: n.Name == s.Cluster.Name()})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// createClusterVolume places a volume on the cluster's nodes. The answer is
+// this node's copy when it holds one, else the volume as placed.
+func (s *Server) createClusterVolume(w http.ResponseWriter, r *http.Request, spec api.VolumeSpec, idem pool.Idempotency) error {
+	ps := pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity, Labels: spec.Labels,
+		Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS), Replicas: spec.Replicas}
+	if err := pool.ValidateSpec(ps); err != nil {
+		return err
+	}
+	allows := func(same bool, stored string) bool {
+		return same && (idem.SameSpec || (idem.Key != "" && idem.Key == stored))
+	}
+	p, created, err := s.Cluster.CreateVolume(r.Context(), spec, idem.Key, allows)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, s.clusterVolume(p))
+	return nil
+}
+
+// clusterVolume is a placed volume: this node's copy, with the placement.
+func (s *Server) clusterVolume(p cluster.Placement) api.Volume {
+	var out api.Volume
+	if v, err := s.pool.Volume(p.Volume); err == nil {
+		out = volumeToAPI(v.Info())
+	} else {
+		out = api.Volume{Name: p.Volume, UID: p.UID, Capacity: p.Spec.Capacity, Labels: p.Spec.Labels, QoS: p.Spec.QoS,
+			Disks: []api.Disk{}, CreatedAt: p.CreatedAt}
+		for _, d := range p.Spec.Disks {
+			out.Disks = append(out.Disks, api.Disk{Name: d.Name, Size: d.Size, Shared: d.Shared})
+		}
+	}
+	withPlacement(&out, p)
+	return out
+}
+
+func withPlacement(v *api.Volume, p cluster.Placement) {
+	v.Replicas, v.Primary, v.Term = max(p.Replicas, 1), p.Primary, p.Term
+	v.Copies = make([]api.Copy, 0, len(p.Copies))
+	for _, c := range p.Copies {
+		v.Copies = append(v.Copies, api.Copy{Node: c.Node, State: c.State, Reason: c.Reason})
+	}
+}
+
+// getClusterVolume answers GET of a volume in a cluster: any node answers
+// for any placed volume.
+func (s *Server) getClusterVolume(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("volume")
+	p, ok, err := s.Cluster.Placement(r.Context(), name)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	if !ok {
+		// A volume made before the node joined a cluster is this node's
+		// alone.
+		v, err := s.pool.Volume(name)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, volumeToAPI(v.Info()))
+		return nil
+	}
+	writeJSON(w, http.StatusOK, s.clusterVolume(p))
+	return nil
+}
+
+func (s *Server) deleteClusterVolume(w http.ResponseWriter, r *http.Request, recursive bool) error {
+	name := r.PathValue("volume")
+	if v, err := s.pool.Volume(name); err == nil && !recursive && len(v.Snapshots()) > 0 {
+		// The copy here has snapshots: refuse before any copy goes, as on
+		// a single node (replicated volumes take no snapshots yet).
+		return fmt.Errorf("delete volume %q: it has %d snapshots; delete them first, or delete them with it (quiver volume delete --recursive): %w",
+			name, len(v.Snapshots()), pool.ErrHasSnapshots)
+	}
+	err := s.Cluster.DeleteVolume(r.Context(), name)
+	if errors.Is(err, cluster.ErrVolumeNotFound) {
+		// Not placed: a volume of this node alone, if any.
+		err = s.pool.DeleteWith(r.Context(), name, pool.DeleteOptions{Recursive: recursive})
+	}
+	if err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// annotate adds the placements to a list of this node's volumes; a list
+// without them is still right about this node, so an etcd failure is
+// logged, not returned.
+func (s *Server) annotate(r *http.Request, vols []api.Volume) {
+	if s.Cluster == nil {
+		return
+	}
+	ps, err := s.Cluster.Placements(r.Context())
+	if err != nil {
+		s.log.Warn("list placements", "err", err)
+		return
+	}
+	for i := range vols {
+		if p, ok := ps[vols[i].Name]; ok {
+			withPlacement(&vols[i], p)
+		}
+	}
+}
+
+// What a route may do to a volume with more than one copy.
+type replicatedGuard int
+
+const (
+	onPrimary   replicatedGuard = iota // only the primary serves it
+	notYetBuilt                        // refused: it would change one copy only
+)
+
+// replicatedGuards are the routes on one volume that a replicated volume
+// restricts. Snapshots, rollback and disk changes must reach every copy at
+// one cut (docs/cluster.md), which is not built yet: refused rather than
+// applied to one copy.
+var replicatedGuards = map[string]replicatedGuard{
+	"POST /v1/volumes/{volume}/attachments":             onPrimary,
+	"POST /v1/volumes/{volume}/attachments/{id}/writer": onPrimary,
+	"POST /v1/volumes/{volume}/disks":                   notYetBuilt,
+	"PATCH /v1/volumes/{volume}/disks/{disk}":           notYetBuilt,
+	"DELETE /v1/volumes/{volume}/disks/{disk}":          notYetBuilt,
+	"POST /v1/volumes/{volume}/snapshots":               notYetBuilt,
+	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  notYetBuilt,
+	"POST /v1/volumes/{volume}/rollback":                notYetBuilt,
+}
+
+func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if s.Cluster == nil {
+			return h(w, r)
+		}
+		name := r.PathValue("volume")
+		role, err := s.Cluster.Role(r.Context(), name)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errUnavailable, err)
+		}
+		if !role.Placed || role.Replicas <= 1 {
+			return h(w, r)
+		}
+		switch {
+		case g == notYetBuilt:
+			return fmt.Errorf("%s %s: volume %q has %d copies, and this change must reach all of them at one cut, "+
+				"which is not built yet (docs/cluster.md): %w", r.Method, r.URL.Path, name, role.Replicas, cluster.ErrNotSupported)
+		case !role.IsPrimary(s.Cluster.Name()):
+			return fmt.Errorf("%s %s: volume %q is served by its primary %s (API %s), not by this node: %w",
+				r.Method, r.URL.Path, name, role.Primary, role.PrimaryAPI, cluster.ErrNotPrimary)
+		}
+		return h(w, r)
+	}
+}

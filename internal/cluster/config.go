@@ -1,0 +1,152 @@
+package cluster
+
+import (
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// Config is what `quiver server` passes to Join, from its cluster flags.
+type Config struct {
+	NodeName    string // --node-name: a DNS label, unique in the cluster
+	ClusterName string // --cluster-name: a DNS label
+	TokenFile   string // --cluster-token-file: at least 16 characters
+	// EtcdEndpoints are external etcd client URLs (--etcd-endpoints).
+	EtcdEndpoints []string
+	// InitialCluster (--initial-cluster n1=http://a:2380,n2=...) starts an
+	// embedded etcd member named NodeName with the peer URL given for it.
+	InitialCluster string
+	// EtcdClientURLs are the client URLs the embedded member listens on
+	// (--etcd-listen-client; default http://127.0.0.1:2379).
+	EtcdClientURLs []string
+	EtcdDataDir    string // embedded member's data (default <StateDir>/etcd)
+	// StateDir holds the node's identity (node.json); the server sets it to
+	// <pool>/cluster.
+	StateDir      string
+	FailureDomain string // --failure-domain: a zone or rack label ("" none)
+	Prefix        string // --etcd-prefix (default /quiver/)
+
+	LeaseTTL       time.Duration // node lease (default 10 s)
+	DialTimeout    time.Duration // first answer from etcd (default 10 s)
+	StartTimeout   time.Duration // embedded member ready, peers included (default 5 min)
+	ReportInterval time.Duration // free-space updates (default 5 s)
+	OpTimeout      time.Duration // copies made or deleted (default 60 s)
+
+	// APIAddr and NBDAddr are the addresses other nodes and clients use to
+	// reach this node, recorded in its alive key.
+	APIAddr, NBDAddr string
+	Logger           *slog.Logger
+}
+
+// Enabled says whether any cluster flag is set: without one the server is a
+// single node.
+func (c Config) Enabled() bool {
+	return c.ClusterName != "" || c.NodeName != "" || len(c.EtcdEndpoints) > 0 || c.InitialCluster != "" ||
+		c.TokenFile != ""
+}
+
+func (c *Config) defaults() {
+	if c.Prefix == "" {
+		c.Prefix = "/quiver/"
+	}
+	if !strings.HasSuffix(c.Prefix, "/") {
+		c.Prefix += "/"
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = 10 * time.Second
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.StartTimeout <= 0 {
+		c.StartTimeout = 5 * time.Minute
+	}
+	if c.ReportInterval <= 0 {
+		c.ReportInterval = 5 * time.Second
+	}
+	if c.OpTimeout <= 0 {
+		c.OpTimeout = 60 * time.Second
+	}
+	if len(c.EtcdClientURLs) == 0 {
+		c.EtcdClientURLs = []string{"http://127.0.0.1:2379"}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// validate checks the flags that need no etcd, and returns the token.
+func (c *Config) validate() (string, error) {
+	for flag, v := range map[string]string{"--node-name": c.NodeName, "--cluster-name": c.ClusterName} {
+		if v == "" {
+			return "", fmt.Errorf("%s is required in a cluster: %w", flag, ErrConfig)
+		}
+		if !isDNSLabel(v) {
+			return "", fmt.Errorf("%s %q: must be a DNS label (lower-case letters, digits and '-', at most 63): %w", flag, v, ErrConfig)
+		}
+	}
+	if c.FailureDomain != "" && !isDNSLabel(c.FailureDomain) {
+		return "", fmt.Errorf("--failure-domain %q: must be a DNS label: %w", c.FailureDomain, ErrConfig)
+	}
+	if (len(c.EtcdEndpoints) > 0) == (c.InitialCluster != "") {
+		return "", fmt.Errorf("give exactly one of --etcd-endpoints (external etcd) and --initial-cluster (embedded etcd): %w", ErrConfig)
+	}
+	if c.InitialCluster != "" {
+		if _, err := c.peerURL(); err != nil {
+			return "", err
+		}
+	}
+	if c.TokenFile == "" {
+		return "", fmt.Errorf("--cluster-token-file is required in a cluster: %w", ErrConfig)
+	}
+	b, err := os.ReadFile(c.TokenFile)
+	if err != nil {
+		return "", fmt.Errorf("read cluster token file: %w", err)
+	}
+	token := strings.TrimSpace(string(b))
+	if len(token) < 16 {
+		return "", fmt.Errorf("cluster token file %s: the token must be at least 16 characters: %w", c.TokenFile, ErrConfig)
+	}
+	if c.StateDir == "" {
+		return "", fmt.Errorf("no state directory for the node's identity: %w", ErrConfig)
+	}
+	return token, nil
+}
+
+// peerURL finds this node's peer URL in InitialCluster.
+func (c *Config) peerURL() (*url.URL, error) {
+	var found *url.URL
+	for item := range strings.SplitSeq(c.InitialCluster, ",") {
+		name, raw, ok := strings.Cut(strings.TrimSpace(item), "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("--initial-cluster item %q: want NAME=URL: %w", item, ErrConfig)
+		}
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("--initial-cluster item %q: want NAME=http://HOST:PORT: %w", item, ErrConfig)
+		}
+		if name == c.NodeName {
+			found = u
+		}
+	}
+	if found == nil {
+		return nil, fmt.Errorf("--initial-cluster %q names no member %q (--node-name): %w", c.InitialCluster, c.NodeName, ErrConfig)
+	}
+	return found, nil
+}
+
+// isDNSLabel reports whether s is an RFC 1123 label.
+func isDNSLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, r := range s {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,38 @@
+package cluster
+
+import "errors"
+
+// Sentinels of the cluster domain. Callers test them with errors.Is; the
+// messages that wrap them name the conflict and what to do.
+var (
+	// ErrConfig is a flag combination that cannot work (a node name missing
+	// from --initial-cluster, a short token).
+	ErrConfig = errors.New("bad cluster configuration")
+	// ErrUnreachable: etcd did not answer in time.
+	ErrUnreachable = errors.New("etcd unreachable")
+	// ErrOtherCluster: etcd, or this node's pool, belongs to another
+	// cluster.
+	ErrOtherCluster = errors.New("belongs to another cluster")
+	// ErrWrongToken: the cluster token does not match the cluster's.
+	ErrWrongToken = errors.New("wrong cluster token")
+	// ErrNameTaken: another node holds this node name.
+	ErrNameTaken = errors.New("node name taken")
+	// ErrNotEnoughNodes: fewer eligible nodes than the replicas asked.
+	ErrNotEnoughNodes = errors.New("not enough nodes")
+	// ErrVolumeExists: a volume of that name is placed already.
+	ErrVolumeExists = errors.New("volume already exists in the cluster")
+	// ErrVolumeNotFound: no volume of that name is placed.
+	ErrVolumeNotFound = errors.New("volume not found in the cluster")
+	// ErrCopyFailed: a node could not make or delete its copy.
+	ErrCopyFailed = errors.New("copy failed")
+	// ErrTimeout: the copies did not report in time.
+	ErrTimeout = errors.New("copies did not report in time")
+	// ErrNotPrimary: the operation must go to the volume's primary.
+	ErrNotPrimary = errors.New("not the volume's primary")
+	// ErrNotSupported: the operation is not built for replicated volumes
+	// yet (docs/cluster.md).
+	ErrNotSupported = errors.New("not supported on a replicated volume yet")
+	// ErrNoSession: this node has lost its etcd session (partitioned from
+	// etcd, or etcd lost quorum) and changes nothing until it has one.
+	ErrNoSession = errors.New("no etcd session")
+)

@@ -1,0 +1,55 @@
+package cluster
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	descNodes = prometheus.NewDesc("quiver_cluster_nodes", "Members of the cluster by state (up: holds its etcd lease).",
+		[]string{"state"}, nil)
+	descUp = prometheus.NewDesc("quiver_cluster_node_up",
+		"1 while this node holds its etcd session (registered as up), else 0.", nil, nil)
+	descPlacements = prometheus.NewDesc("quiver_cluster_placements_total",
+		"Volume creations placed by this node, by result (ok: every copy in sync).", []string{"result"}, nil)
+)
+
+// Collector returns the cluster's metrics, read at scrape time. The member
+// counts are absent from a scrape while etcd does not answer within a second.
+func (n *Node) Collector() prometheus.Collector { return collector{n} }
+
+type collector struct{ n *Node }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descNodes
+	ch <- descUp
+	ch <- descPlacements
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	up := 0.0
+	if c.n.Up() {
+		up = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, up)
+	ch <- prometheus.MustNewConstMetric(descPlacements, prometheus.CounterValue, float64(c.n.placeOK.Load()), "ok")
+	ch <- prometheus.MustNewConstMetric(descPlacements, prometheus.CounterValue, float64(c.n.placeFail.Load()), "failed")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	nodes, err := c.n.Nodes(ctx)
+	if err != nil {
+		return
+	}
+	var upN, downN float64
+	for _, ni := range nodes {
+		if ni.Up {
+			upN++
+		} else {
+			downN++
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descNodes, prometheus.GaugeValue, upN, "up")
+	ch <- prometheus.MustNewConstMetric(descNodes, prometheus.GaugeValue, downN, "down")
+}

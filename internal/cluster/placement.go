@@ -1,0 +1,387 @@
+package cluster
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+// NodeInfo is one member of the cluster, up or down.
+type NodeInfo struct {
+	Name          string
+	NodeID        string
+	API, NBD      string // empty while down
+	FailureDomain string
+	Up            bool
+	TotalBytes    int64 // as last reported; 0 while down
+	FreeBytes     int64
+	Volumes       int // copies placed on it
+}
+
+// CopyInfo is one copy of a volume.
+type CopyInfo struct {
+	Node   string
+	State  string // CopyInSync, CopyFailed, or "" while being made
+	Reason string
+}
+
+// Placement is where a volume's copies are and which one is primary.
+type Placement struct {
+	Volume    string
+	UID       string
+	Replicas  int
+	Copies    []CopyInfo
+	Primary   string
+	Term      uint64
+	Deleting  bool
+	Spec      api.VolumeSpec
+	CreatedAt time.Time
+}
+
+// Nodes lists every member, sorted by name.
+func (n *Node) Nodes(ctx context.Context) ([]NodeInfo, error) {
+	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("members")+"/", clientv3.WithPrefix()),
+		clientv3.OpGet(n.key("alive")+"/", clientv3.WithPrefix()),
+		clientv3.OpGet(n.key("volumes")+"/", clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	byName := map[string]*NodeInfo{}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		var m memberRecord
+		if json.Unmarshal(kv.Value, &m) != nil {
+			continue
+		}
+		name := lastSegment(string(kv.Key))
+		byName[name] = &NodeInfo{Name: name, NodeID: m.NodeID, FailureDomain: m.FailureDomain}
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		var a aliveRecord
+		ni := byName[lastSegment(string(kv.Key))]
+		if ni == nil || json.Unmarshal(kv.Value, &a) != nil || a.NodeID != ni.NodeID {
+			continue
+		}
+		ni.Up, ni.API, ni.NBD, ni.TotalBytes, ni.FreeBytes = true, a.API, a.NBD, a.TotalBytes, a.FreeBytes
+		ni.FailureDomain = a.FailureDomain
+	}
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		var v volumeRecord
+		if json.Unmarshal(kv.Value, &v) != nil {
+			continue
+		}
+		for _, c := range v.Copies {
+			if ni := byName[c]; ni != nil {
+				ni.Volumes++
+			}
+		}
+	}
+	out := make([]NodeInfo, 0, len(byName))
+	for _, ni := range byName {
+		out = append(out, *ni)
+	}
+	slices.SortFunc(out, func(a, b NodeInfo) int { return cmp.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+func lastSegment(k string) string { return k[strings.LastIndexByte(k, '/')+1:] }
+
+// choose picks replicas distinct nodes among the up ones: the one with the
+// most free bytes first, then each next one from a failure domain not used
+// yet while there is one (a node without a domain is a domain of its own),
+// most free bytes first; ties by name. Fewer up nodes than replicas is
+// ErrNotEnoughNodes, naming the nodes that are down.
+func choose(nodes []NodeInfo, replicas int) ([]string, error) {
+	var up []NodeInfo
+	var down []string
+	for _, ni := range nodes {
+		if ni.Up {
+			up = append(up, ni)
+		} else {
+			down = append(down, ni.Name)
+		}
+	}
+	if len(up) < replicas {
+		msg := fmt.Sprintf("replicas %d: the cluster has %d node(s) up", replicas, len(up))
+		if len(down) > 0 {
+			msg += fmt.Sprintf(" (down: %s)", strings.Join(down, ", "))
+		}
+		return nil, fmt.Errorf("%s; each copy needs a node of its own: %w", msg, ErrNotEnoughNodes)
+	}
+	slices.SortFunc(up, func(a, b NodeInfo) int {
+		if c := cmp.Compare(b.FreeBytes, a.FreeBytes); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
+	domain := func(ni NodeInfo) string {
+		if ni.FailureDomain == "" {
+			return "node:" + ni.Name
+		}
+		return "domain:" + ni.FailureDomain
+	}
+	used := map[string]bool{}
+	var picked []string
+	for len(picked) < replicas {
+		i := slices.IndexFunc(up, func(ni NodeInfo) bool { return !used[domain(ni)] })
+		if i < 0 {
+			i = 0 // every domain holds a copy: the freest remaining node
+		}
+		used[domain(up[i])] = true
+		picked = append(picked, up[i].Name)
+		up = slices.Delete(up, i, i+1)
+	}
+	return picked, nil
+}
+
+// CreateVolume places spec on Replicas distinct nodes (1 when 0), records
+// the placement with the first copy as primary at term 1, and returns when
+// every copy is made and in sync. A name placed already is ErrVolumeExists,
+// unless idempotent says the existing volume is the answer (same spec, and
+// the caller's rule on the key). When a copy fails, or the copies do not
+// report within OpTimeout, what was made is deleted and the error returned.
+func (n *Node) CreateVolume(ctx context.Context, spec api.VolumeSpec, key string, idempotent func(sameSpec bool, key string) bool) (Placement, bool, error) {
+	if spec.Replicas == 0 {
+		spec.Replicas = 1
+	}
+	nodes, err := n.Nodes(ctx)
+	if err != nil {
+		return Placement{}, false, err
+	}
+	picked, err := choose(nodes, spec.Replicas)
+	if err != nil {
+		n.placeFail.Add(1)
+		return Placement{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
+	}
+	rec := volumeRecord{UID: newID(), Spec: spec, IdempotencyKey: key, Copies: picked, Primary: picked[0], Term: 1,
+		InSync: picked, CreatedAt: time.Now().UTC()}
+	k := n.key("volumes", spec.Name)
+	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, mustJSON(rec))).Else(clientv3.OpGet(k)).Commit()
+	if err != nil {
+		return Placement{}, false, fmt.Errorf("create volume %q: record placement: %w", spec.Name, err)
+	}
+	created := resp.Succeeded
+	if !created {
+		var have volumeRecord
+		if err := json.Unmarshal(resp.Responses[0].GetResponseRange().Kvs[0].Value, &have); err != nil {
+			return Placement{}, false, fmt.Errorf("etcd key %s: %w", k, err)
+		}
+		same := have.State == volumeActive && reflect.DeepEqual(have.Spec, spec)
+		if !idempotent(same, have.IdempotencyKey) {
+			return Placement{}, false, fmt.Errorf("volume %q is placed already on %s: %w", spec.Name,
+				strings.Join(have.Copies, ", "), ErrVolumeExists)
+		}
+		rec = have
+	}
+	n.log.Info("volume placed", "volume", spec.Name, "copies", rec.Copies, "primary", rec.Primary, "term", rec.Term)
+	p, err := n.waitCopies(ctx, spec.Name, rec, func(c copyRecord) bool { return c.State == CopyInSync })
+	if err != nil {
+		n.placeFail.Add(1)
+		if created {
+			if derr := n.DeleteVolume(context.WithoutCancel(ctx), spec.Name); derr != nil {
+				n.log.Error("remove a volume whose creation failed", "volume", spec.Name, "err", derr)
+			}
+		}
+		return Placement{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
+	}
+	n.placeOK.Add(1)
+	return p, created, nil
+}
+
+// waitCopies waits until every copy of rec satisfies done, or one failed,
+// or OpTimeout passes.
+func (n *Node) waitCopies(ctx context.Context, volume string, rec volumeRecord, done func(copyRecord) bool) (Placement, error) {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
+	defer cancel()
+	prefix := n.key("copies", volume) + "/"
+	for {
+		resp, err := n.cli.Get(ctx, prefix, clientv3.WithPrefix())
+		if err != nil {
+			return Placement{}, n.opError(ctx, err)
+		}
+		copies := map[string]copyRecord{}
+		for _, kv := range resp.Kvs {
+			var c copyRecord
+			if json.Unmarshal(kv.Value, &c) == nil {
+				copies[lastSegment(string(kv.Key))] = c
+			}
+		}
+		p := toPlacement(volume, rec, copies)
+		all := true
+		for _, node := range rec.Copies {
+			c, ok := copies[node]
+			if ok && c.State == CopyFailed {
+				return p, fmt.Errorf("copy on node %s: %s: %w", node, c.Reason, ErrCopyFailed)
+			}
+			if !ok || !done(c) {
+				all = false
+			}
+		}
+		if all {
+			return p, nil
+		}
+		wch := n.cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		select {
+		case <-wch:
+		case <-ctx.Done():
+			return p, n.opError(ctx, ctx.Err())
+		}
+	}
+}
+
+func (n *Node) opError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w within %s (--cluster-op-timeout): %v", ErrTimeout, n.cfg.OpTimeout, err)
+	}
+	return err
+}
+
+func toPlacement(volume string, rec volumeRecord, copies map[string]copyRecord) Placement {
+	p := Placement{Volume: volume, UID: rec.UID, Replicas: rec.Spec.Replicas, Primary: rec.Primary, Term: rec.Term,
+		Deleting: rec.State == volumeDeleting, Spec: rec.Spec, CreatedAt: rec.CreatedAt}
+	for _, node := range rec.Copies {
+		c := copies[node]
+		p.Copies = append(p.Copies, CopyInfo{Node: node, State: c.State, Reason: c.Reason})
+	}
+	return p
+}
+
+// Placement returns where volume is placed; false when it is not.
+func (n *Node) Placement(ctx context.Context, volume string) (Placement, bool, error) {
+	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("volumes", volume)),
+		clientv3.OpGet(n.key("copies", volume)+"/", clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return Placement{}, false, fmt.Errorf("placement of %q: %w", volume, err)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return Placement{}, false, nil
+	}
+	var rec volumeRecord
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+		return Placement{}, false, fmt.Errorf("etcd key %s: %w", kvs[0].Key, err)
+	}
+	copies := map[string]copyRecord{}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		var c copyRecord
+		if json.Unmarshal(kv.Value, &c) == nil {
+			copies[lastSegment(string(kv.Key))] = c
+		}
+	}
+	return toPlacement(volume, rec, copies), true, nil
+}
+
+// DeleteVolume marks the volume deleting, waits until every copy node has
+// deleted its copy, then removes the placement. A copy that cannot be
+// deleted (attached) fails the call naming it; the volume stays marked and a
+// later call carries on.
+func (n *Node) DeleteVolume(ctx context.Context, volume string) error {
+	k := n.key("volumes", volume)
+	resp, err := n.cli.Get(ctx, k)
+	if err != nil {
+		return fmt.Errorf("delete volume %q: %w", volume, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return fmt.Errorf("volume %q: %w", volume, ErrVolumeNotFound)
+	}
+	var rec volumeRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		return fmt.Errorf("etcd key %s: %w", k, err)
+	}
+	rec.State = volumeDeleting
+	// Put even when it is marked already: the copy nodes see the event and
+	// try again.
+	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
+		Then(clientv3.OpPut(k, mustJSON(rec))).Commit()
+	if err != nil {
+		return fmt.Errorf("delete volume %q: %w", volume, err)
+	}
+	if !put.Succeeded {
+		return fmt.Errorf("delete volume %q: changed meanwhile, retry", volume)
+	}
+	if _, err := n.waitCopiesGone(ctx, volume, rec); err != nil {
+		return fmt.Errorf("delete volume %q: %w", volume, err)
+	}
+	_, err = n.cli.Txn(ctx).Then(clientv3.OpDelete(k), clientv3.OpDelete(n.key("copies", volume)+"/", clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return fmt.Errorf("delete volume %q: %w", volume, err)
+	}
+	n.log.Info("volume deleted from the cluster", "volume", volume)
+	return nil
+}
+
+// waitCopiesGone waits until no copy holds a local volume: every copy key is
+// gone or records nothing made.
+func (n *Node) waitCopiesGone(ctx context.Context, volume string, rec volumeRecord) (Placement, error) {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
+	defer cancel()
+	prefix := n.key("copies", volume) + "/"
+	for {
+		resp, err := n.cli.Get(ctx, prefix, clientv3.WithPrefix())
+		if err != nil {
+			return Placement{}, n.opError(ctx, err)
+		}
+		var left []string
+		for _, kv := range resp.Kvs {
+			var c copyRecord
+			if json.Unmarshal(kv.Value, &c) != nil || c.LocalUID == "" {
+				continue
+			}
+			node := lastSegment(string(kv.Key))
+			if c.State == copyDeleteFailed {
+				return Placement{}, fmt.Errorf("copy on node %s not deleted: %s: %w", node, c.Reason, ErrCopyFailed)
+			}
+			left = append(left, node)
+		}
+		if len(left) == 0 {
+			return Placement{}, nil
+		}
+		wch := n.cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		select {
+		case <-wch:
+		case <-ctx.Done():
+			return Placement{}, fmt.Errorf("copies on %s not deleted: %w", strings.Join(left, ", "), n.opError(ctx, ctx.Err()))
+		}
+	}
+}
+
+// Placements returns every placed volume by name.
+func (n *Node) Placements(ctx context.Context) (map[string]Placement, error) {
+	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("volumes")+"/", clientv3.WithPrefix()),
+		clientv3.OpGet(n.key("copies")+"/", clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("list placements: %w", err)
+	}
+	copies := map[string]map[string]copyRecord{}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		rest := strings.TrimPrefix(string(kv.Key), n.key("copies")+"/")
+		vol, node, ok := strings.Cut(rest, "/")
+		var c copyRecord
+		if !ok || json.Unmarshal(kv.Value, &c) != nil {
+			continue
+		}
+		if copies[vol] == nil {
+			copies[vol] = map[string]copyRecord{}
+		}
+		copies[vol][node] = c
+	}
+	out := map[string]Placement{}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		var rec volumeRecord
+		if json.Unmarshal(kv.Value, &rec) != nil {
+			continue
+		}
+		name := lastSegment(string(kv.Key))
+		out[name] = toPlacement(name, rec, copies[name])
+	}
+	return out, nil
+}

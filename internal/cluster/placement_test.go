@@ -1,0 +1,49 @@
+package cluster
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+func TestChoose(t *testing.T) {
+	up := func(name, domain string, free int64) NodeInfo {
+		return NodeInfo{Name: name, FailureDomain: domain, FreeBytes: free, Up: true}
+	}
+	for _, tc := range []struct {
+		name     string
+		nodes    []NodeInfo
+		replicas int
+		want     []string
+		err      error
+	}{
+		{"most free first", []NodeInfo{up("a", "", 10), up("b", "", 30), up("c", "", 20)}, 2, []string{"b", "c"}, nil},
+		{"ties by name", []NodeInfo{up("c", "", 5), up("a", "", 5), up("b", "", 5)}, 3, []string{"a", "b", "c"}, nil},
+		{"spreads failure domains", []NodeInfo{up("a", "z1", 30), up("b", "z1", 20), up("c", "z2", 10)}, 2, []string{"a", "c"}, nil},
+		{"reuses a domain when none is left", []NodeInfo{up("a", "z1", 30), up("b", "z1", 20), up("c", "z2", 10)}, 3,
+			[]string{"a", "c", "b"}, nil},
+		{"no domain is a domain of its own", []NodeInfo{up("a", "z1", 30), up("b", "z1", 20), up("c", "", 10)}, 2,
+			[]string{"a", "c"}, nil},
+		{"down nodes are not eligible", []NodeInfo{up("a", "", 10), {Name: "b", FreeBytes: 99}, up("c", "", 5)}, 2,
+			[]string{"a", "c"}, nil},
+		{"more replicas than nodes up", []NodeInfo{up("a", "", 10), {Name: "b"}}, 2, nil, ErrNotEnoughNodes},
+		{"one node", []NodeInfo{up("a", "", 10)}, 1, []string{"a"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := choose(tc.nodes, tc.replicas)
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("err = %v, want %v", err, tc.err)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("choose = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestChooseRefusalNamesDownNodes(t *testing.T) {
+	_, err := choose([]NodeInfo{{Name: "a", Up: true}, {Name: "b"}}, 3)
+	if err == nil || err.Error() != "replicas 3: the cluster has 1 node(s) up (down: b); each copy needs a node of its own: not enough nodes" {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -1,0 +1,94 @@
+package cluster
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+// Records stored in etcd, as JSON, under Config.Prefix (docs/cluster.md,
+// "Keys").
+
+// clusterRecord is the key "cluster": written once by the first node.
+type clusterRecord struct {
+	Name          string    `json:"name"`
+	ID            string    `json:"id"`
+	TokenVerifier string    `json:"tokenVerifier"`
+	CreatedAt     time.Time `json:"createdAt"`
+}
+
+// memberRecord is "members/<node>": the node belongs, up or down.
+type memberRecord struct {
+	NodeID        string    `json:"nodeID"`
+	PoolID        string    `json:"poolID"`
+	FailureDomain string    `json:"failureDomain,omitempty"`
+	JoinedAt      time.Time `json:"joinedAt"`
+}
+
+// aliveRecord is "alive/<node>", under the node's lease.
+type aliveRecord struct {
+	NodeID        string    `json:"nodeID"`
+	API           string    `json:"api"`
+	NBD           string    `json:"nbd,omitempty"`
+	FailureDomain string    `json:"failureDomain,omitempty"`
+	TotalBytes    int64     `json:"totalBytes"`
+	FreeBytes     int64     `json:"freeBytes"`
+	StartedAt     time.Time `json:"startedAt"`
+}
+
+// Volume states (volumeRecord.State).
+const (
+	volumeActive   = ""
+	volumeDeleting = "deleting"
+)
+
+// volumeRecord is "volumes/<volume>": placement, primary and term.
+type volumeRecord struct {
+	UID            string         `json:"uid"`
+	Spec           api.VolumeSpec `json:"spec"`
+	IdempotencyKey string         `json:"idempotencyKey,omitempty"`
+	Copies         []string       `json:"copies"`
+	Primary        string         `json:"primary"`
+	Term           uint64         `json:"term"`
+	InSync         []string       `json:"inSync"`
+	State          string         `json:"state,omitempty"`
+	CreatedAt      time.Time      `json:"createdAt"`
+}
+
+// Copy states (copyRecord.State, api.Copy.State).
+const (
+	CopyInSync = "in-sync"
+	CopyFailed = "failed"
+	// copyDeleteFailed: the node could not delete its copy (attached).
+	copyDeleteFailed = "delete-failed"
+)
+
+// copyRecord is "copies/<volume>/<node>", written by the node holding it.
+// LocalUID is the UID of the volume in that node's pool: only a copy with
+// a LocalUID was made, and only that volume is ever deleted for it.
+type copyRecord struct {
+	State    string `json:"state"`
+	Reason   string `json:"reason,omitempty"`
+	LocalUID string `json:"localUID,omitempty"`
+	// Token is that of the attachment the copy node made for the
+	// primary's writes (copies other than the primary's own).
+	Token     string    `json:"token,omitempty"`
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+// verifier is what etcd holds instead of the cluster token.
+func verifier(token, clusterName string) string {
+	m := hmac.New(sha256.New, []byte(token))
+	m.Write([]byte("quiver cluster " + clusterName))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func newID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,146 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// CopyDegraded is the state of a copy that left the in-sync set: it lacks
+// writes acknowledged since, and waits for a resync.
+const CopyDegraded = "degraded"
+
+// Target is an in-sync copy a primary writes to: the copy node's NBD
+// address (empty while the node is down) and the token of the attachment it
+// made for the primary.
+type Target struct {
+	Node, NBD, Token string
+}
+
+// Role is what this node is for one volume.
+type Role struct {
+	Placed   bool // the volume is a cluster volume (placed in etcd)
+	Replicas int
+	Primary  string
+	// PrimaryAPI and PrimaryNBD are the primary's addresses, empty while it
+	// is down.
+	PrimaryAPI, PrimaryNBD string
+	Term                   uint64
+	// Targets are the other in-sync copies, when this node is the primary.
+	Targets []Target
+	// Token is that of the attachment this node made for the primary, when
+	// it holds a copy that is not the primary's.
+	Token string
+}
+
+// IsPrimary says whether this node is the volume's primary.
+func (r Role) IsPrimary(node string) bool { return r.Placed && r.Primary == node }
+
+// Role reads what this node is for volume: its primary, term and, on the
+// primary, the in-sync copies to write.
+func (n *Node) Role(ctx context.Context, volume string) (Role, error) {
+	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("volumes", volume)),
+		clientv3.OpGet(n.key("copies", volume)+"/", clientv3.WithPrefix()),
+		clientv3.OpGet(n.key("alive")+"/", clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return Role{}, fmt.Errorf("role for %q: %w", volume, err)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return Role{}, nil
+	}
+	var rec volumeRecord
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+		return Role{}, fmt.Errorf("etcd key %s: %w", kvs[0].Key, err)
+	}
+	copies := map[string]copyRecord{}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		var c copyRecord
+		if json.Unmarshal(kv.Value, &c) == nil {
+			copies[lastSegment(string(kv.Key))] = c
+		}
+	}
+	alive := map[string]aliveRecord{}
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		var a aliveRecord
+		if json.Unmarshal(kv.Value, &a) == nil {
+			alive[lastSegment(string(kv.Key))] = a
+		}
+	}
+	r := Role{Placed: true, Replicas: max(rec.Spec.Replicas, 1), Primary: rec.Primary, Term: rec.Term,
+		PrimaryAPI: alive[rec.Primary].API, PrimaryNBD: alive[rec.Primary].NBD}
+	me := n.cfg.NodeName
+	if rec.Primary == me && rec.State == volumeActive {
+		for _, node := range rec.InSync {
+			if node != me {
+				r.Targets = append(r.Targets, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token})
+			}
+		}
+	}
+	if rec.Primary != me && slices.Contains(rec.Copies, me) {
+		r.Token = copies[me].Token
+	}
+	return r, nil
+}
+
+// MarkOutOfSync takes copy node out of the volume's in-sync set, as the
+// primary at term, and records the copy degraded. It succeeds only while
+// this node is the volume's primary at that term and holds its lease, so a
+// primary cut off from etcd cannot drop a copy and go on alone: its caller
+// must not acknowledge the request that found the copy failed.
+func (n *Node) MarkOutOfSync(volume, node string, term uint64, cause error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.LeaseTTL)
+	defer cancel()
+	s := n.session()
+	if s == nil || !n.up.Load() {
+		return fmt.Errorf("mark copy %s of %q out of sync: %w", node, volume, ErrNoSession)
+	}
+	vk, ck, ak := n.key("volumes", volume), n.key("copies", volume, node), n.key("alive", n.cfg.NodeName)
+	for {
+		resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit()
+		if err != nil {
+			return fmt.Errorf("mark copy %s of %q out of sync: %w", node, volume, err)
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			return fmt.Errorf("mark copy %s of %q out of sync: %w", node, volume, ErrVolumeNotFound)
+		}
+		var rec volumeRecord
+		if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+			return err
+		}
+		if rec.Primary != n.cfg.NodeName || rec.Term != term {
+			return fmt.Errorf("mark copy %s of %q out of sync: this node is no longer primary at term %d (primary %s, term %d): %w",
+				node, volume, term, rec.Primary, rec.Term, ErrNoSession)
+		}
+		if !slices.Contains(rec.InSync, node) {
+			return nil // a concurrent request recorded it
+		}
+		rec.InSync = slices.DeleteFunc(slices.Clone(rec.InSync), func(s string) bool { return s == node })
+		var c copyRecord
+		if ckvs := resp.Responses[1].GetResponseRange().Kvs; len(ckvs) > 0 {
+			_ = json.Unmarshal(ckvs[0].Value, &c)
+		}
+		c.State, c.Reason, c.UpdatedAt = CopyDegraded, cause.Error(), time.Now().UTC()
+		put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
+			clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
+			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
+		if err != nil {
+			return fmt.Errorf("mark copy %s of %q out of sync: %w", node, volume, err)
+		}
+		if put.Succeeded {
+			n.log.Warn("copy out of sync: the volume is degraded", "volume", volume, "copy", node, "term", term,
+				"inSync", rec.InSync, "err", cause)
+			return nil
+		}
+		// The record changed meanwhile, or the lease is gone: look again.
+		if !n.up.Load() {
+			return fmt.Errorf("mark copy %s of %q out of sync: %w", node, volume, ErrNoSession)
+		}
+		sleep(ctx, 20*time.Millisecond)
+	}
+}

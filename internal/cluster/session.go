@@ -1,0 +1,134 @@
+package cluster
+
+import (
+	"context"
+	"crypto/hmac"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+func hmacEqual(a, b string) bool { return hmac.Equal([]byte(a), []byte(b)) }
+
+// startSession grants this node's lease and creates alive/<node> under it.
+// An alive key left by this node's previous process (same node id, its
+// lease not yet expired) is waited out for one lease TTL; one that is still
+// there then belongs to a live twin and is refused.
+func (n *Node) startSession(ctx context.Context) error {
+	ttl := max(int(n.cfg.LeaseTTL/time.Second), 1)
+	sess, err := concurrency.NewSession(n.cli, concurrency.WithTTL(ttl))
+	if err != nil {
+		return fmt.Errorf("etcd lease for node %q: %w", n.cfg.NodeName, err)
+	}
+	k := n.key("alive", n.cfg.NodeName)
+	deadline := time.Now().Add(n.cfg.LeaseTTL + 2*time.Second)
+	for {
+		usage := n.aliveRecord()
+		resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+			Then(clientv3.OpPut(k, mustJSON(usage), clientv3.WithLease(sess.Lease()))).Else(clientv3.OpGet(k)).Commit()
+		if err != nil {
+			_ = sess.Close()
+			return fmt.Errorf("register node %q as up: %w", n.cfg.NodeName, err)
+		}
+		if resp.Succeeded {
+			break
+		}
+		var have aliveRecord
+		_ = json.Unmarshal(resp.Responses[0].GetResponseRange().Kvs[0].Value, &have)
+		if have.NodeID != n.id.NodeID {
+			_ = sess.Close()
+			return fmt.Errorf("node name %q is up as node id %s at %s: pick another --node-name: %w",
+				n.cfg.NodeName, have.NodeID, have.API, ErrNameTaken)
+		}
+		if time.Now().After(deadline) {
+			_ = sess.Close()
+			return fmt.Errorf("node %q (id %s) is up already at %s, started %s: is another process serving a copy of this pool? %w",
+				n.cfg.NodeName, have.NodeID, have.API, have.StartedAt.Format(time.RFC3339), ErrNameTaken)
+		}
+		n.log.Info("this node's previous process is still registered; waiting for its lease to expire",
+			"api", have.API, "ttl", n.cfg.LeaseTTL)
+		select {
+		case <-time.After(500 * time.Millisecond):
+		case <-ctx.Done():
+			_ = sess.Close()
+			return ctx.Err()
+		}
+	}
+	n.sessMu.Lock()
+	n.sess = sess
+	n.sessMu.Unlock()
+	n.up.Store(true)
+	return nil
+}
+
+func (n *Node) session() *concurrency.Session {
+	n.sessMu.Lock()
+	defer n.sessMu.Unlock()
+	return n.sess
+}
+
+func (n *Node) aliveRecord() aliveRecord {
+	total, free, err := n.store.Usage()
+	if err != nil {
+		n.log.Warn("pool usage", "err", err)
+	}
+	return aliveRecord{NodeID: n.id.NodeID, API: n.cfg.APIAddr, NBD: n.cfg.NBDAddr, FailureDomain: n.cfg.FailureDomain,
+		TotalBytes: total, FreeBytes: free, StartedAt: n.started}
+}
+
+// keepAlive watches the session: when its lease is lost (partitioned from
+// etcd, or etcd without quorum for longer than the TTL) the node is down
+// and registers again, as soon as etcd answers.
+func (n *Node) keepAlive(ctx context.Context) {
+	for {
+		s := n.session()
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.Done():
+		}
+		n.up.Store(false)
+		n.log.Error("lost the etcd session: this node is down for the cluster until it registers again")
+		for backoff := time.Second; ; backoff = min(2*backoff, 10*time.Second) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			if err := n.startSession(ctx); err != nil {
+				n.log.Warn("register again", "err", err)
+				continue
+			}
+			n.log.Info("registered again: this node is up")
+			break
+		}
+	}
+}
+
+// report updates the alive record's free space every ReportInterval.
+func (n *Node) report(ctx context.Context) {
+	t := time.NewTicker(n.cfg.ReportInterval)
+	defer t.Stop()
+	k := n.key("alive", n.cfg.NodeName)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s := n.session()
+		if !n.up.Load() || s == nil {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, n.cfg.ReportInterval)
+		_, err := n.cli.Txn(rctx).If(clientv3.Compare(clientv3.LeaseValue(k), "=", s.Lease())).
+			Then(clientv3.OpPut(k, mustJSON(n.aliveRecord()), clientv3.WithLease(s.Lease()))).Commit()
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			n.log.Warn("report free space to etcd", "err", err)
+		}
+	}
+}

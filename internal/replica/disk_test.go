@@ -1,0 +1,305 @@
+package replica
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/nbd"
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+const diskSize = 8 << 20
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// openDisk makes a pool with one volume "vm" of one disk "root" and returns
+// the pool and a handle on the disk.
+func openDisk(t *testing.T) (*pool.Pool, pool.Disk) {
+	t.Helper()
+	p, err := pool.Open(context.Background(), t.TempDir(), quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	if _, _, err := p.Create(context.Background(), pool.VolumeSpec{Name: "vm", Capacity: diskSize,
+		Disks: []pool.DiskSpec{{Name: "root", Size: diskSize}}}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := p.Volume("vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := v.OpenDisk("root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	return p, d
+}
+
+// proxy stands between the primary and a copy's NBD server, so a test can
+// cut the copy off (connections reset) or freeze it (nothing answered).
+type proxy struct {
+	ln      net.Listener
+	backend string
+	mu      sync.Mutex
+	conns   []net.Conn
+	frozen  chan struct{}
+}
+
+func newProxy(t *testing.T, backend string) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := &proxy{ln: ln, backend: backend, frozen: make(chan struct{})}
+	t.Cleanup(px.cut)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b, err := net.Dial("tcp", backend)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			px.mu.Lock()
+			px.conns = append(px.conns, c, b)
+			px.mu.Unlock()
+			go px.pipe(b, c)
+			go px.pipe(c, b)
+		}
+	}()
+	return px
+}
+
+func (px *proxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		select {
+		case <-px.frozen:
+			return // swallow: the copy never answers
+		default:
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
+	}
+}
+
+func (px *proxy) cut() {
+	px.ln.Close()
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	for _, c := range px.conns {
+		c.Close()
+	}
+}
+
+func (px *proxy) freeze() { close(px.frozen) }
+
+// serveCopy serves a copy pool's disks over NBD on loopback (tokenless
+// implicit attachments) and returns a proxy to it.
+func serveCopy(t *testing.T, p *pool.Pool) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := nbd.NewServer(nbd.PoolExports{Pool: p}, nbd.Config{Logger: quiet()})
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+	return newProxy(t, ln.Addr().String())
+}
+
+// outOfSync records the copies reported out of sync; fail makes the next
+// reports fail (a primary cut off from etcd).
+type outOfSync struct {
+	mu    sync.Mutex
+	nodes []string
+	errs  []error
+	fail  error
+}
+
+func (o *outOfSync) record(node string, cause error) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.fail != nil {
+		return o.fail
+	}
+	o.nodes, o.errs = append(o.nodes, node), append(o.errs, cause)
+	return nil
+}
+
+func (o *outOfSync) reported() ([]string, []error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.nodes...), append([]error(nil), o.errs...)
+}
+
+func setup(t *testing.T, timeout time.Duration) (*Disk, pool.Disk, pool.Disk, *proxy, *outOfSync) {
+	t.Helper()
+	_, local := openDisk(t)
+	copyPool, copyDisk := openDisk(t)
+	px := serveCopy(t, copyPool)
+	oos := &outOfSync{}
+	d, err := Open(context.Background(), local, []Copy{{Node: "b", Addr: px.ln.Addr().String(), Export: "vm/root"}},
+		Options{Timeout: timeout, Granule: 64 << 10, OutOfSync: oos.record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.closeCopies() })
+	return d, local, copyDisk, px, oos
+}
+
+func contents(t *testing.T, d pool.Disk) []byte {
+	t.Helper()
+	b := make([]byte, diskSize)
+	if err := d.ReadAt(b, 0); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestEveryCopyHoldsEveryAcknowledgedWrite: concurrent writes (some FUA),
+// trims and zeroes, then a flush: the copy's disk is byte for byte the
+// primary's.
+func TestEveryCopyHoldsEveryAcknowledgedWrite(t *testing.T) {
+	d, local, copyDisk, _, oos := setup(t, 5*time.Second)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			buf := make([]byte, 16<<10)
+			for range 100 {
+				off := r.Int64N(diskSize/512-32) * 512
+				for i := range buf {
+					buf[i] = byte(r.Uint32())
+				}
+				var err error
+				switch r.IntN(10) {
+				case 0:
+					err = d.Trim(off, 4096, false)
+				case 1:
+					flags := pool.ZeroFUA
+					if r.IntN(2) == 0 {
+						flags |= pool.ZeroMayTrim
+					}
+					err = d.Zero(off, 8192, flags)
+				default:
+					err = d.WriteAt(buf, off, r.IntN(4) == 0)
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := d.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(contents(t, local), contents(t, copyDisk)) {
+		t.Fatal("the copy differs from the primary")
+	}
+	if nodes, _ := oos.reported(); len(nodes) != 0 || len(d.InSync()) != 1 {
+		t.Fatalf("out of sync %v, in sync %v", nodes, d.InSync())
+	}
+	if n, _ := d.Dirty().Granules(); n != 0 {
+		t.Fatalf("%d dirty granules with every copy in sync", n)
+	}
+}
+
+// TestCopyDownDegrades: a copy whose connection breaks is recorded out of
+// sync before the write is acknowledged, I/O goes on, and every write
+// from then on is in the dirty set.
+func TestCopyDownDegrades(t *testing.T) {
+	d, _, _, px, oos := setup(t, 5*time.Second)
+	if err := d.WriteAt(bytes.Repeat([]byte{1}, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	px.cut()
+	if err := d.WriteAt(bytes.Repeat([]byte{2}, 4096), 1<<20, false); err != nil {
+		t.Fatalf("write with the copy down: %v", err)
+	}
+	nodes, errs := oos.reported()
+	if len(nodes) != 1 || nodes[0] != "b" || !errors.Is(errs[0], ErrCopyDown) {
+		t.Fatalf("out of sync: %v %v", nodes, errs)
+	}
+	if len(d.InSync()) != 0 {
+		t.Fatalf("in sync: %v", d.InSync())
+	}
+	if err := d.WriteAt(bytes.Repeat([]byte{3}, 100<<10), 3<<20, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// 1 granule at 1 MiB, and 100 KiB at 3 MiB over 64 KiB granules: 2.
+	if n, g := d.Dirty().Granules(); n != 3 || g != 64<<10 {
+		t.Fatalf("dirty granules %d of %d bytes, want 3 of 64 KiB: %v", n, g, d.Dirty().Ranges())
+	}
+	if nodes, _ := oos.reported(); len(nodes) != 1 {
+		t.Fatalf("reported again: %v", nodes)
+	}
+}
+
+// TestUnrecordedFailureIsNotAcknowledged: when the failed copy cannot be
+// recorded out of sync (the primary is cut off from etcd), the write fails
+// and so does every later one: nothing is acknowledged that a promoted
+// copy could lack.
+func TestUnrecordedFailureIsNotAcknowledged(t *testing.T) {
+	d, _, _, px, oos := setup(t, 5*time.Second)
+	oos.fail = errors.New("etcd: context deadline exceeded")
+	px.cut()
+	for i := range 3 {
+		err := d.WriteAt(make([]byte, 4096), int64(i)*4096, false)
+		if !errors.Is(err, ErrNotAcknowledged) {
+			t.Fatalf("write %d: %v, want ErrNotAcknowledged", i, err)
+		}
+	}
+	if err := d.Flush(); !errors.Is(err, ErrNotAcknowledged) {
+		t.Fatalf("flush: %v", err)
+	}
+	if len(d.InSync()) != 1 {
+		t.Fatalf("the copy left the in-sync set without being recorded: %v", d.InSync())
+	}
+}
+
+// TestSilentCopyTimesOut: a copy that answers nothing is down after the
+// timeout.
+func TestSilentCopyTimesOut(t *testing.T) {
+	d, _, _, px, oos := setup(t, 300*time.Millisecond)
+	px.freeze()
+	if err := d.WriteAt(make([]byte, 4096), 0, false); err != nil {
+		t.Fatalf("write with a silent copy: %v", err)
+	}
+	nodes, errs := oos.reported()
+	if len(nodes) != 1 || !errors.Is(errs[0], ErrCopyDown) {
+		t.Fatalf("out of sync: %v %v", nodes, errs)
+	}
+}

@@ -1,0 +1,107 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/cluster"
+	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/qos"
+)
+
+// poolStore is the pool as the cluster sees it: the copies this node holds.
+type poolStore struct{ p *pool.Pool }
+
+var _ cluster.Store = poolStore{}
+
+func (s poolStore) PoolID() string {
+	info, err := s.p.Info()
+	if err != nil {
+		return ""
+	}
+	return info.ID
+}
+
+func (s poolStore) Usage() (total, free int64, err error) { return s.p.FS().Usage() }
+
+func (s poolStore) CreateCopy(ctx context.Context, spec api.VolumeSpec) (string, error) {
+	ps := pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity, Labels: spec.Labels, Replicas: spec.Replicas}
+	for _, d := range spec.Disks {
+		ps.Disks = append(ps.Disks, pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
+	}
+	if spec.QoS != nil {
+		ps.QoS = qos.Limits(*spec.QoS)
+	}
+	info, _, err := s.p.Create(ctx, ps)
+	return info.UID, err
+}
+
+func (s poolStore) DeleteCopy(ctx context.Context, name, uid string) error {
+	v, err := s.p.Volume(name)
+	if errors.Is(err, pool.ErrVolumeNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if v.Info().UID != uid {
+		return nil // not the copy the cluster made: leave it
+	}
+	for _, a := range v.Attachments() {
+		if strings.HasPrefix(a.Node, replicaNodePrefix) {
+			if err := v.Detach(a.ID); err != nil && !errors.Is(err, pool.ErrAttachmentNotFound) {
+				return err
+			}
+		}
+	}
+	err = s.p.Delete(ctx, name)
+	if errors.Is(err, pool.ErrVolumeNotFound) {
+		return nil
+	}
+	return err
+}
+
+// replicaNodePrefix starts the node name of the attachments a copy makes
+// for its primary.
+const replicaNodePrefix = "replica-"
+
+// AttachForPrimary makes the attachment through which the primary writes
+// this copy, one per term (a newer term's attachment is newer: its first
+// write fences the older primary's on this copy). A retry finds it again
+// by its idempotency key.
+func (s poolStore) AttachForPrimary(ctx context.Context, volume, primary string, term uint64) (string, error) {
+	v, err := s.p.Volume(volume)
+	if err != nil {
+		return "", err
+	}
+	node := fmt.Sprintf("%s%s-term-%d", replicaNodePrefix, primary, term)
+	a, _, err := v.AttachWith(node, api.ModeReadWrite, pool.Idempotency{Key: node})
+	if err != nil {
+		return "", err
+	}
+	return a.Token, nil
+}
+
+// joinCluster joins with the addresses the listeners got: the API's, and
+// NBD's over TCP when served.
+func joinCluster(ctx context.Context, cfg Config, p *pool.Pool, apiAddr net.Addr, nbdLns []net.Listener,
+	log *slog.Logger) (*cluster.Node, error) {
+	cc := cfg.Cluster
+	cc.APIAddr = apiAddr.String()
+	for _, l := range nbdLns {
+		if l.Addr().Network() == "tcp" {
+			cc.NBDAddr = l.Addr().String()
+		}
+	}
+	if cc.StateDir == "" {
+		cc.StateDir = filepath.Join(p.Dir(), "cluster")
+	}
+	cc.Logger = log
+	return cluster.Join(ctx, cc, poolStore{p})
+}

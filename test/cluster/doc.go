@@ -1,0 +1,22 @@
+// Package clustertest holds the acceptance tests of quiver as a cluster
+// (docs/cluster.md). Every storage node is its own `quiver server` process
+// in its own network namespace, joined to the others by a veth pair to a
+// bridge in a hub namespace of the test's own; each runs an embedded etcd
+// member. The test talks to the nodes from the hub namespace (its API
+// connections are made there) and runs the CLI there too.
+//
+//   - TestCluster: three nodes in two failure domains: node list (API and
+//     CLI), a replicas=2 volume on two distinct nodes in two domains with
+//     both copies in sync and in those nodes' pools only, replicas above the
+//     nodes up refused with nothing recorded, a killed node shown down and
+//     back up after a restart, and delete removing every copy;
+//   - TestJoinRefused: a fourth node that is refused at start, exiting
+//     non-zero with a message naming the conflict, while the cluster keeps
+//     its three members: etcd unreachable, a taken node name, a node of
+//     another cluster, a wrong cluster token.
+//
+// They need root and ip (iproute2): they skip without them, and fail
+// instead when CI is set.
+//
+// Imports from quiver: nothing.
+package clustertest
