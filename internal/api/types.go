@@ -312,6 +312,42 @@ type PoolInfo struct {
 	Broken int `json:"broken,omitempty"`
 }
 
+// SpaceUsage is how the pool's space divides among volumes and snapshots
+// (GET /v1/usage, `quiver volume du`).
+type SpaceUsage struct {
+	Items []ObjectUsage `json:"items"`
+	// SharedBytes is held by more than one object, counted once: the sum
+	// of every object's UniqueBytes and SharedBytes is the data in the pool.
+	SharedBytes int64 `json:"sharedBytes"`
+	// Exact: the filesystem gave extent maps; without them (tmpfs, NFS)
+	// each image's data counts as its own.
+	Exact bool `json:"exact"`
+	// PoolSizeBytes and PoolUsedBytes are the filesystem's (df).
+	PoolSizeBytes int64 `json:"poolSizeBytes"`
+	PoolUsedBytes int64 `json:"poolUsedBytes"`
+}
+
+// ObjectUsage is the space of a volume, or of a snapshot (Snapshot set).
+type ObjectUsage struct {
+	Volume   string `json:"volume"`
+	Snapshot string `json:"snapshot,omitempty"`
+	// ProvisionedBytes: the disks' virtual sizes; AllocatedBytes: what the
+	// images occupy (shared extents in full); UniqueBytes: what no other
+	// object references, what deleting it frees.
+	ProvisionedBytes int64       `json:"provisionedBytes"`
+	AllocatedBytes   int64       `json:"allocatedBytes"`
+	UniqueBytes      int64       `json:"uniqueBytes"`
+	Disks            []DiskUsage `json:"disks"`
+}
+
+// DiskUsage is the space of one disk image of an object.
+type DiskUsage struct {
+	Name             string `json:"name"`
+	ProvisionedBytes int64  `json:"provisionedBytes"`
+	AllocatedBytes   int64  `json:"allocatedBytes"`
+	UniqueBytes      int64  `json:"uniqueBytes"`
+}
+
 // List wraps collections.
 type List[T any] struct {
 	Items []T `json:"items"`

@@ -2,6 +2,9 @@ package apiserver
 
 import (
 	"fmt"
+	"net/http"
+
+	"github.com/quiverstorage/quiver/internal/api"
 
 	"github.com/quiverstorage/quiver/internal/pool"
 	"github.com/quiverstorage/quiver/internal/quantity"
@@ -17,6 +20,34 @@ func (s *Server) provisioned() int64 {
 		}
 	}
 	return n
+}
+
+func (s *Server) getUsage(w http.ResponseWriter, r *http.Request) error {
+	match, err := selector(r)
+	if err != nil {
+		return err
+	}
+	u, err := s.pool.SpaceUsage(match)
+	if err != nil {
+		return err
+	}
+	info, err := s.pool.Info()
+	if err != nil {
+		return err
+	}
+	out := api.SpaceUsage{Items: make([]api.ObjectUsage, 0, len(u.Objects)), SharedBytes: u.Shared, Exact: u.Exact,
+		PoolSizeBytes: info.TotalBytes, PoolUsedBytes: info.TotalBytes - info.FreeBytes}
+	for _, o := range u.Objects {
+		ou := api.ObjectUsage{Volume: o.Volume, Snapshot: o.Snapshot, ProvisionedBytes: o.Provisioned,
+			AllocatedBytes: o.Allocated, UniqueBytes: o.Unique, Disks: make([]api.DiskUsage, 0, len(o.Disks))}
+		for _, d := range o.Disks {
+			ou.Disks = append(ou.Disks, api.DiskUsage{Name: d.Name, ProvisionedBytes: d.Provisioned,
+				AllocatedBytes: d.Allocated, UniqueBytes: d.Unique})
+		}
+		out.Items = append(out.Items, ou)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
 }
 
 // checkOvercommit refuses to provision add more bytes when the pool would

@@ -63,6 +63,7 @@ func (s *Server) routes() {
 	for pattern, h := range map[string]func(http.ResponseWriter, *http.Request) error{
 		"GET /v1/pool":                                      s.getPool,
 		"GET /v1/version":                                   s.getVersion,
+		"GET /v1/usage":                                     s.getUsage,
 		"GET /v1/volumes":                                   s.listVolumes,
 		"POST /v1/volumes":                                  s.createVolume,
 		"GET /v1/volumes/{volume}":                          s.getVolume,

@@ -32,6 +32,7 @@ var completions = map[string][]argKind{
 	"volume qos":      {argVolume},
 	"volume stats":    {argVolume},
 	"volume export":   {argVolume},
+	"volume du":       {argVolume},
 	"disk add":        {argVolume},
 	"disk grow":       {argVolume, argDisk},
 	"disk remove":     {argVolume, argDisk},

@@ -440,3 +440,35 @@ func TestServerConfigFile(t *testing.T) {
 		t.Error("an absent --config file was accepted")
 	}
 }
+
+func TestVolumeDu(t *testing.T) {
+	f, url := newFakeAPI(t)
+	f.reply("GET /v1/usage", 200, api.SpaceUsage{Exact: true, SharedBytes: 128 << 20, PoolSizeBytes: 2 << 30, PoolUsedBytes: 200 << 20,
+		Items: []api.ObjectUsage{
+			{Volume: "golden", ProvisionedBytes: 512 << 20, AllocatedBytes: 136 << 20, UniqueBytes: 8 << 20,
+				Disks: []api.DiskUsage{{Name: "root", ProvisionedBytes: 256 << 20, AllocatedBytes: 96 << 20}, {Name: "data", ProvisionedBytes: 256 << 20, AllocatedBytes: 40 << 20, UniqueBytes: 8 << 20}}},
+			{Volume: "golden", Snapshot: "v1", ProvisionedBytes: 512 << 20, AllocatedBytes: 128 << 20},
+			{Volume: "c1", ProvisionedBytes: 512 << 20, AllocatedBytes: 128 << 20, UniqueBytes: 16 << 20},
+		}})
+	got := run(t, context.Background(), url, nil, "volume", "du")
+	want := `NAME        PROVISIONED   ALLOCATED   UNIQUE
+golden      512Mi         136Mi       8Mi
+golden@v1   512Mi         128Mi       0
+c1          512Mi         128Mi       16Mi
+<shared>    -             -           128Mi
+<total>     1Gi           392Mi       152Mi
+
+Pool: 200Mi used of 2Gi (df); 1Gi provisioned, 0.50x its size.
+`
+	if got.code != 0 || got.stdout != want {
+		t.Fatalf("exit %d, stderr %q, stdout:\n%s\nwant:\n%s", got.code, got.stderr, got.stdout, want)
+	}
+	got = run(t, context.Background(), url, nil, "volume", "du", "golden", "--disks")
+	if got.code != 0 || !strings.Contains(got.stdout, "  golden/data   256Mi") || strings.Contains(got.stdout, "c1 ") {
+		t.Fatalf("du golden --disks: exit %d, stdout:\n%s", got.code, got.stdout)
+	}
+	got = run(t, context.Background(), url, nil, "volume", "du", "nope")
+	if got.code != ExitError || !strings.Contains(got.stderr, `volume "nope": not found`) {
+		t.Fatalf("du nope: exit %d, stderr %q", got.code, got.stderr)
+	}
+}

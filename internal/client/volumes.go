@@ -124,3 +124,15 @@ func (c *Client) Version(ctx context.Context) (api.BuildInfo, error) {
 	err := c.do(ctx, http.MethodGet, "/version", nil, nil, &v)
 	return v, err
 }
+
+// SpaceUsage returns how the pool's space divides among the volumes
+// matching selector ("" for all) and their snapshots.
+func (c *Client) SpaceUsage(ctx context.Context, selector string) (api.SpaceUsage, error) {
+	var u api.SpaceUsage
+	query := url.Values{}
+	if selector != "" {
+		query.Set("selector", selector)
+	}
+	err := c.do(ctx, http.MethodGet, "/usage", query, nil, &u)
+	return u, err
+}

@@ -49,3 +49,50 @@ func Extents(f *os.File) (int, error) {
 	}
 	return int(fm.MappedExtents), nil
 }
+
+// Extent is one extent of a file's data, as FIEMAP reports it.
+type Extent struct {
+	Logical, Physical, Length uint64
+	Flags                     uint32
+}
+
+// Flags of an Extent (<linux/fiemap.h>).
+const (
+	ExtentLast    = 0x00000001 // FIEMAP_EXTENT_LAST
+	ExtentUnknown = fiemapExtentUnknown
+	ExtentShared  = fiemapExtentShared // shared with another file (reflink)
+)
+
+// extentBatch is how many extents one FIEMAP call returns at most.
+const extentBatch = 256
+
+// ExtentMap returns every extent of f's data in file order, after flushing
+// f's dirty data so delayed allocations have addresses. Filesystems without
+// FIEMAP (tmpfs, NFS) give an error wrapping ErrNotSupported.
+func ExtentMap(f *os.File) ([]Extent, error) {
+	type request struct {
+		hdr fiemap
+		ext [extentBatch]fiemapExtent
+	}
+	var out []Extent
+	var start uint64
+	for {
+		req := &request{hdr: fiemap{Start: start, Length: ^uint64(0) - start, Flags: fiemapFlagSync, ExtentCount: extentBatch}}
+		err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFiemap, unsafe.Pointer(req)) })
+		if isErrno(err, unix.EOPNOTSUPP, unix.ENOTTY) {
+			err = notSupported(err)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("extent map of %s: %w", f.Name(), err)
+		}
+		n := int(req.hdr.MappedExtents)
+		for _, e := range req.ext[:n] {
+			out = append(out, Extent{Logical: e.Logical, Physical: e.Physical, Length: e.Length, Flags: e.Flags})
+		}
+		if n == 0 || req.ext[n-1].Flags&ExtentLast != 0 {
+			return out, nil
+		}
+		last := req.ext[n-1]
+		start = last.Logical + last.Length
+	}
+}

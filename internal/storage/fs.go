@@ -9,6 +9,17 @@ import (
 // Caps is what a filesystem was found to support (fscap.Probe).
 type Caps = fscap.Caps
 
+// Extent is one extent of a file's data: where it lies in the file and on
+// the device, and its FIEMAP flags (fscap.ExtentShared: shared by a
+// reflink with another file).
+type Extent = fscap.Extent
+
+// Flags of an Extent.
+const (
+	ExtentUnknown = fscap.ExtentUnknown // no device address yet
+	ExtentShared  = fscap.ExtentShared  // shared by a reflink with another file
+)
+
 // FS is a directory tree beneath one root, the pool directory. Paths are
 // relative to the root, use "/" between components, and may not be absolute,
 // contain "..", or pass through a symbolic link (ErrEscape). FS is safe for
@@ -45,6 +56,9 @@ type FS interface {
 	Usage() (total, free int64, err error)
 	// Allocated returns the bytes of storage rel occupies.
 	Allocated(rel string) (int64, error)
+	// Extents returns the extent map of the regular file rel, in file
+	// order; ErrNotSupported where the filesystem has none (tmpfs, NFS).
+	Extents(rel string) ([]Extent, error)
 	// Probe finds out what the filesystem supports, trying each feature on
 	// temporary files in the directory rel.
 	Probe(rel string) (Caps, error)

@@ -126,6 +126,17 @@ func (o *osFS) Allocated(rel string) (int64, error) {
 	return 0, nil
 }
 
+func (o *osFS) Extents(rel string) ([]Extent, error) {
+	f, err := o.OpenRegular(rel, os.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	osf, _ := OSFile(f)
+	ext, err := fscap.ExtentMap(osf)
+	return ext, Classify(err)
+}
+
 func (o *osFS) Probe(rel string) (Caps, error) {
 	// The probe directory is checked beneath the root first: fscap opens
 	// its probe files by path.

@@ -595,6 +595,11 @@ func (f *FS) Allocated(rel string) (int64, error) {
 	return int64(len(n.data)), nil
 }
 
+// Extents is not modelled: the twin has no device addresses.
+func (f *FS) Extents(rel string) ([]storage.Extent, error) {
+	return nil, fmt.Errorf("extents of %s in the crash twin: %w", rel, storage.ErrNotSupported)
+}
+
 func (f *FS) Probe(string) (storage.Caps, error) {
 	return storage.Caps{Filesystem: "crashfs", Reflink: true}, nil
 }
