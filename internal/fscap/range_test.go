@@ -40,9 +40,9 @@ func TestReflinkRange(t *testing.T) {
 			punch(t, src, want, 1<<20, 128<<10)
 			writeAt(t, src, want, randomBytes(3, 4096), 2<<20) // not cloned again
 			writeAt(t, src, want, randomBytes(4, 512), 4<<20)
-			for _, r := range []run{{64 << 10, 64 << 10}, {1 << 20, 128 << 10}, {4 << 20, 512}} {
-				if err := ReflinkRange(dst, src, r.off, r.len); err != nil {
-					t.Fatalf("ReflinkRange [%d, +%d): %v", r.off, r.len, err)
+			for _, r := range []run{{Off: 64 << 10, Len: 64 << 10}, {Off: 1 << 20, Len: 128 << 10}, {Off: 4 << 20, Len: 512}} {
+				if err := ReflinkRange(dst, src, r.Off, r.Len); err != nil {
+					t.Fatalf("ReflinkRange [%d, +%d): %v", r.Off, r.Len, err)
 				}
 			}
 			expect := bytes.Clone(want)
@@ -72,9 +72,9 @@ func TestReflinkRangeBadArgs(t *testing.T) {
 	dir := t.TempDir()
 	src := createWith(t, filepath.Join(dir, "src"), nil)
 	dst := createWith(t, filepath.Join(dir, "dst"), nil)
-	for _, r := range []run{{-4096, 4096}, {0, -1}} {
-		if err := ReflinkRange(dst, src, r.off, r.len); err == nil {
-			t.Errorf("ReflinkRange [%d, +%d) succeeded, want an error", r.off, r.len)
+	for _, r := range []run{{Off: -4096, Len: 4096}, {Off: 0, Len: -1}} {
+		if err := ReflinkRange(dst, src, r.Off, r.Len); err == nil {
+			t.Errorf("ReflinkRange [%d, +%d) succeeded, want an error", r.Off, r.Len)
 		}
 	}
 }

@@ -186,7 +186,7 @@ func TestCloneReflinkLarge(t *testing.T) {
 				t.Fatalf("Probe(%s) = %+v, want Reflink", dir, caps)
 			}
 			srcPath := filepath.Join(dir, "src")
-			writeRuns(t, srcPath, size, []run{{0, size}})
+			writeRuns(t, srcPath, size, []run{{Off: 0, Len: size}})
 			dstPath := filepath.Join(dir, "dst")
 
 			_, freeBefore := usageAfterSync(t, dir)

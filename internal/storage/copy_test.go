@@ -10,43 +10,6 @@ import (
 	"github.com/quiverstorage/quiver/internal/fscap"
 )
 
-// A sparse layout: data at the start, a run longer than two chunks that ends
-// off a chunk boundary, a run that has written zeros in its middle, and a
-// hole at the end.
-const (
-	sparseSize = 48 << 20
-	zeroOff    = 30<<20 + 256<<10 // written zeros inside the third run
-	zeroLen    = 256 << 10
-)
-
-var sparseRuns = []run{
-	{0, 64 << 10},
-	{1 << 20, 20<<20 + 12<<10},
-	{30 << 20, 1 << 20},
-}
-
-// makeSparse writes the sparse layout to dir/name and returns its path.
-func makeSparse(t testing.TB, dir, name string) string {
-	t.Helper()
-	path := filepath.Join(dir, name)
-	writeRuns(t, path, sparseSize, sparseRuns)
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteAt(make([]byte, zeroLen), zeroOff); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	if got := seekMap(t, path); !slices.Equal(got, sparseRuns) {
-		t.Fatalf("test setup: %s has data runs %v, want %v", path, got, sparseRuns)
-	}
-	return path
-}
-
 func TestCopySparse(t *testing.T) {
 	for _, fs := range []fsCase{onTempDir, onExt4, onXFS, onBtrfs, onTmpfs} {
 		for _, method := range []struct {
@@ -165,7 +128,7 @@ func TestDataBytes(t *testing.T) {
 			}
 			var runs []run
 			if err := DataRuns(src, 0, sparseSize, func(s, e int64) error {
-				runs = append(runs, run{s, e - s})
+				runs = append(runs, run{Off: s, Len: e - s})
 				return nil
 			}); err != nil {
 				t.Fatal(err)
