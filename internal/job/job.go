@@ -137,7 +137,6 @@ func (m *Manager) Start(kind, target string, items int, fn func(ctx context.Cont
 	go func() {
 		defer m.wg.Done()
 		defer cancel()
-		defer m.save()
 		err := fn(ctx, j)
 		j.mu.Lock()
 		j.err, j.ended = err, m.now().UTC()
@@ -150,6 +149,7 @@ func (m *Manager) Start(kind, target string, items int, fn func(ctx context.Cont
 			j.state = Failed
 		}
 		j.mu.Unlock()
+		m.save() // before Wait returns: an ended job is never journaled as running
 		close(j.done)
 	}()
 	return j

@@ -19,7 +19,7 @@ type memJournal struct {
 func (j *memJournal) Load() ([]byte, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.data, nil
+	return append([]byte(nil), j.data...), nil
 }
 
 func (j *memJournal) Save(data []byte) error {
@@ -56,7 +56,7 @@ func TestJournalSurvivesRestart(t *testing.T) {
 	<-started
 	// The server dies: the journal holds what the last save wrote, with
 	// the rollback running.
-	crash := append([]byte(nil), jr.data...)
+	crash, _ := jr.Load()
 	m.Shutdown(context.Background())
 
 	m2 := NewManagerWithJournal(&memJournal{data: crash}, func(err error) { t.Errorf("journal: %v", err) })
