@@ -37,15 +37,38 @@ type Role struct {
 	Token string
 }
 
+// roleRetry bounds how long Role tries a failing read again (an etcd
+// leader election takes about a second), and roleRetryPause is the pause
+// between tries.
+const (
+	roleRetry      = 5 * time.Second
+	roleRetryPause = 200 * time.Millisecond
+)
+
 // IsPrimary says whether this node is the volume's primary.
 func (r Role) IsPrimary(node string) bool { return r.Placed && r.Primary == node }
 
 // Role reads what this node is for volume: its primary, term and, on the
 // primary, the in-sync copies to write.
 func (n *Node) Role(ctx context.Context, volume string) (Role, error) {
-	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("volumes", volume)),
-		clientv3.OpGet(n.key("copies", volume)+"/", clientv3.WithPrefix()),
-		clientv3.OpGet(n.key("alive")+"/", clientv3.WithPrefix())).Commit()
+	// A read changes nothing, so one that fails while etcd elects a leader
+	// ("leader changed", "no leader") is tried again for a while, instead
+	// of failing the client's connection.
+	var resp *clientv3.TxnResponse
+	var err error
+	deadline := time.Now().Add(roleRetry)
+	for {
+		resp, err = n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("volumes", volume)),
+			clientv3.OpGet(n.key("copies", volume)+"/", clientv3.WithPrefix()),
+			clientv3.OpGet(n.key("alive")+"/", clientv3.WithPrefix())).Commit()
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(roleRetryPause):
+		}
+	}
 	if err != nil {
 		return Role{}, fmt.Errorf("role for %q: %w", volume, err)
 	}
