@@ -18,23 +18,7 @@ import (
 // at the start of a disk and flushes.
 func fillDisk(t testing.TB, v *Volume, disk string, n int64) {
 	t.Helper()
-	d, err := v.OpenDisk(disk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	buf := make([]byte, 4*mib)
-	for off := int64(0); off < n; off += int64(len(buf)) {
-		for i := 0; i < len(buf); i += 4096 {
-			copy(buf[i:], sha256Sum(off+int64(i)))
-		}
-		if err := d.WriteAt(buf[:min(int64(len(buf)), n-off)], off, false); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := d.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	writeSeeded(t, v, disk, 0, n, 0)
 }
 
 func sha256Sum(x int64) []byte {
