@@ -224,6 +224,8 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 	var failed error
+	tick, stopWatch := tlsSet.watch(cfg.TLS.WatchInterval)
+	defer stopWatch()
 wait:
 	for {
 		select {
@@ -232,6 +234,8 @@ wait:
 			break wait
 		case <-cfg.Reload:
 			tlsSet.reload(log)
+		case <-tick:
+			tlsSet.reloadChanged(log)
 		case <-ctx.Done():
 			break wait
 		}
