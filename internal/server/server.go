@@ -146,7 +146,7 @@ func Run(ctx context.Context, cfg Config) error {
 		nbdLns = append(nbdLns, l)
 	}
 	if cfg.NBDSocket != "" {
-		l, err := listenUnix(cfg.NBDSocket, cfg.APISocketGroup)
+		l, err := ListenUnix(cfg.NBDSocket, cfg.APISocketGroup)
 		if err != nil {
 			closeAll()
 			return fmt.Errorf("nbd socket %s: %w", cfg.NBDSocket, err)
@@ -192,7 +192,7 @@ func Run(ctx context.Context, cfg Config) error {
 	srv := cfg.API.httpServer(handler)
 	var localSrv *http.Server
 	if cfg.APISocket != "" {
-		l, err := listenUnix(cfg.APISocket, cfg.APISocketGroup)
+		l, err := ListenUnix(cfg.APISocket, cfg.APISocketGroup)
 		if err != nil {
 			closeAll()
 			return fmt.Errorf("api socket %s: %w", cfg.APISocket, err)
