@@ -44,6 +44,17 @@ type KernelSpec struct {
 	Config map[string][]string
 }
 
+// VirtioBlk is the spec of a guest whose disks are virtio-blk on
+// virtio-pci: what test/migration, test/enospc and the other QEMU tests
+// boot, so they share one cached kernel.
+var VirtioBlk = KernelSpec{
+	Modules: []string{"virtio_pci", "virtio_blk"},
+	Config: map[string][]string{
+		"CONFIG_VIRTIO_PCI": {"y", "m"},
+		"CONFIG_VIRTIO_BLK": {"y", "m"},
+	},
+}
+
 // Kernel is a guest kernel unpacked from Debian's package into the cache:
 // a bzImage and the modules of a KernelSpec, in an order that loads every
 // dependency first.

@@ -18,23 +18,13 @@ import (
 	"github.com/quiverstorage/quiver/internal/tlscert/certtest"
 )
 
-// tlsGuestKernel is the module set of test/migration and test/enospc, so
-// all share one cached kernel.
-var tlsGuestKernel = testguest.KernelSpec{
-	Modules: []string{"virtio_pci", "virtio_blk"},
-	Config: map[string][]string{
-		"CONFIG_VIRTIO_PCI": {"y", "m"},
-		"CONFIG_VIRTIO_BLK": {"y", "m"},
-	},
-}
-
 // TestTLSGuest: a QEMU guest (TCG) whose disk is a quiver export over NBD
 // with TLS required, QEMU's own tls-creds-x509 and tls-hostname, boots,
 // writes 64 KiB of 0xab at 1 MiB with O_DIRECT, reads it back and powers
 // off; qemu-io over TLS then finds the data on the disk.
 func TestTLSGuest(t *testing.T) {
 	requireTools(t, "qemu-system-x86_64", "qemu-io")
-	k, err := testguest.FetchKernel(tlsGuestKernel)
+	k, err := testguest.FetchKernel(testguest.VirtioBlk)
 	if err != nil {
 		if errors.Is(err, testguest.ErrMissing) {
 			testfs.SkipOrFail(t, "%v", err)

@@ -24,16 +24,6 @@ import (
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
-// guestKernel is the module set of test/migration, test/enospc and the TLS
-// guest, so all share one cached kernel.
-var guestKernel = testguest.KernelSpec{
-	Modules: []string{"virtio_pci", "virtio_blk"},
-	Config: map[string][]string{
-		"CONFIG_VIRTIO_PCI": {"y", "m"},
-		"CONFIG_VIRTIO_BLK": {"y", "m"},
-	},
-}
-
 // records is how many 512-byte records the guest writes, each made
 // durable (O_DIRECT, then fsync: an NBD FLUSH) before the next.
 const records = 240
@@ -320,7 +310,7 @@ func waitSocket(t *testing.T, path string, p *proc) {
 // reads every one back and powers off.
 func buildGuest(t *testing.T) (*testguest.Kernel, string) {
 	t.Helper()
-	k, err := testguest.FetchKernel(guestKernel)
+	k, err := testguest.FetchKernel(testguest.VirtioBlk)
 	if err != nil {
 		if errors.Is(err, testguest.ErrMissing) {
 			testfs.SkipOrFail(t, "%v", err)
