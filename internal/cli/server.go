@@ -121,6 +121,8 @@ A flag on the command line wins over the file.`,
 	cmd.Flags().StringVar(&cfg.APIAddr, "listen", api.DefaultAddr, "host:port of the HTTP API")
 	cmd.Flags().StringVar(&cfg.NBDAddr, "nbd-listen", nbd.DefaultAddr, "host:port of the NBD server (empty: no TCP)")
 	cmd.Flags().StringVar(&cfg.NBDSocket, "nbd-socket", "", "also serve NBD on this unix socket")
+	cmd.Flags().BoolVar(&cfg.RequireToken, "require-token", false,
+		"refuse API requests without a token on loopback too; without --token-file the admin token is POOL/admin.token (always on beyond loopback)")
 	cmd.Flags().BoolVar(&cfg.NBDRequireToken, "nbd-require-token", false,
 		"refuse NBD exports without an attachment token (always on beyond loopback)")
 	cmd.Flags().BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API port")
