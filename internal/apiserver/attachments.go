@@ -66,7 +66,9 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) error {
 		s.log.Info("attached", "volume", v.Name(), "attachment", a.ID, "node", a.Node, "mode", a.Mode)
 	}
 	out := viewOf(r).attachment(attachmentToAPI(a))
-	out.URIs = s.nbdURIs(r, v.Info(), a.Token)
+	info := v.Info()
+	info.Name = viewOf(r).name(info.Name) // the tenant's name reaches the attachment too
+	out.URIs = s.nbdURIs(r, info, a.Token)
 	writeJSON(w, status, out)
 	return nil
 }

@@ -22,8 +22,11 @@ import (
 // failure gets the same answer as a wrong attachment token, so names cannot
 // be probed. The connection ends when the token is revoked.
 //
-// Every other export name (attachment tokens, no token) goes to next
-// unchanged.
+// An attachment token's export may name the volume by its tenant's name as
+// well as by the pool's: when <volume> has no attachment with that token, the
+// volume <tenant>--<volume> of each tenant is tried (the token, 256 random
+// bits, matches one attachment of one volume at most). Every other export
+// name goes to next unchanged.
 type tenantExports struct {
 	next   nbd.Exports
 	pool   *pool.Pool
@@ -48,8 +51,11 @@ func (e tenantExports) List(ctx context.Context) ([]nbd.ExportInfo, error) { ret
 // Open implements nbd.Exports.
 func (e tenantExports) Open(ctx context.Context, name, peer string) (nbd.Export, error) {
 	ref, err := nbd.ParseExportName(name)
-	if err != nil || !auth.IsSecret(ref.Token) {
+	if err != nil || ref.Token == "" {
 		return e.next.Open(ctx, name, peer)
+	}
+	if !auth.IsSecret(ref.Token) {
+		return e.next.Open(ctx, e.attachmentExport(ref, name), peer)
 	}
 	p, err := e.store.Authenticate(ref.Token)
 	if err != nil || !p.Allows(auth.ActAttach) {
@@ -87,4 +93,32 @@ func (e tenantExports) Open(ctx context.Context, name, peer string) (nbd.Export,
 	}()
 	x.Revoked = both
 	return x, nil
+}
+
+// attachmentExport returns the export name that reaches the attachment of
+// ref's token: name itself, or the name with the pool's name of a tenant's
+// volume.
+func (e tenantExports) attachmentExport(ref nbd.ExportRef, name string) string {
+	if hasToken(e.pool, ref.Volume, ref.Token) {
+		return name
+	}
+	for _, t := range e.store.Tenants() {
+		vol := pool.TenantVolumeName(t.Name, ref.Volume)
+		if hasToken(e.pool, vol, ref.Token) {
+			return nbd.ExportName(vol, ref.Snapshot, ref.Disk) + "/" + ref.Token
+		}
+	}
+	return name
+}
+
+func hasToken(p *pool.Pool, volume, token string) bool {
+	if pool.ValidateName("volume", volume) != nil {
+		return false
+	}
+	v, err := p.Volume(volume)
+	if err != nil {
+		return false
+	}
+	_, err = v.AttachmentByToken(token)
+	return err == nil
 }
