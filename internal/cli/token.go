@@ -3,7 +3,6 @@ package cli
 import (
 	"fmt"
 	"io"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -45,7 +44,7 @@ The secret is printed once, on the last line of the table (or as "secret" with
 				return err
 			}
 			return a.show(cmd.OutOrStdout(), t, func(w io.Writer) error {
-				if err := tokenTable([]api.Token{t})(w); err != nil {
+				if err := a.tokenTable([]api.Token{t})(w); err != nil {
 					return err
 				}
 				_, err := fmt.Fprintf(w, "secret: %s\n", t.Secret)
@@ -76,7 +75,7 @@ func (a *app) tokenListCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.show(cmd.OutOrStdout(), api.List[api.Token]{Items: nonNil(ts)}, tokenTable(ts))
+			return a.show(cmd.OutOrStdout(), api.List[api.Token]{Items: nonNil(ts)}, a.tokenTable(ts))
 		},
 	}
 }
@@ -102,10 +101,10 @@ func (a *app) tokenRevokeCommand() *cobra.Command {
 	}
 }
 
-func tokenTable(ts []api.Token) func(io.Writer) error {
+func (a *app) tokenTable(ts []api.Token) func(io.Writer) error {
 	return func(w io.Writer) error {
 		t := newTable(w, "ID", "TENANT", "ROLE", "DESCRIPTION", "AGE")
-		now := time.Now()
+		now := a.env.Now()
 		for _, x := range ts {
 			t.row(x.ID, dash(x.Tenant), x.Role, dash(x.Description), age(now, x.CreatedAt))
 		}
