@@ -517,6 +517,7 @@ func summarize(names []string) string {
 
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	jobs := s.jobs.List()
+	s.forgetJobs(jobs)
 	out := api.List[api.Job]{Items: make([]api.Job, 0, len(jobs))}
 	for _, j := range jobs {
 		if !s.ownJob(r, j.ID) {

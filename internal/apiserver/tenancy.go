@@ -11,6 +11,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/auth"
+	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
@@ -149,7 +150,7 @@ func (v view) job(x api.Job) api.Job {
 	return x
 }
 
-// visible returns the names of the volumes in the caller's scope.
+// visible returns the volumes matching match in the caller's scope.
 func (s *Server) visible(r *http.Request, match func(map[string]string) bool) []pool.VolumeInfo {
 	p := principalOf(r)
 	var out []pool.VolumeInfo
@@ -170,6 +171,22 @@ func (s *Server) ownJob(r *http.Request, id string) bool {
 	}
 	t, ok := s.jobTenants.Load(id)
 	return ok && t.(string) == p.Tenant
+}
+
+// forgetJobs drops the tenants of jobs the manager no longer lists.
+func (s *Server) forgetJobs(listed []job.Status) {
+	ids := make(map[string]bool, len(listed))
+	for _, j := range listed {
+		ids[j.ID] = true
+	}
+	s.jobTenants.Range(func(k, _ any) bool {
+		if id := k.(string); !ids[id] {
+			if _, err := s.jobs.Get(id); err != nil { // not one started since List
+				s.jobTenants.Delete(k)
+			}
+		}
+		return true
+	})
 }
 
 // Revocation of API sessions: every connection that carried a stored token

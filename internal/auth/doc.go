@@ -7,6 +7,6 @@
 // it is created. Revoking a token closes its Done channel, which the API and
 // NBD servers watch to end the token's connections.
 //
-// Imports from quiver: durable, pool (names), storage. It must not import
+// Imports from quiver: durable, pool (names, errors), qos, storage. It must not import
 // the transports (apiserver, nbd).
 package auth
