@@ -102,7 +102,7 @@ func (s *Server) volumeOf(r *http.Request, name string) (*pool.Volume, error) {
 	notFound := fmt.Errorf("volume %q: %w", name, pool.ErrVolumeNotFound)
 	pn, err := poolName(p, name)
 	if err != nil {
-		return nil, notFound
+		return nil, err // a name no volume can have: bad input, which says nothing of others
 	}
 	v, err := s.pool.Volume(pn)
 	if err != nil {
