@@ -64,6 +64,9 @@ type VolumeSpec struct {
 	// a cluster with that many nodes up (docs/cluster.md): else 422
 	// NotEnoughNodes, and nothing is made.
 	Replicas int `json:"replicas,omitempty"`
+	// Tenant owns the volume (docs/security.md, "Tenants"). Only an admin
+	// sets it; a tenant's token always makes volumes of its own tenant.
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // Source names where a clone came from.
@@ -74,7 +77,11 @@ type Source struct {
 
 // Volume is the state of one volume as the API reports it.
 type Volume struct {
-	Name      string            `json:"name"`
+	Name string `json:"name"`
+	// Tenant owns the volume; empty for none. A tenant's token sees its
+	// volumes by their own names; an admin by the pool's name
+	// (<tenant>--<name>).
+	Tenant    string            `json:"tenant,omitempty"`
 	UID       string            `json:"uid"`
 	Capacity  int64             `json:"capacity"`
 	Labels    map[string]string `json:"labels,omitempty"`
@@ -385,6 +392,8 @@ const (
 	CodeNotPrimary     = "NotPrimary"       // 409: ask the volume's primary node (the message names it)
 	CodeNotSupported   = "NotSupported"     // 422: not built for replicated volumes yet
 	CodeInternal       = "Internal"         // 500
+	CodeForbidden      = "Forbidden"        // 403: the token's role does not allow it
+	CodeQuota          = "QuotaExceeded"    // 403: a tenant quota would be exceeded (the message names it)
 )
 
 // BuildInfo says which quiver a binary is (GET /v1/version, `quiver version`).
@@ -405,4 +414,61 @@ type ReadyFile struct {
 	API       string `json:"api"`                 // host:port of the HTTP API
 	NBD       string `json:"nbd,omitempty"`       // host:port of NBD over TCP, when served
 	NBDSocket string `json:"nbdSocket,omitempty"` // NBD unix socket, when served
+}
+
+// Roles of API tokens (docs/security.md, "Tenants").
+const (
+	RoleAdmin   = "admin"
+	RoleTenant  = "tenant"
+	RoleAttach  = "attach"
+	RoleMonitor = "monitor"
+)
+
+// TokenSpec asks for a new API token (POST /v1/tokens, admin only).
+type TokenSpec struct {
+	Tenant      string `json:"tenant,omitempty"` // required for tenant and attach, optional for monitor, none for admin
+	Role        string `json:"role"`
+	Description string `json:"description,omitempty"`
+}
+
+// Token is a stored API token; its secret is never shown but once.
+type Token struct {
+	ID          string    `json:"id"`
+	Tenant      string    `json:"tenant,omitempty"`
+	Role        string    `json:"role"`
+	Description string    `json:"description,omitempty"`
+	CreatedAt   time.Time `json:"createdAt"`
+	// Secret is the bearer token, set only in the answer to its creation.
+	Secret string `json:"secret,omitempty"`
+}
+
+// Quota bounds one tenant; 0 is unlimited.
+type Quota struct {
+	Volumes   int64 `json:"volumes,omitempty"`
+	Capacity  int64 `json:"capacity,omitempty"` // bytes: the sum of the volumes' capacities
+	Snapshots int64 `json:"snapshots,omitempty"`
+	IOPS      int64 `json:"iops,omitempty"` // the sum of the volumes' QoS IOPS (rw_iops, else read_iops+write_iops)
+}
+
+// Tenant is a tenant with its quota and what it uses (GET /v1/tenants,
+// PUT /v1/tenants/{tenant} with a TenantSpec).
+type Tenant struct {
+	Name  string `json:"name"`
+	Quota Quota  `json:"quota"`
+	Used  Quota  `json:"used"`
+}
+
+// TenantSpec sets a tenant's quota.
+type TenantSpec struct {
+	Quota Quota `json:"quota"`
+}
+
+// WhoAmI is what the caller's credential is (GET /v1/whoami).
+type WhoAmI struct {
+	TokenID string `json:"tokenID,omitempty"` // empty: no token (a tokenless loopback node, or its socket)
+	Tenant  string `json:"tenant,omitempty"`
+	Role    string `json:"role"`
+	// MaxVolumeName is the longest volume name this caller may create:
+	// 63, less the tenant's prefix (docs/security.md).
+	MaxVolumeName int `json:"maxVolumeName"`
 }

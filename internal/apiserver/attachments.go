@@ -16,7 +16,7 @@ func (s *Server) listAttachments(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := api.List[api.Attachment]{Items: []api.Attachment{}}
 	for _, a := range v.Attachments() {
-		out.Items = append(out.Items, attachmentToAPI(a))
+		out.Items = append(out.Items, viewOf(r).attachment(attachmentToAPI(a)))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -30,13 +30,13 @@ func (s *Server) findAttachments(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out := api.List[api.Attachment]{Items: []api.Attachment{}}
-	for _, info := range s.pool.List(match) {
+	for _, info := range s.visible(r, match) {
 		v, err := s.pool.Volume(info.Name)
 		if err != nil {
 			continue // deleted since List, or quarantined: nothing attached to serve
 		}
 		for _, a := range v.Attachments() {
-			out.Items = append(out.Items, attachmentToAPI(a))
+			out.Items = append(out.Items, viewOf(r).attachment(attachmentToAPI(a)))
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -65,8 +65,10 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) error {
 		status = http.StatusCreated
 		s.log.Info("attached", "volume", v.Name(), "attachment", a.ID, "node", a.Node, "mode", a.Mode)
 	}
-	out := attachmentToAPI(a)
-	out.URIs = s.nbdURIs(r, v.Info(), a.Token)
+	out := viewOf(r).attachment(attachmentToAPI(a))
+	info := v.Info()
+	info.Name = viewOf(r).name(info.Name) // the tenant's name reaches the attachment too
+	out.URIs = s.nbdURIs(r, info, a.Token)
 	writeJSON(w, status, out)
 	return nil
 }
@@ -136,7 +138,7 @@ func (s *Server) getAttachment(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, attachmentToAPI(a))
+	writeJSON(w, http.StatusOK, viewOf(r).attachment(attachmentToAPI(a)))
 	return nil
 }
 
@@ -167,6 +169,6 @@ func (s *Server) transferWriter(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, attachmentToAPI(a))
+	writeJSON(w, http.StatusOK, viewOf(r).attachment(attachmentToAPI(a)))
 	return nil
 }

@@ -11,7 +11,7 @@ func volumeToAPI(v pool.VolumeInfo) api.Volume {
 	if v.Broken != "" {
 		return api.Volume{Name: v.Name, Disks: []api.Disk{}, State: api.VolumeBroken, Reason: v.Broken}
 	}
-	out := api.Volume{Name: v.Name, UID: v.UID, Capacity: v.Capacity, Labels: v.Labels, Disks: disksToAPI(v.Disks),
+	out := api.Volume{Name: v.Name, Tenant: v.Tenant, UID: v.UID, Capacity: v.Capacity, Labels: v.Labels, Disks: disksToAPI(v.Disks),
 		Snapshots: v.Snapshots, CreatedAt: v.CreatedAt, Path: v.Dir, Replicas: v.Replicas,
 		Writer: api.Writer{Epoch: v.Writer.Epoch, Attachment: v.Writer.Writer}}
 	if v.Source != nil {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"regexp"
 
+	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
@@ -22,6 +23,10 @@ var errorMapping = []struct {
 	status int
 	code   string
 }{
+	{auth.ErrQuota, http.StatusForbidden, api.CodeQuota},
+	{auth.ErrForbidden, http.StatusForbidden, api.CodeForbidden},
+	{auth.ErrInvalid, http.StatusBadRequest, api.CodeInvalid},
+	{auth.ErrTokenNotFound, http.StatusNotFound, api.CodeNotFound},
 	{pool.ErrInvalid, http.StatusBadRequest, api.CodeInvalid},
 	{errBadRequest, http.StatusBadRequest, api.CodeInvalid},
 	{errUnauthorized, http.StatusUnauthorized, api.CodeUnauthorized},

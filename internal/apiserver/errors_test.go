@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
@@ -57,6 +58,10 @@ func TestToError(t *testing.T) {
 		{"not primary", fmt.Errorf("attach: %w", cluster.ErrNotPrimary), http.StatusConflict, api.CodeNotPrimary, ""},
 		{"not built for replicas", fmt.Errorf("snapshot: %w", cluster.ErrNotSupported), http.StatusUnprocessableEntity, api.CodeNotSupported, ""},
 		{"etcd unavailable", fmt.Errorf("%w: %w", errUnavailable, errors.New("context deadline exceeded")), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
+		{"quota", fmt.Errorf("tenant %q: quota volumes is 3: %w", "acme", auth.ErrQuota), http.StatusForbidden, api.CodeQuota, ""},
+		{"forbidden", fmt.Errorf("a monitor token may not change volumes: %w", auth.ErrForbidden), http.StatusForbidden, api.CodeForbidden, ""},
+		{"invalid token spec", fmt.Errorf("role %q: %w", "root", auth.ErrInvalid), http.StatusBadRequest, api.CodeInvalid, ""},
+		{"token not found", fmt.Errorf("token %q: %w", "tk-000000000000", auth.ErrTokenNotFound), http.StatusNotFound, api.CodeNotFound, ""},
 		{"unknown", errors.New("disk on fire"), http.StatusInternalServerError, api.CodeInternal, ""},
 		{"unknown wrapped", fmt.Errorf("snapshot web@v1: %w", errors.New("input/output error")), http.StatusInternalServerError, api.CodeInternal, ""},
 	}

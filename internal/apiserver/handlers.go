@@ -9,7 +9,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/buildinfo"
+	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -20,10 +22,21 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	c := info.Caps
+	provisioned := s.provisioned()
+	if t := principalOf(r).Tenant; t != "" {
+		// A tenant learns its own counts, not the node's.
+		info.Volumes, info.Broken, provisioned = 0, 0, 0
+		for _, v := range s.visible(r, nil) {
+			info.Volumes++
+			for _, d := range v.Disks {
+				provisioned += d.Size
+			}
+		}
+	}
 	writeJSON(w, http.StatusOK, api.PoolInfo{ID: info.ID, Path: info.Dir, Filesystem: c.Filesystem,
 		Capabilities: api.Capabilities{Reflink: c.Reflink, CopyFileRange: c.CopyFileRange, SeekHole: c.SeekHole,
 			BtrfsSubvolumes: c.BtrfsSubvolumes, ExtentSizeHint: c.ExtentSizeHint},
-		TotalBytes: info.TotalBytes, FreeBytes: info.FreeBytes, ProvisionedBytes: s.provisioned(),
+		TotalBytes: info.TotalBytes, FreeBytes: info.FreeBytes, ProvisionedBytes: provisioned,
 		Volumes: info.Volumes, CreatedAt: info.CreatedAt,
 		ChunkSize: info.ChunkSize, ReadOnly: info.ReadOnly, Broken: info.Broken})
 	return nil
@@ -53,12 +66,15 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	vols := s.pool.List(match)
+	vols := s.visible(r, match)
 	out := api.List[api.Volume]{Items: make([]api.Volume, 0, len(vols))}
 	for _, v := range vols {
 		out.Items = append(out.Items, volumeToAPI(v))
 	}
 	s.annotate(r, out.Items)
+	for i := range out.Items {
+		out.Items[i] = viewOf(r).volume(out.Items[i])
+	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }
@@ -72,13 +88,21 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if s.Cluster != nil {
+	if s.Cluster != nil && spec.Tenant == "" {
 		return s.createClusterVolume(w, r, spec, idem)
 	}
-	ps := pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity, Labels: spec.Labels,
-		Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS), Replicas: spec.Replicas, Idempotency: idem}
+	tenant, name, err := s.createName(r, spec.Tenant, spec.Name)
+	if err != nil {
+		return err
+	}
+	ps := pool.VolumeSpec{Name: name, Capacity: spec.Capacity, Labels: spec.Labels,
+		Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS), Replicas: spec.Replicas, Idempotency: idem,
+		Tenant: tenant}
 	if err := pool.ValidateSpec(ps); err != nil {
 		return err
+	}
+	if s.Cluster != nil {
+		return fmt.Errorf("tenant volumes on a cluster node: %w", cluster.ErrNotSupported)
 	}
 	if spec.Replicas > 1 {
 		return errSingleNode(spec.Replicas)
@@ -90,6 +114,11 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err := s.checkOvercommit(size); err != nil {
 		return err
 	}
+	release, err := s.reserve(tenant, auth.Quota{Volumes: 1, Capacity: spec.Capacity, IOPS: auth.IOPS(ps.QoS)})
+	if err != nil {
+		return err
+	}
+	defer release()
 	info, created, err := s.pool.Create(r.Context(), ps)
 	if err != nil {
 		return err
@@ -98,12 +127,32 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if created {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, volumeToAPI(info))
+	writeJSON(w, status, viewOf(r).volume(volumeToAPI(info)))
 	return nil
 }
 
+// createName returns the tenant and the pool name of a new volume: a
+// tenant's token always creates in its tenant (naming another is
+// forbidden); an admin may name any tenant.
+func (s *Server) createName(r *http.Request, tenant, name string) (string, string, error) {
+	p := principalOf(r)
+	switch {
+	case p.Tenant != "" && tenant != "" && tenant != p.Tenant:
+		return "", "", fmt.Errorf("tenant %q: a token of tenant %q creates volumes of its own tenant only: %w", tenant, p.Tenant, auth.ErrForbidden)
+	case p.Tenant != "":
+		tenant = p.Tenant
+	case tenant != "":
+		if err := pool.ValidateTenant("tenant", tenant); err != nil {
+			return "", "", err
+		}
+	}
+	pn, err := poolName(auth.Principal{Tenant: tenant}, name)
+	return tenant, pn, err
+}
+
+// volume is the request's {volume}, in the caller's scope.
 func (s *Server) volume(r *http.Request) (*pool.Volume, error) {
-	return s.pool.Volume(r.PathValue("volume"))
+	return s.volumeOf(r, r.PathValue("volume"))
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) error {
@@ -114,7 +163,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, volumeToAPI(v.Info()))
+	writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(v.Info())))
 	return nil
 }
 
@@ -128,15 +177,31 @@ func (s *Server) updateVolume(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	upd := pool.Update{Capacity: u.Capacity, Labels: u.Labels}
+	old := v.Info()
+	var grow auth.Quota
+	if u.Capacity != nil && *u.Capacity > old.Capacity {
+		grow.Capacity = *u.Capacity - old.Capacity
+	}
 	if u.QoS != nil {
 		q := qosFromAPI(u.QoS)
 		upd.QoS = &q
+		switch before, after := auth.IOPS(old.QoS), auth.IOPS(q); {
+		case after == auth.Unlimited && before != auth.Unlimited:
+			grow.IOPS = auth.Unlimited
+		case after != auth.Unlimited && before != auth.Unlimited && after > before:
+			grow.IOPS = after - before
+		}
 	}
+	release, err := s.reserve(v.Tenant(), grow)
+	if err != nil {
+		return err
+	}
+	defer release()
 	info, err := v.Update(r.Context(), upd)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, volumeToAPI(info))
+	writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
 	return nil
 }
 
@@ -148,7 +213,11 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) error {
 	if s.Cluster != nil {
 		return s.deleteClusterVolume(w, r, recursive)
 	}
-	if err := s.pool.DeleteWith(r.Context(), r.PathValue("volume"), pool.DeleteOptions{Recursive: recursive}); err != nil {
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	if err := s.pool.DeleteWith(r.Context(), v.Name(), pool.DeleteOptions{Recursive: recursive}); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -175,7 +244,7 @@ func (s *Server) addDisk(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, volumeToAPI(info))
+	writeJSON(w, http.StatusCreated, viewOf(r).volume(volumeToAPI(info)))
 	return nil
 }
 
@@ -199,7 +268,7 @@ func (s *Server) growDisk(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, volumeToAPI(info))
+	writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
 	return nil
 }
 
@@ -216,7 +285,7 @@ func (s *Server) removeDisk(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, volumeToAPI(info))
+	writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
 	return nil
 }
 
@@ -234,9 +303,16 @@ func (s *Server) findSnapshots(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	snaps := s.pool.FindSnapshots(match, name)
+	seen := map[string]bool{}
+	for _, v := range s.visible(r, match) {
+		seen[v.Name] = true
+	}
 	out := api.List[api.Snapshot]{Items: make([]api.Snapshot, 0, len(snaps))}
 	for _, sn := range snaps {
-		out.Items = append(out.Items, snapshotToAPI(sn))
+		if !seen[sn.Volume] {
+			continue
+		}
+		out.Items = append(out.Items, viewOf(r).snapshot(snapshotToAPI(sn)))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -250,7 +326,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	snaps := v.Snapshots()
 	out := api.List[api.Snapshot]{Items: make([]api.Snapshot, 0, len(snaps))}
 	for _, sn := range snaps {
-		out.Items = append(out.Items, snapshotToAPI(sn))
+		out.Items = append(out.Items, viewOf(r).snapshot(snapshotToAPI(sn)))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -276,9 +352,14 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	// Take the volume before starting a job, so that a busy volume is a
 	// 409, not a failed job. An existing snapshot needs no lock.
 	create := v.CreateSnapshotWith
+	release := func() {}
 	if _, err := v.Snapshot(spec.Name); err != nil {
+		if release, err = s.reserve(v.Tenant(), auth.Quota{Snapshots: 1}); err != nil {
+			return err
+		}
 		h, err := v.Hold("snapshot")
 		if err != nil {
+			release()
 			return err
 		}
 		create = h.CreateSnapshot
@@ -286,6 +367,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	var info pool.SnapshotInfo
 	created := false
 	return s.runJob(w, r, "snapshot", v.Name()+"@"+spec.Name, 1, func(ctx context.Context, j *job.Job) error {
+		defer release()
 		var err error
 		info, created, err = create(ctx, spec.Name, idem, j)
 		return err
@@ -294,7 +376,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 		if created {
 			status = http.StatusCreated
 		}
-		writeJSON(w, status, snapshotToAPI(info))
+		writeJSON(w, status, viewOf(r).snapshot(snapshotToAPI(info)))
 		return nil
 	})
 }
@@ -308,7 +390,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, snapshotToAPI(sn))
+	writeJSON(w, http.StatusOK, viewOf(r).snapshot(snapshotToAPI(sn)))
 	return nil
 }
 
@@ -358,7 +440,7 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) error {
 		info, err = h.Rollback(ctx, spec.Snapshot, force, j)
 		return err
 	}, func() error {
-		writeJSON(w, http.StatusOK, volumeToAPI(info))
+		writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
 		return nil
 	})
 }
@@ -374,26 +456,52 @@ func (s *Server) clone(w http.ResponseWriter, r *http.Request) error {
 	}
 	req := pool.CloneRequest{Source: pool.Source{Volume: spec.Source.Volume, Snapshot: spec.Source.Snapshot},
 		Names: spec.Names, Labels: spec.Labels, Idempotency: idem}
+	// The source in the caller's scope; the clones in the source's tenant.
+	src, err := s.volumeOf(r, spec.Source.Volume)
+	if err != nil && principalOf(r).Tenant != "" {
+		return err
+	}
+	tenant := ""
+	if src != nil {
+		tenant = src.Tenant()
+		req.Source.Volume = src.Name()
+		req.Names = make([]string, len(spec.Names))
+		for i, n := range spec.Names {
+			if req.Names[i], err = poolName(auth.Principal{Tenant: principalOf(r).Tenant}, n); err != nil {
+				return err
+			}
+		}
+	}
 	if err := s.checkOvercommit(s.cloneSize(req.Source) * int64(len(spec.Names))); err != nil {
 		return err
+	}
+	release := func() {}
+	if src != nil && tenant != "" {
+		n := int64(len(req.Names))
+		add := auth.Quota{Volumes: n, Capacity: n * s.cloneSize(req.Source), IOPS: auth.Unlimited}
+		if release, err = s.reserve(tenant, add); err != nil {
+			return err
+		}
 	}
 	// Validate, look up the source and take it and the names before
 	// starting a job, so that bad input, a missing source, a taken name or
 	// a busy one is a 4xx, not a failed job.
 	h, err := s.pool.HoldClone(req)
 	if err != nil {
+		release()
 		return err
 	}
 	target := req.Source.String() + " -> " + summarize(spec.Names)
 	var vols []pool.VolumeInfo
 	return s.runJob(w, r, "clone", target, len(spec.Names), func(ctx context.Context, j *job.Job) error {
+		defer release()
 		var err error
 		vols, err = h.Clone(ctx, j)
 		return err
 	}, func() error {
 		out := api.List[api.Volume]{Items: make([]api.Volume, 0, len(vols))}
 		for _, v := range vols {
-			out.Items = append(out.Items, volumeToAPI(v))
+			out.Items = append(out.Items, viewOf(r).volume(volumeToAPI(v)))
 		}
 		writeJSON(w, http.StatusCreated, out)
 		return nil
@@ -409,9 +517,13 @@ func summarize(names []string) string {
 
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	jobs := s.jobs.List()
+	s.forgetJobs(jobs)
 	out := api.List[api.Job]{Items: make([]api.Job, 0, len(jobs))}
 	for _, j := range jobs {
-		out.Items = append(out.Items, jobToAPI(j))
+		if !s.ownJob(r, j.ID) {
+			continue
+		}
+		out.Items = append(out.Items, viewOf(r).job(jobToAPI(j)))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -419,18 +531,24 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
 	j, err := s.jobs.Get(r.PathValue("id"))
+	if err == nil && !s.ownJob(r, r.PathValue("id")) {
+		err = job.ErrNotFound
+	}
 	if err != nil {
 		return fmt.Errorf("job %q: %w", r.PathValue("id"), err)
 	}
-	writeJSON(w, http.StatusOK, jobToAPI(j.Status()))
+	writeJSON(w, http.StatusOK, viewOf(r).job(jobToAPI(j.Status())))
 	return nil
 }
 
 func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
+	if !s.ownJob(r, r.PathValue("id")) {
+		return fmt.Errorf("job %q: %w", r.PathValue("id"), job.ErrNotFound)
+	}
 	j, err := s.jobs.Cancel(r.PathValue("id"))
 	if err != nil {
 		return fmt.Errorf("job %q: %w", r.PathValue("id"), err)
 	}
-	writeJSON(w, http.StatusAccepted, jobToAPI(j.Status()))
+	writeJSON(w, http.StatusAccepted, viewOf(r).job(jobToAPI(j.Status())))
 	return nil
 }

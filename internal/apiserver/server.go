@@ -3,7 +3,6 @@ package apiserver
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,10 +12,12 @@ import (
 	"net/http"
 	"path"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -32,6 +33,16 @@ type Server struct {
 	// Cluster, when set (before serving), makes volume creation, deletion
 	// and lookup cluster-wide (docs/cluster.md); nil on a single node.
 	Cluster Cluster
+	// Auth, when set (before serving), authenticates stored tokens and
+	// keeps tenants' quotas (docs/security.md, "Tenants").
+	Auth *auth.Store
+	// RequireToken refuses requests without a token even when the server
+	// has no --token-file token (a non-loopback API, --require-token).
+	RequireToken bool
+
+	quotas     quotas
+	jobTenants sync.Map // job ID -> tenant that started it
+	conns      sync.Map // net.Conn -> *connTrack
 
 	pool  *pool.Pool
 	jobs  *job.Manager
@@ -56,44 +67,61 @@ func NewServer(p *pool.Pool, jobs *job.Manager, token string, log *slog.Logger) 
 }
 
 // Mount serves h at pattern (e.g. "GET /metrics") behind the same
-// authentication as the API.
-func (s *Server) Mount(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+// authentication as the API, for callers that may read the whole node.
+func (s *Server) Mount(pattern string, h http.Handler) {
+	s.mux.Handle(pattern, s.handle(s.authorize(auth.ActNode, func(w http.ResponseWriter, r *http.Request) error {
+		h.ServeHTTP(w, r)
+		return nil
+	})))
+}
+
+type route struct {
+	h   func(http.ResponseWriter, *http.Request) error
+	act auth.Action // what the caller's role must allow
+}
 
 func (s *Server) routes() {
-	for pattern, h := range map[string]func(http.ResponseWriter, *http.Request) error{
-		"GET /v1/pool":                                      s.getPool,
-		"GET /v1/version":                                   s.getVersion,
-		"GET /v1/usage":                                     s.getUsage,
-		"GET /v1/volumes":                                   s.listVolumes,
-		"POST /v1/volumes":                                  s.createVolume,
-		"GET /v1/volumes/{volume}":                          s.getVolume,
-		"PATCH /v1/volumes/{volume}":                        s.updateVolume,
-		"DELETE /v1/volumes/{volume}":                       s.deleteVolume,
-		"POST /v1/volumes/{volume}/disks":                   s.addDisk,
-		"PATCH /v1/volumes/{volume}/disks/{disk}":           s.growDisk,
-		"DELETE /v1/volumes/{volume}/disks/{disk}":          s.removeDisk,
-		"GET /v1/snapshots":                                 s.findSnapshots,
-		"GET /v1/volumes/{volume}/snapshots":                s.listSnapshots,
-		"POST /v1/volumes/{volume}/snapshots":               s.createSnapshot,
-		"GET /v1/volumes/{volume}/snapshots/{snapshot}":     s.getSnapshot,
-		"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  s.deleteSnapshot,
-		"POST /v1/volumes/{volume}/rollback":                s.rollback,
-		"POST /v1/clones":                                   s.clone,
-		"GET /v1/attachments":                               s.findAttachments,
-		"GET /v1/volumes/{volume}/attachments":              s.listAttachments,
-		"POST /v1/volumes/{volume}/attachments":             s.attach,
-		"GET /v1/volumes/{volume}/attachments/{id}":         s.getAttachment,
-		"DELETE /v1/volumes/{volume}/attachments/{id}":      s.detach,
-		"POST /v1/volumes/{volume}/attachments/{id}/writer": s.transferWriter,
-		"GET /v1/nodes":                                     s.listNodes,
-		"GET /v1/jobs":                                      s.listJobs,
-		"GET /v1/jobs/{id}":                                 s.getJob,
-		"DELETE /v1/jobs/{id}":                              s.cancelJob,
+	for pattern, rt := range map[string]route{
+		"GET /v1/pool":                                      {s.getPool, auth.ActRead},
+		"GET /v1/version":                                   {s.getVersion, auth.ActRead},
+		"GET /v1/whoami":                                    {s.whoami, auth.ActRead},
+		"GET /v1/usage":                                     {s.getUsage, auth.ActNode},
+		"GET /v1/volumes":                                   {s.listVolumes, auth.ActRead},
+		"POST /v1/volumes":                                  {s.createVolume, auth.ActWrite},
+		"GET /v1/volumes/{volume}":                          {s.getVolume, auth.ActRead},
+		"PATCH /v1/volumes/{volume}":                        {s.updateVolume, auth.ActWrite},
+		"DELETE /v1/volumes/{volume}":                       {s.deleteVolume, auth.ActWrite},
+		"POST /v1/volumes/{volume}/disks":                   {s.addDisk, auth.ActWrite},
+		"PATCH /v1/volumes/{volume}/disks/{disk}":           {s.growDisk, auth.ActWrite},
+		"DELETE /v1/volumes/{volume}/disks/{disk}":          {s.removeDisk, auth.ActWrite},
+		"GET /v1/snapshots":                                 {s.findSnapshots, auth.ActRead},
+		"GET /v1/volumes/{volume}/snapshots":                {s.listSnapshots, auth.ActRead},
+		"POST /v1/volumes/{volume}/snapshots":               {s.createSnapshot, auth.ActWrite},
+		"GET /v1/volumes/{volume}/snapshots/{snapshot}":     {s.getSnapshot, auth.ActRead},
+		"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  {s.deleteSnapshot, auth.ActWrite},
+		"POST /v1/volumes/{volume}/rollback":                {s.rollback, auth.ActWrite},
+		"POST /v1/clones":                                   {s.clone, auth.ActWrite},
+		"GET /v1/attachments":                               {s.findAttachments, auth.ActRead},
+		"GET /v1/volumes/{volume}/attachments":              {s.listAttachments, auth.ActRead},
+		"POST /v1/volumes/{volume}/attachments":             {s.attach, auth.ActAttach},
+		"GET /v1/volumes/{volume}/attachments/{id}":         {s.getAttachment, auth.ActRead},
+		"DELETE /v1/volumes/{volume}/attachments/{id}":      {s.detach, auth.ActAttach},
+		"POST /v1/volumes/{volume}/attachments/{id}/writer": {s.transferWriter, auth.ActAttach},
+		"GET /v1/nodes":                                     {s.listNodes, auth.ActNode},
+		"GET /v1/jobs":                                      {s.listJobs, auth.ActRead},
+		"GET /v1/jobs/{id}":                                 {s.getJob, auth.ActRead},
+		"DELETE /v1/jobs/{id}":                              {s.cancelJob, auth.ActWrite},
+		"GET /v1/tokens":                                    {s.listTokens, auth.ActAdmin},
+		"POST /v1/tokens":                                   {s.createToken, auth.ActAdmin},
+		"DELETE /v1/tokens/{id}":                            {s.revokeToken, auth.ActAdmin},
+		"GET /v1/tenants":                                   {s.listTenants, auth.ActAdmin},
+		"PUT /v1/tenants/{tenant}":                          {s.setTenant, auth.ActAdmin},
 	} {
+		h := rt.h
 		if g, ok := replicatedGuards[pattern]; ok {
 			h = s.guardReplicated(g, h)
 		}
-		s.mux.Handle(pattern, s.handle(h))
+		s.mux.Handle(pattern, s.handle(s.authorize(rt.act, h)))
 	}
 }
 
@@ -134,11 +162,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.probe(w, r) {
 		return
 	}
-	if s.token != "" && !s.authorized(r) {
-		s.writeError(w, r, errUnauthorized)
+	p, err := s.authenticate(r)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
-	s.route(w, r)
+	s.watchRevocation(r, p)
+	s.route(w, withPrincipal(r, p))
 }
 
 // Local returns the API without the token check, for a unix socket whose
@@ -147,7 +177,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) Local() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !s.probe(w, r) {
-			s.route(w, r)
+			s.route(w, withPrincipal(r, auth.Anonymous))
 		}
 	})
 }
@@ -222,11 +252,6 @@ func isCleanPath(p string) bool {
 	return c == p
 }
 
-func (s *Server) authorized(r *http.Request) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) == 1
-}
-
 // handle adapts a handler that returns an error, mapping it once.
 func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -269,8 +294,11 @@ func (r *statusRecorder) WriteHeader(status int)      { r.status = status }
 func (s *Server) runJob(w http.ResponseWriter, r *http.Request, kind, target string, items int,
 	fn func(ctx context.Context, j *job.Job) error, done func() error) error {
 	j := s.jobs.Start(kind, target, items, fn)
+	if t := principalOf(r).Tenant; t != "" {
+		s.jobTenants.Store(j.Status().ID, t)
+	}
 	if r.URL.Query().Get("async") == "true" {
-		writeJSON(w, http.StatusAccepted, jobToAPI(j.Status()))
+		writeJSON(w, http.StatusAccepted, viewOf(r).job(jobToAPI(j.Status())))
 		return nil
 	}
 	if err := j.Wait(r.Context()); err != nil {

@@ -150,7 +150,7 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 		}
 	}
 	add("node", a.serverCommand(), a.nodeCommand(), a.poolCommand(), a.jobCommand(), a.csiCommand(), a.deviceAgentCommand(),
-		a.kubevirtHookCommand(), a.kubevirtWebhookCommand())
+		a.kubevirtHookCommand(), a.kubevirtWebhookCommand(), a.tokenCommand(), a.tenantCommand())
 	add("storage", a.volumeCommand(), a.diskCommand(), a.attachCommand())
 	add("data", a.snapshotCommand(), a.rollbackCommand(), a.cloneCommand())
 	root.AddCommand(a.versionCommand(), a.manCommand())

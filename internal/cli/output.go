@@ -152,6 +152,10 @@ func objectName(v any) (string, error) {
 		return "attachment/" + o.Volume + "/" + o.ID, nil
 	case api.Job:
 		return "job/" + o.ID, nil
+	case api.Token:
+		return "token/" + o.ID, nil
+	case api.Tenant:
+		return "tenant/" + o.Name, nil
 	}
 	return "", errNoName
 }

@@ -42,13 +42,15 @@ NBD exports are <volume>/<disk> (read-write) and <volume>@<snapshot>/<disk>
 (read-only), e.g. nbd://127.0.0.1:10809/web01/root. Clients of an attachment
 (quiver attach create) add its token: <volume>/<disk>/<token>.
 
-Everything listens on loopback by default. To serve the API on another
-address, give the server a bearer token with --token-file; clients pass the
-same file. With a token file every API request needs the token and every NBD
-export name an attachment token, loopback included; without one, any local
-user can use the API and NBD on loopback (the server warns). NBD on another
-address requires an attachment token in every export name (as
---nbd-require-token does on loopback).
+Everything listens on loopback by default. At its first start the server
+makes an admin API token, POOL/admin.token (0600), unless --token-file gives
+one. On another address, with --require-token, or with --token-file, every API
+request needs a token (clients pass --token-file) and every NBD export name an
+attachment or API token, loopback included; otherwise requests without a token
+on loopback act as the admin, so any local user can use the API and NBD (the
+server warns). NBD on another address requires a token in every export name
+(as --nbd-require-token does on loopback). "quiver token" makes tokens of
+tenants and roles (docs/security.md, "Tenants").
 
 --tls-cert and --tls-key serve the API over HTTPS (clients pass --ca-file and
 an https:// --server). --nbd-tls-cert and --nbd-tls-key let NBD clients
@@ -122,6 +124,8 @@ A flag on the command line wins over the file.`,
 	cmd.Flags().StringVar(&cfg.APIAddr, "listen", api.DefaultAddr, "host:port of the HTTP API")
 	cmd.Flags().StringVar(&cfg.NBDAddr, "nbd-listen", nbd.DefaultAddr, "host:port of the NBD server (empty: no TCP)")
 	cmd.Flags().StringVar(&cfg.NBDSocket, "nbd-socket", "", "also serve NBD on this unix socket")
+	cmd.Flags().BoolVar(&cfg.RequireToken, "require-token", false,
+		"refuse API requests without a token on loopback too; without --token-file the admin token is POOL/admin.token (always on beyond loopback)")
 	cmd.Flags().BoolVar(&cfg.NBDRequireToken, "nbd-require-token", false,
 		"refuse NBD exports without an attachment token (always on beyond loopback)")
 	cmd.Flags().BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API port")

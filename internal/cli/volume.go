@@ -31,6 +31,7 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 	var disks, labels []string
 	var limits *qosFlags
 	var replicas int
+	var tenant string
 	cmd := &cobra.Command{
 		Use:   "create NAME --capacity SIZE [--disk NAME=SIZE]... [--label KEY=VALUE]... [--replicas N] [--qos-rw-iops N] [--qos-rw-mbytes N]...",
 		Short: "Create a volume with its disks",
@@ -51,6 +52,7 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 			}
 			spec.QoS = limits.spec()
 			spec.Replicas = replicas
+			spec.Tenant = tenant
 			c, err := a.client()
 			if err != nil {
 				return err
@@ -66,6 +68,7 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 	cmd.Flags().StringArrayVar(&disks, "disk", nil, "a disk as NAME=SIZE[,shared], e.g. root=40Gi (repeatable; shared: exempt from the single-writer rule)")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "a label as KEY=VALUE (repeatable)")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "copies on distinct nodes of a cluster (above 1 needs a cluster: docs/cluster.md)")
+	cmd.Flags().StringVar(&tenant, "tenant", "", "the tenant that owns the volume (admin tokens only; a tenant's token always makes its own)")
 	limits = addQoSFlags(cmd, "qos-", "; one budget for all disks")
 	cmd.MarkFlagRequired("capacity")
 	return cmd

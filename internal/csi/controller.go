@@ -71,7 +71,11 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, err
 	}
-	name := volumeName(req.GetName())
+	maxName, err := c.d.maxVolumeName(ctx, qc)
+	if err != nil {
+		return nil, err
+	}
+	name := tenantVolumeName(req.GetName(), maxName)
 	unlock, err := c.d.locks.tryLock(name)
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"log/slog"
 	"net"
 	"net/http"
@@ -227,6 +228,21 @@ func getVolume(ctx context.Context, qc *client.Client, name string) (api.Volume,
 		return v, fmt.Errorf("look up volume %s: %w", name, err)
 	}
 	return v, nil
+}
+
+// maxVolumeName returns the longest volume name the client's token may
+// create: shorter than 63 for a tenant's token, whose volumes the server
+// names <tenant>--<name> (docs/security.md). A server without tenants
+// (no /v1/whoami) allows 63.
+func (d *Driver) maxVolumeName(ctx context.Context, c *client.Client) (int, error) {
+	w, err := c.WhoAmI(ctx)
+	if client.IsNotFound(err) {
+		return validation.DNS1123LabelMaxLength, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("quiver whoami: %w", err)
+	}
+	return w.MaxVolumeName, nil
 }
 
 // poolInfo returns the pool's identity, asked once.

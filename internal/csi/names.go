@@ -38,14 +38,23 @@ const hashLen = 16
 // a name that is already a DNS label (Kubernetes' "pvc-<uid>") is kept as it
 // is, so `quiver volume list` shows the PV's name; any other name becomes a
 // lower-cased, DNS-safe prefix of it plus a hash of the whole name.
-func volumeName(csiName string) string { return mapName(csiName) }
+func volumeName(csiName string) string { return mapName(csiName, validation.DNS1123LabelMaxLength) }
+
+// tenantVolumeName is volumeName for a plugin whose token belongs to a
+// tenant, whose volume names have at most max characters (api.WhoAmI,
+// docs/security.md "Tenants"): a name that fits is kept as it is, and a
+// longer one is cut to a prefix and a hash that fit. With max 63 (no tenant)
+// it is volumeName.
+func tenantVolumeName(csiName string, max int) string { return mapName(csiName, max) }
 
 // snapshotName maps a CSI snapshot name to a quiver snapshot name, with the
-// same rule as volumeName.
-func snapshotName(csiName string) string { return mapName(csiName) }
+// same rule as volumeName; snapshot names are per volume, so no tenant
+// shortens them.
+func snapshotName(csiName string) string { return mapName(csiName, validation.DNS1123LabelMaxLength) }
 
-func mapName(name string) string {
-	if isDNSLabel(name) {
+func mapName(name string, maxLen int) string {
+	maxLen = min(max(maxLen, 1+1+hashLen), validation.DNS1123LabelMaxLength)
+	if isDNSLabel(name) && len(name) <= maxLen {
 		return name
 	}
 	sum := sha256.Sum256([]byte(name))
@@ -62,13 +71,13 @@ func mapName(name string) string {
 			b.WriteByte('-')
 			dash = true
 		}
-		if b.Len() >= validation.DNS1123LabelMaxLength-1-hashLen {
+		if b.Len() >= maxLen-1-hashLen {
 			break
 		}
 	}
 	prefix := strings.Trim(b.String(), "-")
-	if len(prefix) > validation.DNS1123LabelMaxLength-1-hashLen {
-		prefix = strings.TrimRight(prefix[:validation.DNS1123LabelMaxLength-1-hashLen], "-")
+	if len(prefix) > maxLen-1-hashLen {
+		prefix = strings.TrimRight(prefix[:maxLen-1-hashLen], "-")
 	}
 	if prefix == "" {
 		prefix = "csi"

@@ -117,3 +117,34 @@ func TestCapacityFor(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantVolumeName: with a tenant's token the plugin's volume names fit
+// the tenant's limit (63 less "<tenant>--", api.WhoAmI): Kubernetes'
+// "pvc-<uid>" (40 characters) is kept for any tenant name up to 16
+// characters; a longer name is cut to a prefix and a hash that fit; with the
+// whole 63 it is volumeName.
+func TestTenantVolumeName(t *testing.T) {
+	pvc := "pvc-0b5c2a4e-8d0f-4c8e-9a53-1f3c2d4e5f60"
+	long := "sanity-controller-create-single-with-capacity-0123456789abcdef"
+	for _, max := range []int{45, 55, 63} {
+		if got := tenantVolumeName(pvc, max); got != pvc {
+			t.Errorf("tenantVolumeName(%q, %d) = %q, want it kept", pvc, max, got)
+		}
+		seen := map[string]string{}
+		for _, in := range []string{long, long + "x", "Web_01", strings.Repeat("a", 128)} {
+			got := tenantVolumeName(in, max)
+			if len(got) > max || len(validation.IsDNS1123Label(got)) > 0 {
+				t.Errorf("tenantVolumeName(%q, %d) = %q: over %d characters or not a DNS label", in, max, got, max)
+			}
+			if prev, ok := seen[got]; ok {
+				t.Errorf("tenantVolumeName(%q) = tenantVolumeName(%q) = %q", in, prev, got)
+			}
+			seen[got] = in
+		}
+	}
+	for _, in := range []string{pvc, long, "Web_01", strings.Repeat("a", 128)} {
+		if a, b := tenantVolumeName(in, 63), volumeName(in); a != b {
+			t.Errorf("tenantVolumeName(%q, 63) = %q, volumeName = %q", in, a, b)
+		}
+	}
+}

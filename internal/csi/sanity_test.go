@@ -1,10 +1,13 @@
 package csi
 
 import (
+	"context"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
@@ -12,8 +15,29 @@ import (
 	"github.com/onsi/ginkgo/v2/types"
 	"github.com/onsi/gomega"
 
+	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/testfs"
 )
+
+// sanityTenant is the tenant of TestSanity's plugin token.
+const sanityTenant = "sanity"
+
+// checkTenant lists every volume as the admin and records any that is not
+// the tenant's, or whose pool name does not carry the tenant's prefix.
+func checkTenant(admin *server, checked *atomic.Int64, outside *atomic.Value) {
+	vols, err := admin.api.ListVolumes(context.Background(), "")
+	if err != nil {
+		outside.Store(fmt.Sprintf("list as admin: %v", err))
+		return
+	}
+	for _, v := range vols {
+		if v.Tenant != sanityTenant || !strings.HasPrefix(v.Name, sanityTenant+"--") {
+			outside.Store(fmt.Sprintf("%s (tenant %q)", v.Name, v.Tenant))
+			continue
+		}
+		checked.Add(1)
+	}
+}
 
 // allowedSkips are the skip messages csi-sanity may give: each is a
 // capability quiver does not advertise (docs/csi.md says why). Any other
@@ -33,9 +57,13 @@ var allowedSkips = []string{
 }
 
 // TestSanity runs every csi-sanity spec against the plugin (all mode, in
-// process) backed by a real `quiver server` with a bearer token: once with
+// process) backed by a real `quiver server`, the plugin holding a token of
+// tenant "sanity" (role tenant), as in a tenant cluster: once with
 // Filesystem-mode volumes and once with Block-mode volumes (nbdfuse and a
-// loop device, which need root).
+// loop device, which need root). After every spec, before csi-sanity cleans
+// up, the server's admin sees every volume as the tenant's: everything the
+// plugin provisions, snapshots, clones and attaches stays in the tenant
+// (acceptance 6 of issue 17).
 func TestSanity(t *testing.T) {
 	if testing.Short() {
 		t.Skip("csi-sanity starts a server and runs hundreds of specs")
@@ -44,8 +72,16 @@ func TestSanity(t *testing.T) {
 	for _, tool := range []string{"nbdfuse", "losetup", "mount", "umount"} {
 		testfs.RequireTool(t, tool)
 	}
-	s := startServer(t)
-	p := startPlugin(t, s, "sanity-node", true)
+	admin := startServer(t)
+	tok, err := admin.api.CreateToken(context.Background(), api.TokenSpec{Tenant: sanityTenant, Role: api.RoleTenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := *admin
+	s.token = tok.Secret
+	p := startPlugin(t, &s, "sanity-node", true)
+	var checked atomic.Int64 // volumes seen in the tenant
+	var outside atomic.Value // a volume seen outside it
 
 	base := t.TempDir()
 	configs := map[string]*sanity.TestConfig{}
@@ -64,6 +100,7 @@ func TestSanity(t *testing.T) {
 	for _, accessType := range []string{"mount", "block"} {
 		ginkgo.Describe("access type "+accessType, func() {
 			contexts = append(contexts, sanity.GinkgoTest(configs[accessType]))
+			ginkgo.JustAfterEach(func() { checkTenant(admin, &checked, &outside) })
 		})
 	}
 	var skipped, passed, failed []string
@@ -93,6 +130,13 @@ func TestSanity(t *testing.T) {
 	}
 	sort.Strings(skipped)
 	t.Logf("csi-sanity: %d passed, %d failed, %d skipped", len(passed), len(failed), len(skipped))
+	t.Logf("volumes seen after the specs, all of tenant %s: %d", sanityTenant, checked.Load())
+	if v := outside.Load(); v != nil {
+		t.Errorf("a volume outside tenant %s: %s", sanityTenant, v)
+	}
+	if checked.Load() == 0 {
+		t.Error("no volume seen after any spec: the tenant check checked nothing")
+	}
 	for _, s := range skipped {
 		t.Logf("skipped: %s", s)
 		_, reason, _ := strings.Cut(s, " -- ")

@@ -106,6 +106,17 @@ func (p *Pool) HoldClone(req CloneRequest) (*CloneHold, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A clone belongs to its source's tenant, so its name must be one of
+	// that tenant's names (tenant.go).
+	if err := src.checkAlive(); err != nil {
+		return nil, err
+	}
+	tenant := src.manifest().Tenant
+	for i, n := range req.Names {
+		if err := ValidateVolumeTenant(n, tenant); err != nil {
+			return nil, fmt.Errorf("names[%d]: clone of a volume of tenant %q: %w", i, tenant, err)
+		}
+	}
 	// Refuse early, before any work, when a name is taken by something else.
 	for _, n := range req.Names {
 		if err := p.checkCloneTarget(n, req.Source, req.Idempotency); err != nil && !errors.Is(err, errCloneExists) {
@@ -180,7 +191,7 @@ func (h *CloneHold) Clone(ctx context.Context, prog Progress) ([]VolumeInfo, err
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			info, err := p.cloneOne(gctx, name, req.Source, req.Idempotency, from, disks, capacity, labels, prog)
+			info, err := p.cloneOne(gctx, name, m.Tenant, req.Source, req.Idempotency, from, disks, capacity, labels, prog)
 			if err != nil {
 				return fmt.Errorf("clone %s: %w", name, err)
 			}
@@ -227,7 +238,7 @@ func (s Source) String() string {
 }
 
 // cloneOne makes one clone; the caller has reserved its name.
-func (p *Pool) cloneOne(ctx context.Context, name string, src Source, idem Idempotency, from string, disks []DiskSpec,
+func (p *Pool) cloneOne(ctx context.Context, name, tenant string, src Source, idem Idempotency, from string, disks []DiskSpec,
 	capacity int64, labels map[string]string, prog Progress) (VolumeInfo, error) {
 	switch err := p.checkCloneTarget(name, src, idem); {
 	case errors.Is(err, errCloneExists):
@@ -245,7 +256,8 @@ func (p *Pool) cloneOne(ctx context.Context, name string, src Source, idem Idemp
 	}
 	s := src
 	m := volumeManifest{Kind: "Volume", Version: manifestVersion, Name: name, UID: newUID(), Capacity: capacity,
-		Labels: maps.Clone(labels), Disks: disks, Source: &s, CreatedAt: time.Now().UTC(), IdempotencyKey: idem.Key}
+		Labels: maps.Clone(labels), Disks: disks, Source: &s, CreatedAt: time.Now().UTC(), IdempotencyKey: idem.Key,
+		Tenant: tenant}
 	err = p.stageVolume(staged, m, func(disksDir string) error {
 		return p.copyImages(ctx, disksDir, from, disks, prog)
 	})

@@ -27,6 +27,9 @@ type VolumeSpec struct {
 	// Replicas is how many nodes of a cluster keep a copy (0 means 1). The
 	// pool only records it: placement is the cluster's (internal/cluster).
 	Replicas int
+	// Tenant owns the volume ("" for none); Name must then be
+	// TenantVolumeName(Tenant, local name) (tenant.go).
+	Tenant string
 	// Idempotency says when an existing volume of that name is the answer.
 	Idempotency Idempotency
 }
@@ -54,6 +57,9 @@ type volumeManifest struct {
 	CreatedAt time.Time         `json:"createdAt"`
 	// Replicas is how many nodes keep a copy, when above 1.
 	Replicas int `json:"replicas,omitempty"`
+	// Tenant owns the volume, set at creation and never changed; "" for
+	// none (tenant.go).
+	Tenant string `json:"tenant,omitempty"`
 	// IdempotencyKey is the key of the request that made the volume;
 	// DiskKeys those of the requests that added disks, by disk name.
 	IdempotencyKey string            `json:"idempotencyKey,omitempty"`
@@ -122,7 +128,8 @@ func (m *volumeManifest) disk(name string) (int, bool) {
 // idempotent creates.
 func (m *volumeManifest) sameSpec(s VolumeSpec) bool {
 	return m.Capacity == s.Capacity && maps.Equal(m.Labels, s.Labels) && slices.Equal(m.Disks, s.Disks) &&
-		m.Source == nil && limitsOf(m.QoS) == s.QoS && replicasOf(m.Replicas) == replicasOf(s.Replicas)
+		m.Source == nil && limitsOf(m.QoS) == s.QoS && replicasOf(m.Replicas) == replicasOf(s.Replicas) &&
+		m.Tenant == s.Tenant
 }
 
 // replicasOf normalizes a replica count: 0 means 1.
@@ -147,7 +154,8 @@ type VolumeInfo struct {
 	CreatedAt time.Time
 	Dir       string // directory holding the disk images
 	Writer    WriterInfo
-	Replicas  int // 1 unless the volume was made by a cluster
+	Replicas  int    // 1 unless the volume was made by a cluster
+	Tenant    string // the volume's tenant, from its manifest; "" for none
 	// Broken, when not empty, says why the volume was quarantined at
 	// start-up; only Name is set then, and every operation fails with
 	// ErrBroken.

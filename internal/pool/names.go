@@ -150,5 +150,8 @@ func ValidateSpec(s VolumeSpec) error {
 	if s.Replicas < 0 || s.Replicas > MaxReplicas {
 		return invalid("replicas", "", fmt.Sprintf("replicas %d: must be from 1 to %d (0 means 1)", s.Replicas, MaxReplicas))
 	}
+	if err := ValidateVolumeTenant(s.Name, s.Tenant); err != nil {
+		return err
+	}
 	return ValidateDisks(s.Disks, s.Capacity)
 }

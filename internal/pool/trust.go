@@ -102,7 +102,7 @@ func (m *volumeManifest) validate(dir string) error {
 	if m.Replicas < 0 || m.Replicas > MaxReplicas {
 		return invalid("replicas", "", fmt.Sprintf("replicas %d: must be from 1 to %d", m.Replicas, MaxReplicas))
 	}
-	return nil
+	return ValidateVolumeTenant(m.Name, m.Tenant)
 }
 
 // decodeSnapshotManifest decodes and validates snapshot.json of the

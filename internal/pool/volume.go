@@ -204,7 +204,7 @@ func (v *Volume) Info() VolumeInfo {
 	nsnaps := len(v.snaps)
 	v.mu.Unlock()
 	info := VolumeInfo{QoS: limitsOf(m.QoS), Name: m.Name, UID: m.UID, Capacity: m.Capacity, Labels: m.Labels, Source: m.Source,
-		Snapshots: nsnaps, CreatedAt: m.CreatedAt, Dir: v.disksDir(), Replicas: replicasOf(m.Replicas)}
+		Snapshots: nsnaps, CreatedAt: m.CreatedAt, Dir: v.disksDir(), Replicas: replicasOf(m.Replicas), Tenant: m.Tenant}
 	for _, d := range m.Disks {
 		path := v.diskPath(d.Name)
 		alloc, _ := v.pool.fs.Allocated(v.pool.rel(path))
@@ -261,7 +261,7 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 	}
 	m := volumeManifest{Kind: "Volume", Version: manifestVersion, Name: spec.Name, UID: newUID(),
 		Capacity: spec.Capacity, Labels: maps.Clone(spec.Labels), Disks: spec.Disks, QoS: qosOrNil(spec.QoS), CreatedAt: time.Now().UTC(),
-		IdempotencyKey: spec.Idempotency.Key}
+		IdempotencyKey: spec.Idempotency.Key, Tenant: spec.Tenant}
 	if spec.Replicas > 1 {
 		m.Replicas = spec.Replicas
 	}

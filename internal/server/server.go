@@ -5,7 +5,7 @@
 //
 // With cluster flags it joins the cluster (internal/cluster) before serving.
 //
-// Imports from quiver: api, apiserver, cluster, connlimit, durable, job, metrics, nbd, pool, qos, replica, storage, tlscert.
+// Imports from quiver: api, apiserver, auth, cluster, connlimit, durable, job, metrics, nbd, pool, qos, replica, storage, tlscert.
 package server
 
 import (
@@ -17,11 +17,13 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/apiserver"
+	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/connlimit"
 	"github.com/quiverstorage/quiver/internal/metrics"
@@ -46,6 +48,11 @@ type Config struct {
 	// NBDRequireToken refuses NBD exports without an attachment token (no
 	// implicit attachments, no LIST). Always on for a non-loopback NBDAddr.
 	NBDRequireToken bool
+	// RequireToken refuses API requests without a token on loopback too,
+	// when there is no TokenFile: the admin token is then the one made at
+	// first start in the pool (auth.AdminTokenFile). Always on for a
+	// non-loopback APIAddr.
+	RequireToken bool
 	// APISocket, when set, also serves the API on this unix socket, without
 	// the token: the socket file's permissions decide who may connect (0600,
 	// or 0660 with APISocketGroup). NBDSocket gets the same permissions.
@@ -98,16 +105,19 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if token == "" && !IsLoopback(cfg.APIAddr) {
-		return fmt.Errorf("listen %s: %w", cfg.APIAddr, ErrInsecure)
+		// Beyond loopback a token is required; without --token-file the
+		// admin's is the one made at first start in the pool.
+		cfg.RequireToken = true
 	}
 	if cfg.NBDAddr != "" && !IsLoopback(cfg.NBDAddr) && !cfg.NBDRequireToken {
-		log.Info("NBD listens beyond loopback: every export needs an attachment token", "addr", cfg.NBDAddr)
+		log.Info("NBD listens beyond loopback: every export needs an attachment or API token", "addr", cfg.NBDAddr)
 		cfg.NBDRequireToken = true
 	}
-	if token != "" {
-		cfg.NBDRequireToken = true // loopback included: a token file means no local trust
+	if token != "" || cfg.RequireToken {
+		cfg.NBDRequireToken = true // loopback included: a token means no local trust
 	} else {
-		log.Warn("no --token-file: any local user can call the API and read and write every disk over NBD on loopback")
+		log.Warn("no --token-file: any local user can call the API as admin and read and write every disk over NBD on loopback; " +
+			"tenant tokens are confined, but not the callers without a token (--require-token)")
 	}
 	tlsSet, err := setupTLS(cfg.TLS, cfg.NBDAddr)
 	if err != nil {
@@ -120,6 +130,22 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer p.Close()
+	store, err := auth.Open(p.FS(), p.ReadOnly())
+	if err != nil {
+		return err
+	}
+	if token == "" {
+		rel, made, err := store.Bootstrap()
+		if err != nil {
+			return err
+		}
+		if made {
+			log.Info("made the admin token", "file", filepath.Join(p.Dir(), rel))
+		}
+	}
+	if cfg.RequireToken && token == "" && p.ReadOnly() && len(store.List()) == 0 {
+		return fmt.Errorf("listen %s: %w (a read-only pool has no admin token to make)", cfg.APIAddr, ErrInsecure)
+	}
 	jobs := newJobs(p, log)
 	ln, err := net.Listen("tcp", cfg.APIAddr)
 	if err != nil {
@@ -129,7 +155,8 @@ func Run(ctx context.Context, cfg Config) error {
 	ln = &connlimit.Listener{Listener: ln, Limiter: connlimit.New(cfg.API.MaxConns, cfg.API.MaxConnsPerPeer),
 		Rejected: m.APIConnRejected}
 	cfg.NBD.Logger, cfg.NBD.Observer = log, m
-	var exports nbd.Exports = nbd.PoolExports{Pool: p, Metrics: m, RequireToken: cfg.NBDRequireToken}
+	var exports nbd.Exports = newTenantExports(nbd.PoolExports{Pool: p, Metrics: m, RequireToken: cfg.NBDRequireToken},
+		p, m, store)
 	var nbdLns []net.Listener
 	closeAll := func() {
 		for _, l := range append(nbdLns, ln) {
@@ -161,6 +188,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	handler := apiserver.NewServer(p, jobs, token, log)
 	handler.BodyTimeout = cfg.API.BodyTimeout
+	handler.Auth, handler.RequireToken = store, cfg.RequireToken
 	handler.MaxOvercommit = cfg.MaxOvercommit
 	endpoint := apiserver.NBDEndpoint{Socket: cfg.NBDSocket, TLS: cfg.NBD.TLS != nil && cfg.NBD.RequireTLS}
 	for _, l := range nbdLns {
@@ -190,6 +218,7 @@ func Run(ctx context.Context, cfg Config) error {
 		handler.Mount("GET /debug/pprof/allocs", pprof.Handler("allocs"))
 	}
 	srv := cfg.API.httpServer(handler)
+	srv.ConnContext, srv.ConnState = handler.ConnContext, handler.ConnState // revoked tokens' connections
 	var localSrv *http.Server
 	if cfg.APISocket != "" {
 		l, err := ListenUnix(cfg.APISocket, cfg.APISocketGroup)
@@ -202,7 +231,7 @@ func Run(ctx context.Context, cfg Config) error {
 			"group", cfg.APISocketGroup)
 		go func() { errc <- localSrv.Serve(l) }()
 	}
-	log.Info("serving API", "addr", ln.Addr().String(), "auth", token != "", "https", tlsSet.api != nil)
+	log.Info("serving API", "addr", ln.Addr().String(), "auth", token != "" || cfg.RequireToken, "https", tlsSet.api != nil)
 	var nbdAddr net.Addr
 	for _, l := range nbdLns {
 		log.Info("serving NBD", "addr", l.Addr().String(), "tls", tlsMode(cfg.NBD))

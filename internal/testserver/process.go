@@ -31,6 +31,10 @@ type Options struct {
 	// Token, when set, is the server's bearer token: Start writes it to a
 	// file beside the pool, passes --token-file, and Process.API sends it.
 	Token string
+	// AdminTokenFromPool makes Process.API send the admin token the
+	// server made at first start in the pool (admin.token); pass
+	// --require-token in Args to need it on loopback.
+	AdminTokenFromPool bool
 	// TLS, when set, makes Process.API call the server over HTTPS and
 	// verify it with this configuration (pass --tls-cert in Args).
 	TLS *tls.Config
@@ -60,6 +64,7 @@ type Process struct {
 	exited     chan struct{} // closed once the process is reaped
 	werr       error         // cmd.Wait's result, set before exited is closed
 	killed     atomic.Bool   // Kill sent the SIGKILL
+	poolToken  bool          // Options.AdminTokenFromPool
 }
 
 // Start runs bin as a server on loopback port 0 and returns once it has
@@ -95,7 +100,7 @@ func Spawn(bin string, o Options) (*Process, error) {
 		return nil, err
 	}
 	p := &Process{Socket: o.NBDSocket, Pool: o.Pool, Log: &LogBuffer{}, exited: make(chan struct{}), tls: o.TLS,
-		dial: o.Dial, readyFile: filepath.Join(dir, "ready.json")}
+		dial: o.Dial, readyFile: filepath.Join(dir, "ready.json"), poolToken: o.AdminTokenFromPool}
 	args := []string{"server", "--pool", o.Pool, "--listen", "127.0.0.1:0", "--nbd-listen=", "--ready-file", p.readyFile}
 	if o.NBDTCP {
 		args[5] = "--nbd-listen=127.0.0.1:0"
@@ -171,6 +176,13 @@ func (p *Process) waitReady(ctx context.Context) error {
 		scheme = "https://"
 		p.hc.Transport.(*http.Transport).TLSClientConfig = p.tls
 	}
+	if p.poolToken {
+		b, err := os.ReadFile(filepath.Join(p.Pool, "admin.token"))
+		if err != nil {
+			return fmt.Errorf("admin token: %w", err)
+		}
+		p.clientOpts = append(p.clientOpts, client.WithToken(strings.TrimSpace(string(b))))
+	}
 	var err error
 	if p.API, err = client.New(scheme+p.APIAddr, append(p.clientOpts, client.WithHTTPClient(p.hc))...); err != nil {
 		return err
@@ -183,6 +195,21 @@ func (p *Process) waitReady(ctx context.Context) error {
 		return fmt.Errorf("%s answers for pool %q, not %q", p.APIAddr, info.Path, abs)
 	}
 	return nil
+}
+
+// ClientWith returns a client of the server's API that sends token (none
+// when ""), over the same transport as Process.API.
+func (p *Process) ClientWith(token string) (*client.Client, error) {
+	scheme := "http://"
+	if p.tls != nil {
+		scheme = "https://"
+	}
+	hc := &http.Client{Transport: p.hc.Transport.(*http.Transport).Clone(), Timeout: p.hc.Timeout}
+	opts := []client.Option{client.WithHTTPClient(hc)}
+	if token != "" {
+		opts = append(opts, client.WithToken(token))
+	}
+	return client.New(scheme+p.APIAddr, opts...)
 }
 
 // URI is the NBD URI of an export over TCP.

@@ -20,6 +20,8 @@
 //
 // report prints markdown tables of every case: the median of the runs and
 // their range (min-max), server CPU per request first.
+//
+// Imports from quiver: nothing.
 package main
 
 import (

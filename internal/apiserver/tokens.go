@@ -1,0 +1,99 @@
+package apiserver
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/auth"
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+// errNoStore answers the token and tenant routes of a server without a
+// token store (tests that build the API alone).
+var errNoStore = fmt.Errorf("this server keeps no token store: %w", auth.ErrForbidden)
+
+func tokenToAPI(t auth.Token) api.Token {
+	return api.Token{ID: t.ID, Tenant: t.Tenant, Role: string(t.Role), Description: t.Description, CreatedAt: t.CreatedAt}
+}
+
+func quotaToAPI(q auth.Quota) api.Quota { return api.Quota(q) }
+
+func (s *Server) listTokens(w http.ResponseWriter, r *http.Request) error {
+	if s.Auth == nil {
+		return errNoStore
+	}
+	out := api.List[api.Token]{Items: []api.Token{}}
+	for _, t := range s.Auth.List() {
+		out.Items = append(out.Items, tokenToAPI(t))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) createToken(w http.ResponseWriter, r *http.Request) error {
+	if s.Auth == nil {
+		return errNoStore
+	}
+	var spec api.TokenSpec
+	if err := decode(r, &spec); err != nil {
+		return err
+	}
+	t, secret, err := s.Auth.Create(spec.Tenant, auth.Role(spec.Role), spec.Description)
+	if err != nil {
+		return err
+	}
+	s.log.Info("token created", "token", t.ID, "tenant", t.Tenant, "role", t.Role)
+	out := tokenToAPI(t)
+	out.Secret = secret
+	writeJSON(w, http.StatusCreated, out)
+	return nil
+}
+
+func (s *Server) revokeToken(w http.ResponseWriter, r *http.Request) error {
+	if s.Auth == nil {
+		return errNoStore
+	}
+	id := r.PathValue("id")
+	if err := s.Auth.Revoke(id); err != nil {
+		return err
+	}
+	s.log.Info("token revoked", "token", id)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
+	if s.Auth == nil {
+		return errNoStore
+	}
+	out := api.List[api.Tenant]{Items: []api.Tenant{}}
+	for _, t := range s.Auth.Tenants() {
+		out.Items = append(out.Items, api.Tenant{Name: t.Name, Quota: quotaToAPI(t.Quota), Used: quotaToAPI(s.usage(t.Name))})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) setTenant(w http.ResponseWriter, r *http.Request) error {
+	if s.Auth == nil {
+		return errNoStore
+	}
+	var spec api.TenantSpec
+	if err := decode(r, &spec); err != nil {
+		return err
+	}
+	t, err := s.Auth.SetQuota(r.PathValue("tenant"), auth.Quota(spec.Quota))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, api.Tenant{Name: t.Name, Quota: quotaToAPI(t.Quota), Used: quotaToAPI(s.usage(t.Name))})
+	return nil
+}
+
+func (s *Server) whoami(w http.ResponseWriter, r *http.Request) error {
+	p := principalOf(r)
+	writeJSON(w, http.StatusOK, api.WhoAmI{TokenID: p.TokenID, Tenant: p.Tenant, Role: string(p.Role),
+		MaxVolumeName: pool.MaxTenantVolumeName(p.Tenant)})
+	return nil
+}

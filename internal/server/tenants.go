@@ -1,0 +1,124 @@
+package server
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/quiverstorage/quiver/internal/auth"
+	"github.com/quiverstorage/quiver/internal/metrics"
+	"github.com/quiverstorage/quiver/internal/nbd"
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+// tenantExports serves NBD exports opened with an API token in the export
+// name (docs/security.md, "Tenants"):
+//
+//	<volume>/<disk>/<API token>             read-write, as an implicit attachment
+//	<volume>@<snapshot>/<disk>/<API token>  read-only
+//
+// The token's role must allow attaching (admin, tenant, attach); <volume>
+// is the caller's name for it (its tenant's name, without the prefix), and
+// the volume's tenant, read from its manifest, must be the token's. Every
+// failure gets the same answer as a wrong attachment token, so names cannot
+// be probed. The connection ends when the token is revoked.
+//
+// An attachment token's export may name the volume by its tenant's name as
+// well as by the pool's: when <volume> has no attachment with that token, the
+// volume <tenant>--<volume> of each tenant is tried (the token, 256 random
+// bits, matches one attachment of one volume at most). Every other export
+// name goes to next unchanged.
+type tenantExports struct {
+	next   nbd.Exports
+	pool   *pool.Pool
+	store  *auth.Store
+	direct nbd.PoolExports // opens the resolved name, tokenless (the token was checked here)
+}
+
+var _ nbd.Exports = tenantExports{}
+
+func newTenantExports(next nbd.Exports, p *pool.Pool, m *metrics.Metrics, store *auth.Store) tenantExports {
+	return tenantExports{next: next, pool: p, store: store, direct: nbd.PoolExports{Pool: p, Metrics: m}}
+}
+
+// errNoAccess is the answer to every refused open: it says nothing about
+// which part was wrong.
+var errNoAccess = fmt.Errorf("no such export, or its token is missing or wrong: %w", pool.ErrUnauthorized)
+
+// List implements nbd.Exports. NBD_OPT_LIST carries no credential, so it is
+// answered as before: everything on a tokenless node, refused otherwise.
+func (e tenantExports) List(ctx context.Context) ([]nbd.ExportInfo, error) { return e.next.List(ctx) }
+
+// Open implements nbd.Exports.
+func (e tenantExports) Open(ctx context.Context, name, peer string) (nbd.Export, error) {
+	ref, err := nbd.ParseExportName(name)
+	if err != nil || ref.Token == "" {
+		return e.next.Open(ctx, name, peer)
+	}
+	if !auth.IsSecret(ref.Token) {
+		return e.next.Open(ctx, e.attachmentExport(ref, name), peer)
+	}
+	p, err := e.store.Authenticate(ref.Token)
+	if err != nil || !p.Allows(auth.ActAttach) {
+		return nbd.Export{}, errNoAccess
+	}
+	local := ref.Volume
+	if p.Tenant != "" {
+		if err := pool.ValidateName("volume", local); err != nil || len(local) > pool.MaxTenantVolumeName(p.Tenant) {
+			return nbd.Export{}, errNoAccess
+		}
+	}
+	vol := pool.TenantVolumeName(p.Tenant, local)
+	v, err := e.pool.Volume(vol)
+	if err != nil || !p.Sees(v.Tenant()) {
+		return nbd.Export{}, errNoAccess
+	}
+	x, err := e.direct.Open(ctx, nbd.ExportName(vol, ref.Snapshot, ref.Disk), peer)
+	if err != nil {
+		return x, err
+	}
+	revoked := e.store.Done(p.TokenID)
+	if x.Revoked == nil {
+		x.Revoked = revoked
+		return x, nil
+	}
+	// Either ends the connection: the token's revocation or the end of
+	// the implicit attachment (which comes when the connection closes).
+	att, both := x.Revoked, make(chan struct{})
+	go func() {
+		defer close(both)
+		select {
+		case <-att:
+		case <-revoked:
+		}
+	}()
+	x.Revoked = both
+	return x, nil
+}
+
+// attachmentExport returns the export name that reaches the attachment of
+// ref's token: name itself, or the name with the pool's name of a tenant's
+// volume.
+func (e tenantExports) attachmentExport(ref nbd.ExportRef, name string) string {
+	if hasToken(e.pool, ref.Volume, ref.Token) {
+		return name
+	}
+	for _, t := range e.store.Tenants() {
+		vol := pool.TenantVolumeName(t.Name, ref.Volume)
+		if hasToken(e.pool, vol, ref.Token) {
+			return nbd.ExportName(vol, ref.Snapshot, ref.Disk) + "/" + ref.Token
+		}
+	}
+	return name
+}
+
+func hasToken(p *pool.Pool, volume, token string) bool {
+	if pool.ValidateName("volume", volume) != nil {
+		return false
+	}
+	v, err := p.Volume(volume)
+	if err != nil {
+		return false
+	}
+	_, err = v.AttachmentByToken(token)
+	return err == nil
+}
