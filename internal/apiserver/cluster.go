@@ -105,7 +105,12 @@ func withPlacement(v *api.Volume, p cluster.Placement) {
 	v.Replicas, v.Primary, v.Term = max(p.Replicas, 1), p.Primary, p.Term
 	v.Copies = make([]api.Copy, 0, len(p.Copies))
 	for _, c := range p.Copies {
-		v.Copies = append(v.Copies, api.Copy{Node: c.Node, State: c.State, Reason: c.Reason})
+		ac := api.Copy{Node: c.Node, State: c.State, Reason: c.Reason}
+		if c.Progress != nil {
+			pct := c.Progress.Percent()
+			ac.Progress, ac.DoneBytes, ac.TotalBytes = &pct, c.Progress.DoneBytes, c.Progress.TotalBytes
+		}
+		v.Copies = append(v.Copies, ac)
 	}
 }
 

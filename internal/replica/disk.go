@@ -113,7 +113,7 @@ func NewSet(ctx context.Context, size int64, inSync []Copy, behind []string, opt
 			err = fmt.Errorf("copy on %s is %d bytes, the primary's disk %d: %w", cp.Node, c.size, size, ErrCopyRefused)
 		}
 		if err != nil {
-			if derr := s.drop(cp.Node, err, 0, 0); derr != nil {
+			if derr := s.dropUnconnected(cp.Node, err); derr != nil {
 				s.Close()
 				return nil, derr
 			}
@@ -355,6 +355,22 @@ func (s *Set) drop(node string, cause error, off, length int64) error {
 	}
 	s.mu.Unlock()
 	c.close()
+	return nil
+}
+
+// dropUnconnected records an in-sync copy that could not be reached out of
+// sync: a bitmap first, then the record.
+func (s *Set) dropUnconnected(node string, cause error) error {
+	b, _, err := s.openBitmap(node)
+	if err != nil {
+		return fmt.Errorf("%w: copy on %s: %w (%w)", ErrNotAcknowledged, node, cause, err)
+	}
+	s.mu.Lock()
+	s.bitmaps[node] = b
+	s.mu.Unlock()
+	if err := s.opts.OutOfSync(node, cause); err != nil {
+		return fmt.Errorf("%w: copy on %s: %w (recording it out of sync: %w)", ErrNotAcknowledged, node, cause, err)
+	}
 	return nil
 }
 

@@ -13,6 +13,10 @@ import (
 // ErrResync: a resync could not start or was stopped.
 var ErrResync = errors.New("resync stopped")
 
+// ErrBitmapLeft: Rejoin put the copy back in sync but could not remove its
+// dirty bitmap (removed when the disk's Set next opens).
+var ErrBitmapLeft = errors.New("copy in sync, but its dirty bitmap could not be removed")
+
 // Resync brings one out-of-sync copy of a disk back (docs/cluster.md,
 // "Degraded mode and resync"). From BeginResync on, every change of the disk
 // goes to the copy as well (a mirror: a failure there stops the resync, not
@@ -241,7 +245,7 @@ func Rejoin(rs []*Resync, commit func() error) error {
 	if errs != nil {
 		// The copy is in sync; a bitmap left behind is removed when the
 		// disk's Set next opens with the copy in sync.
-		return fmt.Errorf("copy in sync, but removing its dirty bitmap: %w", errs)
+		return fmt.Errorf("%w: %w", ErrBitmapLeft, errs)
 	}
 	return nil
 }

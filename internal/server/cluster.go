@@ -13,6 +13,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/pool"
 	"github.com/quiverstorage/quiver/internal/qos"
+	"github.com/quiverstorage/quiver/internal/replica"
 )
 
 // poolStore is the pool as the cluster sees it: the copies this node holds.
@@ -62,7 +63,11 @@ func (s poolStore) DeleteCopy(ctx context.Context, name, uid string) error {
 	}
 	err = s.p.Delete(ctx, name)
 	if errors.Is(err, pool.ErrVolumeNotFound) {
-		return nil
+		err = nil
+	}
+	if err == nil {
+		// The dirty bitmaps of the copy's primary days go with it.
+		err = s.p.FS().RemoveAll(replica.BitmapDir(uid))
 	}
 	return err
 }
