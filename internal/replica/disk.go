@@ -79,8 +79,7 @@ type Set struct {
 }
 
 // NewSet connects to the in-sync copies of a disk of size bytes and opens
-// the bitmaps of the copies out of sync (behind). An out-of-sync copy
-// without a bitmap (lost, or a new copy) is marked dirty everywhere. An
+// the bitmaps of the copies out of sync (behind). An
 // in-sync copy that cannot be reached is recorded out of sync at once; if
 // that fails, NewSet fails.
 func NewSet(ctx context.Context, size int64, inSync []Copy, behind []string, opts Options) (*Set, error) {
@@ -96,10 +95,10 @@ func NewSet(ctx context.Context, size int64, inSync []Copy, behind []string, opt
 	s := &Set{size: size, opts: opts, ranges: opts.Ranges, inSync: map[string]*conn{}, resync: map[string]*Resync{},
 		bitmaps: map[string]*Bitmap{}, unflushed: MemoryBitmap(size, opts.Granule), flushing: map[*Bitmap]struct{}{}}
 	for _, node := range behind {
-		b, created, err := s.openBitmap(node)
-		if err == nil && created {
-			err = b.MarkAll()
-		}
+		// A copy out of sync without a bitmap for this disk has missed no
+		// change of it: every change since the copy left the in-sync set
+		// went through a Set that made the bitmap before applying it.
+		b, _, err := s.openBitmap(node)
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -133,6 +132,18 @@ func (s *Set) openBitmap(node string) (*Bitmap, bool, error) {
 		return nil, false, fmt.Errorf("dirty bitmap for copy %s: %w", node, err)
 	}
 	return b, created, nil
+}
+
+// MarkWhole marks every granule dirty for an out-of-sync copy: a new copy
+// (rebuild), which a resync then copies whole (holes as zeroes).
+func (s *Set) MarkWhole(node string) error {
+	s.mu.Lock()
+	b := s.bitmaps[node]
+	s.mu.Unlock()
+	if b == nil {
+		return fmt.Errorf("copy on %s is not out of sync here", node)
+	}
+	return b.MarkAll()
 }
 
 // InSync lists the copies written to and in sync now.

@@ -225,7 +225,13 @@ func TestResyncStopsOnCopyFailure(t *testing.T) {
 	}
 	defer s.Close()
 	d := s.Disk(local)
+	if n, _ := s.Bitmap("b").Granules(); n != 0 {
+		t.Fatalf("an out-of-sync copy without a bitmap has missed nothing, yet %d granules are dirty", n)
+	}
 	// A new copy: everything dirty.
+	if err := s.MarkWhole("b"); err != nil {
+		t.Fatal(err)
+	}
 	if n, _ := s.Bitmap("b").Granules(); n != diskSize/DefaultGranule {
 		t.Fatalf("a copy without a bitmap: %d granules dirty", n)
 	}
