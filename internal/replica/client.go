@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -175,7 +176,8 @@ func (c *conn) readReplies() {
 			return
 		}
 		if errno != 0 {
-			ch <- fmt.Errorf("%w: NBD error %d", ErrCopyRefused, errno)
+			// NBD's error values are Linux's errno numbers.
+			ch <- fmt.Errorf("%w: NBD error %d (%v)", ErrCopyRefused, errno, syscall.Errno(errno))
 		} else {
 			ch <- nil
 		}
