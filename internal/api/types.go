@@ -392,6 +392,7 @@ const (
 	CodeUnavailable    = "Unavailable"      // 503: the cluster state (etcd) cannot be reached
 	CodeNotPrimary     = "NotPrimary"       // 409: ask the volume's primary node (the message names it)
 	CodeNotSupported   = "NotSupported"     // 422: not built for replicated volumes yet
+	CodeDegraded       = "Degraded"         // 409: a copy is out of sync; wait for its resync
 	CodeInternal       = "Internal"         // 500
 )
 

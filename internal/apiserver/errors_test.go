@@ -56,6 +56,7 @@ func TestToError(t *testing.T) {
 		{"no session", fmt.Errorf("create: %w", cluster.ErrNoSession), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"not primary", fmt.Errorf("attach: %w", cluster.ErrNotPrimary), http.StatusConflict, api.CodeNotPrimary, ""},
 		{"not built for replicas", fmt.Errorf("snapshot: %w", cluster.ErrNotSupported), http.StatusUnprocessableEntity, api.CodeNotSupported, ""},
+		{"a copy out of sync", fmt.Errorf("snapshot: %w", cluster.ErrDegraded), http.StatusConflict, api.CodeDegraded, ""},
 		{"etcd unavailable", fmt.Errorf("%w: %w", errUnavailable, errors.New("context deadline exceeded")), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"unknown", errors.New("disk on fire"), http.StatusInternalServerError, api.CodeInternal, ""},
 		{"unknown wrapped", fmt.Errorf("snapshot web@v1: %w", errors.New("input/output error")), http.StatusInternalServerError, api.CodeInternal, ""},

@@ -32,6 +32,9 @@ type Server struct {
 	// Cluster, when set (before serving), makes volume creation, deletion
 	// and lookup cluster-wide (docs/cluster.md); nil on a single node.
 	Cluster Cluster
+	// Replicated takes and deletes the snapshots of replicated volumes on
+	// every copy (nil on a single node).
+	Replicated Replicated
 
 	pool  *pool.Pool
 	jobs  *job.Manager

@@ -146,6 +146,14 @@ func (s *Set) MarkWhole(node string) error {
 	return b.MarkAll()
 }
 
+// Freeze waits until no change of the disk is in flight and holds every
+// new one until the returned function is called: the cut at which a
+// snapshot is taken on every copy.
+func (s *Set) Freeze() (thaw func()) {
+	s.gate.Lock()
+	return s.gate.Unlock
+}
+
 // InSync lists the copies written to and in sync now.
 func (s *Set) InSync() []string {
 	s.mu.Lock()

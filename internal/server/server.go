@@ -185,6 +185,7 @@ func Run(ctx context.Context, cfg Config) error {
 		go func() { defer close(resyncDone); sets.resyncLoop(rctx) }()
 		defer func() { rcancel(); <-resyncDone }()
 		exports = replicatedExports{Exports: exports, node: node, log: log, sets: sets}
+		handler.Replicated = sets
 	}
 	nbdSrv := nbd.NewServer(exports, cfg.NBD)
 	handler.Mount("GET /metrics", m.Handler())

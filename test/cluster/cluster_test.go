@@ -425,8 +425,11 @@ func replicatedWrites(t *testing.T, c *cluster) {
 		!strings.Contains(err.Error(), "primary "+prim.name) {
 		t.Errorf("attach on the copy's node: %v", err)
 	}
-	if _, err := prim.api().CreateSnapshot(ctx, "rep", "s1"); client.Code(err) != api.CodeNotSupported {
-		t.Errorf("snapshot of a replicated volume: %v", err)
+	if _, err := prim.api().Rollback(ctx, "rep", "s1"); client.Code(err) != api.CodeNotSupported {
+		t.Errorf("rollback of a replicated volume: %v", err)
+	}
+	if _, err := cp.api().CreateSnapshot(ctx, "rep", "s1"); client.Code(err) != api.CodeNotPrimary {
+		t.Errorf("snapshot on the copy's node: %v", err)
 	}
 	uri := fmt.Sprintf("nbd://%s:10809/rep/root/%s", prim.ip, att.Token)
 	c.qemuIO(t, uri, "write -P 0xab 0 1M", "flush")
