@@ -134,16 +134,44 @@ func (s *Set) openBitmap(node string) (*Bitmap, bool, error) {
 	return b, created, nil
 }
 
-// MarkWhole marks every granule dirty for an out-of-sync copy: a new copy
-// (rebuild), which a resync then copies whole (holes as zeroes).
+// MarkWhole marks every granule dirty for a new copy (a rebuild), tracked
+// as out of sync from now on if it was not: a resync then copies it whole
+// (holes as zeroes that may trim, so only allocated ranges move data).
 func (s *Set) MarkWhole(node string) error {
+	s.gate.Lock() // no change in flight: each later one sees the bitmap
+	defer s.gate.Unlock()
 	s.mu.Lock()
 	b := s.bitmaps[node]
+	inSync := s.inSync[node] != nil || s.resync[node] != nil
 	s.mu.Unlock()
+	if inSync {
+		return fmt.Errorf("copy on %s is written already", node)
+	}
 	if b == nil {
-		return fmt.Errorf("copy on %s is not out of sync here", node)
+		var err error
+		if b, _, err = s.openBitmap(node); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.bitmaps[node] = b
+		s.mu.Unlock()
 	}
 	return b.MarkAll()
+}
+
+// Forget drops the bitmap of a copy that was replaced by another node's
+// (its file too).
+func (s *Set) Forget(node string) error {
+	s.gate.Lock() // no change in flight marks it
+	defer s.gate.Unlock()
+	s.mu.Lock()
+	b := s.bitmaps[node]
+	delete(s.bitmaps, node)
+	s.mu.Unlock()
+	if b == nil {
+		return nil
+	}
+	return b.Remove()
 }
 
 // Freeze waits until no change of the disk is in flight and holds every

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quiverstorage/quiver/internal/cluster"
+	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/pool"
 	"github.com/quiverstorage/quiver/internal/replica"
@@ -97,6 +98,10 @@ type replicaSets struct {
 	metrics *replMetrics
 	// rate limits each resync and rebuild (bytes per second; 0: none).
 	rate int64
+	// rebuildAfter is how long a copy's node may be gone before the copy
+	// is rebuilt on another node (0: never).
+	rebuildAfter time.Duration
+	jobs         *job.Manager
 
 	mu     sync.Mutex
 	ranges map[string]*replica.RangeLock
@@ -110,8 +115,9 @@ type setEntry struct {
 	refs     int
 }
 
-func newReplicaSets(node *cluster.Node, p *pool.Pool, log *slog.Logger, m *replMetrics, rate int64) *replicaSets {
-	return &replicaSets{node: node, pool: p, log: log, metrics: m, rate: rate,
+func newReplicaSets(node *cluster.Node, p *pool.Pool, log *slog.Logger, m *replMetrics, cfg cluster.Config,
+	jobs *job.Manager) *replicaSets {
+	return &replicaSets{node: node, pool: p, log: log, metrics: m, rate: cfg.ResyncRate, rebuildAfter: cfg.RebuildAfter, jobs: jobs,
 		ranges: map[string]*replica.RangeLock{}, m: map[string]*setEntry{}}
 }
 

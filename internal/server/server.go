@@ -179,7 +179,7 @@ func Run(ctx context.Context, cfg Config) error {
 		m.Register(node.Collector())
 		rm := newReplMetrics()
 		m.Register(rm.collectors()...)
-		sets := newReplicaSets(node, p, log, rm, cfg.Cluster.ResyncRate)
+		sets := newReplicaSets(node, p, log, rm, cfg.Cluster, jobs)
 		rctx, rcancel := context.WithCancel(context.Background())
 		resyncDone := make(chan struct{})
 		go func() { defer close(resyncDone); sets.resyncLoop(rctx) }()
