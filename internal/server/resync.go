@@ -82,14 +82,14 @@ func (r *replicaSets) resyncLoop(ctx context.Context) {
 							r.log.Warn("replace a copy whose node is gone", "volume", name, "copy", c.Node, "err", err)
 						} else {
 							delete(downSince, key)
-							if rebuild && !r.copyMade(ctx, name, c.Node) {
-								continue // the new node has not made its copy yet
-							}
 						}
 					}
 					continue
 				}
 				delete(downSince, key)
+				if rebuild && !r.copyMade(ctx, name, c.Node) {
+					continue // the new node has not made its copy yet
+				}
 				mu.Lock()
 				busy := running[key] || time.Now().Before(retry[key])
 				if !busy {
