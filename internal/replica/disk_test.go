@@ -305,3 +305,51 @@ func TestSilentCopyTimesOut(t *testing.T) {
 		t.Fatalf("out of sync: %v %v", nodes, errs)
 	}
 }
+
+// failingDisk fails its writes while fail is set (a full pool).
+type failingDisk struct {
+	pool.Disk
+	fail bool
+}
+
+func (f *failingDisk) WriteAt(p []byte, off int64, fua bool) error {
+	if f.fail {
+		return errors.New("no space left on device")
+	}
+	return f.Disk.WriteAt(p, off, fua)
+}
+
+// TestLocalFailureRepairsCopies: a write the primary's disk fails, but the
+// copy applied, fails to the client and the copy gets the primary's data
+// back: the copies never hold a change the primary lacks, and the copy
+// stays in sync.
+func TestLocalFailureRepairsCopies(t *testing.T) {
+	_, local := openDisk(t)
+	copyPool, copyDisk := openDisk(t)
+	px := serveCopy(t, copyPool)
+	fd := &failingDisk{Disk: local}
+	oos := &outOfSync{}
+	d, err := Open(context.Background(), fd, []Copy{{Node: "b", Addr: px.ln.Addr().String(), Export: "vm/root"}},
+		Options{Timeout: 5 * time.Second, OutOfSync: oos.record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Set().Close()
+	if err := d.WriteAt(bytes.Repeat([]byte{1}, 8192), 4096, false); err != nil {
+		t.Fatal(err)
+	}
+	fd.fail = true
+	if err := d.WriteAt(bytes.Repeat([]byte{2}, 8192), 4096, false); err == nil {
+		t.Fatal("a write the primary failed was acknowledged")
+	}
+	fd.fail = false
+	if err := d.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(contents(t, local), contents(t, copyDisk)) {
+		t.Fatal("the copy holds a write the primary failed")
+	}
+	if nodes, _ := oos.reported(); len(nodes) != 0 || len(d.InSync()) != 1 {
+		t.Fatalf("out of sync %v, in sync %v", nodes, d.InSync())
+	}
+}

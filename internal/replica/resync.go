@@ -50,6 +50,18 @@ func (s *Set) BeginResync(ctx context.Context, cp Copy) (*Resync, error) {
 		c.close()
 		return nil, fmt.Errorf("%w: copy on %s is %d bytes, the primary's disk %d", ErrResync, cp.Node, c.size, s.size)
 	}
+	s.mu.Lock()
+	stale := s.inSync[cp.Node] != nil
+	s.mu.Unlock()
+	if stale {
+		// The copy left the in-sync set through another disk of the
+		// volume, and this disk's Set has not written it since: drop it
+		// here too (the changes since the last flush are marked).
+		if err := s.drop(cp.Node, errors.New("out of sync in the cluster"), 0, 0); err != nil {
+			c.close()
+			return nil, fmt.Errorf("%w: %w", ErrResync, err)
+		}
+	}
 	s.gate.Lock() // no change in flight: each one before has marked the bitmap
 	defer s.gate.Unlock()
 	s.mu.Lock()

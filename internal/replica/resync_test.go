@@ -262,3 +262,43 @@ func spanOf(off, length int64) int64 {
 	first, last := off/DefaultGranule, (off+length-1)/DefaultGranule
 	return (last - first + 1) * DefaultGranule
 }
+
+// TestResyncOfACopyDroppedByAnotherDisk: a copy that left the in-sync set
+// through another disk's Set is still written by this disk's Set; its
+// resync drops it here first (marking the unflushed changes) instead of
+// refusing.
+func TestResyncOfACopyDroppedByAnotherDisk(t *testing.T) {
+	_, local := openDisk(t)
+	copyPool, copyDisk := openDisk(t)
+	px := serveCopy(t, copyPool)
+	oos := &outOfSync{}
+	s, err := NewSet(context.Background(), diskSize, []Copy{{Node: "b", Addr: px.ln.Addr().String(), Export: "vm/root"}}, nil,
+		Options{Timeout: 5 * time.Second, OutOfSync: oos.record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	d := s.Disk(local)
+	if err := d.WriteAt(bytes.Repeat([]byte{3}, 4096), 1<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := s.BeginResync(context.Background(), Copy{Node: "b", Addr: px.ln.Addr().String(), Export: "vm/root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := s.Bitmap("b").Granules(); n != 1 {
+		t.Fatalf("%d granules dirty, want the unflushed write's 1", n)
+	}
+	if err := rs.Run(context.Background(), local, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := Rejoin([]*Resync{rs}, func() error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(contents(t, local), contents(t, copyDisk)) {
+		t.Fatal("the copy differs after the resync")
+	}
+}
