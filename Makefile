@@ -71,12 +71,15 @@ fuzz:
 bench: build
 	cd test/bench && QUIVER_BENCH=1 $(GO) test -count=1 -timeout 60m -run Benchmark -v .
 
-# NBD data path: quiver vs nbdkit vs qemu-nbd vs the raw file, same file,
-# same client (fio's nbd engine). RUNTIME seconds per run, ROUNDS runs per
+# NBD data path: quiver vs nbdkit vs qemu-nbd vs the raw file, same content,
+# same client (fio's nbd engine); server CPU and context switches per
+# request, IOPS, MB/s, QD1 latency. RUNTIME seconds per run, ROUNDS runs per
 # case alternating between servers; DIR (must not exist) on the filesystem
 # to measure, e.g. a mounted XFS (default: a new directory in /tmp).
+# BASE=<git rev>: also quiver built at that revision, in the same rounds
+# (A/B). See test/bench/nbd.sh.
 bench-nbd:
-	test/bench/nbd.sh $(RUNTIME) $(DIR)
+	RUNTIME="$(RUNTIME)" ROUNDS="$(ROUNDS)" DIR="$(DIR)" BASE="$(BASE)" test/bench/nbd.sh
 
 # QoS path overhead: one unlimited volume served with and without metrics and
 # QoS, side by side in one process, driven by fio (nbd engine, unix socket),

@@ -172,6 +172,7 @@ func TestStrictDecodingRefuses(t *testing.T) {
 func TestManifestsAgree(t *testing.T) {
 	classes := map[string]*storagev1.StorageClass{}
 	containers := map[string]bool{}
+	flags := map[string]string{} // "<container> --flag" -> value
 	for _, o := range decodeAll(t) {
 		switch obj := o.obj.(type) {
 		case *storagev1.CSIDriver:
@@ -197,14 +198,29 @@ func TestManifestsAgree(t *testing.T) {
 		case *appsv1.DaemonSet:
 			for _, c := range obj.Spec.Template.Spec.Containers {
 				containers[c.Name] = true
+				if c.Name == "quiver-csi" || c.Name == "device-agent" {
+					for _, a := range c.Args {
+						if k, v, ok := strings.Cut(a, "="); ok {
+							flags[c.Name+" "+k] = v
+						}
+					}
+				}
 			}
 		}
 	}
 	for _, c := range []string{"quiver-csi", "csi-provisioner", "csi-attacher", "csi-snapshotter", "csi-resizer",
-		"node-driver-registrar", "liveness-probe"} {
+		"node-driver-registrar", "liveness-probe", "device-agent"} {
 		if !containers[c] {
 			t.Errorf("no container %s", c)
 		}
+	}
+	// The node plugin asks the device agent on its socket, and the agent
+	// makes FUSE mounts only under the plugin's state directory.
+	if sock := flags["quiver-csi --device-agent"]; sock == "" || sock != flags["device-agent --socket"] {
+		t.Errorf("node plugin --device-agent %q and device agent --socket %q differ", sock, flags["device-agent --socket"])
+	}
+	if root, state := flags["device-agent --root"], flags["quiver-csi --state-dir"]; root != state+"/fuse" {
+		t.Errorf("device agent --root %q is not the node plugin's --state-dir %q + /fuse", root, state)
 	}
 	mig, ten := classes["quiver-vm-migratable"], classes["quiver-tenant"]
 	if mig == nil || ten == nil {

@@ -149,7 +149,7 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 			root.AddCommand(c)
 		}
 	}
-	add("node", a.serverCommand(), a.nodeCommand(), a.poolCommand(), a.jobCommand(), a.csiCommand(),
+	add("node", a.serverCommand(), a.nodeCommand(), a.poolCommand(), a.jobCommand(), a.csiCommand(), a.deviceAgentCommand(),
 		a.kubevirtHookCommand(), a.kubevirtWebhookCommand())
 	add("storage", a.volumeCommand(), a.diskCommand(), a.attachCommand())
 	add("data", a.snapshotCommand(), a.rollbackCommand(), a.cloneCommand())

@@ -58,6 +58,8 @@ See docs/csi.md for deployment and StorageClass parameters.`,
 	f.StringVar(&cfg.NodeID, "node-id", "", "this node's ID, usually the Kubernetes node name (node and all modes)")
 	f.StringVar(&cfg.NBD, "nbd", nbd.DefaultAddr, "quiver's NBD server as this node reaches it: host:port or unix:///path/to.sock")
 	f.StringVar(&cfg.StateDir, "state-dir", "/var/lib/quiver-csi", "node state: publication records and nbdfuse mount points")
+	f.StringVar(&cfg.DeviceAgent, "device-agent", "",
+		"unix socket of `quiver device-agent`, which holds Block-mode devices so they outlive this plugin (empty: this process holds them)")
 	f.StringVar(&cfg.PoolDir, "pool-dir", "", "where this node sees the pool directory, if not at the server's path")
 	f.StringVar(&cfg.DriverName, "driver-name", csi.DefaultDriverName, "CSI driver name")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")

@@ -53,7 +53,8 @@ address requires an attachment token in every export name (as
 --tls-cert and --tls-key serve the API over HTTPS (clients pass --ca-file and
 an https:// --server). --nbd-tls-cert and --nbd-tls-key let NBD clients
 upgrade with NBD_OPT_STARTTLS; --nbd-tls require refuses clients that do not
-(the default beyond loopback). SIGHUP reloads every certificate file: new
+(the default beyond loopback). SIGHUP reloads every certificate file, and so
+does a change of the files (checked every --tls-watch-interval): new
 connections get the new certificate, established ones keep theirs.
 
 --api-socket serves the API on a unix socket without the token: the socket is
@@ -144,12 +145,14 @@ A flag on the command line wins over the file.`,
 	f.Var(byteSize{&cfg.NBD.MaxConnBytes}, "nbd-max-conn-bytes", "READ/WRITE bytes in flight per NBD connection (default 64Mi)")
 	f.Var(byteSize{&cfg.NBD.MaxPeerBytes}, "nbd-max-peer-bytes", "READ/WRITE bytes in flight per NBD peer (default 256Mi)")
 	f.Var(byteSize{&cfg.NBD.MaxBytes}, "nbd-max-bytes", "READ/WRITE bytes in flight across all NBD connections (default 1Gi)")
-	f.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "serve the API (and /metrics) over HTTPS with this PEM certificate (reloaded on SIGHUP)")
+	f.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "serve the API (and /metrics) over HTTPS with this PEM certificate (reloaded on SIGHUP and when the files change)")
 	f.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "the PEM key of --tls-cert")
-	f.StringVar(&cfg.TLS.NBDCertFile, "nbd-tls-cert", "", "PEM certificate for NBD over TLS (NBD_OPT_STARTTLS; reloaded on SIGHUP)")
+	f.StringVar(&cfg.TLS.NBDCertFile, "nbd-tls-cert", "", "PEM certificate for NBD over TLS (NBD_OPT_STARTTLS; reloaded on SIGHUP and when the files change)")
 	f.StringVar(&cfg.TLS.NBDKeyFile, "nbd-tls-key", "", "the PEM key of --nbd-tls-cert")
 	f.StringVar(&cfg.TLS.NBDMode, "nbd-tls", "",
 		"off, on (clients may upgrade) or require (default with --nbd-tls-cert: require beyond loopback, on on loopback)")
+	f.DurationVar(&cfg.TLS.WatchInterval, "tls-watch-interval", 0,
+		"how often certificate files are checked for a change and reloaded (0: every 5s; negative: only on SIGHUP)")
 	f.StringVar(&cfg.TLS.NBDClientCAFile, "nbd-tls-client-ca", "", "require NBD clients to present a certificate signed by a CA of this PEM file")
 	addClusterFlags(f, &cfg.Cluster)
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")

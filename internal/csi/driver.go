@@ -73,6 +73,11 @@ type Config struct {
 	// StateDir keeps the node's publication records and the nbdfuse mount
 	// points (node and all modes). It must survive plugin restarts.
 	StateDir string
+	// DeviceAgent, if set, is the unix socket of a device agent
+	// (blockdev.Agent, `quiver device-agent`) that holds the Block-mode
+	// devices, so that they outlive this plugin; empty: the plugin holds
+	// them itself, and they end with its container.
+	DeviceAgent string
 	// PoolDir is where this node sees the pool directory, when not at the
 	// path the server reports (a container mount, an NFS mount point);
 	// empty means the same path.

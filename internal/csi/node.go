@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	mount "k8s.io/mount-utils"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/blockdev"
 )
 
 // nodeService is the CSI node service. NodeStageVolume does the per-node
@@ -26,7 +28,7 @@ type nodeService struct {
 	d       *Driver
 	state   *stateStore
 	mounter mount.Interface
-	block   blockDevices
+	block   blockdev.Devices
 }
 
 func newNodeService(d *Driver) (*nodeService, error) {
@@ -35,7 +37,11 @@ func newNodeService(d *Driver) (*nodeService, error) {
 		return nil, err
 	}
 	m := mount.New("")
-	return &nodeService{d: d, state: st, mounter: m, block: newNbdfuseLoop(m)}, nil
+	var block blockdev.Devices = blockdev.NewNbdfuseLoop(m)
+	if d.cfg.DeviceAgent != "" {
+		block = blockdev.NewClient(d.cfg.DeviceAgent)
+	}
+	return &nodeService{d: d, state: st, mounter: m, block: block}, nil
 }
 
 func (n *nodeService) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
@@ -96,7 +102,12 @@ func (n *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 		case rec.Kind != kind.String() || rec.ReadOnly != readOnly:
 			return nil, fmt.Errorf("volume %s is already staged at %s as %s (read-only %v): %w",
 				name, staging, rec.Kind, rec.ReadOnly, ErrExists)
-		case n.stagedWhole(rec):
+		}
+		whole, err := n.stagedWhole(ctx, rec)
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: check its staging: %w", name, err)
+		}
+		if whole {
 			return &csi.NodeStageVolumeResponse{}, nil
 		}
 		// A staging left half-done (a crash, a restarted plugin that took
@@ -119,12 +130,12 @@ func (n *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 }
 
 // stagedWhole reports whether every step of a recorded staging is in place.
-func (n *nodeService) stagedWhole(rec *stageRecord) bool {
+func (n *nodeService) stagedWhole(ctx context.Context, rec *stageRecord) (bool, error) {
 	if rec.Kind == kindBlock.String() {
-		return n.block.healthy(rec.FuseDir, rec.Disk, rec.Loop, rec.PID)
+		return n.block.Healthy(ctx, rec.FuseDir, rec.Disk, rec.Loop, rec.PID)
 	}
 	mounted, err := n.mounter.IsMountPoint(rec.Staging)
-	return err == nil && mounted
+	return err == nil && mounted, nil
 }
 
 func (n *nodeService) stageFilesystem(ctx context.Context, rec *stageRecord, v api.Volume) error {
@@ -173,10 +184,10 @@ func (n *nodeService) stageBlock(ctx context.Context, rec *stageRecord, v api.Vo
 	if err := n.state.save(rec); err != nil {
 		return err
 	}
-	loop, pid, err := n.block.attach(ctx, rec.FuseDir, disk, uri, rec.ReadOnly)
+	loop, pid, err := n.block.Attach(ctx, rec.FuseDir, disk, uri, rec.ReadOnly)
 	if err != nil {
 		_ = n.state.remove(v.Name)
-		if errors.Is(err, ErrNoBlockTool) {
+		if errors.Is(err, blockdev.ErrNoTool) {
 			return fmt.Errorf("volume %s: %w: %w", v.Name, err, ErrPrecondition)
 		}
 		return fmt.Errorf("volume %s: NBD export %s/%s as a block device: %w", v.Name, v.Name, disk, err)
@@ -245,7 +256,7 @@ func (n *nodeService) lockedRecord(volume string) (*stageRecord, func(), error) 
 // unstage undoes every step of rec that is in place, then forgets rec.
 func (n *nodeService) unstage(ctx context.Context, rec *stageRecord) error {
 	if rec.Kind == kindBlock.String() {
-		if err := n.block.detach(ctx, rec.FuseDir, rec.Disk, rec.Loop, rec.PID); err != nil {
+		if err := n.block.Detach(ctx, rec.FuseDir, rec.Disk, rec.Loop, rec.PID); err != nil {
 			return fmt.Errorf("volume %s: %w", rec.Volume, err)
 		}
 		n.d.log.Info("unstaged block volume", "volume", rec.Volume, "loop", rec.Loop)
@@ -447,4 +458,20 @@ func (n *nodeService) localPath(ctx context.Context, serverPath string) (string,
 		return "", fmt.Errorf("volume path %s is not inside the pool %s", serverPath, info.Path)
 	}
 	return filepath.Join(n.d.cfg.PoolDir, rel), nil
+}
+
+// nbdURI is the NBD URI of an export on the server at addr: host:port, or
+// unix:///path/to.sock. The export name is escaped as a URI path.
+func nbdURI(addr, export string) (string, error) {
+	path := (&url.URL{Path: "/" + export}).EscapedPath()
+	if sock, ok := strings.CutPrefix(addr, "unix://"); ok {
+		if !strings.HasPrefix(sock, "/") {
+			return "", fmt.Errorf("NBD address %q: want unix:///absolute/path", addr)
+		}
+		return "nbd+unix://" + path + "?socket=" + url.QueryEscape(sock), nil
+	}
+	if addr == "" || strings.Contains(addr, "/") {
+		return "", fmt.Errorf("NBD address %q: want host:port or unix:///path/to.sock (--nbd)", addr)
+	}
+	return "nbd://" + addr + path, nil
 }

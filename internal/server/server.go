@@ -145,7 +145,7 @@ func Run(ctx context.Context, cfg Config) error {
 		nbdLns = append(nbdLns, l)
 	}
 	if cfg.NBDSocket != "" {
-		l, err := listenUnix(cfg.NBDSocket, cfg.APISocketGroup)
+		l, err := ListenUnix(cfg.NBDSocket, cfg.APISocketGroup)
 		if err != nil {
 			closeAll()
 			return fmt.Errorf("nbd socket %s: %w", cfg.NBDSocket, err)
@@ -198,7 +198,7 @@ func Run(ctx context.Context, cfg Config) error {
 	srv := cfg.API.httpServer(handler)
 	var localSrv *http.Server
 	if cfg.APISocket != "" {
-		l, err := listenUnix(cfg.APISocket, cfg.APISocketGroup)
+		l, err := ListenUnix(cfg.APISocket, cfg.APISocketGroup)
 		if err != nil {
 			closeAll()
 			return fmt.Errorf("api socket %s: %w", cfg.APISocket, err)
@@ -230,6 +230,8 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 	var failed error
+	tick, stopWatch := tlsSet.watch(cfg.TLS.WatchInterval)
+	defer stopWatch()
 wait:
 	for {
 		select {
@@ -238,6 +240,8 @@ wait:
 			break wait
 		case <-cfg.Reload:
 			tlsSet.reload(log)
+		case <-tick:
+			tlsSet.reloadChanged(log)
 		case <-ctx.Done():
 			break wait
 		}

@@ -9,13 +9,13 @@ import (
 	"strconv"
 )
 
-// listenUnix listens on a unix socket at path that only its owner (mode
+// ListenUnix listens on a unix socket at path that only its owner (mode
 // 0600) or, with a group, also that group's members (0660) can connect to:
 // connecting takes write permission on the socket file. The socket is made
 // in a private directory beside path, given its mode and group there, and
 // renamed into place, so it is never reachable with looser permissions. A
 // stale socket at path is replaced; anything else there is an error.
-func listenUnix(path, group string) (net.Listener, error) {
+func ListenUnix(path, group string) (net.Listener, error) {
 	gid := -1
 	mode := os.FileMode(0o600)
 	if group != "" {

@@ -40,7 +40,7 @@ func TestListenUnix(t *testing.T) {
 			}
 			stale.(*net.UnixListener).SetUnlinkOnClose(false)
 			_ = stale.Close()
-			ln, err := listenUnix(path, tc.group)
+			ln, err := ListenUnix(path, tc.group)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -73,7 +73,7 @@ func TestListenUnix(t *testing.T) {
 		if err := os.WriteFile(path, []byte("keep"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := listenUnix(path, ""); err == nil {
+		if _, err := ListenUnix(path, ""); err == nil {
 			t.Fatal("listenUnix replaced a regular file")
 		}
 		if b, _ := os.ReadFile(path); string(b) != "keep" {

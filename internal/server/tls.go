@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/tlscert"
 )
@@ -31,7 +32,16 @@ type TLSConfig struct {
 	// files, require on a non-loopback NBD address, on otherwise; without
 	// them, off.
 	NBDMode string
+	// WatchInterval is how often the certificate and key files are checked
+	// for a change (a rotation by cert-manager, a Kubernetes secret update,
+	// a `mv`); a changed pair is reloaded as on SIGHUP. Zero: every
+	// DefaultTLSWatchInterval; negative: never (SIGHUP only).
+	WatchInterval time.Duration
 }
+
+// DefaultTLSWatchInterval is how often certificate files are checked for a
+// change when TLSConfig.WatchInterval is zero.
+const DefaultTLSWatchInterval = 5 * time.Second
 
 // ErrTLSConfig is returned for TLS flags that do not fit together.
 var ErrTLSConfig = errors.New("TLS configuration")
@@ -111,6 +121,36 @@ func (s *tlsSetup) reload(log *slog.Logger) {
 		}
 		log.Info("TLS certificate reloaded: new connections use it", "cert", cert)
 	}
+}
+
+// reloadChanged reloads the pairs whose files changed since they were last
+// read.
+func (s *tlsSetup) reloadChanged(log *slog.Logger) {
+	for _, p := range s.pairs {
+		cert, key := p.Files()
+		tried, err := p.ReloadIfChanged()
+		switch {
+		case !tried:
+		case err != nil:
+			log.Error("TLS certificate files changed but do not load: the previous certificate stays in use", "cert", cert, "key", key, "err", err)
+		default:
+			log.Info("TLS certificate files changed and were reloaded: new connections use them", "cert", cert)
+		}
+	}
+}
+
+// watch returns a channel that ticks when the certificate files should be
+// checked (nil, which never ticks, without TLS or with watching off), and a
+// function to stop it.
+func (s *tlsSetup) watch(every time.Duration) (<-chan time.Time, func()) {
+	if len(s.pairs) == 0 || every < 0 {
+		return nil, func() {}
+	}
+	if every == 0 {
+		every = DefaultTLSWatchInterval
+	}
+	t := time.NewTicker(every)
+	return t.C, t.Stop
 }
 
 // serveAPI serves srv on ln, over TLS when the API has a certificate.

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
+	"syscall"
 )
 
 // ErrNoCertificates is returned for a CA file with no PEM certificate in it.
@@ -18,6 +20,26 @@ var ErrNoCertificates = errors.New("no PEM certificate found")
 type Pair struct {
 	certFile, keyFile string
 	cur               atomic.Pointer[tls.Certificate]
+
+	mu   sync.Mutex
+	seen [2]fileStamp // of certFile and keyFile at the last load attempt
+}
+
+// fileStamp tells one version of a file from another: a rename over it (a
+// Kubernetes secret's symlink swap, cert-manager, `mv new.pem cert.pem`)
+// changes the inode, a rewrite in place the size or modification time.
+type fileStamp struct {
+	dev, ino   uint64
+	size       int64
+	mtimeNanos int64
+}
+
+func stampOf(file string) (fileStamp, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(file, &st); err != nil {
+		return fileStamp{}, err
+	}
+	return fileStamp{dev: uint64(st.Dev), ino: st.Ino, size: st.Size, mtimeNanos: st.Mtim.Nano()}, nil
 }
 
 // Load reads the pair from certFile (PEM, the leaf first, then any
@@ -37,6 +59,39 @@ func Load(certFile, keyFile string) (*Pair, error) {
 // (a half-written file during a rotation does not take the server down)
 // and the error says why.
 func (p *Pair) Reload() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seen = p.stamps()
+	return p.load()
+}
+
+// ReloadIfChanged reloads the pair if either file changed since the last
+// load attempt, and says whether it tried. A pair that fails to load is
+// tried again only once its files change again (the second half of a
+// rotation that wrote the certificate first and the key after), so a broken
+// rotation is reported once, not on every check.
+func (p *Pair) ReloadIfChanged() (tried bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.stamps()
+	if now == p.seen {
+		return false, nil
+	}
+	p.seen = now
+	return true, p.load()
+}
+
+// stamps returns the files' stamps; a file that cannot be read has the zero
+// stamp (so its return counts as a change).
+func (p *Pair) stamps() [2]fileStamp {
+	var out [2]fileStamp
+	for i, f := range []string{p.certFile, p.keyFile} {
+		out[i], _ = stampOf(f)
+	}
+	return out
+}
+
+func (p *Pair) load() error {
 	c, err := tls.LoadX509KeyPair(p.certFile, p.keyFile)
 	if err != nil {
 		return fmt.Errorf("load TLS key pair %s, %s: %w", p.certFile, p.keyFile, err)

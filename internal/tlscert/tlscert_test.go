@@ -91,3 +91,49 @@ func TestServerConfigClientCA(t *testing.T) {
 		t.Fatalf("without a client CA: ClientAuth %v", cfg.ClientAuth)
 	}
 }
+
+// TestReloadIfChanged: unchanged files are not read again; a rotation is
+// picked up; a half-done rotation (new certificate, old key) fails once and
+// keeps the pair in use, and is tried again when the key arrives.
+func TestReloadIfChanged(t *testing.T) {
+	ca := certtest.NewCA(t, "ca")
+	dir := t.TempDir()
+	certFile, keyFile := ca.Server(t, false, "127.0.0.1").Write(t, dir)
+	p, err := tlscert.Load(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := leaf(t, p)
+	if tried, err := p.ReloadIfChanged(); tried || err != nil {
+		t.Fatalf("unchanged files: tried %v, err %v", tried, err)
+	}
+
+	second := ca.Server(t, false, "127.0.0.1")
+	second.Write(t, dir)
+	if tried, err := p.ReloadIfChanged(); !tried || err != nil {
+		t.Fatalf("rotated files: tried %v, err %v", tried, err)
+	}
+	if bytes.Equal(leaf(t, p), first) {
+		t.Fatal("the rotation was not picked up")
+	}
+	current := leaf(t, p)
+
+	third := ca.Server(t, false, "127.0.0.1")
+	certtest.WriteFile(t, certFile, third.Cert) // the key is still second's
+	if tried, err := p.ReloadIfChanged(); !tried || err == nil {
+		t.Fatalf("half-rotated files: tried %v, err %v; want a failed try", tried, err)
+	}
+	if !bytes.Equal(leaf(t, p), current) {
+		t.Fatal("a failed reload changed the certificate in use")
+	}
+	if tried, _ := p.ReloadIfChanged(); tried {
+		t.Fatal("a failed reload was tried again without any change to the files")
+	}
+	certtest.WriteFile(t, keyFile, third.Key)
+	if tried, err := p.ReloadIfChanged(); !tried || err != nil {
+		t.Fatalf("completed rotation: tried %v, err %v", tried, err)
+	}
+	if bytes.Equal(leaf(t, p), current) {
+		t.Fatal("the completed rotation was not picked up")
+	}
+}

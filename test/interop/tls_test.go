@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -275,4 +277,78 @@ func refused(t *testing.T, want, name string, args ...string) string {
 		t.Errorf("%s failed without %q in its message:\n%s", commandLine(name, args), want, out)
 	}
 	return out
+}
+
+// TestTLSRotationUnderFio is the rotation acceptance of the TLS issue: the
+// certificate files are replaced (no SIGHUP) while fio writes and verifies
+// over TLS. fio's connections, made before, see no error; the server
+// notices the new files by itself, and new connections get the new
+// certificate.
+func TestTLSRotationUnderFio(t *testing.T) {
+	requireTools(t, "fio", "nbdinfo")
+	oldCA := certtest.NewCA(t, "old CA")
+	s := startTLSServer(t, oldCA, nil, "require", "--tls-watch-interval", "200ms")
+	oldDir := certtest.ClientDir(t, oldCA, nil)
+	out := filepath.Join(t.TempDir(), "fio.json")
+	type result struct {
+		stdout string
+		err    error
+	}
+	done := make(chan result, 1)
+	// fio's nbd engine does not let a URI name a certificate directory
+	// (libnbd's tls-certificates is local file access, which it does not
+	// allow), so fio finds the CA where libnbd looks by default:
+	// $HOME/.pki/libnbd.
+	home := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(home, ".pki"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(oldDir, filepath.Join(home, ".pki", "libnbd")); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		cmd := exec.CommandContext(t.Context(), "fio", "--output-format=json", "--output="+out,
+			"--ioengine=nbd", "--uri=nbds://"+s.NBDAddr+"/vm/root", "--rw=randwrite", "--iodepth=8",
+			"--bs=4k", "--size=2m", "--numjobs=2", "--offset_increment=2m",
+			"--time_based", "--runtime=8", "--verify=crc32c", "--verify_fatal=1", "--verify_backlog=64",
+			"--verify_state_save=0", "--name=rotation")
+		cmd.Env = append(os.Environ(), "HOME="+home)
+		stdout, err := cmd.CombinedOutput()
+		done <- result{string(stdout), err}
+	}()
+
+	// Rotate once fio has its connections and is writing.
+	waitFor(t, func() bool { return strings.Count(s.Log.String(), "msg=transmission") >= 2 })
+	time.Sleep(time.Second)
+	newCA := certtest.NewCA(t, "new CA")
+	newDir := certtest.ClientDir(t, newCA, nil)
+	newCA.Server(t, false, "127.0.0.1", "localhost").Write(t, s.certDir)
+	waitFor(t, func() bool {
+		return strings.Contains(s.Log.String(), "TLS certificate files changed and were reloaded")
+	})
+	run(t, "nbdinfo", "--size", s.nbds("vm/root", newDir))
+	refused(t, "certificate verification", "nbdinfo", "--size", s.nbds("vm/root", oldDir))
+
+	r := <-done
+	report, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatalf("fio wrote no report: %v (fio: %v)\n%s", err, r.err, r.stdout)
+	}
+	if r.err != nil {
+		t.Fatalf("fio over TLS failed across the rotation: %v\n%s", r.err, r.stdout)
+	}
+	var res struct {
+		Jobs []fioJob `json:"jobs"`
+	}
+	if err := json.Unmarshal(report, &res); err != nil {
+		t.Fatalf("fio report: %v\n%s", err, report)
+	}
+	if len(res.Jobs) != 2 {
+		t.Fatalf("fio ran %d jobs, want 2", len(res.Jobs))
+	}
+	for _, j := range res.Jobs {
+		if j.Error != 0 || j.Write.Bytes == 0 || j.Read.Bytes == 0 {
+			t.Errorf("fio job %s: error %d, wrote %d bytes, verified %d", j.Name, j.Error, j.Write.Bytes, j.Read.Bytes)
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package csi
+package blockdev
 
 import (
 	"bytes"
@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,49 +18,33 @@ import (
 	mount "k8s.io/mount-utils"
 )
 
-// ErrNoBlockTool: a tool Block mode needs (nbdfuse, losetup) is missing.
-var ErrNoBlockTool = errors.New("block mode needs nbdfuse (libnbd-bin), losetup (util-linux) and /dev/fuse on the node")
-
-// blockDevices turns an NBD export into a block device on this node and back.
-type blockDevices interface {
-	// attach exposes the export at uri as a block device: a FUSE file at
-	// fuseDir/<file> and a loop device over it. It returns the loop device
-	// and the pid of the process serving the file.
-	attach(ctx context.Context, fuseDir, file, uri string, readOnly bool) (loop string, pid int, err error)
-	// detach undoes attach, whatever part of it was done: the loop device
-	// (only if it still points at the FUSE file), the FUSE mount, the
-	// process. Detaching what is already gone succeeds.
-	detach(ctx context.Context, fuseDir, file, loop string, pid int) error
-	// healthy reports whether an attachment is still whole.
-	healthy(fuseDir, file, loop string, pid int) bool
-}
-
-// nbdfuseLoop is the userspace Block-mode path for kernels without the nbd
+// NbdfuseLoop is the userspace Block-mode path for kernels without the nbd
 // module: nbdfuse (libnbd) serves the export as a file on a FUSE mount, and
 // a loop device over that file is a real block device, which mkfs, mount and
 // QEMU accept. The loop device uses direct I/O, so the page cache of this
 // node holds no stale copy of a disk that another node writes after a live
 // migration.
-type nbdfuseLoop struct {
+type NbdfuseLoop struct {
 	mounter mount.Interface
 
 	mu       sync.Mutex
 	children map[int]chan struct{} // closed when the nbdfuse child is reaped
 }
 
-var _ blockDevices = (*nbdfuseLoop)(nil)
+var _ Devices = (*NbdfuseLoop)(nil)
 
-func newNbdfuseLoop(m mount.Interface) *nbdfuseLoop {
-	return &nbdfuseLoop{mounter: m, children: map[int]chan struct{}{}}
+// NewNbdfuseLoop returns the nbdfuse path; m checks and undoes mounts.
+func NewNbdfuseLoop(m mount.Interface) *NbdfuseLoop {
+	return &NbdfuseLoop{mounter: m, children: map[int]chan struct{}{}}
 }
 
 // startTimeout bounds how long nbdfuse may take to connect and mount.
 const startTimeout = 20 * time.Second
 
-func (b *nbdfuseLoop) attach(ctx context.Context, fuseDir, file, uri string, readOnly bool) (string, int, error) {
+func (b *NbdfuseLoop) Attach(ctx context.Context, fuseDir, file, uri string, readOnly bool) (string, int, error) {
 	for _, tool := range []string{"nbdfuse", "losetup"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return "", 0, fmt.Errorf("%s: %w", tool, ErrNoBlockTool)
+			return "", 0, fmt.Errorf("%s: %w", tool, ErrNoTool)
 		}
 	}
 	if err := os.MkdirAll(fuseDir, 0o700); err != nil {
@@ -100,12 +83,12 @@ func (b *nbdfuseLoop) attach(ctx context.Context, fuseDir, file, uri string, rea
 		b.mu.Unlock()
 	}()
 	if err := waitPIDFile(ctx, pidFile, done); err != nil {
-		_ = b.detach(context.WithoutCancel(ctx), fuseDir, file, "", pid)
+		_ = b.Detach(context.WithoutCancel(ctx), fuseDir, file, "", pid)
 		return "", 0, fmt.Errorf("nbdfuse did not serve the export: %w: %s", err, tail(logFile))
 	}
 	loop, err := losetupAttach(ctx, filepath.Join(fuseDir, file), readOnly)
 	if err != nil {
-		_ = b.detach(context.WithoutCancel(ctx), fuseDir, file, "", pid)
+		_ = b.Detach(context.WithoutCancel(ctx), fuseDir, file, "", pid)
 		return "", 0, err
 	}
 	return loop, pid, nil
@@ -153,18 +136,26 @@ func losetupAttach(ctx context.Context, file string, readOnly bool) (string, err
 	return loop, nil
 }
 
-func (b *nbdfuseLoop) detach(ctx context.Context, fuseDir, file, loop string, pid int) error {
+func (b *NbdfuseLoop) Detach(ctx context.Context, fuseDir, file, loop string, pid int) error {
 	if loop != "" && loopBacking(ctx, loop) == filepath.Join(fuseDir, file) {
 		if _, err := run(ctx, "losetup", "--detach", loop); err != nil {
 			return fmt.Errorf("detach %s: %w", loop, err)
 		}
 	}
-	if mounted, err := b.mounter.IsMountPoint(fuseDir); err == nil && mounted {
+	mounted, err := b.mounter.IsMountPoint(fuseDir)
+	switch {
+	case err != nil && mount.IsCorruptedMnt(err):
+		// nbdfuse died under its mount (killed with a plugin's
+		// container): the kernel answers ENOTCONN for the mount point,
+		// which must still be unmounted.
+		mounted = true
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("check %s: %w", fuseDir, err)
+	}
+	if mounted {
 		if err := unmountFUSE(ctx, fuseDir); err != nil {
 			return err
 		}
-	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("check %s: %w", fuseDir, err)
 	}
 	if err := b.stop(pid); err != nil {
 		return err
@@ -194,7 +185,7 @@ func unmountFUSE(ctx context.Context, dir string) error {
 // stop waits for nbdfuse to exit after its unmount, and ends it if it does
 // not: SIGTERM, then SIGKILL. A pid whose process is not nbdfuse (the pid
 // was reused after a crash) is left alone.
-func (b *nbdfuseLoop) stop(pid int) error {
+func (b *NbdfuseLoop) stop(pid int) error {
 	if pid <= 0 {
 		return nil
 	}
@@ -214,7 +205,7 @@ func (b *nbdfuseLoop) stop(pid int) error {
 
 // waitExit waits for pid to exit, reaped by this process when it is our
 // child, or gone from /proc when it was started by an earlier run.
-func (b *nbdfuseLoop) waitExit(pid int, d time.Duration) bool {
+func (b *NbdfuseLoop) waitExit(pid int, d time.Duration) bool {
 	b.mu.Lock()
 	done, child := b.children[pid]
 	b.mu.Unlock()
@@ -250,11 +241,11 @@ func isNbdfuse(pid int) bool {
 	return err == nil && !bytes.Contains(stat, []byte(") Z "))
 }
 
-func (b *nbdfuseLoop) healthy(fuseDir, file, loop string, pid int) bool {
+func (b *NbdfuseLoop) Healthy(ctx context.Context, fuseDir, file, loop string, pid int) (bool, error) {
 	if loop == "" || !isNbdfuse(pid) {
-		return false
+		return false, nil
 	}
-	return loopBacking(context.Background(), loop) == filepath.Join(fuseDir, file)
+	return loopBacking(ctx, loop) == filepath.Join(fuseDir, file), nil
 }
 
 // loopBacking returns the file behind a loop device, or "" when it has none.
@@ -288,20 +279,4 @@ func tail(path string) string {
 		data = data[len(data)-2000:]
 	}
 	return strings.TrimSpace(string(data))
-}
-
-// nbdURI is the NBD URI of an export on the server at addr: host:port, or
-// unix:///path/to.sock. The export name is escaped as a URI path.
-func nbdURI(addr, export string) (string, error) {
-	path := (&url.URL{Path: "/" + export}).EscapedPath()
-	if sock, ok := strings.CutPrefix(addr, "unix://"); ok {
-		if !strings.HasPrefix(sock, "/") {
-			return "", fmt.Errorf("NBD address %q: want unix:///absolute/path", addr)
-		}
-		return "nbd+unix://" + path + "?socket=" + url.QueryEscape(sock), nil
-	}
-	if addr == "" || strings.Contains(addr, "/") {
-		return "", fmt.Errorf("NBD address %q: want host:port or unix:///path/to.sock (--nbd)", addr)
-	}
-	return "nbd://" + addr + path, nil
 }
