@@ -115,13 +115,21 @@ const (
 	// CopyDegraded: left the in-sync set (unreachable, or a write failed
 	// there); it lacks writes acknowledged since, and Reason says why.
 	CopyDegraded = "degraded"
+	// CopyResyncing: a degraded copy being brought back by its primary
+	// (Copy.Progress says how far).
+	CopyResyncing = "resyncing"
 )
 
 // Copy is one node's copy of a volume.
 type Copy struct {
 	Node   string `json:"node"`
-	State  string `json:"state"` // CopyInSync, CopyFailed, or "" while being made
+	State  string `json:"state"` // CopyInSync, CopyDegraded, CopyResyncing, CopyFailed, or "" while being made
 	Reason string `json:"reason,omitempty"`
+	// Progress is a resync's, in percent of the bytes to copy, with those
+	// bytes (CopyResyncing only).
+	Progress   *float64 `json:"progress,omitempty"`
+	DoneBytes  int64    `json:"doneBytes,omitempty"`
+	TotalBytes int64    `json:"totalBytes,omitempty"`
 }
 
 // Node states (Node.State).
@@ -391,6 +399,7 @@ const (
 	CodeUnavailable    = "Unavailable"      // 503: the cluster state (etcd) cannot be reached
 	CodeNotPrimary     = "NotPrimary"       // 409: ask the volume's primary node (the message names it)
 	CodeNotSupported   = "NotSupported"     // 422: not built for replicated volumes yet
+	CodeDegraded       = "Degraded"         // 409: a copy is out of sync; wait for its resync
 	CodeInternal       = "Internal"         // 500
 	CodeForbidden      = "Forbidden"        // 403: the token's role does not allow it
 	CodeQuota          = "QuotaExceeded"    // 403: a tenant quota would be exceeded (the message names it)

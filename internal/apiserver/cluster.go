@@ -105,7 +105,12 @@ func withPlacement(v *api.Volume, p cluster.Placement) {
 	v.Replicas, v.Primary, v.Term = max(p.Replicas, 1), p.Primary, p.Term
 	v.Copies = make([]api.Copy, 0, len(p.Copies))
 	for _, c := range p.Copies {
-		v.Copies = append(v.Copies, api.Copy{Node: c.Node, State: c.State, Reason: c.Reason})
+		ac := api.Copy{Node: c.Node, State: c.State, Reason: c.Reason}
+		if c.Progress != nil {
+			pct := c.Progress.Percent()
+			ac.Progress, ac.DoneBytes, ac.TotalBytes = &pct, c.Progress.DoneBytes, c.Progress.TotalBytes
+		}
+		v.Copies = append(v.Copies, ac)
 	}
 }
 
@@ -179,17 +184,18 @@ const (
 )
 
 // replicatedGuards are the routes on one volume that a replicated volume
-// restricts. Snapshots, rollback and disk changes must reach every copy at
-// one cut (docs/cluster.md), which is not built yet: refused rather than
-// applied to one copy.
+// restricts. Snapshots go through the primary, which takes them on every
+// copy at one cut (Replicated); rollback and disk changes must too
+// (docs/cluster.md), which is not built yet: refused rather than applied to
+// one copy.
 var replicatedGuards = map[string]replicatedGuard{
 	"POST /v1/volumes/{volume}/attachments":             onPrimary,
 	"POST /v1/volumes/{volume}/attachments/{id}/writer": onPrimary,
 	"POST /v1/volumes/{volume}/disks":                   notYetBuilt,
 	"PATCH /v1/volumes/{volume}/disks/{disk}":           notYetBuilt,
 	"DELETE /v1/volumes/{volume}/disks/{disk}":          notYetBuilt,
-	"POST /v1/volumes/{volume}/snapshots":               notYetBuilt,
-	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  notYetBuilt,
+	"POST /v1/volumes/{volume}/snapshots":               onPrimary,
+	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  onPrimary,
 	"POST /v1/volumes/{volume}/rollback":                notYetBuilt,
 }
 
@@ -216,4 +222,24 @@ func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, 
 		}
 		return h(w, r)
 	}
+}
+
+// Replicated is what the API needs to change every copy of a replicated
+// volume at one cut (the server's replication sets).
+type Replicated interface {
+	Snapshot(ctx context.Context, volume, name string, idem pool.Idempotency, prog pool.Progress) (pool.SnapshotInfo, bool, error)
+	DeleteSnapshot(ctx context.Context, volume, name string) error
+}
+
+// replicated says whether volume is a cluster volume with more than one
+// copy (this node being its primary: the guards made sure).
+func (s *Server) replicated(r *http.Request, volume string) (bool, error) {
+	if s.Cluster == nil || s.Replicated == nil {
+		return false, nil
+	}
+	role, err := s.Cluster.Role(r.Context(), volume)
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	return role.Placed && role.Replicas > 1, nil
 }

@@ -54,6 +54,7 @@ var errorMapping = []struct {
 	{cluster.ErrNoSession, http.StatusServiceUnavailable, api.CodeUnavailable},
 	{cluster.ErrNotPrimary, http.StatusConflict, api.CodeNotPrimary},
 	{cluster.ErrNotSupported, http.StatusUnprocessableEntity, api.CodeNotSupported},
+	{cluster.ErrDegraded, http.StatusConflict, api.CodeDegraded},
 	{errUnavailable, http.StatusServiceUnavailable, api.CodeUnavailable},
 }
 

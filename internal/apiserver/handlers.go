@@ -357,6 +357,17 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 		if release, err = s.reserve(v.Tenant(), auth.Quota{Snapshots: 1}); err != nil {
 			return err
 		}
+	}
+	rep, err := s.replicated(r, v.Name())
+	if err != nil {
+		release()
+		return err
+	}
+	if rep {
+		create = func(ctx context.Context, name string, idem pool.Idempotency, prog pool.Progress) (pool.SnapshotInfo, bool, error) {
+			return s.Replicated.Snapshot(ctx, v.Name(), name, idem, prog)
+		}
+	} else if _, err := v.Snapshot(spec.Name); err != nil {
 		h, err := v.Hold("snapshot")
 		if err != nil {
 			release()
@@ -399,7 +410,16 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := v.DeleteSnapshot(r.Context(), r.PathValue("snapshot")); err != nil {
+	rep, err := s.replicated(r, v.Name())
+	if err != nil {
+		return err
+	}
+	if rep {
+		err = s.Replicated.DeleteSnapshot(r.Context(), v.Name(), r.PathValue("snapshot"))
+	} else {
+		err = v.DeleteSnapshot(r.Context(), r.PathValue("snapshot"))
+	}
+	if err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

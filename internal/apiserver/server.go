@@ -43,6 +43,9 @@ type Server struct {
 	quotas     quotas
 	jobTenants sync.Map // job ID -> tenant that started it
 	conns      sync.Map // net.Conn -> *connTrack
+	// Replicated takes and deletes the snapshots of replicated volumes on
+	// every copy (nil on a single node).
+	Replicated Replicated
 
 	pool  *pool.Pool
 	jobs  *job.Manager

@@ -78,6 +78,9 @@ func formatCopies(v api.Volume) string {
 		if state == "" {
 			state = "being made"
 		}
+		if c.Progress != nil {
+			state += fmt.Sprintf(" %.0f%%", *c.Progress)
+		}
 		if c.Reason != "" {
 			state += ": " + c.Reason
 		}

@@ -221,4 +221,6 @@ func addClusterFlags(f *pflag.FlagSet, c *cluster.Config) {
 	f.DurationVar(&c.StartTimeout, "etcd-start-timeout", 5*time.Minute, "time for the embedded member to find a quorum of --initial-cluster")
 	f.DurationVar(&c.ReportInterval, "node-report-interval", 5*time.Second, "how often the node reports its free space")
 	f.DurationVar(&c.OpTimeout, "cluster-op-timeout", time.Minute, "time for every copy of a volume to be made or deleted")
+	f.DurationVar(&c.RebuildAfter, "rebuild-after", 10*time.Minute, "rebuild a copy on another node when its node is down this long (0: never)")
+	f.Var(byteSize{&c.ResyncRate}, "resync-rate", "bytes per second each resync or rebuild of a copy may copy, e.g. 100Mi (default: unlimited)")
 }

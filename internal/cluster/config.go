@@ -34,6 +34,13 @@ type Config struct {
 	StartTimeout   time.Duration // embedded member ready, peers included (default 5 min)
 	ReportInterval time.Duration // free-space updates (default 5 s)
 	OpTimeout      time.Duration // copies made or deleted (default 60 s)
+	// ResyncRate limits each resync and rebuild a primary runs, in bytes
+	// per second (--resync-rate; 0: unlimited).
+	ResyncRate int64
+	// RebuildAfter is how long the node of an out-of-sync copy may be down
+	// before its primary rebuilds the copy on another node
+	// (--rebuild-after, default 10 min; 0: never).
+	RebuildAfter time.Duration
 
 	// APIAddr and NBDAddr are the addresses other nodes and clients use to
 	// reach this node, recorded in its alive key.

@@ -35,4 +35,7 @@ var (
 	// ErrNoSession: this node has lost its etcd session (partitioned from
 	// etcd, or etcd lost quorum) and changes nothing until it has one.
 	ErrNoSession = errors.New("no etcd session")
+	// ErrDegraded: the operation needs every copy in sync (a snapshot
+	// would be missing on the copy out of sync).
+	ErrDegraded = errors.New("a copy of the volume is out of sync")
 )

@@ -271,3 +271,5 @@ func TestPlacement(t *testing.T) {
 func (s *memStore) AttachForPrimary(_ context.Context, volume, primary string, term uint64) (string, error) {
 	return fmt.Sprintf("token-%s-%s-%d", volume, primary, term), nil
 }
+
+func (s *memStore) ApplyOp(context.Context, string, Op) error { return nil }

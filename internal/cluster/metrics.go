@@ -14,6 +14,12 @@ var (
 		"1 while this node holds its etcd session (registered as up), else 0.", nil, nil)
 	descPlacements = prometheus.NewDesc("quiver_cluster_placements_total",
 		"Volume creations placed by this node, by result (ok: every copy in sync).", []string{"result"}, nil)
+	descCopyState = prometheus.NewDesc("quiver_cluster_copy_state",
+		"1 for the state each copy of a volume this node is the primary of is in (in-sync, degraded, resyncing, failed).",
+		[]string{"volume", "copy", "state"}, nil)
+	descResyncProgress = prometheus.NewDesc("quiver_cluster_copy_resync_progress_ratio",
+		"Share of the dirty bytes a running resync has copied, per copy of a volume this node is the primary of.",
+		[]string{"volume", "copy"}, nil)
 )
 
 // Collector returns the cluster's metrics, read at scrape time. The member
@@ -26,6 +32,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descNodes
 	ch <- descUp
 	ch <- descPlacements
+	ch <- descCopyState
+	ch <- descResyncProgress
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -52,4 +60,21 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descNodes, prometheus.GaugeValue, upN, "up")
 	ch <- prometheus.MustNewConstMetric(descNodes, prometheus.GaugeValue, downN, "down")
+	pls, err := c.n.Placements(ctx)
+	if err != nil {
+		return
+	}
+	for name, p := range pls {
+		if p.Primary != c.n.Name() {
+			continue
+		}
+		for _, cp := range p.Copies {
+			if cp.State != "" {
+				ch <- prometheus.MustNewConstMetric(descCopyState, prometheus.GaugeValue, 1, name, cp.Node, cp.State)
+			}
+			if cp.Progress != nil {
+				ch <- prometheus.MustNewConstMetric(descResyncProgress, prometheus.GaugeValue, cp.Progress.Percent()/100, name, cp.Node)
+			}
+		}
+	}
 }

@@ -39,6 +39,10 @@ type Store interface {
 	// through which primary, at term, writes this node's copy of volume
 	// over NBD, and returns its token.
 	AttachForPrimary(ctx context.Context, volume, primary string, term uint64) (token string, err error)
+	// ApplyOp applies an operation of the volume's primary to this node's
+	// copy (a snapshot with the primary's name and UID); applying it again
+	// is no error.
+	ApplyOp(ctx context.Context, volume string, op Op) error
 }
 
 // identity is <StateDir>/node.json: which cluster and node this pool is.
@@ -140,6 +144,8 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 	go func() { defer n.wg.Done(); n.keepAlive(lctx) }()
 	go func() { defer n.wg.Done(); n.report(lctx) }()
 	go func() { defer n.wg.Done(); n.reconcile(lctx) }()
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.runOps(lctx) }()
 	n.log.Info("joined the cluster", "cluster", cr.Name, "clusterID", cr.ID, "nodeID", id.NodeID,
 		"etcd", endpoints, "failureDomain", cfg.FailureDomain)
 	ok = true

@@ -30,8 +30,10 @@ type NodeInfo struct {
 // CopyInfo is one copy of a volume.
 type CopyInfo struct {
 	Node   string
-	State  string // CopyInSync, CopyFailed, or "" while being made
+	State  string // CopyInSync, CopyDegraded, CopyResyncing, CopyFailed, or "" while being made
 	Reason string
+	// Progress of a resync (CopyResyncing), else nil.
+	Progress *Progress
 }
 
 // Placement is where a volume's copies are and which one is primary.
@@ -250,7 +252,7 @@ func toPlacement(volume string, rec volumeRecord, copies map[string]copyRecord) 
 		Deleting: rec.State == volumeDeleting, Spec: rec.Spec, CreatedAt: rec.CreatedAt}
 	for _, node := range rec.Copies {
 		c := copies[node]
-		p.Copies = append(p.Copies, CopyInfo{Node: node, State: c.State, Reason: c.Reason})
+		p.Copies = append(p.Copies, CopyInfo{Node: node, State: c.State, Reason: c.Reason, Progress: c.Progress})
 	}
 	return p
 }

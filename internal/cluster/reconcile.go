@@ -66,10 +66,17 @@ func (n *Node) apply(ctx context.Context, key, value []byte) {
 	exists := len(resp.Kvs) > 0 && json.Unmarshal(resp.Kvs[0].Value, &have) == nil
 	switch rec.State {
 	case volumeActive:
-		if exists {
+		// A copy placed to replace another (ReplaceCopy) is recorded
+		// rebuilding before it is made: it is made here and stays
+		// rebuilding, out of sync, until its primary has copied it whole.
+		rebuild := exists && have.State == CopyRebuilding && have.LocalUID == ""
+		if exists && !rebuild {
 			return
 		}
 		c := copyRecord{State: CopyInSync, UpdatedAt: time.Now().UTC()}
+		if rebuild {
+			c.State, c.Reason = CopyRebuilding, have.Reason
+		}
 		uid, err := n.store.CreateCopy(ctx, rec.Spec)
 		if err != nil {
 			c.State, c.Reason = CopyFailed, err.Error()

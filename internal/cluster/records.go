@@ -76,7 +76,9 @@ type copyRecord struct {
 	LocalUID string `json:"localUID,omitempty"`
 	// Token is that of the attachment the copy node made for the
 	// primary's writes (copies other than the primary's own).
-	Token     string    `json:"token,omitempty"`
+	Token string `json:"token,omitempty"`
+	// Progress of the resync, while State is CopyResyncing.
+	Progress  *Progress `json:"progress,omitempty"`
 	UpdatedAt time.Time `json:"updatedAt"`
 }
 

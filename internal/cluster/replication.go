@@ -14,11 +14,17 @@ import (
 // writes acknowledged since, and waits for a resync.
 const CopyDegraded = "degraded"
 
+// CopyResyncing is the state of a degraded copy that its primary is
+// bringing back (copyRecord.Progress says how far).
+const CopyResyncing = "resyncing"
+
 // Target is an in-sync copy a primary writes to: the copy node's NBD
 // address (empty while the node is down) and the token of the attachment it
 // made for the primary.
 type Target struct {
 	Node, NBD, Token string
+	// State is the copy's recorded state (Role.Behind).
+	State string
 }
 
 // Role is what this node is for one volume.
@@ -32,6 +38,9 @@ type Role struct {
 	Term                   uint64
 	// Targets are the other in-sync copies, when this node is the primary.
 	Targets []Target
+	// Behind are the other copies out of the in-sync set, when this node
+	// is the primary: their changes are tracked for a resync.
+	Behind []Target
 	// Token is that of the attachment this node made for the primary, when
 	// it holds a copy that is not the primary's.
 	Token string
@@ -100,7 +109,14 @@ func (n *Node) Role(ctx context.Context, volume string) (Role, error) {
 	if rec.Primary == me && rec.State == volumeActive {
 		for _, node := range rec.InSync {
 			if node != me {
-				r.Targets = append(r.Targets, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token})
+				r.Targets = append(r.Targets, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token,
+					State: copies[node].State})
+			}
+		}
+		for _, node := range rec.Copies {
+			if node != me && !slices.Contains(rec.InSync, node) {
+				r.Behind = append(r.Behind, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token,
+					State: copies[node].State})
 			}
 		}
 	}
@@ -166,4 +182,109 @@ func (n *Node) MarkOutOfSync(volume, node string, term uint64, cause error) erro
 		}
 		sleep(ctx, 20*time.Millisecond)
 	}
+}
+
+// MarkInSync puts copy node back into the volume's in-sync set, as the
+// primary at term, and records the copy in sync: one transaction that
+// holds only while this node is that primary and holds its lease. The
+// caller has made sure the copy holds every acknowledged write and gets
+// every later one (replica.Rejoin).
+func (n *Node) MarkInSync(volume, node string, term uint64) error {
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.LeaseTTL)
+	defer cancel()
+	s := n.session()
+	if s == nil || !n.up.Load() {
+		return fmt.Errorf("mark copy %s of %q in sync: %w", node, volume, ErrNoSession)
+	}
+	vk, ck, ak := n.key("volumes", volume), n.key("copies", volume, node), n.key("alive", n.cfg.NodeName)
+	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit()
+	if err != nil {
+		return fmt.Errorf("mark copy %s of %q in sync: %w", node, volume, err)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return fmt.Errorf("mark copy %s of %q in sync: %w", node, volume, ErrVolumeNotFound)
+	}
+	var rec volumeRecord
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+		return err
+	}
+	if rec.Primary != n.cfg.NodeName || rec.Term != term || rec.State != volumeActive || !slices.Contains(rec.Copies, node) {
+		return fmt.Errorf("mark copy %s of %q in sync: this node is not the primary at term %d (primary %s, term %d, copies %v): %w",
+			node, volume, term, rec.Primary, rec.Term, rec.Copies, ErrNoSession)
+	}
+	if !slices.Contains(rec.InSync, node) {
+		rec.InSync = append(slices.Clone(rec.InSync), node)
+	}
+	var c copyRecord
+	if ckvs := resp.Responses[1].GetResponseRange().Kvs; len(ckvs) > 0 {
+		_ = json.Unmarshal(ckvs[0].Value, &c)
+	}
+	c.State, c.Reason, c.Progress, c.UpdatedAt = CopyInSync, "", nil, time.Now().UTC()
+	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
+		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
+		Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
+	if err != nil {
+		return fmt.Errorf("mark copy %s of %q in sync: %w", node, volume, err)
+	}
+	if !put.Succeeded {
+		return fmt.Errorf("mark copy %s of %q in sync: the volume record changed meanwhile, or this node lost its lease: %w",
+			node, volume, ErrNoSession)
+	}
+	n.log.Info("copy back in sync", "volume", volume, "copy", node, "term", term, "inSync", rec.InSync)
+	return nil
+}
+
+// Progress is how far a resync (or rebuild) of a copy got.
+type Progress struct {
+	DoneBytes  int64 `json:"doneBytes"`
+	TotalBytes int64 `json:"totalBytes"`
+}
+
+// Percent is the share done, 0 to 100.
+func (p Progress) Percent() float64 {
+	if p.TotalBytes <= 0 {
+		return 100
+	}
+	return 100 * float64(p.DoneBytes) / float64(p.TotalBytes)
+}
+
+// SetCopyState records the state of an out-of-sync copy, as its primary at
+// term: CopyResyncing with its progress, or CopyDegraded with the reason
+// (a resync that stopped). It never touches a copy in the in-sync set.
+func (n *Node) SetCopyState(volume, node string, term uint64, state, reason string, p *Progress) error {
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.LeaseTTL)
+	defer cancel()
+	vk, ck := n.key("volumes", volume), n.key("copies", volume, node)
+	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit()
+	if err != nil {
+		return fmt.Errorf("record the state of copy %s of %q: %w", node, volume, err)
+	}
+	kvs, ckvs := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
+	if len(kvs) == 0 || len(ckvs) == 0 {
+		return fmt.Errorf("record the state of copy %s of %q: %w", node, volume, ErrVolumeNotFound)
+	}
+	var rec volumeRecord
+	var c copyRecord
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(ckvs[0].Value, &c); err != nil {
+		return err
+	}
+	if rec.Primary != n.cfg.NodeName || rec.Term != term || slices.Contains(rec.InSync, node) {
+		return fmt.Errorf("record the state of copy %s of %q: not an out-of-sync copy of this primary at term %d: %w",
+			node, volume, term, ErrNoSession)
+	}
+	c.State, c.Reason, c.Progress, c.UpdatedAt = state, reason, p, time.Now().UTC()
+	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
+		clientv3.Compare(clientv3.ModRevision(ck), "=", ckvs[0].ModRevision)).
+		Then(clientv3.OpPut(ck, mustJSON(c))).Commit()
+	if err != nil {
+		return fmt.Errorf("record the state of copy %s of %q: %w", node, volume, err)
+	}
+	if !put.Succeeded {
+		return fmt.Errorf("record the state of copy %s of %q: changed meanwhile", node, volume)
+	}
+	return nil
 }

@@ -15,6 +15,10 @@ type Idempotency struct {
 	// SameSpec returns an existing object of the same spec whatever key it
 	// was made with: the opt-in idempotent create.
 	SameSpec bool
+	// UID, when set, is the UID of the snapshot made (instead of a new
+	// one): a cluster's copies take the one their primary gave its own
+	// snapshot (docs/cluster.md).
+	UID string
 }
 
 // MaxIdempotencyKey bounds the length of an idempotency key.

@@ -51,6 +51,11 @@ func (v *Volume) checkNewSnapshot(name string, idem Idempotency) (SnapshotInfo, 
 	if err := ValidateIdempotencyKey("idempotency key", idem.Key); err != nil {
 		return SnapshotInfo{}, false, err
 	}
+	if idem.UID != "" {
+		if err := ValidateName("snapshot UID", idem.UID); err != nil {
+			return SnapshotInfo{}, false, err
+		}
+	}
 	return v.existingSnapshot(name, idem)
 }
 
@@ -72,7 +77,11 @@ func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency
 		v.pool.discard(staged)
 		return SnapshotInfo{}, false, fmt.Errorf("snapshot %s@%s: %w", v.name, name, err)
 	}
-	sm := &snapshotManifest{Kind: "Snapshot", Version: manifestVersion, Name: name, UID: newUID(), Volume: m.Name,
+	uid := idem.UID
+	if uid == "" {
+		uid = newUID()
+	}
+	sm := &snapshotManifest{Kind: "Snapshot", Version: manifestVersion, Name: name, UID: uid, Volume: m.Name,
 		VolumeUID: m.UID, Capacity: m.Capacity, Disks: m.Disks, Method: method, GateHeld: held, CreatedAt: time.Now().UTC(),
 		IdempotencyKey: idem.Key}
 	if err := v.pool.writeJSON(filepath.Join(staged, "snapshot.json"), sm); err != nil {

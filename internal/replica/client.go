@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -61,7 +62,12 @@ type conn struct {
 // dial connects to addr and negotiates export (NBD_OPT_GO).
 func dial(ctx context.Context, addr, export string, timeout time.Duration) (*conn, error) {
 	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	return dialWith(ctx, d.DialContext, addr, export, timeout)
+}
+
+func dialWith(ctx context.Context, dialFn func(ctx context.Context, network, addr string) (net.Conn, error),
+	addr, export string, timeout time.Duration) (*conn, error) {
+	nc, err := dialFn(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("copy at %s: %w: %w", addr, ErrCopyDown, err)
 	}
@@ -175,7 +181,8 @@ func (c *conn) readReplies() {
 			return
 		}
 		if errno != 0 {
-			ch <- fmt.Errorf("%w: NBD error %d", ErrCopyRefused, errno)
+			// NBD's error values are Linux's errno numbers.
+			ch <- fmt.Errorf("%w: NBD error %d (%v)", ErrCopyRefused, errno, syscall.Errno(errno))
 		} else {
 			ch <- nil
 		}
@@ -266,3 +273,35 @@ func (c *conn) close() {
 	}
 	c.fail(fmt.Errorf("%w: closed", ErrCopyDown))
 }
+
+// Client is a write-only NBD client of one export, as the primary uses
+// for its copies; tests use it to drive a server (many requests in flight
+// at once). Its methods are safe for concurrent use.
+type Client struct{ c *conn }
+
+// DialNBD connects to export at addr with dialFn (nil: net.Dialer) and
+// negotiates it; each request is bounded by timeout.
+func DialNBD(ctx context.Context, dialFn func(ctx context.Context, network, addr string) (net.Conn, error),
+	addr, export string, timeout time.Duration) (*Client, error) {
+	if dialFn == nil {
+		var d net.Dialer
+		dialFn = d.DialContext
+	}
+	c, err := dialWith(ctx, dialFn, addr, export, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{c: c}, nil
+}
+
+// Size is the export's size.
+func (c *Client) Size() int64 { return c.c.size }
+
+// WriteAt sends one WRITE and waits for its reply.
+func (c *Client) WriteAt(p []byte, off int64, fua bool) error { return c.c.write(p, off, fua) }
+
+// Flush sends one FLUSH and waits for its reply.
+func (c *Client) Flush() error { return c.c.flush() }
+
+// Close disconnects.
+func (c *Client) Close() { c.c.close() }

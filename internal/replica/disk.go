@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
@@ -18,12 +19,12 @@ type Copy struct {
 	Export string
 }
 
-// Options configure a Disk.
+// Options configure a Set.
 type Options struct {
 	// Timeout bounds each request to a copy (default 5 s): a copy that
 	// does not answer in time is down.
 	Timeout time.Duration
-	// Granule is the unit of dirty tracking (default 1 MiB).
+	// Granule is the unit of dirty tracking (default DefaultGranule).
 	Granule int64
 	// OutOfSync records, durably, that copy node no longer holds every
 	// acknowledged write (for a cluster: an etcd transaction at the
@@ -31,108 +32,280 @@ type Options struct {
 	// request that found the failure is answered; when it fails the request
 	// fails too and is never acknowledged.
 	OutOfSync func(node string, cause error) error
-	// Ranges orders overlapping changes: every handle of one disk must
-	// share it (nil: a lock of this handle's own, right only when it is the
-	// disk's one handle).
+	// Bitmap opens the write-ahead dirty bitmap of this disk for copy node,
+	// creating an empty one when there is none (created). nil: bitmaps in
+	// memory only, lost with the process (tests).
+	Bitmap func(node string) (b *Bitmap, created bool, err error)
+	// Latency, when set, is told how long each change or flush took on a
+	// copy (replication latency).
+	Latency func(node string, d time.Duration)
+	// Ranges orders overlapping changes: every Set of one disk must share
+	// it (nil: a lock of the Set's own, right when it is the disk's one
+	// Set).
 	Ranges *RangeLock
 }
 
-// Disk is a primary's disk handle that keeps every in-sync copy as the
-// local disk: WRITE, TRIM, WRITE_ZEROES and FLUSH are applied locally and on
-// each in-sync copy at once and answered when all have answered; changes
-// that overlap one in flight wait for it (Options.Ranges). Durability
-// is the local disk's contract (pool.Disk) on every in-sync copy: a write is
-// durable everywhere after a later Flush, a FUA one when acknowledged. Reads
-// are local. Its methods are safe for concurrent use.
-type Disk struct {
-	local pool.Disk
-	opts  Options
+// Set is the primary's replication state of one disk, shared by every
+// handle of the disk (Disk): the connections to the in-sync copies, the
+// dirty bitmaps of the copies out of sync, and the resyncs running.
+//
+// A change (WRITE, TRIM, WRITE_ZEROES) holds its byte range (RangeLock) and
+// the Set's gate shared. It is first marked, durably, in the bitmap of
+// every copy that will not get it (write-ahead); then applied locally and
+// on every in-sync and resyncing copy at once; it returns when all
+// answered. A copy in sync that fails has the range marked, and the writes
+// since its last completed FLUSH (they may be lost with it), before it is
+// recorded out of sync (Options.OutOfSync); only then does the request
+// return. The gate is taken exclusively to add a resyncing copy and to
+// move a copy back in sync, so no change is in flight across either.
+//
+// Durability is the local disk's contract (pool.Disk) on every in-sync copy:
+// a write is durable everywhere after a later Flush, a FUA one when
+// acknowledged. Its methods are safe for concurrent use.
+type Set struct {
+	size   int64
+	opts   Options
+	ranges *RangeLock
+	gate   sync.RWMutex
+	dropMu sync.Mutex // one drop at a time: each marks its range
 
-	mu     sync.Mutex
-	copies map[string]*conn // in sync
-	dirty  *Dirty
+	mu        sync.Mutex
+	inSync    map[string]*conn
+	resync    map[string]*Resync
+	bitmaps   map[string]*Bitmap // copies out of sync
+	unflushed *Bitmap            // changed since the last flush began
+	flushing  map[*Bitmap]struct{}
+	closed    bool
 }
 
-var _ pool.Disk = (*Disk)(nil)
-
-// Open connects to every copy and returns the replicated handle. A copy
-// that cannot be reached is recorded out of sync at once (OutOfSync); if
-// that fails, Open fails.
-func Open(ctx context.Context, local pool.Disk, copies []Copy, opts Options) (*Disk, error) {
+// NewSet connects to the in-sync copies of a disk of size bytes and opens
+// the bitmaps of the copies out of sync (behind). An
+// in-sync copy that cannot be reached is recorded out of sync at once; if
+// that fails, NewSet fails.
+func NewSet(ctx context.Context, size int64, inSync []Copy, behind []string, opts Options) (*Set, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 5 * time.Second
 	}
 	if opts.Granule <= 0 {
-		opts.Granule = 1 << 20
+		opts.Granule = DefaultGranule
 	}
 	if opts.Ranges == nil {
 		opts.Ranges = NewRangeLock()
 	}
-	d := &Disk{local: local, opts: opts, copies: map[string]*conn{}, dirty: newDirty(local.Size(), opts.Granule)}
-	for _, cp := range copies {
+	s := &Set{size: size, opts: opts, ranges: opts.Ranges, inSync: map[string]*conn{}, resync: map[string]*Resync{},
+		bitmaps: map[string]*Bitmap{}, unflushed: MemoryBitmap(size, opts.Granule), flushing: map[*Bitmap]struct{}{}}
+	for _, node := range behind {
+		// A copy out of sync without a bitmap for this disk has missed no
+		// change of it: every change since the copy left the in-sync set
+		// went through a Set that made the bitmap before applying it.
+		b, _, err := s.openBitmap(node)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		s.bitmaps[node] = b
+	}
+	for _, cp := range inSync {
 		c, err := dial(ctx, cp.Addr, cp.Export, opts.Timeout)
-		if err == nil && c.size != local.Size() {
+		if err == nil && c.size != size {
 			c.close()
-			err = fmt.Errorf("copy on %s is %d bytes, the primary's disk %d: %w", cp.Node, c.size, local.Size(), ErrCopyRefused)
+			err = fmt.Errorf("copy on %s is %d bytes, the primary's disk %d: %w", cp.Node, c.size, size, ErrCopyRefused)
 		}
 		if err != nil {
-			if oerr := opts.OutOfSync(cp.Node, err); oerr != nil {
-				d.closeCopies()
-				return nil, fmt.Errorf("%w: copy on %s: %w (recording it out of sync: %w)", ErrNotAcknowledged, cp.Node, err, oerr)
+			if derr := s.dropUnconnected(cp.Node, err); derr != nil {
+				s.Close()
+				return nil, derr
 			}
 			continue
 		}
-		d.copies[cp.Node] = c
+		s.inSync[cp.Node] = c
 	}
-	return d, nil
+	return s, nil
 }
 
-// InSync lists the copies written to now.
-func (d *Disk) InSync() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make([]string, 0, len(d.copies))
-	for n := range d.copies {
+func (s *Set) openBitmap(node string) (*Bitmap, bool, error) {
+	if s.opts.Bitmap == nil {
+		return MemoryBitmap(s.size, s.opts.Granule), true, nil
+	}
+	b, created, err := s.opts.Bitmap(node)
+	if err != nil {
+		return nil, false, fmt.Errorf("dirty bitmap for copy %s: %w", node, err)
+	}
+	return b, created, nil
+}
+
+// MarkWhole marks every granule dirty for a new copy (a rebuild), tracked
+// as out of sync from now on if it was not: a resync then copies it whole
+// (holes as zeroes that may trim, so only allocated ranges move data).
+func (s *Set) MarkWhole(node string) error {
+	s.gate.Lock() // no change in flight: each later one sees the bitmap
+	defer s.gate.Unlock()
+	s.mu.Lock()
+	b := s.bitmaps[node]
+	inSync := s.inSync[node] != nil || s.resync[node] != nil
+	s.mu.Unlock()
+	if inSync {
+		return fmt.Errorf("copy on %s is written already", node)
+	}
+	if b == nil {
+		var err error
+		if b, _, err = s.openBitmap(node); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.bitmaps[node] = b
+		s.mu.Unlock()
+	}
+	return b.MarkAll()
+}
+
+// Forget drops the bitmap of a copy that was replaced by another node's
+// (its file too).
+func (s *Set) Forget(node string) error {
+	s.gate.Lock() // no change in flight marks it
+	defer s.gate.Unlock()
+	s.mu.Lock()
+	b := s.bitmaps[node]
+	delete(s.bitmaps, node)
+	s.mu.Unlock()
+	if b == nil {
+		return nil
+	}
+	return b.Remove()
+}
+
+// Freeze waits until no change of the disk is in flight and holds every
+// new one until the returned function is called: the cut at which a
+// snapshot is taken on every copy.
+func (s *Set) Freeze() (thaw func()) {
+	s.gate.Lock()
+	return s.gate.Unlock
+}
+
+// InSync lists the copies written to and in sync now.
+func (s *Set) InSync() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.inSync))
+	for n := range s.inSync {
 		out = append(out, n)
 	}
+	sort.Strings(out)
 	return out
 }
 
-// Dirty is what changed since a copy left the in-sync set.
-func (d *Disk) Dirty() *Dirty { return d.dirty }
-
-// replicate runs local and remote (on every in-sync copy) at once and
-// returns local's error. A copy that fails is recorded out of sync before
-// this returns; if that cannot be recorded, the request fails. Whenever the
-// copies may differ afterwards (a copy failed, or the local disk failed
-// while copies applied the change) the range is marked dirty.
-func (d *Disk) replicate(off, length int64, local func() error, remote func(*conn) error) error {
-	if length > 0 {
-		r := d.opts.Ranges.lock(off, length)
-		defer d.opts.Ranges.unlock(r)
-	}
-	return d.replicateLocked(off, length, local, remote)
+// Bitmap is the dirty bitmap of an out-of-sync copy, or nil.
+func (s *Set) Bitmap(node string) *Bitmap {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bitmaps[node]
 }
 
-// replicateLocked is replicate with the range held by the caller.
-func (d *Disk) replicateLocked(off, length int64, local func() error, remote func(*conn) error) error {
-	d.mu.Lock()
-	copies := make(map[string]*conn, len(d.copies))
-	for n, c := range d.copies {
-		copies[n] = c
+// Close closes the copies' connections and the bitmaps (they stay on
+// disk) and aborts the resyncs.
+func (s *Set) Close() {
+	s.gate.Lock()
+	defer s.gate.Unlock()
+	s.mu.Lock()
+	s.closed = true
+	cs, rs, bs := s.inSync, s.resync, s.bitmaps
+	s.inSync, s.resync = map[string]*conn{}, map[string]*Resync{}
+	s.mu.Unlock()
+	for _, c := range cs {
+		c.close()
 	}
-	if len(d.copies) == 0 && length > 0 {
-		d.dirty.mark(off, length) // degraded: every change is for the resync
+	for _, r := range rs {
+		r.fail(errors.New("the disk's replication closed"))
 	}
-	d.mu.Unlock()
-	errs := make(map[string]error, len(copies))
+	for _, b := range bs {
+		_ = b.Close()
+	}
+}
+
+// Disk returns a handle that writes through the Set: local is this
+// handle's own local disk. Closing the handle closes local only.
+func (s *Set) Disk(local pool.Disk) *Disk { return &Disk{local: local, set: s} }
+
+// change applies one change of [off, off+length) (length 0: a flush)
+// locally and on every copy written to, as the Set's comment says.
+func (s *Set) change(off, length int64, local func() error, remote func(*conn) error, read func([]byte, int64) error) error {
+	if length > 0 {
+		r := s.ranges.lock(off, length)
+		defer s.ranges.unlock(r)
+	}
+	return s.changeLocked(off, length, false, local, remote, read)
+}
+
+// changeLocked is change with the range held by the caller. With
+// localFirst the local change runs alone first, and the copies get the
+// change only when it succeeded.
+func (s *Set) changeLocked(off, length int64, localFirst bool, local func() error, remote func(*conn) error,
+	read func([]byte, int64) error) error {
+	s.gate.RLock()
+	defer s.gate.RUnlock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: the disk's replication is closed", ErrNotAcknowledged)
+	}
+	targets := make(map[string]*conn, len(s.inSync)+len(s.resync))
+	mirror := map[string]*Resync{}
+	for n, c := range s.inSync {
+		targets[n] = c
+	}
+	for n, r := range s.resync {
+		targets[n], mirror[n] = r.c, r
+	}
+	var behind []*Bitmap
+	for n, b := range s.bitmaps {
+		if targets[n] == nil {
+			behind = append(behind, b)
+		}
+	}
+	var flushed *Bitmap
+	if length > 0 {
+		_ = s.unflushed.Mark(off, length) // in memory
+	} else {
+		// A flush makes durable what changed before it began.
+		flushed = s.unflushed
+		s.unflushed = MemoryBitmap(s.size, s.opts.Granule)
+		s.flushing[flushed] = struct{}{}
+	}
+	s.mu.Unlock()
+	if flushed != nil {
+		defer func() {
+			s.mu.Lock()
+			delete(s.flushing, flushed)
+			s.mu.Unlock()
+		}()
+	}
+	if length > 0 {
+		for _, b := range behind {
+			if err := b.Mark(off, length); err != nil {
+				return fmt.Errorf("%w: recording the change for a copy out of sync: %w", ErrNotAcknowledged, err)
+			}
+		}
+	}
+
+	if localFirst {
+		if err := local(); err != nil {
+			return err
+		}
+		local = func() error { return nil }
+	}
+	errs := make(map[string]error, len(targets))
 	var wg sync.WaitGroup
 	var emu sync.Mutex
-	for n, c := range copies {
+	for n, c := range targets {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := remote(c); err != nil {
+			start := time.Now()
+			err := remote(c)
+			if s.opts.Latency != nil && err == nil {
+				s.opts.Latency(n, time.Since(start))
+			}
+			if err != nil {
 				emu.Lock()
 				errs[n] = err
 				emu.Unlock()
@@ -141,15 +314,33 @@ func (d *Disk) replicateLocked(off, length int64, local func() error, remote fun
 	}
 	lerr := local()
 	wg.Wait()
-	if lerr != nil && len(errs) < len(copies) && length > 0 {
-		d.dirty.mark(off, length)
+	if lerr != nil && length > 0 && read != nil && len(errs) < len(targets) {
+		// Copies applied what the local disk did not (a full or failing
+		// disk here): give them the local range back, so that no copy
+		// holds a change the primary lacks. A copy that cannot take it
+		// leaves the in-sync set like any copy that fails.
+		buf := make([]byte, length)
+		rerr := read(buf, off)
+		for n, c := range targets {
+			if errs[n] != nil {
+				continue
+			}
+			if rerr != nil {
+				errs[n] = fmt.Errorf("the primary failed the change (%w) and cannot read it back: %w", lerr, rerr)
+			} else if err := c.write(buf, off, false); err != nil {
+				errs[n] = err
+			}
+		}
 	}
 	var failed error
 	for n, err := range errs {
-		if length > 0 {
-			d.dirty.mark(off, length)
+		if r := mirror[n]; r != nil {
+			if merr := s.stopResync(r, err, off, length); merr != nil {
+				failed = errors.Join(failed, merr)
+			}
+			continue
 		}
-		if err := d.drop(n, err); err != nil {
+		if err := s.drop(n, err, off, length); err != nil {
 			failed = errors.Join(failed, err)
 		}
 	}
@@ -159,25 +350,105 @@ func (d *Disk) replicateLocked(off, length int64, local func() error, remote fun
 	return lerr
 }
 
-// drop takes a failed copy out of the in-sync set, once it is recorded.
-func (d *Disk) drop(node string, cause error) error {
-	d.mu.Lock()
-	c, ok := d.copies[node]
-	d.mu.Unlock()
-	if !ok {
-		return nil // dropped by a concurrent request
+// drop takes a failed copy out of the in-sync set: it marks the failed
+// range and every change since the last completed flush in the copy's
+// bitmap (durably), then records the copy out of sync. A copy already
+// dropped has the range marked only.
+func (s *Set) drop(node string, cause error, off, length int64) error {
+	s.dropMu.Lock()
+	defer s.dropMu.Unlock()
+	s.mu.Lock()
+	c := s.inSync[node]
+	b := s.bitmaps[node]
+	var unflushed []*Bitmap
+	if c != nil {
+		unflushed = append(unflushed, s.unflushed)
+		for f := range s.flushing {
+			unflushed = append(unflushed, f)
+		}
 	}
-	if err := d.opts.OutOfSync(node, cause); err != nil {
+	s.mu.Unlock()
+	if b == nil {
+		var err error
+		if b, _, err = s.openBitmap(node); err != nil {
+			return fmt.Errorf("%w: copy on %s: %w (%w)", ErrNotAcknowledged, node, cause, err)
+		}
+	}
+	err := b.Mark(off, length)
+	for _, u := range unflushed {
+		for _, r := range u.Ranges() {
+			if err == nil {
+				err = b.Mark(r[0], r[1])
+			}
+		}
+	}
+	s.mu.Lock()
+	if s.bitmaps[node] == nil {
+		s.bitmaps[node] = b
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("%w: copy on %s: %w (recording its changes: %w)", ErrNotAcknowledged, node, cause, err)
+	}
+	if c == nil {
+		return nil
+	}
+	if err := s.opts.OutOfSync(node, cause); err != nil {
 		return fmt.Errorf("%w: copy on %s: %w (recording it out of sync: %w)", ErrNotAcknowledged, node, cause, err)
 	}
-	d.mu.Lock()
-	if d.copies[node] == c {
-		delete(d.copies, node)
+	s.mu.Lock()
+	if s.inSync[node] == c {
+		delete(s.inSync, node)
 	}
-	d.mu.Unlock()
+	s.mu.Unlock()
 	c.close()
 	return nil
 }
+
+// dropUnconnected records an in-sync copy that could not be reached out of
+// sync: a bitmap first, then the record.
+func (s *Set) dropUnconnected(node string, cause error) error {
+	b, _, err := s.openBitmap(node)
+	if err != nil {
+		return fmt.Errorf("%w: copy on %s: %w (%w)", ErrNotAcknowledged, node, cause, err)
+	}
+	s.mu.Lock()
+	s.bitmaps[node] = b
+	s.mu.Unlock()
+	if err := s.opts.OutOfSync(node, cause); err != nil {
+		return fmt.Errorf("%w: copy on %s: %w (recording it out of sync: %w)", ErrNotAcknowledged, node, cause, err)
+	}
+	return nil
+}
+
+// Disk is a primary's disk handle that keeps every in-sync copy as the
+// local disk, through its Set. Reads are local. Its methods are safe for
+// concurrent use.
+type Disk struct {
+	local pool.Disk
+	set   *Set
+	owned bool // Close closes the Set too (Open)
+}
+
+var _ pool.Disk = (*Disk)(nil)
+
+// Open connects to every copy and returns a handle with a Set of its own,
+// closed with it: for a disk with one handle only.
+func Open(ctx context.Context, local pool.Disk, copies []Copy, opts Options) (*Disk, error) {
+	s, err := NewSet(ctx, local.Size(), copies, nil, opts)
+	if err != nil {
+		return nil, err
+	}
+	d := s.Disk(local)
+	d.owned = true
+	return d, nil
+}
+
+// Set is the replication state the handle writes through.
+func (d *Disk) Set() *Set { return d.set }
+
+// InSync lists the copies written to now.
+func (d *Disk) InSync() []string { return d.set.InSync() }
 
 func (d *Disk) Size() int64                      { return d.local.Size() }
 func (d *Disk) ReadOnly() bool                   { return d.local.ReadOnly() }
@@ -189,19 +460,19 @@ func (d *Disk) Extents(off, length int64, limit int) ([]pool.Extent, error) {
 
 // WriteAt writes p locally and on every in-sync copy.
 func (d *Disk) WriteAt(p []byte, off int64, fua bool) error {
-	return d.replicate(off, int64(len(p)), func() error { return d.local.WriteAt(p, off, fua) },
-		func(c *conn) error { return c.write(p, off, fua) })
+	return d.set.change(off, int64(len(p)), func() error { return d.local.WriteAt(p, off, fua) },
+		func(c *conn) error { return c.write(p, off, fua) }, d.local.ReadAt)
 }
 
 // Flush makes every acknowledged write durable locally and on every in-sync
 // copy.
 func (d *Disk) Flush() error {
-	return d.replicate(0, 0, d.local.Flush, (*conn).flush)
+	return d.set.change(0, 0, d.local.Flush, (*conn).flush, nil)
 }
 
 func (d *Disk) Trim(off, length int64, fua bool) error {
-	return d.replicate(off, length, func() error { return d.local.Trim(off, length, fua) },
-		func(c *conn) error { return c.trim(off, length, fua) })
+	return d.set.change(off, length, func() error { return d.local.Trim(off, length, fua) },
+		func(c *conn) error { return c.trim(off, length, fua) }, d.local.ReadAt)
 }
 
 // Zero zeroes locally and on the copies. A fast zero the local disk cannot
@@ -209,30 +480,19 @@ func (d *Disk) Trim(off, length int64, fua bool) error {
 func (d *Disk) Zero(off, length int64, flags pool.ZeroFlags) error {
 	mayTrim, fua := flags&pool.ZeroMayTrim != 0, flags&pool.ZeroFUA != 0
 	if flags&pool.ZeroFast != 0 {
-		r := d.opts.Ranges.lock(off, length)
-		defer d.opts.Ranges.unlock(r)
-		if err := d.local.Zero(off, length, flags); err != nil {
-			return err
-		}
-		return d.replicateLocked(off, length, func() error { return nil },
-			func(c *conn) error { return c.zero(off, length, mayTrim, fua) })
+		r := d.set.ranges.lock(off, length)
+		defer d.set.ranges.unlock(r)
+		return d.set.changeLocked(off, length, true, func() error { return d.local.Zero(off, length, flags) },
+			func(c *conn) error { return c.zero(off, length, mayTrim, fua) }, d.local.ReadAt)
 	}
-	return d.replicate(off, length, func() error { return d.local.Zero(off, length, flags) },
-		func(c *conn) error { return c.zero(off, length, mayTrim, fua) })
+	return d.set.change(off, length, func() error { return d.local.Zero(off, length, flags) },
+		func(c *conn) error { return c.zero(off, length, mayTrim, fua) }, d.local.ReadAt)
 }
 
-// Close closes the local handle and the copies' connections.
+// Close closes the local handle (and the Set, for a handle from Open).
 func (d *Disk) Close() error {
-	d.closeCopies()
-	return d.local.Close()
-}
-
-func (d *Disk) closeCopies() {
-	d.mu.Lock()
-	cs := d.copies
-	d.copies = map[string]*conn{}
-	d.mu.Unlock()
-	for _, c := range cs {
-		c.close()
+	if d.owned {
+		d.set.Close()
 	}
+	return d.local.Close()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/pool"
 	"github.com/quiverstorage/quiver/internal/qos"
+	"github.com/quiverstorage/quiver/internal/replica"
 )
 
 // poolStore is the pool as the cluster sees it: the copies this node holds.
@@ -62,7 +63,11 @@ func (s poolStore) DeleteCopy(ctx context.Context, name, uid string) error {
 	}
 	err = s.p.Delete(ctx, name)
 	if errors.Is(err, pool.ErrVolumeNotFound) {
-		return nil
+		err = nil
+	}
+	if err == nil {
+		// The dirty bitmaps of the copy's primary days go with it.
+		err = s.p.FS().RemoveAll(replica.BitmapDir(uid))
 	}
 	return err
 }
@@ -104,4 +109,38 @@ func joinCluster(ctx context.Context, cfg Config, p *pool.Pool, apiAddr net.Addr
 	}
 	cc.Logger = log
 	return cluster.Join(ctx, cc, poolStore{p})
+}
+
+// ApplyOp applies an operation of the volume's primary to this copy: the
+// snapshot (or its deletion) with the primary's name and UID. The primary
+// holds the volume's I/O gate meanwhile, so no write reaches this copy
+// while it captures: the same cut as the primary's. A retry finds the
+// snapshot made (its idempotency key is its UID).
+func (s poolStore) ApplyOp(ctx context.Context, volume string, op cluster.Op) error {
+	v, err := s.p.Volume(volume)
+	if err != nil {
+		return err
+	}
+	switch op.Kind {
+	case cluster.OpSnapshot:
+		_, _, err := v.CreateSnapshotWith(ctx, op.Name, pool.Idempotency{Key: "replica-" + op.UID, UID: op.UID}, nil)
+		return err
+	case cluster.OpDeleteSnapshot:
+		snap, err := v.Snapshot(op.Name)
+		if errors.Is(err, pool.ErrSnapshotNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if op.UID != "" && snap.UID != op.UID {
+			return fmt.Errorf("snapshot %s@%s here is %s, not the primary's %s", volume, op.Name, snap.UID, op.UID)
+		}
+		err = v.DeleteSnapshot(ctx, op.Name)
+		if errors.Is(err, pool.ErrSnapshotNotFound) {
+			return nil
+		}
+		return err
+	}
+	return fmt.Errorf("operation %q: %w", op.Kind, cluster.ErrNotSupported)
 }

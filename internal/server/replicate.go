@@ -2,43 +2,32 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quiverstorage/quiver/internal/cluster"
+	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/nbd"
+	"github.com/quiverstorage/quiver/internal/pool"
 	"github.com/quiverstorage/quiver/internal/replica"
 )
 
 // replicatedExports serves a cluster node's exports: on the primary of a
-// replicated volume, each read-write disk handle also writes every in-sync
-// copy (replica.Disk); anywhere else, and for snapshots, the pool's handle
-// as it is.
+// replicated volume, each read-write disk handle writes through the disk's
+// replication Set (replica.Set: every in-sync copy, the dirty bitmaps of
+// the others); anywhere else, and for snapshots, the pool's handle as it is.
 type replicatedExports struct {
 	nbd.Exports
-	node   *cluster.Node
-	log    *slog.Logger
-	ranges *rangeLocks
-}
-
-// rangeLocks holds one replica.RangeLock per disk, shared by every handle
-// of the disk. Locks are kept for the server's life: one small map entry per
-// replicated disk ever opened.
-type rangeLocks struct {
-	mu sync.Mutex
-	m  map[string]*replica.RangeLock
-}
-
-func (r *rangeLocks) get(volume, disk string) *replica.RangeLock {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	k := volume + "/" + disk
-	if r.m[k] == nil {
-		r.m[k] = replica.NewRangeLock()
-	}
-	return r.m[k]
+	node *cluster.Node
+	log  *slog.Logger
+	sets *replicaSets
 }
 
 var _ nbd.Exports = replicatedExports{}
@@ -72,25 +61,129 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 		}
 		return ex, nil
 	}
-	if len(role.Targets) == 0 {
-		return ex, nil // degraded: no other copy in sync
-	}
-	term := role.Term
-	copies := make([]replica.Copy, len(role.Targets))
-	for i, t := range role.Targets {
-		copies[i] = replica.Copy{Node: t.Node, Addr: t.NBD, Export: volume + "/" + disk + "/" + t.Token}
-	}
-	d, err := replica.Open(ctx, ex.Disk, copies, replica.Options{
-		OutOfSync: func(node string, cause error) error { return e.node.MarkOutOfSync(volume, node, term, cause) },
-		Ranges:    e.ranges.get(volume, disk),
-	})
+	// The primary, in sync or degraded: every change goes through the
+	// disk's Set, which tracks what the copies out of sync miss.
+	ent, err := e.sets.acquire(ctx, volume, disk, role, ex.Disk.Size())
 	if err != nil {
 		_ = ex.Disk.Close()
 		return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
 	}
-	e.log.Debug("replicated export opened", "volume", volume, "disk", disk, "term", term, "inSync", d.InSync())
-	ex.Disk = d
+	e.log.Debug("replicated export opened", "volume", volume, "disk", disk, "term", role.Term, "inSync", ent.set.InSync())
+	ex.Disk = &setDisk{Disk: ent.set.Disk(ex.Disk), release: func() { e.sets.release(ent) }}
 	return ex, nil
+}
+
+// setDisk is a handle of a disk through its Set; closing it releases the
+// Set.
+type setDisk struct {
+	*replica.Disk
+	once    sync.Once
+	release func()
+}
+
+func (d *setDisk) Close() error {
+	err := d.Disk.Close()
+	d.once.Do(d.release)
+	return err
+}
+
+// replicaSets holds the replication Set of each replicated disk this node
+// is the primary of, while a handle or a resync uses it, and one RangeLock
+// per disk for the server's life (one small map entry per replicated disk
+// ever opened).
+type replicaSets struct {
+	node    *cluster.Node
+	pool    *pool.Pool
+	log     *slog.Logger
+	metrics *replMetrics
+	// rate limits each resync and rebuild (bytes per second; 0: none).
+	rate int64
+	// rebuildAfter is how long a copy's node may be gone before the copy
+	// is rebuilt on another node (0: never).
+	rebuildAfter time.Duration
+	jobs         *job.Manager
+
+	mu     sync.Mutex
+	ranges map[string]*replica.RangeLock
+	m      map[string]*setEntry
+}
+
+type setEntry struct {
+	key, uid string
+	term     uint64
+	set      *replica.Set
+	refs     int
+}
+
+func newReplicaSets(node *cluster.Node, p *pool.Pool, log *slog.Logger, m *replMetrics, cfg cluster.Config,
+	jobs *job.Manager) *replicaSets {
+	return &replicaSets{node: node, pool: p, log: log, metrics: m, rate: cfg.ResyncRate, rebuildAfter: cfg.RebuildAfter, jobs: jobs,
+		ranges: map[string]*replica.RangeLock{}, m: map[string]*setEntry{}}
+}
+
+// acquire returns the Set of a disk of a volume this node is the primary of
+// (role), making it when there is none for this volume's local copy and
+// term; release gives it back.
+func (r *replicaSets) acquire(ctx context.Context, volume, disk string, role cluster.Role, size int64) (*setEntry, error) {
+	v, err := r.pool.Volume(volume)
+	if err != nil {
+		return nil, err
+	}
+	uid := v.Info().UID
+	key := volume + "/" + disk
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e := r.m[key]; e != nil && e.uid == uid && e.term == role.Term {
+		e.refs++
+		return e, nil
+	}
+	if r.ranges[key] == nil {
+		r.ranges[key] = replica.NewRangeLock()
+	}
+	fsys := r.pool.FS()
+	copies := make([]replica.Copy, 0, len(role.Targets))
+	for _, t := range role.Targets {
+		// A bitmap of a copy in sync is left from a crash after the copy
+		// went back in sync: it is stale.
+		if err := fsys.Remove(replica.BitmapPath(uid, disk, t.Node)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("remove the stale dirty bitmap of copy %s: %w", t.Node, err)
+		}
+		copies = append(copies, replica.Copy{Node: t.Node, Addr: t.NBD, Export: volume + "/" + disk + "/" + t.Token})
+	}
+	behind := make([]string, 0, len(role.Behind))
+	for _, b := range role.Behind {
+		behind = append(behind, b.Node)
+	}
+	term := role.Term
+	set, err := replica.NewSet(ctx, size, copies, behind, replica.Options{
+		OutOfSync: func(node string, cause error) error { return r.node.MarkOutOfSync(volume, node, term, cause) },
+		Bitmap: func(node string) (*replica.Bitmap, bool, error) {
+			return replica.OpenBitmap(fsys, replica.BitmapPath(uid, disk, node), size, replica.DefaultGranule)
+		},
+		Latency: r.metrics.observeLatency,
+		Ranges:  r.ranges[key],
+	})
+	if err != nil {
+		return nil, err
+	}
+	e := &setEntry{key: key, uid: uid, term: term, set: set, refs: 1}
+	r.m[key] = e
+	return e, nil
+}
+
+// release gives a Set back; the last user closes it (its bitmaps stay on
+// disk for the next).
+func (r *replicaSets) release(e *setEntry) {
+	r.mu.Lock()
+	e.refs--
+	last := e.refs == 0
+	if last && r.m[e.key] == e {
+		delete(r.m, e.key)
+	}
+	r.mu.Unlock()
+	if last {
+		e.set.Close()
+	}
 }
 
 // exportToken is the token part of <volume>/<disk>/<token>, or "".
@@ -110,4 +203,34 @@ func liveExport(name string) (volume, disk string, ok bool) {
 		return "", "", false
 	}
 	return parts[0], parts[1], true
+}
+
+// replMetrics are the replication's: copy latency and resyncs.
+type replMetrics struct {
+	latency      *prometheus.HistogramVec
+	resyncBytes  prometheus.Counter
+	resyncs      *prometheus.CounterVec
+	resyncActive prometheus.Gauge
+}
+
+func newReplMetrics() *replMetrics {
+	return &replMetrics{
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "quiver_cluster_replication_latency_seconds",
+			Help:    "Time a copy took to answer a change or flush forwarded by this primary.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"copy"}),
+		resyncBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "quiver_cluster_resync_bytes_total",
+			Help: "Bytes of dirty granules copied to copies coming back (resync and rebuild)."}),
+		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_cluster_resyncs_total",
+			Help: "Resyncs run by this primary, by result (ok: the copy is in sync again)."}, []string{"result"}),
+		resyncActive: prometheus.NewGauge(prometheus.GaugeOpts{Name: "quiver_cluster_resyncs_running",
+			Help: "Resyncs running on this primary now (their progress is quiver_cluster_copy_resync_progress_ratio)."}),
+	}
+}
+
+func (m *replMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.latency, m.resyncBytes, m.resyncs, m.resyncActive}
+}
+
+func (m *replMetrics) observeLatency(node string, d time.Duration) {
+	m.latency.WithLabelValues(node).Observe(d.Seconds())
 }

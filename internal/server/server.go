@@ -29,7 +29,6 @@ import (
 	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/pool"
-	"github.com/quiverstorage/quiver/internal/replica"
 )
 
 // DefaultPoolDir is the pool directory `quiver server` uses with no flags.
@@ -206,8 +205,15 @@ func Run(ctx context.Context, cfg Config) error {
 		defer node.Close()
 		handler.Cluster = node
 		m.Register(node.Collector())
-		exports = replicatedExports{Exports: exports, node: node, log: log,
-			ranges: &rangeLocks{m: map[string]*replica.RangeLock{}}}
+		rm := newReplMetrics()
+		m.Register(rm.collectors()...)
+		sets := newReplicaSets(node, p, log, rm, cfg.Cluster, jobs)
+		rctx, rcancel := context.WithCancel(context.Background())
+		resyncDone := make(chan struct{})
+		go func() { defer close(resyncDone); sets.resyncLoop(rctx) }()
+		defer func() { rcancel(); <-resyncDone }()
+		exports = replicatedExports{Exports: exports, node: node, log: log, sets: sets}
+		handler.Replicated = sets
 	}
 	nbdSrv := nbd.NewServer(exports, cfg.NBD)
 	handler.Mount("GET /metrics", m.Handler())

@@ -91,7 +91,11 @@ func (c *cluster) waitReady(nd *node) {
 
 // startCluster starts three nodes with embedded etcd members, n1 and n2 in
 // failure domain zone-a and n3 in zone-b.
-func startCluster(t *testing.T) *cluster {
+func startCluster(t *testing.T) *cluster { return startClusterWith(t, nil) }
+
+// startClusterWith is startCluster with tweak called on each node (0-based
+// i) before it starts: more flags, another pool.
+func startClusterWith(t *testing.T, tweak func(i int, nd *node)) *cluster {
 	c := &cluster{t: t, net: newNetwork(t), dir: t.TempDir(), tokens: map[string]string{}}
 	var initial []string
 	for i, domain := range []string{"zone-a", "zone-a", "zone-b"} {
@@ -104,6 +108,11 @@ func startCluster(t *testing.T) *cluster {
 		nd.args = []string{"--cluster-name", "alpha", "--initial-cluster", strings.Join(initial, ","),
 			"--nbd-listen", nd.ip + ":10809",
 			"--etcd-listen-client", fmt.Sprintf("http://%s:2379,http://127.0.0.1:2379", nd.ip)}
+	}
+	for i, nd := range c.nodes {
+		if tweak != nil {
+			tweak(i, nd)
+		}
 		c.spawn(nd)
 	}
 	for _, nd := range c.nodes {
@@ -416,8 +425,11 @@ func replicatedWrites(t *testing.T, c *cluster) {
 		!strings.Contains(err.Error(), "primary "+prim.name) {
 		t.Errorf("attach on the copy's node: %v", err)
 	}
-	if _, err := prim.api().CreateSnapshot(ctx, "rep", "s1"); client.Code(err) != api.CodeNotSupported {
-		t.Errorf("snapshot of a replicated volume: %v", err)
+	if _, err := prim.api().Rollback(ctx, "rep", "s1"); client.Code(err) != api.CodeNotSupported {
+		t.Errorf("rollback of a replicated volume: %v", err)
+	}
+	if _, err := cp.api().CreateSnapshot(ctx, "rep", "s1"); client.Code(err) != api.CodeNotPrimary {
+		t.Errorf("snapshot on the copy's node: %v", err)
 	}
 	uri := fmt.Sprintf("nbd://%s:10809/rep/root/%s", prim.ip, att.Token)
 	c.qemuIO(t, uri, "write -P 0xab 0 1M", "flush")

@@ -1,0 +1,166 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Operations a primary sends to its copies (Op.Kind): each copy applies it
+// with the same name and UID, while the primary holds the volume's I/O
+// gate, so every copy holds the same cut (docs/cluster.md).
+const (
+	OpSnapshot       = "snapshot"
+	OpDeleteSnapshot = "delete-snapshot"
+)
+
+// Op is one operation for the copies of a volume, the value of
+// ops/<volume>/<id>; each copy answers in opresults/<volume>/<id>/<node>.
+type Op struct {
+	Kind    string   `json:"kind"`
+	Name    string   `json:"name"`
+	UID     string   `json:"uid,omitempty"`
+	Primary string   `json:"primary"`
+	Term    uint64   `json:"term"`
+	Nodes   []string `json:"nodes"`
+}
+
+type opResult struct {
+	Error string `json:"error,omitempty"`
+}
+
+// RunOp sends op to the copies on nodes, as the primary of volume at term,
+// and waits until each applied it (or refused it: the errors are joined),
+// at most OpTimeout. The keys are removed afterwards.
+func (n *Node) RunOp(ctx context.Context, volume string, term uint64, op Op) error {
+	if len(op.Nodes) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
+	defer cancel()
+	op.Primary, op.Term = n.cfg.NodeName, term
+	id := newID()
+	ok, rk := n.key("ops", volume, id), n.key("opresults", volume, id)+"/"
+	defer func() {
+		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer dcancel()
+		_, _ = n.cli.Txn(dctx).Then(clientv3.OpDelete(ok), clientv3.OpDelete(rk, clientv3.WithPrefix())).Commit()
+	}()
+	put, err := n.cli.Put(ctx, ok, mustJSON(op))
+	if err != nil {
+		return fmt.Errorf("%s %q of %q on the copies: %w", op.Kind, op.Name, volume, err)
+	}
+	results := map[string]opResult{}
+	wch := n.cli.Watch(clientv3.WithRequireLeader(ctx), rk, clientv3.WithPrefix(), clientv3.WithRev(put.Header.Revision))
+	for len(results) < len(op.Nodes) {
+		select {
+		case <-ctx.Done():
+			var missing []string
+			for _, node := range op.Nodes {
+				if _, ok := results[node]; !ok {
+					missing = append(missing, node)
+				}
+			}
+			return fmt.Errorf("%s %q of %q: no answer from the copies on %s: %w", op.Kind, op.Name, volume,
+				strings.Join(missing, ", "), ctx.Err())
+		case wr, open := <-wch:
+			if !open || wr.Err() != nil {
+				return fmt.Errorf("%s %q of %q: watching the copies' answers: %v", op.Kind, op.Name, volume, wr.Err())
+			}
+			for _, ev := range wr.Events {
+				var r opResult
+				if ev.Type == clientv3.EventTypePut && json.Unmarshal(ev.Kv.Value, &r) == nil {
+					results[lastSegment(string(ev.Kv.Key))] = r
+				}
+			}
+		}
+	}
+	var errs error
+	for _, node := range op.Nodes {
+		if e := results[node].Error; e != "" {
+			errs = errors.Join(errs, fmt.Errorf("copy on %s: %s", node, e))
+		}
+	}
+	if errs != nil {
+		return fmt.Errorf("%s %q of %q: %w", op.Kind, op.Name, volume, errs)
+	}
+	return nil
+}
+
+// runOps applies the operations sent to this node's copies: it reads the
+// pending ones, then follows new ones with a watch, and starts over when
+// the watch breaks.
+func (n *Node) runOps(ctx context.Context) {
+	prefix := n.key("ops") + "/"
+	for ctx.Err() == nil {
+		resp, err := n.cli.Get(ctx, prefix, clientv3.WithPrefix())
+		if err != nil {
+			sleep(ctx, time.Second)
+			continue
+		}
+		for _, kv := range resp.Kvs {
+			n.applyOp(ctx, string(kv.Key), kv.Value)
+		}
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		for wr := range n.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+			if wr.Err() != nil {
+				break
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypePut {
+					n.applyOp(ctx, string(ev.Kv.Key), ev.Kv.Value)
+				}
+			}
+		}
+		cancel()
+		sleep(ctx, 200*time.Millisecond)
+	}
+}
+
+// applyOp applies one operation to this node's copy, once, if it is for
+// this node and comes from the volume's primary at its current term.
+func (n *Node) applyOp(ctx context.Context, key string, value []byte) {
+	var op Op
+	if json.Unmarshal(value, &op) != nil || !slices.Contains(op.Nodes, n.cfg.NodeName) {
+		return
+	}
+	rest := strings.TrimPrefix(key, n.key("ops")+"/")
+	volume, id, ok := strings.Cut(rest, "/")
+	if !ok {
+		return
+	}
+	rk := n.key("opresults", volume, id, n.cfg.NodeName)
+	if r, err := n.cli.Get(ctx, rk); err != nil || len(r.Kvs) > 0 {
+		return // answered already
+	}
+	var res opResult
+	vr, err := n.cli.Get(ctx, n.key("volumes", volume))
+	var rec volumeRecord
+	switch {
+	case err != nil:
+		res.Error = err.Error()
+	case len(vr.Kvs) == 0 || json.Unmarshal(vr.Kvs[0].Value, &rec) != nil:
+		res.Error = "the volume is not placed"
+	case rec.Primary != op.Primary || rec.Term != op.Term:
+		res.Error = fmt.Sprintf("sent by %s at term %d, but the primary is %s at term %d", op.Primary, op.Term,
+			rec.Primary, rec.Term)
+	default:
+		if err := n.store.ApplyOp(ctx, volume, op); err != nil {
+			res.Error = err.Error()
+		}
+	}
+	if res.Error != "" {
+		n.log.Warn("operation from the primary refused", "volume", volume, "op", op.Kind, "name", op.Name, "err", res.Error)
+	} else {
+		n.log.Info("operation from the primary applied", "volume", volume, "op", op.Kind, "name", op.Name, "uid", op.UID)
+	}
+	if _, err := n.cli.Put(ctx, rk, mustJSON(res)); err != nil {
+		n.log.Warn("answer an operation", "volume", volume, "op", op.Kind, "err", err)
+	}
+}

@@ -1,0 +1,100 @@
+package cluster
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// CopyRebuilding is the state of a new copy placed to replace one whose
+// node was gone too long: empty, out of the in-sync set, copied whole by
+// the primary (a rebuild job).
+const CopyRebuilding = "rebuilding"
+
+// ReplaceCopy moves the out-of-sync copy of volume on node gone to another
+// eligible node (up, without a copy of the volume, with free bytes for its
+// capacity; a failure domain the other copies do not use first, then the
+// most free bytes, then the name), as the primary at term: one transaction
+// that rewrites the placement, drops gone's copy key and records the new
+// copy rebuilding. The new node makes its copy (reconcile) and the primary
+// rebuilds it. It returns the new node.
+func (n *Node) ReplaceCopy(ctx context.Context, volume, gone string, term uint64) (string, error) {
+	s := n.session()
+	if s == nil || !n.up.Load() {
+		return "", fmt.Errorf("replace copy %s of %q: %w", gone, volume, ErrNoSession)
+	}
+	nodes, err := n.Nodes(ctx)
+	if err != nil {
+		return "", err
+	}
+	vk, ak := n.key("volumes", volume), n.key("alive", n.cfg.NodeName)
+	resp, err := n.cli.Get(ctx, vk)
+	if err != nil {
+		return "", fmt.Errorf("replace copy %s of %q: %w", gone, volume, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", fmt.Errorf("replace copy %s of %q: %w", gone, volume, ErrVolumeNotFound)
+	}
+	var rec volumeRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		return "", err
+	}
+	if rec.Primary != n.cfg.NodeName || rec.Term != term || rec.State != volumeActive ||
+		!slices.Contains(rec.Copies, gone) || slices.Contains(rec.InSync, gone) {
+		return "", fmt.Errorf("replace copy %s of %q: not an out-of-sync copy of this primary at term %d: %w",
+			gone, volume, term, ErrNoSession)
+	}
+	used := map[string]bool{}
+	for _, ni := range nodes {
+		if slices.Contains(rec.Copies, ni.Name) && ni.Name != gone && ni.FailureDomain != "" {
+			used[ni.FailureDomain] = true
+		}
+	}
+	var cand []NodeInfo
+	for _, ni := range nodes {
+		if ni.Up && !slices.Contains(rec.Copies, ni.Name) && ni.FreeBytes >= rec.Spec.Capacity {
+			cand = append(cand, ni)
+		}
+	}
+	if len(cand) == 0 {
+		return "", fmt.Errorf("replace copy %s of %q: no other node is up with %d free bytes and no copy of it: %w",
+			gone, volume, rec.Spec.Capacity, ErrNotEnoughNodes)
+	}
+	rank := func(ni NodeInfo) int {
+		if ni.FailureDomain != "" && used[ni.FailureDomain] {
+			return 1
+		}
+		return 0
+	}
+	slices.SortFunc(cand, func(a, b NodeInfo) int {
+		if c := cmp.Compare(rank(a), rank(b)); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(b.FreeBytes, a.FreeBytes); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
+	next := cand[0].Name
+	rec.Copies = slices.Clone(rec.Copies)
+	rec.Copies[slices.Index(rec.Copies, gone)] = next
+	c := copyRecord{State: CopyRebuilding, Reason: "replaces the copy on " + gone, UpdatedAt: time.Now().UTC()}
+	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", resp.Kvs[0].ModRevision),
+		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
+		Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpDelete(n.key("copies", volume, gone)),
+			clientv3.OpPut(n.key("copies", volume, next), mustJSON(c))).Commit()
+	if err != nil {
+		return "", fmt.Errorf("replace copy %s of %q: %w", gone, volume, err)
+	}
+	if !put.Succeeded {
+		return "", fmt.Errorf("replace copy %s of %q: the volume record changed meanwhile, or this node lost its lease", gone, volume)
+	}
+	n.log.Warn("copy replaced: its node was gone too long; the new copy is rebuilt", "volume", volume, "gone", gone,
+		"new", next, "term", term)
+	return next, nil
+}

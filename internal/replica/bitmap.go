@@ -1,0 +1,238 @@
+package replica
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/bits"
+	"os"
+	"path"
+	"strings"
+	"sync"
+
+	"github.com/quiverstorage/quiver/internal/durable"
+	"github.com/quiverstorage/quiver/internal/storage"
+)
+
+// DefaultGranule is the unit of changed-region tracking: a write of one
+// byte makes a whole granule dirty, and a resync copies whole granules.
+const DefaultGranule = 64 << 10
+
+// Bitmap is the write-ahead dirty bitmap of one disk for one copy that is
+// out of sync: bit g set means granule g may differ on that copy. It lives
+// in a file of the primary's pool (storage.FS), a 32-byte header (magic,
+// disk size, granule) then one bit per granule in little-endian 64-bit
+// words.
+//
+// Durability: Mark returns only once every bit it set is durable (the
+// changed words are written in place and the file fdatasync'd), so a caller
+// that marks before it applies a write never leaves applied data that a
+// crash makes the bitmap forget. An 8-byte aligned word never straddles a
+// sector, so a crash during a Mark leaves each word old or new. Bits are
+// only ever set while the copy is out of sync; the file is removed (Remove)
+// once the copy is back in the in-sync set. Its methods are safe for
+// concurrent use.
+type Bitmap struct {
+	fsys    storage.FS
+	rel     string
+	size    int64
+	granule int64
+
+	mu    sync.Mutex
+	f     storage.File
+	bits  []uint64
+	count int
+}
+
+const (
+	bitmapMagic  = "QVDIRTY1"
+	bitmapHeader = 32
+)
+
+// ErrBitmap: a dirty bitmap file is not for this disk (another size or
+// granule) or is damaged.
+var ErrBitmap = errors.New("dirty bitmap does not match its disk")
+
+// OpenBitmap opens the bitmap rel of a disk of size bytes, or creates an
+// empty one (created reports which): the new file is durable, with its
+// directory entry, when OpenBitmap returns.
+func OpenBitmap(fsys storage.FS, rel string, size, granule int64) (b *Bitmap, created bool, err error) {
+	if granule <= 0 || size < 0 {
+		return nil, false, fmt.Errorf("bitmap %s: size %d, granule %d: %w", rel, size, granule, ErrBitmap)
+	}
+	n := (size + granule - 1) / granule
+	b = &Bitmap{fsys: fsys, rel: rel, size: size, granule: granule, bits: make([]uint64, (n+63)/64)}
+	f, err := fsys.OpenRegular(rel, os.O_RDWR)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := mkdirAll(fsys, path.Dir(rel)); err != nil {
+			return nil, false, fmt.Errorf("bitmap %s: %w", rel, err)
+		}
+		if err := durable.WriteFile(fsys, rel, b.encode(), 0o600); err != nil {
+			return nil, false, err
+		}
+		f, err = fsys.OpenRegular(rel, os.O_RDWR)
+		created = true
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("bitmap %s: %w", rel, err)
+	}
+	buf := make([]byte, bitmapHeader+8*len(b.bits))
+	if _, rerr := f.ReadAt(buf, 0); rerr != nil {
+		f.Close()
+		return nil, false, fmt.Errorf("bitmap %s: %w: %w", rel, ErrBitmap, rerr)
+	}
+	if string(buf[:8]) != bitmapMagic || int64(binary.LittleEndian.Uint64(buf[8:])) != size ||
+		int64(binary.LittleEndian.Uint64(buf[16:])) != granule {
+		f.Close()
+		return nil, false, fmt.Errorf("bitmap %s (disk %d bytes, granule %d): %w", rel, size, granule, ErrBitmap)
+	}
+	for i := range b.bits {
+		b.bits[i] = binary.LittleEndian.Uint64(buf[bitmapHeader+8*i:])
+		b.count += bits.OnesCount64(b.bits[i])
+	}
+	b.f = f
+	return b, created, nil
+}
+
+// MemoryBitmap is a Bitmap that is not persisted (tests, and a Set
+// without Options.Bitmap).
+func MemoryBitmap(size, granule int64) *Bitmap {
+	n := (size + granule - 1) / granule
+	return &Bitmap{rel: "(memory)", size: size, granule: granule, bits: make([]uint64, (n+63)/64)}
+}
+
+func (b *Bitmap) encode() []byte {
+	buf := make([]byte, bitmapHeader+8*len(b.bits))
+	copy(buf, bitmapMagic)
+	binary.LittleEndian.PutUint64(buf[8:], uint64(b.size))
+	binary.LittleEndian.PutUint64(buf[16:], uint64(b.granule))
+	for i, w := range b.bits {
+		binary.LittleEndian.PutUint64(buf[bitmapHeader+8*i:], w)
+	}
+	return buf
+}
+
+// mkdirAll makes rel and its parents in fsys, each durable in its parent.
+func mkdirAll(fsys storage.FS, rel string) error {
+	if rel == "." || rel == "" || rel == "/" {
+		return nil
+	}
+	if fi, err := fsys.Lstat(rel); err == nil {
+		if !fi.IsDir() {
+			return fmt.Errorf("%s: not a directory", rel)
+		}
+		return nil
+	}
+	parent := path.Dir(rel)
+	if err := mkdirAll(fsys, parent); err != nil {
+		return err
+	}
+	if err := fsys.Mkdir(rel, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return fsys.SyncDir(parent)
+}
+
+// Mark sets the granules of [off, off+length) and returns once they are
+// durable. Granules already set cost nothing.
+func (b *Bitmap) Mark(off, length int64) error {
+	if length <= 0 {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.f == nil && b.fsys != nil {
+		return fmt.Errorf("bitmap %s: closed", b.rel)
+	}
+	first, last := -1, -1
+	for g := off / b.granule; g*b.granule < off+length && g*b.granule < b.size; g++ {
+		if w, m := &b.bits[g/64], uint64(1)<<(g%64); *w&m == 0 {
+			*w |= m
+			b.count++
+			if first < 0 {
+				first = int(g / 64)
+			}
+			last = int(g / 64)
+		}
+	}
+	if first < 0 || b.fsys == nil {
+		return nil
+	}
+	buf := make([]byte, 8*(last-first+1))
+	for i := first; i <= last; i++ {
+		binary.LittleEndian.PutUint64(buf[8*(i-first):], b.bits[i])
+	}
+	if _, err := b.f.WriteAt(buf, bitmapHeader+8*int64(first)); err != nil {
+		return fmt.Errorf("bitmap %s: %w", b.rel, err)
+	}
+	if err := b.f.Sync(); err != nil {
+		// The sync failure is sticky for the file (docs/durability.md):
+		// this bitmap can promise nothing more.
+		b.f.Close()
+		b.f = nil
+		return fmt.Errorf("bitmap %s: %w", b.rel, err)
+	}
+	return nil
+}
+
+// MarkAll sets every granule: for a copy whose changes are not known (a new
+// copy, or an out-of-sync copy whose bitmap was lost).
+func (b *Bitmap) MarkAll() error { return b.Mark(0, b.size) }
+
+// Granules returns the number of dirty granules and the granule size.
+func (b *Bitmap) Granules() (n int, granule int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.count, b.granule
+}
+
+// Ranges returns the dirty granules as byte ranges (the last one cut at the
+// disk's end), in order.
+func (b *Bitmap) Ranges() [][2]int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out [][2]int64
+	for i, w := range b.bits {
+		for ; w != 0; w &= w - 1 {
+			g := int64(i)*64 + int64(bits.TrailingZeros64(w))
+			off := g * b.granule
+			out = append(out, [2]int64{off, min(b.granule, b.size-off)})
+		}
+	}
+	return out
+}
+
+// Close closes the file; the bitmap stays on disk.
+func (b *Bitmap) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.f == nil {
+		return nil
+	}
+	err := b.f.Close()
+	b.f = nil
+	return err
+}
+
+// Remove closes and deletes the bitmap: the copy holds everything again.
+// The removal is durable when Remove returns nil.
+func (b *Bitmap) Remove() error {
+	_ = b.Close()
+	if b.fsys == nil {
+		return nil
+	}
+	if err := b.fsys.Remove(b.rel); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return b.fsys.SyncDir(path.Dir(b.rel))
+}
+
+// BitmapPath is where the pool keeps the dirty bitmap of disk of the local
+// volume with uid for copy node: cluster/dirty/<uid>/<disk>.<node>.
+func BitmapPath(uid, disk, node string) string {
+	return path.Join(BitmapDir(uid), disk+"."+strings.ReplaceAll(node, "/", "_"))
+}
+
+// BitmapDir holds every dirty bitmap of the local volume with uid.
+func BitmapDir(uid string) string { return path.Join("cluster", "dirty", uid) }

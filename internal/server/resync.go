@@ -1,0 +1,320 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/quiverstorage/quiver/internal/cluster"
+	"github.com/quiverstorage/quiver/internal/job"
+	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/replica"
+)
+
+// resyncInterval is how often the primary looks for copies to bring back;
+// resyncBackoff how long it waits after a resync that stopped.
+const (
+	resyncInterval = time.Second
+	resyncBackoff  = 5 * time.Second
+)
+
+// resyncLoop brings back the degraded copies of the volumes this node is
+// the primary of, once their nodes are up (docs/cluster.md, "Degraded mode
+// and resync"): one resync per copy at a time, a failed one tried again
+// after resyncBackoff.
+func (r *replicaSets) resyncLoop(ctx context.Context) {
+	var mu sync.Mutex
+	running := map[string]bool{}
+	retry := map[string]time.Time{}
+	downSince := map[string]time.Time{}
+	t := time.NewTicker(resyncInterval)
+	defer t.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !r.node.Up() {
+			continue
+		}
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		pls, err := r.node.Placements(lctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		lctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		nodes, err := r.node.Nodes(lctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		up := map[string]bool{}
+		for _, ni := range nodes {
+			up[ni.Name] = ni.Up
+		}
+		me := r.node.Name()
+		for name, p := range pls {
+			if p.Primary != me || p.Deleting || p.Replicas <= 1 {
+				continue
+			}
+			for _, c := range p.Copies {
+				rebuild := c.State == cluster.CopyRebuilding
+				if c.Node == me || (c.State != cluster.CopyDegraded && c.State != cluster.CopyResyncing && !rebuild) {
+					continue
+				}
+				key := name + "/" + c.Node
+				if !up[c.Node] {
+					// Gone: after RebuildAfter its copy is replaced by a
+					// new one on another node.
+					if _, ok := downSince[key]; !ok {
+						downSince[key] = time.Now()
+					}
+					if r.rebuildAfter > 0 && time.Since(downSince[key]) > r.rebuildAfter {
+						if err := r.replace(ctx, name, c.Node, p); err != nil {
+							r.log.Warn("replace a copy whose node is gone", "volume", name, "copy", c.Node, "err", err)
+						} else {
+							delete(downSince, key)
+						}
+					}
+					continue
+				}
+				delete(downSince, key)
+				if rebuild && !r.copyMade(ctx, name, c.Node) {
+					continue // the new node has not made its copy yet
+				}
+				mu.Lock()
+				busy := running[key] || time.Now().Before(retry[key])
+				if !busy {
+					running[key] = true
+				}
+				mu.Unlock()
+				if busy {
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var err error
+					if rebuild {
+						// A rebuild is a job (GET /v1/jobs): its progress,
+						// and a cancel that stops it (tried again later).
+						j := r.jobs.Start("rebuild", name+"/"+c.Node, len(p.Spec.Disks), func(jctx context.Context, j *job.Job) error {
+							return r.resync(jctx, name, c.Node, p, true, j)
+						})
+						err = j.Wait(ctx)
+					} else {
+						err = r.resync(ctx, name, c.Node, p, false, nil)
+					}
+					mu.Lock()
+					delete(running, key)
+					if err != nil {
+						retry[key] = time.Now().Add(resyncBackoff)
+					}
+					mu.Unlock()
+				}()
+			}
+		}
+	}
+}
+
+// resync brings copy node of volume back in sync, when its node is up:
+// every disk's dirty granules are copied while I/O goes on, then the copy
+// rejoins the in-sync set in one etcd transaction (replica.Rejoin).
+func (r *replicaSets) resync(ctx context.Context, volume, node string, p cluster.Placement, rebuild bool, j *job.Job) error {
+	state, what := cluster.CopyResyncing, "resync"
+	if rebuild {
+		state, what = cluster.CopyRebuilding, "rebuild"
+	}
+	role, err := r.node.Role(ctx, volume)
+	if err != nil || !role.IsPrimary(r.node.Name()) {
+		return fmt.Errorf("resync %s on %s: not the primary (%v)", volume, node, err)
+	}
+	var target cluster.Target
+	for _, b := range role.Behind {
+		if b.Node == node {
+			target = b
+		}
+	}
+	if target.NBD == "" || target.Token == "" {
+		return fmt.Errorf("resync %s on %s: the copy's node is down", volume, node)
+	}
+	v, err := r.pool.Volume(volume)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	r.metrics.resyncActive.Inc()
+	defer r.metrics.resyncActive.Dec()
+	fail := func(err error) error {
+		r.metrics.resyncs.WithLabelValues("stopped").Inc()
+		r.log.Warn(what+" stopped; the copy stays out of sync", "volume", volume, "copy", node, "err", err)
+		after := cluster.CopyDegraded
+		if rebuild {
+			after = cluster.CopyRebuilding
+		}
+		reason := err.Error()
+		if !errors.Is(err, replica.ErrResync) {
+			reason = what + " stopped: " + reason
+		}
+		if serr := r.node.SetCopyState(volume, node, role.Term, after, reason, nil); serr != nil {
+			r.log.Debug("record the stopped resync", "volume", volume, "copy", node, "err", serr)
+		}
+		return err
+	}
+	var rs []*replica.Resync
+	var total int64
+	var locals []pool.Disk
+	var wait func(context.Context, int) error
+	if r.rate > 0 {
+		lim := rate.NewLimiter(rate.Limit(r.rate), int(max(r.rate, replica.DefaultGranule)))
+		wait = lim.WaitN
+	}
+	for _, d := range p.Spec.Disks {
+		local, err := v.OpenDisk(d.Name)
+		if err != nil {
+			return fail(err)
+		}
+		defer local.Close()
+		locals = append(locals, local)
+		ent, err := r.acquire(ctx, volume, d.Name, role, local.Size())
+		if err != nil {
+			return fail(err)
+		}
+		defer r.release(ent)
+		if rebuild {
+			if err := ent.set.MarkWhole(node); err != nil {
+				return fail(err)
+			}
+		}
+		x, err := ent.set.BeginResync(ctx, replica.Copy{Node: node, Addr: target.NBD,
+			Export: volume + "/" + d.Name + "/" + target.Token})
+		if err != nil {
+			for _, x := range rs {
+				x.Abort(err)
+			}
+			return fail(err)
+		}
+		rs = append(rs, x)
+		total += x.Total()
+	}
+	progress := func() *cluster.Progress {
+		var done int64
+		for _, x := range rs {
+			done += x.Copied()
+		}
+		return &cluster.Progress{DoneBytes: done, TotalBytes: total}
+	}
+	_ = r.node.SetCopyState(volume, node, role.Term, state, "", progress())
+	r.log.Info(what+" started", "volume", volume, "copy", node, "bytes", total)
+	var reported int64
+	report := func() {
+		pr := progress()
+		_ = r.node.SetCopyState(volume, node, role.Term, state, "", pr)
+		if j != nil {
+			j.Add(pr.DoneBytes - reported)
+			reported = pr.DoneBytes
+		}
+	}
+	if j != nil {
+		j.AddTotal(total)
+	}
+	stop := make(chan struct{})
+	var pw sync.WaitGroup
+	pw.Add(1)
+	go func() {
+		defer pw.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				report()
+			}
+		}
+	}()
+	var runErr error
+	var sent int64
+	for i := range rs {
+		err := rs[i].Run(ctx, locals[i], wait)
+		r.metrics.resyncBytes.Add(float64(rs[i].Copied()))
+		sent += rs[i].Sent()
+		if err != nil {
+			runErr = err
+			break
+		}
+	}
+	close(stop)
+	pw.Wait()
+	report()
+	if runErr != nil {
+		for _, x := range rs {
+			x.Abort(runErr)
+		}
+		return fail(runErr)
+	}
+	if err := replica.Rejoin(rs, func() error { return r.node.MarkInSync(volume, node, role.Term) }); err != nil {
+		if !errors.Is(err, replica.ErrBitmapLeft) {
+			return fail(err)
+		}
+		r.log.Warn("copy in sync; a dirty bitmap was left", "volume", volume, "copy", node, "err", err)
+	}
+	r.metrics.resyncs.WithLabelValues("ok").Inc()
+	r.log.Info("copy "+what+" done: back in sync", "volume", volume, "copy", node, "copiedBytes", total,
+		"dataBytes", sent, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// replace moves the copy of a node gone longer than rebuildAfter to another
+// node (cluster.ReplaceCopy) and forgets its dirty bitmaps here.
+func (r *replicaSets) replace(ctx context.Context, volume, gone string, p cluster.Placement) error {
+	v, err := r.pool.Volume(volume)
+	if err != nil {
+		return err
+	}
+	next, err := r.node.ReplaceCopy(ctx, volume, gone, p.Term)
+	if err != nil {
+		return err
+	}
+	uid := v.Info().UID
+	r.mu.Lock()
+	var sets []*replica.Set
+	for _, d := range p.Spec.Disks {
+		if e := r.m[volume+"/"+d.Name]; e != nil {
+			sets = append(sets, e.set)
+		}
+	}
+	r.mu.Unlock()
+	for _, s := range sets {
+		_ = s.Forget(gone)
+	}
+	for _, d := range p.Spec.Disks {
+		_ = r.pool.FS().Remove(replica.BitmapPath(uid, d.Name, gone))
+	}
+	r.log.Info("rebuild placed", "volume", volume, "gone", gone, "new", next)
+	return nil
+}
+
+// copyMade says whether node has made its copy of volume (its attachment
+// for the primary is recorded).
+func (r *replicaSets) copyMade(ctx context.Context, volume, node string) bool {
+	role, err := r.node.Role(ctx, volume)
+	if err != nil {
+		return false
+	}
+	for _, b := range role.Behind {
+		if b.Node == node {
+			return b.Token != "" && b.NBD != ""
+		}
+	}
+	return false
+}

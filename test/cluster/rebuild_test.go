@@ -1,0 +1,121 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/testfs"
+)
+
+// allocated is the bytes of storage a disk image in a node's pool holds.
+func allocated(t *testing.T, nd *node, volume, disk string) int64 {
+	t.Helper()
+	fi, err := os.Stat(filepath.Join(nd.pool, "volumes", volume, "disks", disk+".img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Sys().(*syscall.Stat_t).Blocks * 512
+}
+
+// TestRebuild: the node of a copy is gone longer than --rebuild-after (4 s
+// here): its primary places a new copy on the other eligible node and
+// rebuilds it as a throttled job (--resync-rate) with progress, while
+// writes go on. The new copy is then in sync and byte-identical, and holds
+// about the primary's allocated bytes: only allocated ranges were copied as
+// data, holes as zeroes that trim.
+func TestRebuild(t *testing.T) {
+	testfs.RequireTool(t, "qemu-io")
+	c := startClusterWith(t, func(_ int, nd *node) {
+		nd.args = append(nd.args, "--rebuild-after", "4s", "--resync-rate", "24Mi")
+	})
+	ctx := context.Background()
+	const diskSize = 128 * mib
+	v, err := c.nodes[0].api().CreateVolume(ctx, api.VolumeSpec{Name: "rb", Capacity: diskSize, Replicas: 2,
+		Disks: []api.DiskSpec{{Name: "root", Size: diskSize}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prim, gone := c.byName(v.Primary), c.byName(copyNodes(v)[1])
+	var spare *node
+	for _, nd := range c.nodes {
+		if nd != prim && nd != gone {
+			spare = nd
+		}
+	}
+	att, err := prim.api().Attach(ctx, "rb", api.AttachmentSpec{Node: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uri := fmt.Sprintf("nbd://%s:10809/rb/root/%s", prim.ip, att.Token)
+	c.qemuIO(t, uri, "write -P 0x41 0 16M", "write -P 0x42 64M 8M", "flush")
+
+	gone.proc.Kill()
+	start := time.Now()
+	w := &writer{c: c, uris: []string{uri}, size: diskSize, rng: rand.New(rand.NewPCG(1, 2))}
+	stop, done := make(chan struct{}), make(chan error, 1)
+	go w.run(stop, 300*time.Millisecond, done)
+	// The copy moves to the spare node and is rebuilt there.
+	deadline := time.Now().Add(3 * time.Minute)
+	var seen []string
+	var job api.Job
+	for {
+		got, err := prim.api().GetVolume(ctx, "rb")
+		if err == nil {
+			s := formatCopies(got)
+			if len(seen) == 0 || seen[len(seen)-1] != s {
+				seen = append(seen, s)
+			}
+			if jobs, err := prim.api().ListJobs(ctx); err == nil {
+				for _, j := range jobs {
+					if j.Kind == "rebuild" && j.Target == "rb/"+spare.name {
+						job = j
+					}
+				}
+			}
+			inSync := 0
+			for _, cc := range got.Copies {
+				if cc.State == api.CopyInSync && (cc.Node == prim.name || cc.Node == spare.name) {
+					inSync++
+				}
+			}
+			if inSync == 2 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no rebuilt copy after 3 minutes; copies seen: %v (%v)", seen, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	t.Logf("rebuilt on %s %v after %s was killed; copies seen:", spare.name, time.Since(start).Round(time.Millisecond), gone.name)
+	for _, s := range seen {
+		t.Logf("  %s", s)
+	}
+	if job.ID == "" {
+		t.Fatal("no rebuild job listed on the primary")
+	}
+	t.Logf("job %s %s: %s, %d of %d bytes", job.ID, job.Target, job.State, job.BytesDone, job.BytesTotal)
+	if job.BytesTotal != diskSize || job.BytesDone != job.BytesTotal {
+		t.Errorf("rebuild job progress %d of %d bytes: want the whole disk (%d)", job.BytesDone, job.BytesTotal, diskSize)
+	}
+	c.qemuIO(t, uri, "flush")
+	if a, b := diskSum(t, prim, "rb", "root"), diskSum(t, spare, "rb", "root"); a != b {
+		t.Fatalf("rebuilt copy differs: primary %s, %s %s", a, spare.name, b)
+	}
+	pa, sa := allocated(t, prim, "rb", "root"), allocated(t, spare, "rb", "root")
+	t.Logf("allocated: primary %d B, rebuilt copy %d B (disk %d B)", pa, sa, int64(diskSize))
+	if sa > pa+4*mib {
+		t.Errorf("the rebuilt copy holds %d bytes, the primary %d: holes were copied as data", sa, pa)
+	}
+}
