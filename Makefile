@@ -93,10 +93,13 @@ bench-qos:
 # Provisioning storm: VMS VMs x DISKS disks through the CSI controller, in
 # process, against a real server: one CreateVolume and one CreateSnapshot per
 # VM (quiver) against one per disk (today's drivers), side by side. DIR: the
-# pool's parent directory (default /tmp). Prints, never asserts.
+# pool's parent directory (default /tmp). PHASES=create: the creates only;
+# ROUNDS=N: N rounds, with each round's ratio and their median. Prints, never
+# asserts.
 bench-storm:
 	cd test/storm && QUIVER_BENCH=1 QUIVER_STORM_VMS=$(VMS) QUIVER_STORM_DISKS=$(DISKS) \
 		QUIVER_STORM_WORKERS=$(WORKERS) QUIVER_BENCH_DIR=$(DIR) \
+		QUIVER_STORM_PHASES=$(PHASES) QUIVER_STORM_ROUNDS=$(ROUNDS) \
 		$(GO) test -count=1 -timeout 120m -run TestProvisioningStorm -v .
 
 # KubeVirt's hook sidecar API (internal/kubevirt/hookapi): Go code from the

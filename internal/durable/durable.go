@@ -82,11 +82,45 @@ func WriteFile(fsys storage.FS, rel string, data []byte, perm fs.FileMode) error
 // readable by its owner only (0600): manifests name volumes and disks, and
 // attachments hold tokens.
 func WriteJSON(fsys storage.FS, rel string, v any) error {
+	data, err := encodeJSON(rel, v)
+	if err != nil {
+		return err
+	}
+	return WriteFile(fsys, rel, data, 0o600)
+}
+
+// CreateJSON creates rel exclusively (it must not exist), writes v encoded
+// as WriteJSON encodes it, and returns the file open and NOT synced: nothing
+// is durable when it returns. It is for a file in a staged directory, which
+// no reader sees until a rename publishes the directory: there the file
+// needs no temporary name, and the caller syncs the file and its directory
+// before the rename, side by side with the other sync points of the staged
+// object if it likes. On error nothing is left behind.
+func CreateJSON(fsys storage.FS, rel string, v any) (storage.File, error) {
+	data, err := encodeJSON(rel, v)
+	if err != nil {
+		return nil, err
+	}
+	full := filepath.Join(fsys.Path(), rel)
+	f, err := fsys.OpenFile(rel, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("write %s: %w", full, err)
+	}
+	if _, err := f.WriteAt(data, 0); err != nil {
+		_ = f.Close()
+		_ = fsys.Remove(rel)
+		return nil, fmt.Errorf("write %s: %w", full, err)
+	}
+	return f, nil
+}
+
+// encodeJSON is v as indented JSON with a final newline.
+func encodeJSON(rel string, v any) ([]byte, error) {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return fmt.Errorf("encode %s: %w", rel, err)
+		return nil, fmt.Errorf("encode %s: %w", rel, err)
 	}
-	return WriteFile(fsys, rel, append(data, '\n'), 0o600)
+	return append(data, '\n'), nil
 }
 
 // SyncDir fsyncs the directory rel so that the entries created, renamed or

@@ -146,3 +146,50 @@ func TestWriteFileNeverFollowsALink(t *testing.T) {
 		t.Fatalf("the write followed the link: %v", es)
 	}
 }
+
+// TestCreateJSON: the file holds v as WriteJSON writes it, an existing file
+// is refused and left as it was, and a directory swapped for a link is
+// refused, not written through.
+func TestCreateJSON(t *testing.T) {
+	base := t.TempDir()
+	root, outside := filepath.Join(base, "root"), filepath.Join(base, "outside")
+	for _, d := range []string{root, outside} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fsys := openFS(t, root)
+	f, err := CreateJSON(fsys, "m.json", map[string]int{"a": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil { // no Sync here: the caller's sync points are the pool's (mutate-syncs)
+		t.Fatal(err)
+	}
+	if err := WriteJSON(fsys, "w.json", map[string]int{"a": 1}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(root, "m.json"))
+	want, _ := os.ReadFile(filepath.Join(root, "w.json"))
+	if string(got) != string(want) {
+		t.Fatalf("CreateJSON wrote %q, WriteJSON %q", got, want)
+	}
+	if st, err := os.Stat(filepath.Join(root, "m.json")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v (%v), want 0600", st.Mode(), err)
+	}
+	if _, err := CreateJSON(fsys, "m.json", map[string]int{"b": 2}); !errors.Is(err, os.ErrExist) {
+		t.Fatalf("create over an existing file: %v, want ErrExist", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "m.json")); string(b) != string(want) {
+		t.Fatalf("the refused create changed the file: %q", b)
+	}
+	if err := os.Symlink(outside, filepath.Join(root, "dir")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CreateJSON(fsys, "dir/m.json", map[string]int{"a": 1}); !errors.Is(err, storage.ErrEscape) {
+		t.Fatalf("create through a link: %v, want ErrEscape", err)
+	}
+	if es, _ := os.ReadDir(outside); len(es) != 0 {
+		t.Fatalf("the create followed the link: %v", es)
+	}
+}

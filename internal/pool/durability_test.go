@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -484,5 +485,46 @@ func TestReopenAfterFailedSyncIsChecked(t *testing.T) {
 	defer d3.Close()
 	if err := d3.Flush(); err != nil {
 		t.Fatalf("flush after the reopen: %v", err)
+	}
+}
+
+// TestCreateFailedStagedSyncLeavesNothing: when one of the staged volume's
+// sync points fails (volume.json's data, or either directory synced side by
+// side before publish), Create fails with the cause, publishes nothing and
+// leaves nothing in staging/; the same create then succeeds.
+func TestCreateFailedStagedSyncLeavesNothing(t *testing.T) {
+	spec := VolumeSpec{Name: "new", Capacity: 8 * mib, Disks: []DiskSpec{{Name: "root", Size: mib}, {Name: "data", Size: mib}}}
+	for _, c := range []struct {
+		name string
+		arm  func(*faultio.FS)
+	}{
+		{"volume.json sync", func(f *faultio.FS) { f.FailSync(1, syscall.EIO) }},
+		{"first directory sync", func(f *faultio.FS) { f.FailDirSync(1, syscall.EIO) }},
+		{"second directory sync", func(f *faultio.FS) { f.FailDirSync(2, syscall.EIO) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, _, fio := openFaultPool(t)
+			c.arm(fio)
+			_, _, err := p.Create(context.Background(), spec)
+			if !errors.Is(err, syscall.EIO) || errors.Is(err, ErrVolumeFailed) {
+				t.Fatalf("create with a failing staged sync: %v, want EIO and not ErrVolumeFailed", err)
+			}
+			if fio.Failures() != 1 {
+				t.Fatalf("%d faults injected, want 1", fio.Failures())
+			}
+			if _, err := p.Volume("new"); !errors.Is(err, ErrVolumeNotFound) {
+				t.Fatalf("volume after a failed create: %v, want ErrVolumeNotFound", err)
+			}
+			for _, d := range []string{"staging", "volumes/new"} {
+				es, err := os.ReadDir(filepath.Join(p.Dir(), d))
+				if d == "staging" && (err != nil || len(es) != 0) {
+					t.Fatalf("staging/ after a failed create: %v (%v)", es, err)
+				}
+				if d != "staging" && !errors.Is(err, os.ErrNotExist) {
+					t.Fatalf("%s after a failed create: %v", d, err)
+				}
+			}
+			mustCreate(t, p, spec)
+		})
 	}
 }

@@ -292,6 +292,13 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 // stageVolume lays out a volume directory in staged: fill makes the disk
 // images in the disks directory; then the manifest is written and everything
 // synced, ready for publish.
+//
+// Nothing reads staged until publish renames it into volumes/, and start-up
+// reclaims what a crash leaves in staging/: so volume.json is written there
+// under its own name, not through a temporary file, and its three sync points
+// (the images' entries, volume.json's data, the staged directory's entries)
+// run side by side, where a journalling filesystem commits them together
+// instead of once each. All three are done before publish.
 func (p *Pool) stageVolume(staged string, m volumeManifest, fill func(disksDir string) error) error {
 	disks := filepath.Join(staged, "disks")
 	for _, d := range []string{disks, filepath.Join(staged, "snapshots")} {
@@ -302,13 +309,16 @@ func (p *Pool) stageVolume(staged string, m volumeManifest, fill func(disksDir s
 	if err := fill(disks); err != nil {
 		return err
 	}
-	if err := p.fs.SyncDir(p.rel(disks)); err != nil {
-		return err
+	f, err := durable.CreateJSON(p.fs, p.rel(filepath.Join(staged, "volume.json")), m)
+	if err != nil {
+		return hostile(err)
 	}
-	if err := p.writeJSON(filepath.Join(staged, "volume.json"), m); err != nil {
-		return err
-	}
-	return nil
+	defer f.Close()
+	var g errgroup.Group
+	g.Go(func() error { return p.fs.SyncDir(p.rel(disks)) })
+	g.Go(func() error { return f.Sync() })
+	g.Go(func() error { return p.fs.SyncDir(p.rel(staged)) })
+	return g.Wait()
 }
 
 // imageCreators is how many images of one new volume are made at once.

@@ -80,34 +80,7 @@ func TestLibvirtBootsEveryDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	k, err := testguest.FetchKernel(guestKernel)
-	if errors.Is(err, testguest.ErrMissing) {
-		testfs.SkipOrFail(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	kernel, initrd := filepath.Join(work, "vmlinuz"), filepath.Join(work, "initramfs.cpio")
-	if err := copyFile(k.VmlinuzPath(), kernel); err != nil {
-		t.Fatal(err)
-	}
-	w, err := testguest.NewInitramfs(initrd, k)
-	if errors.Is(err, testguest.ErrMissing) {
-		testfs.SkipOrFail(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.File("init", 0o755, []byte("#!/bin/sh\nexport PATH=/bin\nmount -t devtmpfs devtmpfs /dev\nmount -t proc proc /proc\nmount -t sysfs sysfs /sys\n"+
-		testguest.InsmodLines(k)+guestInit))
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{kernel, initrd} {
-		if err := os.Chmod(f, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	kernel, initrd := buildGuest(t, work, guestInit)
 
 	// The quiver volume, in a real server's pool.
 	pool := filepath.Join(work, "pool")
@@ -167,6 +140,42 @@ func TestLibvirtBootsEveryDisk(t *testing.T) {
 			t.Errorf("disk %s through NBD starts %q, want %q", d, marker, "quiver-marker "+want[d])
 		}
 	}
+}
+
+// buildGuest writes the guest's kernel and an initramfs whose init runs
+// script into work (readable by the libvirt-qemu user), and returns their
+// paths.
+func buildGuest(t *testing.T, work, script string) (kernel, initrd string) {
+	t.Helper()
+	k, err := testguest.FetchKernel(guestKernel)
+	if errors.Is(err, testguest.ErrMissing) {
+		testfs.SkipOrFail(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel, initrd = filepath.Join(work, "vmlinuz"), filepath.Join(work, "initramfs.cpio")
+	if err := copyFile(k.VmlinuzPath(), kernel); err != nil {
+		t.Fatal(err)
+	}
+	w, err := testguest.NewInitramfs(initrd, k)
+	if errors.Is(err, testguest.ErrMissing) {
+		testfs.SkipOrFail(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.File("init", 0o755, []byte("#!/bin/sh\nexport PATH=/bin\nmount -t devtmpfs devtmpfs /dev\nmount -t proc proc /proc\nmount -t sysfs sysfs /sys\n"+
+		testguest.InsmodLines(k)+script))
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{kernel, initrd} {
+		if err := os.Chmod(f, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return kernel, initrd
 }
 
 // vmiJSON is the VMI virt-launcher would send with the domain: volume

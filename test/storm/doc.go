@@ -18,5 +18,9 @@
 // QUIVER_STORM_BUDGET (seconds per phase, 600) and QUIVER_BENCH_DIR (the
 // pool's parent directory, default a temporary one) tune it. Snapshots are
 // measured twice: through the CSI controller, and through the quiver API
-// alone (a second snapshot of every volume).
+// alone (a second snapshot of every volume). QUIVER_STORM_PHASES=create
+// measures the creates only, and QUIVER_STORM_ROUNDS=N (default 1) repeats
+// the whole measurement N times on fresh servers, printing each round's
+// load average and, at the end, the CreateVolume ratio of every round and
+// their median: on a shared machine one round's ratio moves with the load.
 package storm

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -126,19 +127,51 @@ func TestProvisioningStorm(t *testing.T) {
 	disks := envInt(t, "QUIVER_STORM_DISKS", 4)
 	workers := envInt(t, "QUIVER_STORM_WORKERS", 10)
 	budget := time.Duration(envInt(t, "QUIVER_STORM_BUDGET", 600)) * time.Second
+	rounds := envInt(t, "QUIVER_STORM_ROUNDS", 1)
+	createOnly := false
+	switch v := os.Getenv("QUIVER_STORM_PHASES"); v {
+	case "", "all":
+	case "create":
+		createOnly = true
+	default:
+		t.Fatalf("QUIVER_STORM_PHASES=%q: want all or create", v)
+	}
 	bin := testserver.Binary(t, false)
+	var ratios []float64
+	for round := range rounds {
+		results := stormRound(t, bin, vms, disks, workers, budget, createOnly)
+		if rounds > 1 {
+			fmt.Printf("\nround %d of %d, load average %s", round+1, rounds, loadavg())
+		}
+		ratios = append(ratios, printResults(results, vms, disks, workers, budget, createOnly))
+	}
+	if rounds > 1 {
+		sorted := slices.Clone(ratios)
+		slices.Sort(sorted)
+		fmt.Printf("\nCreateVolume, per disk / per VM, %d rounds: %s; median %.2fx\n", rounds,
+			strings.Trim(fmt.Sprintf("%.2f", ratios), "[]"), sorted[len(sorted)/2])
+	}
+}
+
+// stormRound measures each model on a fresh server, phase by phase, the
+// two models one after the other: creates, snapshots through CSI,
+// snapshots through the API (the snapshot phases unless createOnly). The
+// servers stop and their pools go before it returns.
+func stormRound(t *testing.T, bin string, vms, disks, workers int, budget time.Duration, createOnly bool) []result {
 	models := []model{perVM(vms, disks), perDisk(vms, disks)}
 	envs := make([]*env, len(models))
 	results := make([]result, len(models))
 	for i, m := range models {
 		envs[i] = newEnv(t, bin)
+		defer envs[i].close(t)
 		results[i] = result{model: m.name, volumes: len(m.volumes), disks: vms * disks}
 	}
-	// Phase by phase, the two models one after the other, each on its own
-	// server: creates, snapshots through CSI, snapshots through the API.
 	for i, m := range models {
 		results[i].create = envs[i].createAll(m, workers, budget)
 		t.Logf("%s: CreateVolume %v", m.name, results[i].create)
+	}
+	if createOnly {
+		return results
 	}
 	for i, m := range models {
 		results[i].csiSnap = envs[i].snapshotCSI(m, workers, budget)
@@ -148,23 +181,47 @@ func TestProvisioningStorm(t *testing.T) {
 		results[i].apiSnap = envs[i].snapshotAPI(t, m, workers, budget)
 		t.Logf("%s: API snapshots %v", m.name, results[i].apiSnap)
 	}
+	return results
+}
 
+// printResults prints one round's table and ratios, and returns the
+// CreateVolume ratio (per disk / per VM, the time to provision every disk).
+func printResults(results []result, vms, disks, workers int, budget time.Duration, createOnly bool) float64 {
 	fs, _ := exec.Command("stat", "-f", "-c", "%T", poolParent()).Output()
 	fmt.Printf("\nprovisioning storm: %d VMs x %d disks, %d workers, pool on %s, %d CPUs, budget %v per phase\n",
 		vms, disks, workers, strings.TrimSpace(string(fs)), nproc(), budget)
-	fmt.Printf("%-27s %7s %6s %7s | %-24s %8s | %-24s %8s | %-22s %8s\n", "model", "PVC+PV", "VS+VSC", "disks",
-		"CreateVolume", "/s", "CreateSnapshot (CSI)", "/s", "snapshot (quiver API)", "/s")
-	for _, r := range results {
-		fmt.Printf("%-27s %7d %6d %7d | %-24v %8.1f | %-24v %8.1f | %-22v %8.1f\n", r.model, 2*r.volumes, 2*r.volumes, r.disks,
-			r.create, r.create.rate(), r.csiSnap, r.csiSnap.rate(), r.apiSnap, r.apiSnap.rate())
+	if createOnly {
+		fmt.Printf("%-27s %7s %7s | %-24s %8s\n", "model", "PVC+PV", "disks", "CreateVolume", "/s")
+		for _, r := range results {
+			fmt.Printf("%-27s %7d %7d | %-24v %8.1f\n", r.model, 2*r.volumes, r.disks, r.create, r.create.rate())
+		}
+	} else {
+		fmt.Printf("%-27s %7s %6s %7s | %-24s %8s | %-24s %8s | %-22s %8s\n", "model", "PVC+PV", "VS+VSC", "disks",
+			"CreateVolume", "/s", "CreateSnapshot (CSI)", "/s", "snapshot (quiver API)", "/s")
+		for _, r := range results {
+			fmt.Printf("%-27s %7d %6d %7d | %-24v %8.1f | %-24v %8.1f | %-22v %8.1f\n", r.model, 2*r.volumes, 2*r.volumes, r.disks,
+				r.create, r.create.rate(), r.csiSnap, r.csiSnap.rate(), r.apiSnap, r.apiSnap.rate())
+		}
 	}
 	a, b := results[0], results[1]
-	fmt.Printf("time to provision all %d disks: per disk / per VM = %.2fx (CreateVolume)\n", a.disks,
-		(b.create.wall.Seconds()/float64(max(b.create.done, 1))*float64(b.volumes))/a.create.wall.Seconds())
-	fmt.Printf("time to snapshot all %d disks: per disk / per VM = %.2fx through CSI, %.2fx through the quiver API\n", a.disks,
-		(b.csiSnap.wall.Seconds()/float64(max(b.csiSnap.done, 1))*float64(b.volumes))/(a.csiSnap.wall.Seconds()/float64(max(a.csiSnap.done, 1))*float64(a.volumes)),
-		(b.apiSnap.wall.Seconds()/float64(max(b.apiSnap.done, 1))*float64(b.volumes))/(a.apiSnap.wall.Seconds()/float64(max(a.apiSnap.done, 1))*float64(a.volumes)))
+	ratio := (b.create.wall.Seconds() / float64(max(b.create.done, 1)) * float64(b.volumes)) / a.create.wall.Seconds()
+	fmt.Printf("time to provision all %d disks: per disk / per VM = %.2fx (CreateVolume)\n", a.disks, ratio)
+	if !createOnly {
+		fmt.Printf("time to snapshot all %d disks: per disk / per VM = %.2fx through CSI, %.2fx through the quiver API\n", a.disks,
+			(b.csiSnap.wall.Seconds()/float64(max(b.csiSnap.done, 1))*float64(b.volumes))/(a.csiSnap.wall.Seconds()/float64(max(a.csiSnap.done, 1))*float64(a.volumes)),
+			(b.apiSnap.wall.Seconds()/float64(max(b.apiSnap.done, 1))*float64(b.volumes))/(a.apiSnap.wall.Seconds()/float64(max(a.apiSnap.done, 1))*float64(a.volumes)))
+	}
 	fmt.Println("(a phase stopped by the budget is extrapolated at its average rate, which only understates a rate that falls)")
+	return ratio
+}
+
+// loadavg is the first three fields of /proc/loadavg.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
 
 func nproc() int {
@@ -185,9 +242,11 @@ func poolParent() string {
 
 // env is one model's server and CSI controller, and the IDs it created.
 type env struct {
-	srv  *testserver.Process
-	ctrl csi.ControllerClient
-	ids  []string
+	srv      *testserver.Process
+	pool     string
+	ctrl     csi.ControllerClient
+	stopCtrl func()
+	ids      []string
 }
 
 func newEnv(t *testing.T, bin string) *env {
@@ -196,17 +255,24 @@ func newEnv(t *testing.T, bin string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(pool) })
 	srv, err := testserver.Start(context.Background(), bin, testserver.Options{Pool: pool, LogLevel: "warn"})
 	if err != nil {
+		os.RemoveAll(pool)
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := srv.Stop(time.Minute); err != nil {
-			t.Error(err)
-		}
-	})
-	return &env{srv: srv, ctrl: startController(t, "http://"+srv.APIAddr)}
+	e := &env{srv: srv, pool: pool}
+	e.ctrl, e.stopCtrl = startController(t, "http://"+srv.APIAddr)
+	return e
+}
+
+// close stops the controller and the server and removes the pool.
+func (e *env) close(t *testing.T) {
+	t.Helper()
+	e.stopCtrl()
+	if err := e.srv.Stop(time.Minute); err != nil {
+		t.Error(err)
+	}
+	os.RemoveAll(e.pool)
 }
 
 func (e *env) createAll(m model, workers int, budget time.Duration) phase {
@@ -287,14 +353,14 @@ func storm(n, workers int, budget time.Duration, call func(context.Context, int)
 }
 
 // startController runs the CSI plugin in controller mode on a unix socket,
-// in process, and returns a gRPC client of it.
-func startController(t *testing.T, server string) csi.ControllerClient {
+// in process, and returns a gRPC client of it and the function that stops
+// both.
+func startController(t *testing.T, server string) (csi.ControllerClient, func()) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "qstorm")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	sock := filepath.Join(dir, "csi.sock")
 	d, err := quivercsi.New(quivercsi.Config{
 		Mode: quivercsi.ModeController, Endpoint: "unix://" + sock, Server: server,
@@ -314,12 +380,12 @@ func startController(t *testing.T, server string) csi.ControllerClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
+	return csi.NewControllerClient(conn), func() {
 		conn.Close()
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("plugin: %v", err)
 		}
-	})
-	return csi.NewControllerClient(conn)
+		os.RemoveAll(dir)
+	}
 }
