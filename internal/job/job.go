@@ -110,14 +110,23 @@ type Manager struct {
 	now     func() time.Time
 	retain  time.Duration
 	journal Journal
-	saveMu  sync.Mutex // serializes saves: each writes the state it read
 	log     func(err error)
+
+	// Group commit of the journal (save): one write covers every change
+	// whose save was asked before the write read the jobs.
+	saveMu    sync.Mutex
+	saveCond  *sync.Cond
+	saveAsked uint64 // saves asked for so far
+	saveDone  uint64 // saves asked for up to this one are written
+	saving    bool   // a write is in progress
 }
 
 // NewManager returns a manager whose jobs are cancelled by Shutdown.
 func NewManager() *Manager {
 	base, stop := context.WithCancel(context.Background())
-	return &Manager{base: base, stop: stop, jobs: map[string]*Job{}, now: time.Now, retain: Retention}
+	m := &Manager{base: base, stop: stop, jobs: map[string]*Job{}, now: time.Now, retain: Retention}
+	m.saveCond = sync.NewCond(&m.saveMu)
+	return m
 }
 
 // Start runs fn in the background as a new job. items is the number of

@@ -93,13 +93,36 @@ func NewManagerWithJournal(journal Journal, logf func(err error)) *Manager {
 	return m
 }
 
-// save writes every job to the journal, if there is one.
+// save writes every job to the journal, if there is one, and returns once
+// a write that read the jobs after this call began is done. Saves asked for
+// while a write is under way share the next write (group commit), so many
+// jobs starting and ending at once cost a few writes, not two each, and none
+// waits behind a queue of writes.
 func (m *Manager) save() {
 	if m.journal == nil {
 		return
 	}
 	m.saveMu.Lock()
 	defer m.saveMu.Unlock()
+	m.saveAsked++
+	mine := m.saveAsked
+	for m.saveDone < mine {
+		if m.saving {
+			m.saveCond.Wait()
+			continue
+		}
+		m.saving = true
+		covers := m.saveAsked // every save asked so far made its change before asking
+		m.saveMu.Unlock()
+		m.write()
+		m.saveMu.Lock()
+		m.saving, m.saveDone = false, covers
+		m.saveCond.Broadcast()
+	}
+}
+
+// write writes the jobs as they are now.
+func (m *Manager) write() {
 	list := m.List()
 	f := journalFile{Kind: journalKind, Version: journalVersion, Jobs: make([]record, 0, len(list))}
 	for _, s := range list {

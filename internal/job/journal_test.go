@@ -2,10 +2,13 @@ package job
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // memJournal is a Journal in memory.
@@ -105,4 +108,62 @@ func TestJournalDamagedOrFailing(t *testing.T) {
 	if len(reported) == 0 || !strings.Contains(reported[0], "read-only file system") {
 		t.Fatalf("failed saves were not reported: %q", reported)
 	}
+}
+
+// slowJournal is a memJournal whose writes take a while, as an fsync does.
+type slowJournal struct {
+	memJournal
+	delay time.Duration
+}
+
+func (j *slowJournal) Save(data []byte) error {
+	time.Sleep(j.delay)
+	return j.memJournal.Save(data)
+}
+
+// TestJournalGroupCommit: jobs that start and end at once share journal
+// writes instead of queueing one write each behind a lock, and every job
+// is still journaled in its final state when its Wait returns.
+func TestJournalGroupCommit(t *testing.T) {
+	jr := &slowJournal{delay: 20 * time.Millisecond}
+	m := NewManagerWithJournal(jr, func(err error) { t.Errorf("journal: %v", err) })
+	defer m.Shutdown(context.Background())
+	const n = 40
+	var wg sync.WaitGroup
+	ids := make(chan string, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			j := m.Start("snapshot", fmt.Sprintf("vm%d@nightly", i), 0, func(context.Context, *Job) error { return nil })
+			if err := j.Wait(context.Background()); err != nil {
+				t.Error(err)
+			}
+			// The journal already says so when Wait returns.
+			data, _ := jr.Load()
+			var f journalFile
+			if err := json.Unmarshal(data, &f); err != nil {
+				t.Error(err)
+				return
+			}
+			found := false
+			for _, r := range f.Jobs {
+				found = found || (r.ID == j.ID() && r.State == Succeeded)
+			}
+			if !found {
+				t.Errorf("job %s has ended but the journal does not say so", j.ID())
+			}
+			ids <- j.ID()
+		}()
+	}
+	wg.Wait()
+	close(ids)
+	jr.mu.Lock()
+	saves := jr.saves
+	jr.mu.Unlock()
+	// One write per start and one per end would be 2n, one after the other.
+	if saves >= n {
+		t.Fatalf("%d journal writes for %d jobs: saves are not shared", saves, n)
+	}
+	t.Logf("%d jobs started and ended with %d journal writes", n, saves)
 }
