@@ -3,10 +3,12 @@ package nbd
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -50,7 +52,8 @@ func (d sendCountDisk) TrySendTo(sock int, head []byte, off int64, n int) (int, 
 }
 
 // TestLargeReadsWithSendfile: READs of at least sendfileMin bytes whose data
-// is in the page cache go out with sendfile, with structured and simple
+// is in the page cache go out with sendfile over a unix socket (and not
+// over TCP), with structured and simple
 // replies, at any offset, and in bursts whose replies must not interleave;
 // once the pages are evicted the same READs are read the ordinary way. The
 // client checks every byte against the model.
@@ -77,8 +80,32 @@ func TestLargeReadsWithSendfile(t *testing.T) {
 			t.Fatalf("%s: data differs from what was written", reqString(r))
 		}
 	}
-	for _, structured := range []bool{true, false} {
-		c := e.connect(t, hsOpts{export: exportRoot, structured: structured})
+	// A unix socket beside the environment's TCP one.
+	sock := filepath.Join(t.TempDir(), "nbd.sock")
+	uln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = e.srv.Serve(uln) }()
+	connect := func(transport string, structured bool) *testClient {
+		t.Helper()
+		if transport == "tcp" {
+			return e.connect(t, hsOpts{export: exportRoot, structured: structured})
+		}
+		nc, err := net.DialTimeout("unix", sock, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = nc.Close() })
+		c := newTestClient(t, nc)
+		c.handshake(hsOpts{export: exportRoot, structured: structured})
+		return c
+	}
+	for _, tc := range []struct {
+		transport  string
+		structured bool
+	}{{"unix", true}, {"unix", false}, {"tcp", true}} {
+		c := connect(tc.transport, tc.structured)
 		for _, r := range reads {
 			check(c, r, c.do(r))
 		}
@@ -96,15 +123,16 @@ func TestLargeReadsWithSendfile(t *testing.T) {
 			check(c, byCookie[rep.cookie], rep)
 		}
 	}
+	// Every READ over unix, none over TCP.
 	if n := sent.Load(); n != 2*int32(len(reads)+8) {
-		t.Fatalf("%d READs sent with sendfile, want all %d (%d refused)", n, 2*(len(reads)+8), refused.Load())
+		t.Fatalf("%d READs sent with sendfile, want the %d over unix (%d refused)", n, 2*(len(reads)+8), refused.Load())
 	}
 
 	// Evicted pages: refused at first, then read the ordinary way (or
 	// sent once cached), same data.
 	evict(t, filepath.Join(e.pool.Dir(), "volumes", testVolume, "disks", "root.img"))
 	sent.Store(0)
-	c := e.connect(t, hsOpts{export: exportRoot, structured: true})
+	c := connect("unix", true)
 	r := testReq{typ: cmdRead, off: 0, length: 1 << 20}
 	check(c, r, c.do(r))
 	// The first try finds pages missing; a later one (the reader's lone
