@@ -195,3 +195,28 @@ func (d *Disk) try(op opIndex, p []byte, off int64) error {
 	}
 	return d.count(op, start, int64(len(p)))
 }
+
+var _ pool.Sender = (*Disk)(nil)
+
+// TrySendTo sends a read's data from the page cache straight to a socket
+// (pool.Sender). Like TryReadAt, only a volume without QoS limits takes
+// this path, and a refusal, with nothing sent, is not counted: the caller
+// then reads the ordinary way, which counts it. A failure after part was
+// sent counts as a failed read.
+func (d *Disk) TrySendTo(sock int, head []byte, off int64, n int) (int, error) {
+	s, ok := d.Disk.(pool.Sender)
+	if !ok || !d.lim.Unlimited() {
+		return 0, pool.ErrWouldBlock
+	}
+	start := time.Now()
+	sent, err := s.TrySendTo(sock, head, off, n)
+	switch {
+	case err == nil:
+		return sent, d.count(iRead, start, int64(n))
+	case sent == 0:
+		return 0, err
+	default:
+		d.m.errors.WithLabelValues(errorKind(err)).Inc()
+		return sent, err
+	}
+}

@@ -211,6 +211,10 @@ func (c *conn) read(req *request, r runner) bool {
 			ext = nil
 		}
 	}
+	// Large reads of cached data go from the page cache to the socket.
+	if n >= sendfileMin && ext == nil && c.sendFile(req, r, off, n) {
+		return true
+	}
 	// Reads that may join a batch leave room for the reply header in front
 	// of the data, so that header and data go out from one buffer.
 	room := 0

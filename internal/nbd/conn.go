@@ -23,6 +23,8 @@ type conn struct {
 	nc  net.Conn
 	raw syscall.RawConn // nc's socket, for send; nil when nc is not one
 	snd sender          // send's state (socket.go)
+	// sfile is sendFile's state (sendfile.go); c.wmu guards it.
+	sfile fileSender
 	// tlsOut buffers replies on a TLS connection (tls.go); nil on a plain
 	// one.
 	tlsOut *bufio.Writer
@@ -58,6 +60,8 @@ type conn struct {
 	queued atomic.Int32
 	// out holds the replies of requests run by the reader (schedule.go).
 	out batch
+	// yielded is when the reader last yielded its P (socket.go).
+	yielded time.Time
 
 	// Bytes reserved by requests in flight (memory.go).
 	inflight atomic.Int64

@@ -37,6 +37,7 @@ var _ Nonblocking = (*liveDisk)(nil)
 // it): once refused, Try requests fail at once.
 type noWait struct {
 	readOff, writeOff atomic.Bool
+	sendOff           atomic.Bool // TrySendTo: the kernel has no cachestat(2)
 }
 
 func (d *liveDisk) TryReadAt(p []byte, off int64) error {
@@ -110,4 +111,49 @@ func (df *diskFile) nowaitResult(n, want int, err error, off *atomic.Bool) error
 	default:
 		return err
 	}
+}
+
+// Sender is implemented by disk handles that can send a range from the page
+// cache straight to a socket (storage.Sender, sendfile(2)), which saves
+// the server both copies of a large READ. TrySendTo sends head, then the n
+// bytes of the disk at off, to the connected blocking stream socket sock,
+// all of it; it fails with ErrWouldBlock, having sent nothing, when it
+// would have to wait for the device, a lock or QoS, or when the disk's file
+// cannot do it (then the caller reads the ordinary way). It returns the
+// bytes sent, head included: after a failure with some sent, the stream
+// holds part of a reply and must be closed. It allocates nothing.
+//
+// The volume's gate is held (shared) until the data is in the socket's
+// buffer, which waits for the peer to take the data when the buffer is
+// full: a snapshot waits for that too, at most the socket's send timeout.
+type Sender interface {
+	TrySendTo(sock int, head []byte, off int64, n int) (int, error)
+}
+
+var _ Sender = (*liveDisk)(nil)
+
+func (d *liveDisk) TrySendTo(sock int, head []byte, off int64, n int) (int, error) {
+	if !d.v.gate.TryRLock() {
+		return 0, ErrWouldBlock
+	}
+	defer d.v.gate.RUnlock()
+	df, err := d.file()
+	if err != nil {
+		return 0, err
+	}
+	if err := checkRange(off, int64(n), df.size); err != nil {
+		return 0, err
+	}
+	// Only the operating system's own file: a wrapper (a test's fault
+	// injection, a crash-simulating twin) sees every read.
+	s, ok := df.f.(storage.Sender)
+	if !ok || df.nw.sendOff.Load() {
+		return 0, ErrWouldBlock
+	}
+	sent, err := s.TrySendTo(sock, head, off, n)
+	if sent == 0 && errors.Is(err, storage.ErrNotSupported) {
+		df.nw.sendOff.Store(true)
+		return 0, ErrWouldBlock
+	}
+	return sent, err
 }

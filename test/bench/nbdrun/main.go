@@ -16,7 +16,8 @@
 // connection in threads that exit with it, so what such a thread did in its
 // last poll interval (at most 20 ms of a run) is not counted. fio runs
 // without ramp_time, so that every request it counts is one the CPU time
-// covers.
+// covers; on the raw file with invalidate=0, so that it reads from the page
+// cache as the servers do (fio drops the cache before a job by default).
 //
 // report prints markdown tables of every case: the median of the runs and
 // their range (min-max), server CPU per request first.
@@ -102,6 +103,11 @@ func run(args []string) error {
 		fioArgs = append(fioArgs, "--ioengine=psync", "--filename="+*target)
 	default:
 		fioArgs = append(fioArgs, "--ioengine=io_uring", "--filename="+*target)
+	}
+	if !strings.HasPrefix(*target, "nbd") {
+		// fio drops a file's page cache before a job by default: the
+		// servers read from the cache, so the reference must too.
+		fioArgs = append(fioArgs, "--invalidate=0")
 	}
 
 	var before procSample
