@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: man all build run test test-race test-short lint fuzz bench bench-nbd bench-qos bench-storm proto clean mutate-syncs
+.PHONY: man all build run test test-race test-short lint fuzz bench bench-nbd bench-nbd-tls bench-qos bench-storm proto clean mutate-syncs
 
 all: build
 
@@ -80,6 +80,13 @@ bench: build
 # (A/B). See test/bench/nbd.sh.
 bench-nbd:
 	RUNTIME="$(RUNTIME)" ROUNDS="$(ROUNDS)" DIR="$(DIR)" BASE="$(BASE)" test/bench/nbd.sh
+
+# NBD over TLS against plain TCP, in one run: quiver (--nbd-tls on), nbdkit
+# (--tls=require) and qemu-nbd (tls-creds-x509), 4k random reads at QD32 and
+# 1 MiB reads and writes.
+bench-nbd-tls:
+	RUNTIME="$(RUNTIME)" ROUNDS="$(ROUNDS)" DIR="$(DIR)" TRANSPORTS="tcp tls" RAW=0 \
+		CASES="randread 4k 32,read 1m 8,write 1m 8" test/bench/nbd.sh
 
 # QoS path overhead: one unlimited volume served with and without metrics and
 # QoS, side by side in one process, driven by fio (nbd engine, unix socket),

@@ -22,6 +22,12 @@
 # of the same random content, on the same filesystem; nbdkit, qemu-nbd and
 # the raw-file runs use the first quiver's image.
 #
+# TRANSPORTS (default "unix tcp") may add tls: NBD over TLS on TCP (x509,
+# certificates made here with openssl), quiver with --nbd-tls on, nbdkit with
+# --tls=require and qemu-nbd with tls-creds-x509, fio's nbd engine with an
+# nbds:// URI; set beside tcp, the same cases run plain and over TLS in one
+# run (make bench-nbd-tls).
+#
 # KINDS, TRANSPORTS and CASES pick a subset while working on one case:
 #   KINDS="quiver nbdkit" TRANSPORTS=unix CASES="read 1m 8" RAW=0 test/bench/nbd.sh 5
 # PORT (default 20811): quiver's NBD port; the others use the next ones,
@@ -59,6 +65,24 @@ trap cleanup EXIT
 echo "building quiver and nbdrun" >&2
 (cd "$ROOT" && go build -o "$WORK/quiver" ./cmd/quiver && go build -o "$WORK/nbdrun" ./test/bench/nbdrun)
 NBDRUN="$WORK/nbdrun"
+TLSFLAGS=()
+if [[ " $TRANSPORTS " == *" tls "* ]]; then
+	# One CA and a server certificate for 127.0.0.1, in the layout nbdkit
+	# and QEMU read (ca-cert.pem, server-cert.pem, server-key.pem); fio's
+	# libnbd finds the CA in $HOME/.pki/libnbd, its default.
+	command -v openssl >/dev/null || { echo "missing openssl (TRANSPORTS has tls)" >&2; exit 1; }
+	PKI="$WORK/pki"
+	mkdir -p "$PKI" "$WORK/home/.pki/libnbd"
+	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=bench CA" \
+		-keyout "$PKI/ca-key.pem" -out "$PKI/ca-cert.pem" 2>/dev/null
+	openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=127.0.0.1" \
+		-keyout "$PKI/server-key.pem" -out "$PKI/server.csr" 2>/dev/null
+	printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$PKI/ext.cnf"
+	openssl x509 -req -in "$PKI/server.csr" -CA "$PKI/ca-cert.pem" -CAkey "$PKI/ca-key.pem" -CAcreateserial \
+		-days 2 -extfile "$PKI/ext.cnf" -out "$PKI/server-cert.pem" 2>/dev/null
+	cp "$PKI/ca-cert.pem" "$WORK/home/.pki/libnbd/ca-cert.pem"
+	TLSFLAGS=(--nbd-tls-cert "$PKI/server-cert.pem" --nbd-tls-key "$PKI/server-key.pem" --nbd-tls on)
+fi
 RESULTS="$WORK/results.tsv"
 declare -A PID URI IMGOF
 QUIVERS=()
@@ -82,7 +106,7 @@ for q in "${QUIVERS[@]}"; do
 	bin="$WORK/quiver" dir="$WORK/pool" sock="$WORK/quiver.sock"
 	if [ "$q" != quiver ]; then bin="$WORK/quiver-base" dir="$WORK/pool-base" sock="$WORK/quiver-base.sock"; fi
 	api=127.0.0.1:$((PORT + 10 + i)) nbd=$((PORT + 3 * i))
-	"$bin" server --pool "$dir" --listen "$api" --nbd-listen "127.0.0.1:$nbd" --nbd-socket "$sock" --log-level warn &
+	"$bin" server --pool "$dir" --listen "$api" --nbd-listen "127.0.0.1:$nbd" --nbd-socket "$sock" "${TLSFLAGS[@]}" --log-level warn &
 	PID[$q]=$!
 	SERVERS+=($!)
 	for _ in $(seq 200); do curl -sf "http://$api/v1/pool" >/dev/null 2>&1 && break; sleep 0.05; done
@@ -91,6 +115,7 @@ for q in "${QUIVERS[@]}"; do
 	IMGOF[$q]="$dir/volumes/bench/disks/disk.img"
 	URI[$q/unix]="nbd+unix:///bench/disk?socket=$sock"
 	URI[$q/tcp]="nbd://127.0.0.1:$nbd/bench/disk"
+	URI[$q/tls]="nbds://127.0.0.1:$nbd/bench/disk"
 	i=$((i + 1))
 done
 rm -f "$WORK/random.bin"
@@ -106,6 +131,8 @@ start_peers() {
 	if [[ " $KINDS " == *" nbdkit "* ]]; then
 		if [ "$tr" = unix ]; then
 			nbdkit --exit-with-parent -f -U "$WORK/nbdkit.sock" file "$IMG" &
+		elif [ "$tr" = tls ]; then
+			nbdkit --exit-with-parent -f -i 127.0.0.1 -p $((PORT + 1)) --tls=require --tls-certificates="$PKI" file "$IMG" &
 		else
 			nbdkit --exit-with-parent -f -i 127.0.0.1 -p $((PORT + 1)) file "$IMG" &
 		fi
@@ -113,10 +140,14 @@ start_peers() {
 		SERVERS+=($!)
 		URI[nbdkit/unix]="nbd+unix:///?socket=$WORK/nbdkit.sock"
 		URI[nbdkit/tcp]="nbd://127.0.0.1:$((PORT + 1))/"
+		URI[nbdkit/tls]="nbds://127.0.0.1:$((PORT + 1))/"
 	fi
 	if [[ " $KINDS " == *" qemu-nbd "* ]]; then
 		if [ "$tr" = unix ]; then
 			qemu-nbd -f raw --cache=none --aio=native -t -e 8 -k "$WORK/qemu.sock" "$IMG" &
+		elif [ "$tr" = tls ]; then
+			qemu-nbd -f raw --cache=none --aio=native -t -e 8 -b 127.0.0.1 -p $((PORT + 2)) \
+				--object "tls-creds-x509,id=tls0,dir=$PKI,endpoint=server,verify-peer=off" --tls-creds tls0 "$IMG" &
 		else
 			qemu-nbd -f raw --cache=none --aio=native -t -e 8 -b 127.0.0.1 -p $((PORT + 2)) "$IMG" &
 		fi
@@ -124,6 +155,7 @@ start_peers() {
 		SERVERS+=($!)
 		URI[qemu-nbd/unix]="nbd+unix:///?socket=$WORK/qemu.sock"
 		URI[qemu-nbd/tcp]="nbd://127.0.0.1:$((PORT + 2))/"
+		URI[qemu-nbd/tls]="nbds://127.0.0.1:$((PORT + 2))/"
 	fi
 	sleep 1
 }
@@ -156,7 +188,8 @@ for tr in $TRANSPORTS; do
 					"$NBDRUN" run -out "$RESULTS" -kind raw -transport file -target "$IMG" \
 						-rw "$1" -bs "$2" -qd "$3" -runtime "$RUNTIME"
 				else
-					"$NBDRUN" run -out "$RESULTS" -kind "$kind" -transport "$tr" -pid "${PID[$kind]}" \
+					HOME=$([ "$tr" = tls ] && echo "$WORK/home" || echo "$HOME") \
+						"$NBDRUN" run -out "$RESULTS" -kind "$kind" -transport "$tr" -pid "${PID[$kind]}" \
 						-target "${URI[$kind/$tr]}" -rw "$1" -bs "$2" -qd "$3" -runtime "$RUNTIME"
 				fi
 			done
