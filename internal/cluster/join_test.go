@@ -18,6 +18,7 @@ import (
 
 // memStore is a pool in memory: volumes by name with their UIDs.
 type memStore struct {
+	adopted map[string]string // attachment state adopted, by volume
 	id      string
 	mu      sync.Mutex
 	vols    map[string]string
@@ -270,4 +271,14 @@ func TestPlacement(t *testing.T) {
 
 func (s *memStore) AttachForPrimary(_ context.Context, volume, primary string, term uint64) (string, error) {
 	return fmt.Sprintf("token-%s-%s-%d", volume, primary, term), nil
+}
+
+func (s *memStore) AdoptAttachments(_ context.Context, volume string, state []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.adopted == nil {
+		s.adopted = map[string]string{}
+	}
+	s.adopted[volume] = string(state)
+	return nil
 }

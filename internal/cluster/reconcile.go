@@ -67,9 +67,10 @@ func (n *Node) apply(ctx context.Context, key, value []byte) {
 	switch rec.State {
 	case volumeActive:
 		if exists {
+			n.followTerm(ctx, name, rec, have, resp.Kvs[0].ModRevision)
 			return
 		}
-		c := copyRecord{State: CopyInSync, UpdatedAt: time.Now().UTC()}
+		c := copyRecord{State: CopyInSync, Term: rec.Term, UpdatedAt: time.Now().UTC()}
 		uid, err := n.store.CreateCopy(ctx, rec.Spec)
 		if err != nil {
 			c.State, c.Reason = CopyFailed, err.Error()
@@ -108,4 +109,44 @@ func (n *Node) putCopy(ctx context.Context, k string, c copyRecord) {
 	if _, err := n.cli.Put(ctx, k, mustJSON(c)); err != nil {
 		n.log.Warn("record copy state", "key", k, "err", err)
 	}
+}
+
+// followTerm makes an in-sync copy take a new primary's term: it attaches
+// for the new primary, giving that attachment the writer role (the old
+// primary's writes are refused from then on), and records the attachment's
+// token at the new term, which the new primary waits for before it writes
+// the copy.
+func (n *Node) followTerm(ctx context.Context, name string, rec volumeRecord, have copyRecord, modRev int64) {
+	me := n.cfg.NodeName
+	if rec.Primary == me || !slices.Contains(rec.InSync, me) || have.State != CopyInSync || have.LocalUID == "" ||
+		copyTerm(have) >= rec.Term {
+		return
+	}
+	token, err := n.store.AttachForPrimary(ctx, name, rec.Primary, rec.Term)
+	if err != nil {
+		n.log.Error("attach a copy for its new primary", "volume", name, "primary", rec.Primary, "term", rec.Term, "err", err)
+		return
+	}
+	have.Token, have.Term, have.UpdatedAt = token, rec.Term, time.Now().UTC()
+	ck := n.key("copies", name, me)
+	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(ck), "=", modRev)).
+		Then(clientv3.OpPut(ck, mustJSON(have))).Commit()
+	switch {
+	case err != nil:
+		n.log.Warn("record copy state", "volume", name, "err", err)
+	case !resp.Succeeded:
+		n.log.Info("copy state changed meanwhile: not following the new term", "volume", name, "term", rec.Term)
+	default:
+		n.log.Info("copy follows the new primary; older terms are fenced", "volume", name, "primary", rec.Primary,
+			"term", rec.Term)
+	}
+}
+
+// copyTerm is the term a copy's token was made for; records written before
+// terms were recorded are of the first term.
+func copyTerm(c copyRecord) uint64 {
+	if c.Term == 0 && c.Token != "" {
+		return 1
+	}
+	return c.Term
 }

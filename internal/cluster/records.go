@@ -76,7 +76,11 @@ type copyRecord struct {
 	LocalUID string `json:"localUID,omitempty"`
 	// Token is that of the attachment the copy node made for the
 	// primary's writes (copies other than the primary's own).
-	Token     string    `json:"token,omitempty"`
+	Token string `json:"token,omitempty"`
+	// Term is the primary's term that Token was made for: the copy
+	// refuses writes of older terms from then on (it gave the writer role
+	// to this attachment, fencing the older ones).
+	Term      uint64    `json:"term,omitempty"`
 	UpdatedAt time.Time `json:"updatedAt"`
 }
 

@@ -19,6 +19,10 @@ const CopyDegraded = "degraded"
 // made for the primary.
 type Target struct {
 	Node, NBD, Token string
+	// Term is the term Token was made for: a target whose term is older
+	// than the volume's has not followed the new primary yet, and must not
+	// be written through its old token.
+	Term uint64
 }
 
 // Role is what this node is for one volume.
@@ -100,7 +104,8 @@ func (n *Node) Role(ctx context.Context, volume string) (Role, error) {
 	if rec.Primary == me && rec.State == volumeActive {
 		for _, node := range rec.InSync {
 			if node != me {
-				r.Targets = append(r.Targets, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token})
+				r.Targets = append(r.Targets, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token,
+					Term: copyTerm(copies[node])})
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -44,52 +45,64 @@ func (r *rangeLocks) get(volume, disk string) *replica.RangeLock {
 var _ nbd.Exports = replicatedExports{}
 
 func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Export, error) {
-	ex, err := e.Exports.Open(ctx, name, peer)
-	if err != nil || ex.Disk.ReadOnly() {
-		return ex, err
-	}
 	volume, disk, ok := liveExport(name)
 	if !ok {
-		return ex, nil
+		return e.Exports.Open(ctx, name, peer)
 	}
 	role, err := e.node.Role(ctx, volume)
 	if err != nil {
 		// Without etcd this node cannot know whether it is the primary:
 		// refuse rather than write one copy.
-		_ = ex.Disk.Close()
 		return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
 	}
 	if !role.Placed || role.Replicas <= 1 {
-		return ex, nil
+		return e.Exports.Open(ctx, name, peer)
 	}
 	if !role.IsPrimary(e.node.Name()) {
-		// A copy is written by its primary only: anything else would make
-		// it diverge.
-		if role.Token == "" || exportToken(name) != role.Token {
-			_ = ex.Disk.Close()
-			return nbd.Export{}, fmt.Errorf("export %s: volume %s is replicated and written through its primary %s (NBD %s): %w",
-				volume+"/"+disk, volume, role.Primary, role.PrimaryNBD, cluster.ErrNotPrimary)
+		if role.Token != "" && exportToken(name) == role.Token {
+			// The primary's connection to this node's copy.
+			return e.Exports.Open(ctx, name, peer)
 		}
-		return ex, nil
+		// A client: its requests go to the primary of the moment
+		// (failover.go). A copy is written by its primary only.
+		return e.forward(ctx, name, volume)
 	}
-	if len(role.Targets) == 0 {
-		return ex, nil // degraded: no other copy in sync
+	prim, err := e.node.HoldPrimary(ctx, volume)
+	if errors.Is(err, cluster.ErrNotPrimary) {
+		return e.forward(ctx, name, volume) // failed over since Role
 	}
-	term := role.Term
-	copies := make([]replica.Copy, len(role.Targets))
-	for i, t := range role.Targets {
-		copies[i] = replica.Copy{Node: t.Node, Addr: t.NBD, Export: volume + "/" + disk + "/" + t.Token}
-	}
-	d, err := replica.Open(ctx, ex.Disk, copies, replica.Options{
-		OutOfSync: func(node string, cause error) error { return e.node.MarkOutOfSync(volume, node, term, cause) },
-		Ranges:    e.ranges.get(volume, disk),
-	})
 	if err != nil {
-		_ = ex.Disk.Close()
 		return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
 	}
-	e.log.Debug("replicated export opened", "volume", volume, "disk", disk, "term", term, "inSync", d.InSync())
-	ex.Disk = d
+	ex, err := e.Exports.Open(ctx, name, peer)
+	if err != nil {
+		return ex, err
+	}
+	if !ex.Disk.ReadOnly() {
+		targets, err := e.targets(ctx, volume, prim.Term)
+		if err != nil {
+			_ = ex.Disk.Close()
+			return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
+		}
+		if len(targets) > 0 {
+			term := prim.Term
+			copies := make([]replica.Copy, len(targets))
+			for i, t := range targets {
+				copies[i] = replica.Copy{Node: t.Node, Addr: t.NBD, Export: volume + "/" + disk + "/" + t.Token}
+			}
+			d, err := replica.Open(ctx, ex.Disk, copies, replica.Options{
+				OutOfSync: func(node string, cause error) error { return e.node.MarkOutOfSync(volume, node, term, cause) },
+				Ranges:    e.ranges.get(volume, disk),
+			})
+			if err != nil {
+				_ = ex.Disk.Close()
+				return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
+			}
+			e.log.Debug("replicated export opened", "volume", volume, "disk", disk, "term", term, "inSync", d.InSync())
+			ex.Disk = d
+		}
+	}
+	ex.Disk = &primaryDisk{Disk: ex.Disk, node: e.node, prim: prim}
 	return ex, nil
 }
 
