@@ -108,15 +108,15 @@ type call struct {
 	done chan error
 }
 
-func dial(ctx context.Context, addr, export string, timeout time.Duration) (*client, error) {
-	var d net.Dialer
-	dctx, cancel := context.WithTimeout(ctx, timeout)
+func dial(ctx context.Context, dialer func(context.Context, string, string) (net.Conn, error), addr, export string,
+	dialTimeout, timeout time.Duration) (*client, error) {
+	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
-	nc, err := d.DialContext(dctx, "tcp", addr)
+	nc, err := dialer(dctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", errConnLost, addr, err)
 	}
-	_ = nc.SetDeadline(time.Now().Add(timeout))
+	_ = nc.SetDeadline(time.Now().Add(timeout)) // the handshake: the primary may wait for its copies
 	size, flags, err := negotiate(nc, export)
 	if err != nil {
 		nc.Close()

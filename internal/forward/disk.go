@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -25,7 +26,14 @@ type Options struct {
 	// (default 90 s); after that the client's connection is closed without
 	// an answer (nbd.ErrAbandon), for the client to try again.
 	RetryFor time.Duration
-	Logger   *slog.Logger
+	// DialTimeout bounds one connection attempt (default 3 s).
+	DialTimeout time.Duration
+	// Dial makes the TCP connection (default: net.Dialer).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// OnConnect, when set, is called with the address of each new
+	// connection, before any request is sent on it.
+	OnConnect func(addr string)
+	Logger    *slog.Logger
 }
 
 // Disk is a disk served by the volume's primary, wherever it is (see the
@@ -55,6 +63,13 @@ func Open(ctx context.Context, export string, resolve Resolver, opts Options) (*
 	if opts.RetryFor <= 0 {
 		opts.RetryFor = 90 * time.Second
 	}
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = 3 * time.Second
+	}
+	if opts.Dial == nil {
+		var nd net.Dialer
+		opts.Dial = nd.DialContext
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -83,11 +98,14 @@ func (d *Disk) conn(ctx context.Context, deadline time.Time) (*client, error) {
 		addr, err := d.resolve(ctx)
 		if err == nil {
 			var c *client
-			c, err = dial(ctx, addr, d.export, d.opts.RequestTimeout)
+			c, err = dial(ctx, d.opts.Dial, addr, d.export, d.opts.DialTimeout, d.opts.RequestTimeout)
 			if err == nil {
 				if d.size != 0 && c.size != d.size {
 					c.close()
 					return nil, fmt.Errorf("primary at %s serves %d bytes, not %d: %w", addr, c.size, d.size, pool.ErrInvalid)
+				}
+				if d.opts.OnConnect != nil {
+					d.opts.OnConnect(addr)
 				}
 				d.c = c
 				d.opts.Logger.Debug("forwarding to the primary", "export", d.export, "addr", addr)
