@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -89,7 +90,9 @@ func (n *Node) renewLease(ctx context.Context) {
 		cancel()
 		if err == nil && resp.TTL > 0 {
 			n.renewedAt(id, sent)
+			continue
 		}
+		n.log.Debug("lease keep-alive not answered", "lease", id, "err", err, "validFor", n.LeaseValidFor())
 	}
 }
 
@@ -99,3 +102,6 @@ func (n *Node) Holds(p Primacy) bool { return n.LeaseHeld(p.Lease) }
 
 // LeaseTTL is the node lease's TTL, as granted.
 func (n *Node) LeaseTTL() time.Duration { return n.leaseTTL() }
+
+// Logger is the node's logger.
+func (n *Node) Logger() *slog.Logger { return n.log }

@@ -120,10 +120,13 @@ func (d *primaryDisk) ack(err error) error {
 	if d.node.Holds(d.prim) {
 		return nil
 	}
-	deadline := time.Now().Add(d.node.LeaseTTL())
+	start := time.Now()
+	deadline := start.Add(d.node.LeaseTTL())
 	for time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 		if d.node.Holds(d.prim) {
+			d.node.Logger().Info("lease renewed: acknowledging a request held meanwhile", "term", d.prim.Term,
+				"held", time.Since(start))
 			return nil
 		}
 	}

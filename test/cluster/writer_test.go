@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,6 +89,13 @@ type connectEvent struct {
 	addr string
 }
 
+// ackAt is one acknowledgement on disk's connection: when the request was
+// sent and when its answer came.
+type ackAt struct {
+	sent, at time.Time
+	disk     int
+}
+
 type writer struct {
 	disks   []*diskClient
 	slots   int // per worker
@@ -96,7 +104,7 @@ type writer struct {
 
 	mu      sync.Mutex
 	history map[[2]int]*slotHistory // (disk, slot)
-	acks    []time.Time             // every acknowledged write and flush, in order of arrival
+	acks    []ackAt                 // every acknowledged write and flush, in order of arrival
 	flushes atomic.Int64
 	errs    []error
 
@@ -159,6 +167,7 @@ func (w *writer) work(di, j int) {
 		default:
 		}
 		if n%8 == 7 {
+			sent := time.Now()
 			if err := d.Flush(); err != nil {
 				w.fail(fmt.Errorf("disk %d worker %d: flush: %w", di, j, err))
 				return
@@ -169,7 +178,7 @@ func (w *writer) work(di, j int) {
 				h := w.history[[2]int{di, s}]
 				h.flushed = h.acked
 			}
-			w.acks = append(w.acks, now)
+			w.acks = append(w.acks, ackAt{sent, now, di})
 			w.mu.Unlock()
 			w.flushes.Add(1)
 			mine = mine[:0]
@@ -186,6 +195,7 @@ func (w *writer) work(di, j int) {
 		}
 		h.attempted[seq] = true
 		w.mu.Unlock()
+		sent := time.Now()
 		if err := d.WriteAt(buf, int64(slot)*recordSize, false); err != nil {
 			w.fail(fmt.Errorf("disk %d worker %d: write seq %d: %w", di, j, seq, err))
 			return
@@ -193,7 +203,7 @@ func (w *writer) work(di, j int) {
 		now := time.Now()
 		w.mu.Lock()
 		h.acked = seq
-		w.acks = append(w.acks, now)
+		w.acks = append(w.acks, ackAt{sent, now, di})
 		w.mu.Unlock()
 		mine = append(mine, slot)
 	}
@@ -217,8 +227,8 @@ func (w *writer) firstAckAfter(t time.Time) (time.Time, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, a := range w.acks {
-		if a.After(t) {
-			return a, true
+		if a.at.After(t) {
+			return a.at, true
 		}
 	}
 	return time.Time{}, false
@@ -294,4 +304,43 @@ func (w *writer) check(read func(di int, off, length int64) []byte) (checked, fl
 		}
 	}
 	return checked, flushed, errors.Join(errs...)
+}
+
+// lastAckBefore is, per disk, the last acknowledgement on the connection
+// that was open at t (before the disk's first new connection after t).
+// Sending a request then retrying it elsewhere does not count: only the
+// requests answered on that connection.
+func (w *writer) lastAckBefore(t time.Time) []ackAt {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]ackAt, len(w.disks))
+	for di, dc := range w.disks {
+		dc.mu.Lock()
+		var sw time.Time
+		for _, ev := range dc.connects {
+			if ev.at.After(t) {
+				sw = ev.at
+				break
+			}
+		}
+		dc.mu.Unlock()
+		for _, a := range w.acks {
+			if a.disk == di && (sw.IsZero() || a.at.Before(sw)) && a.at.After(out[di].at) {
+				out[di] = a
+			}
+		}
+	}
+	return out
+}
+
+// connects lists disk di's connections: when and where.
+func (w *writer) connects(di int) string {
+	dc := w.disks[di]
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	var parts []string
+	for _, ev := range dc.connects {
+		parts = append(parts, ev.at.UTC().Format("15:04:05.000")+" "+ev.addr)
+	}
+	return strings.Join(parts, ", ")
 }
