@@ -14,6 +14,11 @@ var (
 		"1 while this node holds its etcd session (registered as up), else 0.", nil, nil)
 	descPlacements = prometheus.NewDesc("quiver_cluster_placements_total",
 		"Volume creations placed by this node, by result (ok: every copy in sync).", []string{"result"}, nil)
+	descFailovers = prometheus.NewDesc("quiver_cluster_failovers_total",
+		"Promotions this node won: it became a volume's primary at term+1 after the primary went down.", nil, nil)
+	descLeaseValid = prometheus.NewDesc("quiver_cluster_lease_valid_seconds",
+		"How long this node's etcd lease is surely held still, on its own clock (docs/cluster.md, lease fencing): "+
+			"as a primary it answers requests only while this is above 0.", nil, nil)
 )
 
 // Collector returns the cluster's metrics, read at scrape time. The member
@@ -26,6 +31,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descNodes
 	ch <- descUp
 	ch <- descPlacements
+	ch <- descFailovers
+	ch <- descLeaseValid
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -36,6 +43,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, up)
 	ch <- prometheus.MustNewConstMetric(descPlacements, prometheus.CounterValue, float64(c.n.placeOK.Load()), "ok")
 	ch <- prometheus.MustNewConstMetric(descPlacements, prometheus.CounterValue, float64(c.n.placeFail.Load()), "failed")
+	ch <- prometheus.MustNewConstMetric(descFailovers, prometheus.CounterValue, float64(c.n.failovers.Load()))
+	ch <- prometheus.MustNewConstMetric(descLeaseValid, prometheus.GaugeValue, c.n.LeaseValidFor().Seconds())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	nodes, err := c.n.Nodes(ctx)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,6 +176,7 @@ func TestFailoverKill(t *testing.T) {
 		default:
 			victim = c.etcdLeader(t)
 		}
+		before := failoverCount(t, cp)
 		w, err := startWriter(context.Background(), c, exports, c.nbdAddrs(prim), 2, 32)
 		if err != nil {
 			t.Fatal(err)
@@ -207,6 +209,15 @@ func TestFailoverKill(t *testing.T) {
 					i, prim.name, v.Term, got.Primary, got.Term, cp.name, v.Term+1)
 			}
 			failovers = append(failovers, gap)
+			// At least one more: the volumes of earlier cycles that had
+			// the same primary and copy fail over too.
+			if after := failoverCount(t, cp); after < before+1 {
+				t.Errorf("cycle %d: quiver_cluster_failovers_total on %s went from %v to %v, want at least one more", i, cp.name, before, after)
+			}
+			out := c.cli(survivor, "volume", "get", name)
+			if want := fmt.Sprintf("%s (term %d)", cp.name, got.Term); !strings.Contains(out, want) {
+				t.Errorf("cycle %d: quiver volume get does not show primary %s:\n%s", i, want, out)
+			}
 		} else {
 			if got.Primary != prim.name || got.Term != v.Term {
 				t.Fatalf("cycle %d: primary %s at term %d after killing %s, want %s at %d", i, got.Primary, got.Term,
@@ -227,4 +238,14 @@ func TestFailoverKill(t *testing.T) {
 	t.Logf("failover (kill of the primary to the client's next acknowledgement): median %v of %d, all %v",
 		median(failovers).Round(time.Millisecond), len(failovers), failovers)
 	t.Logf("stall (kill of another node to the next acknowledgement): median %v of %d", median(stalls).Round(time.Millisecond), len(stalls))
+}
+
+// failoverCount reads quiver_cluster_failovers_total of nd.
+func failoverCount(t *testing.T, nd *node) float64 {
+	t.Helper()
+	m, err := nd.api().Metrics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Sum("quiver_cluster_failovers_total", nil)
 }
