@@ -18,6 +18,7 @@ import (
 
 // memStore is a pool in memory: volumes by name with their UIDs.
 type memStore struct {
+	free    int64             // free bytes reported (0: 50 GiB)
 	adopted map[string]string // attachment state adopted, by volume
 	id      string
 	mu      sync.Mutex
@@ -27,10 +28,15 @@ type memStore struct {
 
 func newMemStore() *memStore { return &memStore{id: newID(), vols: map[string]string{}} }
 
-func (s *memStore) PoolID() string               { return s.id }
-func (s *memStore) Usage() (int64, int64, error) { return 100 << 30, 50 << 30, nil }
-func (s *memStore) has(name string) bool         { s.mu.Lock(); defer s.mu.Unlock(); return s.vols[name] != "" }
-func (s *memStore) setFail(err error)            { s.mu.Lock(); s.failErr = err; s.mu.Unlock() }
+func (s *memStore) PoolID() string { return s.id }
+func (s *memStore) Usage() (int64, int64, error) {
+	if s.free != 0 {
+		return 100 << 30, s.free, nil
+	}
+	return 100 << 30, 50 << 30, nil
+}
+func (s *memStore) has(name string) bool { s.mu.Lock(); defer s.mu.Unlock(); return s.vols[name] != "" }
+func (s *memStore) setFail(err error)    { s.mu.Lock(); s.failErr = err; s.mu.Unlock() }
 func (s *memStore) CreateCopy(_ context.Context, spec api.VolumeSpec) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
