@@ -33,7 +33,7 @@ run: build
 # power-cut test runs alone before it: its guests take both cores
 # (docs/durability.md). The cluster test runs alone and without the race
 # detector: its failover cycles (20 kills, 10 partitions, issue 15) take
-# about 4.5 minutes so, and three times as long with three race-built
+# about 5.5 minutes so, and three times as long with three race-built
 # servers and embedded etcd members (docs/cluster.md, "Tests"); the
 # cluster, replica and forward packages run with it above.
 test: lint
