@@ -25,6 +25,13 @@ type Target struct {
 	Node, NBD, Token string
 	// State is the copy's recorded state (Role.Behind).
 	State string
+	// Whole: a resync must copy this out-of-sync copy whole
+	// (copyRecord.Whole).
+	Whole bool
+	// Term is the term Token was made for: a target whose term is older
+	// than the volume's has not followed the new primary yet, and must not
+	// be written through its old token.
+	Term uint64
 }
 
 // Role is what this node is for one volume.
@@ -110,13 +117,13 @@ func (n *Node) Role(ctx context.Context, volume string) (Role, error) {
 		for _, node := range rec.InSync {
 			if node != me {
 				r.Targets = append(r.Targets, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token,
-					State: copies[node].State})
+					State: copies[node].State, Term: copyTerm(copies[node])})
 			}
 		}
 		for _, node := range rec.Copies {
 			if node != me && !slices.Contains(rec.InSync, node) {
 				r.Behind = append(r.Behind, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token,
-					State: copies[node].State})
+					State: copies[node].State, Term: copyTerm(copies[node]), Whole: copies[node].Whole})
 			}
 		}
 	}
@@ -220,7 +227,7 @@ func (n *Node) MarkInSync(volume, node string, term uint64) error {
 	if ckvs := resp.Responses[1].GetResponseRange().Kvs; len(ckvs) > 0 {
 		_ = json.Unmarshal(ckvs[0].Value, &c)
 	}
-	c.State, c.Reason, c.Progress, c.UpdatedAt = CopyInSync, "", nil, time.Now().UTC()
+	c.State, c.Reason, c.Progress, c.Whole, c.UpdatedAt = CopyInSync, "", nil, false, time.Now().UTC()
 	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
 		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
 		Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
