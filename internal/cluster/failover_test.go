@@ -128,3 +128,77 @@ func TestFailover(t *testing.T) {
 		t.Fatalf("%d promotions counted, want 2", n)
 	}
 }
+
+// TestFailoverBehindCopiesFollow: after a failover, the copies out of sync
+// follow the new term too, so the new primary can resync them through a
+// token of its own term, and are marked whole (what they missed is in an
+// older primary's bitmaps, or unknown): the old primary once it is back,
+// and a copy that was already degraded. MarkInSync clears it.
+func TestFailoverBehindCopiesFollow(t *testing.T) {
+	tc := startCluster(t) // n1: the etcd member, not placed on here
+	stores := map[string]*memStore{"n2": newMemStore(), "n3": newMemStore(), "n4": newMemStore()}
+	stores["n2"].free, stores["n3"].free, stores["n4"].free = 90<<30, 80<<30, 70<<30
+	cfg2 := tc.config(t, "n2")
+	n2 := tc.join(t, cfg2, stores["n2"])
+	n3 := tc.join(t, tc.config(t, "n3"), stores["n3"])
+	tc.join(t, tc.config(t, "n4"), stores["n4"])
+	ctx := context.Background()
+	never := func(bool, string) bool { return false }
+	p, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 3}, "", never)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Primary != "n2" || len(p.Copies) != 3 {
+		t.Fatalf("placed %+v: want primary n2, three copies", p)
+	}
+	if _, err := n2.HoldPrimary(ctx, "v"); err != nil {
+		t.Fatal(err)
+	}
+	// n4 falls behind under n2 (its bitmap would be n2's).
+	if err := n2.MarkOutOfSync("v", "n4", 1, errors.New("test: copy cut off")); err != nil {
+		t.Fatal(err)
+	}
+	_ = n2.Close()
+	waitFor(t, "v promoted", func() bool { return tc.first.record(t, "v").Primary == "n3" })
+	if r := tc.first.record(t, "v"); r.Term != 2 {
+		t.Fatalf("v after n2 went down: %+v; want n3 at term 2", r)
+	}
+	// n4 (up all along) follows term 2 while out of sync, and is whole.
+	behind := func(node string) (Target, bool) {
+		r, err := n3.Role(ctx, "v")
+		if err != nil {
+			return Target{}, false
+		}
+		for _, b := range r.Behind {
+			if b.Node == node {
+				return b, true
+			}
+		}
+		return Target{}, false
+	}
+	waitFor(t, "n4 to follow term 2", func() bool { b, ok := behind("n4"); return ok && b.Term == 2 })
+	if b, _ := behind("n4"); !b.Whole || b.Token != "token-v-n3-2" || b.State != CopyDegraded {
+		t.Fatalf("n4 behind: %+v; want degraded, whole, token of n3 at term 2", b)
+	}
+	// The old primary: degraded and whole at once; back, it follows term 2.
+	if b, ok := behind("n2"); !ok || !b.Whole || b.State != CopyDegraded || b.Term >= 2 {
+		t.Fatalf("n2 behind while down: %+v %v; want degraded, whole, not at term 2", b, ok)
+	}
+	tc.join(t, cfg2, stores["n2"])
+	waitFor(t, "n2 to follow term 2", func() bool { b, ok := behind("n2"); return ok && b.Term == 2 })
+	if b, _ := behind("n2"); !b.Whole || b.Token != "token-v-n3-2" {
+		t.Fatalf("n2 behind once back: %+v; want whole, token of n3 at term 2", b)
+	}
+	if err := n3.MarkInSync("v", "n2", 2); err != nil {
+		t.Fatal(err)
+	}
+	pl, _, err := tc.first.Placement(ctx, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range pl.Copies {
+		if c.Node == "n2" && (c.State != CopyInSync || c.Whole) {
+			t.Fatalf("n2 back in sync: %+v; want in-sync, not whole", c)
+		}
+	}
+}
