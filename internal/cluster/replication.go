@@ -146,9 +146,24 @@ func (n *Node) MarkOutOfSync(volume, node string, term uint64, cause error) erro
 		return fmt.Errorf("mark copy %s of %q out of sync: %w", node, volume, ErrNoSession)
 	}
 	vk, ck, ak := n.key("volumes", volume), n.key("copies", volume, node), n.key("alive", n.cfg.NodeName)
+	// transient: an etcd error worth another try while this node holds
+	// its lease and the deadline allows (the copy's node was the etcd
+	// leader: "leader changed" while etcd elects another). A Txn whose
+	// outcome is unknown is safe to try again: the next round reads the
+	// record and finds the copy out of the in-sync set if it went through.
+	transient := func() bool {
+		if ctx.Err() != nil || !n.up.Load() {
+			return false
+		}
+		sleep(ctx, 50*time.Millisecond)
+		return ctx.Err() == nil
+	}
 	for {
 		resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit()
 		if err != nil {
+			if transient() {
+				continue
+			}
 			return fmt.Errorf("mark copy %s of %q out of sync: %w", node, volume, err)
 		}
 		kvs := resp.Responses[0].GetResponseRange().Kvs
@@ -176,6 +191,9 @@ func (n *Node) MarkOutOfSync(volume, node string, term uint64, cause error) erro
 			clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
 			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
 		if err != nil {
+			if transient() {
+				continue
+			}
 			return fmt.Errorf("mark copy %s of %q out of sync: %w", node, volume, err)
 		}
 		if put.Succeeded {

@@ -89,6 +89,24 @@ func TestFailoverQEMUClient(t *testing.T) {
 		}
 	}
 	t.Logf("%d writes of 64 KiB and %d flushes through a failover, all on %s at term %d", blocks, blocks/8+1, cp.name, got.Term)
+
+	// The old primary comes back: it follows term+1 and the new primary
+	// resyncs it, copied whole (it may hold writes it never acknowledged),
+	// until both copies are byte-identical.
+	c.spawn(prim)
+	c.waitReady(prim)
+	back := time.Now()
+	seen := c.waitInSync(t, cp, "qemu", prim.name, 2*time.Minute)
+	if a, b := diskSum(t, cp, "qemu", "d0"), diskSum(t, prim, "qemu", "d0"); a != b {
+		t.Fatalf("after the old primary's resync: %s on %s, %s on %s", a, cp.name, b, prim.name)
+	}
+	// Whole: every granule of the disk, not only the 54 blocks it missed.
+	const diskSize = 4 << 20
+	if got := scrapeSum(t, c, cp, "quiver_cluster_resync_bytes_total"); got < diskSize {
+		t.Fatalf("the new primary resynced %.0f bytes to the old one, want the whole disk (%d)", got, diskSize)
+	}
+	t.Logf("the old primary %s back in sync %v after its restart (states %v), copied whole, byte-identical",
+		prim.name, time.Since(back).Round(time.Millisecond), seen)
 }
 
 func testTail(s string, n int) string {
