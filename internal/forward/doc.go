@@ -13,4 +13,6 @@
 //
 // It imports pool (the Disk interface and its errors) and nbd (ErrAbandon);
 // it must not import the cluster or the server.
+//
+// Imports from quiver: nbd, pool.
 package forward
