@@ -299,6 +299,7 @@ func (a *app) volumeDetail(v api.Volume) func(io.Writer) error {
 		}
 		f.add("Snapshots", fmt.Sprint(v.Snapshots))
 		if len(v.Copies) > 0 {
+			f.add("Primary", fmt.Sprintf("%s (term %d)", v.Primary, v.Term))
 			f.add("Copies", formatCopies(v))
 		}
 		if v.Writer.Epoch > 0 {

@@ -18,6 +18,8 @@ import (
 
 // memStore is a pool in memory: volumes by name with their UIDs.
 type memStore struct {
+	free    int64             // free bytes reported (0: 50 GiB)
+	adopted map[string]string // attachment state adopted, by volume
 	id      string
 	mu      sync.Mutex
 	vols    map[string]string
@@ -26,10 +28,15 @@ type memStore struct {
 
 func newMemStore() *memStore { return &memStore{id: newID(), vols: map[string]string{}} }
 
-func (s *memStore) PoolID() string               { return s.id }
-func (s *memStore) Usage() (int64, int64, error) { return 100 << 30, 50 << 30, nil }
-func (s *memStore) has(name string) bool         { s.mu.Lock(); defer s.mu.Unlock(); return s.vols[name] != "" }
-func (s *memStore) setFail(err error)            { s.mu.Lock(); s.failErr = err; s.mu.Unlock() }
+func (s *memStore) PoolID() string { return s.id }
+func (s *memStore) Usage() (int64, int64, error) {
+	if s.free != 0 {
+		return 100 << 30, s.free, nil
+	}
+	return 100 << 30, 50 << 30, nil
+}
+func (s *memStore) has(name string) bool { s.mu.Lock(); defer s.mu.Unlock(); return s.vols[name] != "" }
+func (s *memStore) setFail(err error)    { s.mu.Lock(); s.failErr = err; s.mu.Unlock() }
 func (s *memStore) CreateCopy(_ context.Context, spec api.VolumeSpec) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -273,3 +280,12 @@ func (s *memStore) AttachForPrimary(_ context.Context, volume, primary string, t
 }
 
 func (s *memStore) ApplyOp(context.Context, string, Op) error { return nil }
+func (s *memStore) AdoptAttachments(_ context.Context, volume string, state []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.adopted == nil {
+		s.adopted = map[string]string{}
+	}
+	s.adopted[volume] = string(state)
+	return nil
+}

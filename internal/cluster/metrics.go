@@ -20,6 +20,11 @@ var (
 	descResyncProgress = prometheus.NewDesc("quiver_cluster_copy_resync_progress_ratio",
 		"Share of the dirty bytes a running resync has copied, per copy of a volume this node is the primary of.",
 		[]string{"volume", "copy"}, nil)
+	descFailovers = prometheus.NewDesc("quiver_cluster_failovers_total",
+		"Promotions this node won: it became a volume's primary at term+1 after the primary went down.", nil, nil)
+	descLeaseValid = prometheus.NewDesc("quiver_cluster_lease_valid_seconds",
+		"How long this node's etcd lease is surely held still, on its own clock (docs/cluster.md, lease fencing): "+
+			"as a primary it answers requests only while this is above 0.", nil, nil)
 )
 
 // Collector returns the cluster's metrics, read at scrape time. The member
@@ -34,6 +39,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descPlacements
 	ch <- descCopyState
 	ch <- descResyncProgress
+	ch <- descFailovers
+	ch <- descLeaseValid
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -44,6 +51,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, up)
 	ch <- prometheus.MustNewConstMetric(descPlacements, prometheus.CounterValue, float64(c.n.placeOK.Load()), "ok")
 	ch <- prometheus.MustNewConstMetric(descPlacements, prometheus.CounterValue, float64(c.n.placeFail.Load()), "failed")
+	ch <- prometheus.MustNewConstMetric(descFailovers, prometheus.CounterValue, float64(c.n.failovers.Load()))
+	ch <- prometheus.MustNewConstMetric(descLeaseValid, prometheus.GaugeValue, c.n.LeaseValidFor().Seconds())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	nodes, err := c.n.Nodes(ctx)

@@ -38,11 +38,18 @@ type Store interface {
 	// AttachForPrimary makes (or finds again) the read-write attachment
 	// through which primary, at term, writes this node's copy of volume
 	// over NBD, and returns its token.
+	// It gives that attachment the writer role, so that writes through
+	// the attachments of older terms (an old primary's) are refused from
+	// then on: term fencing at the copy.
 	AttachForPrimary(ctx context.Context, volume, primary string, term uint64) (token string, err error)
 	// ApplyOp applies an operation of the volume's primary to this node's
 	// copy (a snapshot with the primary's name and UID); applying it again
 	// is no error.
 	ApplyOp(ctx context.Context, volume string, op Op) error
+	// AdoptAttachments replaces the attachments of this node's copy with
+	// state, as the volume's old primary published it (PublishAttachments;
+	// nil: none), when this node becomes the primary.
+	AdoptAttachments(ctx context.Context, volume string, state []byte) error
 }
 
 // identity is <StateDir>/node.json: which cluster and node this pool is.
@@ -73,6 +80,13 @@ type Node struct {
 	placeOK   atomic.Int64
 	placeFail atomic.Int64
 	closeOnce sync.Once
+	lease     leaseClock
+	// adopted holds, per volume, the term at which this node took over
+	// as primary and adopted the volume's attachments (failover.go).
+	adoptMu sync.Mutex
+	adopted map[string]uint64
+	// failovers counts the promotions this node won.
+	failovers atomic.Int64
 }
 
 // Join starts the embedded etcd member (with InitialCluster) or connects to
@@ -87,7 +101,8 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), store: store, started: time.Now().UTC()}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), store: store, started: time.Now().UTC(),
+		adopted: map[string]uint64{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -140,8 +155,10 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 	}
 	lctx, cancel := context.WithCancel(context.Background())
 	n.stop = cancel
-	n.wg.Add(3)
+	n.wg.Add(5)
 	go func() { defer n.wg.Done(); n.keepAlive(lctx) }()
+	go func() { defer n.wg.Done(); n.renewLease(lctx) }()
+	go func() { defer n.wg.Done(); n.elect(lctx) }()
 	go func() { defer n.wg.Done(); n.report(lctx) }()
 	go func() { defer n.wg.Done(); n.reconcile(lctx) }()
 	n.wg.Add(1)

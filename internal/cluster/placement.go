@@ -34,6 +34,8 @@ type CopyInfo struct {
 	Reason string
 	// Progress of a resync (CopyResyncing), else nil.
 	Progress *Progress
+	// Whole: the copy's resync must copy it whole (copyRecord.Whole).
+	Whole bool
 }
 
 // Placement is where a volume's copies are and which one is primary.
@@ -252,7 +254,7 @@ func toPlacement(volume string, rec volumeRecord, copies map[string]copyRecord) 
 		Deleting: rec.State == volumeDeleting, Spec: rec.Spec, CreatedAt: rec.CreatedAt}
 	for _, node := range rec.Copies {
 		c := copies[node]
-		p.Copies = append(p.Copies, CopyInfo{Node: node, State: c.State, Reason: c.Reason, Progress: c.Progress})
+		p.Copies = append(p.Copies, CopyInfo{Node: node, State: c.State, Reason: c.Reason, Progress: c.Progress, Whole: c.Whole})
 	}
 	return p
 }

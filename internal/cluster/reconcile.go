@@ -71,11 +71,12 @@ func (n *Node) apply(ctx context.Context, key, value []byte) {
 		// rebuilding, out of sync, until its primary has copied it whole.
 		rebuild := exists && have.State == CopyRebuilding && have.LocalUID == ""
 		if exists && !rebuild {
+			n.followTerm(ctx, name, rec, have, resp.Kvs[0].ModRevision)
 			return
 		}
-		c := copyRecord{State: CopyInSync, UpdatedAt: time.Now().UTC()}
+		c := copyRecord{State: CopyInSync, Term: rec.Term, UpdatedAt: time.Now().UTC()}
 		if rebuild {
-			c.State, c.Reason = CopyRebuilding, have.Reason
+			c.State, c.Reason, c.Whole = CopyRebuilding, have.Reason, have.Whole
 		}
 		uid, err := n.store.CreateCopy(ctx, rec.Spec)
 		if err != nil {
@@ -115,4 +116,54 @@ func (n *Node) putCopy(ctx context.Context, k string, c copyRecord) {
 	if _, err := n.cli.Put(ctx, k, mustJSON(c)); err != nil {
 		n.log.Warn("record copy state", "key", k, "err", err)
 	}
+}
+
+// followTerm makes a copy take a new primary's term: it attaches for the
+// new primary, giving that attachment the writer role (the old primary's
+// writes are refused from then on), and records the attachment's token at
+// the new term. The new primary waits for that before it writes an in-sync
+// copy, and before it resyncs an out-of-sync one (degraded, resyncing or
+// rebuilding: among them an old primary that came back, whose copy has no
+// token yet).
+func (n *Node) followTerm(ctx context.Context, name string, rec volumeRecord, have copyRecord, modRev int64) {
+	me := n.cfg.NodeName
+	inSync := slices.Contains(rec.InSync, me) && have.State == CopyInSync
+	behind := !slices.Contains(rec.InSync, me) &&
+		(have.State == CopyDegraded || have.State == CopyResyncing || have.State == CopyRebuilding)
+	if rec.Primary == me || (!inSync && !behind) || have.LocalUID == "" || copyTerm(have) >= rec.Term {
+		return
+	}
+	token, err := n.store.AttachForPrimary(ctx, name, rec.Primary, rec.Term)
+	if err != nil {
+		n.log.Error("attach a copy for its new primary", "volume", name, "primary", rec.Primary, "term", rec.Term, "err", err)
+		return
+	}
+	have.Token, have.Term, have.UpdatedAt = token, rec.Term, time.Now().UTC()
+	if behind {
+		// What the copy missed under the older terms' primaries is in
+		// their dirty bitmaps, which the new primary does not have: its
+		// resync copies the copy whole.
+		have.Whole = true
+	}
+	ck := n.key("copies", name, me)
+	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(ck), "=", modRev)).
+		Then(clientv3.OpPut(ck, mustJSON(have))).Commit()
+	switch {
+	case err != nil:
+		n.log.Warn("record copy state", "volume", name, "err", err)
+	case !resp.Succeeded:
+		n.log.Info("copy state changed meanwhile: not following the new term", "volume", name, "term", rec.Term)
+	default:
+		n.log.Info("copy follows the new primary; older terms are fenced", "volume", name, "primary", rec.Primary,
+			"term", rec.Term)
+	}
+}
+
+// copyTerm is the term a copy's token was made for; records written before
+// terms were recorded are of the first term.
+func copyTerm(c copyRecord) uint64 {
+	if c.Term == 0 && c.Token != "" {
+		return 1
+	}
+	return c.Term
 }

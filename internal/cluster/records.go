@@ -78,7 +78,16 @@ type copyRecord struct {
 	// primary's writes (copies other than the primary's own).
 	Token string `json:"token,omitempty"`
 	// Progress of the resync, while State is CopyResyncing.
-	Progress  *Progress `json:"progress,omitempty"`
+	Progress *Progress `json:"progress,omitempty"`
+	// Term is the primary's term that Token was made for: the copy
+	// refuses writes of older terms from then on (it gave the writer role
+	// to this attachment, fencing the older ones).
+	Term uint64 `json:"term,omitempty"`
+	// Whole: the copy may hold changes that no in-sync copy has (it was
+	// the primary, and went down with writes in flight that it never
+	// acknowledged): its resync copies every granule, not only the dirty
+	// ones. Cleared when it is back in sync.
+	Whole     bool      `json:"whole,omitempty"`
 	UpdatedAt time.Time `json:"updatedAt"`
 }
 

@@ -25,6 +25,13 @@ type Target struct {
 	Node, NBD, Token string
 	// State is the copy's recorded state (Role.Behind).
 	State string
+	// Whole: a resync must copy this out-of-sync copy whole
+	// (copyRecord.Whole).
+	Whole bool
+	// Term is the term Token was made for: a target whose term is older
+	// than the volume's has not followed the new primary yet, and must not
+	// be written through its old token.
+	Term uint64
 }
 
 // Role is what this node is for one volume.
@@ -110,13 +117,13 @@ func (n *Node) Role(ctx context.Context, volume string) (Role, error) {
 		for _, node := range rec.InSync {
 			if node != me {
 				r.Targets = append(r.Targets, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token,
-					State: copies[node].State})
+					State: copies[node].State, Term: copyTerm(copies[node])})
 			}
 		}
 		for _, node := range rec.Copies {
 			if node != me && !slices.Contains(rec.InSync, node) {
 				r.Behind = append(r.Behind, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token,
-					State: copies[node].State})
+					State: copies[node].State, Term: copyTerm(copies[node]), Whole: copies[node].Whole})
 			}
 		}
 	}
@@ -139,9 +146,24 @@ func (n *Node) MarkOutOfSync(volume, node string, term uint64, cause error) erro
 		return fmt.Errorf("mark copy %s of %q out of sync: %w", node, volume, ErrNoSession)
 	}
 	vk, ck, ak := n.key("volumes", volume), n.key("copies", volume, node), n.key("alive", n.cfg.NodeName)
+	// transient: an etcd error worth another try while this node holds
+	// its lease and the deadline allows (the copy's node was the etcd
+	// leader: "leader changed" while etcd elects another). A Txn whose
+	// outcome is unknown is safe to try again: the next round reads the
+	// record and finds the copy out of the in-sync set if it went through.
+	transient := func() bool {
+		if ctx.Err() != nil || !n.up.Load() {
+			return false
+		}
+		sleep(ctx, 50*time.Millisecond)
+		return ctx.Err() == nil
+	}
 	for {
 		resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit()
 		if err != nil {
+			if transient() {
+				continue
+			}
 			return fmt.Errorf("mark copy %s of %q out of sync: %w", node, volume, err)
 		}
 		kvs := resp.Responses[0].GetResponseRange().Kvs
@@ -169,6 +191,9 @@ func (n *Node) MarkOutOfSync(volume, node string, term uint64, cause error) erro
 			clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
 			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
 		if err != nil {
+			if transient() {
+				continue
+			}
 			return fmt.Errorf("mark copy %s of %q out of sync: %w", node, volume, err)
 		}
 		if put.Succeeded {
@@ -220,7 +245,7 @@ func (n *Node) MarkInSync(volume, node string, term uint64) error {
 	if ckvs := resp.Responses[1].GetResponseRange().Kvs; len(ckvs) > 0 {
 		_ = json.Unmarshal(ckvs[0].Value, &c)
 	}
-	c.State, c.Reason, c.Progress, c.UpdatedAt = CopyInSync, "", nil, time.Now().UTC()
+	c.State, c.Reason, c.Progress, c.Whole, c.UpdatedAt = CopyInSync, "", nil, false, time.Now().UTC()
 	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
 		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
 		Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()

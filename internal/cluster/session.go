@@ -19,6 +19,7 @@ func hmacEqual(a, b string) bool { return hmac.Equal([]byte(a), []byte(b)) }
 // there then belongs to a live twin and is refused.
 func (n *Node) startSession(ctx context.Context) error {
 	ttl := max(int(n.cfg.LeaseTTL/time.Second), 1)
+	granted := time.Now()
 	sess, err := concurrency.NewSession(n.cli, concurrency.WithTTL(ttl))
 	if err != nil {
 		return fmt.Errorf("etcd lease for node %q: %w", n.cfg.NodeName, err)
@@ -57,6 +58,7 @@ func (n *Node) startSession(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+	n.renewedAt(sess.Lease(), granted)
 	n.sessMu.Lock()
 	n.sess = sess
 	n.sessMu.Unlock()

@@ -13,6 +13,12 @@ import (
 // Errors of the server itself.
 var (
 	ErrServerClosed = errors.New("nbd: server closed")
+	// ErrAbandon, from a disk, says that the request must not be answered
+	// at all: the server closes the connection instead, and the client
+	// sends the request again on its next connection (QEMU's
+	// reconnect-delay). A cluster primary that may have lost its term
+	// (docs/cluster.md, "Lease fencing") neither acknowledges nor fails.
+	ErrAbandon = errors.New("nbd: request abandoned, the connection closes")
 )
 
 // errnoMapping maps domain errors to NBD error values; the first match wins.
@@ -52,6 +58,15 @@ func toErrno(err error) uint32 {
 // (Observer.DataError). Everything else is the client's doing (EINVAL,
 // EPERM of a fenced writer, ...) and logged at debug.
 func (c *conn) failed(req *request, err error) {
+	if errors.Is(err, ErrAbandon) {
+		c.log.Info("request abandoned: closing the connection without an answer", "export", c.export,
+			"op", req.typ, "offset", req.off, "len", req.length, "err", err)
+		c.wmu.Lock()
+		c.broken.Store(true)
+		_ = c.nc.Close()
+		c.wmu.Unlock()
+		return
+	}
 	errno := toErrno(err)
 	gone := errors.Is(err, pool.ErrClosed) || errors.Is(err, pool.ErrDiskNotFound) || errors.Is(err, pool.ErrVolumeNotFound)
 	switch {

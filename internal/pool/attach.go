@@ -218,7 +218,11 @@ func attachFile(r writerRules, byID map[string]*Attachment) attachState {
 // a failed write nothing changes.
 func (v *Volume) applyRules(next writerRules, ch ruleChange, byID map[string]*Attachment) error {
 	if ch.persist {
-		if err := v.pool.writeJSON(filepath.Join(v.dir, attachmentsFile), attachFile(next, byID)); err != nil {
+		st := attachFile(next, byID)
+		if err := v.publishAttachments(st); err != nil {
+			return err
+		}
+		if err := v.pool.writeJSON(filepath.Join(v.dir, attachmentsFile), st); err != nil {
 			return v.metaError(err)
 		}
 	}

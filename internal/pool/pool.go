@@ -70,6 +70,9 @@ type Pool struct {
 	// writeHook, when set (tests only), runs before a client's write, trim
 	// or zero waits for the gate, with the attachment ID.
 	writeHook func(attachment string)
+
+	// attachHook publishes attachment changes (adopt.go); under mu.
+	attachHook AttachmentsHook
 }
 
 // SetChunkSize sets the unit of chunk ownership (chunks.go) for disks opened

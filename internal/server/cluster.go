@@ -90,7 +90,23 @@ func (s poolStore) AttachForPrimary(ctx context.Context, volume, primary string,
 	if err != nil {
 		return "", err
 	}
+	// The writer role goes to this term's attachment now, before the
+	// primary's first write: from here on the copy refuses the writes of
+	// every older term's attachment (term fencing at the copy).
+	if _, err := v.Transfer(a.ID); err != nil {
+		return "", err
+	}
 	return a.Token, nil
+}
+
+// AdoptAttachments takes over the volume's attachments as its old primary
+// published them, when this node is promoted (pool.Volume.AdoptAttachments).
+func (s poolStore) AdoptAttachments(ctx context.Context, volume string, state []byte) error {
+	v, err := s.p.Volume(volume)
+	if err != nil {
+		return err
+	}
+	return v.AdoptAttachments(state)
 }
 
 // joinCluster joins with the addresses the listeners got: the API's, and
@@ -108,7 +124,14 @@ func joinCluster(ctx context.Context, cfg Config, p *pool.Pool, apiAddr net.Addr
 		cc.StateDir = filepath.Join(p.Dir(), "cluster")
 	}
 	cc.Logger = log
-	return cluster.Join(ctx, cc, poolStore{p})
+	node, err := cluster.Join(ctx, cc, poolStore{p})
+	if err != nil {
+		return nil, err
+	}
+	// A replicated volume's attachments move with it on failover: the
+	// primary publishes each change before it takes effect.
+	p.SetAttachmentsHook(node.PublishAttachments)
+	return node, nil
 }
 
 // ApplyOp applies an operation of the volume's primary to this copy: the

@@ -33,43 +33,58 @@ type replicatedExports struct {
 var _ nbd.Exports = replicatedExports{}
 
 func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Export, error) {
-	ex, err := e.Exports.Open(ctx, name, peer)
-	if err != nil || ex.Disk.ReadOnly() {
-		return ex, err
-	}
 	volume, disk, ok := liveExport(name)
 	if !ok {
-		return ex, nil
+		return e.Exports.Open(ctx, name, peer)
 	}
 	role, err := e.node.Role(ctx, volume)
 	if err != nil {
 		// Without etcd this node cannot know whether it is the primary:
 		// refuse rather than write one copy.
-		_ = ex.Disk.Close()
 		return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
 	}
 	if !role.Placed || role.Replicas <= 1 {
-		return ex, nil
+		return e.Exports.Open(ctx, name, peer)
 	}
 	if !role.IsPrimary(e.node.Name()) {
-		// A copy is written by its primary only: anything else would make
-		// it diverge.
-		if role.Token == "" || exportToken(name) != role.Token {
-			_ = ex.Disk.Close()
-			return nbd.Export{}, fmt.Errorf("export %s: volume %s is replicated and written through its primary %s (NBD %s): %w",
-				volume+"/"+disk, volume, role.Primary, role.PrimaryNBD, cluster.ErrNotPrimary)
+		if role.Token != "" && exportToken(name) == role.Token {
+			// The primary's connection to this node's copy.
+			return e.Exports.Open(ctx, name, peer)
 		}
-		return ex, nil
+		// A client: its requests go to the primary of the moment
+		// (failover.go). A copy is written by its primary only.
+		return e.forward(ctx, name, volume)
 	}
-	// The primary, in sync or degraded: every change goes through the
-	// disk's Set, which tracks what the copies out of sync miss.
-	ent, err := e.sets.acquire(ctx, volume, disk, role, ex.Disk.Size())
+	prim, err := e.node.HoldPrimary(ctx, volume)
+	if errors.Is(err, cluster.ErrNotPrimary) {
+		return e.forward(ctx, name, volume) // failed over since Role
+	}
 	if err != nil {
-		_ = ex.Disk.Close()
 		return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
 	}
-	e.log.Debug("replicated export opened", "volume", volume, "disk", disk, "term", role.Term, "inSync", ent.set.InSync())
-	ex.Disk = &setDisk{Disk: ent.set.Disk(ex.Disk), release: func() { e.sets.release(ent) }}
+	ex, err := e.Exports.Open(ctx, name, peer)
+	if err != nil {
+		return ex, err
+	}
+	if !ex.Disk.ReadOnly() {
+		// The primary at prim.Term, in sync or degraded: every change
+		// goes through the disk's Set of this term, which writes the
+		// in-sync copies (once they followed the term) and tracks what
+		// the copies out of sync miss.
+		role, err := followedRole(ctx, e.node, volume, prim.Term)
+		if err != nil {
+			_ = ex.Disk.Close()
+			return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
+		}
+		ent, err := e.sets.acquire(ctx, volume, disk, role, ex.Disk.Size())
+		if err != nil {
+			_ = ex.Disk.Close()
+			return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
+		}
+		e.log.Debug("replicated export opened", "volume", volume, "disk", disk, "term", role.Term, "inSync", ent.set.InSync())
+		ex.Disk = &setDisk{Disk: ent.set.Disk(ex.Disk), release: func() { e.sets.release(ent) }}
+	}
+	ex.Disk = &primaryDisk{Disk: ex.Disk, node: e.node, prim: prim}
 	return ex, nil
 }
 
@@ -123,8 +138,23 @@ func newReplicaSets(node *cluster.Node, p *pool.Pool, log *slog.Logger, m *replM
 
 // acquire returns the Set of a disk of a volume this node is the primary of
 // (role), making it when there is none for this volume's local copy and
-// term; release gives it back.
+// term; release gives it back. A Set follows a term change: a handle or
+// resync of a new term gets a new Set, made from the copies as they are at
+// that term (each in-sync copy written through its attachment of that
+// term); the older term's Set stays with its last users, whose writes the
+// copies refuse (term fencing) and whose answers the lease fencing holds.
 func (r *replicaSets) acquire(ctx context.Context, volume, disk string, role cluster.Role, size int64) (*setEntry, error) {
+	for _, t := range role.Targets {
+		if t.Term < role.Term {
+			// An in-sync copy that has not followed this term yet: wait
+			// for it (or record it out of sync).
+			var err error
+			if role, err = followedRole(ctx, r.node, volume, role.Term); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
 	v, err := r.pool.Volume(volume)
 	if err != nil {
 		return nil, err

@@ -146,6 +146,12 @@ func (r *replicaSets) resync(ctx context.Context, volume, node string, p cluster
 	if target.NBD == "" || target.Token == "" {
 		return fmt.Errorf("resync %s on %s: the copy's node is down", volume, node)
 	}
+	if target.Term < role.Term {
+		// After a failover the copy attaches for this primary at its
+		// term (cluster's followTerm); until then its token is an older
+		// primary's, which the copy may refuse at any time.
+		return fmt.Errorf("resync %s on %s: the copy has not followed term %d yet", volume, node, role.Term)
+	}
 	v, err := r.pool.Volume(volume)
 	if err != nil {
 		return err
@@ -189,7 +195,10 @@ func (r *replicaSets) resync(ctx context.Context, volume, node string, p cluster
 			return fail(err)
 		}
 		defer r.release(ent)
-		if rebuild {
+		if rebuild || target.Whole {
+			// A rebuild's new copy, or one whose missed changes this
+			// node's bitmaps do not hold (it was a primary that went
+			// down, or fell behind under another primary): copied whole.
 			if err := ent.set.MarkWhole(node); err != nil {
 				return fail(err)
 			}
@@ -313,7 +322,7 @@ func (r *replicaSets) copyMade(ctx context.Context, volume, node string) bool {
 	}
 	for _, b := range role.Behind {
 		if b.Node == node {
-			return b.Token != "" && b.NBD != ""
+			return b.Token != "" && b.NBD != "" && b.Term >= role.Term
 		}
 	}
 	return false

@@ -5,7 +5,7 @@
 //
 // With cluster flags it joins the cluster (internal/cluster) before serving.
 //
-// Imports from quiver: api, apiserver, auth, cluster, connlimit, durable, job, metrics, nbd, pool, qos, replica, storage, tlscert.
+// Imports from quiver: api, apiserver, auth, cluster, connlimit, durable, forward, job, metrics, nbd, pool, qos, replica, storage, tlscert.
 package server
 
 import (

@@ -14,9 +14,23 @@
 //     non-zero with a message naming the conflict, while the cluster keeps
 //     its three members: etcd unreachable, a taken node name, a node of
 //     another cluster, a wrong cluster token.
+//   - TestFailoverKill, TestFailoverPartition, TestFailoverQEMUClient: failover
+//     (issue 15, acceptance 1 and 2, and QEMU's NBD client through a
+//     failover): SIGKILL of the primary, the other copy or the etcd leader,
+//     and a primary cut off with iptables, under clients whose every
+//     acknowledged write must be on the primary afterwards; after the
+//     QEMU client's failover the old primary comes back and is resynced
+//     (whole) by the new primary until both copies are byte-identical.
+//   - TestResync, TestReplicatedSnapshot, TestCopyDiskFull, TestRebuild:
+//     incremental resync of a copy that was down (acceptance 3), snapshots
+//     at one cut on every copy (acceptance 6), a copy on a full filesystem
+//     (acceptance 7) and the rebuild of a gone node's copy on another node.
 //
-// They need root and ip (iproute2): they skip without them, and fail
-// instead when CI is set.
+// They need root, ip (iproute2), iptables, qemu-io and mkfs.ext4: they skip without
+// them, and fail instead when CI is set. QUIVER_NETNS_PREFIX starts the
+// names of their namespaces; QUIVER_FAILOVER_KILL_CYCLES and
+// QUIVER_FAILOVER_PARTITION_CYCLES raise the cycle counts for soak runs;
+// QUIVER_RESYNC_DOWN sets how long TestResync's copy is down.
 //
-// Imports from quiver: nothing.
+// Imports from quiver: api, client, consistency, forward, replica, testfs, testserver.
 package clustertest

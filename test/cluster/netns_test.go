@@ -40,13 +40,13 @@ func newNetwork(t *testing.T) *network {
 	t.Helper()
 	testfs.RequireRoot(t)
 	testfs.RequireTool(t, "ip")
-	// QUIVER_NETNS_PREFIX lets engineers sharing a machine keep their
-	// namespaces apart (default qvc).
-	base := os.Getenv("QUIVER_NETNS_PREFIX")
-	if base == "" {
-		base = "qvc"
+	// QUIVER_NETNS_PREFIX (default qvc) starts every namespace name, so
+	// that runs by different people on one machine never share one.
+	pfx := os.Getenv("QUIVER_NETNS_PREFIX")
+	if pfx == "" {
+		pfx = "qvc"
 	}
-	n := &network{t: t, prefix: fmt.Sprintf("%s%d-", base, os.Getpid())}
+	n := &network{t: t, prefix: fmt.Sprintf("%s%d-", pfx, os.Getpid())}
 	n.hub = n.prefix + "hub"
 	if out, err := exec.Command("ip", "netns", "add", n.hub).CombinedOutput(); err != nil {
 		testfs.SkipOrFail(t, "ip netns add: %v: %s", err, out)

@@ -58,7 +58,7 @@ func TestRebuild(t *testing.T) {
 
 	gone.proc.Kill()
 	start := time.Now()
-	w := &writer{c: c, uris: []string{uri}, size: diskSize, rng: rand.New(rand.NewPCG(1, 2))}
+	w := &qemuWriter{c: c, uris: []string{uri}, size: diskSize, rng: rand.New(rand.NewPCG(1, 2))}
 	stop, done := make(chan struct{}), make(chan error, 1)
 	go w.run(stop, 300*time.Millisecond, done)
 	// The copy moves to the spare node and is rebuilt there.

@@ -38,11 +38,11 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 	return d
 }
 
-// writer writes through the primary's NBD exports with qemu-io (each round:
+// qemuWriter writes through the primary's NBD exports with qemu-io (each round:
 // a few writes of 4 KiB to 128 KiB at random 4 KiB-aligned offsets on each
 // disk, then a flush) and counts the bytes it wrote, as they are and
 // rounded up to the tracking granule, write by write.
-type writer struct {
+type qemuWriter struct {
 	c     *cluster
 	uris  []string
 	size  int64
@@ -57,7 +57,7 @@ func spanOf(off, length int64) int64 {
 	return ((off+length-1)/granule - off/granule + 1) * granule
 }
 
-func (w *writer) round() error {
+func (w *qemuWriter) round() error {
 	for _, uri := range w.uris {
 		args := []string{"netns", "exec", w.c.net.hub, "qemu-io", "-f", "raw"}
 		var n, sp int64
@@ -83,7 +83,7 @@ func (w *writer) round() error {
 
 // counts returns the bytes written so far and their granule span, and
 // starts counting from zero.
-func (w *writer) counts() (bytes, span int64) {
+func (w *qemuWriter) counts() (bytes, span int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	b, s := w.bytes, w.span
@@ -92,7 +92,7 @@ func (w *writer) counts() (bytes, span int64) {
 }
 
 // run writes rounds, one every pause, until stop is closed.
-func (w *writer) run(stop <-chan struct{}, pause time.Duration, done chan<- error) {
+func (w *qemuWriter) run(stop <-chan struct{}, pause time.Duration, done chan<- error) {
 	for {
 		select {
 		case <-stop:
@@ -205,7 +205,7 @@ func TestResync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &writer{c: c, size: diskSize, rng: rand.New(rand.NewPCG(15, 3))}
+	w := &qemuWriter{c: c, size: diskSize, rng: rand.New(rand.NewPCG(15, 3))}
 	for _, d := range disks {
 		uri := fmt.Sprintf("nbd://%s:10809/rs/%s/%s", prim.ip, d, att.Token)
 		w.uris = append(w.uris, uri)

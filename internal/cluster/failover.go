@@ -1,0 +1,362 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Election, promotion and the term (docs/cluster.md, "Lease fencing and
+// failover").
+//
+// primary/<volume> names the primary and its term, under the primary's
+// session lease: it vanishes with the lease. Every node looks, every
+// electInterval, at the volumes whose in-sync set holds it:
+//
+//   - it is the volume's primary and primary/<volume> is absent (a new
+//     volume, or its session was renewed after a lapse with no failover
+//     meanwhile): it takes the key again at the same term;
+//   - another node is the primary, primary/<volume> is absent and that node
+//     is down (no alive key): it promotes itself, in one Txn that compares
+//     the volume record's revision, the absence of primary/<volume> and of
+//     the old primary's alive key, and its own lease. The Txn writes term+1,
+//     takes the old primary out of the in-sync set (it misses every write
+//     from now on), records its copy degraded and takes primary/<volume>.
+//     Of several candidates, one Txn wins.
+//
+// Only the in-sync set in etcd says who may be promoted: an out-of-date copy
+// never is.
+
+// primaryRecord is "primary/<volume>", under the primary's lease.
+type primaryRecord struct {
+	Node string `json:"node"`
+	Term uint64 `json:"term"`
+	// lease is the key's lease, from etcd (not stored in the value).
+	lease clientv3.LeaseID
+}
+
+// electInterval is how often a node looks for volumes without a primary.
+const electInterval = 500 * time.Millisecond
+
+// ErrNotReady: this node is the volume's new primary, but has not yet
+// taken over its attachments; a client tries again.
+var ErrNotReady = errors.New("the new primary is taking over")
+
+func (n *Node) elect(ctx context.Context) {
+	t := time.NewTicker(electInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := n.electOnce(ctx); err != nil && ctx.Err() == nil {
+			n.log.Debug("election round", "err", err)
+		}
+	}
+}
+
+// clusterView is one consistent read of what an election needs.
+type clusterView struct {
+	rev      int64
+	volumes  map[string]volumeEntry
+	primary  map[string]primaryRecord
+	alive    map[string]bool
+	copies   map[string]map[string]copyRecord
+	attached map[string][]byte
+}
+
+type volumeEntry struct {
+	rec    volumeRecord
+	modRev int64
+}
+
+func (n *Node) readView(ctx context.Context, volume string) (clusterView, error) {
+	vk, pk, ck, ak := n.key("volumes")+"/", n.key("primary")+"/", n.key("copies")+"/", n.key("attach")+"/"
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if volume != "" {
+		vk, pk, ck, ak = n.key("volumes", volume), n.key("primary", volume), n.key("copies", volume)+"/", n.key("attach", volume)
+		opts = nil
+	}
+	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk, opts...), clientv3.OpGet(pk, opts...),
+		clientv3.OpGet(n.key("alive")+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(ck, clientv3.WithPrefix()), clientv3.OpGet(ak, opts...)).Commit()
+	if err != nil {
+		return clusterView{}, err
+	}
+	v := clusterView{rev: resp.Header.Revision, volumes: map[string]volumeEntry{}, primary: map[string]primaryRecord{},
+		alive: map[string]bool{}, copies: map[string]map[string]copyRecord{}, attached: map[string][]byte{}}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		var rec volumeRecord
+		if json.Unmarshal(kv.Value, &rec) == nil {
+			v.volumes[lastSegment(string(kv.Key))] = volumeEntry{rec, kv.ModRevision}
+		}
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		var p primaryRecord
+		if json.Unmarshal(kv.Value, &p) == nil {
+			p.lease = clientv3.LeaseID(kv.Lease)
+			v.primary[lastSegment(string(kv.Key))] = p
+		}
+	}
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		v.alive[lastSegment(string(kv.Key))] = true
+	}
+	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
+		// copies/<volume>/<node>
+		k := string(kv.Key)[len(n.key("copies"))+1:]
+		vol, node := k[:max(len(k)-len(lastSegment(k))-1, 0)], lastSegment(k)
+		var c copyRecord
+		if json.Unmarshal(kv.Value, &c) == nil {
+			if v.copies[vol] == nil {
+				v.copies[vol] = map[string]copyRecord{}
+			}
+			v.copies[vol][node] = c
+		}
+	}
+	for _, kv := range resp.Responses[4].GetResponseRange().Kvs {
+		v.attached[lastSegment(string(kv.Key))] = kv.Value
+	}
+	return v, nil
+}
+
+func (n *Node) electOnce(ctx context.Context) error {
+	s := n.session()
+	if s == nil || !n.up.Load() {
+		return nil
+	}
+	view, err := n.readView(ctx, "")
+	if err != nil {
+		return err
+	}
+	me := n.cfg.NodeName
+	var errs error
+	for name, e := range view.volumes {
+		rec := e.rec
+		if rec.State != volumeActive || max(rec.Spec.Replicas, 1) <= 1 || !slices.Contains(rec.InSync, me) {
+			continue
+		}
+		if _, held := view.primary[name]; held {
+			continue
+		}
+		if c, ok := view.copies[name][me]; !ok || c.LocalUID == "" || c.State != CopyInSync {
+			continue // this node's copy is not made yet
+		}
+		switch {
+		case rec.Primary == me:
+			if _, err := n.takePrimary(ctx, name, e); err != nil {
+				errs = errors.Join(errs, err)
+			}
+		case !view.alive[rec.Primary]:
+			if err := n.promote(ctx, name, e, view.attached[name]); err != nil {
+				errs = errors.Join(errs, err)
+			}
+		}
+	}
+	return errs
+}
+
+// takePrimary creates primary/<volume> for this node, the volume's primary,
+// at its term, under this node's lease. It reports whether it did.
+func (n *Node) takePrimary(ctx context.Context, volume string, e volumeEntry) (bool, error) {
+	s := n.session()
+	if s == nil {
+		return false, ErrNoSession
+	}
+	vk, pk, ak := n.key("volumes", volume), n.key("primary", volume), n.key("alive", n.cfg.NodeName)
+	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
+		clientv3.Compare(clientv3.CreateRevision(pk), "=", 0),
+		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
+		Then(clientv3.OpPut(pk, mustJSON(primaryRecord{Node: n.cfg.NodeName, Term: e.rec.Term}),
+			clientv3.WithLease(s.Lease()))).Commit()
+	if err != nil {
+		return false, fmt.Errorf("take primary of %q: %w", volume, err)
+	}
+	if resp.Succeeded {
+		n.log.Info("primary of the volume", "volume", volume, "term", e.rec.Term)
+	}
+	return resp.Succeeded, nil
+}
+
+// promote makes this node, an in-sync copy, the volume's primary at term+1
+// in place of the primary that is down, and takes over the volume's
+// attachments (attached: their state as the old primary published it).
+func (n *Node) promote(ctx context.Context, volume string, e volumeEntry, attached []byte) error {
+	s := n.session()
+	if s == nil {
+		return ErrNoSession
+	}
+	me, old := n.cfg.NodeName, e.rec.Primary
+	rec := e.rec
+	rec.Primary, rec.Term = me, e.rec.Term+1
+	rec.InSync = slices.DeleteFunc(slices.Clone(e.rec.InSync), func(s string) bool { return s == old })
+	vk, pk := n.key("volumes", volume), n.key("primary", volume)
+	ak, oak, ock := n.key("alive", me), n.key("alive", old), n.key("copies", volume, old)
+	// Whole: the old primary may have applied writes it never
+	// acknowledged, which no in-sync copy has; its dirty bitmaps (of its
+	// copies) do not say where. Its resync by this node copies it whole.
+	oc := copyRecord{State: CopyDegraded, Reason: fmt.Sprintf("was primary at term %d and went down: failed over to %s at term %d",
+		e.rec.Term, me, rec.Term), Whole: true, UpdatedAt: time.Now().UTC()}
+	cur, err := n.cli.Get(ctx, ock)
+	if err != nil {
+		return err
+	}
+	if len(cur.Kvs) > 0 {
+		var c copyRecord
+		if json.Unmarshal(cur.Kvs[0].Value, &c) == nil {
+			oc.LocalUID, oc.Token, oc.Term = c.LocalUID, c.Token, c.Term
+		}
+	}
+	start := time.Now()
+	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
+		clientv3.Compare(clientv3.CreateRevision(pk), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(oak), "=", 0),
+		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
+		Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ock, mustJSON(oc)),
+			clientv3.OpPut(pk, mustJSON(primaryRecord{Node: me, Term: rec.Term}), clientv3.WithLease(s.Lease()))).Commit()
+	if err != nil {
+		return fmt.Errorf("promote to primary of %q: %w", volume, err)
+	}
+	if !resp.Succeeded {
+		return nil // another copy won, or the record changed: the next round looks again
+	}
+	n.failovers.Add(1)
+	n.log.Warn("promoted to primary: the old primary is down", "volume", volume, "old", old, "term", rec.Term,
+		"inSync", rec.InSync)
+	if err := n.adopt(ctx, volume, rec.Term, attached); err != nil {
+		n.log.Error("take over the attachments (tried again at the next open)", "volume", volume, "err", err)
+	}
+	n.log.Info("serving as primary", "volume", volume, "term", rec.Term, "took", time.Since(start))
+	return nil
+}
+
+// adopt makes this node's copy take the volume's attachments (their state as
+// published in etcd) at term, once per term.
+func (n *Node) adopt(ctx context.Context, volume string, term uint64, state []byte) error {
+	n.adoptMu.Lock()
+	defer n.adoptMu.Unlock()
+	if n.adopted[volume] == term {
+		return nil
+	}
+	if state == nil {
+		resp, err := n.cli.Get(ctx, n.key("attach", volume))
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) > 0 {
+			state = resp.Kvs[0].Value
+		}
+	}
+	if err := n.store.AdoptAttachments(ctx, volume, state); err != nil {
+		return err
+	}
+	n.adopted[volume] = term
+	return nil
+}
+
+// Primacy is what a primary holds while it serves a volume: its term and
+// the lease under which primary/<volume> is held. Requests are acknowledged
+// only while LeaseHeld(Lease).
+type Primacy struct {
+	Term  uint64
+	Lease clientv3.LeaseID
+}
+
+// HoldPrimary returns this node's primacy of volume: primary/<volume> held
+// at the volume's term under this node's current lease (taken now if the
+// node is the primary and the key is absent), with the volume's attachments
+// taken over at that term. ErrNotPrimary when another node is the primary.
+func (n *Node) HoldPrimary(ctx context.Context, volume string) (Primacy, error) {
+	pr, err := n.HoldPrimaryKey(ctx, volume)
+	if err != nil {
+		return pr, err
+	}
+	if err := n.adopt(ctx, volume, pr.Term, nil); err != nil {
+		return Primacy{}, fmt.Errorf("volume %q: %w: %w", volume, ErrNotReady, err)
+	}
+	return pr, nil
+}
+
+// PublishAttachments is the pool's attachments hook (pool.AttachmentsHook)
+// on a cluster node: on the primary of a replicated volume it writes the
+// volume's attachment state to attach/<volume>, as the primary holding its
+// lease, before the change takes effect; anywhere else (a copy's own
+// attachments for its primary, a volume of one copy) it does nothing.
+func (n *Node) PublishAttachments(volume string, state []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), n.leaseTTL())
+	defer cancel()
+	resp, err := n.cli.Get(ctx, n.key("volumes", volume))
+	if err != nil {
+		return fmt.Errorf("publish attachments: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil
+	}
+	var rec volumeRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		return err
+	}
+	if rec.Primary != n.cfg.NodeName || max(rec.Spec.Replicas, 1) <= 1 {
+		return nil
+	}
+	pr, err := n.HoldPrimaryKey(ctx, volume)
+	if err != nil {
+		return err
+	}
+	pk, ak := n.key("primary", volume), n.key("attach", volume)
+	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(pk), "=", pr.Lease),
+		clientv3.Compare(clientv3.Value(pk), "=", mustJSON(primaryRecord{Node: n.cfg.NodeName, Term: pr.Term}))).
+		Then(clientv3.OpPut(ak, string(state))).Commit()
+	if err != nil {
+		return fmt.Errorf("publish attachments: %w", err)
+	}
+	if !put.Succeeded {
+		return fmt.Errorf("publish attachments of %q: %w", volume, ErrNotPrimary)
+	}
+	return nil
+}
+
+// HoldPrimaryKey is HoldPrimary without taking over the attachments (the
+// attachments hook runs under the volume's attachment lock).
+func (n *Node) HoldPrimaryKey(ctx context.Context, volume string) (Primacy, error) {
+	s := n.session()
+	if s == nil || !n.up.Load() {
+		return Primacy{}, fmt.Errorf("primary of %q: %w", volume, ErrNoSession)
+	}
+	for range 3 {
+		view, err := n.readView(ctx, volume)
+		if err != nil {
+			return Primacy{}, err
+		}
+		e, ok := view.volumes[volume]
+		if !ok {
+			return Primacy{}, fmt.Errorf("primary of %q: %w", volume, ErrVolumeNotFound)
+		}
+		if e.rec.Primary != n.cfg.NodeName {
+			return Primacy{}, fmt.Errorf("volume %q: primary is %s: %w", volume, e.rec.Primary, ErrNotPrimary)
+		}
+		p, held := view.primary[volume]
+		if !held {
+			if _, err := n.takePrimary(ctx, volume, e); err != nil {
+				return Primacy{}, err
+			}
+			continue
+		}
+		if p.Node != n.cfg.NodeName || p.Term != e.rec.Term {
+			return Primacy{}, fmt.Errorf("volume %q: primary/%s holds %s at term %d: %w", volume, volume, p.Node, p.Term, ErrNotPrimary)
+		}
+		if p.lease != s.Lease() {
+			// Held under this node's previous lease, which has not
+			// expired in etcd yet: it will, and the key with it.
+			return Primacy{}, fmt.Errorf("volume %q: primary key under a lapsed lease: %w", volume, ErrNotReady)
+		}
+		return Primacy{Term: e.rec.Term, Lease: s.Lease()}, nil
+	}
+	return Primacy{}, fmt.Errorf("primary of %q: %w", volume, ErrNotReady)
+}

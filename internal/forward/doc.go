@@ -1,0 +1,18 @@
+// Package forward is a disk handle that follows a replicated volume's
+// primary: every request goes over NBD to the node that is the volume's
+// primary now, and a request whose connection breaks (the primary died, was
+// cut off, or stopped acknowledging when its lease ran short) is sent again
+// on a new connection to the primary of the moment, until it is answered.
+// This is how any cluster node serves any volume (docs/cluster.md,
+// "Clients and failover").
+//
+// WRITE, TRIM, WRITE_ZEROES and FLUSH are idempotent under the volume's
+// single writer, so sending one again is safe: what the old primary
+// acknowledged is on the new one, and what it did not acknowledge is written
+// again.
+//
+// It imports pool (the Disk interface and its errors) and nbd (ErrAbandon);
+// it must not import the cluster or the server.
+//
+// Imports from quiver: nbd, pool.
+package forward

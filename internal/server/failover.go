@@ -1,0 +1,148 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/cluster"
+	"github.com/quiverstorage/quiver/internal/forward"
+	"github.com/quiverstorage/quiver/internal/nbd"
+	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/replica"
+)
+
+// Clients and failover on a cluster node (docs/cluster.md): any node serves
+// any replicated volume. The primary serves it from its pool, acknowledging
+// only while its lease is surely held (primaryDisk); every other node
+// forwards the client's requests to the primary of the moment (forward.Disk),
+// and sends a request whose primary went away again to the next one.
+
+// forward opens a client's export of volume by forwarding to its primary.
+func (e replicatedExports) forward(ctx context.Context, name, volume string) (nbd.Export, error) {
+	resolve := func(ctx context.Context) (string, error) {
+		role, err := e.node.Role(ctx, volume)
+		if err != nil {
+			return "", err
+		}
+		if !role.Placed {
+			return "", fmt.Errorf("volume %q: %w", volume, cluster.ErrVolumeNotFound)
+		}
+		if role.PrimaryNBD == "" {
+			return "", fmt.Errorf("volume %q: primary %s is down (a copy is promoted once its lease expires)", volume, role.Primary)
+		}
+		return role.PrimaryNBD, nil
+	}
+	d, err := forward.Open(ctx, name, resolve, forward.Options{Logger: e.log.With("volume", volume),
+		RequestTimeout: 2*e.node.LeaseTTL() + 10*time.Second})
+	if err != nil {
+		return nbd.Export{}, fmt.Errorf("export %s: %w", redactExport(name), err)
+	}
+	e.log.Debug("export forwarded to the primary", "volume", volume)
+	return nbd.Export{Disk: d, Description: fmt.Sprintf("volume %s through its primary", volume)}, nil
+}
+
+// redactExport drops the token from <volume>/<disk>/<token>.
+func redactExport(name string) string {
+	if t := exportToken(name); t != "" {
+		return name[:len(name)-len(t)] + "<token>"
+	}
+	return name
+}
+
+// targetWait bounds how long a new primary waits for the in-sync copies to
+// follow its term before it records the late ones out of sync.
+const targetWait = 10 * time.Second
+
+// followedRole returns this node's role as the primary of volume at term,
+// once each in-sync copy has followed the term (made an attachment for this
+// primary at term, which fences the older terms' on that copy). A copy
+// still at an older term after targetWait is recorded out of sync. Every
+// replication Set is made from a role returned by followedRole: it never
+// writes a copy through an older term's token.
+func followedRole(ctx context.Context, node *cluster.Node, volume string, term uint64) (cluster.Role, error) {
+	deadline := time.Now().Add(targetWait)
+	for {
+		role, err := node.Role(ctx, volume)
+		if err != nil {
+			return cluster.Role{}, err
+		}
+		if role.Term != term || !role.IsPrimary(node.Name()) {
+			return cluster.Role{}, fmt.Errorf("volume %q moved to %s at term %d: %w", volume, role.Primary, role.Term, cluster.ErrNotPrimary)
+		}
+		var late []cluster.Target
+		for _, t := range role.Targets {
+			if t.Term < term {
+				late = append(late, t)
+			}
+		}
+		if len(late) == 0 {
+			return role, nil
+		}
+		if time.Now().After(deadline) {
+			for _, t := range late {
+				if err := node.MarkOutOfSync(volume, t.Node, term,
+					fmt.Errorf("copy did not follow term %d within %s", term, targetWait)); err != nil {
+					return cluster.Role{}, err
+				}
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return cluster.Role{}, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// primaryDisk is the primary's handle of a replicated volume's disk: a
+// request is acknowledged only while this node surely holds the lease under
+// which it is the primary (docs/cluster.md, "Lease fencing"). When the lease
+// is short, the answer waits for a renewal, up to one TTL; without one the
+// request is abandoned (nbd.ErrAbandon: the connection closes, unanswered,
+// and the client sends it again to the new primary). A request that a copy
+// failed and that could not be recorded (replica.ErrNotAcknowledged: etcd
+// out of reach) is abandoned too, never failed: the new primary may well
+// apply it.
+type primaryDisk struct {
+	pool.Disk
+	node *cluster.Node
+	prim cluster.Primacy
+}
+
+func (d *primaryDisk) ack(err error) error {
+	if errors.Is(err, replica.ErrNotAcknowledged) {
+		return fmt.Errorf("%w: %w", nbd.ErrAbandon, err)
+	}
+	if err != nil {
+		return err
+	}
+	if d.node.Holds(d.prim) {
+		return nil
+	}
+	start := time.Now()
+	deadline := start.Add(d.node.LeaseTTL())
+	for time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		if d.node.Holds(d.prim) {
+			d.node.Logger().Info("lease renewed: acknowledging a request held meanwhile", "term", d.prim.Term,
+				"held", time.Since(start))
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: the lease of term %d may have expired: not acknowledged", nbd.ErrAbandon, d.prim.Term)
+}
+
+func (d *primaryDisk) ReadAt(p []byte, off int64) error { return d.ack(d.Disk.ReadAt(p, off)) }
+func (d *primaryDisk) WriteAt(p []byte, off int64, fua bool) error {
+	return d.ack(d.Disk.WriteAt(p, off, fua))
+}
+func (d *primaryDisk) Flush() error { return d.ack(d.Disk.Flush()) }
+func (d *primaryDisk) Trim(off, length int64, fua bool) error {
+	return d.ack(d.Disk.Trim(off, length, fua))
+}
+func (d *primaryDisk) Zero(off, length int64, flags pool.ZeroFlags) error {
+	return d.ack(d.Disk.Zero(off, length, flags))
+}
