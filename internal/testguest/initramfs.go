@@ -121,3 +121,29 @@ func staticBusybox() ([]byte, []string, error) {
 	b, err := os.ReadFile(BusyboxPath)
 	return b, applets, err
 }
+
+// Prologue is the start of a guest's /init: a shell with busybox on PATH,
+// /dev, /proc and /sys mounted, and k's modules loaded.
+func Prologue(k *Kernel) string {
+	return "#!/bin/sh\nexport PATH=/bin\nmount -t devtmpfs devtmpfs /dev\nmount -t proc proc /proc\nmount -t sysfs sysfs /sys\n" +
+		InsmodLines(k)
+}
+
+// Build fetches the kernel of spec and writes an initramfs at path whose
+// /init is Prologue followed by body. A missing kernel package or busybox
+// is an error wrapping ErrMissing.
+func Build(spec KernelSpec, path, body string) (*Kernel, error) {
+	k, err := FetchKernel(spec)
+	if err != nil {
+		return nil, fmt.Errorf("guest kernel: %w", err)
+	}
+	w, err := NewInitramfs(path, k)
+	if err != nil {
+		return nil, err
+	}
+	w.File("init", 0o755, []byte(Prologue(k)+body))
+	if err := w.Close(); err != nil {
+		return nil, fmt.Errorf("write %s: %w", path, err)
+	}
+	return k, nil
+}

@@ -24,35 +24,18 @@ import (
 // off; qemu-io over TLS then finds the data on the disk.
 func TestTLSGuest(t *testing.T) {
 	requireTools(t, "qemu-system-x86_64", "qemu-io")
-	k, err := testguest.FetchKernel(testguest.VirtioBlk)
-	if err != nil {
-		if errors.Is(err, testguest.ErrMissing) {
-			testfs.SkipOrFail(t, "%v", err)
-		}
-		t.Fatalf("guest kernel: %v", err)
-	}
 	dir := t.TempDir()
 	initrd := filepath.Join(dir, "initramfs.cpio")
-	w, err := testguest.NewInitramfs(initrd, k)
-	if err != nil {
-		if errors.Is(err, testguest.ErrMissing) {
-			testfs.SkipOrFail(t, "%v", err)
-		}
-		t.Fatal(err)
-	}
-	w.File("init", 0o755, []byte(`#!/bin/sh
-export PATH=/bin
-mount -t devtmpfs devtmpfs /dev
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-`+testguest.InsmodLines(k)+`echo "guest: disk of $(cat /sys/block/vda/size) sectors"
+	k, err := testguest.Build(testguest.VirtioBlk, initrd, `echo "guest: disk of $(cat /sys/block/vda/size) sectors"
 head -c 65536 /dev/zero | tr '\000' '\253' | dd of=/dev/vda bs=64k seek=16 count=1 iflag=fullblock oflag=direct 2>/dev/null || echo "guest: write error"
 echo "guest: read back $(dd if=/dev/vda bs=64k skip=16 count=1 iflag=direct 2>/dev/null | od -An -v -tx1 | tr -s ' ' '\n' | sort -u | tr -d '\n')"
 sync
 echo "guest: done"
 poweroff -f
-`))
-	if err := w.Close(); err != nil {
+`)
+	if errors.Is(err, testguest.ErrMissing) {
+		testfs.SkipOrFail(t, "%v", err)
+	} else if err != nil {
 		t.Fatal(err)
 	}
 

@@ -310,27 +310,8 @@ func waitSocket(t *testing.T, path string, p *proc) {
 // reads every one back and powers off.
 func buildGuest(t *testing.T) (*testguest.Kernel, string) {
 	t.Helper()
-	k, err := testguest.FetchKernel(testguest.VirtioBlk)
-	if err != nil {
-		if errors.Is(err, testguest.ErrMissing) {
-			testfs.SkipOrFail(t, "%v", err)
-		}
-		t.Fatalf("guest kernel: %v", err)
-	}
 	initrd := filepath.Join(t.TempDir(), "initramfs.cpio")
-	w, err := testguest.NewInitramfs(initrd, k)
-	if err != nil {
-		if errors.Is(err, testguest.ErrMissing) {
-			testfs.SkipOrFail(t, "%v", err)
-		}
-		t.Fatal(err)
-	}
-	w.File("init", 0o755, []byte(`#!/bin/sh
-export PATH=/bin
-mount -t devtmpfs devtmpfs /dev
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-`+testguest.InsmodLines(k)+`n=`+strconv.Itoa(records)+`
+	k, err := testguest.Build(testguest.VirtioBlk, initrd, `n=`+strconv.Itoa(records)+`
 i=0
 while [ $i -lt $n ]; do
 	printf "rec %08d%-500s" $i "" | dd of=/dev/vda bs=512 seek=$i count=1 iflag=fullblock oflag=direct conv=fsync 2>/dev/null || echo "guest: write error at $i"
@@ -346,8 +327,10 @@ while [ $i -lt $n ]; do
 done
 echo "guest: verified $n records, $bad bad"
 poweroff -f
-`))
-	if err := w.Close(); err != nil {
+`)
+	if errors.Is(err, testguest.ErrMissing) {
+		testfs.SkipOrFail(t, "%v", err)
+	} else if err != nil {
 		t.Fatal(err)
 	}
 	return k, initrd
