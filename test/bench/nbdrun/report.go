@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -18,17 +19,22 @@ const rawKind = "raw"
 type runs struct {
 	cases []string // result.key()
 	kinds []string // servers, without rawKind
+	ref   string   // the kind over which ratios are printed
 	by    map[string]map[string][]result
 }
 
 func report(args []string) error {
-	if len(args) != 1 {
+	fs := flag.NewFlagSet("report", flag.ExitOnError)
+	ref := fs.String("ref", "quiver", "kind whose ratio over each other kind is printed")
+	_ = fs.Parse(args)
+	if fs.NArg() != 1 {
 		return fmt.Errorf("report takes one results file")
 	}
-	rs, err := load(args[0])
+	rs, err := load(fs.Arg(0))
 	if err != nil {
 		return err
 	}
+	rs.ref = *ref
 	rs.table("Server CPU per request (µs, user + system, all threads)", func(r result) (float64, bool) {
 		return perReq(r.CPU*1e6, r.Requests), r.Kind != rawKind
 	}, "%.1f", false)
@@ -93,7 +99,7 @@ func (rs *runs) add(r result) {
 
 // only returns the runs of the cases keep accepts.
 func (rs *runs) only(keep func(result) bool) *runs {
-	out := &runs{by: map[string]map[string][]result{}}
+	out := &runs{by: map[string]map[string][]result{}, ref: rs.ref}
 	rawDone := map[string]bool{}
 	for _, k := range rs.cases {
 		for _, kind := range rs.kinds {
@@ -115,6 +121,16 @@ func (rs *runs) only(keep func(result) bool) *runs {
 	return out
 }
 
+// hasRaw tells whether any case has runs on the file.
+func (rs *runs) hasRaw() bool {
+	for _, k := range rs.cases {
+		if len(rs.raw(k)) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // raw returns the runs on the file for case k (transport, rw, bs, qd).
 func (rs *runs) raw(k string) []result {
 	return rs.by[strings.SplitN(k, "\t", 2)[1]][rawKind]
@@ -128,13 +144,13 @@ func (rs *runs) table(title string, value func(result) (float64, bool), format s
 		return
 	}
 	cols := slices.Clone(rs.kinds)
-	if withRaw {
+	if withRaw && rs.hasRaw() {
 		cols = append(cols, rawKind+" file")
 	}
 	var ratios []string
 	for _, k := range cols {
-		if k != "quiver" && slices.Contains(rs.kinds, "quiver") {
-			ratios = append(ratios, "quiver/"+k)
+		if k != rs.ref && slices.Contains(rs.kinds, rs.ref) {
+			ratios = append(ratios, rs.ref+"/"+k)
 		}
 	}
 	fmt.Printf("\n%s, median [min-max] of the runs:\n\n", title)
@@ -170,8 +186,8 @@ func (rs *runs) table(title string, value func(result) (float64, bool), format s
 			row = append(row, cell)
 		}
 		for _, ratio := range ratios {
-			q, ok1 := med["quiver"]
-			o, ok2 := med[strings.TrimPrefix(ratio, "quiver/")]
+			q, ok1 := med[rs.ref]
+			o, ok2 := med[strings.TrimPrefix(ratio, rs.ref+"/")]
 			if !ok1 || !ok2 || o == 0 {
 				row = append(row, "-")
 				continue
