@@ -75,15 +75,21 @@ func TestBenchCluster(t *testing.T) {
 		pids = append(pids, strconv.Itoa(nd.proc.PID()))
 	}
 
-	// The unreplicated volume first: the replicated one's primary is then
-	// chosen among the same nodes by the same rule (free capacity, the
-	// pools share one filesystem), and is logged.
+	// Both volumes on the same primary: the replicated one first, then the
+	// unreplicated one made again until it lands on that node (placement
+	// picks among nodes of equal free space: the pools share a filesystem).
 	kinds := []string{"replicas=2", "replicas=1"}
 	uris, prims, vols := map[string]string{}, map[string]*node{}, map[string]api.Volume{}
-	for _, kind := range []string{"replicas=1", "replicas=2"} {
+	for _, kind := range []string{"replicas=2", "replicas=1"} {
 		name := "b" + strings.TrimPrefix(kind, "replicas=")
 		r, _ := strconv.Atoi(strings.TrimPrefix(kind, "replicas="))
 		uri, v := c.benchVolume(t, name, r, size)
+		for try := 0; r == 1 && v.Primary != vols["replicas=2"].Primary && try < 20; try++ {
+			if err := c.nodes[0].api().DeleteVolume(context.Background(), name); err != nil {
+				t.Fatal(err)
+			}
+			uri, v = c.benchVolume(t, name, r, size)
+		}
 		uris[kind], prims[kind], vols[kind] = uri, c.byName(v.Primary), v
 		t.Logf("%s: volume %s, copies %s", kind, name, formatCopies(v))
 		c.fio(t, "--name=fill", "--ioengine=nbd", "--uri="+uri, "--rw=write", "--bs=1m", "--iodepth=8",
@@ -91,6 +97,8 @@ func TestBenchCluster(t *testing.T) {
 	}
 
 	results := filepath.Join(t.TempDir(), "results.tsv")
+	inner := map[string][]insideRun{}
+	var innerKeys []string
 	cases := [][3]string{{"randwrite", "4k", "1"}, {"randwrite", "4k", "32"}, {"write", "1m", "8"}}
 	for _, cs := range cases {
 		for round := range rounds {
@@ -103,11 +111,19 @@ func TestBenchCluster(t *testing.T) {
 				cmd := exec.Command("ip", "netns", "exec", c.net.hub, nbdrun, "run", "-out", results, "-kind", kind,
 					"-transport", "tcp", "-pid", strings.Join(pids, ","), "-target", uris[kind], "-rw", cs[0], "-bs", cs[1],
 					"-qd", cs[2], "-runtime", strconv.Itoa(secs), "-size", strconv.FormatInt(size, 10))
+				m0 := c.inside(t, prims[kind], "b"+strings.TrimPrefix(kind, "replicas="))
 				out, err := cmd.CombinedOutput()
 				if err != nil {
 					t.Fatalf("nbdrun: %v\n%s", err, out)
 				}
-				t.Logf("%s", strings.TrimSpace(string(out)))
+				in := c.inside(t, prims[kind], "b"+strings.TrimPrefix(kind, "replicas=")).minus(m0)
+				in.replicated = kind == "replicas=2"
+				key := fmt.Sprintf("%s %s QD%s | %s", cs[0], cs[1], cs[2], kind)
+				if _, ok := inner[key]; !ok {
+					innerKeys = append(innerKeys, key)
+				}
+				inner[key] = append(inner[key], in)
+				t.Logf("%s; on the primary: %s", strings.TrimSpace(string(out)), in)
 				if prof != nil {
 					prof()
 				}
@@ -131,6 +147,13 @@ func TestBenchCluster(t *testing.T) {
 		"disk %d MiB on %s, load average %s at the start and %s at the end\n", runtime.NumCPU(), fioVersion(), gitDescribe(),
 		secs, rounds, size/mib, fsType(c.dir), load, readLoad())
 	b.Write(report)
+	fmt.Fprintf(&b, "\nInside the primary, medians of the runs: writes to its own image (quiver_disk_request_duration_seconds, "+
+		"below the replication), their mean time and mean number in flight (their time summed over the run's wall time); "+
+		"the copy's answers to forwarded writes and flushes (quiver_cluster_replication_latency_seconds), the same:\n\n")
+	fmt.Fprintf(&b, "| case | volume | local writes | mean µs | in flight | copy answers | mean µs | in flight |\n|---|---|---|---|---|---|---|---|\n")
+	for _, k := range innerKeys {
+		fmt.Fprintf(&b, "| %s | %s |\n", k, medianInside(inner[k]))
+	}
 	fmt.Fprintf(&b, "\nGoals (replicas=2 over replicas=1, medians of IOPS or MB/s):\n\n")
 	med := medians(t, results)
 	for _, g := range []struct {
@@ -221,6 +244,82 @@ func (c *cluster) profile(t *testing.T, dir, name string, secs int, nodes ...*no
 			t.Logf("CPU profile of %s during %s (%s):\n%s", nd.name, name, f, out)
 		}
 	}
+}
+
+// insideRun is what a primary's metrics say of one run (deltas), or their
+// totals at a moment.
+type insideRun struct {
+	at                   time.Time
+	writes, writeSeconds float64 // quiver_disk_request_duration_seconds of op write: count, sum
+	copies, copySeconds  float64 // quiver_cluster_replication_latency_seconds: count, sum
+	wall                 float64 // seconds (deltas only)
+	replicated           bool    // copies, copySeconds are this volume's (the metric is the node's)
+}
+
+// inside reads the totals of volume's disk "disk" on its primary nd.
+func (c *cluster) inside(t *testing.T, nd *node, volume string) insideRun {
+	t.Helper()
+	m, err := metricsOf(c, nd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	match := map[string]string{"volume": volume, "disk": "disk", "op": "write"}
+	return insideRun{at: time.Now(),
+		writes:       m.Sum("quiver_disk_request_duration_seconds_count", match),
+		writeSeconds: m.Sum("quiver_disk_request_duration_seconds_sum", match),
+		copies:       m.Sum("quiver_cluster_replication_latency_seconds_count", nil),
+		copySeconds:  m.Sum("quiver_cluster_replication_latency_seconds_sum", nil)}
+}
+
+func (r insideRun) minus(o insideRun) insideRun {
+	return insideRun{writes: r.writes - o.writes, writeSeconds: r.writeSeconds - o.writeSeconds,
+		copies: r.copies - o.copies, copySeconds: r.copySeconds - o.copySeconds, wall: r.at.Sub(o.at).Seconds()}
+}
+
+func (r insideRun) cols() [6]float64 {
+	var c [6]float64
+	c[0] = r.writes
+	if r.writes > 0 {
+		c[1] = r.writeSeconds / r.writes * 1e6
+	}
+	c[2] = r.writeSeconds / r.wall
+	c[3] = r.copies
+	if r.copies > 0 {
+		c[4] = r.copySeconds / r.copies * 1e6
+	}
+	c[5] = r.copySeconds / r.wall
+	return c
+}
+
+func (r insideRun) String() string {
+	c := r.cols()
+	if !r.replicated {
+		return fmt.Sprintf("%.0f local writes, mean %.0f µs, %.1f in flight", c[0], c[1], c[2])
+	}
+	return fmt.Sprintf("%.0f local writes, mean %.0f µs, %.1f in flight; %.0f copy answers, mean %.0f µs, %.1f in flight",
+		c[0], c[1], c[2], c[3], c[4], c[5])
+}
+
+// medianInside formats the median of each column of runs.
+func medianInside(runs []insideRun) string {
+	var out []string
+	for i, f := range []string{"%.0f", "%.0f", "%.1f", "%.0f", "%.0f", "%.1f"} {
+		var v []float64
+		for _, r := range runs {
+			v = append(v, r.cols()[i])
+		}
+		slices.Sort(v)
+		m := v[len(v)/2]
+		if len(v)%2 == 0 {
+			m = (v[len(v)/2-1] + v[len(v)/2]) / 2
+		}
+		if i >= 3 && !runs[0].replicated {
+			out = append(out, "-")
+			continue
+		}
+		out = append(out, fmt.Sprintf(f, m))
+	}
+	return strings.Join(out, " | ")
 }
 
 // fio runs fio with args in the hub namespace.
