@@ -83,13 +83,7 @@ func TestBenchCluster(t *testing.T) {
 	for _, kind := range []string{"replicas=2", "replicas=1"} {
 		name := "b" + strings.TrimPrefix(kind, "replicas=")
 		r, _ := strconv.Atoi(strings.TrimPrefix(kind, "replicas="))
-		uri, v := c.benchVolume(t, name, r, size)
-		for try := 0; r == 1 && v.Primary != vols["replicas=2"].Primary && try < 20; try++ {
-			if err := c.nodes[0].api().DeleteVolume(context.Background(), name); err != nil {
-				t.Fatal(err)
-			}
-			uri, v = c.benchVolume(t, name, r, size)
-		}
+		uri, v := c.benchVolume(t, name, r, size, vols["replicas=2"].Primary)
 		uris[kind], prims[kind], vols[kind] = uri, c.byName(v.Primary), v
 		t.Logf("%s: volume %s, copies %s", kind, name, formatCopies(v))
 		c.fio(t, "--name=fill", "--ioengine=nbd", "--uri="+uri, "--rw=write", "--bs=1m", "--iodepth=8",
@@ -178,14 +172,26 @@ func TestBenchCluster(t *testing.T) {
 }
 
 // benchVolume makes a volume of one disk "disk" of size with replicas
-// copies, attaches it on its primary and returns the disk's NBD URI there.
-func (c *cluster) benchVolume(t *testing.T, name string, replicas int, size int64) (string, api.Volume) {
+// copies; if on is not empty, it makes it again (up to 20 times) until its
+// primary is on. It attaches it on its primary and returns the disk's NBD
+// URI there.
+func (c *cluster) benchVolume(t *testing.T, name string, replicas int, size int64, on string) (string, api.Volume) {
 	t.Helper()
 	ctx := context.Background()
-	v, err := c.nodes[0].api().CreateVolume(ctx, api.VolumeSpec{Name: name, Capacity: size, Replicas: replicas,
-		Disks: []api.DiskSpec{{Name: "disk", Size: size}}})
-	if err != nil {
-		t.Fatal(err)
+	var v api.Volume
+	for try := 0; ; try++ {
+		var err error
+		v, err = c.nodes[0].api().CreateVolume(ctx, api.VolumeSpec{Name: name, Capacity: size, Replicas: replicas,
+			Disks: []api.DiskSpec{{Name: "disk", Size: size}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if on == "" || v.Primary == on || try == 20 {
+			break
+		}
+		if err := c.nodes[0].api().DeleteVolume(ctx, name); err != nil {
+			t.Fatal(err)
+		}
 	}
 	prim := c.byName(v.Primary)
 	att, err := prim.api().Attach(ctx, name, api.AttachmentSpec{Node: "bench"})
@@ -339,7 +345,7 @@ func (c *cluster) fio(t *testing.T, args ...string) {
 func (c *cluster) benchResync(t *testing.T, size int64, write time.Duration) (rate, copied float64, took, total time.Duration) {
 	t.Helper()
 	ctx := context.Background()
-	uri, v := c.benchVolume(t, "rs", 2, size)
+	uri, v := c.benchVolume(t, "rs", 2, size, "")
 	prim, cp := c.byName(v.Primary), c.byName(copyNodes(v)[1])
 	cp.proc.Kill()
 	c.fio(t, "--name=degraded", "--ioengine=nbd", "--uri="+uri, "--rw=randwrite", "--bs=64k", "--iodepth=8",
