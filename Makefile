@@ -32,8 +32,8 @@ run: build
 # size keeps QEMU 7.2 off a TCG migration bug: docs/live-migration.md). The
 # power-cut test runs alone before it: its guests take both cores
 # (docs/durability.md). The cluster test runs alone and without the race
-# detector: its failover cycles (20 kills, 10 partitions, issue 15) take
-# about 5.5 minutes so, and three times as long with three race-built
+# detector: its failover cycles (20 kills with fio verify, 10 partitions,
+# issue 15) take about 6 minutes so, and three times as long with three race-built
 # servers and embedded etcd members (docs/cluster.md, "Tests"); the
 # cluster, replica and forward packages run with it above.
 test: lint
