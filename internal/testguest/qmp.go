@@ -1,4 +1,4 @@
-package migration
+package testguest
 
 import (
 	"bufio"
@@ -10,13 +10,13 @@ import (
 	"time"
 )
 
-// qmpClient speaks the QEMU Machine Protocol over a unix socket: one JSON
+// QMP is a client of the QEMU Machine Protocol over a unix socket: one JSON
 // object per line each way. After the server's greeting the client sends
 // qmp_capabilities to leave negotiation mode; then each command gets exactly
 // one reply, {"return": ...} or {"error": {"class", "desc"}}, carrying the
 // command's "id". Asynchronous events ({"event": ...}) may arrive at any
 // time between replies; they are kept for the failure log.
-type qmpClient struct {
+type QMP struct {
 	mu     sync.Mutex // one command at a time
 	conn   net.Conn
 	r      *bufio.Reader
@@ -36,16 +36,16 @@ type qmpMessage struct {
 	ID json.RawMessage `json:"id"`
 }
 
-// qmpError is a command's {"error": ...} reply.
-type qmpError struct {
+// QMPError is a command's {"error": ...} reply.
+type QMPError struct {
 	Command, Class, Desc string
 }
 
-func (e *qmpError) Error() string { return fmt.Sprintf("QMP %s: %s: %s", e.Command, e.Class, e.Desc) }
+func (e *QMPError) Error() string { return fmt.Sprintf("QMP %s: %s: %s", e.Command, e.Class, e.Desc) }
 
-// dialQMP connects to QEMU's QMP socket, retrying until QEMU has created it
+// DialQMP connects to QEMU's QMP socket, retrying until QEMU has created it
 // or ctx ends, reads the greeting and negotiates capabilities.
-func dialQMP(ctx context.Context, path string) (*qmpClient, error) {
+func DialQMP(ctx context.Context, path string) (*QMP, error) {
 	var conn net.Conn
 	for {
 		var err error
@@ -59,7 +59,7 @@ func dialQMP(ctx context.Context, path string) (*qmpClient, error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	q := &qmpClient{conn: conn, r: bufio.NewReaderSize(conn, 1<<16)}
+	q := &QMP{conn: conn, r: bufio.NewReaderSize(conn, 1<<16)}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetReadDeadline(dl)
 	}
@@ -72,14 +72,14 @@ func dialQMP(ctx context.Context, path string) (*qmpClient, error) {
 		conn.Close()
 		return nil, fmt.Errorf("QMP greeting: unexpected message")
 	}
-	if err := q.execute(ctx, "qmp_capabilities", nil, nil); err != nil {
+	if err := q.Execute(ctx, "qmp_capabilities", nil, nil); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	return q, nil
 }
 
-func (q *qmpClient) read() (*qmpMessage, error) {
+func (q *QMP) read() (*qmpMessage, error) {
 	line, err := q.r.ReadBytes('\n')
 	if err != nil {
 		return nil, err
@@ -91,9 +91,9 @@ func (q *qmpClient) read() (*qmpMessage, error) {
 	return m, nil
 }
 
-// execute runs one command with args (nil for none) and decodes its return
+// Execute runs one command with args (nil for none) and decodes its return
 // value into out (nil to discard it). The deadline is ctx's, at most 30 s.
-func (q *qmpClient) execute(ctx context.Context, command string, args, out any) error {
+func (q *QMP) Execute(ctx context.Context, command string, args, out any) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -128,7 +128,7 @@ func (q *qmpClient) execute(ctx context.Context, command string, args, out any) 
 			return fmt.Errorf("QMP %s: reply for id %s, want %s", command, m.ID, id)
 		}
 		if m.Error != nil {
-			return &qmpError{Command: command, Class: m.Error.Class, Desc: m.Error.Desc}
+			return &QMPError{Command: command, Class: m.Error.Class, Desc: m.Error.Desc}
 		}
 		if out == nil {
 			return nil
@@ -140,11 +140,12 @@ func (q *qmpClient) execute(ctx context.Context, command string, args, out any) 
 	}
 }
 
-// eventLog returns the events seen so far, one per line.
-func (q *qmpClient) eventLog() []string {
+// Events returns the events seen so far, one per line.
+func (q *QMP) Events() []string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return append([]string(nil), q.events...)
 }
 
-func (q *qmpClient) close() error { return q.conn.Close() }
+// Close closes the connection (QEMU goes on running).
+func (q *QMP) Close() error { return q.conn.Close() }
