@@ -214,6 +214,7 @@ func Run(ctx context.Context, cfg Config) error {
 		defer func() { rcancel(); <-resyncDone }()
 		exports = replicatedExports{Exports: exports, node: node, log: log, sets: sets}
 		handler.Replicated = sets
+		handler.Drainer = sets
 	}
 	nbdSrv := nbd.NewServer(exports, cfg.NBD)
 	handler.Mount("GET /metrics", m.Handler())
