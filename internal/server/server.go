@@ -203,6 +203,14 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 		defer node.Close()
+		// Tokens and tenants live in etcd, the same on every node
+		// (docs/security.md, "Tenants on a cluster").
+		sctx, scancel := context.WithCancel(context.Background())
+		defer scancel()
+		if err := store.Share(sctx, node.TokenStore(), log); err != nil {
+			closeAll()
+			return err
+		}
 		handler.Cluster = node
 		m.Register(node.Collector())
 		rm := newReplMetrics()
