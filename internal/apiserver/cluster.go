@@ -56,7 +56,7 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 		}
 		out.Items = append(out.Items, api.Node{Name: n.Name, Address: n.API, NBD: n.NBD, State: state,
 			FailureDomain: n.FailureDomain, CapacityBytes: n.TotalBytes, FreeBytes: n.FreeBytes, Volumes: n.Volumes,
-			Self: n.Name == s.Cluster.Name()})
+			Self: n.Name == s.Cluster.Name(), Drain: n.Drain})
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -19,6 +19,8 @@ var (
 	ErrNameTaken = errors.New("node name taken")
 	// ErrNotEnoughNodes: fewer eligible nodes than the replicas asked.
 	ErrNotEnoughNodes = errors.New("not enough nodes")
+	// ErrNodeNotFound: no member of that name.
+	ErrNodeNotFound = errors.New("node not found in the cluster")
 	// ErrVolumeExists: a volume of that name is placed already.
 	ErrVolumeExists = errors.New("volume already exists in the cluster")
 	// ErrVolumeNotFound: no volume of that name is placed.

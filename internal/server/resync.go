@@ -65,6 +65,7 @@ func (r *replicaSets) resyncLoop(ctx context.Context) {
 			if p.Primary != me || p.Deleting || p.Replicas <= 1 {
 				continue
 			}
+			r.forgetRemoved(name, p)
 			for _, c := range p.Copies {
 				rebuild := c.State == cluster.CopyRebuilding
 				if c.Node == me || (c.State != cluster.CopyDegraded && c.State != cluster.CopyResyncing && !rebuild) {

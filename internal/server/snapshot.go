@@ -33,10 +33,17 @@ func (r *replicaSets) Snapshot(ctx context.Context, volume, name string, idem po
 	if err != nil {
 		return pool.SnapshotInfo{}, false, err
 	}
+	// Thaw before release: the last release closes a Set, which takes
+	// its gate (a volume with no open handle: the snapshot's Sets are the
+	// only users, and releasing them frozen hung the request).
 	var thaws []func()
+	var ents []*setEntry
 	defer func() {
 		for _, t := range thaws {
 			t()
+		}
+		for _, e := range ents {
+			r.release(e)
 		}
 	}()
 	for _, d := range v.Info().Disks {
@@ -44,7 +51,7 @@ func (r *replicaSets) Snapshot(ctx context.Context, volume, name string, idem po
 		if err != nil {
 			return pool.SnapshotInfo{}, false, err
 		}
-		defer r.release(ent)
+		ents = append(ents, ent)
 		thaws = append(thaws, ent.set.Freeze())
 	}
 	// Frozen: read the in-sync set again, as etcd has it now.
