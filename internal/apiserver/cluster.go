@@ -184,10 +184,9 @@ const (
 )
 
 // replicatedGuards are the routes on one volume that a replicated volume
-// restricts. Snapshots go through the primary, which takes them on every
-// copy at one cut (Replicated); rollback and disk changes must too
-// (docs/cluster.md), which is not built yet: refused rather than applied to
-// one copy.
+// restricts. Snapshots and rollback go through the primary, which applies
+// them to every copy at one cut (Replicated). A route marked notYetBuilt
+// (disk changes) would change one copy only: refused.
 var replicatedGuards = map[string]replicatedGuard{
 	"POST /v1/volumes/{volume}/attachments":             onPrimary,
 	"POST /v1/volumes/{volume}/attachments/{id}/writer": onPrimary,
@@ -196,7 +195,7 @@ var replicatedGuards = map[string]replicatedGuard{
 	"DELETE /v1/volumes/{volume}/disks/{disk}":          notYetBuilt,
 	"POST /v1/volumes/{volume}/snapshots":               onPrimary,
 	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  onPrimary,
-	"POST /v1/volumes/{volume}/rollback":                notYetBuilt,
+	"POST /v1/volumes/{volume}/rollback":                onPrimary,
 }
 
 func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
@@ -229,6 +228,8 @@ func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, 
 type Replicated interface {
 	Snapshot(ctx context.Context, volume, name string, idem pool.Idempotency, prog pool.Progress) (pool.SnapshotInfo, bool, error)
 	DeleteSnapshot(ctx context.Context, volume, name string) error
+	// Rollback releases h.
+	Rollback(ctx context.Context, h *pool.Hold, volume, snapshot string, force bool, prog pool.Progress) (pool.VolumeInfo, error)
 }
 
 // replicated says whether volume is a cluster volume with more than one

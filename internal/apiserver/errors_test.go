@@ -58,6 +58,7 @@ func TestToError(t *testing.T) {
 		{"not primary", fmt.Errorf("attach: %w", cluster.ErrNotPrimary), http.StatusConflict, api.CodeNotPrimary, ""},
 		{"not built for replicas", fmt.Errorf("snapshot: %w", cluster.ErrNotSupported), http.StatusUnprocessableEntity, api.CodeNotSupported, ""},
 		{"a copy out of sync", fmt.Errorf("snapshot: %w", cluster.ErrDegraded), http.StatusConflict, api.CodeDegraded, ""},
+		{"a copy lacking a snapshot", fmt.Errorf("rollback: %w", cluster.ErrCopyMismatch), http.StatusConflict, api.CodeCopyMismatch, ""},
 		{"etcd unavailable", fmt.Errorf("%w: %w", errUnavailable, errors.New("context deadline exceeded")), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"quota", fmt.Errorf("tenant %q: quota volumes is 3: %w", "acme", auth.ErrQuota), http.StatusForbidden, api.CodeQuota, ""},
 		{"forbidden", fmt.Errorf("a monitor token may not change volumes: %w", auth.ErrForbidden), http.StatusForbidden, api.CodeForbidden, ""},

@@ -450,6 +450,10 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
+	rep, err := s.replicated(r, v.Name())
+	if err != nil {
+		return err
+	}
 	h, err := v.Hold("rollback") // a busy volume is a 409, not a failed job
 	if err != nil {
 		return err
@@ -457,7 +461,11 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) error {
 	var info pool.VolumeInfo
 	return s.runJob(w, r, "rollback", v.Name()+"@"+spec.Snapshot, 1, func(ctx context.Context, j *job.Job) error {
 		var err error
-		info, err = h.Rollback(ctx, spec.Snapshot, force, j)
+		if rep { // every copy at one cut
+			info, err = s.Replicated.Rollback(ctx, h, v.Name(), spec.Snapshot, force, j)
+		} else {
+			info, err = h.Rollback(ctx, spec.Snapshot, force, j)
+		}
 		return err
 	}, func() error {
 		writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
