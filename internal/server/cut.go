@@ -185,6 +185,62 @@ func (r *replicaSets) Rollback(ctx context.Context, h *pool.Hold, volume, snapsh
 	return info, nil
 }
 
+// AddDisk adds an empty disk to a replicated volume on every copy at one
+// cut (pool.Volume.AddDiskWith here first; durable on return).
+func (r *replicaSets) AddDisk(ctx context.Context, volume string, d pool.DiskSpec, idem pool.Idempotency) (pool.VolumeInfo, error) {
+	return r.diskChange(ctx, volume, "add disk "+d.Name+" to "+volume, nil, func(v *pool.Volume) (pool.VolumeInfo, cluster.Op, error) {
+		info, err := v.AddDiskWith(ctx, d, idem)
+		return info, cluster.Op{Kind: cluster.OpAddDisk, Name: d.Name, Disk: &api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared}}, err
+	})
+}
+
+// GrowDisk grows a disk of a replicated volume on every copy at one cut.
+// A client connected before sees the old size until it connects again
+// (NBD gives the size at the handshake).
+func (r *replicaSets) GrowDisk(ctx context.Context, volume, disk string, size int64) (pool.VolumeInfo, error) {
+	return r.diskChange(ctx, volume, "grow disk "+disk+" of "+volume, []string{disk}, func(v *pool.Volume) (pool.VolumeInfo, cluster.Op, error) {
+		info, err := v.GrowDisk(ctx, disk, size)
+		return info, cluster.Op{Kind: cluster.OpGrowDisk, Name: disk, Disk: &api.DiskSpec{Name: disk, Size: size}}, err
+	})
+}
+
+// RemoveDisk removes a disk of a replicated volume on every copy at one
+// cut; while writers are connected it is refused (pool.ErrInUse) unless
+// force.
+func (r *replicaSets) RemoveDisk(ctx context.Context, volume, disk string, force bool) (pool.VolumeInfo, error) {
+	return r.diskChange(ctx, volume, "remove disk "+disk+" of "+volume, []string{disk}, func(v *pool.Volume) (pool.VolumeInfo, cluster.Op, error) {
+		info, err := v.RemoveDiskWith(ctx, disk, force)
+		return info, cluster.Op{Kind: cluster.OpRemoveDisk, Name: disk, Disk: &api.DiskSpec{Name: disk}}, err
+	})
+}
+
+// diskChange runs local, a change of this copy's disks, at the cut, then
+// the same change on every in-sync copy (applyAtCut). A local change that
+// changed nothing (an idempotent retry, a grow to the same size) is still
+// sent: the copies answer it the same way.
+func (r *replicaSets) diskChange(ctx context.Context, volume, what string, reset []string,
+	local func(v *pool.Volume) (pool.VolumeInfo, cluster.Op, error)) (pool.VolumeInfo, error) {
+	v, err := r.pool.Volume(volume)
+	if err != nil {
+		return pool.VolumeInfo{}, err
+	}
+	var info pool.VolumeInfo
+	err = r.atCut(ctx, volume, what, func() []string { return reset }, func(ctx context.Context, cs *cutState) error {
+		var op cluster.Op
+		var err error
+		if info, op, err = local(v); err != nil {
+			return err
+		}
+		op.Capacity = info.Capacity
+		return r.applyAtCut(ctx, volume, cs, op, info.Disks)
+	})
+	if err != nil {
+		return pool.VolumeInfo{}, err
+	}
+	r.log.Info("disks changed on every copy", "volume", volume, "op", what)
+	return info, nil
+}
+
 // diskNames lists the names of before and after that differ (a disk in one
 // only, or of another size), sorted.
 func diskNames(before, after []pool.DiskInfo) []string {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/quiverstorage/quiver/internal/cluster"
@@ -29,6 +30,26 @@ func applyCutOp(ctx context.Context, v *pool.Volume, op cluster.Op) error {
 			return nil
 		}
 		_, err = v.RollbackWith(ctx, op.Name, true, nil)
+		return err
+	case cluster.OpAddDisk, cluster.OpGrowDisk, cluster.OpRemoveDisk:
+		if op.Disk == nil {
+			return fmt.Errorf("operation %q without a disk", op.Kind)
+		}
+		if err := growCapacity(ctx, v, op.Capacity); err != nil {
+			return err
+		}
+		d := pool.DiskSpec{Name: op.Disk.Name, Size: op.Disk.Size, Shared: op.Disk.Shared}
+		var err error
+		switch op.Kind {
+		case cluster.OpAddDisk:
+			_, err = v.AddDiskWith(ctx, d, pool.Idempotency{SameSpec: true})
+		case cluster.OpGrowDisk:
+			_, err = v.GrowDisk(ctx, d.Name, d.Size)
+		default:
+			if _, err = v.RemoveDiskWith(ctx, d.Name, true); errors.Is(err, pool.ErrDiskNotFound) {
+				err = nil
+			}
+		}
 		return err
 	case cluster.OpConformDisks:
 		return conformDisks(ctx, v, op)

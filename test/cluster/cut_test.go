@@ -22,7 +22,9 @@ import (
 // 2-disk volume leaves both copies of every disk byte-identical and equal
 // to the snapshot, I/O of a client connected across it goes on to both
 // copies, and a copy lacking the snapshot refuses the rollback with nothing
-// changed; a copy that fails the rollback (its filesystem full) is recorded
+// changed; disk grow, add and remove change every copy (each copy's disks,
+// its images and the spec in etcd the same), with a client connected across
+// the grow; a copy that fails a rollback (its filesystem full) is recorded
 // degraded and later resynced whole, back to the snapshot.
 func TestReplicatedCut(t *testing.T) {
 	testfs.RequireTool(t, "qemu-io")
@@ -160,6 +162,73 @@ func TestReplicatedCut(t *testing.T) {
 		t.Logf("rollback subtest: %v", time.Since(start).Round(time.Millisecond))
 	})
 
+	t.Run("disks", func(t *testing.T) {
+		start := time.Now()
+		cl, err := replica.DialNBD(ctx, c.net.dial, prim.ip+":10809", "cut/d0/"+att.Token, 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		if _, err := cp.api().GrowDisk(ctx, "cut", "d0", 8*mib); client.Code(err) != api.CodeNotPrimary {
+			t.Errorf("grow on the copy's node: %v", err)
+		}
+		if _, err := prim.api().GrowDisk(ctx, "cut", "d0", 8*mib); err != nil {
+			t.Fatal(err)
+		}
+		disksEqual(t, c, "cut", copies, map[string]int64{"d0": 8 * mib, "d1": diskSize})
+		// The client connected before the grow keeps the size it was
+		// given at its handshake (NBD has no resize notice) and writes on;
+		// a new connection sees the new size and writes beyond the old end.
+		if cl.Size() != diskSize {
+			t.Errorf("connected client: size %d, want the old %d", cl.Size(), diskSize)
+		}
+		block := make([]byte, 64<<10)
+		for i := range block {
+			block[i] = 0xdd
+		}
+		if err := cl.WriteAt(block, diskSize-int64(len(block)), true); err != nil {
+			t.Fatalf("write of the client connected across the grow: %v", err)
+		}
+		c.qemuIO(t, uri("d0"), "write -P 0xee 6M 1M", "flush")
+		for _, nd := range copies {
+			if !allBytes(fileBytes(t, nd, "cut", "d0", diskSize-int64(len(block)), int64(len(block))), 0xdd) ||
+				!allBytes(fileBytes(t, nd, "cut", "d0", 6*mib, mib), 0xee) {
+				t.Errorf("%s lacks a write acknowledged after the grow", nd.name)
+			}
+		}
+
+		if _, err := prim.api().AddDisk(ctx, "cut", api.DiskSpec{Name: "d2", Size: 2 * mib}); err != nil {
+			t.Fatal(err)
+		}
+		disksEqual(t, c, "cut", copies, map[string]int64{"d0": 8 * mib, "d1": diskSize, "d2": 2 * mib})
+		c.qemuIO(t, uri("d2"), "write -P 0x2a 0 2M", "flush")
+
+		if _, err := prim.api().RemoveDisk(ctx, "cut", "d1"); client.Code(err) != api.CodeInUse {
+			t.Errorf("remove with a writer connected, without force: %v", err)
+		}
+		cl.Close()
+		if _, err := prim.api().RemoveDisk(ctx, "cut", "d1"); err != nil {
+			t.Fatal(err)
+		}
+		disksEqual(t, c, "cut", copies, map[string]int64{"d0": 8 * mib, "d2": 2 * mib})
+		for _, nd := range copies {
+			if _, err := os.Stat(filepath.Join(nd.pool, "volumes", "cut", "disks", "d1.img")); err == nil {
+				t.Errorf("%s still holds the removed disk's image", nd.name)
+			}
+		}
+		sums("d0", "d2")
+		copyStates(t, prim, "cut", api.CopyInSync)
+		// Clones of a replicated volume are not built: refused, not made
+		// unplaced from one copy.
+		for _, nd := range c.nodes {
+			_, err := nd.api().Clone(ctx, api.CloneSpec{Source: api.Source{Volume: "cut", Snapshot: "a"}, Names: []string{"cl"}})
+			if client.Code(err) != api.CodeNotSupported {
+				t.Errorf("clone of a replicated volume on %s: %v", nd.name, err)
+			}
+		}
+		t.Logf("disks subtest: %v", time.Since(start).Round(time.Millisecond))
+	})
+
 	t.Run("copy fails", func(t *testing.T) {
 		// A copy that fails the rollback (its filesystem is full) is
 		// recorded degraded, never left in sync and divergent; once it
@@ -233,4 +302,47 @@ func copyStates(t *testing.T, prim *node, volume, state string) {
 			t.Errorf("copy on %s: %s (%s), want %s", cc.Node, cc.State, cc.Reason, state)
 		}
 	}
+}
+
+// disksEqual checks that each copy's volume (as its own node shows it), its
+// images and the placement's spec (as the node without a copy shows it)
+// hold exactly want.
+func disksEqual(t *testing.T, c *cluster, volume string, copies []*node, want map[string]int64) {
+	t.Helper()
+	ctx := context.Background()
+	check := func(who string, disks []api.Disk) {
+		got := map[string]int64{}
+		for _, d := range disks {
+			got[d.Name] = d.Size
+		}
+		if len(got) != len(want) {
+			t.Errorf("%s: disks %v, want %v", who, got, want)
+			return
+		}
+		for n, s := range want {
+			if got[n] != s {
+				t.Errorf("%s: disks %v, want %v", who, got, want)
+				return
+			}
+		}
+	}
+	for _, nd := range copies {
+		v, err := nd.api().GetVolume(ctx, volume)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(nd.name+"'s copy", v.Disks)
+		for n, s := range want {
+			fi, err := os.Stat(filepath.Join(nd.pool, "volumes", volume, "disks", n+".img"))
+			if err != nil || fi.Size() != s {
+				t.Errorf("%s: image of %s: %v (size %v), want %d", nd.name, n, err, fi, s)
+			}
+		}
+	}
+	other := c.other(copies...)
+	v, err := other.api().GetVolume(ctx, volume)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("the placement's spec (on "+other.name+")", v.Disks)
 }
