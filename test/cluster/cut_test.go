@@ -334,8 +334,10 @@ func disksEqual(t *testing.T, c *cluster, volume string, copies []*node, want ma
 		check(nd.name+"'s copy", v.Disks)
 		for n, s := range want {
 			fi, err := os.Stat(filepath.Join(nd.pool, "volumes", volume, "disks", n+".img"))
-			if err != nil || fi.Size() != s {
-				t.Errorf("%s: image of %s: %v (size %v), want %d", nd.name, n, err, fi, s)
+			if err != nil {
+				t.Errorf("%s: image of %s: %v", nd.name, n, err)
+			} else if fi.Size() != s {
+				t.Errorf("%s: image of %s: %d bytes, want %d", nd.name, n, fi.Size(), s)
 			}
 		}
 	}
