@@ -410,6 +410,7 @@ const (
 	CodeNotSupported   = "NotSupported"     // 422: not built for replicated volumes yet
 	CodeDegraded       = "Degraded"         // 409: a copy is out of sync; wait for its resync
 	CodeWrongNode      = "WrongNode"        // 409: ask another node (the message names it and its address)
+	CodeCopyMismatch   = "CopyMismatch"     // 409: a copy lacks what the operation needs (the message names it)
 	CodeInternal       = "Internal"         // 500
 	CodeForbidden      = "Forbidden"        // 403: the token's role does not allow it
 	CodeQuota          = "QuotaExceeded"    // 403: a tenant quota would be exceeded (the message names it)

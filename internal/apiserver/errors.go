@@ -57,6 +57,7 @@ var errorMapping = []struct {
 	{cluster.ErrDegraded, http.StatusConflict, api.CodeDegraded},
 	{cluster.ErrNodeNotFound, http.StatusNotFound, api.CodeNotFound},
 	{errWrongNode, http.StatusConflict, api.CodeWrongNode},
+	{cluster.ErrCopyMismatch, http.StatusConflict, api.CodeCopyMismatch},
 	{errUnavailable, http.StatusServiceUnavailable, api.CodeUnavailable},
 }
 

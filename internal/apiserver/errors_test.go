@@ -60,6 +60,7 @@ func TestToError(t *testing.T) {
 		{"a copy out of sync", fmt.Errorf("snapshot: %w", cluster.ErrDegraded), http.StatusConflict, api.CodeDegraded, ""},
 		{"no such node", fmt.Errorf("drain n9: %w", cluster.ErrNodeNotFound), http.StatusNotFound, api.CodeNotFound, ""},
 		{"a drain sent to another node", fmt.Errorf("drain n1: %w", errWrongNode), http.StatusConflict, api.CodeWrongNode, ""},
+		{"a copy lacking a snapshot", fmt.Errorf("rollback: %w", cluster.ErrCopyMismatch), http.StatusConflict, api.CodeCopyMismatch, ""},
 		{"etcd unavailable", fmt.Errorf("%w: %w", errUnavailable, errors.New("context deadline exceeded")), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"quota", fmt.Errorf("tenant %q: quota volumes is 3: %w", "acme", auth.ErrQuota), http.StatusForbidden, api.CodeQuota, ""},
 		{"forbidden", fmt.Errorf("a monitor token may not change volumes: %w", auth.ErrForbidden), http.StatusForbidden, api.CodeForbidden, ""},

@@ -40,4 +40,7 @@ var (
 	// ErrDegraded: the operation needs every copy in sync (a snapshot
 	// would be missing on the copy out of sync).
 	ErrDegraded = errors.New("a copy of the volume is out of sync")
+	// ErrCopyMismatch: a copy lacks what the operation needs (the
+	// snapshot a rollback goes to); nothing was changed.
+	ErrCopyMismatch = errors.New("a copy does not match the primary")
 )

@@ -176,6 +176,13 @@ func (r *replicaSets) resync(ctx context.Context, volume, node string, p cluster
 		}
 		return err
 	}
+	if target.Whole || rebuild {
+		// It may have missed a change of the disks at the cut (cut.go),
+		// or been made from an older spec.
+		if err := r.conform(ctx, v, node, role.Term); err != nil {
+			return fail(err)
+		}
+	}
 	var rs []*replica.Resync
 	var total int64
 	var locals []pool.Disk
