@@ -13,7 +13,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/client"
-	"github.com/quiverstorage/quiver/internal/replica"
+	"github.com/quiverstorage/quiver/internal/nbdclient"
 	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
@@ -91,7 +91,7 @@ func TestReplicatedCut(t *testing.T) {
 		if b["d0"] == a["d0"] || b["d1"] == a["d1"] {
 			t.Fatal("B did not change the disks")
 		}
-		cl, err := replica.DialNBD(ctx, c.net.dial, prim.ip+":10809", "cut/d0/"+att.Token, 30*time.Second)
+		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "cut/d0/"+att.Token, nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +164,7 @@ func TestReplicatedCut(t *testing.T) {
 
 	t.Run("disks", func(t *testing.T) {
 		start := time.Now()
-		cl, err := replica.DialNBD(ctx, c.net.dial, prim.ip+":10809", "cut/d0/"+att.Token, 30*time.Second)
+		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "cut/d0/"+att.Token, nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
