@@ -224,16 +224,11 @@ func (c *conn) send(bufs [][]byte) error {
 	return err
 }
 
-// rawSendMax is the most one sendmsg sends: a 1 MiB READ reply with its
-// header, so that the commonest large reply goes out in one call (about
-// 230 us over TCP loopback, the receiver's side included). Cut into 256 KiB
-// calls, a 1 MiB reply ended in a separate 28-byte segment, the sender
-// spent 10% more CPU, and a receiver like libnbd (header, then data,
-// non-blocking recv and poll) woke 0.96 times per MiB instead of 0.30
-// (go run ./test/bench/sendshape; docs/benchmarks.md). Longer replies still
-// go in pieces: a raw call holds its P, and a garbage collection waits for
-// every P, so one such call may hold a collection up by its length.
-const rawSendMax = 1<<20 + replyRoom
+// rawSendMax is the most one sendmsg sends (about 60 us of copying). A
+// whole 1 MiB READ reply in one call was measured over TCP and not kept:
+// the client's CPU per request fell and the server's rose by about as much
+// (issue 18 in docs/benchmarks.md, test/bench/sendshape).
+const rawSendMax = 256 << 10
 
 func (s *sender) write(fd uintptr) bool {
 	for {

@@ -6,7 +6,9 @@
 // buffered). It prints, per MiB, the sending thread's CPU time, the
 // receiving thread's, and how often the receiver had to poll (each poll is a
 // sleep and a wake-up). The strategies take turns, 200 replies at a time, 30
-// times. It measures; it asserts nothing.
+// times. It measures; it asserts nothing. In this setting one sendmsg per
+// reply costs the sender less; in the server, under fio, it moved CPU from
+// the client to the server instead (docs/benchmarks.md, issue 18).
 //
 //	go run ./test/bench/sendshape
 //
