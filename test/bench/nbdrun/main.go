@@ -12,7 +12,12 @@
 // several processes, comma-separated, e.g. the nodes of a cluster: their
 // sums). CPU time is utime +
 // stime of /proc/PID/stat (every thread, exited ones included) read before
-// fio starts and after it exits. Context switches are voluntary +
+// fio starts and after it exits. The client's CPU time is fio's own
+// (usr_cpu + sys_cpu of its job): on loopback the kernel runs the receiving
+// side of a transfer partly in the sender's system calls and partly in the
+// receiver's, so a server can look cheaper by leaving more of that work to
+// the client, and the sum of the two is what the machine pays per request.
+// Context switches are voluntary +
 // nonvoluntary of every /proc/PID/task/*/status, polled every 20 ms while
 // fio runs: /proc keeps no total for exited threads, and nbdkit runs each
 // connection in threads that exit with it, so what such a thread did in its
@@ -70,6 +75,7 @@ type result struct {
 	IOPS, BW                float64 // requests and bytes per second (fio)
 	Requests                int64   // requests fio completed
 	CPU                     float64 // server CPU seconds (user + system) over the run; 0 without a server
+	ClientCPU               float64 // fio's CPU seconds (user + system) over the run
 	Switches                int64   // server context switches over the run
 	P50, P99                float64 // total latency percentiles, microseconds (fio)
 }
@@ -168,14 +174,14 @@ poll:
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(f, "%s\t%s\t%.0f\t%.0f\t%d\t%.4f\t%d\t%.1f\t%.1f\n", r.Kind, r.key(),
-		r.IOPS, r.BW, r.Requests, r.CPU, r.Switches, r.P50, r.P99)
+	fmt.Fprintf(f, "%s\t%s\t%.0f\t%.0f\t%d\t%.4f\t%d\t%.1f\t%.1f\t%.4f\n", r.Kind, r.key(),
+		r.IOPS, r.BW, r.Requests, r.CPU, r.Switches, r.P50, r.P99, r.ClientCPU)
 	if err := f.Close(); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "%-14s %-4s %-9s %-2s QD%-2d %8.0f IOPS %6.0f MB/s %7.1f us CPU/req %5.2f cs/req p50 %.1f p99 %.1f us\n",
+	fmt.Fprintf(os.Stderr, "%-14s %-4s %-9s %-2s QD%-2d %8.0f IOPS %6.0f MB/s %7.1f us CPU/req %5.2f cs/req p50 %.1f p99 %.1f us, client %.1f us CPU/req\n",
 		r.Kind, r.Transport, r.RW, r.BS, r.QD, r.IOPS, r.BW/1e6, perReq(r.CPU*1e6, r.Requests),
-		perReq(float64(r.Switches), r.Requests), r.P50, r.P99)
+		perReq(float64(r.Switches), r.Requests), r.P50, r.P99, perReq(r.ClientCPU*1e6, r.Requests))
 	return nil
 }
 
@@ -212,8 +218,11 @@ func parseFio(out []byte, r *result) error {
 	}
 	var j struct {
 		Jobs []struct {
-			Read  side `json:"read"`
-			Write side `json:"write"`
+			Read    side    `json:"read"`
+			Write   side    `json:"write"`
+			Runtime float64 `json:"job_runtime"` // ms
+			UsrCPU  float64 `json:"usr_cpu"`     // percent of the runtime
+			SysCPU  float64 `json:"sys_cpu"`
 		} `json:"jobs"`
 	}
 	if err := json.Unmarshal(out[i:], &j); err != nil {
@@ -230,6 +239,8 @@ func parseFio(out []byte, r *result) error {
 		return errors.New("fio did no I/O")
 	}
 	r.IOPS, r.BW, r.Requests = s.IOPS, s.BW, s.TotalIOs
+	job := j.Jobs[0]
+	r.ClientCPU = (job.UsrCPU + job.SysCPU) / 100 * job.Runtime / 1e3
 	r.P50 = s.Lat.Percentile["50.000000"] / 1e3
 	r.P99 = s.Lat.Percentile["99.000000"] / 1e3
 	return nil

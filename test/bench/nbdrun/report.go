@@ -41,6 +41,9 @@ func report(args []string) error {
 	rs.table("Server context switches per request (voluntary + nonvoluntary, all threads)", func(r result) (float64, bool) {
 		return perReq(float64(r.Switches), r.Requests), r.Kind != rawKind
 	}, "%.2f", false)
+	rs.table("Client CPU per request (µs, fio's user + system; on loopback the receiving side of TCP runs partly in the sender's context and partly in the receiver's)", func(r result) (float64, bool) {
+		return perReq(r.ClientCPU*1e6, r.Requests), r.Kind != rawKind && r.ClientCPU > 0
+	}, "%.1f", false)
 	rs.table("Throughput (IOPS for 4k, MB/s for 1m; raw file: psync at QD1, io_uring above)", func(r result) (float64, bool) {
 		if r.BS == "4k" {
 			return r.IOPS, true
@@ -223,11 +226,11 @@ func bsBytes(bs string) int64 {
 
 func parseLine(line string) (result, error) {
 	f := strings.Split(line, "\t")
-	if len(f) != 12 {
-		return result{}, fmt.Errorf("%d fields, want 12", len(f))
+	if len(f) != 12 && len(f) != 13 { // the 13th, the client's CPU, came later
+		return result{}, fmt.Errorf("%d fields, want 13", len(f))
 	}
 	var r result
-	var errs [8]error
+	var errs [9]error
 	r.Kind, r.Transport, r.RW, r.BS = f[0], f[1], f[2], f[3]
 	r.QD, errs[0] = strconv.Atoi(f[4])
 	r.IOPS, errs[1] = strconv.ParseFloat(f[5], 64)
@@ -237,6 +240,9 @@ func parseLine(line string) (result, error) {
 	r.Switches, errs[5] = strconv.ParseInt(f[9], 10, 64)
 	r.P50, errs[6] = strconv.ParseFloat(f[10], 64)
 	r.P99, errs[7] = strconv.ParseFloat(f[11], 64)
+	if len(f) == 13 {
+		r.ClientCPU, errs[8] = strconv.ParseFloat(f[12], 64)
+	}
 	for _, err := range errs {
 		if err != nil {
 			return result{}, err
