@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -111,7 +112,14 @@ func (n *Node) collectStaleOnce(ctx context.Context, logged map[string]string) {
 		if !v.Delete {
 			if logged[lc.Name] != v.Reason {
 				logged[lc.Name] = v.Reason
-				n.log.Info("local volume kept", "volume", lc.Name, "uid", lc.UID, "why", v.Reason)
+				// Info for what a reader may wonder about: a volume etcd
+				// does not know, or one left for now; the copies placed
+				// here are the common case.
+				level := slog.LevelDebug
+				if v.Retry || rec == nil {
+					level = slog.LevelInfo
+				}
+				n.log.Log(ctx, level, "local volume kept", "volume", lc.Name, "uid", lc.UID, "why", v.Reason)
 			}
 			continue
 		}
