@@ -1,8 +1,11 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"testing"
+
+	"github.com/quiverstorage/quiver/internal/api"
 )
 
 // TestStaleCopy: the stale-copy decision deletes only a cluster-made copy
@@ -58,5 +61,47 @@ func TestStaleCopy(t *testing.T) {
 				t.Fatalf("verdict %+v: want delete %v, retry %v, and a reason", v, tc.del, tc.retry)
 			}
 		})
+	}
+}
+
+// TestCollectStale runs the check on a node against etcd: a local copy of a
+// volume placed on two other nodes is kept while etcd cannot be read (a
+// cancelled read) and deleted once it can; a local volume etcd does not
+// know and the placed copies stay.
+func TestCollectStale(t *testing.T) {
+	tc := startCluster(t) // n1: least free bytes, never placed here
+	stores := map[string]*memStore{"n2": newMemStore(), "n3": newMemStore()}
+	stores["n2"].free, stores["n3"].free = 90<<30, 80<<30
+	n2 := tc.join(t, tc.config(t, "n2"), stores["n2"])
+	tc.join(t, tc.config(t, "n3"), stores["n3"])
+	ctx := context.Background()
+	if _, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "two", Capacity: 1 << 30, Replicas: 2}, "",
+		func(bool, string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	local := tc.first.store.(*memStore)
+	local.mu.Lock()
+	local.vols["two"], local.vols["mine"] = "stale-uid", "mine-uid"
+	local.mu.Unlock()
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	tc.first.collectStaleOnce(cancelled, map[string]string{})
+	if !local.has("two") {
+		t.Fatal("the stale copy was deleted while etcd could not be read")
+	}
+	tc.first.collectStaleOnce(ctx, map[string]string{})
+	if local.has("two") {
+		t.Fatal("the stale copy of a volume placed on n2 and n3, both in sync, is still here")
+	}
+	if !local.has("mine") {
+		t.Fatal("a volume etcd does not know was deleted")
+	}
+	n2.collectStaleOnce(ctx, map[string]string{})
+	if !stores["n2"].has("two") {
+		t.Fatal("n2 deleted its placed copy")
+	}
+	if got := tc.first.staleDeleted.Load(); got != 1 {
+		t.Fatalf("stale copies deleted: %d, want 1", got)
 	}
 }
