@@ -106,7 +106,9 @@ func (n *Node) collectStale(ctx context.Context) {
 // it changed since the last check of that volume.
 func (n *Node) collectStaleOnce(ctx context.Context, logged map[string]string) {
 	me := n.cfg.NodeName
+	here := map[string]bool{}
 	for _, lc := range n.store.LocalCopies() {
+		here[lc.Name] = true
 		rec, copies, rev, err := n.readStale(ctx, lc.Name)
 		v := staleCopy(me, lc, rec, err, copies)
 		if !v.Delete {
@@ -128,6 +130,7 @@ func (n *Node) collectStaleOnce(ctx context.Context, logged map[string]string) {
 			continue
 		}
 		delete(logged, lc.Name)
+		delete(here, lc.Name)
 		n.log.Warn("stale copy deleted: its volume was placed on other nodes while this node was gone",
 			"volume", lc.Name, "uid", lc.UID, "disks", lc.Disks, "allocated", lc.Allocated, "why", v.Reason)
 		n.staleDeleted.Add(1)
@@ -142,7 +145,7 @@ func (n *Node) collectStaleOnce(ctx context.Context, logged map[string]string) {
 		}
 	}
 	for name := range logged {
-		if !slices.ContainsFunc(n.store.LocalCopies(), func(lc LocalCopy) bool { return lc.Name == name }) {
+		if !here[name] {
 			delete(logged, name)
 		}
 	}
