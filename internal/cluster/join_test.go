@@ -50,6 +50,16 @@ func (s *memStore) CreateCopy(_ context.Context, spec api.VolumeSpec) (string, e
 	return s.vols[spec.Name], nil
 }
 
+func (s *memStore) LocalCopies() []LocalCopy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []LocalCopy
+	for name, uid := range s.vols {
+		out = append(out, LocalCopy{Name: name, UID: uid, Replicas: 2})
+	}
+	return out
+}
+
 func (s *memStore) DeleteCopy(_ context.Context, name, uid string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -22,6 +22,8 @@ var (
 		[]string{"volume", "copy"}, nil)
 	descFailovers = prometheus.NewDesc("quiver_cluster_failovers_total",
 		"Promotions this node won: it became a volume's primary at term+1 after the primary went down.", nil, nil)
+	descStaleDeleted = prometheus.NewDesc("quiver_cluster_stale_copies_deleted_total",
+		"Stale copies this node deleted: its copies of volumes placed on other nodes while it was gone.", nil, nil)
 	descLeaseValid = prometheus.NewDesc("quiver_cluster_lease_valid_seconds",
 		"How long this node's etcd lease is surely held still, on its own clock (docs/cluster.md, lease fencing): "+
 			"as a primary it answers requests only while this is above 0.", nil, nil)
@@ -40,6 +42,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descCopyState
 	ch <- descResyncProgress
 	ch <- descFailovers
+	ch <- descStaleDeleted
 	ch <- descLeaseValid
 }
 
@@ -52,6 +55,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPlacements, prometheus.CounterValue, float64(c.n.placeOK.Load()), "ok")
 	ch <- prometheus.MustNewConstMetric(descPlacements, prometheus.CounterValue, float64(c.n.placeFail.Load()), "failed")
 	ch <- prometheus.MustNewConstMetric(descFailovers, prometheus.CounterValue, float64(c.n.failovers.Load()))
+	ch <- prometheus.MustNewConstMetric(descStaleDeleted, prometheus.CounterValue, float64(c.n.staleDeleted.Load()))
 	ch <- prometheus.MustNewConstMetric(descLeaseValid, prometheus.GaugeValue, c.n.LeaseValidFor().Seconds())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

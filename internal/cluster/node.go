@@ -50,6 +50,9 @@ type Store interface {
 	// state, as the volume's old primary published it (PublishAttachments;
 	// nil: none), when this node becomes the primary.
 	AdoptAttachments(ctx context.Context, volume string, state []byte) error
+	// LocalCopies lists the volumes in the pool, for the stale-copy check
+	// (stale.go).
+	LocalCopies() []LocalCopy
 }
 
 // identity is <StateDir>/node.json: which cluster and node this pool is.
@@ -87,6 +90,8 @@ type Node struct {
 	adopted map[string]uint64
 	// failovers counts the promotions this node won.
 	failovers atomic.Int64
+	// staleDeleted counts the stale copies this node deleted (stale.go).
+	staleDeleted atomic.Int64
 }
 
 // Join starts the embedded etcd member (with InitialCluster) or connects to
@@ -161,8 +166,9 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 	go func() { defer n.wg.Done(); n.elect(lctx) }()
 	go func() { defer n.wg.Done(); n.report(lctx) }()
 	go func() { defer n.wg.Done(); n.reconcile(lctx) }()
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go func() { defer n.wg.Done(); n.runOps(lctx) }()
+	go func() { defer n.wg.Done(); n.collectStale(lctx) }()
 	n.log.Info("joined the cluster", "cluster", cr.Name, "clusterID", cr.ID, "nodeID", id.NodeID,
 		"etcd", endpoints, "failureDomain", cfg.FailureDomain)
 	ok = true

@@ -72,6 +72,36 @@ func (s poolStore) DeleteCopy(ctx context.Context, name, uid string) error {
 	return err
 }
 
+// LocalCopies lists the pool's volumes for the stale-copy check. A volume
+// is in use while it has an attachment other than the ones a copy made for
+// its primaries, or one of those with a connection open.
+func (s poolStore) LocalCopies() []cluster.LocalCopy {
+	var out []cluster.LocalCopy
+	for _, info := range s.p.List(nil) {
+		lc := cluster.LocalCopy{Name: info.Name, UID: info.UID, Replicas: info.Replicas}
+		if info.Broken != "" {
+			lc.UID = ""
+		}
+		for _, d := range info.Disks {
+			lc.Disks = append(lc.Disks, d.Name)
+			lc.Allocated += d.Allocated
+		}
+		if v, err := s.p.Volume(info.Name); err == nil {
+			var who []string
+			for _, a := range v.Attachments() {
+				if !strings.HasPrefix(a.Node, replicaNodePrefix) || a.Conns > 0 {
+					who = append(who, fmt.Sprintf("%s (attachment %s, %d connections)", a.Node, a.ID, a.Conns))
+				}
+			}
+			lc.InUse = strings.Join(who, "; ")
+		} else {
+			lc.UID = "" // gone or broken meanwhile: not a candidate
+		}
+		out = append(out, lc)
+	}
+	return out
+}
+
 // replicaNodePrefix starts the node name of the attachments a copy makes
 // for its primary.
 const replicaNodePrefix = "replica-"
