@@ -12,6 +12,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/client"
+	"github.com/quiverstorage/quiver/internal/nbdclient"
 	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
@@ -145,6 +146,45 @@ func TestReplicatedClone(t *testing.T) {
 				t.Errorf("cl-snap disk %s: %s on both copies, want the snapshot's %s", d, got[d], snapSum[d])
 			}
 		}
+
+		// A client writing the source across the clone: it pauses at the
+		// cut, so both copies of the clone hold the same writes.
+		busy, err := nbdclient.Dial(ctx, prim.ip+":10809", "src/d0/"+att.Token,
+			nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop, done := make(chan struct{}), make(chan int)
+		go func() {
+			block := make([]byte, 64<<10)
+			n := 0
+			defer func() { done <- n }()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for i := range block {
+					block[i] = byte(n)
+				}
+				if err := busy.WriteAt(block, int64(n%64)*int64(len(block)), false); err != nil {
+					t.Errorf("write %d across the clone: %v", n, err)
+					return
+				}
+				n++
+			}
+		}()
+		time.Sleep(200 * time.Millisecond) // let some writes in before the cut
+		if _, err := prim.api().Clone(ctx, api.CloneSpec{Source: api.Source{Volume: "src"}, Names: []string{"cl-busy"}}); err != nil {
+			t.Fatal(err)
+		}
+		close(stop)
+		t.Logf("%d writes of the source around the clone", <-done)
+		busy.Close()
+		sums("cl-busy") // fails unless both copies are the same
+		placedLike("cl-busy")
+		live = sums("src")
 
 		// The clone is a volume of its own: written through its primary,
 		// both copies change and the source does not.
