@@ -260,12 +260,19 @@ func TestReplicatedClone(t *testing.T) {
 		}
 		c.waitInSync(t, prim, "src", cp.name, 2*time.Minute)
 		live := sums("src")
-		if _, err := prim.api().Clone(ctx, api.CloneSpec{Source: api.Source{Volume: "src"}, Names: []string{"cl-after"}}); err != nil {
+		// Two clones in one request, both at the same cut.
+		made, err := prim.api().Clone(ctx, api.CloneSpec{Source: api.Source{Volume: "src"}, Names: []string{"cl-after", "cl-after2"}})
+		if err != nil {
 			t.Fatal(err)
 		}
-		placedLike("cl-after")
-		if got := sums("cl-after"); got["d0"] != live["d0"] || got["d1"] != live["d1"] {
-			t.Errorf("cl-after: %v, want the source's %v", got, live)
+		if len(made) != 2 {
+			t.Fatalf("clones made: %d, want 2", len(made))
+		}
+		for _, name := range []string{"cl-after", "cl-after2"} {
+			placedLike(name)
+			if got := sums(name); got["d0"] != live["d0"] || got["d1"] != live["d1"] {
+				t.Errorf("%s: %v, want the source's %v", name, got, live)
+			}
 		}
 		t.Logf("copy fails subtest: %v", time.Since(start).Round(time.Millisecond))
 	})
