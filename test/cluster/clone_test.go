@@ -147,6 +147,19 @@ func TestReplicatedClone(t *testing.T) {
 			}
 		}
 
+		// A retry with the same idempotency key answers the clone made.
+		keyed := api.CloneSpec{Source: api.Source{Volume: "src", Snapshot: "a"}, Names: []string{"cl-key"}}
+		first, err := prim.api().Clone(ctx, keyed, client.IdempotencyKey("clone-key-1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := prim.api().Clone(ctx, keyed, client.IdempotencyKey("clone-key-1"))
+		if err != nil || len(again) != 1 || again[0].UID != first[0].UID {
+			t.Fatalf("retry of a clone with its key: %+v (%v), want the clone %s", again, err, first[0].UID)
+		}
+		placedLike("cl-key")
+		sums("cl-key")
+
 		// A client writing the source across the clone: it pauses at the
 		// cut, so both copies of the clone hold the same writes.
 		busy, err := nbdclient.Dial(ctx, prim.ip+":10809", "src/d0/"+att.Token,
