@@ -224,7 +224,10 @@ func (c *conn) send(bufs [][]byte) error {
 	return err
 }
 
-// rawSendMax is the most one sendmsg sends (about 60 us of copying).
+// rawSendMax is the most one sendmsg sends (about 60 us of copying). A
+// whole 1 MiB READ reply in one call was measured over TCP and not kept:
+// the client's CPU per request fell and the server's rose by about as much
+// (issue 18 in docs/benchmarks.md, test/bench/sendshape).
 const rawSendMax = 256 << 10
 
 func (s *sender) write(fd uintptr) bool {

@@ -4,7 +4,8 @@
 # same client (fio's nbd engine, libnbd), in one run. For each run it records,
 # besides IOPS and MB/s, the server process's CPU time and context switches
 # per request (test/bench/nbdrun), which move far less with machine noise than
-# throughput, and fio's latency percentiles. Prints markdown tables: medians
+# throughput, fio's own CPU per request (on loopback the kernel splits the
+# transfer's work between the two sides), and fio's latency percentiles. Prints markdown tables: medians
 # and the range of the runs, with ratios. Measures; asserts nothing.
 #
 #   make bench-nbd [RUNTIME=s] [ROUNDS=n] [DIR=path] [BASE=git-rev]

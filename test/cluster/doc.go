@@ -18,7 +18,8 @@
 //     (issue 15, acceptance 1 and 2, and QEMU's NBD client through a
 //     failover): SIGKILL of the primary, the other copy or the etcd leader,
 //     and a primary cut off with iptables, under clients whose every
-//     acknowledged write must be on the primary afterwards; after the
+//     acknowledged write must be on the primary afterwards (and, through
+//     the kills, fio verifying with crc32c); after the
 //     QEMU client's failover the old primary comes back and is resynced
 //     (whole) by the new primary until both copies are byte-identical.
 //   - TestFailoverGuest: the test/migration guest under QEMU (TCG) writing
@@ -31,8 +32,10 @@
 //     incremental resync of a copy that was down (acceptance 3), snapshots
 //     at one cut on every copy (acceptance 6), a copy on a full filesystem
 //     (acceptance 7) and the rebuild of a gone node's copy on another node.
+//   - TestBenchCluster: the cluster benchmark (acceptance 8, make
+//     bench-cluster); it runs only with QUIVER_BENCH=1.
 //
-// They need root, ip and ss (iproute2), iptables, qemu-io and mkfs.ext4;
+// They need root, ip and ss (iproute2), iptables, qemu-io, fio and mkfs.ext4;
 // TestFailoverGuest also qemu-system-x86_64, busybox-static, apt-get and
 // dpkg (internal/testguest). They skip without them, and fail instead when
 // CI is set. QUIVER_NETNS_PREFIX starts the names of their namespaces;

@@ -35,8 +35,17 @@ func TestClusterTokens(t *testing.T) {
 	}
 	if _, err := c.nodes[2].api().CreateToken(ctx, api.TokenSpec{Role: "tenant", Tenant: "acme"}); err != nil {
 		t.Fatal(err)
-	} else if list, err := c.nodes[1].api().ListTokens(ctx); err != nil || len(list) != 2 {
-		t.Fatalf("tokens listed on n2 after one made on n1 and one on n3: %v (%v)", list, err)
+	}
+	// n2 learns of n3's token through its watch of the store: within a
+	// second, like a revocation (the first run read n2 a moment too soon).
+	for made := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		list, err := c.nodes[1].api().ListTokens(ctx)
+		if err == nil && len(list) == 2 {
+			break
+		}
+		if time.Since(made) > time.Second {
+			t.Fatalf("tokens listed on n2 %v after one was made on n1 and one on n3: %v (%v)", time.Since(made), list, err)
+		}
 	}
 
 	start := time.Now()

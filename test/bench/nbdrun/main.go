@@ -3,14 +3,21 @@
 //
 //	nbdrun run -out results.tsv -kind quiver -transport tcp -pid PID \
 //	    -target nbd://127.0.0.1:20811/bench/disk -rw randread -bs 4k -qd 32 -runtime 3
-//	nbdrun report results.tsv
+//	nbdrun report [-ref KIND] results.tsv
 //
 // run drives one fio job (the nbd engine for an nbd URI, psync at queue depth
 // 1 and io_uring otherwise for a file) and appends one line to -out: fio's
 // IOPS, bytes per second, requests and latency percentiles, and the server
-// process's CPU time and context switches over the run. CPU time is utime +
+// process's CPU time and context switches over the run (-pid may list
+// several processes, comma-separated, e.g. the nodes of a cluster: their
+// sums). CPU time is utime +
 // stime of /proc/PID/stat (every thread, exited ones included) read before
-// fio starts and after it exits. Context switches are voluntary +
+// fio starts and after it exits. The client's CPU time is fio's own
+// (usr_cpu + sys_cpu of its job): on loopback the kernel runs the receiving
+// side of a transfer partly in the sender's system calls and partly in the
+// receiver's, so a server can look cheaper by leaving more of that work to
+// the client, and the sum of the two is what the machine pays per request.
+// Context switches are voluntary +
 // nonvoluntary of every /proc/PID/task/*/status, polled every 20 ms while
 // fio runs: /proc keeps no total for exited threads, and nbdkit runs each
 // connection in threads that exit with it, so what such a thread did in its
@@ -20,7 +27,8 @@
 // cache as the servers do (fio drops the cache before a job by default).
 //
 // report prints markdown tables of every case: the median of the runs and
-// their range (min-max), server CPU per request first.
+// their range (min-max), server CPU per request first, and the ratio of
+// the -ref kind (default quiver) over each other kind.
 //
 // Imports from quiver: nothing.
 package main
@@ -67,6 +75,7 @@ type result struct {
 	IOPS, BW                float64 // requests and bytes per second (fio)
 	Requests                int64   // requests fio completed
 	CPU                     float64 // server CPU seconds (user + system) over the run; 0 without a server
+	ClientCPU               float64 // fio's CPU seconds (user + system) over the run
 	Switches                int64   // server context switches over the run
 	P50, P99                float64 // total latency percentiles, microseconds (fio)
 }
@@ -79,7 +88,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	var r result
 	out := fs.String("out", "", "results file to append to")
-	pid := fs.Int("pid", 0, "server process to measure (0: none, the raw file)")
+	pidList := fs.String("pid", "", "server processes to measure, comma-separated (none: the raw file)")
 	target := fs.String("target", "", "nbd URI or file")
 	runtime := fs.Int("runtime", 10, "seconds")
 	size := fs.String("size", "1g", "bytes of the target fio uses")
@@ -110,13 +119,17 @@ func run(args []string) error {
 		fioArgs = append(fioArgs, "--invalidate=0")
 	}
 
+	pids, err := parsePids(*pidList)
+	if err != nil {
+		return err
+	}
 	var before procSample
-	sw := newSwitchCounter(*pid)
-	if *pid != 0 {
-		var err error
-		if before, err = readProc(*pid); err != nil {
-			return err
-		}
+	var sws []*switchCounter
+	for _, pid := range pids {
+		sws = append(sws, newSwitchCounter(pid))
+	}
+	if before, err = readProcs(pids); err != nil {
+		return err
 	}
 	cmd := exec.Command("fio", fioArgs...)
 	var stdout, stderr bytes.Buffer
@@ -135,20 +148,24 @@ poll:
 		case ferr = <-done:
 			break poll
 		case <-tick.C:
-			sw.poll()
+			for _, sw := range sws {
+				sw.poll()
+			}
 		}
 	}
 	if ferr != nil {
 		return fmt.Errorf("fio %s: %v: %s", *target, ferr, lastLine(stderr.String()))
 	}
-	if *pid != 0 {
-		sw.poll()
-		after, err := readProc(*pid)
+	if len(pids) > 0 {
+		after, err := readProcs(pids)
 		if err != nil {
 			return err
 		}
 		r.CPU = after.cpu - before.cpu
-		r.Switches = sw.total()
+		for _, sw := range sws {
+			sw.poll()
+			r.Switches += sw.total()
+		}
 	}
 	if err := parseFio(stdout.Bytes(), &r); err != nil {
 		return fmt.Errorf("fio %s: %w", *target, err)
@@ -157,14 +174,14 @@ poll:
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(f, "%s\t%s\t%.0f\t%.0f\t%d\t%.4f\t%d\t%.1f\t%.1f\n", r.Kind, r.key(),
-		r.IOPS, r.BW, r.Requests, r.CPU, r.Switches, r.P50, r.P99)
+	fmt.Fprintf(f, "%s\t%s\t%.0f\t%.0f\t%d\t%.4f\t%d\t%.1f\t%.1f\t%.4f\n", r.Kind, r.key(),
+		r.IOPS, r.BW, r.Requests, r.CPU, r.Switches, r.P50, r.P99, r.ClientCPU)
 	if err := f.Close(); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "%-14s %-4s %-9s %-2s QD%-2d %8.0f IOPS %6.0f MB/s %7.1f us CPU/req %5.2f cs/req p50 %.1f p99 %.1f us\n",
+	fmt.Fprintf(os.Stderr, "%-14s %-4s %-9s %-2s QD%-2d %8.0f IOPS %6.0f MB/s %7.1f us CPU/req %5.2f cs/req p50 %.1f p99 %.1f us, client %.1f us CPU/req\n",
 		r.Kind, r.Transport, r.RW, r.BS, r.QD, r.IOPS, r.BW/1e6, perReq(r.CPU*1e6, r.Requests),
-		perReq(float64(r.Switches), r.Requests), r.P50, r.P99)
+		perReq(float64(r.Switches), r.Requests), r.P50, r.P99, perReq(r.ClientCPU*1e6, r.Requests))
 	return nil
 }
 
@@ -201,8 +218,11 @@ func parseFio(out []byte, r *result) error {
 	}
 	var j struct {
 		Jobs []struct {
-			Read  side `json:"read"`
-			Write side `json:"write"`
+			Read    side    `json:"read"`
+			Write   side    `json:"write"`
+			Runtime float64 `json:"job_runtime"` // ms
+			UsrCPU  float64 `json:"usr_cpu"`     // percent of the runtime
+			SysCPU  float64 `json:"sys_cpu"`
 		} `json:"jobs"`
 	}
 	if err := json.Unmarshal(out[i:], &j); err != nil {
@@ -219,9 +239,40 @@ func parseFio(out []byte, r *result) error {
 		return errors.New("fio did no I/O")
 	}
 	r.IOPS, r.BW, r.Requests = s.IOPS, s.BW, s.TotalIOs
+	job := j.Jobs[0]
+	r.ClientCPU = (job.UsrCPU + job.SysCPU) / 100 * job.Runtime / 1e3
 	r.P50 = s.Lat.Percentile["50.000000"] / 1e3
 	r.P99 = s.Lat.Percentile["99.000000"] / 1e3
 	return nil
+}
+
+// parsePids reads -pid: process ids, comma-separated, or none.
+func parsePids(s string) ([]int, error) {
+	var pids []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" || f == "0" {
+			continue
+		}
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid < 0 {
+			return nil, fmt.Errorf("-pid %q: want process ids, comma-separated", s)
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
+}
+
+// readProcs sums the CPU time of pids.
+func readProcs(pids []int) (procSample, error) {
+	var sum procSample
+	for _, pid := range pids {
+		s, err := readProc(pid)
+		if err != nil {
+			return procSample{}, err
+		}
+		sum.cpu += s.cpu
+	}
+	return sum, nil
 }
 
 // procSample is a process's CPU time.

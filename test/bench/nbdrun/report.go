@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -18,23 +19,31 @@ const rawKind = "raw"
 type runs struct {
 	cases []string // result.key()
 	kinds []string // servers, without rawKind
+	ref   string   // the kind over which ratios are printed
 	by    map[string]map[string][]result
 }
 
 func report(args []string) error {
-	if len(args) != 1 {
+	fs := flag.NewFlagSet("report", flag.ExitOnError)
+	ref := fs.String("ref", "quiver", "kind whose ratio over each other kind is printed")
+	_ = fs.Parse(args)
+	if fs.NArg() != 1 {
 		return fmt.Errorf("report takes one results file")
 	}
-	rs, err := load(args[0])
+	rs, err := load(fs.Arg(0))
 	if err != nil {
 		return err
 	}
+	rs.ref = *ref
 	rs.table("Server CPU per request (µs, user + system, all threads)", func(r result) (float64, bool) {
 		return perReq(r.CPU*1e6, r.Requests), r.Kind != rawKind
 	}, "%.1f", false)
 	rs.table("Server context switches per request (voluntary + nonvoluntary, all threads)", func(r result) (float64, bool) {
 		return perReq(float64(r.Switches), r.Requests), r.Kind != rawKind
 	}, "%.2f", false)
+	rs.table("Client CPU per request (µs, fio's user + system; on loopback the receiving side of TCP runs partly in the sender's context and partly in the receiver's)", func(r result) (float64, bool) {
+		return perReq(r.ClientCPU*1e6, r.Requests), r.Kind != rawKind && r.ClientCPU > 0
+	}, "%.1f", false)
 	rs.table("Throughput (IOPS for 4k, MB/s for 1m; raw file: psync at QD1, io_uring above)", func(r result) (float64, bool) {
 		if r.BS == "4k" {
 			return r.IOPS, true
@@ -93,7 +102,7 @@ func (rs *runs) add(r result) {
 
 // only returns the runs of the cases keep accepts.
 func (rs *runs) only(keep func(result) bool) *runs {
-	out := &runs{by: map[string]map[string][]result{}}
+	out := &runs{by: map[string]map[string][]result{}, ref: rs.ref}
 	rawDone := map[string]bool{}
 	for _, k := range rs.cases {
 		for _, kind := range rs.kinds {
@@ -115,6 +124,16 @@ func (rs *runs) only(keep func(result) bool) *runs {
 	return out
 }
 
+// hasRaw tells whether any case has runs on the file.
+func (rs *runs) hasRaw() bool {
+	for _, k := range rs.cases {
+		if len(rs.raw(k)) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // raw returns the runs on the file for case k (transport, rw, bs, qd).
 func (rs *runs) raw(k string) []result {
 	return rs.by[strings.SplitN(k, "\t", 2)[1]][rawKind]
@@ -128,13 +147,13 @@ func (rs *runs) table(title string, value func(result) (float64, bool), format s
 		return
 	}
 	cols := slices.Clone(rs.kinds)
-	if withRaw {
+	if withRaw && rs.hasRaw() {
 		cols = append(cols, rawKind+" file")
 	}
 	var ratios []string
 	for _, k := range cols {
-		if k != "quiver" && slices.Contains(rs.kinds, "quiver") {
-			ratios = append(ratios, "quiver/"+k)
+		if k != rs.ref && slices.Contains(rs.kinds, rs.ref) {
+			ratios = append(ratios, rs.ref+"/"+k)
 		}
 	}
 	fmt.Printf("\n%s, median [min-max] of the runs:\n\n", title)
@@ -170,8 +189,8 @@ func (rs *runs) table(title string, value func(result) (float64, bool), format s
 			row = append(row, cell)
 		}
 		for _, ratio := range ratios {
-			q, ok1 := med["quiver"]
-			o, ok2 := med[strings.TrimPrefix(ratio, "quiver/")]
+			q, ok1 := med[rs.ref]
+			o, ok2 := med[strings.TrimPrefix(ratio, rs.ref+"/")]
 			if !ok1 || !ok2 || o == 0 {
 				row = append(row, "-")
 				continue
@@ -207,11 +226,11 @@ func bsBytes(bs string) int64 {
 
 func parseLine(line string) (result, error) {
 	f := strings.Split(line, "\t")
-	if len(f) != 12 {
-		return result{}, fmt.Errorf("%d fields, want 12", len(f))
+	if len(f) != 12 && len(f) != 13 { // the 13th, the client's CPU, came later
+		return result{}, fmt.Errorf("%d fields, want 13", len(f))
 	}
 	var r result
-	var errs [8]error
+	var errs [9]error
 	r.Kind, r.Transport, r.RW, r.BS = f[0], f[1], f[2], f[3]
 	r.QD, errs[0] = strconv.Atoi(f[4])
 	r.IOPS, errs[1] = strconv.ParseFloat(f[5], 64)
@@ -221,6 +240,9 @@ func parseLine(line string) (result, error) {
 	r.Switches, errs[5] = strconv.ParseInt(f[9], 10, 64)
 	r.P50, errs[6] = strconv.ParseFloat(f[10], 64)
 	r.P99, errs[7] = strconv.ParseFloat(f[11], 64)
+	if len(f) == 13 {
+		r.ClientCPU, errs[8] = strconv.ParseFloat(f[12], 64)
+	}
 	for _, err := range errs {
 		if err != nil {
 			return result{}, err
