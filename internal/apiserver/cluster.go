@@ -233,6 +233,8 @@ type Replicated interface {
 	AddDisk(ctx context.Context, volume string, d pool.DiskSpec, idem pool.Idempotency) (pool.VolumeInfo, error)
 	GrowDisk(ctx context.Context, volume, disk string, size int64) (pool.VolumeInfo, error)
 	RemoveDisk(ctx context.Context, volume, disk string, force bool) (pool.VolumeInfo, error)
+	// Clone releases h.
+	Clone(ctx context.Context, h *pool.CloneHold, req pool.CloneRequest, prog pool.Progress) ([]pool.VolumeInfo, error)
 }
 
 // replicated says whether volume is a cluster volume with more than one
@@ -248,20 +250,27 @@ func (s *Server) replicated(r *http.Request, volume string) (bool, error) {
 	return role.Placed && role.Replicas > 1, nil
 }
 
-// refuseReplicatedClone refuses a clone of a volume with more than one copy:
-// it would be made from the copy on this node, unplaced (docs/cluster.md,
-// "Clones", designed, not built).
-func (s *Server) refuseReplicatedClone(r *http.Request, source string) error {
+// replicatedClone says whether a clone of source must be made on every
+// copy of a replicated volume (Replicated.Clone), which only its primary
+// does: elsewhere it is refused (ErrNotPrimary, naming the primary).
+func (s *Server) replicatedClone(r *http.Request, source string) (bool, error) {
 	if s.Cluster == nil {
-		return nil
+		return false, nil
 	}
 	role, err := s.Cluster.Role(r.Context(), source)
 	if err != nil {
-		return fmt.Errorf("%w: %w", errUnavailable, err)
+		return false, fmt.Errorf("%w: %w", errUnavailable, err)
 	}
-	if role.Placed && role.Replicas > 1 {
-		return fmt.Errorf("clone of %q: it has %d copies, and a clone placed on the cluster's nodes is not built yet "+
-			"(docs/cluster.md): %w", source, role.Replicas, cluster.ErrNotSupported)
+	if !role.Placed || role.Replicas <= 1 {
+		return false, nil
 	}
-	return nil
+	if s.Replicated == nil {
+		return false, fmt.Errorf("clone of %q: it has %d copies, and this node cannot clone them (docs/cluster.md): %w",
+			source, role.Replicas, cluster.ErrNotSupported)
+	}
+	if !role.IsPrimary(s.Cluster.Name()) {
+		return false, fmt.Errorf("clone of %q: it is cloned by its primary %s (API %s), not by this node: %w",
+			source, role.Primary, role.PrimaryAPI, cluster.ErrNotPrimary)
+	}
+	return true, nil
 }

@@ -530,7 +530,8 @@ func (s *Server) clone(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	if err := s.refuseReplicatedClone(r, req.Source.Volume); err != nil {
+	rep, err := s.replicatedClone(r, req.Source.Volume)
+	if err != nil {
 		return err
 	}
 	if err := s.checkOvercommit(s.cloneSize(req.Source) * int64(len(spec.Names))); err != nil {
@@ -557,12 +558,20 @@ func (s *Server) clone(w http.ResponseWriter, r *http.Request) error {
 	return s.runJob(w, r, "clone", target, len(spec.Names), func(ctx context.Context, j *job.Job) error {
 		defer release()
 		var err error
-		vols, err = h.Clone(ctx, j)
+		if rep { // on the source's nodes, every copy at one cut
+			vols, err = s.Replicated.Clone(ctx, h, req, j)
+		} else {
+			vols, err = h.Clone(ctx, j)
+		}
 		return err
 	}, func() error {
 		out := api.List[api.Volume]{Items: make([]api.Volume, 0, len(vols))}
 		for _, v := range vols {
-			out.Items = append(out.Items, viewOf(r).volume(volumeToAPI(v)))
+			out.Items = append(out.Items, volumeToAPI(v))
+		}
+		s.annotate(r, out.Items)
+		for i := range out.Items {
+			out.Items[i] = viewOf(r).volume(out.Items[i])
 		}
 		writeJSON(w, http.StatusCreated, out)
 		return nil

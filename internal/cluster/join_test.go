@@ -290,6 +290,11 @@ func (s *memStore) AttachForPrimary(_ context.Context, volume, primary string, t
 }
 
 func (s *memStore) ApplyOp(context.Context, string, Op) error { return nil }
+
+// CloneCopy makes op.Name like CreateCopy: a volume of its own.
+func (s *memStore) CloneCopy(ctx context.Context, _ string, op Op) (string, error) {
+	return s.CreateCopy(ctx, api.VolumeSpec{Name: op.Name})
+}
 func (s *memStore) AdoptAttachments(_ context.Context, volume string, state []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -46,6 +46,11 @@ type Store interface {
 	// copy (a snapshot with the primary's name and UID); applying it again
 	// is no error.
 	ApplyOp(ctx context.Context, volume string, op Op) error
+	// CloneCopy makes op.Name, a clone of this node's copy of volume (of
+	// its snapshot op.Snapshot, which must have the UID op.SnapshotUID,
+	// or of the live copy), durable on return, and returns its local UID.
+	// Applied again it finds the clone it made.
+	CloneCopy(ctx context.Context, volume string, op Op) (uid string, err error)
 	// AdoptAttachments replaces the attachments of this node's copy with
 	// state, as the volume's old primary published it (PublishAttachments;
 	// nil: none), when this node becomes the primary.

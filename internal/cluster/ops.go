@@ -27,6 +27,10 @@ const (
 	OpGrowDisk      = "grow-disk"
 	OpRemoveDisk    = "remove-disk"
 	OpConformDisks  = "conform-disks"
+	// A clone of the volume at the cut, made by each copy from its own
+	// copy (clone.go), and its undo.
+	OpClone   = "clone"
+	OpUnclone = "unclone"
 )
 
 // Op is one operation for the copies of a volume, the value of
@@ -45,6 +49,12 @@ type Op struct {
 	// Capacity is the primary's volume capacity for a disk change: a
 	// copy whose capacity is smaller grows it first.
 	Capacity int64 `json:"capacity,omitempty"`
+	// A clone (OpClone, OpUnclone): Name is the clone's name, UID its
+	// cluster UID; Snapshot the source snapshot (empty: the live volume)
+	// with the primary's SnapshotUID; Labels added to the source's.
+	Snapshot    string            `json:"snapshot,omitempty"`
+	SnapshotUID string            `json:"snapshotUID,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
 }
 
 type opResult struct {
@@ -188,7 +198,16 @@ func (n *Node) applyOp(ctx context.Context, key string, value []byte) {
 		res.Error = fmt.Sprintf("sent by %s at term %d, but the primary is %s at term %d", op.Primary, op.Term,
 			rec.Primary, rec.Term)
 	default:
-		if err := n.store.ApplyOp(ctx, volume, op); err != nil {
+		var err error
+		switch op.Kind {
+		case OpClone:
+			err = n.applyClone(ctx, volume, op)
+		case OpUnclone:
+			err = n.applyUnclone(ctx, op)
+		default:
+			err = n.store.ApplyOp(ctx, volume, op)
+		}
+		if err != nil {
 			res.Error = err.Error()
 		}
 	}

@@ -197,3 +197,32 @@ func (s poolStore) ApplyOp(ctx context.Context, volume string, op cluster.Op) er
 	}
 	return applyCutOp(ctx, v, op)
 }
+
+// CloneCopy makes op.Name, a clone of this node's copy of volume, while its
+// primary holds the source's I/O gate (the same cut as the primary's
+// clone): of the snapshot op.Snapshot, which must be the primary's (same
+// UID), or of the live copy. Durable on return (pool.Clone); a retry finds
+// the clone by its idempotency key.
+func (s poolStore) CloneCopy(ctx context.Context, volume string, op cluster.Op) (string, error) {
+	if op.Snapshot != "" {
+		v, err := s.p.Volume(volume)
+		if err != nil {
+			return "", err
+		}
+		snap, err := v.Snapshot(op.Snapshot)
+		if err != nil {
+			return "", fmt.Errorf("this copy lacks it: %w", err)
+		}
+		if snap.UID != op.SnapshotUID {
+			return "", fmt.Errorf("snapshot %s@%s here is %s, not the primary's %s: %w", volume, op.Snapshot, snap.UID,
+				op.SnapshotUID, cluster.ErrCopyMismatch)
+		}
+	}
+	req := pool.CloneRequest{Source: pool.Source{Volume: volume, Snapshot: op.Snapshot}, Names: []string{op.Name},
+		Labels: op.Labels, Idempotency: pool.Idempotency{Key: "replica-" + op.UID}}
+	made, err := s.p.Clone(ctx, req, nil)
+	if err != nil {
+		return "", err
+	}
+	return made[0].UID, nil
+}

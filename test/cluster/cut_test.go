@@ -218,12 +218,16 @@ func TestReplicatedCut(t *testing.T) {
 		}
 		sums("d0", "d2")
 		copyStates(t, prim, "cut", api.CopyInSync)
-		// Clones of a replicated volume are not built: refused, not made
-		// unplaced from one copy.
+		// Clones of a replicated volume are made by its primary
+		// (TestReplicatedClone): refused elsewhere, not made unplaced
+		// from one copy.
 		for _, nd := range c.nodes {
+			if nd == prim {
+				continue
+			}
 			_, err := nd.api().Clone(ctx, api.CloneSpec{Source: api.Source{Volume: "cut", Snapshot: "a"}, Names: []string{"cl"}})
-			if client.Code(err) != api.CodeNotSupported {
-				t.Errorf("clone of a replicated volume on %s: %v", nd.name, err)
+			if client.Code(err) != api.CodeNotPrimary {
+				t.Errorf("clone of a replicated volume on %s, not its primary: %v", nd.name, err)
 			}
 		}
 		t.Logf("disks subtest: %v", time.Since(start).Round(time.Millisecond))

@@ -1,0 +1,131 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+// Clones of a replicated volume (docs/cluster.md, "Clones"): the primary
+// clones its copy at the cut, each in-sync copy clones its own (OpClone)
+// and records its copy of the clone, in sync at term 1, in
+// copies/<clone>/<node>; then the primary places the clone on the same
+// nodes (PlaceClone), itself its primary. Until PlaceClone the clone is
+// not a volume of the cluster: OpUnclone deletes what a copy made.
+
+// applyClone makes this node's copy of the clone op.Name of volume, the
+// attachment through which the clone's primary (the source's) writes it at
+// term 1, and its copy record. A failure after the clone was made deletes
+// it again: a copy that answers an error leaves nothing behind.
+func (n *Node) applyClone(ctx context.Context, volume string, op Op) error {
+	if op.Name == "" || op.UID == "" {
+		return fmt.Errorf("clone of %q: operation without a name or UID", volume)
+	}
+	uid, err := n.store.CloneCopy(ctx, volume, op)
+	if err != nil {
+		return err
+	}
+	undo := func(cause error) error {
+		if derr := n.store.DeleteCopy(context.WithoutCancel(ctx), op.Name, uid); derr != nil {
+			n.log.Error("delete a clone whose copy could not be recorded", "volume", op.Name, "err", derr)
+		}
+		return cause
+	}
+	token, err := n.store.AttachForPrimary(ctx, op.Name, op.Primary, 1)
+	if err != nil {
+		return undo(fmt.Errorf("clone %s: attach for the primary: %w", op.Name, err))
+	}
+	c := copyRecord{State: CopyInSync, LocalUID: uid, Token: token, Term: 1, UpdatedAt: time.Now().UTC()}
+	ck, vk := n.key("copies", op.Name, n.cfg.NodeName), n.key("volumes", op.Name)
+	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
+		Then(clientv3.OpPut(ck, mustJSON(c))).Commit()
+	switch {
+	case err != nil:
+		return undo(fmt.Errorf("clone %s: record the copy: %w", op.Name, err))
+	case !resp.Succeeded:
+		return undo(fmt.Errorf("clone %s: the name is placed already, or this node has a copy of it: %w", op.Name,
+			ErrVolumeExists))
+	}
+	return nil
+}
+
+// applyUnclone deletes this node's copy of a clone that its primary could
+// not place (another copy failed it), and its copy record. A clone placed
+// meanwhile is left alone.
+func (n *Node) applyUnclone(ctx context.Context, op Op) error {
+	ck, vk := n.key("copies", op.Name, n.cfg.NodeName), n.key("volumes", op.Name)
+	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit()
+	if err != nil {
+		return fmt.Errorf("undo clone %s: %w", op.Name, err)
+	}
+	if vkv := resp.Responses[0].GetResponseRange().Kvs; len(vkv) > 0 {
+		var rec volumeRecord
+		if json.Unmarshal(vkv[0].Value, &rec) == nil && rec.UID == op.UID {
+			return fmt.Errorf("undo clone %s: it is placed: %w", op.Name, ErrVolumeExists)
+		}
+		return nil // another volume of that name: its copy is not ours
+	}
+	ckv := resp.Responses[1].GetResponseRange().Kvs
+	if len(ckv) == 0 {
+		return nil // nothing made here
+	}
+	var c copyRecord
+	if err := json.Unmarshal(ckv[0].Value, &c); err != nil {
+		return fmt.Errorf("etcd key %s: %w", ck, err)
+	}
+	if c.LocalUID != "" {
+		if err := n.store.DeleteCopy(ctx, op.Name, c.LocalUID); err != nil {
+			return fmt.Errorf("undo clone %s: %w", op.Name, err)
+		}
+	}
+	if _, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0)).
+		Then(clientv3.OpDelete(ck)).Commit(); err != nil {
+		return fmt.Errorf("undo clone %s: remove the copy record: %w", op.Name, err)
+	}
+	return nil
+}
+
+// PlaceClone places spec, a clone whose every copy is made (the primary's:
+// localUID; the others': their copy records, written by applyClone), on
+// copies, with this node as its primary at term 1 and every copy in sync:
+// one Txn that needs the name free, every other copy recorded, and this
+// node's lease. A name placed meanwhile is ErrVolumeExists.
+func (n *Node) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, localUID string, copies []string) (Placement, error) {
+	s := n.session()
+	if s == nil || !n.up.Load() {
+		return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, ErrNoSession)
+	}
+	me := n.cfg.NodeName
+	rec := volumeRecord{UID: uid, Spec: spec, IdempotencyKey: key, Copies: copies, Primary: me, Term: 1,
+		InSync: copies, CreatedAt: time.Now().UTC()}
+	vk := n.key("volumes", spec.Name)
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(vk), "=", 0),
+		clientv3.Compare(clientv3.LeaseValue(n.key("alive", me)), "=", s.Lease())}
+	for _, c := range copies {
+		if c != me {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(n.key("copies", spec.Name, c)), ">", 0))
+		}
+	}
+	mine := copyRecord{State: CopyInSync, LocalUID: localUID, Term: 1, UpdatedAt: time.Now().UTC()}
+	resp, err := n.cli.Txn(ctx).If(cmps...).Then(clientv3.OpPut(vk, mustJSON(rec)),
+		clientv3.OpPut(n.key("copies", spec.Name, me), mustJSON(mine))).Commit()
+	if err != nil {
+		return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, err)
+	}
+	if !resp.Succeeded {
+		return Placement{}, fmt.Errorf("place clone %q: the name was placed meanwhile, a copy's record is missing, "+
+			"or this node lost its lease: %w", spec.Name, ErrVolumeExists)
+	}
+	n.log.Info("clone placed", "volume", spec.Name, "copies", copies, "primary", me, "term", 1)
+	p, ok, err := n.Placement(ctx, spec.Name)
+	if err != nil || !ok {
+		return toPlacement(spec.Name, rec, nil), nil
+	}
+	return p, nil
+}

@@ -1,0 +1,89 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+// TestCloneOps: the etcd side of a clone of a replicated volume. Each copy
+// makes its clone and records its copy of it; PlaceClone places it on the
+// same nodes with the primary at term 1, every copy in sync, and refuses a
+// name placed already; an unclone deletes an unplaced clone and its record,
+// and leaves a placed one alone.
+func TestCloneOps(t *testing.T) {
+	tc := startCluster(t) // n1: the etcd member, not placed on here
+	stores := map[string]*memStore{"n2": newMemStore(), "n3": newMemStore()}
+	stores["n2"].free, stores["n3"].free = 90<<30, 80<<30
+	n2 := tc.join(t, tc.config(t, "n2"), stores["n2"])
+	tc.join(t, tc.config(t, "n3"), stores["n3"])
+	ctx := context.Background()
+	never := func(bool, string) bool { return false }
+	p, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2,
+		Disks: []api.DiskSpec{{Name: "root", Size: 1 << 20}}}, "", never)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Primary != "n2" {
+		t.Fatalf("placed %+v: want primary n2", p)
+	}
+	spec := func(name string) api.VolumeSpec {
+		return api.VolumeSpec{Name: name, Capacity: 1 << 30, Replicas: 2, Disks: []api.DiskSpec{{Name: "root", Size: 1 << 20}}}
+	}
+	copies := []string{"n2", "n3"}
+
+	// Made on the copy, placed by the primary.
+	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "c1", UID: "u1", Nodes: []string{"n3"}}); err != nil {
+		t.Fatal(err)
+	}
+	if !stores["n3"].has("c1") {
+		t.Fatal("the copy did not make its clone")
+	}
+	if _, err := n2.PlaceClone(ctx, spec("c1"), "u1", "", "local-c1", copies); err != nil {
+		t.Fatal(err)
+	}
+	r := tc.first.record(t, "c1")
+	if r.Primary != "n2" || r.Term != 1 || len(r.InSync) != 2 || len(r.Copies) != 2 || r.UID != "u1" {
+		t.Fatalf("clone record %+v: want primary n2 at term 1, both copies in sync", r)
+	}
+	role, err := n2.Role(ctx, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(role.Targets) != 1 || role.Targets[0].Node != "n3" || role.Targets[0].Token == "" || role.Targets[0].Term != 1 {
+		t.Fatalf("clone's role on its primary: %+v, want n3 a target with its token at term 1", role)
+	}
+	// A placed clone is left by an unclone; a name placed is refused.
+	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpUnclone, Name: "c1", UID: "u1", Nodes: []string{"n3"}}); err == nil {
+		t.Fatal("unclone of a placed clone succeeded")
+	}
+	if !stores["n3"].has("c1") {
+		t.Fatal("unclone deleted a placed clone")
+	}
+	if _, err := n2.PlaceClone(ctx, spec("c1"), "u1b", "", "local", copies); !errors.Is(err, ErrVolumeExists) {
+		t.Fatalf("a clone placed over a placed name: %v", err)
+	}
+	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "c1", UID: "u1c", Nodes: []string{"n3"}}); err == nil {
+		t.Fatal("a copy cloned to a placed name")
+	}
+
+	// Not placed: the unclone removes the copy's clone and its record,
+	// and a placement without every copy's record is refused.
+	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "c2", UID: "u2", Nodes: []string{"n3"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpUnclone, Name: "c2", UID: "u2", Nodes: []string{"n3"}}); err != nil {
+		t.Fatal(err)
+	}
+	if stores["n3"].has("c2") {
+		t.Fatal("unclone left the copy's clone")
+	}
+	if _, err := n2.PlaceClone(ctx, spec("c2"), "u2", "", "local-c2", copies); !errors.Is(err, ErrVolumeExists) {
+		t.Fatalf("a clone placed without the copy's record: %v", err)
+	}
+	if _, ok, err := n2.Placement(ctx, "c2"); err != nil || ok {
+		t.Fatalf("the undone clone is placed: %v %v", ok, err)
+	}
+}
