@@ -76,7 +76,7 @@ type conn struct {
 
 func (c *conn) open(ctx context.Context, name string) error {
 	c.closeDisk()
-	x, err := c.srv.exports.Open(ctx, name, c.nc.RemoteAddr().String())
+	x, err := c.srv.exports.Open(c.withPeerCertificate(ctx), name, c.nc.RemoteAddr().String())
 	if err != nil {
 		return fmt.Errorf("export %q: %w", redactToken(name), err)
 	}

@@ -2,7 +2,9 @@ package nbd
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"time"
@@ -66,4 +68,28 @@ func (c *conn) sendTLS(bufs [][]byte) error {
 		}
 	}
 	return c.tlsOut.Flush()
+}
+
+type peerCertKey struct{}
+
+// PeerCertificate returns the client certificate of the connection an
+// Exports.Open is for, when its TLS handshake verified one against the
+// server's client CAs (mutual TLS); nil otherwise. An Exports may let it
+// stand for a credential (docs/security.md, "Client certificates").
+func PeerCertificate(ctx context.Context) *x509.Certificate {
+	c, _ := ctx.Value(peerCertKey{}).(*x509.Certificate)
+	return c
+}
+
+// withPeerCertificate returns ctx carrying the verified client certificate
+// of a TLS connection, if it has one.
+func (c *conn) withPeerCertificate(ctx context.Context) context.Context {
+	tc, ok := c.nc.(*tls.Conn)
+	if !ok {
+		return ctx
+	}
+	if chains := tc.ConnectionState().VerifiedChains; len(chains) > 0 && len(chains[0]) > 0 {
+		return context.WithValue(ctx, peerCertKey{}, chains[0][0])
+	}
+	return ctx
 }

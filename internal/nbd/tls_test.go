@@ -26,10 +26,7 @@ func tlsEnv(t *testing.T, require bool) (*testEnv, *x509.CertPool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := tlscert.ServerConfig(pair, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := tlscert.ServerConfig(pair, nil)
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Cert)
 	return newEnv(t, Config{TLS: cfg, RequireTLS: require}, nil), roots
@@ -183,10 +180,7 @@ func TestTLSSendTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := tlscert.ServerConfig(pair, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := tlscert.ServerConfig(pair, nil)
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Cert)
 	e := newEnv(t, Config{TLS: cfg, SendTimeout: 200 * time.Millisecond}, nil)
