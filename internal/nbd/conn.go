@@ -28,6 +28,7 @@ type conn struct {
 	// tlsOut buffers replies on a TLS connection (tls.go); nil on a plain
 	// one.
 	tlsOut *bufio.Writer
+	tlsTr  *tlsTransport // the socket under the TLS connection (tls.go)
 	r      *bufio.Reader
 	log    *slog.Logger
 	// peer is the key the connection is counted under (connlimit.Peer).

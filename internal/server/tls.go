@@ -109,6 +109,9 @@ func setupTLS(cfg TLSConfig, nbdAddr string) (*tlsSetup, error) {
 		s.files = append(s.files, cas)
 	}
 	s.nbd = tlscert.ServerConfig(p, cas)
+	// Full 16 KiB records from the first byte: NBD replies are not web
+	// pages whose first bytes a browser renders early.
+	s.nbd.DynamicRecordSizingDisabled = true
 	s.nbdReq = mode == TLSRequire
 	return s, nil
 }
