@@ -151,7 +151,16 @@ type Node struct {
 	Volumes       int    `json:"volumes"` // volumes with a copy on the node
 	// Self marks the node that answered.
 	Self bool `json:"self,omitempty"`
+	// Drain is NodeDraining or NodeDrained while the node is drained
+	// (`quiver node drain`): no new copy is placed on it.
+	Drain string `json:"drain,omitempty"`
 }
+
+// Drain states (Node.Drain).
+const (
+	NodeDraining = "draining" // a drain job moves its copies away
+	NodeDrained  = "drained"  // it holds no copy; placement skips it until undrained
+)
 
 // VolumeBroken is the State of a quarantined volume: listed, not served,
 // every operation refused with CodeBroken.
@@ -400,6 +409,8 @@ const (
 	CodeNotPrimary     = "NotPrimary"       // 409: ask the volume's primary node (the message names it)
 	CodeNotSupported   = "NotSupported"     // 422: not built for replicated volumes yet
 	CodeDegraded       = "Degraded"         // 409: a copy is out of sync; wait for its resync
+	CodeWrongNode      = "WrongNode"        // 409: ask another node (the message names it and its address)
+	CodeCopyMismatch   = "CopyMismatch"     // 409: a copy lacks what the operation needs (the message names it)
 	CodeInternal       = "Internal"         // 500
 	CodeForbidden      = "Forbidden"        // 403: the token's role does not allow it
 	CodeQuota          = "QuotaExceeded"    // 403: a tenant quota would be exceeded (the message names it)

@@ -56,7 +56,7 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 		}
 		out.Items = append(out.Items, api.Node{Name: n.Name, Address: n.API, NBD: n.NBD, State: state,
 			FailureDomain: n.FailureDomain, CapacityBytes: n.TotalBytes, FreeBytes: n.FreeBytes, Volumes: n.Volumes,
-			Self: n.Name == s.Cluster.Name()})
+			Self: n.Name == s.Cluster.Name(), Drain: n.Drain})
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -184,19 +184,18 @@ const (
 )
 
 // replicatedGuards are the routes on one volume that a replicated volume
-// restricts. Snapshots go through the primary, which takes them on every
-// copy at one cut (Replicated); rollback and disk changes must too
-// (docs/cluster.md), which is not built yet: refused rather than applied to
-// one copy.
+// restricts. Snapshots, rollback and disk changes go through the primary,
+// which applies them to every copy at one cut (Replicated). A route marked
+// notYetBuilt would change one copy only: refused.
 var replicatedGuards = map[string]replicatedGuard{
 	"POST /v1/volumes/{volume}/attachments":             onPrimary,
 	"POST /v1/volumes/{volume}/attachments/{id}/writer": onPrimary,
-	"POST /v1/volumes/{volume}/disks":                   notYetBuilt,
-	"PATCH /v1/volumes/{volume}/disks/{disk}":           notYetBuilt,
-	"DELETE /v1/volumes/{volume}/disks/{disk}":          notYetBuilt,
+	"POST /v1/volumes/{volume}/disks":                   onPrimary,
+	"PATCH /v1/volumes/{volume}/disks/{disk}":           onPrimary,
+	"DELETE /v1/volumes/{volume}/disks/{disk}":          onPrimary,
 	"POST /v1/volumes/{volume}/snapshots":               onPrimary,
 	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  onPrimary,
-	"POST /v1/volumes/{volume}/rollback":                notYetBuilt,
+	"POST /v1/volumes/{volume}/rollback":                onPrimary,
 }
 
 func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
@@ -229,6 +228,11 @@ func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, 
 type Replicated interface {
 	Snapshot(ctx context.Context, volume, name string, idem pool.Idempotency, prog pool.Progress) (pool.SnapshotInfo, bool, error)
 	DeleteSnapshot(ctx context.Context, volume, name string) error
+	// Rollback releases h.
+	Rollback(ctx context.Context, h *pool.Hold, volume, snapshot string, force bool, prog pool.Progress) (pool.VolumeInfo, error)
+	AddDisk(ctx context.Context, volume string, d pool.DiskSpec, idem pool.Idempotency) (pool.VolumeInfo, error)
+	GrowDisk(ctx context.Context, volume, disk string, size int64) (pool.VolumeInfo, error)
+	RemoveDisk(ctx context.Context, volume, disk string, force bool) (pool.VolumeInfo, error)
 }
 
 // replicated says whether volume is a cluster volume with more than one
@@ -242,4 +246,22 @@ func (s *Server) replicated(r *http.Request, volume string) (bool, error) {
 		return false, fmt.Errorf("%w: %w", errUnavailable, err)
 	}
 	return role.Placed && role.Replicas > 1, nil
+}
+
+// refuseReplicatedClone refuses a clone of a volume with more than one copy:
+// it would be made from the copy on this node, unplaced (docs/cluster.md,
+// "Clones", designed, not built).
+func (s *Server) refuseReplicatedClone(r *http.Request, source string) error {
+	if s.Cluster == nil {
+		return nil
+	}
+	role, err := s.Cluster.Role(r.Context(), source)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	if role.Placed && role.Replicas > 1 {
+		return fmt.Errorf("clone of %q: it has %d copies, and a clone placed on the cluster's nodes is not built yet "+
+			"(docs/cluster.md): %w", source, role.Replicas, cluster.ErrNotSupported)
+	}
+	return nil
 }

@@ -55,6 +55,9 @@ var errorMapping = []struct {
 	{cluster.ErrNotPrimary, http.StatusConflict, api.CodeNotPrimary},
 	{cluster.ErrNotSupported, http.StatusUnprocessableEntity, api.CodeNotSupported},
 	{cluster.ErrDegraded, http.StatusConflict, api.CodeDegraded},
+	{cluster.ErrNodeNotFound, http.StatusNotFound, api.CodeNotFound},
+	{errWrongNode, http.StatusConflict, api.CodeWrongNode},
+	{cluster.ErrCopyMismatch, http.StatusConflict, api.CodeCopyMismatch},
 	{errUnavailable, http.StatusServiceUnavailable, api.CodeUnavailable},
 }
 

@@ -240,7 +240,17 @@ func (s *Server) addDisk(w http.ResponseWriter, r *http.Request) error {
 	if err := s.checkOvercommit(d.Size); err != nil {
 		return err
 	}
-	info, err := v.AddDiskWith(r.Context(), pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared}, idem)
+	rep, err := s.replicated(r, v.Name())
+	if err != nil {
+		return err
+	}
+	add := v.AddDiskWith
+	if rep {
+		add = func(ctx context.Context, d pool.DiskSpec, idem pool.Idempotency) (pool.VolumeInfo, error) {
+			return s.Replicated.AddDisk(ctx, v.Name(), d, idem)
+		}
+	}
+	info, err := add(r.Context(), pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared}, idem)
 	if err != nil {
 		return err
 	}
@@ -264,7 +274,17 @@ func (s *Server) growDisk(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	info, err := v.GrowDisk(r.Context(), r.PathValue("disk"), u.Size)
+	rep, err := s.replicated(r, v.Name())
+	if err != nil {
+		return err
+	}
+	grow := v.GrowDisk
+	if rep {
+		grow = func(ctx context.Context, disk string, size int64) (pool.VolumeInfo, error) {
+			return s.Replicated.GrowDisk(ctx, v.Name(), disk, size)
+		}
+	}
+	info, err := grow(r.Context(), r.PathValue("disk"), u.Size)
 	if err != nil {
 		return err
 	}
@@ -281,7 +301,17 @@ func (s *Server) removeDisk(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	info, err := v.RemoveDiskWith(r.Context(), r.PathValue("disk"), force)
+	rep, err := s.replicated(r, v.Name())
+	if err != nil {
+		return err
+	}
+	remove := v.RemoveDiskWith
+	if rep {
+		remove = func(ctx context.Context, disk string, force bool) (pool.VolumeInfo, error) {
+			return s.Replicated.RemoveDisk(ctx, v.Name(), disk, force)
+		}
+	}
+	info, err := remove(r.Context(), r.PathValue("disk"), force)
 	if err != nil {
 		return err
 	}
@@ -450,6 +480,10 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
+	rep, err := s.replicated(r, v.Name())
+	if err != nil {
+		return err
+	}
 	h, err := v.Hold("rollback") // a busy volume is a 409, not a failed job
 	if err != nil {
 		return err
@@ -457,7 +491,11 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) error {
 	var info pool.VolumeInfo
 	return s.runJob(w, r, "rollback", v.Name()+"@"+spec.Snapshot, 1, func(ctx context.Context, j *job.Job) error {
 		var err error
-		info, err = h.Rollback(ctx, spec.Snapshot, force, j)
+		if rep { // every copy at one cut
+			info, err = s.Replicated.Rollback(ctx, h, v.Name(), spec.Snapshot, force, j)
+		} else {
+			info, err = h.Rollback(ctx, spec.Snapshot, force, j)
+		}
 		return err
 	}, func() error {
 		writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
@@ -491,6 +529,9 @@ func (s *Server) clone(w http.ResponseWriter, r *http.Request) error {
 				return err
 			}
 		}
+	}
+	if err := s.refuseReplicatedClone(r, req.Source.Volume); err != nil {
+		return err
 	}
 	if err := s.checkOvercommit(s.cloneSize(req.Source) * int64(len(spec.Names))); err != nil {
 		return err

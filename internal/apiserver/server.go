@@ -46,6 +46,9 @@ type Server struct {
 	// Replicated takes and deletes the snapshots of replicated volumes on
 	// every copy (nil on a single node).
 	Replicated Replicated
+	// Drainer drains this node (`quiver node drain`); nil on a single
+	// node.
+	Drainer Drainer
 
 	pool  *pool.Pool
 	jobs  *job.Manager
@@ -111,6 +114,8 @@ func (s *Server) routes() {
 		"DELETE /v1/volumes/{volume}/attachments/{id}":      {s.detach, auth.ActAttach},
 		"POST /v1/volumes/{volume}/attachments/{id}/writer": {s.transferWriter, auth.ActAttach},
 		"GET /v1/nodes":                                     {s.listNodes, auth.ActNode},
+		"POST /v1/nodes/{node}/drain":                       {s.drainNode, auth.ActAdmin},
+		"DELETE /v1/nodes/{node}/drain":                     {s.undrainNode, auth.ActAdmin},
 		"GET /v1/jobs":                                      {s.listJobs, auth.ActRead},
 		"GET /v1/jobs/{id}":                                 {s.getJob, auth.ActRead},
 		"DELETE /v1/jobs/{id}":                              {s.cancelJob, auth.ActWrite},

@@ -39,6 +39,9 @@ const secretPrefix = "qvt_"
 // maxStore bounds tokens.json as read from the pool.
 const maxStore = 4 << 20
 
+// sharedTimeout bounds one commit to a shared store's backend.
+const sharedTimeout = 10 * time.Second
+
 // Limits on the store.
 const (
 	MaxTokens      = 10000
@@ -97,6 +100,10 @@ type Store struct {
 	byCert  map[string]Token         // by CertSHA256, certificate tokens
 	done    map[string]chan struct{} // by token ID; closed on revocation
 	revoked chan struct{}            // closed for IDs that are not (or no longer) tokens
+	// backend, when set (Share), holds the state instead of tokens.json;
+	// version is that of the state s holds.
+	backend Backend
+	version int64
 }
 
 // Open loads tokens.json from fsys (the pool's root); an absent file is an
@@ -359,18 +366,20 @@ func (s *Store) Create(tenant string, role Role, description string) (Token, str
 func (s *Store) add(t Token) (Token, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.f.Tokens) >= MaxTokens {
-		return Token{}, fmt.Errorf("%d tokens: at most %d: %w", len(s.f.Tokens), MaxTokens, ErrInvalid)
-	}
-	if t.CertSHA256 != "" {
-		if old, ok := s.byCert[t.CertSHA256]; ok {
-			return Token{}, fmt.Errorf("certificate %s: already token %s: %w", t.CertSHA256, old.ID, ErrInvalid)
-		}
-	}
 	t.ID, t.CreatedAt = newID(), time.Now().UTC().Truncate(time.Second)
-	f := s.clone()
-	f.Tokens = append(f.Tokens, t)
-	if err := s.commit(f); err != nil {
+	err := s.update(func(f *storeFile) error {
+		if len(f.Tokens) >= MaxTokens {
+			return fmt.Errorf("%d tokens: at most %d: %w", len(f.Tokens), MaxTokens, ErrInvalid)
+		}
+		if t.CertSHA256 != "" {
+			if i := slices.IndexFunc(f.Tokens, func(x Token) bool { return x.CertSHA256 == t.CertSHA256 }); i >= 0 {
+				return fmt.Errorf("certificate %s: already token %s: %w", t.CertSHA256, f.Tokens[i].ID, ErrInvalid)
+			}
+		}
+		f.Tokens = append(f.Tokens, t)
+		return nil
+	})
+	if err != nil {
 		return Token{}, err
 	}
 	return t, nil
@@ -432,13 +441,14 @@ func (s *Store) Get(id string) (Token, error) {
 func (s *Store) Revoke(id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	f := s.clone()
-	i := slices.IndexFunc(f.Tokens, func(t Token) bool { return t.ID == id })
-	if i < 0 {
-		return fmt.Errorf("token %q: %w", id, ErrTokenNotFound)
-	}
-	f.Tokens = slices.Delete(f.Tokens, i, i+1)
-	return s.commit(f)
+	return s.update(func(f *storeFile) error {
+		i := slices.IndexFunc(f.Tokens, func(t Token) bool { return t.ID == id })
+		if i < 0 {
+			return fmt.Errorf("token %q: %w", id, ErrTokenNotFound)
+		}
+		f.Tokens = slices.Delete(f.Tokens, i, i+1)
+		return nil
+	})
 }
 
 // Authenticate returns the principal a secret acts for.
@@ -533,14 +543,15 @@ func (s *Store) SetQuota(tenant string, q Quota) (Tenant, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	f := s.clone()
 	t := Tenant{Name: tenant, Quota: q}
-	if i := slices.IndexFunc(f.Tenants, func(x Tenant) bool { return x.Name == tenant }); i >= 0 {
-		f.Tenants[i] = t
-	} else {
-		f.Tenants = append(f.Tenants, t)
-	}
-	return t, s.commit(f)
+	return t, s.update(func(f *storeFile) error {
+		if i := slices.IndexFunc(f.Tenants, func(x Tenant) bool { return x.Name == tenant }); i >= 0 {
+			f.Tenants[i] = t
+		} else {
+			f.Tenants = append(f.Tenants, t)
+		}
+		return nil
+	})
 }
 
 // Bootstrap makes sure a node without --token-file has an admin token: when

@@ -55,7 +55,16 @@ type Agent struct {
 	Log     *slog.Logger
 
 	mu    sync.Mutex
-	locks map[string]*sync.Mutex // per FUSE directory
+	locks map[string]*dirLock // per FUSE directory, while a request holds or waits for it
+}
+
+// dirLock serializes the requests on one FUSE directory; users counts the
+// requests holding or waiting for it, and the last one removes it, so the
+// map holds only the directories in use (a node that publishes and
+// unpublishes volumes for months does not grow it).
+type dirLock struct {
+	mu    sync.Mutex
+	users int
 }
 
 // Handler returns the agent's HTTP handler: POST /v1/attach, /v1/detach,
@@ -121,16 +130,31 @@ func (a *Agent) serve(op func(context.Context, Request) (Reply, error)) http.Han
 func (a *Agent) lock(dir string) func() {
 	a.mu.Lock()
 	if a.locks == nil {
-		a.locks = map[string]*sync.Mutex{}
+		a.locks = map[string]*dirLock{}
 	}
 	l, ok := a.locks[dir]
 	if !ok {
-		l = &sync.Mutex{}
+		l = &dirLock{}
 		a.locks[dir] = l
 	}
+	l.users++
 	a.mu.Unlock()
-	l.Lock()
-	return l.Unlock
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		a.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(a.locks, dir)
+		}
+		a.mu.Unlock()
+	}
+}
+
+// lockedDirs is how many FUSE directories have a lock now.
+func (a *Agent) lockedDirs() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.locks)
 }
 
 var loopName = regexp.MustCompile(`^/dev/loop[0-9]{1,6}$`)

@@ -3,12 +3,15 @@ package blockdev
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // fakeDevices records the calls that reach it and answers with err.
@@ -144,6 +147,43 @@ func TestAgentForwards(t *testing.T) {
 	dev.err = errors.New("losetup failed")
 	if err := c.Detach(ctx, root+"/vm2", "root", "", 0); err == nil || !strings.Contains(err.Error(), "losetup failed") {
 		t.Fatalf("a failure at the agent: %v", err)
+	}
+}
+
+// TestAgentLocksPerDirectory: requests on one FUSE directory run one at a
+// time, requests on others do not wait for them, and a directory's lock is
+// dropped once no request holds or waits for it.
+func TestAgentLocksPerDirectory(t *testing.T) {
+	a := &Agent{Root: "/r"}
+	unlock1 := a.lock("/r/vm1")
+	got := make(chan struct{})
+	go func() {
+		unlock := a.lock("/r/vm1")
+		close(got)
+		unlock()
+	}()
+	other := a.lock("/r/vm2") // another directory: not held up
+	other()
+	select {
+	case <-got:
+		t.Fatal("a second request on /r/vm1 ran while the first held it")
+	case <-time.After(50 * time.Millisecond):
+	}
+	unlock1()
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second request on /r/vm1 never ran")
+	}
+	for range 1000 {
+		a.lock("/r/vm" + strconv.Itoa(rand.IntN(1<<20)))()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for a.lockedDirs() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d directory locks left after every request ended", a.lockedDirs())
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

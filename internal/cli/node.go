@@ -15,10 +15,65 @@ func (a *app) nodeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "node",
 		Aliases: []string{"nodes"},
-		Short:   "List the storage nodes of the cluster (docs/cluster.md)",
+		Short:   "List, drain and undrain the storage nodes of the cluster (docs/cluster.md)",
 	}
-	cmd.AddCommand(a.nodeListCommand())
+	cmd.AddCommand(a.nodeListCommand(), a.nodeDrainCommand(), a.nodeUndrainCommand())
 	return cmd
+}
+
+func (a *app) nodeDrainCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "drain NODE",
+		Short: "Move every copy away from a node, as a job with progress, and keep new copies off it",
+		Long: `Moves each copy on NODE to another eligible node (up, not drained, with the free bytes, another
+failure domain first), rebuilt there before the copy on NODE is removed, and hands the volumes NODE is the
+primary of over to an in-sync copy elsewhere (the next term; clients are sent to the new primary). The node
+stays marked drained, skipped by placement, until ` + "`quiver node undrain NODE`" + `. The drain runs on NODE
+itself: point --server at NODE's API. Refused, with nothing changed, when a copy has nowhere to go.`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			job, err := c.StartDrain(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			final, err := a.wait(cmd.Context(), c, job)
+			if err != nil {
+				return err
+			}
+			if a.forPeople() {
+				return a.printDone(cmd.OutOrStdout(), "node %s drained: %d volume(s) moved", args[0], final.ItemsDone)
+			}
+			return a.printObject(cmd.OutOrStdout(), final)
+		},
+	}
+}
+
+func (a *app) nodeUndrainCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:               "undrain NODE",
+		Short:             "Clear a node's drain mark: new copies may be placed on it again",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			n, err := c.Undrain(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if a.forPeople() {
+				return a.printDone(cmd.OutOrStdout(), "node %s undrained: placement may use it again", args[0])
+			}
+			return a.printObject(cmd.OutOrStdout(), n)
+		},
+	}
 }
 
 func (a *app) nodeListCommand() *cobra.Command {
@@ -59,7 +114,11 @@ func nodeTable(nodes []api.Node) func(io.Writer) error {
 			if n.State != api.NodeUp {
 				capacity, free = "-", "-"
 			}
-			t.row(name, addr, n.State, domain, capacity, free, fmt.Sprint(n.Volumes))
+			state := n.State
+			if n.Drain != "" {
+				state += ", " + n.Drain
+			}
+			t.row(name, addr, state, domain, capacity, free, fmt.Sprint(n.Volumes))
 		}
 		return t.flush()
 	}

@@ -19,6 +19,8 @@ var (
 	ErrNameTaken = errors.New("node name taken")
 	// ErrNotEnoughNodes: fewer eligible nodes than the replicas asked.
 	ErrNotEnoughNodes = errors.New("not enough nodes")
+	// ErrNodeNotFound: no member of that name.
+	ErrNodeNotFound = errors.New("node not found in the cluster")
 	// ErrVolumeExists: a volume of that name is placed already.
 	ErrVolumeExists = errors.New("volume already exists in the cluster")
 	// ErrVolumeNotFound: no volume of that name is placed.
@@ -38,4 +40,7 @@ var (
 	// ErrDegraded: the operation needs every copy in sync (a snapshot
 	// would be missing on the copy out of sync).
 	ErrDegraded = errors.New("a copy of the volume is out of sync")
+	// ErrCopyMismatch: a copy lacks what the operation needs (the
+	// snapshot a rollback goes to); nothing was changed.
+	ErrCopyMismatch = errors.New("a copy does not match the primary")
 )

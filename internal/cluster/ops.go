@@ -10,6 +10,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/quiverstorage/quiver/internal/api"
 )
 
 // Operations a primary sends to its copies (Op.Kind): each copy applies it
@@ -18,6 +20,13 @@ import (
 const (
 	OpSnapshot       = "snapshot"
 	OpDeleteSnapshot = "delete-snapshot"
+	// The operations that change a copy's disks at the cut (cutops.go).
+	OpCheckSnapshot = "check-snapshot"
+	OpRollback      = "rollback"
+	OpAddDisk       = "add-disk"
+	OpGrowDisk      = "grow-disk"
+	OpRemoveDisk    = "remove-disk"
+	OpConformDisks  = "conform-disks"
 )
 
 // Op is one operation for the copies of a volume, the value of
@@ -29,6 +38,13 @@ type Op struct {
 	Primary string   `json:"primary"`
 	Term    uint64   `json:"term"`
 	Nodes   []string `json:"nodes"`
+	// Disk is the disk an add, grow or remove changes; Disks the disk set
+	// a conform makes the copy's (OpConformDisks).
+	Disk  *api.DiskSpec  `json:"disk,omitempty"`
+	Disks []api.DiskSpec `json:"disks,omitempty"`
+	// Capacity is the primary's volume capacity for a disk change: a
+	// copy whose capacity is smaller grows it first.
+	Capacity int64 `json:"capacity,omitempty"`
 }
 
 type opResult struct {
@@ -39,8 +55,30 @@ type opResult struct {
 // and waits until each applied it (or refused it: the errors are joined),
 // at most OpTimeout. The keys are removed afterwards.
 func (n *Node) RunOp(ctx context.Context, volume string, term uint64, op Op) error {
+	each, err := n.RunOpEach(ctx, volume, term, op)
+	if err != nil {
+		return err
+	}
+	var errs error
+	for _, node := range op.Nodes {
+		if e := each[node]; e != nil {
+			errs = errors.Join(errs, e)
+		}
+	}
+	if errs != nil {
+		return fmt.Errorf("%s %q of %q: %w", op.Kind, op.Name, volume, errs)
+	}
+	return nil
+}
+
+// RunOpEach is RunOp that answers each copy's outcome: nil for a copy that
+// applied op, its refusal, or a copy that did not answer within OpTimeout.
+// err is set only when op could not be sent (every copy's outcome is then
+// unknown).
+func (n *Node) RunOpEach(ctx context.Context, volume string, term uint64, op Op) (map[string]error, error) {
+	each := map[string]error{}
 	if len(op.Nodes) == 0 {
-		return nil
+		return each, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
 	defer cancel()
@@ -54,24 +92,21 @@ func (n *Node) RunOp(ctx context.Context, volume string, term uint64, op Op) err
 	}()
 	put, err := n.cli.Put(ctx, ok, mustJSON(op))
 	if err != nil {
-		return fmt.Errorf("%s %q of %q on the copies: %w", op.Kind, op.Name, volume, err)
+		return nil, fmt.Errorf("%s %q of %q on the copies: %w", op.Kind, op.Name, volume, err)
 	}
 	results := map[string]opResult{}
 	wch := n.cli.Watch(clientv3.WithRequireLeader(ctx), rk, clientv3.WithPrefix(), clientv3.WithRev(put.Header.Revision))
+wait:
 	for len(results) < len(op.Nodes) {
 		select {
 		case <-ctx.Done():
-			var missing []string
-			for _, node := range op.Nodes {
-				if _, ok := results[node]; !ok {
-					missing = append(missing, node)
-				}
-			}
-			return fmt.Errorf("%s %q of %q: no answer from the copies on %s: %w", op.Kind, op.Name, volume,
-				strings.Join(missing, ", "), ctx.Err())
+			break wait
 		case wr, open := <-wch:
 			if !open || wr.Err() != nil {
-				return fmt.Errorf("%s %q of %q: watching the copies' answers: %v", op.Kind, op.Name, volume, wr.Err())
+				if ctx.Err() != nil {
+					break wait
+				}
+				return nil, fmt.Errorf("%s %q of %q: watching the copies' answers: %v", op.Kind, op.Name, volume, wr.Err())
 			}
 			for _, ev := range wr.Events {
 				var r opResult
@@ -81,16 +116,18 @@ func (n *Node) RunOp(ctx context.Context, volume string, term uint64, op Op) err
 			}
 		}
 	}
-	var errs error
 	for _, node := range op.Nodes {
-		if e := results[node].Error; e != "" {
-			errs = errors.Join(errs, fmt.Errorf("copy on %s: %s", node, e))
+		r, answered := results[node]
+		switch {
+		case !answered:
+			each[node] = fmt.Errorf("copy on %s: no answer: %w", node, ctx.Err())
+		case r.Error != "":
+			each[node] = fmt.Errorf("copy on %s: %s", node, r.Error)
+		default:
+			each[node] = nil
 		}
 	}
-	if errs != nil {
-		return fmt.Errorf("%s %q of %q: %w", op.Kind, op.Name, volume, errs)
-	}
-	return nil
+	return each, nil
 }
 
 // runOps applies the operations sent to this node's copies: it reads the

@@ -25,6 +25,9 @@ type NodeInfo struct {
 	TotalBytes    int64 // as last reported; 0 while down
 	FreeBytes     int64
 	Volumes       int // copies placed on it
+	// Drain is DrainRunning or DrainDone while the node is drained
+	// (placement skips it), else "".
+	Drain string
 }
 
 // CopyInfo is one copy of a volume.
@@ -55,7 +58,8 @@ type Placement struct {
 func (n *Node) Nodes(ctx context.Context) ([]NodeInfo, error) {
 	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("members")+"/", clientv3.WithPrefix()),
 		clientv3.OpGet(n.key("alive")+"/", clientv3.WithPrefix()),
-		clientv3.OpGet(n.key("volumes")+"/", clientv3.WithPrefix())).Commit()
+		clientv3.OpGet(n.key("volumes")+"/", clientv3.WithPrefix()),
+		clientv3.OpGet(n.key("drained")+"/", clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
@@ -88,6 +92,12 @@ func (n *Node) Nodes(ctx context.Context) ([]NodeInfo, error) {
 			}
 		}
 	}
+	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
+		var d drainRecord
+		if ni := byName[lastSegment(string(kv.Key))]; ni != nil && json.Unmarshal(kv.Value, &d) == nil {
+			ni.Drain = d.State
+		}
+	}
 	out := make([]NodeInfo, 0, len(byName))
 	for _, ni := range byName {
 		out = append(out, *ni)
@@ -98,7 +108,8 @@ func (n *Node) Nodes(ctx context.Context) ([]NodeInfo, error) {
 
 func lastSegment(k string) string { return k[strings.LastIndexByte(k, '/')+1:] }
 
-// choose picks replicas distinct nodes among the up ones: the one with the
+// choose picks replicas distinct nodes among the up ones that are not
+// drained: the one with the
 // most free bytes first, then each next one from a failure domain not used
 // yet while there is one (a node without a domain is a domain of its own),
 // most free bytes first; ties by name. Fewer up nodes than replicas is
@@ -106,10 +117,14 @@ func lastSegment(k string) string { return k[strings.LastIndexByte(k, '/')+1:] }
 func choose(nodes []NodeInfo, replicas int) ([]string, error) {
 	var up []NodeInfo
 	var down []string
+	var drained []string
 	for _, ni := range nodes {
-		if ni.Up {
+		switch {
+		case ni.Up && ni.Drain != "":
+			drained = append(drained, ni.Name)
+		case ni.Up:
 			up = append(up, ni)
-		} else {
+		default:
 			down = append(down, ni.Name)
 		}
 	}
@@ -117,6 +132,9 @@ func choose(nodes []NodeInfo, replicas int) ([]string, error) {
 		msg := fmt.Sprintf("replicas %d: the cluster has %d node(s) up", replicas, len(up))
 		if len(down) > 0 {
 			msg += fmt.Sprintf(" (down: %s)", strings.Join(down, ", "))
+		}
+		if len(drained) > 0 {
+			msg += fmt.Sprintf(" (drained, so not used: %s)", strings.Join(drained, ", "))
 		}
 		return nil, fmt.Errorf("%s; each copy needs a node of its own: %w", msg, ErrNotEnoughNodes)
 	}

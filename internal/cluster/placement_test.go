@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -38,6 +39,19 @@ func TestChoose(t *testing.T) {
 				t.Fatalf("choose = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+func TestChooseSkipsDrainedNodes(t *testing.T) {
+	nodes := []NodeInfo{{Name: "a", Up: true, FreeBytes: 30, Drain: DrainDone}, {Name: "b", Up: true, FreeBytes: 20},
+		{Name: "c", Up: true, FreeBytes: 10, Drain: DrainRunning}, {Name: "d", Up: true, FreeBytes: 5}}
+	got, err := choose(nodes, 2)
+	if err != nil || !slices.Equal(got, []string{"b", "d"}) {
+		t.Fatalf("choose = %v, %v; want [b d]: drained and draining nodes get no copy", got, err)
+	}
+	_, err = choose(nodes, 3)
+	if !errors.Is(err, ErrNotEnoughNodes) || !strings.Contains(err.Error(), "(drained, so not used: a, c)") {
+		t.Fatalf("err = %v, want ErrNotEnoughNodes naming the drained nodes", err)
 	}
 }
 

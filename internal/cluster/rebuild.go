@@ -17,7 +17,7 @@ import (
 const CopyRebuilding = "rebuilding"
 
 // ReplaceCopy moves the out-of-sync copy of volume on node gone to another
-// eligible node (up, without a copy of the volume, with free bytes for its
+// eligible node (up, not drained, without a copy of the volume, with free bytes for its
 // capacity; a failure domain the other copies do not use first, then the
 // most free bytes, then the name), as the primary at term: one transaction
 // that rewrites the placement, drops gone's copy key and records the new
@@ -57,7 +57,7 @@ func (n *Node) ReplaceCopy(ctx context.Context, volume, gone string, term uint64
 	}
 	var cand []NodeInfo
 	for _, ni := range nodes {
-		if ni.Up && !slices.Contains(rec.Copies, ni.Name) && ni.FreeBytes >= rec.Spec.Capacity {
+		if ni.Up && ni.Drain == "" && !slices.Contains(rec.Copies, ni.Name) && ni.FreeBytes >= rec.Spec.Capacity {
 			cand = append(cand, ni)
 		}
 	}

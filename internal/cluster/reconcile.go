@@ -24,6 +24,7 @@ func (n *Node) reconcile(ctx context.Context) {
 		}
 		for _, kv := range resp.Kvs {
 			n.apply(ctx, kv.Key, kv.Value)
+			n.finishRemoval(ctx, kv.Key, kv.Value)
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		for wr := range n.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {

@@ -56,7 +56,10 @@ type volumeRecord struct {
 	Term           uint64         `json:"term"`
 	InSync         []string       `json:"inSync"`
 	State          string         `json:"state,omitempty"`
-	CreatedAt      time.Time      `json:"createdAt"`
+	// Removing are the nodes whose copies left the placement (a drain)
+	// and that have not deleted them yet (drain.go).
+	Removing  []string  `json:"removing,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
 }
 
 // Copy states (copyRecord.State, api.Copy.State).

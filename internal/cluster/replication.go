@@ -139,6 +139,13 @@ func (n *Node) Role(ctx context.Context, volume string) (Role, error) {
 // primary cut off from etcd cannot drop a copy and go on alone: its caller
 // must not acknowledge the request that found the copy failed.
 func (n *Node) MarkOutOfSync(volume, node string, term uint64, cause error) error {
+	return n.markOutOfSync(volume, node, term, cause, false)
+}
+
+// markOutOfSync is MarkOutOfSync; whole also records that the copy's
+// resync must copy it whole (MarkDiverged), even if it was out of sync
+// already.
+func (n *Node) markOutOfSync(volume, node string, term uint64, cause error, whole bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.LeaseTTL)
 	defer cancel()
 	s := n.session()
@@ -178,7 +185,7 @@ func (n *Node) MarkOutOfSync(volume, node string, term uint64, cause error) erro
 			return fmt.Errorf("mark copy %s of %q out of sync: this node is no longer primary at term %d (primary %s, term %d): %w",
 				node, volume, term, rec.Primary, rec.Term, ErrNoSession)
 		}
-		if !slices.Contains(rec.InSync, node) {
+		if !slices.Contains(rec.InSync, node) && !whole {
 			return nil // a concurrent request recorded it
 		}
 		rec.InSync = slices.DeleteFunc(slices.Clone(rec.InSync), func(s string) bool { return s == node })
@@ -187,6 +194,7 @@ func (n *Node) MarkOutOfSync(volume, node string, term uint64, cause error) erro
 			_ = json.Unmarshal(ckvs[0].Value, &c)
 		}
 		c.State, c.Reason, c.UpdatedAt = CopyDegraded, cause.Error(), time.Now().UTC()
+		c.Whole = c.Whole || whole
 		put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
 			clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
 			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/nbd"
+	"github.com/quiverstorage/quiver/internal/nbdclient"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
@@ -48,7 +49,7 @@ type Disk struct {
 	readOnly bool
 
 	mu     sync.Mutex // guards c; held while connecting
-	c      *client
+	c      *nbdclient.Conn
 	closed bool
 }
 
@@ -78,31 +79,35 @@ func Open(ctx context.Context, export string, resolve Resolver, opts Options) (*
 	if err != nil {
 		return nil, err
 	}
-	d.size, d.readOnly = c.size, c.readOnly
+	d.size, d.readOnly = c.Size(), c.ReadOnly()
 	return d, nil
 }
 
 // conn returns the current connection, or makes one to the primary of the
 // moment, trying again until deadline.
-func (d *Disk) conn(ctx context.Context, deadline time.Time) (*client, error) {
+func (d *Disk) conn(ctx context.Context, deadline time.Time) (*nbdclient.Conn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return nil, fmt.Errorf("forwarded export %s: %w", d.export, pool.ErrClosed)
 	}
-	if d.c != nil && !d.c.failed() {
+	if d.c != nil && !d.c.Failed() {
 		return d.c, nil
 	}
 	pause := 50 * time.Millisecond
 	for {
 		addr, err := d.resolve(ctx)
 		if err == nil {
-			var c *client
-			c, err = dial(ctx, d.opts.Dial, addr, d.export, d.opts.DialTimeout, d.opts.RequestTimeout)
+			// The handshake is bounded by the request timeout: the
+			// primary may wait for its copies.
+			var c *nbdclient.Conn
+			c, err = nbdclient.Dial(ctx, addr, d.export, nbdclient.Options{Dial: d.opts.Dial,
+				DialTimeout: d.opts.DialTimeout, Timeout: d.opts.RequestTimeout})
+			err = forwardErr(err)
 			if err == nil {
-				if d.size != 0 && c.size != d.size {
-					c.close()
-					return nil, fmt.Errorf("primary at %s serves %d bytes, not %d: %w", addr, c.size, d.size, pool.ErrInvalid)
+				if d.size != 0 && c.Size() != d.size {
+					c.Close()
+					return nil, fmt.Errorf("primary at %s serves %d bytes, not %d: %w", addr, c.Size(), d.size, pool.ErrInvalid)
 				}
 				if d.opts.OnConnect != nil {
 					d.opts.OnConnect(addr)
@@ -126,7 +131,7 @@ func (d *Disk) conn(ctx context.Context, deadline time.Time) (*client, error) {
 
 // do runs one request, sending it again on a new connection whenever the
 // current one breaks, for up to RetryFor.
-func (d *Disk) do(run func(c *client) error) error {
+func (d *Disk) do(run func(c *nbdclient.Conn) error) error {
 	deadline := time.Now().Add(d.opts.RetryFor)
 	for {
 		c, err := d.conn(context.Background(), deadline)
@@ -136,11 +141,11 @@ func (d *Disk) do(run func(c *client) error) error {
 			}
 			return fmt.Errorf("%w: %w", nbd.ErrAbandon, err)
 		}
-		err = run(c)
+		err = forwardErr(run(c))
 		if err == nil || !errors.Is(err, errConnLost) {
 			return err
 		}
-		c.fail(err)
+		c.Fail(err)
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%w: %w", nbd.ErrAbandon, err)
 		}
@@ -148,41 +153,28 @@ func (d *Disk) do(run func(c *client) error) error {
 	}
 }
 
-func fua(f bool) uint16 {
-	if f {
-		return cmdFlagFUA
-	}
-	return 0
-}
-
 func (d *Disk) Size() int64    { return d.size }
 func (d *Disk) ReadOnly() bool { return d.readOnly }
 
 func (d *Disk) ReadAt(p []byte, off int64) error {
-	return d.do(func(c *client) error { return c.do(cmdRead, 0, off, uint32(len(p)), nil, p) })
+	return d.do(func(c *nbdclient.Conn) error { return c.ReadAt(p, off) })
 }
 
 func (d *Disk) WriteAt(p []byte, off int64, f bool) error {
-	return d.do(func(c *client) error { return c.do(cmdWrite, fua(f), off, uint32(len(p)), p, nil) })
+	return d.do(func(c *nbdclient.Conn) error { return c.WriteAt(p, off, f) })
 }
 
 func (d *Disk) Flush() error {
-	return d.do(func(c *client) error { return c.do(cmdFlush, 0, 0, 0, nil, nil) })
+	return d.do((*nbdclient.Conn).Flush)
 }
 
 func (d *Disk) Trim(off, length int64, f bool) error {
-	return d.do(func(c *client) error { return c.do(cmdTrim, fua(f), off, uint32(length), nil, nil) })
+	return d.do(func(c *nbdclient.Conn) error { return c.Trim(off, length, f) })
 }
 
 func (d *Disk) Zero(off, length int64, flags pool.ZeroFlags) error {
-	fl := fua(flags&pool.ZeroFUA != 0)
-	if flags&pool.ZeroMayTrim == 0 {
-		fl |= cmdFlagNoHole
-	}
-	if flags&pool.ZeroFast != 0 {
-		fl |= cmdFlagFast
-	}
-	return d.do(func(c *client) error { return c.do(cmdWriteZeroes, fl, off, uint32(length), nil, nil) })
+	mayTrim, fast, fua := flags&pool.ZeroMayTrim != 0, flags&pool.ZeroFast != 0, flags&pool.ZeroFUA != 0
+	return d.do(func(c *nbdclient.Conn) error { return c.Zero(off, length, mayTrim, fast, fua) })
 }
 
 // Cache is a hint: it is not forwarded.
@@ -200,7 +192,7 @@ func (d *Disk) Close() error {
 	defer d.mu.Unlock()
 	d.closed = true
 	if d.c != nil {
-		d.c.close()
+		d.c.Close()
 		d.c = nil
 	}
 	return nil

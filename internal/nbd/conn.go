@@ -153,7 +153,11 @@ func (r *request) release() {
 func (c *conn) serve(ctx context.Context) error {
 	c.reqs = make(chan *request, c.srv.cfg.Workers)
 	c.memWake = make(chan struct{}, 1)
-	if c.srv.cfg.Workers > 1 {
+	if c.srv.cfg.Workers > 1 && c.nb != nil {
+		// A local file (schedule.go). A disk that cannot try requests
+		// without waiting writes over the network (a replicated or
+		// forwarded disk): its writes wait for a peer, not for the
+		// file's inode lock, and run on the workers side by side.
 		c.writes = make(chan *request, writeQueue)
 	}
 	var wg sync.WaitGroup

@@ -242,4 +242,13 @@ func (d gateDisk) WriteAt(p []byte, off int64, fua bool) error {
 	return d.Disk.WriteAt(p, off, fua)
 }
 
-var _ Exports = (*gateExports)(nil)
+// A gateDisk tries nothing without waiting (pool.Nonblocking, always
+// ErrWouldBlock), as a file on ext4: small WRITEs go to the write executor,
+// where the gate holds them.
+func (gateDisk) TryReadAt([]byte, int64) error  { return pool.ErrWouldBlock }
+func (gateDisk) TryWriteAt([]byte, int64) error { return pool.ErrWouldBlock }
+
+var (
+	_ Exports          = (*gateExports)(nil)
+	_ pool.Nonblocking = gateDisk{}
+)

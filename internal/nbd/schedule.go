@@ -2,6 +2,8 @@ package nbd
 
 import (
 	"encoding/binary"
+	"sync"
+	"time"
 )
 
 // Where requests run. The reader validates every request once as it reads
@@ -23,12 +25,17 @@ import (
 //     queue depth 1), and at queue depth 1 nothing else arrives meanwhile.
 //   - The write executor. Small WRITEs without FUA that the reader cannot do
 //     (the filesystem takes no RWF_NOWAIT for writes, as ext4; blocks to
-//     allocate; a chunk to copy up) go to one goroutine per connection that
-//     runs them in order and answers them in batches the same way. Buffered
-//     writes to one file are serialized by the kernel (the inode lock)
-//     whatever we do, so running them from sixteen workers buys no
-//     parallelism: it only blocks sixteen threads on that lock and sends
-//     sixteen replies one by one. The reader keeps reading meanwhile.
+//     allocate; a chunk to copy up; QoS tokens to wait for) go to one
+//     goroutine per connection that runs them in order and answers them in
+//     batches the same way. Buffered writes to one file are serialized by
+//     the kernel (the inode lock) whatever we do, so running them from
+//     sixteen workers buys no parallelism: it only blocks sixteen threads on
+//     that lock and sends sixteen replies one by one. The reader keeps
+//     reading meanwhile. A reply waits in the executor's batch at most
+//     replyHold, so a WRITE that waits long never holds up the replies of
+//     those before it. Only a local file has an executor (its handle is
+//     pool.Nonblocking): the writes of a replicated or forwarded disk wait
+//     for a peer, not for an inode lock, and go to the workers.
 //   - The workers. Everything else (READs that would wait, FUA, FLUSH, TRIM,
 //     WRITE_ZEROES, BLOCK_STATUS, CACHE, large requests) so that a request
 //     that waits never holds up reading.
@@ -123,24 +130,43 @@ func (c *conn) work() {
 	}
 }
 
+// replyHold bounds how long a reply waits in the write executor's batch.
+// The executor sends its batch when its queue runs empty, but a WRITE can
+// wait long with replies of earlier ones in the batch: for QoS tokens, for
+// the volume's I/O gate during a snapshot, for dirty-page writeback. Those
+// earlier replies then go out after at most replyHold, from a timer; at
+// full speed the queue runs empty (or the batch fills) long before that,
+// and the timer never fires.
+const replyHold = 500 * time.Microsecond
+
 // writeLoop is the write executor: it runs the queued WRITEs in order and
-// sends their replies when the queue runs empty (or the batch is full).
+// sends their replies when the queue runs empty, the batch is full, or the
+// oldest reply has waited replyHold.
 func (c *conn) writeLoop() {
-	var b batch
-	defer c.flushOut(&b)
-	r := runner{out: &b}
+	b := &batch{}
+	b.hold = time.AfterFunc(time.Hour, func() { c.flushOut(b) })
+	b.hold.Stop()
+	defer func() {
+		b.hold.Stop()
+		c.flushOut(b)
+	}()
+	r := runner{out: b}
 	for req := range c.writes {
 		c.exec(req, r)
 		c.queued.Add(-1)
 		if len(c.writes) == 0 {
-			c.flushOut(&b)
+			c.flushOut(b)
 		}
 	}
 }
 
 // batch is replies not yet sent; each belongs to one goroutine (the
-// reader's is conn.out, the write executor has its own).
+// reader's is conn.out, the write executor has its own), and the write
+// executor's also to its timer (hold), which sends it when its oldest reply
+// has waited replyHold. mu orders the two; the reader's is never contended.
 type batch struct {
+	mu    sync.Mutex
+	hold  *time.Timer
 	reqs  []*request
 	iov   [][]byte
 	bytes int
@@ -191,18 +217,36 @@ func (c *conn) okHeader(req *request) []byte {
 // queueReply adds a reply (the bytes to send, which live in req) to b; req
 // is released once b is sent.
 func (c *conn) queueReply(b *batch, req *request, p []byte) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.reqs = append(b.reqs, req)
 	b.iov = append(b.iov, p)
 	b.bytes += len(p)
-	if len(b.reqs) >= batchMaxReplies || b.bytes >= batchMaxBytes {
-		c.flushOut(b)
+	switch {
+	case len(b.reqs) >= batchMaxReplies || b.bytes >= batchMaxBytes:
+		c.sendBatch(b)
+	case len(b.reqs) == 1 && b.hold != nil:
+		b.hold.Reset(replyHold)
 	}
 }
 
 // flushOut sends b (if any) with one sendmsg and releases its requests.
 func (c *conn) flushOut(b *batch) {
-	if b == nil || len(b.reqs) == 0 {
+	if b == nil {
 		return
+	}
+	b.mu.Lock()
+	c.sendBatch(b)
+	b.mu.Unlock()
+}
+
+// sendBatch sends b with one sendmsg and releases its requests; b.mu is held.
+func (c *conn) sendBatch(b *batch) {
+	if len(b.reqs) == 0 {
+		return
+	}
+	if b.hold != nil {
+		b.hold.Stop()
 	}
 	c.wmu.Lock()
 	_ = c.sendReply(b.iov)

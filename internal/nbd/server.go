@@ -83,6 +83,14 @@ type Observer interface {
 // are negotiating.
 const ReasonHandshakes = "handshakes"
 
+// DefaultConfig is the configuration with every default filled in (for
+// flags that show them).
+func DefaultConfig() Config {
+	var c Config
+	c.defaults()
+	return c
+}
+
 func (c *Config) defaults() {
 	if c.MaxConns <= 0 {
 		c.MaxConns = 1024

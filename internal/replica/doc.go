@@ -15,5 +15,5 @@
 // It imports pool for the disk interface, storage and durable for the
 // bitmap files; it knows nothing of etcd or of the NBD server.
 //
-// Imports from quiver: pool, storage, durable.
+// Imports from quiver: pool, storage, durable, nbdclient.
 package replica

@@ -165,5 +165,5 @@ func (s poolStore) ApplyOp(ctx context.Context, volume string, op cluster.Op) er
 		}
 		return err
 	}
-	return fmt.Errorf("operation %q: %w", op.Kind, cluster.ErrNotSupported)
+	return applyCutOp(ctx, v, op)
 }

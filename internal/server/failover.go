@@ -110,9 +110,15 @@ type primaryDisk struct {
 	pool.Disk
 	node *cluster.Node
 	prim cluster.Primacy
+	// retired says whether this node handed the volume over (a drain)
+	// since prim: every request is abandoned then, whatever it did here.
+	retired func() bool
 }
 
 func (d *primaryDisk) ack(err error) error {
+	if d.retired != nil && d.retired() {
+		return fmt.Errorf("%w: the volume was handed over to another primary after term %d", nbd.ErrAbandon, d.prim.Term)
+	}
 	if errors.Is(err, replica.ErrNotAcknowledged) {
 		return fmt.Errorf("%w: %w", nbd.ErrAbandon, err)
 	}

@@ -23,6 +23,14 @@ type APILimits struct {
 // short ones.
 const maxHeaderBytes = 64 << 10
 
+// DefaultAPILimits are the limits with every default filled in (for flags
+// that show them).
+func DefaultAPILimits() APILimits {
+	var l APILimits
+	l.defaults()
+	return l
+}
+
 func (l *APILimits) defaults() {
 	if l.MaxConns <= 0 {
 		l.MaxConns = 512

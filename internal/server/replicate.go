@@ -84,7 +84,8 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 		e.log.Debug("replicated export opened", "volume", volume, "disk", disk, "term", role.Term, "inSync", ent.set.InSync())
 		ex.Disk = &setDisk{Disk: ent.set.Disk(ex.Disk), release: func() { e.sets.release(ent) }}
 	}
-	ex.Disk = &primaryDisk{Disk: ex.Disk, node: e.node, prim: prim}
+	ex.Disk = &primaryDisk{Disk: ex.Disk, node: e.node, prim: prim,
+		retired: func() bool { return e.sets.retiredAt(volume, prim.Term) }}
 	return ex, nil
 }
 
@@ -121,6 +122,9 @@ type replicaSets struct {
 	mu     sync.Mutex
 	ranges map[string]*replica.RangeLock
 	m      map[string]*setEntry
+	// retired: per volume, the term up to which this node handed it over
+	// (drain.go); its handles of those terms abandon every request.
+	retired map[string]uint64
 }
 
 type setEntry struct {

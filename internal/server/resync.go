@@ -65,6 +65,7 @@ func (r *replicaSets) resyncLoop(ctx context.Context) {
 			if p.Primary != me || p.Deleting || p.Replicas <= 1 {
 				continue
 			}
+			r.forgetRemoved(name, p)
 			for _, c := range p.Copies {
 				rebuild := c.State == cluster.CopyRebuilding
 				if c.Node == me || (c.State != cluster.CopyDegraded && c.State != cluster.CopyResyncing && !rebuild) {
@@ -174,6 +175,13 @@ func (r *replicaSets) resync(ctx context.Context, volume, node string, p cluster
 			r.log.Debug("record the stopped resync", "volume", volume, "copy", node, "err", serr)
 		}
 		return err
+	}
+	if target.Whole || rebuild {
+		// It may have missed a change of the disks at the cut (cut.go),
+		// or been made from an older spec.
+		if err := r.conform(ctx, v, node, role.Term); err != nil {
+			return fail(err)
+		}
 	}
 	var rs []*replica.Resync
 	var total int64

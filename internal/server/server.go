@@ -203,6 +203,14 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 		defer node.Close()
+		// Tokens and tenants live in etcd, the same on every node
+		// (docs/security.md, "Tenants on a cluster").
+		sctx, scancel := context.WithCancel(context.Background())
+		defer scancel()
+		if err := store.Share(sctx, node.TokenStore(), log); err != nil {
+			closeAll()
+			return err
+		}
 		handler.Cluster = node
 		m.Register(node.Collector())
 		rm := newReplMetrics()
@@ -214,6 +222,7 @@ func Run(ctx context.Context, cfg Config) error {
 		defer func() { rcancel(); <-resyncDone }()
 		exports = replicatedExports{Exports: exports, node: node, log: log, sets: sets}
 		handler.Replicated = sets
+		handler.Drainer = sets
 	}
 	nbdSrv := nbd.NewServer(exports, cfg.NBD)
 	handler.Mount("GET /metrics", m.Handler())

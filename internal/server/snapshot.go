@@ -29,51 +29,33 @@ func (r *replicaSets) Snapshot(ctx context.Context, volume, name string, idem po
 		// There already: the pool answers (a retry, or ErrExists).
 		return v.CreateSnapshotWith(ctx, name, idem, prog)
 	}
-	role, err := r.primaryRole(ctx, volume, "snapshot "+volume+"@"+name)
+	var info pool.SnapshotInfo
+	var created bool
+	err = r.atCut(ctx, volume, "snapshot "+volume+"@"+name, nil, func(ctx context.Context, cs *cutState) error {
+		var b [12]byte
+		_, _ = rand.Read(b[:])
+		idem.UID = hex.EncodeToString(b[:])
+		var err error
+		info, created, err = v.CreateSnapshotWith(ctx, name, idem, prog)
+		if err != nil || !created {
+			return err
+		}
+		op := cluster.Op{Kind: cluster.OpSnapshot, Name: name, UID: info.UID, Nodes: cs.nodes}
+		if err := r.node.RunOp(ctx, volume, cs.role.Term, op); err != nil {
+			undo := cluster.Op{Kind: cluster.OpDeleteSnapshot, Name: name, UID: info.UID, Nodes: cs.nodes}
+			uerr := errors.Join(v.DeleteSnapshot(context.Background(), name), r.node.RunOp(context.Background(), volume, cs.role.Term, undo))
+			if uerr != nil {
+				r.log.Error("undo a snapshot the copies did not all take", "volume", volume, "snapshot", name, "err", uerr)
+			}
+			return err
+		}
+		r.log.Info("snapshot taken on every copy", "volume", volume, "snapshot", name, "uid", info.UID, "copies", cs.nodes)
+		return nil
+	})
 	if err != nil {
 		return pool.SnapshotInfo{}, false, err
 	}
-	var thaws []func()
-	defer func() {
-		for _, t := range thaws {
-			t()
-		}
-	}()
-	for _, d := range v.Info().Disks {
-		ent, err := r.acquire(ctx, volume, d.Name, role, d.Size)
-		if err != nil {
-			return pool.SnapshotInfo{}, false, err
-		}
-		defer r.release(ent)
-		thaws = append(thaws, ent.set.Freeze())
-	}
-	// Frozen: read the in-sync set again, as etcd has it now.
-	role, err = r.primaryRole(ctx, volume, "snapshot "+volume+"@"+name)
-	if err != nil {
-		return pool.SnapshotInfo{}, false, err
-	}
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	idem.UID = hex.EncodeToString(b[:])
-	info, created, err := v.CreateSnapshotWith(ctx, name, idem, prog)
-	if err != nil || !created {
-		return info, created, err
-	}
-	nodes := make([]string, 0, len(role.Targets))
-	for _, t := range role.Targets {
-		nodes = append(nodes, t.Node)
-	}
-	op := cluster.Op{Kind: cluster.OpSnapshot, Name: name, UID: info.UID, Nodes: nodes}
-	if err := r.node.RunOp(ctx, volume, role.Term, op); err != nil {
-		undo := cluster.Op{Kind: cluster.OpDeleteSnapshot, Name: name, UID: info.UID, Nodes: nodes}
-		uerr := errors.Join(v.DeleteSnapshot(context.Background(), name), r.node.RunOp(context.Background(), volume, role.Term, undo))
-		if uerr != nil {
-			r.log.Error("undo a snapshot the copies did not all take", "volume", volume, "snapshot", name, "err", uerr)
-		}
-		return pool.SnapshotInfo{}, false, err
-	}
-	r.log.Info("snapshot taken on every copy", "volume", volume, "snapshot", name, "uid", info.UID, "copies", nodes)
-	return info, true, nil
+	return info, created, nil
 }
 
 // DeleteSnapshot deletes a snapshot of a replicated volume here and on

@@ -17,6 +17,11 @@
 // is reported wrapped in ErrMissing, so that a test can skip locally and
 // fail under CI (testfs.SkipOrFail).
 //
+// Build takes more files for the initramfs (GoProgram builds a Go program
+// of this module for the guest, such as test/migration's guest writer),
+// QEMUArgs are the QEMU arguments every test guest boots with, and QMP is
+// a small client of QEMU's machine protocol on a unix socket.
+//
 // testguest is for tests only and imports no other quiver package.
 //
 // Imports from quiver: nothing.

@@ -129,10 +129,18 @@ func Prologue(k *Kernel) string {
 		InsmodLines(k)
 }
 
+// File is a file of the guest besides /init: Path relative to the root
+// (e.g. "bin/guestwriter").
+type File struct {
+	Path string
+	Mode os.FileMode
+	Data []byte
+}
+
 // Build fetches the kernel of spec and writes an initramfs at path whose
-// /init is Prologue followed by body. A missing kernel package or busybox
-// is an error wrapping ErrMissing.
-func Build(spec KernelSpec, path, body string) (*Kernel, error) {
+// /init is Prologue followed by body, with files besides. A missing kernel
+// package or busybox is an error wrapping ErrMissing.
+func Build(spec KernelSpec, path, body string, files ...File) (*Kernel, error) {
 	k, err := FetchKernel(spec)
 	if err != nil {
 		return nil, fmt.Errorf("guest kernel: %w", err)
@@ -140,6 +148,9 @@ func Build(spec KernelSpec, path, body string) (*Kernel, error) {
 	w, err := NewInitramfs(path, k)
 	if err != nil {
 		return nil, err
+	}
+	for _, f := range files {
+		w.File(f.Path, uint32(f.Mode.Perm()), f.Data)
 	}
 	w.File("init", 0o755, []byte(Prologue(k)+body))
 	if err := w.Close(); err != nil {

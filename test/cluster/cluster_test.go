@@ -419,14 +419,13 @@ func replicatedWrites(t *testing.T, c *cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Only the primary attaches clients; a change that must reach every
-	// copy at one cut is refused until that is built, not applied to one.
+	// Only the primary attaches clients and changes every copy at one cut.
 	if _, err := cp.api().Attach(ctx, "rep", api.AttachmentSpec{Node: "worker-2"}); client.Code(err) != api.CodeNotPrimary ||
 		!strings.Contains(err.Error(), "primary "+prim.name) {
 		t.Errorf("attach on the copy's node: %v", err)
 	}
-	if _, err := prim.api().Rollback(ctx, "rep", "s1"); client.Code(err) != api.CodeNotSupported {
-		t.Errorf("rollback of a replicated volume: %v", err)
+	if _, err := cp.api().Rollback(ctx, "rep", "s1"); client.Code(err) != api.CodeNotPrimary {
+		t.Errorf("rollback on the copy's node: %v", err)
 	}
 	if _, err := cp.api().CreateSnapshot(ctx, "rep", "s1"); client.Code(err) != api.CodeNotPrimary {
 		t.Errorf("snapshot on the copy's node: %v", err)

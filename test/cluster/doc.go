@@ -21,16 +21,26 @@
 //     acknowledged write must be on the primary afterwards; after the
 //     QEMU client's failover the old primary comes back and is resynced
 //     (whole) by the new primary until both copies are byte-identical.
+//   - TestFailoverGuest: the test/migration guest under QEMU (TCG) writing
+//     through a SIGKILL of the primary (acceptance 4), one disk through the
+//     node without a copy (forwarded), the other through a host name of all
+//     nodes with the primary first (QEMU reconnects, reconnect-delay); no
+//     failed request, no I/O error in the guest, every record QEMU completed
+//     intact on the new primary (test/migration/record).
 //   - TestResync, TestReplicatedSnapshot, TestCopyDiskFull, TestRebuild:
 //     incremental resync of a copy that was down (acceptance 3), snapshots
 //     at one cut on every copy (acceptance 6), a copy on a full filesystem
 //     (acceptance 7) and the rebuild of a gone node's copy on another node.
 //
-// They need root, ip (iproute2), iptables, qemu-io and mkfs.ext4: they skip without
-// them, and fail instead when CI is set. QUIVER_NETNS_PREFIX starts the
-// names of their namespaces; QUIVER_FAILOVER_KILL_CYCLES and
-// QUIVER_FAILOVER_PARTITION_CYCLES raise the cycle counts for soak runs;
-// QUIVER_RESYNC_DOWN sets how long TestResync's copy is down.
+// They need root, ip and ss (iproute2), iptables, qemu-io and mkfs.ext4;
+// TestFailoverGuest also qemu-system-x86_64, busybox-static, apt-get and
+// dpkg (internal/testguest). They skip without them, and fail instead when
+// CI is set. QUIVER_NETNS_PREFIX starts the names of their namespaces;
+// QUIVER_FAILOVER_KILL_CYCLES, QUIVER_FAILOVER_PARTITION_CYCLES and
+// QUIVER_GUEST_FAILOVERS raise the cycle counts for soak runs;
+// QUIVER_RESYNC_DOWN sets how long TestResync's copy is down, and
+// QUIVER_GUEST_RECONNECT_DELAY the guest's QEMU reconnect-delay.
 //
-// Imports from quiver: api, client, consistency, forward, replica, testfs, testserver.
+// Imports from quiver: api, client, consistency, forward, replica, testfs,
+// testguest, testserver, test/migration/record.
 package clustertest

@@ -12,7 +12,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/client"
 	"github.com/quiverstorage/quiver/internal/consistency"
-	"github.com/quiverstorage/quiver/internal/replica"
+	"github.com/quiverstorage/quiver/internal/nbdclient"
 )
 
 // TestReplicatedSnapshot is acceptance 6 of issue 15: whole-VM snapshots of
@@ -39,9 +39,9 @@ func TestReplicatedSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clients := make([]*replica.Client, len(disks))
+	clients := make([]*nbdclient.Conn, len(disks))
 	for i, d := range disks {
-		cl, err := replica.DialNBD(ctx, c.net.dial, prim.ip+":10809", "vm/"+d+"/"+att.Token, 30*time.Second)
+		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "vm/"+d+"/"+att.Token, nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

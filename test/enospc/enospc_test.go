@@ -77,7 +77,7 @@ func guestPausesOnFullPool(t *testing.T, mnt string, k *testguest.Kernel, initrd
 	// nospace, then STOP, and the run state io-error. An EIO instead of
 	// ENOSPC would give nospace=false and, with werror=enospc, action
 	// "report": the guest would see an I/O error and go on.
-	ioErr, n, err := v.qmp.waitEvent(ctx, 0, func(e qmpEvent) bool { return e.Name == "BLOCK_IO_ERROR" })
+	ioErr, n, err := v.qmp.WaitEvent(ctx, 0, func(e testguest.Event) bool { return e.Name == "BLOCK_IO_ERROR" })
 	if err != nil {
 		t.Fatalf("no BLOCK_IO_ERROR (%v); guest console:\n%s", err, testserver.Tail(v.consoleText(), 20))
 	}
@@ -94,7 +94,7 @@ func guestPausesOnFullPool(t *testing.T, mnt string, k *testguest.Kernel, initrd
 	if !blockErr.NoSpace || blockErr.Action != "stop" || blockErr.Operation != "write" {
 		t.Fatalf("BLOCK_IO_ERROR %s: want a write with nospace=true and action stop (ENOSPC through NBD)", ioErr.Data)
 	}
-	if _, _, err := v.qmp.waitEvent(ctx, n, func(e qmpEvent) bool { return e.Name == "STOP" }); err != nil {
+	if _, _, err := v.qmp.WaitEvent(ctx, n, func(e testguest.Event) bool { return e.Name == "STOP" }); err != nil {
 		t.Fatalf("no STOP after BLOCK_IO_ERROR: %v", err)
 	}
 	if st := v.status(t, ctx); st != "io-error" {
@@ -123,10 +123,10 @@ func guestPausesOnFullPool(t *testing.T, mnt string, k *testguest.Kernel, initrd
 	waitFree(t, ctx, mnt, 2*guestWrite*miB)
 	t.Logf("filler deleted: %d MiB free after %v", freeBytes(t, mnt)/miB, time.Since(deleted).Round(time.Millisecond))
 	contAt := time.Now()
-	if err := v.qmp.execute(ctx, "cont", nil, nil); err != nil {
+	if err := v.qmp.Execute(ctx, "cont", nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, resumed, err := v.qmp.waitEvent(ctx, n, func(e qmpEvent) bool { return e.Name == "RESUME" })
+	_, resumed, err := v.qmp.WaitEvent(ctx, n, func(e testguest.Event) bool { return e.Name == "RESUME" })
 	if err != nil {
 		t.Fatalf("no RESUME after cont: %v", err)
 	}
@@ -138,7 +138,7 @@ func guestPausesOnFullPool(t *testing.T, mnt string, k *testguest.Kernel, initrd
 	go func() {
 		defer close(watched)
 		defer cancel()
-		if e, _, err := v.qmp.waitEvent(wctx, resumed, func(e qmpEvent) bool { return e.Name == "BLOCK_IO_ERROR" }); err == nil {
+		if e, _, err := v.qmp.WaitEvent(wctx, resumed, func(e testguest.Event) bool { return e.Name == "BLOCK_IO_ERROR" }); err == nil {
 			t.Errorf("BLOCK_IO_ERROR after cont with the space freed: %s", e.Data)
 		}
 	}()

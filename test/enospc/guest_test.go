@@ -89,7 +89,7 @@ while :; do sleep 3600; done
 // on ENOSPC (werror=enospc) and reports read errors (rerror=report).
 type vm struct {
 	cmd     *exec.Cmd
-	qmp     *qmpClient
+	qmp     *testguest.QMP
 	console string
 	stderr  *testserver.LogBuffer
 	exited  chan struct{}
@@ -137,7 +137,7 @@ func startVM(t *testing.T, ctx context.Context, dir string, k *testguest.Kernel,
 	})
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if v.qmp, err = dialQMP(dctx, qmpPath); err != nil {
+	if v.qmp, err = testguest.DialQMP(dctx, qmpPath); err != nil {
 		t.Fatal(err)
 	}
 	return v
@@ -147,7 +147,7 @@ func (v *vm) events() string {
 	if v.qmp == nil {
 		return ""
 	}
-	return v.qmp.eventLog()
+	return v.qmp.EventLog()
 }
 
 // stop asks QEMU to quit and kills it (by its PID) after 10 s.
@@ -159,7 +159,7 @@ func (v *vm) stop() {
 	}
 	if v.qmp != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = v.qmp.execute(ctx, "quit", nil, nil)
+		_ = v.qmp.Execute(ctx, "quit", nil, nil)
 		cancel()
 	}
 	select {
@@ -169,7 +169,7 @@ func (v *vm) stop() {
 		<-v.exited
 	}
 	if v.qmp != nil {
-		_ = v.qmp.close()
+		_ = v.qmp.Close()
 	}
 }
 
@@ -177,7 +177,7 @@ func (v *vm) stop() {
 // unless it exits with status 0.
 func (v *vm) quit(t *testing.T, ctx context.Context) {
 	t.Helper()
-	if err := v.qmp.execute(ctx, "quit", nil, nil); err != nil {
+	if err := v.qmp.Execute(ctx, "quit", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -215,7 +215,7 @@ func (v *vm) status(t *testing.T, ctx context.Context) string {
 	var st struct {
 		Status string `json:"status"`
 	}
-	if err := v.qmp.execute(ctx, "query-status", nil, &st); err != nil {
+	if err := v.qmp.Execute(ctx, "query-status", nil, &st); err != nil {
 		t.Fatal(err)
 	}
 	return st.Status
@@ -231,7 +231,7 @@ func (v *vm) ioStatus(t *testing.T, ctx context.Context) string {
 			NodeName string `json:"node-name"`
 		} `json:"inserted"`
 	}
-	if err := v.qmp.execute(ctx, "query-block", nil, &list); err != nil {
+	if err := v.qmp.Execute(ctx, "query-block", nil, &list); err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range list {
@@ -256,7 +256,7 @@ func (v *vm) writeStats(t *testing.T, ctx context.Context) writeStats {
 		NodeName string     `json:"node-name"`
 		Stats    writeStats `json:"stats"`
 	}
-	if err := v.qmp.execute(ctx, "query-blockstats", nil, &list); err != nil {
+	if err := v.qmp.Execute(ctx, "query-blockstats", nil, &list); err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range list {

@@ -54,16 +54,11 @@ poweroff -f
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	qemuOut := &testserver.LogBuffer{}
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64",
-		"-machine", "pc", "-accel", "tcg", "-cpu", "qemu64", "-smp", "1", "-m", "128",
-		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-kernel", k.VmlinuzPath(), "-initrd", initrd,
-		"-append", "console=ttyS0 loglevel=4 panic=-1",
-		"-serial", "file:"+console,
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", append(testguest.QEMUArgs(k, initrd, console),
 		"-object", obj,
 		"-blockdev", blockdev,
 		"-device", "virtio-blk-pci,drive=disk0",
-	)
+	)...)
 	cmd.Stdout, cmd.Stderr = qemuOut, qemuOut
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	runErr := cmd.Run()

@@ -44,7 +44,7 @@
 // node "src", each destination one of its own, and the final read-back an
 // ro attachment. QEMU runs under TCG (nested KVM cannot boot Linux on CI's
 // machines) with 128 MiB of RAM, each disk a virtio-blk-pci device on
-// QEMU's NBD client, QMP on a unix socket (a small client in qmp_test.go)
+// QEMU's NBD client, QMP on a unix socket (internal/testguest's small client)
 // and the console in a file.
 //
 // TestLiveMigration boots the source, lets the guest write, attaches the

@@ -73,7 +73,7 @@ func liveMigration(t *testing.T) {
 	if d := compareRAM(t, ctx, src, dst, ""); d != "" {
 		t.Errorf("QEMU's migration changed the guest's RAM (a fault of the emulator, not of the disks): %s", d)
 	}
-	if err := dst.qmp.execute(ctx, "cont", nil, nil); err != nil {
+	if err := dst.qmp.Execute(ctx, "cont", nil, nil); err != nil {
 		t.Fatalf("dst: %v", err)
 	}
 	dst.waitStatus(t, ctx, "running")
@@ -104,7 +104,7 @@ func liveMigration(t *testing.T) {
 	f.detach(t, ctx, srcAtt)
 	sleep(ctx, destinationRun)
 	dst.checkGuestHealthy(t, ctx)
-	if err := dst.qmp.execute(ctx, "stop", nil, nil); err != nil {
+	if err := dst.qmp.Execute(ctx, "stop", nil, nil); err != nil {
 		t.Fatalf("dst: %v", err)
 	}
 	dstStats := dst.blockStats(t, ctx) // final: stop drains the guest's requests
@@ -164,7 +164,7 @@ func TestMigrationCancelled(t *testing.T) {
 		before := src.blockStats(t, ctx)
 		want := "cancelled"
 		if i == 0 {
-			if err := src.qmp.execute(ctx, "migrate_cancel", nil, nil); err != nil {
+			if err := src.qmp.Execute(ctx, "migrate_cancel", nil, nil); err != nil {
 				t.Fatalf("src: %v", err)
 			}
 		} else {
@@ -192,7 +192,7 @@ func TestMigrationCancelled(t *testing.T) {
 	}
 	sleep(ctx, time.Second)
 	src.checkGuestHealthy(t, ctx)
-	if err := src.qmp.execute(ctx, "stop", nil, nil); err != nil {
+	if err := src.qmp.Execute(ctx, "stop", nil, nil); err != nil {
 		t.Fatalf("src: %v", err)
 	}
 	srcStats := src.blockStats(t, ctx)

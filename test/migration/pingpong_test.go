@@ -159,7 +159,7 @@ func (p *pingPong) run(n int, res *ppResults) {
 			if d := compareRAM(t, ctx, cur, dst, p.keep); d != "" {
 				memDiff = "; " + d
 			}
-			if err := dst.qmp.execute(ctx, "cont", nil, nil); err != nil {
+			if err := dst.qmp.Execute(ctx, "cont", nil, nil); err != nil {
 				t.Fatalf("%s: %v", dst.name, err)
 			}
 		}
@@ -201,7 +201,7 @@ func (p *pingPong) run(n int, res *ppResults) {
 	// not known.
 	counted := cur.running()
 	if counted {
-		if err := cur.qmp.execute(ctx, "stop", nil, nil); err != nil {
+		if err := cur.qmp.Execute(ctx, "stop", nil, nil); err != nil {
 			t.Fatalf("%s: %v", cur.name, err)
 		}
 		p.stats = append(p.stats, cur.blockStats(t, ctx))
@@ -308,7 +308,7 @@ func (v *vm) queueStatus(ctx context.Context) string {
 	var b strings.Builder
 	for _, d := range guestDisks {
 		var st map[string]any
-		err := v.qmp.execute(ctx, "x-query-virtio-queue-status",
+		err := v.qmp.Execute(ctx, "x-query-virtio-queue-status",
 			map[string]any{"path": "/machine/peripheral/" + d + "/virtio-backend", "queue": 0}, &st)
 		fmt.Fprintf(&b, "%s queue 0: inuse=%v last-avail-idx=%v used-idx=%v shadow-avail-idx=%v signalled-used=%v err=%v; ",
 			d, st["inuse"], st["last-avail-idx"], st["used-idx"], st["shadow-avail-idx"], st["signalled-used"], err)
@@ -352,7 +352,7 @@ func (v *vm) cpuState(ctx context.Context) string {
 	var parts []string
 	for _, cmd := range []string{"info registers", "info lapic"} {
 		var out string
-		if err := v.qmp.execute(ctx, "human-monitor-command", map[string]any{"command-line": cmd}, &out); err != nil {
+		if err := v.qmp.Execute(ctx, "human-monitor-command", map[string]any{"command-line": cmd}, &out); err != nil {
 			parts = append(parts, err.Error())
 			continue
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quiverstorage/quiver/internal/testguest"
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
@@ -76,7 +77,7 @@ type vm struct {
 	cmd     *exec.Cmd
 	stderr  *testserver.LogBuffer
 	console string
-	qmp     *qmpClient
+	qmp     *testguest.QMP
 	exited  chan struct{}
 	werr    error // cmd.Wait's error, set before exited is closed
 }
@@ -147,7 +148,7 @@ func startVM(t *testing.T, ctx context.Context, cfg vmConfig) *vm {
 	})
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	q, err := dialQMP(dctx, qmpPath)
+	q, err := testguest.DialQMP(dctx, qmpPath)
 	if err != nil {
 		t.Fatalf("%s: %v", cfg.name, err)
 	}
@@ -165,7 +166,7 @@ func (v *vm) shutdown() {
 	}
 	if v.qmp != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = v.qmp.execute(ctx, "quit", nil, nil)
+		_ = v.qmp.Execute(ctx, "quit", nil, nil)
 		cancel()
 	}
 	select {
@@ -174,7 +175,7 @@ func (v *vm) shutdown() {
 		v.kill()
 	}
 	if v.qmp != nil {
-		_ = v.qmp.close()
+		_ = v.qmp.Close()
 	}
 }
 
@@ -188,7 +189,7 @@ func (v *vm) kill() {
 // with status 0, within 20 s.
 func (v *vm) quit(t *testing.T, ctx context.Context) {
 	t.Helper()
-	if err := v.qmp.execute(ctx, "quit", nil, nil); err != nil {
+	if err := v.qmp.Execute(ctx, "quit", nil, nil); err != nil {
 		t.Fatalf("%s: %v", v.name, err)
 	}
 	select {
@@ -223,7 +224,7 @@ func (v *vm) diagnostics() string {
 	fmt.Fprintf(&b, "--- %s guest console (tail) ---\n%s\n", v.name, testserver.Tail(v.consoleText(), 100))
 	fmt.Fprintf(&b, "--- %s QEMU stderr (tail) ---\n%s\n", v.name, testserver.Tail(v.stderr.String(), 20))
 	if v.qmp != nil {
-		fmt.Fprintf(&b, "--- %s QMP events ---\n%s\n", v.name, testserver.Tail(strings.Join(v.qmp.eventLog(), "\n"), 20))
+		fmt.Fprintf(&b, "--- %s QMP events ---\n%s\n", v.name, testserver.Tail(strings.Join(v.qmp.Events(), "\n"), 20))
 	}
 	if !v.running() {
 		fmt.Fprintf(&b, "--- %s QEMU exited: %v ---\n", v.name, v.werr)
@@ -253,7 +254,7 @@ func (v *vm) status(t *testing.T, ctx context.Context) string {
 	var st struct {
 		Status string `json:"status"`
 	}
-	if err := v.qmp.execute(ctx, "query-status", nil, &st); err != nil {
+	if err := v.qmp.Execute(ctx, "query-status", nil, &st); err != nil {
 		t.Fatalf("%s: %v", v.name, err)
 	}
 	return st.Status
@@ -291,7 +292,7 @@ func (v *vm) tryBlockStats(ctx context.Context) (map[string]blockStats, error) {
 		NodeName string     `json:"node-name"`
 		Stats    blockStats `json:"stats"`
 	}
-	if err := v.qmp.execute(ctx, "query-blockstats", nil, &list); err != nil {
+	if err := v.qmp.Execute(ctx, "query-blockstats", nil, &list); err != nil {
 		return nil, fmt.Errorf("%s: %w", v.name, err)
 	}
 	out := map[string]blockStats{}
@@ -317,7 +318,7 @@ func (v *vm) ioStatus(t *testing.T, ctx context.Context) map[string]string {
 			NodeName string `json:"node-name"`
 		} `json:"inserted"`
 	}
-	if err := v.qmp.execute(ctx, "query-block", nil, &list); err != nil {
+	if err := v.qmp.Execute(ctx, "query-block", nil, &list); err != nil {
 		t.Fatalf("%s: %v", v.name, err)
 	}
 	out := map[string]string{}

@@ -347,15 +347,10 @@ type guest struct {
 func startGuest(t *testing.T, k *testguest.Kernel, initrd, device string) *guest {
 	t.Helper()
 	g := &guest{consoleFile: filepath.Join(t.TempDir(), "console"), out: &testserver.LogBuffer{}, exited: make(chan struct{})}
-	g.cmd = exec.Command("qemu-system-x86_64",
-		"-machine", "pc", "-accel", "tcg", "-cpu", "qemu64", "-smp", "1", "-m", "128",
-		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-kernel", k.VmlinuzPath(), "-initrd", initrd,
-		"-append", "console=ttyS0 loglevel=4 panic=-1",
-		"-serial", "file:"+g.consoleFile,
+	g.cmd = exec.Command("qemu-system-x86_64", append(testguest.QEMUArgs(k, initrd, g.consoleFile),
 		"-blockdev", "driver=host_device,node-name=d0,filename="+device+",cache.direct=on",
 		"-device", "virtio-blk-pci,drive=d0,werror=report,rerror=report",
-	)
+	)...)
 	g.cmd.Stdout, g.cmd.Stderr = g.out, g.out
 	g.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := g.cmd.Start(); err != nil {

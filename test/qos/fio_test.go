@@ -103,8 +103,10 @@ type rateSample struct {
 // readIOPSLog parses a log written with --write_iops_log, --log_avg_msec
 // and --log_unix_epoch: "msec, value, direction, ..." lines, one per
 // direction per window. fio stamps the two directions of a window
-// separately (they may differ by a few ms), so the n-th read and the n-th
-// write entry are summed into the n-th sample.
+// separately (they may differ by a few ms) and now and then leaves a
+// window of one direction out, so a read and a write entry are summed into
+// one sample only when they end within 50 ms of each other; a window with
+// one direction only is dropped.
 func readIOPSLog(t *testing.T, path string) []rateSample {
 	t.Helper()
 	data, err := os.ReadFile(path)
@@ -128,13 +130,46 @@ func readIOPSLog(t *testing.T, path string) []rateSample {
 	for _, d := range dirs {
 		slices.SortFunc(d, func(a, b rateSample) int { return a.end.Compare(b.end) })
 	}
-	out := make([]rateSample, min(len(dirs[0]), len(dirs[1])))
-	for i := range out {
-		r, w := dirs[0][i], dirs[1][i]
-		out[i] = rateSample{end: r.end, iops: r.iops + w.iops}
-		if w.end.After(r.end) {
-			out[i].end = w.end
+	const near = 50 * time.Millisecond
+	var out []rateSample
+	for rs, ws := dirs[0], dirs[1]; len(rs) > 0 && len(ws) > 0; {
+		r, w := rs[0], ws[0]
+		switch d := r.end.Sub(w.end); {
+		case d < -near:
+			rs = rs[1:]
+		case d > near:
+			ws = ws[1:]
+		default:
+			out = append(out, rateSample{end: later(r.end, w.end), iops: r.iops + w.iops})
+			rs, ws = rs[1:], ws[1:]
 		}
+	}
+	return out
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// perSecond rolls n consecutive samples of 1/n s each into one-second
+// rates, one ending at each sample: the rate over the second before it.
+// Samples around a dropped window do not make a rate.
+func perSecond(samples []rateSample, n int) []rateSample {
+	window := time.Second / time.Duration(n)
+	var out []rateSample
+	for i := n - 1; i < len(samples); i++ {
+		run := samples[i-n+1 : i+1]
+		if span := run[n-1].end.Sub(run[0].end); span > window*time.Duration(n-1)+window/2 {
+			continue
+		}
+		var sum float64
+		for _, s := range run {
+			sum += s.iops
+		}
+		out = append(out, rateSample{end: samples[i].end, iops: sum / float64(n)})
 	}
 	return out
 }

@@ -66,8 +66,10 @@ func TestRWIOPSLimitAcrossDisks(t *testing.T) {
 		runs = append(runs, startFio(t, dir, d, append(nbdArgs(s.uri("vm", d), m.runtime),
 			"--rw=randrw", "--bs=4k", "--iodepth=32")...))
 	}
-	// Watch from the second second: fio takes a moment to start and connect.
-	time.Sleep(time.Second)
+	// Watch once both fio processes are running: they take a moment to
+	// start and connect, more than a second on a loaded machine.
+	waitBusy(t, s, "vm", "root", "data")
+	time.Sleep(500 * time.Millisecond)
 	stats := watchStats(t, s, "vm", time.Second, 3)
 	var total float64
 	var ios int64
@@ -127,23 +129,54 @@ func TestRWMBytesLimit(t *testing.T) {
 // the limit is raised to 1000 through the API, and fio's own per-second
 // IOPS log must show >= 800 within 2 s of the moment the PATCH returned.
 // Before it, the old limit held.
+//
+// fio logs every 250 ms and the test sums four consecutive windows into a
+// one-second rate, so one-second windows end every 250 ms. With windows
+// ending only once a second, the one full second after the change could end
+// anywhere between +1 s and +2 s; when it ended early and the machine was
+// busy for a moment (a loaded CI run: 713 IOPS in the second ending at
+// +1.4 s, 1009 in the next) the test failed although the limit had changed
+// at once.
+//
+// The rate after the change also needs a machine that can do 1000 IOPS
+// through fio at that moment: on a loaded 2-core machine fio itself stalls
+// now and then (its log then misses windows: seen for a whole second, with
+// the rounds before it right on the line of an immediate change). A round
+// that misses the rate is run again, at most three in all; each round must
+// hold the old limit, and the test fails if no round reaches the new one.
 func TestLiveLimitChange(t *testing.T) {
 	testfs.RequireTool(t, "fio")
+	const rounds = 3
+	for round := 1; ; round++ {
+		reached := liveLimitRound(t, round)
+		if t.Failed() || reached {
+			return
+		}
+		if round == rounds {
+			t.Fatalf("no per-second rate >= 800 IOPS within 2 s after the limit went from 200 to 1000, in %d rounds", rounds)
+		}
+		t.Logf("round %d: no per-second rate >= 800 IOPS within 2 s of the change; again", round)
+	}
+}
+
+// liveLimitRound runs one round of TestLiveLimitChange on a fresh server
+// and reports whether fio reached 800 IOPS within 2 s of the change.
+func liveLimitRound(t *testing.T, round int) bool {
 	s := startServer(t)
 	s.createVolume(t, "vm", &api.QoS{RWIOPS: 200}, disk("root", 256*miB))
 	dir := t.TempDir()
 	logPrefix := filepath.Join(dir, "live")
 	run := startFio(t, dir, "live", append(nbdArgs(s.uri("vm", "root"), 8*time.Second),
 		"--rw=randrw", "--bs=4k", "--iodepth=32",
-		"--write_iops_log="+logPrefix, "--log_avg_msec=1000", "--log_unix_epoch=1")...)
+		"--write_iops_log="+logPrefix, "--log_avg_msec=250", "--log_unix_epoch=1")...)
 	time.Sleep(3500 * time.Millisecond)
 	changed := s.setQoS(t, "vm", api.QoS{RWIOPS: 1000})
 	run.wait(t)
-	samples := readIOPSLog(t, logPrefix+"_iops.1.log")
+	samples := perSecond(readIOPSLog(t, logPrefix+"_iops.1.log"), 4)
 	var before, reached int
 	for _, smp := range samples {
 		since := smp.end.Sub(changed)
-		t.Logf("%+6dms after the change: %4.0f IOPS", since.Milliseconds(), smp.iops)
+		t.Logf("round %d: %+6dms after the change: %4.0f IOPS", round, since.Milliseconds(), smp.iops)
 		switch {
 		case since <= 0:
 			before++
@@ -158,9 +191,7 @@ func TestLiveLimitChange(t *testing.T) {
 	if before == 0 {
 		t.Fatalf("fio logged no rate before the change: %+v", samples)
 	}
-	if reached == 0 {
-		t.Errorf("no per-second rate >= 800 IOPS within 2 s after the limit went from 200 to 1000")
-	}
+	return reached > 0
 }
 
 // watchStats runs `quiver volume stats NAME -o json` with the CLI for count

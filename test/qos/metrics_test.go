@@ -100,6 +100,29 @@ func waitIdle(t *testing.T, s *server) client.Metrics {
 	}
 }
 
+// waitBusy waits until the server has counted requests to every one of
+// disks of volume.
+func waitBusy(t *testing.T, s *server, volume string, disks ...string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m := s.scrape(t)
+		busy := 0
+		for _, d := range disks {
+			if m.Sum("quiver_disk_requests_total", map[string]string{"volume": volume, "disk": d}) > 0 {
+				busy++
+			}
+		}
+		if busy == len(disks) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no requests to %d of the disks %v of %s after 30 s", len(disks)-busy, disks, volume)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // TestMetricsCountTheWorkload is acceptance criterion 3: a workload whose
 // every request is known, then /metrics must hold exactly that. The oracle
 // is twofold: the commands given (each is one NBD request of known size) and

@@ -1,4 +1,4 @@
-package enospc
+package testguest
 
 import (
 	"bufio"
@@ -11,18 +11,15 @@ import (
 	"time"
 )
 
-// qmpEvent is one asynchronous QMP event and when the test read it.
-type qmpEvent struct {
-	Name string
-	Data json.RawMessage
-	At   time.Time
-}
-
-// qmpClient speaks QMP over a unix socket: one JSON object per line. A
-// reader goroutine hands each command's reply (matched by "id") to the
-// command and collects every event, so that the test can wait for one
-// while no command is running, as it must for BLOCK_IO_ERROR and STOP.
-type qmpClient struct {
+// QMP is a client of the QEMU Machine Protocol over a unix socket: one JSON
+// object per line each way. After the server's greeting the client sends
+// qmp_capabilities to leave negotiation mode; then each command gets exactly
+// one reply, {"return": ...} or {"error": {"class", "desc"}}, carrying the
+// command's "id". Asynchronous events ({"event": ...}) may arrive at any
+// time. A reader goroutine hands each reply to its command and keeps every
+// event, so a test can wait for one while no command runs (BLOCK_IO_ERROR,
+// STOP) and print them all when it fails.
+type QMP struct {
 	conn net.Conn
 
 	cmdMu  sync.Mutex // one command at a time
@@ -30,11 +27,18 @@ type qmpClient struct {
 
 	mu      sync.Mutex
 	replies map[string]chan qmpReply
-	events  []qmpEvent
+	events  []Event
 	changed chan struct{} // closed and replaced whenever events grow
 
 	done chan struct{} // closed when the reader ends
 	rerr error         // why it ended, set before done is closed
+}
+
+// Event is one asynchronous QMP event and when the client read it.
+type Event struct {
+	Name string
+	Data json.RawMessage
+	At   time.Time
 }
 
 type qmpReply struct {
@@ -42,9 +46,16 @@ type qmpReply struct {
 	Error  *struct{ Class, Desc string }
 }
 
-// dialQMP connects to QEMU's QMP socket, retrying until QEMU has created it,
-// and leaves negotiation mode.
-func dialQMP(ctx context.Context, path string) (*qmpClient, error) {
+// QMPError is a command's {"error": ...} reply.
+type QMPError struct {
+	Command, Class, Desc string
+}
+
+func (e *QMPError) Error() string { return fmt.Sprintf("QMP %s: %s: %s", e.Command, e.Class, e.Desc) }
+
+// DialQMP connects to QEMU's QMP socket, retrying until QEMU has created it
+// or ctx ends, and leaves negotiation mode.
+func DialQMP(ctx context.Context, path string) (*QMP, error) {
 	var conn net.Conn
 	for {
 		var err error
@@ -58,9 +69,9 @@ func dialQMP(ctx context.Context, path string) (*qmpClient, error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	q := &qmpClient{conn: conn, replies: map[string]chan qmpReply{}, changed: make(chan struct{}), done: make(chan struct{})}
+	q := &QMP{conn: conn, replies: map[string]chan qmpReply{}, changed: make(chan struct{}), done: make(chan struct{})}
 	go q.read(bufio.NewReaderSize(conn, 1<<16))
-	if err := q.execute(ctx, "qmp_capabilities", nil, nil); err != nil {
+	if err := q.Execute(ctx, "qmp_capabilities", nil, nil); err != nil {
 		conn.Close()
 		return nil, err
 	}
@@ -69,7 +80,7 @@ func dialQMP(ctx context.Context, path string) (*qmpClient, error) {
 
 // read dispatches every message until the connection ends; the greeting
 // ({"QMP": ...}) is neither a reply nor an event and is dropped.
-func (q *qmpClient) read(r *bufio.Reader) {
+func (q *QMP) read(r *bufio.Reader) {
 	for {
 		line, err := r.ReadBytes('\n')
 		if err != nil {
@@ -89,7 +100,7 @@ func (q *qmpClient) read(r *bufio.Reader) {
 		q.mu.Lock()
 		switch {
 		case m.Event != "":
-			q.events = append(q.events, qmpEvent{Name: m.Event, Data: m.Data, At: time.Now()})
+			q.events = append(q.events, Event{Name: m.Event, Data: m.Data, At: time.Now()})
 			close(q.changed)
 			q.changed = make(chan struct{})
 		case m.ID != "":
@@ -102,9 +113,9 @@ func (q *qmpClient) read(r *bufio.Reader) {
 	}
 }
 
-// execute runs one command and decodes its return value into out (nil to
-// drop it).
-func (q *qmpClient) execute(ctx context.Context, command string, args, out any) error {
+// Execute runs one command with args (nil for none) and decodes its return
+// value into out (nil to discard it). The deadline is ctx's, at most 30 s.
+func (q *QMP) Execute(ctx context.Context, command string, args, out any) error {
 	q.cmdMu.Lock()
 	defer q.cmdMu.Unlock()
 	q.nextID++
@@ -126,11 +137,13 @@ func (q *qmpClient) execute(ctx context.Context, command string, args, out any) 
 		delete(q.replies, id)
 		q.mu.Unlock()
 	}()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	dl, _ := ctx.Deadline()
+	_ = q.conn.SetWriteDeadline(dl)
 	if _, err := q.conn.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("QMP %s: %w", command, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
 	var r qmpReply
 	select {
 	case r = <-ch:
@@ -140,7 +153,7 @@ func (q *qmpClient) execute(ctx context.Context, command string, args, out any) 
 		return fmt.Errorf("QMP %s: %w", command, ctx.Err())
 	}
 	if r.Error != nil {
-		return fmt.Errorf("QMP %s: %s: %s", command, r.Error.Class, r.Error.Desc)
+		return &QMPError{Command: command, Class: r.Error.Class, Desc: r.Error.Desc}
 	}
 	if out == nil {
 		return nil
@@ -151,9 +164,9 @@ func (q *qmpClient) execute(ctx context.Context, command string, args, out any) 
 	return nil
 }
 
-// waitEvent waits for the first event from index from on (an index into
+// WaitEvent waits for the first event from index from on (an index into
 // every event seen) for which match is true, and returns it with its index.
-func (q *qmpClient) waitEvent(ctx context.Context, from int, match func(qmpEvent) bool) (qmpEvent, int, error) {
+func (q *QMP) WaitEvent(ctx context.Context, from int, match func(Event) bool) (Event, int, error) {
 	for {
 		q.mu.Lock()
 		for i := from; i < len(q.events); i++ {
@@ -169,15 +182,27 @@ func (q *qmpClient) waitEvent(ctx context.Context, from int, match func(qmpEvent
 		select {
 		case <-changed:
 		case <-q.done:
-			return qmpEvent{}, 0, fmt.Errorf("QMP connection ended: %v", q.rerr)
+			return Event{}, 0, fmt.Errorf("QMP connection ended: %v", q.rerr)
 		case <-ctx.Done():
-			return qmpEvent{}, 0, ctx.Err()
+			return Event{}, 0, ctx.Err()
 		}
 	}
 }
 
-// eventLog is every event seen so far, one per line, for failure messages.
-func (q *qmpClient) eventLog() string {
+// Events returns the events seen so far, one per line: name and data.
+func (q *QMP) Events() []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := make([]string, len(q.events))
+	for i, e := range q.events {
+		out[i] = e.Name + " " + string(e.Data)
+	}
+	return out
+}
+
+// EventLog is every event seen so far with the time it was read, one per
+// line, for failure messages.
+func (q *QMP) EventLog() string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var b strings.Builder
@@ -187,4 +212,5 @@ func (q *qmpClient) eventLog() string {
 	return b.String()
 }
 
-func (q *qmpClient) close() error { return q.conn.Close() }
+// Close closes the connection (QEMU goes on running).
+func (q *QMP) Close() error { return q.conn.Close() }

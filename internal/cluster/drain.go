@@ -1,0 +1,484 @@
+package cluster
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Draining a node (docs/cluster.md, "Drain"): every copy on the node is
+// moved to another eligible node, and the volumes it is the primary of are
+// handed over to an in-sync copy elsewhere, as a job on the drained node.
+// drained/<node> marks it, so that placement (CreateVolume, ReplaceCopy and
+// the drain's own moves) skips it until it is undrained.
+
+// Drain states (NodeInfo.Drain, api.Node.Drain).
+const (
+	DrainRunning = "draining"
+	DrainDone    = "drained"
+)
+
+// CopyRemoving is the state of a copy taken out of its volume's placement
+// (a drained node's): its node deletes it and then the key.
+const CopyRemoving = "removing"
+
+// drainRecord is "drained/<node>".
+type drainRecord struct {
+	State string    `json:"state"`
+	Since time.Time `json:"since"`
+}
+
+// Move is one copy a drain moves: the volume's copy on the drained node
+// goes to To, rebuilt there before the drained one is removed.
+type Move struct {
+	Volume string
+	To     string
+	// Primary: the drained node is the volume's primary; it hands the
+	// volume over to an in-sync copy once the new copy is in sync.
+	Primary  bool
+	Capacity int64
+}
+
+// PlanDrain says where each copy on node would go, without changing
+// anything: one eligible node per copy (up, not drained, without a copy of
+// the volume, with free bytes for its capacity after the moves planned
+// before it; a failure domain the volume's other copies do not use first,
+// then the most free bytes, then the name). A copy with nowhere to go is
+// ErrNotEnoughNodes naming the volume and why each node is not eligible; a
+// volume of one copy is ErrNotSupported (it has no copy to hand over to).
+func (n *Node) PlanDrain(ctx context.Context, node string) ([]Move, error) {
+	nodes, err := n.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	i := slices.IndexFunc(nodes, func(ni NodeInfo) bool { return ni.Name == node })
+	if i < 0 {
+		return nil, fmt.Errorf("drain %s: no such node in the cluster: %w", node, ErrNodeNotFound)
+	}
+	if !nodes[i].Up {
+		return nil, fmt.Errorf("drain %s: the node is down (its copies are rebuilt elsewhere after --rebuild-after); "+
+			"a drain needs it up: %w", node, ErrNotEnoughNodes)
+	}
+	pls, err := n.Placements(ctx)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(pls))
+	for name, p := range pls {
+		if !p.Deleting && slices.ContainsFunc(p.Copies, func(c CopyInfo) bool { return c.Node == node }) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	domainOf := map[string]string{}
+	for _, ni := range nodes {
+		domainOf[ni.Name] = ni.FailureDomain
+	}
+	reserved := map[string]int64{}
+	var moves []Move
+	for _, name := range names {
+		p := pls[name]
+		if p.Replicas <= 1 || len(p.Copies) <= 1 {
+			return nil, fmt.Errorf("drain %s: volume %q has a single copy (replicas %d), on this node: a drain moves "+
+				"the copies of replicated volumes only; delete it or copy it elsewhere first: %w", node, name, p.Replicas, ErrNotSupported)
+		}
+		used := map[string]bool{}
+		for _, c := range p.Copies {
+			if c.Node != node && domainOf[c.Node] != "" {
+				used[domainOf[c.Node]] = true
+			}
+		}
+		var cand []NodeInfo
+		var why []string
+		for _, ni := range nodes {
+			switch {
+			case ni.Name == node:
+			case !ni.Up:
+				why = append(why, ni.Name+" is down")
+			case ni.Drain != "":
+				why = append(why, ni.Name+" is "+ni.Drain)
+			case slices.ContainsFunc(p.Copies, func(c CopyInfo) bool { return c.Node == ni.Name }):
+				why = append(why, ni.Name+" holds a copy already")
+			case ni.FreeBytes-reserved[ni.Name] < p.Spec.Capacity:
+				why = append(why, fmt.Sprintf("%s has %d bytes free of the %d needed", ni.Name,
+					ni.FreeBytes-reserved[ni.Name], p.Spec.Capacity))
+			default:
+				cand = append(cand, ni)
+			}
+		}
+		if len(cand) == 0 {
+			if len(why) == 0 {
+				why = append(why, "the cluster has no other node")
+			}
+			return nil, fmt.Errorf("drain %s: no eligible node for the copy of volume %q (%s); nothing was changed: %w",
+				node, name, strings.Join(why, "; "), ErrNotEnoughNodes)
+		}
+		rank := func(ni NodeInfo) int {
+			if ni.FailureDomain != "" && used[ni.FailureDomain] {
+				return 1
+			}
+			return 0
+		}
+		slices.SortFunc(cand, func(a, b NodeInfo) int {
+			if c := cmp.Compare(rank(a), rank(b)); c != 0 {
+				return c
+			}
+			if c := cmp.Compare(b.FreeBytes-reserved[b.Name], a.FreeBytes-reserved[a.Name]); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.Name, b.Name)
+		})
+		to := cand[0].Name
+		reserved[to] += p.Spec.Capacity
+		moves = append(moves, Move{Volume: name, To: to, Primary: p.Primary == node, Capacity: p.Spec.Capacity})
+	}
+	return moves, nil
+}
+
+// SetDrain records node as draining or drained (DrainRunning, DrainDone):
+// placement skips it from then on.
+func (n *Node) SetDrain(ctx context.Context, node, state string) error {
+	k := n.key("drained", node)
+	rec := drainRecord{State: state, Since: time.Now().UTC()}
+	if resp, err := n.cli.Get(ctx, k); err == nil && len(resp.Kvs) > 0 {
+		var have drainRecord
+		if json.Unmarshal(resp.Kvs[0].Value, &have) == nil && !have.Since.IsZero() {
+			rec.Since = have.Since
+		}
+	}
+	mk := n.key("members", node)
+	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(mk), ">", 0)).
+		Then(clientv3.OpPut(k, mustJSON(rec))).Commit()
+	if err != nil {
+		return fmt.Errorf("mark node %s %s: %w", node, state, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("mark node %s %s: no such node in the cluster: %w", node, state, ErrNodeNotFound)
+	}
+	return nil
+}
+
+// Drained reports node's drain state: "" when it is not drained.
+func (n *Node) Drained(ctx context.Context, node string) (string, error) {
+	resp, err := n.cli.Get(ctx, n.key("drained", node))
+	if err != nil {
+		return "", fmt.Errorf("drain state of %s: %w", node, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", nil
+	}
+	var rec drainRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		return "", fmt.Errorf("etcd key %s: %w", resp.Kvs[0].Key, err)
+	}
+	return rec.State, nil
+}
+
+// Undrain clears node's drain mark: placement may use it again. The
+// copies moved away stay where they are. It reports whether it was marked.
+func (n *Node) Undrain(ctx context.Context, node string) (bool, error) {
+	resp, err := n.cli.Delete(ctx, n.key("drained", node))
+	if err != nil {
+		return false, fmt.Errorf("undrain %s: %w", node, err)
+	}
+	return resp.Deleted > 0, nil
+}
+
+// readVolume reads volumes/<volume> with its revision.
+func (n *Node) readVolume(ctx context.Context, volume string) (volumeRecord, int64, error) {
+	vk := n.key("volumes", volume)
+	resp, err := n.cli.Get(ctx, vk)
+	if err != nil {
+		return volumeRecord{}, 0, err
+	}
+	if len(resp.Kvs) == 0 {
+		return volumeRecord{}, 0, fmt.Errorf("volume %q: %w", volume, ErrVolumeNotFound)
+	}
+	var rec volumeRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		return volumeRecord{}, 0, fmt.Errorf("etcd key %s: %w", vk, err)
+	}
+	return rec, resp.Kvs[0].ModRevision, nil
+}
+
+// AddCopy places one more copy of volume on node to, recorded rebuilding
+// (one Txn comparing the volume record's revision): to makes it, and the
+// volume's primary rebuilds it whole, as for ReplaceCopy. The volume has a
+// copy more than its replicas until the drained one is removed. Adding a
+// copy placed already is no error.
+func (n *Node) AddCopy(ctx context.Context, volume, to, reason string) error {
+	for {
+		rec, rev, err := n.readVolume(ctx, volume)
+		if err != nil {
+			return fmt.Errorf("add a copy of %q on %s: %w", volume, to, err)
+		}
+		if slices.Contains(rec.Copies, to) {
+			return nil
+		}
+		if rec.State != volumeActive {
+			return fmt.Errorf("add a copy of %q on %s: the volume is being deleted: %w", volume, to, ErrVolumeNotFound)
+		}
+		rec.Copies = append(slices.Clone(rec.Copies), to)
+		vk, ck := n.key("volumes", volume), n.key("copies", volume, to)
+		c := copyRecord{State: CopyRebuilding, Reason: reason, UpdatedAt: time.Now().UTC()}
+		resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev),
+			clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
+			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
+		if err != nil {
+			return fmt.Errorf("add a copy of %q on %s: %w", volume, to, err)
+		}
+		if resp.Succeeded {
+			n.log.Info("copy added; its primary rebuilds it", "volume", volume, "copy", to, "reason", reason)
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		sleep(ctx, 20*time.Millisecond)
+	}
+}
+
+// WaitCopyInSync waits until the copy of volume on node is in sync
+// (rebuilt and back in the in-sync set), calling progress with the
+// rebuild's progress as it goes. A failed copy is ErrCopyFailed.
+func (n *Node) WaitCopyInSync(ctx context.Context, volume, node string, progress func(Progress)) error {
+	for {
+		p, ok, err := n.Placement(ctx, volume)
+		if err == nil && !ok {
+			err = fmt.Errorf("volume %q: %w", volume, ErrVolumeNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		i := slices.IndexFunc(p.Copies, func(c CopyInfo) bool { return c.Node == node })
+		if i < 0 {
+			return fmt.Errorf("copy of %q on %s: no longer placed", volume, node)
+		}
+		c := p.Copies[i]
+		switch {
+		case c.State == CopyInSync:
+			return nil
+		case c.State == CopyFailed:
+			return fmt.Errorf("copy of %q on %s: %s: %w", volume, node, c.Reason, ErrCopyFailed)
+		case c.Progress != nil && progress != nil:
+			progress(*c.Progress)
+		}
+		sleep(ctx, 500*time.Millisecond)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// HandOver makes another in-sync copy of volume its primary, as this node,
+// the primary at term holding its lease: one Txn that compares the volume
+// record's revision, primary/<volume> held by this node at term under its
+// lease, the new primary's copy record and alive key, and then writes
+// term+1 with the new primary, takes this node's copy out of the placement
+// (recorded CopyRemoving: this node deletes it) and deletes
+// primary/<volume>, which the new primary takes within an election round.
+// The new primary is an in-sync copy that has followed term (its token is
+// of term), up; of several, the first by name. The caller has stopped every
+// change of the volume here (the disks' Sets frozen) and retires them when
+// HandOver returns nil, so no change is applied here after the new term.
+func (n *Node) HandOver(ctx context.Context, volume string, term uint64) (string, uint64, error) {
+	s := n.session()
+	if s == nil || !n.up.Load() {
+		return "", 0, fmt.Errorf("hand over %q: %w", volume, ErrNoSession)
+	}
+	me := n.cfg.NodeName
+	view, err := n.readView(ctx, volume)
+	if err != nil {
+		return "", 0, fmt.Errorf("hand over %q: %w", volume, err)
+	}
+	e, ok := view.volumes[volume]
+	if !ok {
+		return "", 0, fmt.Errorf("hand over %q: %w", volume, ErrVolumeNotFound)
+	}
+	rec := e.rec
+	if rec.Primary != me || rec.Term != term || rec.State != volumeActive {
+		return "", 0, fmt.Errorf("hand over %q: this node is not its primary at term %d (primary %s, term %d): %w",
+			volume, term, rec.Primary, rec.Term, ErrNotPrimary)
+	}
+	var to string
+	for _, c := range slices.Sorted(slices.Values(rec.InSync)) {
+		cr, ok := view.copies[volume][c]
+		if c != me && ok && cr.State == CopyInSync && cr.LocalUID != "" && copyTerm(cr) == term && view.alive[c] {
+			to = c
+			break
+		}
+	}
+	if to == "" {
+		return "", 0, fmt.Errorf("hand over %q: no other copy is in sync at term %d and up (in sync: %s): %w",
+			volume, term, strings.Join(rec.InSync, ", "), ErrDegraded)
+	}
+	mine := view.copies[volume][me]
+	next := rec
+	next.Primary, next.Term = to, term+1
+	next.InSync = slices.DeleteFunc(slices.Clone(rec.InSync), func(c string) bool { return c == me })
+	next.Copies = slices.DeleteFunc(slices.Clone(rec.Copies), func(c string) bool { return c == me })
+	if !slices.Contains(next.Removing, me) {
+		next.Removing = append(slices.Clone(rec.Removing), me)
+	}
+	rc := copyRecord{State: CopyRemoving, Reason: fmt.Sprintf("drained: handed over to %s at term %d", to, next.Term),
+		LocalUID: mine.LocalUID, UpdatedAt: time.Now().UTC()}
+	vk, pk, ck := n.key("volumes", volume), n.key("primary", volume), n.key("copies", volume, me)
+	tk, tak := n.key("copies", volume, to), n.key("alive", to)
+	tresp, err := n.cli.Get(ctx, tk)
+	if err != nil || len(tresp.Kvs) == 0 {
+		return "", 0, fmt.Errorf("hand over %q: read the copy on %s: %v", volume, to, err)
+	}
+	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
+		clientv3.Compare(clientv3.LeaseValue(pk), "=", s.Lease()),
+		clientv3.Compare(clientv3.Value(pk), "=", mustJSON(primaryRecord{Node: me, Term: term})),
+		clientv3.Compare(clientv3.ModRevision(tk), "=", tresp.Kvs[0].ModRevision),
+		clientv3.Compare(clientv3.CreateRevision(tak), ">", 0)).
+		Then(clientv3.OpPut(vk, mustJSON(next)), clientv3.OpDelete(pk), clientv3.OpPut(ck, mustJSON(rc))).Commit()
+	if err != nil {
+		return "", 0, fmt.Errorf("hand over %q to %s: %w", volume, to, err)
+	}
+	if !resp.Succeeded {
+		return "", 0, fmt.Errorf("hand over %q to %s: the volume, its primary key or the copy changed meanwhile: %w",
+			volume, to, ErrNotReady)
+	}
+	n.log.Warn("primary handed over: this node is drained", "volume", volume, "to", to, "term", next.Term)
+	return to, next.Term, nil
+}
+
+// RemoveCopy takes node's copy of volume out of its placement, for a drain:
+// one Txn comparing the volume record's revision that drops node from the
+// copies and the in-sync set and records its copy CopyRemoving. node must
+// not be the primary, and the in-sync set without it must still hold the
+// primary. The primary stops writing the copy when it sees it gone (its Sets forget
+// it); node deletes it (RemovedCopy then clears the record).
+func (n *Node) RemoveCopy(ctx context.Context, volume, node string) error {
+	for {
+		rec, rev, err := n.readVolume(ctx, volume)
+		if err != nil {
+			return fmt.Errorf("remove the copy of %q on %s: %w", volume, node, err)
+		}
+		if !slices.Contains(rec.Copies, node) {
+			return nil
+		}
+		if rec.Primary == node {
+			return fmt.Errorf("remove the copy of %q on %s: it is the primary: %w", volume, node, ErrNotPrimary)
+		}
+		inSync := slices.DeleteFunc(slices.Clone(rec.InSync), func(c string) bool { return c == node })
+		if !slices.Contains(inSync, rec.Primary) {
+			return fmt.Errorf("remove the copy of %q on %s: the primary %s is out of sync: %w", volume, node, rec.Primary, ErrDegraded)
+		}
+		ck := n.key("copies", volume, node)
+		cresp, err := n.cli.Get(ctx, ck)
+		if err != nil {
+			return fmt.Errorf("remove the copy of %q on %s: %w", volume, node, err)
+		}
+		var c copyRecord
+		if len(cresp.Kvs) > 0 {
+			_ = json.Unmarshal(cresp.Kvs[0].Value, &c)
+		}
+		c = copyRecord{State: CopyRemoving, Reason: "drained", LocalUID: c.LocalUID, UpdatedAt: time.Now().UTC()}
+		rec.InSync = inSync
+		rec.Copies = slices.DeleteFunc(slices.Clone(rec.Copies), func(c string) bool { return c == node })
+		if !slices.Contains(rec.Removing, node) {
+			rec.Removing = append(slices.Clone(rec.Removing), node)
+		}
+		vk := n.key("volumes", volume)
+		resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).
+			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
+		if err != nil {
+			return fmt.Errorf("remove the copy of %q on %s: %w", volume, node, err)
+		}
+		if resp.Succeeded {
+			n.log.Info("copy taken out of the placement (drain)", "volume", volume, "copy", node)
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		sleep(ctx, 20*time.Millisecond)
+	}
+}
+
+// RemovingUID is the local UID of this node's copy of volume that is
+// being removed (CopyRemoving), or "" when there is none.
+func (n *Node) RemovingUID(ctx context.Context, volume string) (string, error) {
+	resp, err := n.cli.Get(ctx, n.key("copies", volume, n.cfg.NodeName))
+	if err != nil {
+		return "", err
+	}
+	if len(resp.Kvs) == 0 {
+		return "", nil
+	}
+	var c copyRecord
+	if json.Unmarshal(resp.Kvs[0].Value, &c) != nil || c.State != CopyRemoving {
+		return "", nil
+	}
+	return c.LocalUID, nil
+}
+
+// RemovedCopy records that this node deleted its removed copy of volume:
+// the copy key goes, and the node leaves the record's Removing list.
+func (n *Node) RemovedCopy(ctx context.Context, volume string) error {
+	me := n.cfg.NodeName
+	for {
+		rec, rev, err := n.readVolume(ctx, volume)
+		if err != nil {
+			return err
+		}
+		ck, vk := n.key("copies", volume, me), n.key("volumes", volume)
+		ops := []clientv3.Op{}
+		if !slices.Contains(rec.Copies, me) {
+			ops = append(ops, clientv3.OpDelete(ck))
+		}
+		if slices.Contains(rec.Removing, me) {
+			rec.Removing = slices.DeleteFunc(slices.Clone(rec.Removing), func(c string) bool { return c == me })
+			ops = append(ops, clientv3.OpPut(vk, mustJSON(rec)))
+		}
+		if len(ops) == 0 {
+			return nil
+		}
+		resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).Then(ops...).Commit()
+		if err != nil {
+			return err
+		}
+		if resp.Succeeded {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		sleep(ctx, 20*time.Millisecond)
+	}
+}
+
+// finishRemoval deletes this node's copy of a volume that a drain took out
+// of the placement and that is still here (the drain job stopped, or the
+// node restarted, before it deleted it): reconcile calls it on each full
+// read of the placements. A copy still attached is left, and logged.
+func (n *Node) finishRemoval(ctx context.Context, key, value []byte) {
+	var rec volumeRecord
+	me := n.cfg.NodeName
+	if json.Unmarshal(value, &rec) != nil || !slices.Contains(rec.Removing, me) || slices.Contains(rec.Copies, me) {
+		return
+	}
+	name := lastSegment(string(key))
+	uid, err := n.RemovingUID(ctx, name)
+	if err != nil {
+		return
+	}
+	if uid != "" {
+		if err := n.store.DeleteCopy(ctx, name, uid); err != nil {
+			n.log.Warn("delete a copy a drain removed", "volume", name, "err", err)
+			return
+		}
+	}
+	if err := n.RemovedCopy(ctx, name); err != nil {
+		n.log.Warn("record a removed copy", "volume", name, "err", err)
+	}
+}

@@ -1,0 +1,358 @@
+package nbdclient
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The protocol's constants, as much as this client uses.
+const (
+	magicNBD         = 0x4e42444d41474943 // "NBDMAGIC"
+	magicIHaveOpt    = 0x49484156454f5054 // "IHAVEOPT"
+	magicOptionReply = 0x3e889045565a9
+	magicRequest     = 0x25609513
+	magicSimpleReply = 0x67446698
+
+	clientFixedNewstyle = 1 << 0
+	clientNoZeroes      = 1 << 1
+
+	optGo     = 7
+	repAck    = 1
+	repInfo   = 3
+	repError  = 1 << 31
+	infoExprt = 0
+
+	flagReadOnly = 1 << 1
+
+	cmdRead        = 0
+	cmdWrite       = 1
+	cmdDisc        = 2
+	cmdFlush       = 3
+	cmdTrim        = 4
+	cmdWriteZeroes = 6
+	cmdFlagFUA     = 1 << 0
+	cmdFlagNoHole  = 1 << 1
+	cmdFlagFast    = 1 << 4
+
+	// maxOptionReply bounds an option reply the client reads into memory.
+	maxOptionReply = 1 << 16
+)
+
+var (
+	// ErrLost: the connection could not be made, broke, carried something
+	// that is not NBD, or the server did not answer in time.
+	ErrLost = errors.New("nbd connection lost")
+	// ErrHandshake: the server's greeting or option replies were not what
+	// the protocol says, or the connection broke during them.
+	ErrHandshake = errors.New("nbd handshake failed")
+	// ErrRefused: the server refused the export (an error reply to
+	// NBD_OPT_GO); the error carries the server's message.
+	ErrRefused = errors.New("nbd server refused the export")
+)
+
+// Errno is the error value of a reply ("Error values"): Linux's errno
+// numbers.
+type Errno uint32
+
+func (e Errno) Error() string {
+	return fmt.Sprintf("NBD error %d (%v)", uint32(e), syscall.Errno(e))
+}
+
+// Options are how a connection is made and bounded.
+type Options struct {
+	// Dial makes the connection (nil: net.Dialer).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// DialTimeout bounds the connect alone (0: only ctx bounds it).
+	DialTimeout time.Duration
+	// Timeout bounds the handshake and each request (required).
+	Timeout time.Duration
+}
+
+// Conn is one NBD connection to one export. Its methods are safe for
+// concurrent use. Once it fails, every request, pending and later, fails
+// with the error that broke it (ErrLost).
+type Conn struct {
+	c        net.Conn
+	size     int64
+	readOnly bool
+	timeout  time.Duration
+
+	wmu sync.Mutex // one request frame at a time
+
+	mu      sync.Mutex
+	next    uint64
+	pending map[uint64]*call
+	err     error
+}
+
+type call struct {
+	buf  []byte // a READ's destination
+	done chan error
+}
+
+// Dial connects to addr and negotiates export. The handshake ends by ctx's
+// deadline or opts.Timeout, whichever comes first.
+func Dial(ctx context.Context, addr, export string, opts Options) (*Conn, error) {
+	if opts.Timeout <= 0 {
+		return nil, fmt.Errorf("nbdclient: no timeout")
+	}
+	dial := opts.Dial
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	dctx := ctx
+	if opts.DialTimeout > 0 {
+		var cancel context.CancelFunc
+		dctx, cancel = context.WithTimeout(ctx, opts.DialTimeout)
+		defer cancel()
+	}
+	nc, err := dial(dctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrLost, addr, err)
+	}
+	deadline := time.Now().Add(opts.Timeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	_ = nc.SetDeadline(deadline)
+	size, flags, err := negotiate(nc, export)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("%s, export %q: %w", addr, export, err)
+	}
+	_ = nc.SetDeadline(time.Time{})
+	c := &Conn{c: nc, size: size, readOnly: flags&flagReadOnly != 0, timeout: opts.Timeout, pending: map[uint64]*call{}}
+	go c.readReplies()
+	return c, nil
+}
+
+// negotiate runs the fixed newstyle handshake ("Newstyle negotiation") and
+// NBD_OPT_GO, and returns the export's size and transmission flags.
+func negotiate(rw io.ReadWriter, export string) (int64, uint16, error) {
+	var hello [18]byte
+	if _, err := io.ReadFull(rw, hello[:]); err != nil {
+		return 0, 0, fmt.Errorf("%w: greeting: %w", ErrHandshake, err)
+	}
+	if binary.BigEndian.Uint64(hello[0:]) != magicNBD || binary.BigEndian.Uint64(hello[8:]) != magicIHaveOpt {
+		return 0, 0, fmt.Errorf("%w: not a newstyle NBD server", ErrHandshake)
+	}
+	req := binary.BigEndian.AppendUint32(nil, clientFixedNewstyle|clientNoZeroes)
+	data := binary.BigEndian.AppendUint32(nil, uint32(len(export)))
+	data = append(data, export...)
+	data = binary.BigEndian.AppendUint16(data, 0) // no information requests
+	req = binary.BigEndian.AppendUint64(req, magicIHaveOpt)
+	req = binary.BigEndian.AppendUint32(req, optGo)
+	req = binary.BigEndian.AppendUint32(req, uint32(len(data)))
+	req = append(req, data...)
+	if _, err := rw.Write(req); err != nil {
+		return 0, 0, fmt.Errorf("%w: send NBD_OPT_GO: %w", ErrHandshake, err)
+	}
+	br := bufio.NewReader(rw)
+	size, flags := int64(-1), uint16(0)
+	for {
+		var h [20]byte
+		if _, err := io.ReadFull(br, h[:]); err != nil {
+			return 0, 0, fmt.Errorf("%w: option reply: %w", ErrHandshake, err)
+		}
+		if binary.BigEndian.Uint64(h[0:]) != magicOptionReply || binary.BigEndian.Uint32(h[8:]) != optGo {
+			return 0, 0, fmt.Errorf("%w: malformed option reply", ErrHandshake)
+		}
+		typ, n := binary.BigEndian.Uint32(h[12:]), binary.BigEndian.Uint32(h[16:])
+		if n > maxOptionReply {
+			return 0, 0, fmt.Errorf("%w: option reply of %d bytes", ErrHandshake, n)
+		}
+		body := make([]byte, n)
+		if _, err := io.ReadFull(br, body); err != nil {
+			return 0, 0, fmt.Errorf("%w: option reply: %w", ErrHandshake, err)
+		}
+		switch {
+		case typ&repError != 0:
+			return 0, 0, fmt.Errorf("%w (reply type %#x): %s", ErrRefused, typ, body)
+		case typ == repInfo && len(body) >= 12 && binary.BigEndian.Uint16(body) == infoExprt:
+			size, flags = int64(binary.BigEndian.Uint64(body[2:])), binary.BigEndian.Uint16(body[10:])
+		case typ == repAck:
+			if size < 0 {
+				return 0, 0, fmt.Errorf("%w: no NBD_INFO_EXPORT before the ack", ErrHandshake)
+			}
+			if br.Buffered() > 0 {
+				return 0, 0, fmt.Errorf("%w: bytes after the ack", ErrHandshake)
+			}
+			return size, flags, nil
+		}
+	}
+}
+
+// Size is the export's size in bytes.
+func (c *Conn) Size() int64 { return c.size }
+
+// ReadOnly reports whether the server serves the export read-only.
+func (c *Conn) ReadOnly() bool { return c.readOnly }
+
+// Failed reports whether the connection has failed.
+func (c *Conn) Failed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err != nil
+}
+
+// Fail ends the connection with err (wrapped in ErrLost unless it is):
+// every pending request gets it, and so does every later one.
+func (c *Conn) Fail(err error) {
+	if !errors.Is(err, ErrLost) {
+		err = fmt.Errorf("%w: %w", ErrLost, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return
+	}
+	c.err = err
+	for h, cl := range c.pending {
+		cl.done <- err
+		delete(c.pending, h)
+	}
+	_ = c.c.Close()
+}
+
+func (c *Conn) readReplies() {
+	br := bufio.NewReader(c.c)
+	for {
+		var r [16]byte
+		if _, err := io.ReadFull(br, r[:]); err != nil {
+			c.Fail(err)
+			return
+		}
+		if binary.BigEndian.Uint32(r[0:]) != magicSimpleReply {
+			c.Fail(errors.New("malformed reply"))
+			return
+		}
+		errno, h := binary.BigEndian.Uint32(r[4:]), binary.BigEndian.Uint64(r[8:])
+		c.mu.Lock()
+		cl := c.pending[h]
+		delete(c.pending, h)
+		c.mu.Unlock()
+		if cl == nil {
+			c.Fail(errors.New("reply to an unknown handle"))
+			return
+		}
+		if errno != 0 {
+			cl.done <- Errno(errno)
+			continue
+		}
+		if cl.buf != nil {
+			if _, err := io.ReadFull(br, cl.buf); err != nil {
+				err = fmt.Errorf("%w: read data: %w", ErrLost, err)
+				cl.done <- err
+				c.Fail(err)
+				return
+			}
+		}
+		cl.done <- nil
+	}
+}
+
+// do sends one request and waits for its reply, at most the timeout: a
+// server that does not answer in time is taken for gone, and the
+// connection is closed.
+func (c *Conn) do(cmd, flags uint16, off int64, length uint32, data, buf []byte) error {
+	cl := &call{buf: buf, done: make(chan error, 1)}
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return c.err
+	}
+	h := c.next
+	c.next++
+	c.pending[h] = cl
+	c.mu.Unlock()
+	hdr := make([]byte, 0, 28)
+	hdr = binary.BigEndian.AppendUint32(hdr, magicRequest)
+	hdr = binary.BigEndian.AppendUint16(hdr, flags)
+	hdr = binary.BigEndian.AppendUint16(hdr, cmd)
+	hdr = binary.BigEndian.AppendUint64(hdr, h)
+	hdr = binary.BigEndian.AppendUint64(hdr, uint64(off))
+	hdr = binary.BigEndian.AppendUint32(hdr, length)
+	c.wmu.Lock()
+	_ = c.c.SetWriteDeadline(time.Now().Add(c.timeout))
+	bufs := net.Buffers{hdr}
+	if len(data) > 0 {
+		bufs = append(bufs, data)
+	}
+	_, err := bufs.WriteTo(c.c)
+	c.wmu.Unlock()
+	if err != nil {
+		c.Fail(fmt.Errorf("send: %w", err))
+	}
+	t := time.NewTimer(c.timeout)
+	defer t.Stop()
+	select {
+	case err := <-cl.done:
+		return err
+	case <-t.C:
+		c.Fail(fmt.Errorf("no answer within %s", c.timeout))
+		return <-cl.done
+	}
+}
+
+func fuaFlag(fua bool) uint16 {
+	if fua {
+		return cmdFlagFUA
+	}
+	return 0
+}
+
+// ReadAt reads len(p) bytes at off.
+func (c *Conn) ReadAt(p []byte, off int64) error {
+	return c.do(cmdRead, 0, off, uint32(len(p)), nil, p)
+}
+
+// WriteAt writes p at off; with fua the server answers once it is durable.
+func (c *Conn) WriteAt(p []byte, off int64, fua bool) error {
+	return c.do(cmdWrite, fuaFlag(fua), off, uint32(len(p)), p, nil)
+}
+
+// Flush asks for every write answered before it to be durable.
+func (c *Conn) Flush() error { return c.do(cmdFlush, 0, 0, 0, nil, nil) }
+
+// Trim deallocates [off, off+length).
+func (c *Conn) Trim(off, length int64, fua bool) error {
+	return c.do(cmdTrim, fuaFlag(fua), off, uint32(length), nil, nil)
+}
+
+// Zero writes zeros to [off, off+length): with mayTrim the server may
+// deallocate them, with fast it refuses (EOPNOTSUPP) rather than write
+// zeros slowly.
+func (c *Conn) Zero(off, length int64, mayTrim, fast, fua bool) error {
+	flags := fuaFlag(fua)
+	if !mayTrim {
+		flags |= cmdFlagNoHole
+	}
+	if fast {
+		flags |= cmdFlagFast
+	}
+	return c.do(cmdWriteZeroes, flags, off, uint32(length), nil, nil)
+}
+
+// Close sends NBD_CMD_DISC and closes the connection.
+func (c *Conn) Close() {
+	if !c.Failed() {
+		hdr := binary.BigEndian.AppendUint32(nil, magicRequest)
+		hdr = binary.BigEndian.AppendUint16(hdr, 0)
+		hdr = binary.BigEndian.AppendUint16(hdr, cmdDisc)
+		hdr = append(hdr, make([]byte, 20)...)
+		c.wmu.Lock()
+		_ = c.c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = c.c.Write(hdr)
+		c.wmu.Unlock()
+	}
+	c.Fail(errors.New("closed"))
+}
