@@ -88,9 +88,9 @@ bench-nbd:
 
 # NBD over TLS against plain TCP, in one run: quiver (--nbd-tls on), nbdkit
 # (--tls=require) and qemu-nbd (tls-creds-x509), 4k random reads at QD32 and
-# 1 MiB reads and writes.
+# 1 MiB reads and writes. BASE=<git rev>: also quiver at that revision (A/B).
 bench-nbd-tls:
-	RUNTIME="$(RUNTIME)" ROUNDS="$(ROUNDS)" DIR="$(DIR)" TRANSPORTS="tcp tls" RAW=0 \
+	RUNTIME="$(RUNTIME)" ROUNDS="$(ROUNDS)" DIR="$(DIR)" BASE="$(BASE)" TRANSPORTS="tcp tls" RAW=0 \
 		CASES="randread 4k 32,read 1m 8,write 1m 8" test/bench/nbd.sh
 
 # Cluster (issue 15, acceptance 8): three nodes in network namespaces as

@@ -449,6 +449,10 @@ type TokenSpec struct {
 	Tenant      string `json:"tenant,omitempty"` // required for tenant and attach, optional for monitor, none for admin
 	Role        string `json:"role"`
 	Description string `json:"description,omitempty"`
+	// Certificate, a PEM client certificate, makes a certificate token:
+	// no secret; that certificate, presented over NBD with mutual TLS,
+	// acts for Tenant with Role. Only its SHA-256 fingerprint is stored.
+	Certificate string `json:"certificate,omitempty"`
 }
 
 // Token is a stored API token; its secret is never shown but once.
@@ -458,6 +462,9 @@ type Token struct {
 	Role        string    `json:"role"`
 	Description string    `json:"description,omitempty"`
 	CreatedAt   time.Time `json:"createdAt"`
+	// CertSHA256 is a certificate token's certificate fingerprint (SHA-256
+	// of its DER, hex); such a token has no secret.
+	CertSHA256 string `json:"certSha256,omitempty"`
 	// Secret is the bearer token, set only in the answer to its creation.
 	Secret string `json:"secret,omitempty"`
 }

@@ -1,8 +1,11 @@
 package apiserver
 
 import (
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/auth"
@@ -14,7 +17,8 @@ import (
 var errNoStore = fmt.Errorf("this server keeps no token store: %w", auth.ErrForbidden)
 
 func tokenToAPI(t auth.Token) api.Token {
-	return api.Token{ID: t.ID, Tenant: t.Tenant, Role: string(t.Role), Description: t.Description, CreatedAt: t.CreatedAt}
+	return api.Token{ID: t.ID, Tenant: t.Tenant, Role: string(t.Role), Description: t.Description, CreatedAt: t.CreatedAt,
+		CertSHA256: t.CertSHA256}
 }
 
 func quotaToAPI(q auth.Quota) api.Quota { return api.Quota(q) }
@@ -39,6 +43,19 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &spec); err != nil {
 		return err
 	}
+	if spec.Certificate != "" {
+		der, err := certificateDER(spec.Certificate)
+		if err != nil {
+			return err
+		}
+		t, err := s.Auth.CreateForCertificate(spec.Tenant, auth.Role(spec.Role), spec.Description, der)
+		if err != nil {
+			return err
+		}
+		s.log.Info("certificate token created", "token", t.ID, "tenant", t.Tenant, "role", t.Role, "cert_sha256", t.CertSHA256)
+		writeJSON(w, http.StatusCreated, tokenToAPI(t))
+		return nil
+	}
 	t, secret, err := s.Auth.Create(spec.Tenant, auth.Role(spec.Role), spec.Description)
 	if err != nil {
 		return err
@@ -48,6 +65,21 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) error {
 	out.Secret = secret
 	writeJSON(w, http.StatusCreated, out)
 	return nil
+}
+
+// certificateDER returns the DER of the one PEM certificate in p.
+func certificateDER(p string) ([]byte, error) {
+	block, rest := pem.Decode([]byte(p))
+	switch {
+	case block == nil || block.Type != "CERTIFICATE":
+		return nil, fmt.Errorf("certificate: want one PEM CERTIFICATE block: %w", auth.ErrInvalid)
+	case len(strings.TrimSpace(string(rest))) != 0:
+		return nil, fmt.Errorf("certificate: data after the first PEM block (one certificate, the client's own, not a chain): %w", auth.ErrInvalid)
+	}
+	if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+		return nil, fmt.Errorf("certificate: %v: %w", err, auth.ErrInvalid)
+	}
+	return block.Bytes, nil
 }
 
 func (s *Server) revokeToken(w http.ResponseWriter, r *http.Request) error {

@@ -48,14 +48,21 @@ const (
 	MaxDescription = 200
 )
 
-// Token is a stored token: never its secret, only the secret's hash.
+// Token is a stored token: never its secret, only the secret's hash. A
+// certificate token has no secret: it maps a client certificate, known by
+// its SHA-256 fingerprint, to the token's tenant and role (NBD over mutual
+// TLS; docs/security.md, "Client certificates").
 type Token struct {
-	ID          string    `json:"id"`
-	Tenant      string    `json:"tenant,omitempty"`
-	Role        Role      `json:"role"`
-	Description string    `json:"description,omitempty"`
-	SHA256      string    `json:"sha256"`
-	CreatedAt   time.Time `json:"createdAt"`
+	ID          string `json:"id"`
+	Tenant      string `json:"tenant,omitempty"`
+	Role        Role   `json:"role"`
+	Description string `json:"description,omitempty"`
+	// SHA256 is the hash of a secret's token, CertSHA256 the fingerprint
+	// (SHA-256 of the DER) of a certificate token's certificate: exactly
+	// one is set.
+	SHA256     string    `json:"sha256,omitempty"`
+	CertSHA256 string    `json:"certSha256,omitempty"`
+	CreatedAt  time.Time `json:"createdAt"`
 }
 
 // Quota bounds what one tenant holds; 0 is unlimited.
@@ -89,7 +96,8 @@ type Store struct {
 
 	mu      sync.Mutex
 	f       storeFile
-	byHash  map[string]Token
+	byHash  map[string]Token         // by SHA256, secrets' tokens
+	byCert  map[string]Token         // by CertSHA256, certificate tokens
 	done    map[string]chan struct{} // by token ID; closed on revocation
 	revoked chan struct{}            // closed for IDs that are not (or no longer) tokens
 	// backend, when set (Share), holds the state instead of tokens.json;
@@ -163,10 +171,11 @@ func (f *storeFile) validate() error {
 		if err := t.validate(); err != nil {
 			return fmt.Errorf("tokens[%d]: %w", i, err)
 		}
-		if ids[t.ID] || hashes[t.SHA256] {
-			return fmt.Errorf("tokens[%d]: duplicate id or hash: %w", i, ErrInvalid)
+		h := t.SHA256 + t.CertSHA256 // one of them is empty
+		if ids[t.ID] || hashes[h] {
+			return fmt.Errorf("tokens[%d]: duplicate id, hash or certificate: %w", i, ErrInvalid)
 		}
-		ids[t.ID], hashes[t.SHA256] = true, true
+		ids[t.ID], hashes[h] = true, true
 	}
 	names := map[string]bool{}
 	for i, t := range f.Tenants {
@@ -194,10 +203,20 @@ func (t Token) validate() error {
 	if err := checkScope(t.Role, t.Tenant); err != nil {
 		return err
 	}
-	if b, err := hex.DecodeString(t.SHA256); err != nil || len(b) != sha256.Size {
+	switch {
+	case (t.SHA256 == "") == (t.CertSHA256 == ""):
+		return fmt.Errorf("token %s: want either sha256 (a secret's) or certSha256 (a certificate's): %w", t.ID, ErrInvalid)
+	case t.SHA256 != "" && !validSHA256(strings.ToLower(t.SHA256)):
 		return fmt.Errorf("sha256 of token %s: want 64 hex digits: %w", t.ID, ErrInvalid)
+	case t.CertSHA256 != "" && !validSHA256(t.CertSHA256):
+		return fmt.Errorf("certSha256 of token %s: want 64 lowercase hex digits: %w", t.ID, ErrInvalid)
 	}
 	return validateDescription(t.Description)
+}
+
+func validSHA256(h string) bool {
+	b, err := hex.DecodeString(h)
+	return err == nil && len(b) == sha256.Size && strings.ToLower(h) == h
 }
 
 func validID(id string) bool {
@@ -258,12 +277,17 @@ func (q Quota) validate() error {
 func (s *Store) set(f storeFile) {
 	s.f = f
 	s.byHash = make(map[string]Token, len(f.Tokens))
+	s.byCert = map[string]Token{}
 	if s.done == nil {
 		s.done = map[string]chan struct{}{}
 	}
 	live := map[string]bool{}
 	for _, t := range f.Tokens {
-		s.byHash[t.SHA256] = t
+		if t.CertSHA256 != "" {
+			s.byCert[t.CertSHA256] = t
+		} else {
+			s.byHash[t.SHA256] = t
+		}
 		live[t.ID] = true
 		if s.done[t.ID] == nil {
 			s.done[t.ID] = make(chan struct{})
@@ -330,22 +354,64 @@ func (s *Store) Create(tenant string, role Role, description string) (Token, str
 	if err := validateDescription(description); err != nil {
 		return Token{}, "", err
 	}
+	secret := newSecret()
+	t, err := s.add(Token{Tenant: tenant, Role: role, Description: description, SHA256: hashSecret(secret)})
+	if err != nil {
+		return Token{}, "", err
+	}
+	return t, secret, nil
+}
+
+// add stores t with a new ID and the time: durably when it returns.
+func (s *Store) add(t Token) (Token, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	secret := newSecret()
-	t := Token{ID: newID(), Tenant: tenant, Role: role, Description: description, SHA256: hashSecret(secret),
-		CreatedAt: time.Now().UTC().Truncate(time.Second)}
+	t.ID, t.CreatedAt = newID(), time.Now().UTC().Truncate(time.Second)
 	err := s.update(func(f *storeFile) error {
 		if len(f.Tokens) >= MaxTokens {
 			return fmt.Errorf("%d tokens: at most %d: %w", len(f.Tokens), MaxTokens, ErrInvalid)
+		}
+		if t.CertSHA256 != "" {
+			if i := slices.IndexFunc(f.Tokens, func(x Token) bool { return x.CertSHA256 == t.CertSHA256 }); i >= 0 {
+				return fmt.Errorf("certificate %s: already token %s: %w", t.CertSHA256, f.Tokens[i].ID, ErrInvalid)
+			}
 		}
 		f.Tokens = append(f.Tokens, t)
 		return nil
 	})
 	if err != nil {
-		return Token{}, "", err
+		return Token{}, err
 	}
-	return t, secret, nil
+	return t, nil
+}
+
+// CertFingerprint is the SHA-256 of a certificate's DER encoding, in
+// lowercase hex: what a certificate token stores.
+func CertFingerprint(der []byte) string {
+	sum := sha256.Sum256(der)
+	return hex.EncodeToString(sum[:])
+}
+
+// CreateForCertificate makes a certificate token: the client certificate
+// whose DER encoding is der then acts for tenant with role, as a token of
+// that tenant and role would (over NBD with mutual TLS: the certificate
+// must also be signed by a CA of --nbd-tls-client-ca). Only the
+// certificate's fingerprint is stored; one certificate maps to one token.
+// The token is durable when it returns.
+func (s *Store) CreateForCertificate(tenant string, role Role, description string, der []byte) (Token, error) {
+	if err := ValidateRole(role); err != nil {
+		return Token{}, err
+	}
+	if err := checkScope(role, tenant); err != nil {
+		return Token{}, err
+	}
+	if err := validateDescription(description); err != nil {
+		return Token{}, err
+	}
+	if len(der) == 0 {
+		return Token{}, fmt.Errorf("certificate: empty: %w", ErrInvalid)
+	}
+	return s.add(Token{Tenant: tenant, Role: role, Description: description, CertSHA256: CertFingerprint(der)})
 }
 
 // List returns every token, by creation time.
@@ -393,6 +459,20 @@ func (s *Store) Authenticate(secret string) (Principal, error) {
 	h := hashSecret(secret)
 	s.mu.Lock()
 	t, ok := s.byHash[h]
+	s.mu.Unlock()
+	if !ok {
+		return Principal{}, ErrUnauthenticated
+	}
+	return Principal{TokenID: t.ID, Tenant: t.Tenant, Role: t.Role}, nil
+}
+
+// AuthenticateCertificate returns the principal a client certificate (its
+// DER encoding, verified by the TLS handshake) acts for: that of its
+// certificate token. ErrUnauthenticated when it has none.
+func (s *Store) AuthenticateCertificate(der []byte) (Principal, error) {
+	h := CertFingerprint(der)
+	s.mu.Lock()
+	t, ok := s.byCert[h]
 	s.mu.Unlock()
 	if !ok {
 		return Principal{}, ErrUnauthenticated

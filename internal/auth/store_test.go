@@ -277,3 +277,61 @@ func TestAdmit(t *testing.T) {
 		t.Errorf("more IOPS over an unlimited use: %v", err)
 	}
 }
+
+// TestCertificateTokens: a certificate token authenticates its certificate
+// (by the DER's fingerprint) as its tenant and role, across a reopen; it has
+// no secret, authenticates no bearer token, maps one certificate once, and
+// its revocation closes its Done channel and refuses the certificate.
+func TestCertificateTokens(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	der, other := []byte("a DER certificate"), []byte("another certificate")
+	tok, err := s.CreateForCertificate("acme", RoleAttach, "acme's node 1", der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok.SHA256 != "" || tok.CertSHA256 != CertFingerprint(der) {
+		t.Fatalf("token %+v: want only certSha256 %s", tok, CertFingerprint(der))
+	}
+	for i, st := range []*Store{s, openStore(t, dir)} {
+		p, err := st.AuthenticateCertificate(der)
+		if err != nil || p != (Principal{TokenID: tok.ID, Tenant: "acme", Role: RoleAttach}) {
+			t.Errorf("store %d: AuthenticateCertificate = %+v, %v", i, p, err)
+		}
+		if _, err := st.AuthenticateCertificate(other); !errors.Is(err, ErrUnauthenticated) {
+			t.Errorf("store %d: an unmapped certificate: %v", i, err)
+		}
+		if _, err := st.Authenticate(secretPrefix); !errors.Is(err, ErrUnauthenticated) {
+			t.Errorf("store %d: an empty secret: %v", i, err)
+		}
+	}
+	if _, err := s.CreateForCertificate("other", RoleTenant, "", der); !errors.Is(err, ErrInvalid) {
+		t.Errorf("the same certificate mapped twice: %v", err)
+	}
+	for _, bad := range []struct {
+		tenant string
+		role   Role
+		der    []byte
+	}{{"", RoleAttach, other}, {"acme", RoleAdmin, other}, {"acme", "root", other}, {"acme", RoleTenant, nil}} {
+		if _, err := s.CreateForCertificate(bad.tenant, bad.role, "", bad.der); !errors.Is(err, ErrInvalid) {
+			t.Errorf("CreateForCertificate(%q, %q, %d bytes): %v, want ErrInvalid", bad.tenant, bad.role, len(bad.der), err)
+		}
+	}
+	if n := len(s.List()); n != 1 {
+		t.Fatalf("%d tokens after refused creations, want 1", n)
+	}
+	done := s.Done(tok.ID)
+	if err := s.Revoke(tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	default:
+		t.Error("revocation did not close Done")
+	}
+	for i, st := range []*Store{s, openStore(t, dir)} {
+		if _, err := st.AuthenticateCertificate(der); !errors.Is(err, ErrUnauthenticated) {
+			t.Errorf("store %d: a revoked certificate: %v", i, err)
+		}
+	}
+}

@@ -158,7 +158,7 @@ A flag on the command line wins over the file.`,
 		"off, on (clients may upgrade) or require (default with --nbd-tls-cert: require beyond loopback, on on loopback)")
 	f.DurationVar(&cfg.TLS.WatchInterval, "tls-watch-interval", 0,
 		"how often certificate files are checked for a change and reloaded (0: every 5s; negative: only on SIGHUP)")
-	f.StringVar(&cfg.TLS.NBDClientCAFile, "nbd-tls-client-ca", "", "require NBD clients to present a certificate signed by a CA of this PEM file")
+	f.StringVar(&cfg.TLS.NBDClientCAFile, "nbd-tls-client-ca", "", "require NBD clients to present a certificate signed by a CA of this PEM file (reloaded on SIGHUP and when the file changes)")
 	addClusterFlags(f, &cfg.Cluster)
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().StringVar(&configFile, "config", "", "YAML file of settings, each a flag name without -- (default "+defaultConfig+" when it exists)")

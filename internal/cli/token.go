@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/spf13/cobra"
 
@@ -22,8 +23,9 @@ func (a *app) tokenCommand() *cobra.Command {
 
 func (a *app) tokenCreateCommand() *cobra.Command {
 	var spec api.TokenSpec
+	var certFile string
 	cmd := &cobra.Command{
-		Use:   "create --role ROLE [--tenant TENANT]",
+		Use:   "create --role ROLE [--tenant TENANT] [--cert FILE]",
 		Short: "Make a token; its secret is printed this once (the server keeps only its hash)",
 		Long: `Make an API token. Roles:
   admin    everything, every tenant (no --tenant)
@@ -32,9 +34,22 @@ func (a *app) tokenCreateCommand() *cobra.Command {
   monitor  read only; without --tenant the whole node (pool, usage, jobs, metrics)
 
 The secret is printed once, on the last line of the table (or as "secret" with
--o json/yaml); store it 0600 and pass it with --token-file.`,
+-o json/yaml); store it 0600 and pass it with --token-file.
+
+With --cert, the token has no secret: the client certificate in FILE (PEM,
+the client's own certificate), presented over NBD with mutual TLS
+(--nbd-tls-client-ca on the server), acts for the tenant with the role, as
+a token would in the export name. Only its SHA-256 fingerprint is stored;
+revoking the token ends that certificate's NBD connections.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if certFile != "" {
+				b, err := os.ReadFile(certFile)
+				if err != nil {
+					return fmt.Errorf("--cert: %w", err)
+				}
+				spec.Certificate = string(b)
+			}
 			c, err := a.client()
 			if err != nil {
 				return err
@@ -47,6 +62,10 @@ The secret is printed once, on the last line of the table (or as "secret" with
 				if err := a.tokenTable([]api.Token{t})(w); err != nil {
 					return err
 				}
+				if t.CertSHA256 != "" {
+					_, err := fmt.Fprintf(w, "certificate sha256: %s\n", t.CertSHA256)
+					return err
+				}
 				_, err := fmt.Fprintf(w, "secret: %s\n", t.Secret)
 				return err
 			})
@@ -56,6 +75,7 @@ The secret is printed once, on the last line of the table (or as "secret" with
 	f.StringVar(&spec.Role, "role", "", "admin, tenant, attach or monitor (required)")
 	f.StringVar(&spec.Tenant, "tenant", "", "the tenant the token acts for (required for tenant and attach)")
 	f.StringVar(&spec.Description, "description", "", "what the token is for (shown by token list)")
+	f.StringVar(&certFile, "cert", "", "make a certificate token for the client certificate in this PEM file (no secret)")
 	_ = cmd.MarkFlagRequired("role")
 	return cmd
 }
@@ -103,10 +123,14 @@ func (a *app) tokenRevokeCommand() *cobra.Command {
 
 func (a *app) tokenTable(ts []api.Token) func(io.Writer) error {
 	return func(w io.Writer) error {
-		t := newTable(w, "ID", "TENANT", "ROLE", "DESCRIPTION", "AGE")
+		t := newTable(w, "ID", "TENANT", "ROLE", "CREDENTIAL", "DESCRIPTION", "AGE")
 		now := a.env.Now()
 		for _, x := range ts {
-			t.row(x.ID, dash(x.Tenant), x.Role, dash(x.Description), age(now, x.CreatedAt))
+			cred := "secret"
+			if x.CertSHA256 != "" {
+				cred = "cert " + x.CertSHA256[:min(16, len(x.CertSHA256))]
+			}
+			t.row(x.ID, dash(x.Tenant), x.Role, cred, dash(x.Description), age(now, x.CreatedAt))
 		}
 		return t.flush()
 	}

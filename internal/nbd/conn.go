@@ -28,6 +28,7 @@ type conn struct {
 	// tlsOut buffers replies on a TLS connection (tls.go); nil on a plain
 	// one.
 	tlsOut *bufio.Writer
+	tlsTr  *tlsTransport // the socket under the TLS connection (tls.go)
 	r      *bufio.Reader
 	log    *slog.Logger
 	// peer is the key the connection is counted under (connlimit.Peer).
@@ -76,7 +77,7 @@ type conn struct {
 
 func (c *conn) open(ctx context.Context, name string) error {
 	c.closeDisk()
-	x, err := c.srv.exports.Open(ctx, name, c.nc.RemoteAddr().String())
+	x, err := c.srv.exports.Open(c.withPeerCertificate(ctx), name, c.nc.RemoteAddr().String())
 	if err != nil {
 		return fmt.Errorf("export %q: %w", redactToken(name), err)
 	}

@@ -26,10 +26,7 @@ func tlsEnv(t *testing.T, require bool) (*testEnv, *x509.CertPool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := tlscert.ServerConfig(pair, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := tlscert.ServerConfig(pair, nil)
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Cert)
 	return newEnv(t, Config{TLS: cfg, RequireTLS: require}, nil), roots
@@ -183,10 +180,7 @@ func TestTLSSendTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := tlscert.ServerConfig(pair, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := tlscert.ServerConfig(pair, nil)
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Cert)
 	e := newEnv(t, Config{TLS: cfg, SendTimeout: 200 * time.Millisecond}, nil)
@@ -208,5 +202,93 @@ func TestTLSSendTimeout(t *testing.T) {
 	e.waitIdle()
 	if got := e.srv.mem.inflight.Load(); got != 0 {
 		t.Errorf("%d bytes still reserved after the connection ended", got)
+	}
+}
+
+// countingConn counts the writes that reach a connection and the bytes of
+// each.
+type countingConn struct {
+	net.Conn
+	writes []int
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.writes = append(c.writes, len(p))
+	return c.Conn.Write(p)
+}
+
+// TestTLSTransportGathers: once gathering, the records of a 1 MiB write
+// leave in writes of about tlsSendMax, not one per 16 KiB record, and the
+// peer reads every byte in order; a record crypto/tls writes of its own
+// (an alert) goes out at once.
+func TestTLSTransportGathers(t *testing.T) {
+	ca := certtest.NewCA(t, "quiver test CA")
+	certFile, keyFile := ca.Server(t, false, "127.0.0.1").Write(t, t.TempDir())
+	pair, err := tlscert.Load(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	sc, cc := net.Pipe()
+	counted := &countingConn{Conn: sc}
+	tr := &tlsTransport{Conn: counted}
+	srv := tls.Server(tr, tlscert.ServerConfig(pair, nil))
+	cli := tls.Client(cc, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})
+	defer cli.Close()
+	defer srv.Close()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Handshake() }()
+	if err := cli.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+
+	data := make([]byte, 1<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, len(data))
+		_, err := io.ReadFull(cli, b)
+		if err != nil {
+			b = nil
+		}
+		got <- b
+	}()
+	tr.gather.Store(true)
+	before := len(counted.writes)
+	tr.sending.Store(true) // as sendTLS does
+	if _, err := srv.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	tr.sending.Store(false)
+	if err := tr.flushAll(); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-got; !bytes.Equal(b, data) {
+		t.Fatal("the peer read other bytes than were written")
+	}
+	writes := counted.writes[before:]
+	if max := (len(data)+len(data)/1000)/tlsSendMax + 2; len(writes) > max {
+		t.Errorf("1 MiB left in %d writes %v, want at most %d", len(writes), writes, max)
+	}
+
+	// An alert (close_notify) is sent at once, without a flush.
+	closed := make(chan error, 1)
+	go func() { _, err := cli.Read(make([]byte, 1)); closed <- err }()
+	if err := srv.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-closed:
+		if !errors.Is(err, io.EOF) {
+			t.Errorf("after the server's close_notify the client read %v, want EOF", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the close_notify alert stayed in the buffer")
 	}
 }

@@ -22,6 +22,12 @@ import (
 // failure gets the same answer as a wrong attachment token, so names cannot
 // be probed. The connection ends when the token is revoked.
 //
+// A client certificate verified by mutual TLS and mapped to a certificate
+// token (auth.Store.CreateForCertificate) stands for that token when the
+// export name carries none: <volume>/<disk> is then opened exactly as
+// <volume>/<disk>/<API token> would be, through openAs. A mapped
+// certificate never falls back to the tokenless opens of a loopback node.
+//
 // An attachment token's export may name the volume by its tenant's name as
 // well as by the pool's: when <volume> has no attachment with that token, the
 // volume <tenant>--<volume> of each tenant is tried (the token, 256 random
@@ -51,6 +57,15 @@ func (e tenantExports) List(ctx context.Context) ([]nbd.ExportInfo, error) { ret
 // Open implements nbd.Exports.
 func (e tenantExports) Open(ctx context.Context, name, peer string) (nbd.Export, error) {
 	ref, err := nbd.ParseExportName(name)
+	if err == nil && ref.Token == "" {
+		// A client certificate with a certificate token stands for
+		// that token (mutual TLS verified it against the client CAs).
+		if cert := nbd.PeerCertificate(ctx); cert != nil {
+			if p, err := e.store.AuthenticateCertificate(cert.Raw); err == nil {
+				return e.openAs(ctx, p, ref, peer)
+			}
+		}
+	}
 	if err != nil || ref.Token == "" {
 		return e.next.Open(ctx, name, peer)
 	}
@@ -58,7 +73,17 @@ func (e tenantExports) Open(ctx context.Context, name, peer string) (nbd.Export,
 		return e.next.Open(ctx, e.attachmentExport(ref, name), peer)
 	}
 	p, err := e.store.Authenticate(ref.Token)
-	if err != nil || !p.Allows(auth.ActAttach) {
+	if err != nil {
+		return nbd.Export{}, errNoAccess
+	}
+	return e.openAs(ctx, p, ref, peer)
+}
+
+// openAs opens ref for p, a token's principal (from the export name's
+// API token or from a client certificate's certificate token): the one
+// authorization of NBD opens by credential.
+func (e tenantExports) openAs(ctx context.Context, p auth.Principal, ref nbd.ExportRef, peer string) (nbd.Export, error) {
+	if !p.Allows(auth.ActAttach) {
 		return nbd.Export{}, errNoAccess
 	}
 	local := ref.Volume

@@ -46,10 +46,10 @@ const DefaultTLSWatchInterval = 5 * time.Second
 // ErrTLSConfig is returned for TLS flags that do not fit together.
 var ErrTLSConfig = errors.New("TLS configuration")
 
-// tlsSetup is what Run builds from TLSConfig: the pairs SIGHUP reloads, and
+// tlsSetup is what Run builds from TLSConfig: the files SIGHUP reloads, and
 // the configurations of each transport (nil: plain).
 type tlsSetup struct {
-	pairs  []*tlscert.Pair
+	files  []tlscert.Reloader // certificate pairs and the NBD client CA file
 	api    *tls.Config
 	nbd    *tls.Config
 	nbdReq bool
@@ -66,10 +66,8 @@ func setupTLS(cfg TLSConfig, nbdAddr string) (*tlsSetup, error) {
 		if err != nil {
 			return nil, err
 		}
-		if s.api, err = tlscert.ServerConfig(p, ""); err != nil {
-			return nil, err
-		}
-		s.pairs = append(s.pairs, p)
+		s.api = tlscert.ServerConfig(p, nil)
+		s.files = append(s.files, p)
 	}
 	if (cfg.NBDCertFile == "") != (cfg.NBDKeyFile == "") {
 		return nil, fmt.Errorf("%w: --nbd-tls-cert and --nbd-tls-key go together", ErrTLSConfig)
@@ -102,39 +100,45 @@ func setupTLS(cfg TLSConfig, nbdAddr string) (*tlsSetup, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.nbd, err = tlscert.ServerConfig(p, cfg.NBDClientCAFile); err != nil {
-		return nil, err
+	s.files = append(s.files, p)
+	var cas *tlscert.CAFile
+	if cfg.NBDClientCAFile != "" {
+		if cas, err = tlscert.LoadCAFile(cfg.NBDClientCAFile); err != nil {
+			return nil, err
+		}
+		s.files = append(s.files, cas)
 	}
-	s.pairs = append(s.pairs, p)
+	s.nbd = tlscert.ServerConfig(p, cas)
+	// Full 16 KiB records from the first byte: NBD replies are not web
+	// pages whose first bytes a browser renders early.
+	s.nbd.DynamicRecordSizingDisabled = true
 	s.nbdReq = mode == TLSRequire
 	return s, nil
 }
 
-// reload reads every certificate pair again; a pair that fails to load
-// stays as it was.
+// reload reads every certificate pair and CA file again; one that fails to
+// load stays as it was.
 func (s *tlsSetup) reload(log *slog.Logger) {
-	for _, p := range s.pairs {
-		cert, key := p.Files()
-		if err := p.Reload(); err != nil {
-			log.Error("TLS certificate not reloaded: the previous one stays in use", "cert", cert, "key", key, "err", err)
+	for _, f := range s.files {
+		if err := f.Reload(); err != nil {
+			log.Error("TLS certificate files not reloaded: the previous ones stay in use", "files", f.Files(), "err", err)
 			continue
 		}
-		log.Info("TLS certificate reloaded: new connections use it", "cert", cert)
+		log.Info("TLS certificate reloaded: new connections use it", "files", f.Files())
 	}
 }
 
-// reloadChanged reloads the pairs whose files changed since they were last
-// read.
+// reloadChanged reloads the pairs and CA files whose files changed since
+// they were last read.
 func (s *tlsSetup) reloadChanged(log *slog.Logger) {
-	for _, p := range s.pairs {
-		cert, key := p.Files()
-		tried, err := p.ReloadIfChanged()
+	for _, f := range s.files {
+		tried, err := f.ReloadIfChanged()
 		switch {
 		case !tried:
 		case err != nil:
-			log.Error("TLS certificate files changed but do not load: the previous certificate stays in use", "cert", cert, "key", key, "err", err)
+			log.Error("TLS certificate files changed but do not load: the previous ones stay in use", "files", f.Files(), "err", err)
 		default:
-			log.Info("TLS certificate files changed and were reloaded: new connections use them", "cert", cert)
+			log.Info("TLS certificate files changed and were reloaded: new connections use them", "files", f.Files())
 		}
 	}
 }
@@ -143,7 +147,7 @@ func (s *tlsSetup) reloadChanged(log *slog.Logger) {
 // checked (nil, which never ticks, without TLS or with watching off), and a
 // function to stop it.
 func (s *tlsSetup) watch(every time.Duration) (<-chan time.Time, func()) {
-	if len(s.pairs) == 0 || every < 0 {
+	if len(s.files) == 0 || every < 0 {
 		return nil, func() {}
 	}
 	if every == 0 {

@@ -6,23 +6,87 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // ErrNoCertificates is returned for a CA file with no PEM certificate in it.
 var ErrNoCertificates = errors.New("no PEM certificate found")
 
+// Reloader is a set of files read together, read again by Reload or when
+// they change (ReloadIfChanged): a certificate pair (Pair) or a CA file
+// (CAFile).
+type Reloader interface {
+	Reload() error
+	ReloadIfChanged() (tried bool, err error)
+	// Files names the files, for log lines.
+	Files() []string
+}
+
+var (
+	_ Reloader = (*Pair)(nil)
+	_ Reloader = (*CAFile)(nil)
+)
+
+// watched is the reload logic shared by Pair and CAFile: the files' stamps
+// at the last load attempt, and load, which reads the files and, on
+// success, makes what it read the one in use.
+type watched struct {
+	files []string
+	load  func() error
+
+	mu   sync.Mutex
+	seen []fileStamp // of files at the last load attempt
+}
+
+// Reload reads the files again. On failure what is in use stays in use (a
+// half-written file during a rotation does not take the server down) and
+// the error says why.
+func (w *watched) Reload() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seen = w.stamps()
+	return w.load()
+}
+
+// ReloadIfChanged reloads if any file changed since the last load attempt,
+// and says whether it tried. Files that fail to load are tried again only
+// once they change again (the second half of a rotation that wrote the
+// certificate first and the key after), so a broken rotation is reported
+// once, not on every check.
+func (w *watched) ReloadIfChanged() (tried bool, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := w.stamps()
+	if slices.Equal(now, w.seen) {
+		return false, nil
+	}
+	w.seen = now
+	return true, w.load()
+}
+
+// stamps returns the files' stamps; a file that cannot be read has the zero
+// stamp (so its return counts as a change).
+func (w *watched) stamps() []fileStamp {
+	out := make([]fileStamp, len(w.files))
+	for i, f := range w.files {
+		out[i], _ = stampOf(f)
+	}
+	return out
+}
+
+// Files implements Reloader.
+func (w *watched) Files() []string { return w.files }
+
 // Pair is a certificate and its key, read from two files. Reload reads them
 // again; connections that start afterwards get the new pair, connections
 // already established keep the one they were set up with.
 type Pair struct {
-	certFile, keyFile string
-	cur               atomic.Pointer[tls.Certificate]
-
-	mu   sync.Mutex
-	seen [2]fileStamp // of certFile and keyFile at the last load attempt
+	watched
+	cur atomic.Pointer[tls.Certificate]
 }
 
 // fileStamp tells one version of a file from another: a rename over it (a
@@ -35,8 +99,8 @@ type fileStamp struct {
 }
 
 func stampOf(file string) (fileStamp, error) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(file, &st); err != nil {
+	var st unix.Stat_t
+	if err := unix.Stat(file, &st); err != nil {
 		return fileStamp{}, err
 	}
 	return fileStamp{dev: uint64(st.Dev), ino: st.Ino, size: st.Size, mtimeNanos: st.Mtim.Nano()}, nil
@@ -48,60 +112,21 @@ func Load(certFile, keyFile string) (*Pair, error) {
 	if certFile == "" || keyFile == "" {
 		return nil, errors.New("a TLS certificate needs both a certificate file and a key file")
 	}
-	p := &Pair{certFile: certFile, keyFile: keyFile}
+	p := &Pair{}
+	p.files = []string{certFile, keyFile}
+	p.load = func() error {
+		c, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return fmt.Errorf("load TLS key pair %s, %s: %w", certFile, keyFile, err)
+		}
+		p.cur.Store(&c)
+		return nil
+	}
 	if err := p.Reload(); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
-
-// Reload reads the files again. On failure the pair in use stays in use
-// (a half-written file during a rotation does not take the server down)
-// and the error says why.
-func (p *Pair) Reload() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.seen = p.stamps()
-	return p.load()
-}
-
-// ReloadIfChanged reloads the pair if either file changed since the last
-// load attempt, and says whether it tried. A pair that fails to load is
-// tried again only once its files change again (the second half of a
-// rotation that wrote the certificate first and the key after), so a broken
-// rotation is reported once, not on every check.
-func (p *Pair) ReloadIfChanged() (tried bool, err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := p.stamps()
-	if now == p.seen {
-		return false, nil
-	}
-	p.seen = now
-	return true, p.load()
-}
-
-// stamps returns the files' stamps; a file that cannot be read has the zero
-// stamp (so its return counts as a change).
-func (p *Pair) stamps() [2]fileStamp {
-	var out [2]fileStamp
-	for i, f := range []string{p.certFile, p.keyFile} {
-		out[i], _ = stampOf(f)
-	}
-	return out
-}
-
-func (p *Pair) load() error {
-	c, err := tls.LoadX509KeyPair(p.certFile, p.keyFile)
-	if err != nil {
-		return fmt.Errorf("load TLS key pair %s, %s: %w", p.certFile, p.keyFile, err)
-	}
-	p.cur.Store(&c)
-	return nil
-}
-
-// Files returns the certificate and key file names.
-func (p *Pair) Files() (cert, key string) { return p.certFile, p.keyFile }
 
 // GetCertificate returns the current pair (tls.Config.GetCertificate).
 func (p *Pair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -109,20 +134,65 @@ func (p *Pair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 }
 
 // ServerConfig returns a server tls.Config that presents p's current pair.
-// With clientCAFile, clients must present a certificate signed by one of
-// its CAs (mutual TLS).
-func ServerConfig(p *Pair, clientCAFile string) (*tls.Config, error) {
+// With clientCAs, clients must present a certificate signed by one of its
+// current CAs (mutual TLS): each handshake uses the CAs of the last
+// successful load, so a reloaded CA file applies to new connections only.
+// Session tickets are then off, so that no connection resumes a session
+// whose client certificate the current CAs no longer accept.
+func ServerConfig(p *Pair, clientCAs *CAFile) *tls.Config {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: p.GetCertificate}
-	if clientCAFile != "" {
-		cas, err := CAPool(clientCAFile)
-		if err != nil {
-			return nil, err
-		}
-		cfg.ClientCAs = cas
-		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	if clientCAs == nil {
+		return cfg
 	}
-	return cfg, nil
+	cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	cfg.SessionTicketsDisabled = true
+	cfg.ClientCAs = clientCAs.Pool()
+	var (
+		mu     sync.Mutex
+		pool   *x509.CertPool
+		forCAs *tls.Config
+	)
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		cur := clientCAs.Pool()
+		mu.Lock()
+		defer mu.Unlock()
+		if cur != pool {
+			forCAs = cfg.Clone()
+			forCAs.GetConfigForClient, forCAs.ClientCAs = nil, cur
+			pool = cur
+		}
+		return forCAs, nil
+	}
+	return cfg
 }
+
+// CAFile is a file of PEM CA certificates, read again by Reload or when it
+// changes.
+type CAFile struct {
+	watched
+	cur atomic.Pointer[x509.CertPool]
+}
+
+// LoadCAFile reads the CAs of file.
+func LoadCAFile(file string) (*CAFile, error) {
+	c := &CAFile{}
+	c.files = []string{file}
+	c.load = func() error {
+		pool, err := CAPool(file)
+		if err != nil {
+			return err
+		}
+		c.cur.Store(pool)
+		return nil
+	}
+	if err := c.Reload(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Pool returns the CAs of the last successful load.
+func (c *CAFile) Pool() *x509.CertPool { return c.cur.Load() }
 
 // CAPool reads the PEM certificates of file into a pool.
 func CAPool(file string) (*x509.CertPool, error) {

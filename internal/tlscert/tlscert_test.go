@@ -3,10 +3,14 @@ package tlscert_test
 import (
 	"bytes"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/tlscert"
 	"github.com/quiverstorage/quiver/internal/tlscert/certtest"
@@ -80,14 +84,15 @@ func TestServerConfigClientCA(t *testing.T) {
 	}
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
 	certtest.WriteFile(t, caFile, ca.PEM)
-	cfg, err := tlscert.ServerConfig(p, caFile)
+	cas, err := tlscert.LoadCAFile(caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg := tlscert.ServerConfig(p, cas)
 	if cfg.ClientAuth != tls.RequireAndVerifyClientCert || cfg.ClientCAs == nil {
 		t.Fatalf("ClientAuth %v, ClientCAs %v: want client certificates required", cfg.ClientAuth, cfg.ClientCAs)
 	}
-	if cfg, _ := tlscert.ServerConfig(p, ""); cfg.ClientAuth != tls.NoClientCert {
+	if cfg := tlscert.ServerConfig(p, nil); cfg.ClientAuth != tls.NoClientCert {
 		t.Fatalf("without a client CA: ClientAuth %v", cfg.ClientAuth)
 	}
 }
@@ -136,4 +141,111 @@ func TestReloadIfChanged(t *testing.T) {
 	if bytes.Equal(leaf(t, p), current) {
 		t.Fatal("the completed rotation was not picked up")
 	}
+}
+
+// TestClientCAReload: a reloaded client CA file applies to the next
+// handshake (a client of the new CA gets in, one of the old CA no longer
+// does), a connection made before keeps working, and a CA file that does
+// not load keeps the CAs in use.
+func TestClientCAReload(t *testing.T) {
+	serverCA := certtest.NewCA(t, "server CA")
+	dir := t.TempDir()
+	certFile, keyFile := serverCA.Server(t, false, "127.0.0.1").Write(t, dir)
+	p, err := tlscert.Load(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldCA, newCA := certtest.NewCA(t, "old clients"), certtest.NewCA(t, "new clients")
+	caFile := filepath.Join(dir, "clients.pem")
+	certtest.WriteFile(t, caFile, oldCA.PEM)
+	cas, err := tlscert.LoadCAFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", tlscert.ServerConfig(p, cas))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() { // an echo server
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	roots := x509.NewCertPool()
+	roots.AddCert(serverCA.Cert)
+	dial := func(client certtest.Pair) (*tls.Conn, error) {
+		pair, err := tls.X509KeyPair(client.Cert, client.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair},
+			ClientSessionCache: tls.NewLRUClientSessionCache(8)})
+		if err != nil {
+			return nil, err
+		}
+		// TLS 1.3 clients learn of a refused certificate on their
+		// first read.
+		if err := echo(c); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
+	}
+	oldClient, newClient := oldCA.Client(t, "old"), newCA.Client(t, "new")
+	held, err := dial(oldClient)
+	if err != nil {
+		t.Fatalf("client of the CA in use: %v", err)
+	}
+	defer held.Close()
+	if c, err := dial(newClient); err == nil {
+		c.Close()
+		t.Fatal("a client of a CA not yet in the file got in")
+	}
+
+	certtest.WriteFile(t, caFile, newCA.PEM)
+	if tried, err := cas.ReloadIfChanged(); !tried || err != nil {
+		t.Fatalf("replaced CA file: tried %v, err %v", tried, err)
+	}
+	if c, err := dial(newClient); err != nil {
+		t.Fatalf("client of the new CA after the reload: %v", err)
+	} else {
+		c.Close()
+	}
+	if c, err := dial(oldClient); err == nil {
+		c.Close()
+		t.Fatal("a client of the removed CA got in after the reload")
+	}
+	if err := echo(held); err != nil {
+		t.Fatalf("the connection made before the reload: %v", err)
+	}
+
+	certtest.WriteFile(t, caFile, []byte("not a certificate"))
+	if err := cas.Reload(); !errors.Is(err, tlscert.ErrNoCertificates) {
+		t.Fatalf("Reload of a broken CA file: %v, want ErrNoCertificates", err)
+	}
+	if c, err := dial(newClient); err != nil {
+		t.Fatalf("a broken CA file replaced the CAs in use: %v", err)
+	} else {
+		c.Close()
+	}
+}
+
+func echo(c *tls.Conn) error {
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		return err
+	}
+	b := make([]byte, 4)
+	if _, err := io.ReadFull(c, b); err != nil {
+		return err
+	}
+	if string(b) != "ping" {
+		return fmt.Errorf("echo %q", b)
+	}
+	return nil
 }

@@ -189,6 +189,49 @@ func TestTLSClientCertificates(t *testing.T) {
 	refused(t, "fatal alert", "nbdinfo", s.nbds("vm/root", certtest.ClientDir(t, ca, nil)))
 }
 
+// TestTLSClientCARotation: the client CA file of --nbd-tls-client-ca is
+// replaced and the server gets SIGHUP: a client of the new CA gets in, one
+// of the old CA no longer does, and a connection made before keeps working.
+// Then the file is replaced again without SIGHUP and the server notices by
+// itself.
+func TestTLSClientCARotation(t *testing.T) {
+	requireTools(t, "nbdinfo")
+	py := libnbdPython(t)
+	ca := certtest.NewCA(t, "quiver CA")
+	oldCA, newCA := certtest.NewCA(t, "old clients CA"), certtest.NewCA(t, "new clients CA")
+	caFile := filepath.Join(t.TempDir(), "clients.pem")
+	certtest.WriteFile(t, caFile, oldCA.PEM)
+	s := startTLSServer(t, ca, nil, "require", "--nbd-tls-client-ca", caFile, "--tls-watch-interval", "200ms")
+
+	oldClient, newClient := oldCA.Client(t, "old-client"), newCA.Client(t, "new-client")
+	oldDir := certtest.ClientDir(t, ca, &oldClient, oldCA)
+	newDir := certtest.ClientDir(t, ca, &newClient, newCA)
+	held := startDriver(t, py, s.nbds("vm/root", oldDir), "connection from before the CA rotation")
+	held.do("write 0x33 0 4096", "ok")
+	refused(t, "fatal alert", "nbdinfo", "--size", s.nbds("vm/root", newDir))
+
+	certtest.WriteFile(t, caFile, newCA.PEM)
+	if err := s.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return strings.Count(s.Log.String(), "TLS certificate reloaded") >= 3 }) // API pair, NBD pair, client CA
+	run(t, "nbdinfo", "--size", s.nbds("vm/root", newDir))
+	refused(t, "fatal alert", "nbdinfo", "--size", s.nbds("vm/root", oldDir))
+	held.do("read 0", "ok 0x33")
+	held.do("write 0x44 4096 4096", "ok")
+	held.do("flush", "ok")
+	held.do("read 4096", "ok 0x44")
+
+	// Back to the old CA by replacing the file alone.
+	certtest.WriteFile(t, caFile, oldCA.PEM)
+	waitFor(t, func() bool {
+		return strings.Contains(s.Log.String(), "TLS certificate files changed and were reloaded")
+	})
+	run(t, "nbdinfo", "--size", s.nbds("vm/root", oldDir))
+	refused(t, "fatal alert", "nbdinfo", "--size", s.nbds("vm/root", newDir))
+	held.do("read 4096", "ok 0x44")
+}
+
 // TestTLSAPI: the API over HTTPS with the Go client (startTLSServer) and
 // the CLI with --ca-file; plain HTTP and an unknown CA are refused.
 func TestTLSAPI(t *testing.T) {

@@ -2,6 +2,7 @@ package security
 
 import (
 	"bufio"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 // replies), enough to be a well-behaved client or an abusive one.
 type nbdConn struct {
 	nc     net.Conn
+	tls    *tls.Config // when set, NBD_OPT_STARTTLS first, then this client configuration
 	r      *bufio.Reader
 	size   uint64
 	cookie uint64
@@ -30,16 +32,59 @@ func dialFrom(src, addr string, timeout time.Duration) (net.Conn, error) {
 
 // nbdOpen connects from src and negotiates export.
 func nbdOpen(src, addr, export string, timeout time.Duration) (*nbdConn, error) {
+	return nbdOpenTLS(src, addr, export, nil, timeout)
+}
+
+// nbdOpenTLS connects from src, upgrades to TLS with cfg (none when nil)
+// and negotiates export.
+func nbdOpenTLS(src, addr, export string, cfg *tls.Config, timeout time.Duration) (*nbdConn, error) {
 	nc, err := dialFrom(src, addr, timeout)
 	if err != nil {
 		return nil, err
 	}
-	c := &nbdConn{nc: nc, r: bufio.NewReaderSize(nc, 1<<20)}
+	c := &nbdConn{nc: nc, r: bufio.NewReaderSize(nc, 1<<20), tls: cfg}
 	if err := c.negotiate(export, timeout); err != nil {
-		nc.Close()
+		c.nc.Close()
 		return nil, err
 	}
 	return c, nil
+}
+
+// optionReply reads one option reply: its type and data.
+func (c *nbdConn) optionReply() (uint32, []byte, error) {
+	var h [20]byte
+	if _, err := io.ReadFull(c.r, h[:]); err != nil {
+		return 0, nil, fmt.Errorf("option reply: %w", err)
+	}
+	typ, n := binary.BigEndian.Uint32(h[12:]), binary.BigEndian.Uint32(h[16:])
+	p := make([]byte, n)
+	_, err := io.ReadFull(c.r, p)
+	return typ, p, err
+}
+
+// startTLS sends the client's flags and NBD_OPT_STARTTLS, and moves the
+// connection onto TLS.
+func (c *nbdConn) startTLS() error {
+	msg := binary.BigEndian.AppendUint32(nil, 3)
+	msg = append(msg, "IHAVEOPT"...)
+	msg = binary.BigEndian.AppendUint32(msg, 5) // NBD_OPT_STARTTLS
+	msg = binary.BigEndian.AppendUint32(msg, 0)
+	if _, err := c.nc.Write(msg); err != nil {
+		return err
+	}
+	typ, p, err := c.optionReply()
+	if err != nil {
+		return err
+	}
+	if typ != 1 {
+		return fmt.Errorf("STARTTLS refused (%#x): %s", typ, p)
+	}
+	tc := tls.Client(c.nc, c.tls)
+	if err := tc.Handshake(); err != nil {
+		return fmt.Errorf("TLS handshake: %w", err)
+	}
+	c.nc, c.r = tc, bufio.NewReaderSize(tc, 1<<20)
+	return nil
 }
 
 func (c *nbdConn) negotiate(export string, timeout time.Duration) error {
@@ -52,10 +97,18 @@ func (c *nbdConn) negotiate(export string, timeout time.Duration) error {
 	if string(hello[:8]) != "NBDMAGIC" || string(hello[8:16]) != "IHAVEOPT" {
 		return errors.New("not an NBD server")
 	}
+	var msg []byte
+	if c.tls != nil {
+		if err := c.startTLS(); err != nil {
+			return err
+		}
+		_ = c.nc.SetDeadline(time.Now().Add(timeout))
+	} else {
+		msg = binary.BigEndian.AppendUint32(nil, 3) // fixed newstyle, no zeroes
+	}
 	data := binary.BigEndian.AppendUint32(nil, uint32(len(export)))
 	data = append(data, export...)
-	data = append(data, 0, 0)                    // no information requests
-	msg := binary.BigEndian.AppendUint32(nil, 3) // fixed newstyle, no zeroes
+	data = append(data, 0, 0) // no information requests
 	msg = append(msg, "IHAVEOPT"...)
 	msg = binary.BigEndian.AppendUint32(msg, 7) // NBD_OPT_GO
 	msg = binary.BigEndian.AppendUint32(msg, uint32(len(data)))
@@ -64,13 +117,8 @@ func (c *nbdConn) negotiate(export string, timeout time.Duration) error {
 		return err
 	}
 	for {
-		var h [20]byte
-		if _, err := io.ReadFull(c.r, h[:]); err != nil {
-			return fmt.Errorf("option reply: %w", err)
-		}
-		typ, n := binary.BigEndian.Uint32(h[12:]), binary.BigEndian.Uint32(h[16:])
-		p := make([]byte, n)
-		if _, err := io.ReadFull(c.r, p); err != nil {
+		typ, p, err := c.optionReply()
+		if err != nil {
 			return err
 		}
 		switch {

@@ -3,6 +3,8 @@ package security
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -22,24 +24,41 @@ import (
 	"github.com/quiverstorage/quiver/internal/client"
 	"github.com/quiverstorage/quiver/internal/testfs"
 	"github.com/quiverstorage/quiver/internal/testserver"
+	"github.com/quiverstorage/quiver/internal/tlscert/certtest"
 )
 
 const mib = 1 << 20
 
 // tenantNode is a server requiring tokens on loopback, with its admin token
-// from the pool and tokens of two tenants, a and b.
+// from the pool and tokens of two tenants, a and b. Its NBD port also takes
+// TLS with client certificates (mutual TLS, --nbd-tls on, so plain clients
+// still connect), and certificate tokens map client certificates to the
+// tenants.
 type tenantNode struct {
 	srv    *testserver.Process
 	admin  *client.Client
 	secret map[string]string // "a/tenant", "a/attach", "a/monitor", "b/tenant", "b/attach", "node/monitor" -> secret
 	as     map[string]*client.Client
+	// certs holds the client TLS configurations of "cert:a/tenant",
+	// "cert:a/attach", "cert:a/monitor", "cert:b/attach" (certificate
+	// tokens with that description) and "cert:none" (signed by the
+	// client CA, mapped to no token); certDirs the same in libnbd's and
+	// QEMU's layout.
+	certs    map[string]*tls.Config
+	certDirs map[string]string
 }
 
 func startTenantNode(t *testing.T) *tenantNode {
 	t.Helper()
 	pool := filepath.Join(t.TempDir(), "pool")
+	serverCA, clientCA := certtest.NewCA(t, "quiver CA"), certtest.NewCA(t, "clients CA")
+	pki := t.TempDir()
+	certFile, keyFile := serverCA.Server(t, false, "127.0.0.1", "localhost").Write(t, pki)
+	clientCAFile := filepath.Join(pki, "clients.pem")
+	certtest.WriteFile(t, clientCAFile, clientCA.PEM)
 	srv, err := testserver.Start(context.Background(), quiverBin, testserver.Options{Pool: pool, NBDTCP: true,
-		AdminTokenFromPool: true, Args: []string{"--require-token"}})
+		AdminTokenFromPool: true, Args: []string{"--require-token", "--nbd-tls-cert", certFile, "--nbd-tls-key", keyFile,
+			"--nbd-tls", "on", "--nbd-tls-client-ca", clientCAFile}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +79,63 @@ func startTenantNode(t *testing.T) *tenantNode {
 			t.Fatal(err)
 		}
 	}
+	roots := x509.NewCertPool()
+	roots.AddCert(serverCA.Cert)
+	n.certs, n.certDirs = map[string]*tls.Config{}, map[string]string{}
+	for _, k := range []string{"cert:a/tenant", "cert:a/attach", "cert:a/monitor", "cert:b/attach", "cert:none"} {
+		pair := clientCA.Client(t, strings.NewReplacer(":", "-", "/", "-").Replace(k))
+		if k != "cert:none" {
+			tenant, role, _ := strings.Cut(strings.TrimPrefix(k, "cert:"), "/")
+			tok, err := n.admin.CreateToken(context.Background(), api.TokenSpec{Tenant: tenant, Role: role, Description: k,
+				Certificate: string(pair.Cert)})
+			if err != nil {
+				t.Fatalf("create certificate token %s: %v", k, err)
+			}
+			if tok.Secret != "" || len(tok.CertSHA256) != 64 {
+				t.Fatalf("certificate token %s: secret %q, fingerprint %q", k, tok.Secret, tok.CertSHA256)
+			}
+		}
+		kp, err := tls.X509KeyPair(pair.Cert, pair.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.certs[k] = &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", Certificates: []tls.Certificate{kp}}
+		n.certDirs[k] = certtest.ClientDir(t, serverCA, &pair, clientCA)
+	}
 	return n
+}
+
+// nbdCertRefused opens export over TLS with the client certificate k and
+// expects a refusal; it reports a success.
+func (n *tenantNode) nbdCertRefused(k, export string) error {
+	c, err := nbdOpenTLS("", n.srv.NBDAddr, export, n.certs[k], 10*time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("NBD open of %s with %s succeeded", redact(export), k)
+	}
+	if !strings.Contains(err.Error(), "GO refused") {
+		return fmt.Errorf("NBD open of %s with %s: %v, want a refused NBD_OPT_GO (after a good handshake)", redact(export), k, err)
+	}
+	return nil
+}
+
+// nbdinfoRefused runs nbdinfo over TLS with the client certificate k on
+// export and expects a refusal.
+func (n *tenantNode) nbdinfoRefused(k, export string) error {
+	if _, err := exec.LookPath("nbdinfo"); err != nil {
+		if os.Getenv("CI") != "" {
+			return errors.New("nbdinfo missing")
+		}
+		return nil
+	}
+	out, err := exec.Command("nbdinfo", "nbds://"+n.srv.NBDAddr+"/"+export+"?tls-certificates="+n.certDirs[k]).CombinedOutput()
+	if err == nil {
+		return fmt.Errorf("nbdinfo opened %s with %s: %s", export, k, out)
+	}
+	if !strings.Contains(string(out), "server replied with error to opt_go request") || !strings.Contains(string(out), "with TLS") {
+		return fmt.Errorf("nbdinfo on %s with %s failed for another reason than the refusal: %s", export, k, out)
+	}
+	return nil
 }
 
 // tokenID returns the ID of the token whose description is k.
@@ -167,6 +242,31 @@ func TestTenancyMatrix(t *testing.T) {
 			t.Fatalf("positive control: read %s: %v", redact(export), err)
 		}
 		c.Close()
+	}
+	// Client certificates with certificate tokens: a's attach and tenant
+	// certificates open a's volumes by a's names, with no token in the
+	// name, over TLS; so does a real client (qemu-io writes and reads).
+	for _, tc := range []struct{ cert, export string }{{"cert:a/attach", "va/root"}, {"cert:a/tenant", "web/root"},
+		{"cert:b/attach", "vb@s1/root"}} {
+		c, err := nbdOpenTLS("", addr, tc.export, n.certs[tc.cert], 10*time.Second)
+		if err != nil {
+			t.Fatalf("positive control: open %s with %s: %v", tc.export, tc.cert, err)
+		}
+		if err := c.readAt(make([]byte, 512), 0, 10*time.Second); err != nil {
+			t.Fatalf("positive control: read %s with %s: %v", tc.export, tc.cert, err)
+		}
+		c.Close()
+	}
+	if _, err := exec.LookPath("qemu-io"); err == nil {
+		host, port, _ := net.SplitHostPort(addr)
+		out, err := exec.Command("qemu-io", "--object", "tls-creds-x509,id=tls0,endpoint=client,dir="+n.certDirs["cert:a/attach"],
+			"--image-opts", "driver=nbd,host="+host+",port="+port+",export=va/root,tls-creds=tls0,tls-hostname=127.0.0.1",
+			"-c", "write -P 0x5a 0 64k", "-c", "read -P 0x5a 0 64k").CombinedOutput()
+		if err != nil || strings.Contains(string(out), "fail") {
+			t.Fatalf("positive control: qemu-io with a's attach certificate on va: %v\n%s", err, out)
+		}
+	} else if os.Getenv("CI") != "" {
+		t.Fatal("qemu-io missing")
 	}
 	if v, err := aMon.GetVolume(ctx, "va"); err != nil || v.Name != "va" || v.Tenant != "a" {
 		t.Fatalf("positive control: a's monitor reads va: %+v %v", v, err)
@@ -376,6 +476,33 @@ func TestTenancyMatrix(t *testing.T) {
 			return errors.Join(errors.New("opened"), c.writeAt(make([]byte, 512), 0, 10*time.Second))
 		}},
 		{"nbd list", func() error { return nbdListNames(addr) }},
+
+		// NBD with client certificates standing for a's tokens: the
+		// same refusals.
+		{"cert attach, b's name", func() error { return n.nbdCertRefused("cert:a/attach", "vb/root") }},
+		{"cert attach, pool name", func() error { return n.nbdCertRefused("cert:a/attach", "b--vb/root") }},
+		{"cert attach, b's snapshot", func() error { return n.nbdCertRefused("cert:a/attach", "vb@s1/root") }},
+		{"cert attach, b's snapshot by pool name", func() error { return n.nbdCertRefused("cert:a/attach", "b--vb@s1/root") }},
+		{"cert tenant, b's name", func() error { return n.nbdCertRefused("cert:a/tenant", "vb/root") }},
+		{"cert tenant, b's web by the pool's name", func() error { return n.nbdCertRefused("cert:a/tenant", "b--web/root") }},
+		{"cert monitor, its own tenant's volume", func() error { return n.nbdCertRefused("cert:a/monitor", "va/root") }},
+		{"cert of no token, no token in the name", func() error { return n.nbdCertRefused("cert:none", "b--vb/root") }},
+		{"cert b's attach, a's volume", func() error { return n.nbdCertRefused("cert:b/attach", "va/root") }},
+		{"cert attach with a wrong token in the name", func() error {
+			// A token in the name decides, not the certificate: this
+			// one is no attachment's.
+			return n.nbdCertRefused("cert:a/attach", "vb/root/"+strings.TrimPrefix(n.secret["a/attach"], "qvt_"))
+		}},
+		{"cert write to b's volume", func() error {
+			c, err := nbdOpenTLS("", addr, "b--vb/root", n.certs["cert:a/tenant"], 10*time.Second)
+			if err != nil {
+				return nil
+			}
+			defer c.Close()
+			return errors.Join(errors.New("opened"), c.writeAt(make([]byte, 512), 0, 10*time.Second))
+		}},
+		{"nbdinfo with a's attach certificate", func() error { return n.nbdinfoRefused("cert:a/attach", "vb/root") }},
+		{"nbdinfo with a's monitor certificate", func() error { return n.nbdinfoRefused("cert:a/monitor", "va/root") }},
 		{"nbdinfo with a's token", func() error {
 			if _, err := exec.LookPath("nbdinfo"); err != nil {
 				if os.Getenv("CI") != "" {
@@ -681,6 +808,62 @@ func TestTokenRevocation(t *testing.T) {
 	}
 }
 
+// TestCertificateRevocation: revoking a certificate token closes both NBD
+// connections its certificate opened (one that has read, one idle) within
+// 1 s, and the certificate opens nothing afterwards; the tenant's other
+// certificate still works.
+func TestCertificateRevocation(t *testing.T) {
+	n := startTenantNode(t)
+	ctx := context.Background()
+	if _, err := n.as["a/tenant"].CreateVolume(ctx, volume1("va")); err != nil {
+		t.Fatal(err)
+	}
+	var conns []*nbdConn
+	for range 2 {
+		c, err := nbdOpenTLS("", n.srv.NBDAddr, "va/root", n.certs["cert:a/attach"], 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	if err := conns[0].readAt(make([]byte, 4096), 0, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan time.Time, len(conns))
+	for _, c := range conns {
+		go func() {
+			_ = c.nc.SetReadDeadline(time.Now().Add(30 * time.Second))
+			_, _ = io.Copy(io.Discard, c.r) // ends when the server closes
+			closed <- time.Now()
+		}()
+	}
+	if err := n.admin.RevokeToken(ctx, n.tokenID(t, "cert:a/attach")); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	for i := range conns {
+		took := max(0, (<-closed).Sub(revoked))
+		t.Logf("NBD connection %d of the certificate closed %v after the revocation returned", i, took)
+		if took > time.Second {
+			t.Errorf("NBD connection closed %v after the revocation, want within 1 s", took)
+		}
+	}
+	if err := n.nbdCertRefused("cert:a/attach", "va/root"); err != nil {
+		t.Errorf("after revocation: %v", err)
+	}
+	c, err := nbdOpenTLS("", n.srv.NBDAddr, "va@x/root", n.certs["cert:a/tenant"], 10*time.Second)
+	if err == nil {
+		c.Close()
+		t.Error("opened a snapshot that does not exist")
+	}
+	c, err = nbdOpenTLS("", n.srv.NBDAddr, "va/root", n.certs["cert:a/tenant"], 10*time.Second)
+	if err != nil {
+		t.Fatalf("a's other certificate after the revocation: %v", err)
+	}
+	c.Close()
+}
+
 // TestAdminTokenMadeAtFirstStart: a node without --token-file makes an
 // admin token at first start, 0600 in the pool, and keeps it across
 // restarts; on loopback without --require-token, requests without a token
@@ -721,5 +904,46 @@ func TestAdminTokenMadeAtFirstStart(t *testing.T) {
 		if err := srv.Stop(30 * time.Second); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestCertificateTokenInput: a certificate token needs one well-formed PEM
+// certificate, a role and tenant that go together, and a certificate not
+// mapped yet; each refusal is a 400 and makes no token.
+func TestCertificateTokenInput(t *testing.T) {
+	n := startTenantNode(t)
+	ctx := context.Background()
+	before, err := n.admin.ListTokens(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := string(certtest.NewCA(t, "some CA").Client(t, "node").Cert)
+	for name, spec := range map[string]api.TokenSpec{
+		"not PEM":               {Tenant: "a", Role: "attach", Certificate: "hello"},
+		"a key, not a cert":     {Tenant: "a", Role: "attach", Certificate: "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"},
+		"garbage DER":           {Tenant: "a", Role: "attach", Certificate: "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"},
+		"a chain":               {Tenant: "a", Role: "attach", Certificate: good + good},
+		"attach without tenant": {Role: "attach", Certificate: good},
+		"unknown role":          {Tenant: "a", Role: "root", Certificate: good},
+	} {
+		if _, err := n.admin.CreateToken(ctx, spec); client.Code(err) != api.CodeInvalid {
+			t.Errorf("%s: %v, want 400 Invalid", name, err)
+		}
+	}
+	if _, err := n.admin.CreateToken(ctx, api.TokenSpec{Tenant: "a", Role: "attach", Certificate: good}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.admin.CreateToken(ctx, api.TokenSpec{Tenant: "b", Role: "attach", Certificate: good}); client.Code(err) != api.CodeInvalid {
+		t.Errorf("the same certificate for a second token: %v, want 400 Invalid", err)
+	}
+	if _, err := n.as["a/tenant"].CreateToken(ctx, api.TokenSpec{Tenant: "a", Role: "attach", Certificate: good}); !client.IsForbidden(err) {
+		t.Errorf("a tenant token makes a certificate token: %v, want 403", err)
+	}
+	after, err := n.admin.ListTokens(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before)+1 {
+		t.Errorf("%d tokens after the refusals and one creation, want %d", len(after), len(before)+1)
 	}
 }
