@@ -292,8 +292,11 @@ func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, 
 		// The caller's name, in its scope: another tenant's volume is
 		// not found here, before its role could say anything of it.
 		pl, placed, err := s.clusterVolumeOf(r, r.PathValue("volume"))
-		if err != nil || !placed {
-			return h(w, r) // bad input, not found, or this node's alone: the handler answers
+		if err != nil {
+			return err // etcd out of reach refuses: this node cannot know whether it is the primary
+		}
+		if !placed {
+			return h(w, r) // this node's alone, or absent: the handler answers
 		}
 		name := pl.Volume
 		role, err := s.Cluster.Role(r.Context(), name)
