@@ -13,7 +13,8 @@ import (
 // TestClusterTenants (issue 17 on a cluster, docs/security.md "Tenants on a
 // cluster"): tenant a creates a volume through n1; every node answers it
 // with tenant a, by a's own name, and tenant b sees it on no node and can
-// get, attach or delete it on none. The quotas are counted cluster-wide:
+// get, attach or delete it on none. a's attachment is served by the
+// primary and its writes reach both copies. The quotas are counted cluster-wide:
 // creates through other nodes are refused past the count and the capacity
 // quota, and concurrent creates through the three nodes do not overshoot.
 func TestClusterTenants(t *testing.T) {
@@ -37,7 +38,7 @@ func TestClusterTenants(t *testing.T) {
 		}
 	}
 
-	v, err := as["n1"].CreateVolume(ctx, api.VolumeSpec{Name: "web", Capacity: 1 << 20,
+	v, err := as["n1"].CreateVolume(ctx, api.VolumeSpec{Name: "web", Capacity: 1 << 20, Replicas: 2,
 		Disks: []api.DiskSpec{{Name: "root", Size: 1 << 20}}})
 	if err != nil {
 		t.Fatal(err)
@@ -70,13 +71,26 @@ func TestClusterTenants(t *testing.T) {
 			}
 		}
 	}
-	// a attaches on the node that holds the copy, and the export works.
+	// a attaches on the primary (on the other copy's node it is told to
+	// go there, b is not), and its writes reach both copies.
 	prim := c.byName(v.Primary)
+	other := c.byName(copyNodes(v)[0])
+	if other == prim {
+		other = c.byName(copyNodes(v)[1])
+	}
+	if _, err := as[other.name].Attach(ctx, "web", api.AttachmentSpec{Node: "w1"}); client.Code(err) != api.CodeNotPrimary {
+		t.Fatalf("a attaches on the copy's node %s: %v, want %s", other.name, err, api.CodeNotPrimary)
+	}
 	att, err := as[prim.name].Attach(ctx, "web", api.AttachmentSpec{Node: "w1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.qemuIO(t, att.URIs["root"], "write -P 0x5a 0 64k", "read -P 0x5a 0 64k")
+	for _, nd := range []*node{prim, other} {
+		if b := fileBytes(t, nd, "a--web", "root", 0, 64<<10); !allBytes(b, 0x5a) {
+			t.Fatalf("the write through a's attachment is not on %s's copy", nd.name)
+		}
+	}
 	if err := as[prim.name].Detach(ctx, "web", att.ID); err != nil {
 		t.Fatal(err)
 	}
