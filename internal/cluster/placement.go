@@ -198,14 +198,23 @@ func (n *Node) CreateCharged(ctx context.Context, spec api.VolumeSpec, key strin
 	rec := volumeRecord{UID: newID(), Spec: spec, IdempotencyKey: key, Copies: picked, Primary: picked[0], Term: 1,
 		InSync: picked, CreatedAt: time.Now().UTC()}
 	k := n.key("volumes", spec.Name)
-	var resp *clientv3.TxnResponse
-	for {
+	var existing []byte // the record of the name, when it is placed already
+	created := false
+	for existing == nil && !created {
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0)}
 		ops := []clientv3.Op{}
 		if spec.Tenant != "" {
 			used, rev, err := n.readUsage(ctx, spec.Tenant)
 			if err != nil {
 				return Placement{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
+			}
+			// A name placed already is answered as such (a retry of an
+			// idempotent create is not refused by the quota it counts in).
+			if r, err := n.cli.Get(ctx, k); err != nil {
+				return Placement{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
+			} else if len(r.Kvs) > 0 {
+				existing = r.Kvs[0].Value
+				break
 			}
 			if charge.Admit != nil {
 				if err := charge.Admit(used); err != nil {
@@ -218,20 +227,20 @@ func (n *Node) CreateCharged(ctx context.Context, spec api.VolumeSpec, key strin
 			ops = append(ops, clientv3.OpPut(n.usageKey(spec.Tenant), mustJSON(used.plus(add))))
 		}
 		ops = append(ops, clientv3.OpPut(k, mustJSON(rec)))
-		resp, err = n.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(k)).Commit()
+		resp, err := n.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(k)).Commit()
 		if err != nil {
 			return Placement{}, false, fmt.Errorf("create volume %q: record placement: %w", spec.Name, err)
 		}
-		if resp.Succeeded || len(resp.Responses[0].GetResponseRange().Kvs) > 0 {
-			break
+		created = resp.Succeeded
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); !created && len(kvs) > 0 {
+			existing = kvs[0].Value
 		}
-		// The name is free but the tenant's usage changed since it was
-		// read: admit again on the new usage.
+		// Else the name is free but the tenant's usage changed since it
+		// was read: admit again on the new usage.
 	}
-	created := resp.Succeeded
 	if !created {
 		var have volumeRecord
-		if err := json.Unmarshal(resp.Responses[0].GetResponseRange().Kvs[0].Value, &have); err != nil {
+		if err := json.Unmarshal(existing, &have); err != nil {
 			return Placement{}, false, fmt.Errorf("etcd key %s: %w", k, err)
 		}
 		same := have.State == volumeActive && reflect.DeepEqual(have.Spec, spec)

@@ -72,6 +72,19 @@ func TestTenantQuotaRace(t *testing.T) {
 		}
 	}
 
+	// At the quota, a retry of an idempotent create of a placed name is
+	// answered with the volume, not refused by the quota it counts in.
+	for name, p := range ps {
+		again := func(same bool, _ string) bool { return same }
+		_, created, err := n2.CreateCharged(ctx, p.Spec, "", again, quotaCharge(1<<20, quota, 1<<40))
+		if err != nil || created {
+			t.Fatalf("idempotent retry of %s at the quota: created %v, %v", name, created, err)
+		}
+		break
+	}
+	if u, _ := tc.first.TenantUsage(ctx, "acme"); u.Volumes != quota {
+		t.Fatalf("usage after an idempotent retry: %+v", u)
+	}
 	// A delete gives its charge back, in the Txn that removes the record.
 	var one string
 	for name := range ps {
