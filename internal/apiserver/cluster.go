@@ -26,6 +26,8 @@ type Cluster interface {
 	CreateCharged(ctx context.Context, spec api.VolumeSpec, key string,
 		idempotent func(sameSpec bool, key string) bool, charge cluster.Charge) (cluster.Placement, bool, error)
 	DeleteVolume(ctx context.Context, volume string) error
+	// TenantUsage is what a tenant's placed volumes count, cluster-wide.
+	TenantUsage(ctx context.Context, tenant string) (cluster.Usage, error)
 	Placement(ctx context.Context, volume string) (cluster.Placement, bool, error)
 	Placements(ctx context.Context) (map[string]cluster.Placement, error)
 	Role(ctx context.Context, volume string) (cluster.Role, error)
@@ -107,14 +109,20 @@ func (s *Server) charge(tenant string, ps pool.VolumeSpec) cluster.Charge {
 		return c
 	}
 	c.Admit = func(u cluster.Usage) error {
-		q := s.Auth.Quota(tenant)
-		used := auth.Quota{Volumes: u.Volumes, Capacity: u.Capacity, IOPS: u.IOPS}
-		if u.NoIOPSLimit > 0 {
-			used.IOPS = auth.Unlimited
-		}
-		return q.Admit(tenant, used, auth.Quota{Volumes: add.Volumes, Capacity: add.Capacity, IOPS: auth.IOPS(ps.QoS)})
+		return s.Auth.Quota(tenant).Admit(tenant, usageToQuota(u),
+			auth.Quota{Volumes: add.Volumes, Capacity: add.Capacity, IOPS: auth.IOPS(ps.QoS)})
 	}
 	return c
+}
+
+// usageToQuota is a cluster-wide use in the terms of auth.Quota: any volume
+// without an IOPS limit makes the IOPS use unlimited.
+func usageToQuota(u cluster.Usage) auth.Quota {
+	q := auth.Quota{Volumes: u.Volumes, Capacity: u.Capacity, IOPS: u.IOPS}
+	if u.NoIOPSLimit > 0 {
+		q.IOPS = auth.Unlimited
+	}
+	return q
 }
 
 // clusterVolumeOf returns the placement of the volume the caller calls

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/client"
@@ -34,6 +35,15 @@ func TestClusterTenants(t *testing.T) {
 		for _, nd := range c.nodes {
 			if m[nd.name], err = nd.proc.ClientWith(tk.Secret); err != nil {
 				t.Fatal(err)
+			}
+			// Every node learns the token, and the quota set before it
+			// (one document in etcd), from its watch: wait for it.
+			for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+				if _, err := m[nd.name].Version(ctx); err == nil {
+					break
+				} else if time.Since(start) > 5*time.Second {
+					t.Fatalf("tenant %s's token on %s for 5 s: %v", tenant, nd.name, err)
+				}
 			}
 		}
 	}
@@ -141,6 +151,16 @@ func TestClusterTenants(t *testing.T) {
 	for _, pl := range l {
 		if pl.Tenant != "a" {
 			t.Fatalf("volume %s of tenant %q", pl.Name, pl.Tenant)
+		}
+	}
+	// The use the admin sees is the cluster's, on any node.
+	ts, err := c.nodes[2].api().ListTenants(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tn := range ts {
+		if tn.Name == "a" && (tn.Used.Volumes != 2 || tn.Used.Capacity != 2<<20) {
+			t.Fatalf("a's use seen on n3: %+v, want 2 volumes, 2 MiB", tn.Used)
 		}
 	}
 }

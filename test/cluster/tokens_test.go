@@ -31,14 +31,29 @@ func TestClusterTokens(t *testing.T) {
 			t.Fatal(err)
 		}
 		clients[nd.name] = cl
-		if _, err := cl.ListNodes(ctx); err != nil {
-			t.Fatalf("token made on n1, used on %s: %v", nd.name, err)
+		// The other nodes learn the token from their watch of etcd: a
+		// moment after it is made, under load.
+		for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+			_, err := cl.ListNodes(ctx)
+			if err == nil {
+				break
+			}
+			if time.Since(start) > 5*time.Second {
+				t.Fatalf("token made on n1, used on %s for 5 s: %v", nd.name, err)
+			}
 		}
 	}
 	if _, err := c.nodes[2].api().CreateToken(ctx, api.TokenSpec{Role: "tenant", Tenant: "acme"}); err != nil {
 		t.Fatal(err)
-	} else if list, err := c.nodes[1].api().ListTokens(ctx); err != nil || len(list) != 2 {
-		t.Fatalf("tokens listed on n2 after one made on n1 and one on n3: %v (%v)", list, err)
+	}
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		list, err := c.nodes[1].api().ListTokens(ctx)
+		if err == nil && len(list) == 2 {
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("tokens listed on n2 5 s after one made on n1 and one on n3: %v (%v)", list, err)
+		}
 	}
 
 	start := time.Now()
