@@ -67,7 +67,12 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := viewOf(r).attachment(attachmentToAPI(a))
 	info := v.Info()
-	info.Name = viewOf(r).name(info.Name) // the tenant's name reaches the attachment too
+	if s.Cluster == nil {
+		info.Name = viewOf(r).name(info.Name) // the tenant's name reaches the attachment too
+	}
+	// On a cluster node the URIs keep the pool's name (<tenant>--<name>):
+	// that is the name the node's NBD server places, forwards and
+	// replicates by (docs/security.md, "Tenants on a cluster").
 	out.URIs = s.nbdURIs(r, info, a.Token)
 	writeJSON(w, status, out)
 	return nil

@@ -1,12 +1,15 @@
 package apiserver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -16,11 +19,15 @@ import (
 type Cluster interface {
 	Name() string
 	Nodes(ctx context.Context) ([]cluster.NodeInfo, error)
-	// CreateVolume places spec and returns once every copy is made;
-	// idempotent says whether an existing volume is the answer.
-	CreateVolume(ctx context.Context, spec api.VolumeSpec, key string,
-		idempotent func(sameSpec bool, key string) bool) (cluster.Placement, bool, error)
+	// CreateCharged places spec and returns once every copy is made;
+	// idempotent says whether an existing volume is the answer. A
+	// tenant's volume is recorded with its charge to the tenant's quota,
+	// in one etcd Txn.
+	CreateCharged(ctx context.Context, spec api.VolumeSpec, key string,
+		idempotent func(sameSpec bool, key string) bool, charge cluster.Charge) (cluster.Placement, bool, error)
 	DeleteVolume(ctx context.Context, volume string) error
+	// TenantUsage is what a tenant's placed volumes count, cluster-wide.
+	TenantUsage(ctx context.Context, tenant string) (cluster.Usage, error)
 	Placement(ctx context.Context, volume string) (cluster.Placement, bool, error)
 	Placements(ctx context.Context) (map[string]cluster.Placement, error)
 	Role(ctx context.Context, volume string) (cluster.Role, error)
@@ -62,18 +69,21 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// createClusterVolume places a volume on the cluster's nodes. The answer is
-// this node's copy when it holds one, else the volume as placed.
+// createClusterVolume places a volume on the cluster's nodes; spec.Name is
+// the pool's name and spec.Tenant the volume's tenant (createName). A
+// tenant's volume is admitted against the tenant's quotas, counted
+// cluster-wide in etcd (docs/security.md, "Tenants on a cluster"). The
+// answer is this node's copy when it holds one, else the volume as placed.
 func (s *Server) createClusterVolume(w http.ResponseWriter, r *http.Request, spec api.VolumeSpec, idem pool.Idempotency) error {
 	ps := pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity, Labels: spec.Labels,
-		Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS), Replicas: spec.Replicas}
+		Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS), Replicas: spec.Replicas, Tenant: spec.Tenant}
 	if err := pool.ValidateSpec(ps); err != nil {
 		return err
 	}
 	allows := func(same bool, stored string) bool {
 		return same && (idem.SameSpec || (idem.Key != "" && idem.Key == stored))
 	}
-	p, created, err := s.Cluster.CreateVolume(r.Context(), spec, idem.Key, allows)
+	p, created, err := s.Cluster.CreateCharged(r.Context(), spec, idem.Key, allows, s.charge(spec.Tenant, ps))
 	if err != nil {
 		return err
 	}
@@ -81,7 +91,76 @@ func (s *Server) createClusterVolume(w http.ResponseWriter, r *http.Request, spe
 	if created {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, s.clusterVolume(p))
+	writeJSON(w, status, viewOf(r).volume(s.clusterVolume(p)))
+	return nil
+}
+
+// charge is what a new volume of tenant counts against its quotas, with
+// the check of auth.Quota.Admit on the tenant's cluster-wide usage.
+func (s *Server) charge(tenant string, ps pool.VolumeSpec) cluster.Charge {
+	add := cluster.Usage{Volumes: 1, Capacity: ps.Capacity}
+	if iops := auth.IOPS(ps.QoS); iops == auth.Unlimited {
+		add.NoIOPSLimit = 1
+	} else {
+		add.IOPS = iops
+	}
+	c := cluster.Charge{Add: add}
+	if tenant == "" || s.Auth == nil {
+		return c
+	}
+	c.Admit = func(u cluster.Usage) error {
+		return s.Auth.Quota(tenant).Admit(tenant, usageToQuota(u),
+			auth.Quota{Volumes: add.Volumes, Capacity: add.Capacity, IOPS: auth.IOPS(ps.QoS)})
+	}
+	return c
+}
+
+// usageToQuota is a cluster-wide use in the terms of auth.Quota: any volume
+// without an IOPS limit makes the IOPS use unlimited.
+func usageToQuota(u cluster.Usage) auth.Quota {
+	q := auth.Quota{Volumes: u.Volumes, Capacity: u.Capacity, IOPS: u.IOPS}
+	if u.NoIOPSLimit > 0 {
+		q.IOPS = auth.Unlimited
+	}
+	return q
+}
+
+// clusterVolumeOf returns the placement of the volume the caller calls
+// name (false when it is not placed); a volume of another tenant is not
+// found, with the message of an absent one.
+func (s *Server) clusterVolumeOf(r *http.Request, name string) (cluster.Placement, bool, error) {
+	p := principalOf(r)
+	pn, err := poolName(p, name)
+	if err != nil {
+		return cluster.Placement{}, false, err
+	}
+	pl, ok, err := s.Cluster.Placement(r.Context(), pn)
+	if err != nil {
+		return cluster.Placement{}, false, fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	if ok && !p.Sees(pl.Spec.Tenant) {
+		return cluster.Placement{}, false, fmt.Errorf("volume %q: %w", name, pool.ErrVolumeNotFound)
+	}
+	return pl, ok, nil
+}
+
+// listClusterVolumes lists a tenant's volumes from their placements, the
+// same on every node.
+func (s *Server) listClusterVolumes(w http.ResponseWriter, r *http.Request, match func(map[string]string) bool) error {
+	ps, err := s.Cluster.Placements(r.Context())
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	p := principalOf(r)
+	out := api.List[api.Volume]{Items: []api.Volume{}}
+	for _, pl := range ps {
+		if pl.Spec.Tenant == "" || !p.Sees(pl.Spec.Tenant) || pl.Deleting || (match != nil && !match(pl.Spec.Labels)) {
+			continue
+		}
+		out.Items = append(out.Items, viewOf(r).volume(s.clusterVolume(pl)))
+	}
+	slices.SortFunc(out.Items, func(a, b api.Volume) int { return cmp.Compare(a.Name, b.Name) })
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -91,7 +170,7 @@ func (s *Server) clusterVolume(p cluster.Placement) api.Volume {
 	if v, err := s.pool.Volume(p.Volume); err == nil {
 		out = volumeToAPI(v.Info())
 	} else {
-		out = api.Volume{Name: p.Volume, UID: p.UID, Capacity: p.Spec.Capacity, Labels: p.Spec.Labels, QoS: p.Spec.QoS,
+		out = api.Volume{Name: p.Volume, Tenant: p.Spec.Tenant, UID: p.UID, Capacity: p.Spec.Capacity, Labels: p.Spec.Labels, QoS: p.Spec.QoS,
 			Disks: []api.Disk{}, CreatedAt: p.CreatedAt}
 		for _, d := range p.Spec.Disks {
 			out.Disks = append(out.Disks, api.Disk{Name: d.Name, Size: d.Size, Shared: d.Shared})
@@ -117,34 +196,49 @@ func withPlacement(v *api.Volume, p cluster.Placement) {
 // getClusterVolume answers GET of a volume in a cluster: any node answers
 // for any placed volume.
 func (s *Server) getClusterVolume(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("volume")
-	p, ok, err := s.Cluster.Placement(r.Context(), name)
+	p, ok, err := s.clusterVolumeOf(r, r.PathValue("volume"))
 	if err != nil {
-		return fmt.Errorf("%w: %w", errUnavailable, err)
+		return err
 	}
 	if !ok {
 		// A volume made before the node joined a cluster is this node's
 		// alone.
-		v, err := s.pool.Volume(name)
+		v, err := s.volume(r)
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, volumeToAPI(v.Info()))
+		writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(v.Info())))
 		return nil
 	}
-	writeJSON(w, http.StatusOK, s.clusterVolume(p))
+	writeJSON(w, http.StatusOK, viewOf(r).volume(s.clusterVolume(p)))
 	return nil
 }
 
 func (s *Server) deleteClusterVolume(w http.ResponseWriter, r *http.Request, recursive bool) error {
-	name := r.PathValue("volume")
+	pl, placed, err := s.clusterVolumeOf(r, r.PathValue("volume"))
+	if err != nil {
+		return err
+	}
+	if !placed {
+		// Not placed: a volume of this node alone, if any.
+		v, err := s.volume(r)
+		if err != nil {
+			return err
+		}
+		if err := s.pool.DeleteWith(r.Context(), v.Name(), pool.DeleteOptions{Recursive: recursive}); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	name := pl.Volume
 	if v, err := s.pool.Volume(name); err == nil && !recursive && len(v.Snapshots()) > 0 {
 		// The copy here has snapshots: refuse before any copy goes, as on
 		// a single node (replicated volumes take no snapshots yet).
 		return fmt.Errorf("delete volume %q: it has %d snapshots; delete them first, or delete them with it (quiver volume delete --recursive): %w",
 			name, len(v.Snapshots()), pool.ErrHasSnapshots)
 	}
-	err := s.Cluster.DeleteVolume(r.Context(), name)
+	err = s.Cluster.DeleteVolume(r.Context(), name)
 	if errors.Is(err, cluster.ErrVolumeNotFound) {
 		// Not placed: a volume of this node alone, if any.
 		err = s.pool.DeleteWith(r.Context(), name, pool.DeleteOptions{Recursive: recursive})
@@ -203,7 +297,16 @@ func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, 
 		if s.Cluster == nil {
 			return h(w, r)
 		}
-		name := r.PathValue("volume")
+		// The caller's name, in its scope: another tenant's volume is
+		// not found here, before its role could say anything of it.
+		pl, placed, err := s.clusterVolumeOf(r, r.PathValue("volume"))
+		if err != nil {
+			return err // etcd out of reach refuses: this node cannot know whether it is the primary
+		}
+		if !placed {
+			return h(w, r) // this node's alone, or absent: the handler answers
+		}
+		name := pl.Volume
 		role, err := s.Cluster.Role(r.Context(), name)
 		if err != nil {
 			return fmt.Errorf("%w: %w", errUnavailable, err)

@@ -11,7 +11,6 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/buildinfo"
-	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -66,6 +65,9 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if s.Cluster != nil && principalOf(r).Tenant != "" {
+		return s.listClusterVolumes(w, r, match)
+	}
 	vols := s.visible(r, match)
 	out := api.List[api.Volume]{Items: make([]api.Volume, 0, len(vols))}
 	for _, v := range vols {
@@ -88,21 +90,19 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if s.Cluster != nil && spec.Tenant == "" {
-		return s.createClusterVolume(w, r, spec, idem)
-	}
 	tenant, name, err := s.createName(r, spec.Tenant, spec.Name)
 	if err != nil {
 		return err
+	}
+	if s.Cluster != nil {
+		spec.Tenant, spec.Name = tenant, name
+		return s.createClusterVolume(w, r, spec, idem)
 	}
 	ps := pool.VolumeSpec{Name: name, Capacity: spec.Capacity, Labels: spec.Labels,
 		Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS), Replicas: spec.Replicas, Idempotency: idem,
 		Tenant: tenant}
 	if err := pool.ValidateSpec(ps); err != nil {
 		return err
-	}
-	if s.Cluster != nil {
-		return fmt.Errorf("tenant volumes on a cluster node: %w", cluster.ErrNotSupported)
 	}
 	if spec.Replicas > 1 {
 		return errSingleNode(spec.Replicas)

@@ -125,7 +125,7 @@ func (s *Server) routes() {
 		"GET /v1/tenants":                                   {s.listTenants, auth.ActAdmin},
 		"PUT /v1/tenants/{tenant}":                          {s.setTenant, auth.ActAdmin},
 	} {
-		h := rt.h
+		h := s.tenantOnCluster(pattern, rt.h)
 		if g, ok := replicatedGuards[pattern]; ok {
 			h = s.guardReplicated(g, h)
 		}

@@ -101,7 +101,11 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := api.List[api.Tenant]{Items: []api.Tenant{}}
 	for _, t := range s.Auth.Tenants() {
-		out.Items = append(out.Items, api.Tenant{Name: t.Name, Quota: quotaToAPI(t.Quota), Used: quotaToAPI(s.usage(t.Name))})
+		used, err := s.tenantUse(r, t.Name)
+		if err != nil {
+			return err
+		}
+		out.Items = append(out.Items, api.Tenant{Name: t.Name, Quota: quotaToAPI(t.Quota), Used: quotaToAPI(used)})
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -119,8 +123,26 @@ func (s *Server) setTenant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, api.Tenant{Name: t.Name, Quota: quotaToAPI(t.Quota), Used: quotaToAPI(s.usage(t.Name))})
+	used, err := s.tenantUse(r, t.Name)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, api.Tenant{Name: t.Name, Quota: quotaToAPI(t.Quota), Used: quotaToAPI(used)})
 	return nil
+}
+
+// tenantUse is what tenant's volumes count against its quotas: on a
+// cluster node, the cluster-wide use kept in etcd (snapshots are not
+// counted there), else this node's pool.
+func (s *Server) tenantUse(r *http.Request, tenant string) (auth.Quota, error) {
+	if s.Cluster == nil {
+		return s.usage(tenant), nil
+	}
+	u, err := s.Cluster.TenantUsage(r.Context(), tenant)
+	if err != nil {
+		return auth.Quota{}, fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	return usageToQuota(u), nil
 }
 
 func (s *Server) whoami(w http.ResponseWriter, r *http.Request) error {

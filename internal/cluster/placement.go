@@ -164,13 +164,25 @@ func choose(nodes []NodeInfo, replicas int) ([]string, error) {
 	return picked, nil
 }
 
-// CreateVolume places spec on Replicas distinct nodes (1 when 0), records
+// CreateVolume is CreateCharged without a charge, for volumes of no
+// tenant.
+func (n *Node) CreateVolume(ctx context.Context, spec api.VolumeSpec, key string, idempotent func(sameSpec bool, key string) bool) (Placement, bool, error) {
+	return n.CreateCharged(ctx, spec, key, idempotent, Charge{})
+}
+
+// CreateCharged places spec on Replicas distinct nodes (1 when 0), records
 // the placement with the first copy as primary at term 1, and returns when
 // every copy is made and in sync. A name placed already is ErrVolumeExists,
 // unless idempotent says the existing volume is the answer (same spec, and
 // the caller's rule on the key). When a copy fails, or the copies do not
 // report within OpTimeout, what was made is deleted and the error returned.
-func (n *Node) CreateVolume(ctx context.Context, spec api.VolumeSpec, key string, idempotent func(sameSpec bool, key string) bool) (Placement, bool, error) {
+//
+// A volume of a tenant (spec.Tenant) is recorded in the same Txn that adds
+// charge.Add to the tenant's usage, and only if the usage is still the one
+// charge.Admit admitted: concurrent creates on any nodes cannot pass a
+// quota together (a Txn that lost reads the usage again and admits again).
+// The record keeps its charge, which its delete gives back.
+func (n *Node) CreateCharged(ctx context.Context, spec api.VolumeSpec, key string, idempotent func(sameSpec bool, key string) bool, charge Charge) (Placement, bool, error) {
 	if spec.Replicas == 0 {
 		spec.Replicas = 1
 	}
@@ -186,15 +198,49 @@ func (n *Node) CreateVolume(ctx context.Context, spec api.VolumeSpec, key string
 	rec := volumeRecord{UID: newID(), Spec: spec, IdempotencyKey: key, Copies: picked, Primary: picked[0], Term: 1,
 		InSync: picked, CreatedAt: time.Now().UTC()}
 	k := n.key("volumes", spec.Name)
-	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(clientv3.OpPut(k, mustJSON(rec))).Else(clientv3.OpGet(k)).Commit()
-	if err != nil {
-		return Placement{}, false, fmt.Errorf("create volume %q: record placement: %w", spec.Name, err)
+	var existing []byte // the record of the name, when it is placed already
+	created := false
+	for existing == nil && !created {
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0)}
+		ops := []clientv3.Op{}
+		if spec.Tenant != "" {
+			used, rev, err := n.readUsage(ctx, spec.Tenant)
+			if err != nil {
+				return Placement{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
+			}
+			// A name placed already is answered as such (a retry of an
+			// idempotent create is not refused by the quota it counts in).
+			if r, err := n.cli.Get(ctx, k); err != nil {
+				return Placement{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
+			} else if len(r.Kvs) > 0 {
+				existing = r.Kvs[0].Value
+				break
+			}
+			if charge.Admit != nil {
+				if err := charge.Admit(used); err != nil {
+					return Placement{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
+				}
+			}
+			add := charge.Add
+			rec.Charge = &add
+			cmps = append(cmps, n.usageUnchanged(spec.Tenant, rev))
+			ops = append(ops, clientv3.OpPut(n.usageKey(spec.Tenant), mustJSON(used.plus(add))))
+		}
+		ops = append(ops, clientv3.OpPut(k, mustJSON(rec)))
+		resp, err := n.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(k)).Commit()
+		if err != nil {
+			return Placement{}, false, fmt.Errorf("create volume %q: record placement: %w", spec.Name, err)
+		}
+		created = resp.Succeeded
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); !created && len(kvs) > 0 {
+			existing = kvs[0].Value
+		}
+		// Else the name is free but the tenant's usage changed since it
+		// was read: admit again on the new usage.
 	}
-	created := resp.Succeeded
 	if !created {
 		var have volumeRecord
-		if err := json.Unmarshal(resp.Responses[0].GetResponseRange().Kvs[0].Value, &have); err != nil {
+		if err := json.Unmarshal(existing, &have); err != nil {
 			return Placement{}, false, fmt.Errorf("etcd key %s: %w", k, err)
 		}
 		same := have.State == volumeActive && reflect.DeepEqual(have.Spec, spec)
@@ -333,12 +379,38 @@ func (n *Node) DeleteVolume(ctx context.Context, volume string) error {
 	if _, err := n.waitCopiesGone(ctx, volume, rec); err != nil {
 		return fmt.Errorf("delete volume %q: %w", volume, err)
 	}
-	_, err = n.cli.Txn(ctx).Then(clientv3.OpDelete(k), clientv3.OpDelete(n.key("copies", volume)+"/", clientv3.WithPrefix())).Commit()
-	if err != nil {
+	if err := n.removeRecord(ctx, volume, rec); err != nil {
 		return fmt.Errorf("delete volume %q: %w", volume, err)
 	}
 	n.log.Info("volume deleted from the cluster", "volume", volume)
 	return nil
+}
+
+// removeRecord removes the placement of volume and its copies' keys, and
+// gives the record's charge back to its tenant's usage in the same Txn.
+func (n *Node) removeRecord(ctx context.Context, volume string, rec volumeRecord) error {
+	k := n.key("volumes", volume)
+	for {
+		ops := []clientv3.Op{clientv3.OpDelete(k), clientv3.OpDelete(n.key("copies", volume)+"/", clientv3.WithPrefix())}
+		var cmps []clientv3.Cmp
+		if rec.Spec.Tenant != "" && rec.Charge != nil {
+			used, rev, err := n.readUsage(ctx, rec.Spec.Tenant)
+			if err != nil {
+				return err
+			}
+			// Only a record still there gives its charge back, once.
+			cmps = append(cmps, n.usageUnchanged(rec.Spec.Tenant, rev),
+				clientv3.Compare(clientv3.CreateRevision(k), ">", 0))
+			ops = append(ops, clientv3.OpPut(n.usageKey(rec.Spec.Tenant), mustJSON(used.minus(*rec.Charge))))
+		}
+		resp, err := n.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(k)).Commit()
+		if err != nil {
+			return err
+		}
+		if resp.Succeeded || len(resp.Responses[0].GetResponseRange().Kvs) == 0 {
+			return nil // removed now, or by another delete meanwhile
+		}
+	}
 }
 
 // waitCopiesGone waits until no copy holds a local volume: every copy key is

@@ -58,7 +58,10 @@ type volumeRecord struct {
 	State          string         `json:"state,omitempty"`
 	// Removing are the nodes whose copies left the placement (a drain)
 	// and that have not deleted them yet (drain.go).
-	Removing  []string  `json:"removing,omitempty"`
+	Removing []string `json:"removing,omitempty"`
+	// Charge is what the volume counts in its tenant's usage
+	// (tenants/<tenant>/use), given back when the record is removed.
+	Charge    *Usage    `json:"charge,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 }
 

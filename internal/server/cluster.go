@@ -32,7 +32,10 @@ func (s poolStore) PoolID() string {
 func (s poolStore) Usage() (total, free int64, err error) { return s.p.FS().Usage() }
 
 func (s poolStore) CreateCopy(ctx context.Context, spec api.VolumeSpec) (string, error) {
-	ps := pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity, Labels: spec.Labels, Replicas: spec.Replicas}
+	// The tenant recorded in the placement: the copy's manifest carries it,
+	// so the tenant check holds on every copy (docs/security.md).
+	ps := pool.VolumeSpec{Name: spec.Name, Capacity: spec.Capacity, Labels: spec.Labels, Replicas: spec.Replicas,
+		Tenant: spec.Tenant}
 	for _, d := range spec.Disks {
 		ps.Disks = append(ps.Disks, pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}

@@ -154,8 +154,9 @@ func Run(ctx context.Context, cfg Config) error {
 	ln = &connlimit.Listener{Listener: ln, Limiter: connlimit.New(cfg.API.MaxConns, cfg.API.MaxConnsPerPeer),
 		Rejected: m.APIConnRejected}
 	cfg.NBD.Logger, cfg.NBD.Observer = log, m
-	var exports nbd.Exports = newTenantExports(nbd.PoolExports{Pool: p, Metrics: m, RequireToken: cfg.NBDRequireToken},
-		p, m, store)
+	te := newTenantExports(nbd.PoolExports{Pool: p, Metrics: m, RequireToken: cfg.NBDRequireToken}, p, m, store)
+	te.cluster = cfg.Cluster.Enabled()
+	var exports nbd.Exports = te
 	var nbdLns []net.Listener
 	closeAll := func() {
 		for _, l := range append(nbdLns, ln) {

@@ -33,11 +33,18 @@ import (
 // volume <tenant>--<volume> of each tenant is tried (the token, 256 random
 // bits, matches one attachment of one volume at most). Every other export
 // name goes to next unchanged.
+//
+// On a cluster node (cluster set) neither is served: the name resolved here
+// would bypass the placement, forwarding and replication, which follow the
+// pool's name. A tenant's API token opens nothing over NBD there, and an
+// attachment token opens the export of the pool's name, as the attach
+// answer's URIs give it (docs/security.md, "Tenants on a cluster").
 type tenantExports struct {
-	next   nbd.Exports
-	pool   *pool.Pool
-	store  *auth.Store
-	direct nbd.PoolExports // opens the resolved name, tokenless (the token was checked here)
+	cluster bool
+	next    nbd.Exports
+	pool    *pool.Pool
+	store   *auth.Store
+	direct  nbd.PoolExports // opens the resolved name, tokenless (the token was checked here)
 }
 
 var _ nbd.Exports = tenantExports{}
@@ -70,6 +77,9 @@ func (e tenantExports) Open(ctx context.Context, name, peer string) (nbd.Export,
 		return e.next.Open(ctx, name, peer)
 	}
 	if !auth.IsSecret(ref.Token) {
+		if e.cluster {
+			return e.next.Open(ctx, name, peer)
+		}
 		return e.next.Open(ctx, e.attachmentExport(ref, name), peer)
 	}
 	p, err := e.store.Authenticate(ref.Token)
@@ -83,7 +93,9 @@ func (e tenantExports) Open(ctx context.Context, name, peer string) (nbd.Export,
 // API token or from a client certificate's certificate token): the one
 // authorization of NBD opens by credential.
 func (e tenantExports) openAs(ctx context.Context, p auth.Principal, ref nbd.ExportRef, peer string) (nbd.Export, error) {
-	if !p.Allows(auth.ActAttach) {
+	// On a cluster a tenant's API token opens no export (docs/security.md,
+	// "Tenants on a cluster").
+	if !p.Allows(auth.ActAttach) || (e.cluster && p.Tenant != "") {
 		return nbd.Export{}, errNoAccess
 	}
 	local := ref.Volume
