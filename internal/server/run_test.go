@@ -85,10 +85,16 @@ func TestRunStopsEverythingWhenAListenerFails(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Run kept running after a listener failed")
 	}
-	for _, a := range addrs {
+	for i, a := range addrs {
 		if c, err := net.DialTimeout("tcp", a.String(), time.Second); err == nil {
+			self := c.LocalAddr().String() == c.RemoteAddr().String()
 			_ = c.Close()
-			t.Errorf("%s still accepts connections after Run returned", a)
+			// A dial to a closed port in the ephemeral range can pick
+			// that very port as its source and connect to itself (TCP
+			// simultaneous open): no listener, and no failure.
+			if !self {
+				t.Errorf("%s (%s) still accepts connections after Run returned", a, [2]string{"API", "NBD"}[i])
+			}
 		}
 	}
 }

@@ -236,8 +236,10 @@ func Run(ctx context.Context, cfg Config) error {
 	srv := cfg.API.httpServer(handler)
 	srv.ConnContext, srv.ConnState = handler.ConnContext, handler.ConnState // revoked tokens' connections
 	var localSrv *http.Server
+	var localLn net.Listener
 	if cfg.APISocket != "" {
 		l, err := ListenUnix(cfg.APISocket, cfg.APISocketGroup)
+		localLn = l
 		if err != nil {
 			closeAll()
 			return fmt.Errorf("api socket %s: %w", cfg.APISocket, err)
@@ -300,6 +302,16 @@ wait:
 	}
 	if jerr := jobs.Shutdown(sctx); err == nil {
 		err = jerr
+	}
+	// A Serve goroutine that had not started when Shutdown ran closes its
+	// listener only once it starts: close them here, so that the ports
+	// are free when Run returns.
+	_ = ln.Close()
+	if localLn != nil {
+		_ = localLn.Close()
+	}
+	for _, l := range nbdLns {
+		_ = l.Close()
 	}
 	if failed != nil {
 		return fmt.Errorf("serve: %w", failed)
