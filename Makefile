@@ -38,7 +38,7 @@ run: build
 # cluster, replica and forward packages run with it above.
 test: lint
 	$(GO) test -race -count=1 -timeout 30m $$($(GO) list $(PKGS) | grep -v -e /test/migration$$ -e /test/powercut$$ -e /test/cluster$$)
-	$(GO) test -count=1 -timeout 20m ./test/cluster/
+	$(GO) test -count=1 -timeout 30m ./test/cluster/
 	$(GO) test -race -count=1 -timeout 20m ./test/powercut/
 	$(GO) test -race -count=1 -timeout 10m ./test/migration/
 	$(GO) test -count=1 -run 'TestHotPathAllocations' ./internal/nbd/  # sync.Pool drops items under -race

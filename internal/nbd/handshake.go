@@ -210,7 +210,7 @@ func (n *negotiation) list(ctx context.Context, data []byte) error {
 	if len(data) != 0 {
 		return n.replyError(optList, repErrInvalid, "NBD_OPT_LIST takes no data")
 	}
-	exports, err := n.c.srv.exports.List(ctx)
+	exports, err := n.c.srv.exports.List(n.c.withPeerCertificate(ctx))
 	if err != nil {
 		return n.replyError(optList, openErrorCode(err), err.Error())
 	}

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/metrics"
@@ -57,9 +58,46 @@ func newTenantExports(next nbd.Exports, p *pool.Pool, m *metrics.Metrics, store 
 // which part was wrong.
 var errNoAccess = fmt.Errorf("no such export, or its token is missing or wrong: %w", pool.ErrUnauthorized)
 
-// List implements nbd.Exports. NBD_OPT_LIST carries no credential, so it is
-// answered as before: everything on a tokenless node, refused otherwise.
-func (e tenantExports) List(ctx context.Context) ([]nbd.ExportInfo, error) { return e.next.List(ctx) }
+// List implements nbd.Exports. NBD_OPT_LIST carries no credential of its
+// own: a client whose verified certificate is mapped to a certificate token
+// gets the exports that token may open, under the names it opens them by
+// (a tenant's own volume names); any other client is answered as before:
+// everything on a tokenless node, refused otherwise.
+func (e tenantExports) List(ctx context.Context) ([]nbd.ExportInfo, error) {
+	cert := nbd.PeerCertificate(ctx)
+	if cert == nil {
+		return e.next.List(ctx)
+	}
+	p, err := e.store.AuthenticateCertificate(cert.Raw)
+	if err != nil {
+		return e.next.List(ctx)
+	}
+	if !p.Allows(auth.ActAttach) || (e.cluster && p.Tenant != "") {
+		return nil, errNoAccess
+	}
+	all, err := e.direct.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []nbd.ExportInfo
+	for _, x := range all {
+		ref, err := nbd.ParseExportName(x.Name)
+		if err != nil {
+			continue
+		}
+		v, err := e.pool.Volume(ref.Volume)
+		if err != nil || !p.Sees(v.Tenant()) {
+			continue
+		}
+		local, ok := pool.TenantLocalName(p.Tenant, ref.Volume)
+		if !ok {
+			continue
+		}
+		out = append(out, nbd.ExportInfo{Name: nbd.ExportName(local, ref.Snapshot, ref.Disk),
+			Description: strings.Replace(x.Description, ref.Volume, local, 1)})
+	}
+	return out, nil
+}
 
 // Open implements nbd.Exports.
 func (e tenantExports) Open(ctx context.Context, name, peer string) (nbd.Export, error) {

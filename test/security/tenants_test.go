@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -945,5 +946,63 @@ func TestCertificateTokenInput(t *testing.T) {
 	}
 	if len(after) != len(before)+1 {
 		t.Errorf("%d tokens after the refusals and one creation, want %d", len(after), len(before)+1)
+	}
+}
+
+// TestListByCertificate (issue 17: "NBD LIST ... show only the caller's
+// tenant"): NBD_OPT_LIST carries no credential, but a client certificate
+// mapped to a certificate token is one. nbdinfo --list over TLS with
+// tenant a's certificate lists a's exports by a's own names and nothing of
+// b's; with a certificate mapped to nothing, or without TLS, the node
+// (which requires tokens) refuses the list.
+func TestListByCertificate(t *testing.T) {
+	testfs.RequireTool(t, "nbdinfo")
+	n := startTenantNode(t)
+	ctx := context.Background()
+	if _, err := n.as["a/tenant"].CreateVolume(ctx, volume1("va")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.as["b/tenant"].CreateVolume(ctx, volume1("vb")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.as["a/tenant"].CreateSnapshot(ctx, "va", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	list := func(k string) (string, error) {
+		out, err := exec.Command("nbdinfo", "--list", "--json",
+			"nbds://"+n.srv.NBDAddr+"?tls-certificates="+n.certDirs[k]).CombinedOutput()
+		return string(out), err
+	}
+	for _, k := range []string{"cert:a/attach", "cert:a/tenant"} {
+		out, err := list(k)
+		if err != nil {
+			t.Fatalf("nbdinfo --list with %s: %v\n%s", k, err, out)
+		}
+		var got struct {
+			Exports []struct {
+				Name string `json:"export-name"`
+			} `json:"exports"`
+		}
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("nbdinfo --list --json with %s: %v\n%s", k, err, out)
+		}
+		var names []string
+		for _, x := range got.Exports {
+			names = append(names, x.Name)
+		}
+		if want := []string{"va/root", "va@s1/root"}; !slices.Equal(names, want) {
+			t.Errorf("exports listed with %s: %q, want %q (a's own, by a's names)", k, names, want)
+		}
+		if strings.Contains(out, "vb") || strings.Contains(out, "--") {
+			t.Errorf("the list with %s names b's volume or a pool name:\n%s", k, out)
+		}
+	}
+	for _, k := range []string{"cert:none", "cert:a/monitor"} {
+		if out, err := list(k); err == nil || strings.Contains(out, "va/root") {
+			t.Errorf("nbdinfo --list with %s: %v, want a refusal\n%s", k, err, out)
+		}
+	}
+	if err := nbdListNames(n.srv.NBDAddr); err != nil {
+		t.Errorf("LIST without TLS: %v", err)
 	}
 }
