@@ -163,13 +163,26 @@ func (c *conn) writeLoop() {
 // batch is replies not yet sent; each belongs to one goroutine (the
 // reader's is conn.out, the write executor has its own), and the write
 // executor's also to its timer (hold), which sends it when its oldest reply
-// has waited replyHold. mu orders the two; the reader's is never contended.
+// has waited replyHold. mu orders the two; a batch without a timer (the
+// reader's) has one owner and takes no lock.
 type batch struct {
 	mu    sync.Mutex
 	hold  *time.Timer
 	reqs  []*request
 	iov   [][]byte
 	bytes int
+}
+
+func (b *batch) lock() {
+	if b.hold != nil {
+		b.mu.Lock()
+	}
+}
+
+func (b *batch) unlock() {
+	if b.hold != nil {
+		b.mu.Unlock()
+	}
 }
 
 // answer replies to req, which ran with r, and releases it once the reply
@@ -217,8 +230,8 @@ func (c *conn) okHeader(req *request) []byte {
 // queueReply adds a reply (the bytes to send, which live in req) to b; req
 // is released once b is sent.
 func (c *conn) queueReply(b *batch, req *request, p []byte) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.lock()
+	defer b.unlock()
 	b.reqs = append(b.reqs, req)
 	b.iov = append(b.iov, p)
 	b.bytes += len(p)
@@ -235,12 +248,12 @@ func (c *conn) flushOut(b *batch) {
 	if b == nil {
 		return
 	}
-	b.mu.Lock()
+	b.lock()
 	c.sendBatch(b)
-	b.mu.Unlock()
+	b.unlock()
 }
 
-// sendBatch sends b with one sendmsg and releases its requests; b.mu is held.
+// sendBatch sends b with one sendmsg and releases its requests; b is locked.
 func (c *conn) sendBatch(b *batch) {
 	if len(b.reqs) == 0 {
 		return
