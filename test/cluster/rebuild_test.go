@@ -37,23 +37,7 @@ func TestRebuild(t *testing.T) {
 	})
 	ctx := context.Background()
 	const diskSize = 128 * mib
-	v, err := c.nodes[0].api().CreateVolume(ctx, api.VolumeSpec{Name: "rb", Capacity: diskSize, Replicas: 2,
-		Disks: []api.DiskSpec{{Name: "root", Size: diskSize}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prim, gone := c.byName(v.Primary), c.byName(copyNodes(v)[1])
-	var spare *node
-	for _, nd := range c.nodes {
-		if nd != prim && nd != gone {
-			spare = nd
-		}
-	}
-	att, err := prim.api().Attach(ctx, "rb", api.AttachmentSpec{Node: "worker-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	uri := fmt.Sprintf("nbd://%s:10809/rb/root/%s", prim.ip, att.Token)
+	prim, gone, spare, uri := c.oneDiskReplicated(t, "rb", diskSize)
 	c.qemuIO(t, uri, "write -P 0x41 0 16M", "write -P 0x42 64M 8M", "flush")
 
 	gone.proc.Kill()
@@ -118,4 +102,29 @@ func TestRebuild(t *testing.T) {
 	if sa > pa+4*mib {
 		t.Errorf("the rebuilt copy holds %d bytes, the primary %d: holes were copied as data", sa, pa)
 	}
+}
+
+// oneDiskReplicated creates a 2-copy volume name with one disk "root" of
+// size bytes through the first node, attaches it for worker-1 on its
+// primary, and returns the primary, the other copy's node, the node without
+// a copy, and the attachment's NBD URI on the primary.
+func (c *cluster) oneDiskReplicated(t *testing.T, name string, size int64) (prim, other, spare *node, uri string) {
+	t.Helper()
+	ctx := context.Background()
+	v, err := c.nodes[0].api().CreateVolume(ctx, api.VolumeSpec{Name: name, Capacity: size, Replicas: 2,
+		Disks: []api.DiskSpec{{Name: "root", Size: size}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prim, other = c.byName(v.Primary), c.byName(copyNodes(v)[1])
+	for _, nd := range c.nodes {
+		if nd != prim && nd != other {
+			spare = nd
+		}
+	}
+	att, err := prim.api().Attach(ctx, name, api.AttachmentSpec{Node: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return prim, other, spare, fmt.Sprintf("nbd://%s:10809/%s/root/%s", prim.ip, name, att.Token)
 }

@@ -2,7 +2,6 @@ package clustertest
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -31,23 +30,7 @@ func TestStaleCopy(t *testing.T) {
 	})
 	ctx := context.Background()
 	const diskSize = 16 * mib
-	v, err := c.nodes[0].api().CreateVolume(ctx, api.VolumeSpec{Name: "st", Capacity: diskSize, Replicas: 2,
-		Disks: []api.DiskSpec{{Name: "root", Size: diskSize}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prim, gone := c.byName(v.Primary), c.byName(copyNodes(v)[1])
-	var spare *node
-	for _, nd := range c.nodes {
-		if nd != prim && nd != gone {
-			spare = nd
-		}
-	}
-	att, err := prim.api().Attach(ctx, "st", api.AttachmentSpec{Node: "worker-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	uri := fmt.Sprintf("nbd://%s:10809/st/root/%s", prim.ip, att.Token)
+	prim, gone, spare, uri := c.oneDiskReplicated(t, "st", diskSize)
 	c.qemuIO(t, uri, "write -P 0x53 0 4M", "flush")
 
 	gone.proc.Kill()
