@@ -104,27 +104,31 @@ func TestRebuild(t *testing.T) {
 	}
 }
 
-// oneDiskReplicated creates a 2-copy volume name with one disk "root" of
-// size bytes through the first node, attaches it for worker-1 on its
-// primary, and returns the primary, the other copy's node, the node without
-// a copy, and the attachment's NBD URI on the primary.
-func (c *cluster) oneDiskReplicated(t *testing.T, name string, size int64) (prim, other, spare *node, uri string) {
+// placeAndAttach creates the volume of spec through the first node and
+// attaches it for worker-1 on its primary; it returns the primary, the
+// second copy's node and the attachment's token.
+func (c *cluster) placeAndAttach(t *testing.T, spec api.VolumeSpec) (prim, cp *node, token string) {
 	t.Helper()
 	ctx := context.Background()
-	v, err := c.nodes[0].api().CreateVolume(ctx, api.VolumeSpec{Name: name, Capacity: size, Replicas: 2,
+	v, err := c.nodes[0].api().CreateVolume(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prim, cp = c.byName(v.Primary), c.byName(copyNodes(v)[1])
+	att, err := prim.api().Attach(ctx, spec.Name, api.AttachmentSpec{Node: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return prim, cp, att.Token
+}
+
+// oneDiskReplicated places a 2-copy volume name with one disk "root" of
+// size bytes (placeAndAttach) and returns the primary, the other copy's
+// node, the node without a copy, and the attachment's NBD URI on the
+// primary.
+func (c *cluster) oneDiskReplicated(t *testing.T, name string, size int64) (prim, other, spare *node, uri string) {
+	t.Helper()
+	prim, other, token := c.placeAndAttach(t, api.VolumeSpec{Name: name, Capacity: size, Replicas: 2,
 		Disks: []api.DiskSpec{{Name: "root", Size: size}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prim, other = c.byName(v.Primary), c.byName(copyNodes(v)[1])
-	for _, nd := range c.nodes {
-		if nd != prim && nd != other {
-			spare = nd
-		}
-	}
-	att, err := prim.api().Attach(ctx, name, api.AttachmentSpec{Node: "worker-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return prim, other, spare, fmt.Sprintf("nbd://%s:10809/%s/root/%s", prim.ip, name, att.Token)
+	return prim, other, c.other(prim, other), fmt.Sprintf("nbd://%s:10809/%s/root/%s", prim.ip, name, token)
 }

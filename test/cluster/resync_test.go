@@ -196,18 +196,10 @@ func TestResync(t *testing.T) {
 	for _, d := range disks {
 		spec.Disks = append(spec.Disks, api.DiskSpec{Name: d, Size: diskSize})
 	}
-	v, err := c.nodes[0].api().CreateVolume(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prim, cp := c.byName(v.Primary), c.byName(copyNodes(v)[1])
-	att, err := prim.api().Attach(ctx, "rs", api.AttachmentSpec{Node: "worker-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	prim, cp, token := c.placeAndAttach(t, spec)
 	w := &qemuWriter{c: c, size: diskSize, rng: rand.New(rand.NewPCG(15, 3))}
 	for _, d := range disks {
-		uri := fmt.Sprintf("nbd://%s:10809/rs/%s/%s", prim.ip, d, att.Token)
+		uri := fmt.Sprintf("nbd://%s:10809/rs/%s/%s", prim.ip, d, token)
 		w.uris = append(w.uris, uri)
 		c.qemuIO(t, uri, "write -P 0x5a 0 8M", "flush")
 	}

@@ -30,18 +30,10 @@ func TestReplicatedSnapshot(t *testing.T) {
 	for _, d := range disks {
 		spec.Disks = append(spec.Disks, api.DiskSpec{Name: d, Size: diskSize})
 	}
-	v, err := c.nodes[0].api().CreateVolume(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prim, cp := c.byName(v.Primary), c.byName(copyNodes(v)[1])
-	att, err := prim.api().Attach(ctx, "vm", api.AttachmentSpec{Node: "worker-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	prim, cp, token := c.placeAndAttach(t, spec)
 	clients := make([]*nbdclient.Conn, len(disks))
 	for i, d := range disks {
-		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "vm/"+d+"/"+att.Token, nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
+		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "vm/"+d+"/"+token, nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
