@@ -42,20 +42,12 @@ func TestReplicatedClone(t *testing.T) {
 	ctx := context.Background()
 	const diskSize = 4 * mib
 	disks := []string{"d0", "d1"}
-	v, err := c.nodes[0].api().CreateVolume(ctx, api.VolumeSpec{Name: "src", Capacity: 32 * mib, Replicas: 2,
+	prim, cp, token := c.placeAndAttach(t, api.VolumeSpec{Name: "src", Capacity: 32 * mib, Replicas: 2,
 		Disks: []api.DiskSpec{{Name: "d0", Size: diskSize}, {Name: "d1", Size: diskSize}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prim, cp := c.byName(v.Primary), c.byName(copyNodes(v)[1])
 	if cp != c.nodes[2] {
-		t.Fatalf("copies on %v: want the second on n3 (the only node of zone-b)", copyNodes(v))
+		t.Fatalf("copies on %v: want the second on n3 (the only node of zone-b)", []string{prim.name, cp.name})
 	}
 	other := c.other(prim, cp)
-	att, err := prim.api().Attach(ctx, "src", api.AttachmentSpec{Node: "worker-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	uri := func(volume, disk, token string) string {
 		return fmt.Sprintf("nbd://%s:10809/%s/%s/%s", prim.ip, volume, disk, token)
 	}
@@ -99,8 +91,8 @@ func TestReplicatedClone(t *testing.T) {
 
 	t.Run("clone", func(t *testing.T) {
 		start := time.Now()
-		c.qemuIO(t, uri("src", "d0", att.Token), "write -P 0x0a 0 1M", "flush")
-		c.qemuIO(t, uri("src", "d1", att.Token), "write -P 0x1a 512k 1M", "flush")
+		c.qemuIO(t, uri("src", "d0", token), "write -P 0x0a 0 1M", "flush")
+		c.qemuIO(t, uri("src", "d1", token), "write -P 0x1a 512k 1M", "flush")
 		if _, err := prim.api().CreateSnapshot(ctx, "src", "a"); err != nil {
 			t.Fatal(err)
 		}
@@ -108,8 +100,8 @@ func TestReplicatedClone(t *testing.T) {
 		for _, d := range disks {
 			snapSum[d] = fileSum(t, filepath.Join(prim.pool, "volumes", "src", "snapshots", "a", d+".img"))
 		}
-		c.qemuIO(t, uri("src", "d0", att.Token), "write -P 0x0b 1M 2M", "flush")
-		c.qemuIO(t, uri("src", "d1", att.Token), "write -P 0x1b 0 3M", "flush")
+		c.qemuIO(t, uri("src", "d0", token), "write -P 0x0b 1M 2M", "flush")
+		c.qemuIO(t, uri("src", "d1", token), "write -P 0x1b 0 3M", "flush")
 		live := sums("src")
 
 		for _, nd := range []*node{cp, other} {
@@ -162,7 +154,7 @@ func TestReplicatedClone(t *testing.T) {
 
 		// A client writing the source across the clone: it pauses at the
 		// cut, so both copies of the clone hold the same writes.
-		busy, err := nbdclient.Dial(ctx, prim.ip+":10809", "src/d0/"+att.Token,
+		busy, err := nbdclient.Dial(ctx, prim.ip+":10809", "src/d0/"+token,
 			nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -256,7 +248,7 @@ func TestReplicatedClone(t *testing.T) {
 		// A write the full copy cannot take takes it out of sync: a clone
 		// is refused until it is back.
 		// (d1's last MiB was never written: the copy needs new blocks.)
-		c.qemuIO(t, uri("src", "d1", att.Token), "write -P 0x2a 3M 1M", "flush")
+		c.qemuIO(t, uri("src", "d1", token), "write -P 0x2a 3M 1M", "flush")
 		if st, _, err := copyState(ctx, prim, "src", cp.name); err != nil || st.State == api.CopyInSync {
 			t.Fatalf("copy on the full filesystem after a write: %+v (%v)", st, err)
 		}

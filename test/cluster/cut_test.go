@@ -41,21 +41,13 @@ func TestReplicatedCut(t *testing.T) {
 	})
 	ctx := context.Background()
 	const diskSize = 4 * mib
-	v, err := c.nodes[0].api().CreateVolume(ctx, api.VolumeSpec{Name: "cut", Capacity: 32 * mib, Replicas: 2,
+	prim, cp, token := c.placeAndAttach(t, api.VolumeSpec{Name: "cut", Capacity: 32 * mib, Replicas: 2,
 		Disks: []api.DiskSpec{{Name: "d0", Size: diskSize}, {Name: "d1", Size: diskSize}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prim, cp := c.byName(v.Primary), c.byName(copyNodes(v)[1])
 	if cp != c.nodes[2] {
-		t.Fatalf("copies on %v: want the second on n3 (the only node of zone-b)", copyNodes(v))
+		t.Fatalf("copies on %v: want the second on n3 (the only node of zone-b)", []string{prim.name, cp.name})
 	}
 	copies := []*node{prim, cp}
-	att, err := prim.api().Attach(ctx, "cut", api.AttachmentSpec{Node: "worker-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	uri := func(disk string) string { return fmt.Sprintf("nbd://%s:10809/cut/%s/%s", prim.ip, disk, att.Token) }
+	uri := func(disk string) string { return fmt.Sprintf("nbd://%s:10809/cut/%s/%s", prim.ip, disk, token) }
 	// sums checks that every disk's copies are byte-identical and returns
 	// their SHA-256 by disk.
 	sums := func(disks ...string) map[string]string {
@@ -91,7 +83,7 @@ func TestReplicatedCut(t *testing.T) {
 		if b["d0"] == a["d0"] || b["d1"] == a["d1"] {
 			t.Fatal("B did not change the disks")
 		}
-		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "cut/d0/"+att.Token, nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
+		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "cut/d0/"+token, nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +156,7 @@ func TestReplicatedCut(t *testing.T) {
 
 	t.Run("disks", func(t *testing.T) {
 		start := time.Now()
-		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "cut/d0/"+att.Token, nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
+		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "cut/d0/"+token, nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
