@@ -211,7 +211,7 @@ func (c *conn) readLoop() error {
 		}
 		// Send the replies of requests run here before waiting for input:
 		// a reply is never held back while the reader blocks.
-		if c.r.Buffered() < requestHeaderSize {
+		if c.r.Buffered() < requestHeaderSize && !c.tlsPending() {
 			c.flushOut(&c.out)
 		}
 		req, err := c.readRequest()

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -120,7 +121,94 @@ type tlsTransport struct {
 	mu      sync.Mutex // guards buf and spare
 	buf     []byte     // sealed records not yet sent
 	spare   []byte     // the other buffer, empty, for writes during a send
+
+	// The read side, used by crypto/tls from the connection's reader
+	// only (Read and pending are never called concurrently).
+	rbuf []byte // bytes read from the socket; rbuf[rpos:] not yet given to crypto/tls
+	rpos int
+	left int   // bytes of the record being given still to give; 0 at a record boundary
+	rerr error // an error the socket returned with data, given with the next Read
 }
+
+// TLS record framing (RFC 8446, section 5.1): a 5-byte header whose last
+// two bytes are the length of the record's payload.
+const (
+	tlsRecordHeader = 5
+	tlsReadBuffer   = 64 << 10
+)
+
+// Read gives crypto/tls the bytes of at most one TLS record per call,
+// from a buffer filled with one read of the socket. crypto/tls reads a
+// record by asking for at least the bytes it lacks and takes whatever
+// more a read returns; given more than one record, it would hold the
+// next requests in a buffer of its own where nothing can see them. With
+// reads that stop at the record's end, every byte crypto/tls has not
+// decrypted yet is here, and pending can tell the connection's reader
+// that more requests have come: it then runs them before sending the
+// replies it has, as on a plain socket, instead of one write per reply
+// (libnbd sends each request in a record of its own).
+func (t *tlsTransport) Read(p []byte) (int, error) {
+	if t.rpos == len(t.rbuf) {
+		if t.rerr != nil {
+			err := t.rerr
+			t.rerr = nil
+			return 0, err
+		}
+		if err := t.fill(0); err != nil {
+			return 0, err
+		}
+	}
+	if t.left == 0 { // a record starts here: its header says how long it is
+		if err := t.fill(tlsRecordHeader); err != nil {
+			return 0, err
+		}
+		h := t.rbuf[t.rpos:]
+		t.left = tlsRecordHeader + (int(h[3])<<8 | int(h[4]))
+	}
+	n := min(len(p), t.left, len(t.rbuf)-t.rpos)
+	copy(p, t.rbuf[t.rpos:t.rpos+n])
+	t.rpos += n
+	t.left -= n
+	return n, nil
+}
+
+// fill reads from the socket until at least need bytes are buffered (at
+// least one when need is 0), moving the unread bytes to the front first.
+func (t *tlsTransport) fill(need int) error {
+	if t.rbuf == nil {
+		t.rbuf = make([]byte, 0, tlsReadBuffer)
+	}
+	have := copy(t.rbuf[:cap(t.rbuf)], t.rbuf[t.rpos:])
+	t.rbuf, t.rpos = t.rbuf[:have], 0
+	for len(t.rbuf) < max(need, 1) {
+		if t.rerr != nil {
+			err := t.rerr
+			t.rerr = nil
+			return err
+		}
+		n, err := t.Conn.Read(t.rbuf[len(t.rbuf):cap(t.rbuf)])
+		t.rbuf = t.rbuf[:len(t.rbuf)+n]
+		if err != nil {
+			if len(t.rbuf) >= max(need, 1) {
+				t.rerr = err // give the data first
+				return nil
+			}
+			if n == 0 && len(t.rbuf) > 0 && errors.Is(err, io.EOF) {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// tlsPending reports whether a TLS connection has bytes of another request
+// that crypto/tls has not read yet; the reader's own buffer is c.r.
+func (c *conn) tlsPending() bool { return c.tlsTr != nil && c.tlsTr.pending() }
+
+// pending reports whether bytes of another record have come that crypto/tls
+// has not read: more requests to run before the replies go out.
+func (t *tlsTransport) pending() bool { return t.rpos < len(t.rbuf) }
 
 // Write gathers p, one record that crypto/tls sealed (it writes each
 // record by itself), or sends it at once before gathering starts.

@@ -292,3 +292,169 @@ func TestTLSTransportGathers(t *testing.T) {
 		t.Fatal("the close_notify alert stayed in the buffer")
 	}
 }
+
+// recordConn is a client's socket under its TLS connection: it counts the
+// records the server sends, and while hold is set it keeps the client's
+// records to send them in one write.
+type recordConn struct {
+	net.Conn
+	hold    bool
+	out     []byte
+	records int // records read so far
+	left    int // bytes of the current record still to come
+	hdr     []byte
+}
+
+func (c *recordConn) Write(p []byte) (int, error) {
+	if c.hold {
+		c.out = append(c.out, p...)
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *recordConn) release() error {
+	c.hold = false
+	_, err := c.Conn.Write(c.out)
+	c.out = nil
+	return err
+}
+
+func (c *recordConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	for b := p[:n]; len(b) > 0; {
+		if c.left > 0 {
+			k := min(c.left, len(b))
+			c.left, b = c.left-k, b[k:]
+			continue
+		}
+		k := min(tlsRecordHeader-len(c.hdr), len(b))
+		c.hdr, b = append(c.hdr, b[:k]...), b[k:]
+		if len(c.hdr) == tlsRecordHeader {
+			c.records++
+			c.left = int(c.hdr[3])<<8 | int(c.hdr[4])
+			c.hdr = c.hdr[:0]
+		}
+	}
+	return n, err
+}
+
+// TestTLSRepliesBatch: READs that arrive together, each in a TLS record
+// of its own as libnbd sends them, are answered in a few records, as on
+// a plain socket, not in one record (and one write) per reply. Without
+// the record-aligned reads of tlsTransport, crypto/tls holds the later
+// requests where the reader cannot see them and each reply goes out alone.
+func TestTLSRepliesBatch(t *testing.T) {
+	e, roots := tlsEnv(t, true)
+	c := dial(t, e.addr)
+	c.mustGreet(clientFlagFixedNewstyle)
+	if reps := c.option(optStartTLS, nil); final(reps) != repAck {
+		t.Fatalf("STARTTLS: %s", describe(reps))
+	}
+	w := &recordConn{Conn: c.nc}
+	tc := tls.Client(w, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})
+	c.deadline()
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	c.nc, c.r = tc, bufio.NewReader(tc)
+	c.handshake(hsOpts{export: exportRoot, greeted: true})
+	c.readAt(0, 4096)
+
+	const n = 32
+	w.hold = true
+	for i := range n {
+		c.send(testReq{typ: cmdRead, cookie: uint64(100 + i), off: uint64(i) * 4096, length: 4096}) // a record each
+	}
+	before := w.records
+	if err := w.release(); err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		rep, err := c.readReply()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.errno != 0 {
+			t.Fatalf("READ %d: errno %d", rep.cookie, rep.errno)
+		}
+	}
+	if got := w.records - before; got > n/2 {
+		t.Errorf("%d READs sent together were answered in %d TLS records, want at most %d (replies batched)", n, got, n/2)
+	} else {
+		t.Logf("%d READs answered in %d TLS records", n, got)
+	}
+}
+
+// TestTLSTransportReadsOneRecord: tlsTransport.Read never gives bytes of
+// two records in one call, and pending tells when another record's bytes
+// are buffered, whatever the sizes the socket returns.
+func TestTLSTransportReadsOneRecord(t *testing.T) {
+	var stream []byte
+	var bounds []int
+	for i, size := range []int{0, 1, 17, 300, 16384 + 256, 2, 5000} {
+		stream = append(stream, 23, 3, 3, byte(size>>8), byte(size))
+		for j := range size {
+			stream = append(stream, byte(i+j))
+		}
+		bounds = append(bounds, len(stream))
+	}
+	for _, chunk := range []int{1, 3, 5, 7, 4096, 1 << 20} {
+		sc, cc := net.Pipe()
+		go func() {
+			for b := stream; len(b) > 0; {
+				k := min(chunk, len(b))
+				if _, err := cc.Write(b[:k]); err != nil {
+					return
+				}
+				b = b[k:]
+			}
+			cc.Close()
+		}()
+		tr := &tlsTransport{Conn: sc}
+		var got []byte
+		for {
+			p := make([]byte, 1<<16)
+			n, err := tr.Read(p)
+			if n > 0 {
+				start, end := len(got), len(got)+n
+				for _, b := range bounds {
+					if b > start && b < end {
+						t.Fatalf("chunks of %d: one Read gave bytes %d-%d across the record end at %d", chunk, start, end, b)
+					}
+				}
+				got = append(got, p[:n]...)
+			}
+			if err != nil {
+				if !errors.Is(err, io.EOF) {
+					t.Fatalf("chunks of %d: %v", chunk, err)
+				}
+				break
+			}
+		}
+		if !bytes.Equal(got, stream) {
+			t.Fatalf("chunks of %d: read %d bytes unlike the %d sent", chunk, len(got), len(stream))
+		}
+		sc.Close()
+	}
+
+	// pending: a second record buffered behind the first.
+	sc, cc := net.Pipe()
+	defer sc.Close()
+	two := []byte{23, 3, 3, 0, 2, 'a', 'b', 23, 3, 3, 0, 1, 'c'}
+	go func() { _, _ = cc.Write(two) }()
+	tr := &tlsTransport{Conn: sc}
+	p := make([]byte, 64)
+	if n, err := tr.Read(p); err != nil || n != 7 {
+		t.Fatalf("first Read: %d bytes, %v; want the first record's 7", n, err)
+	}
+	if !tr.pending() {
+		t.Error("pending is false with the second record buffered")
+	}
+	if n, err := tr.Read(p); err != nil || n != 6 {
+		t.Fatalf("second Read: %d bytes, %v; want 6", n, err)
+	}
+	if tr.pending() {
+		t.Error("pending is true with nothing buffered")
+	}
+}
