@@ -203,7 +203,7 @@ func (a *app) client() (*client.Client, error) {
 		opts = append(opts, client.WithToken(token))
 	}
 	if a.caFile != "" {
-		tc, err := tlscert.ClientConfig(a.caFile)
+		tc, err := tlscert.ClientConfig(a.caFile, "", "")
 		if err != nil {
 			return nil, err
 		}

@@ -152,7 +152,7 @@ func New(cfg Config) (*Driver, error) {
 func newClient(cfg Config, token string) (*client.Client, error) {
 	opts := []client.Option{client.WithHTTPClient(cfg.HTTPClient)}
 	if cfg.CAFile != "" {
-		tc, err := tlscert.ClientConfig(cfg.CAFile)
+		tc, err := tlscert.ClientConfig(cfg.CAFile, "", "")
 		if err != nil {
 			return nil, fmt.Errorf("quiver API: %w", err)
 		}
