@@ -9,9 +9,10 @@
 // With a Cluster (a node of a cluster, internal/cluster) it creates, deletes
 // and looks up volumes cluster-wide and lists the nodes.
 //
-// Every request acts for an auth.Principal (tenancy.go): routes name the
-// action they need, and a tenant's token sees only its tenant's volumes, by
-// its own names (docs/security.md, "Tenants").
+// Every request acts for an auth.Principal (tenancy.go), from its bearer
+// token or its client certificate (certauth.go): routes name the action
+// they need, and a tenant's token sees only its tenant's volumes, by its
+// own names (docs/security.md, "Tenants").
 //
 // Imports from quiver: api, auth, buildinfo, cluster, job, pool, qos, quantity.
 package apiserver

@@ -2,7 +2,6 @@ package apiserver
 
 import (
 	"context"
-	"crypto/subtle"
 	"fmt"
 	"net"
 	"net/http"
@@ -42,19 +41,20 @@ func withPrincipal(r *http.Request, p auth.Principal) *http.Request {
 }
 
 // authenticate returns who r acts for. The --token-file token is an admin;
-// a stored token (auth.Store) acts for its tenant and role; a request
-// without a token is the anonymous admin only on a node that requires none.
+// a stored token (auth.Store) acts for its tenant and role, and so does a
+// verified client certificate mapped to a certificate token (certauth.go);
+// a request without a credential is the anonymous admin only on a node
+// that requires none.
 func (s *Server) authenticate(r *http.Request) (auth.Principal, error) {
-	got, bearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if bearer && s.token != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) == 1 {
-		return auth.Principal{Role: auth.RoleAdmin}, nil
+	b, err := s.bearerOf(r)
+	if err != nil {
+		return auth.Principal{}, err
 	}
-	if bearer && s.Auth != nil && auth.IsSecret(got) {
-		p, err := s.Auth.Authenticate(got)
-		if err != nil {
-			return p, errUnauthorized
-		}
-		return p, nil
+	if cert, ok := s.certificateOf(r); ok {
+		return s.withCertificate(r, cert, b)
+	}
+	if b.ok {
+		return b.p, nil
 	}
 	if !s.requireToken() {
 		return auth.Anonymous, nil
@@ -218,7 +218,8 @@ func (s *Server) forgetJobs(listed []job.Status) {
 }
 
 // Revocation of API sessions: every connection that carried a stored token
-// is closed when the token is revoked (auth.Store.Done), within the time a
+// (as a secret or as a client certificate mapped to it) is closed when the
+// token is revoked (auth.Store.Done), within the time a
 // goroutine takes to wake, so an idle keep-alive connection or a long
 // request of the token ends too, not only its next request.
 

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -58,6 +59,8 @@ const (
 	envServer    = "QUIVER_SERVER"
 	envTokenFile = "QUIVER_TOKEN_FILE"
 	envCAFile    = "QUIVER_CA_FILE"
+	envCertFile  = "QUIVER_CERT_FILE"
+	envKeyFile   = "QUIVER_KEY_FILE"
 )
 
 // app is one run of the command line: the parsed global flags and the Env.
@@ -66,6 +69,8 @@ type app struct {
 	server    string
 	tokenFile string
 	caFile    string
+	certFile  string // client certificate, with keyFile: a credential instead of a token
+	keyFile   string
 	output    string
 	// started is set once flags and arguments parsed and a command began,
 	// to tell usage errors from failures of the command.
@@ -136,6 +141,10 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 		"file holding the API bearer token (env "+envTokenFile+")")
 	flags.StringVar(&a.caFile, "ca-file", a.env.Getenv(envCAFile),
 		"PEM file of the CAs an https:// --server's certificate must chain to (env "+envCAFile+")")
+	flags.StringVar(&a.certFile, "cert-file", a.env.Getenv(envCertFile),
+		"PEM client certificate for an https:// --server: mapped to a token (quiver token create --cert), it stands for one (env "+envCertFile+")")
+	flags.StringVar(&a.keyFile, "key-file", a.env.Getenv(envKeyFile),
+		"the PEM key of --cert-file (env "+envKeyFile+")")
 	flags.StringVarP(&a.output, "output", "o", outputTable, "output format: "+strings.Join(outputFormats, ", "))
 
 	root.AddGroup(
@@ -202,14 +211,30 @@ func (a *app) client() (*client.Client, error) {
 		}
 		opts = append(opts, client.WithToken(token))
 	}
-	if a.caFile != "" {
-		tc, err := tlscert.ClientConfig(a.caFile)
-		if err != nil {
-			return nil, err
-		}
+	tc, err := a.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
 		opts = append(opts, client.WithTLSConfig(tc))
 	}
 	return client.New(serverURL(a.server), opts...)
+}
+
+// tlsConfig returns the client TLS configuration of --ca-file, --cert-file
+// and --key-file, or nil when none is given (the system's roots, no
+// client certificate).
+func (a *app) tlsConfig() (*tls.Config, error) {
+	if a.caFile == "" && a.certFile == "" && a.keyFile == "" {
+		return nil, nil
+	}
+	if (a.certFile == "") != (a.keyFile == "") {
+		return nil, fmt.Errorf("--cert-file and --key-file go together (%s, %s)", envCertFile, envKeyFile)
+	}
+	if a.certFile != "" && !strings.HasPrefix(serverURL(a.server), "https://") {
+		return nil, fmt.Errorf("--cert-file: a client certificate needs an https:// --server, not %s", a.server)
+	}
+	return tlscert.ClientConfig(a.caFile, a.certFile, a.keyFile)
 }
 
 // serverURL accepts a bare host:port as http://host:port.
@@ -257,7 +282,11 @@ func (a *app) hint(err error) string {
 	}
 	switch client.Code(err) {
 	case api.CodeUnauthorized:
-		return fmt.Sprintf("the server wants its bearer token: pass --token-file (%s)", envTokenFile)
+		if a.certFile != "" {
+			return fmt.Sprintf("the server takes the client certificate of --cert-file only when it is mapped to a token "+
+				"(quiver token create --cert) and, with a token as well, of the same role and tenant; or pass --token-file (%s)", envTokenFile)
+		}
+		return fmt.Sprintf("the server wants its bearer token: pass --token-file (%s), or a client certificate mapped to a token (--cert-file, --key-file)", envTokenFile)
 	case api.CodeBusy:
 		return "another operation holds the volume; `quiver job list` shows what is running"
 	case api.CodeNoSpace:

@@ -238,6 +238,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"snapshot", "craete", "db01", "x"}, "unknown command \"craete\" for \"quiver snapshot\"\n\nDid you mean this?\n\tcreate"},
 		{[]string{"volume", "lst"}, "\tlist\n"},
 		{[]string{"pool", "inf"}, "Did you mean this?\n\tinfo"},
+		// A client certificate needs its key, and HTTPS.
+		{[]string{"--cert-file", "c.pem", "pool", "info"}, "--cert-file and --key-file go together"},
+		{[]string{"--key-file", "k.pem", "pool", "info"}, "--cert-file and --key-file go together"},
+		{[]string{"--cert-file", "c.pem", "--key-file", "k.pem", "pool", "info"}, "a client certificate needs an https:// --server"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -261,7 +265,8 @@ func TestServerErrorsAndHints(t *testing.T) {
 		{"busy", 409, api.Error{Code: api.CodeBusy, Message: `volume "web01" is busy`},
 			"error: volume \"web01\" is busy\nhint: another operation holds the volume; `quiver job list` shows what is running\n"},
 		{"unauthorized", 401, api.Error{Code: api.CodeUnauthorized, Message: "missing bearer token"},
-			"error: missing bearer token\nhint: the server wants its bearer token: pass --token-file (QUIVER_TOKEN_FILE)\n"},
+			"error: missing bearer token\nhint: the server wants its bearer token: pass --token-file (QUIVER_TOKEN_FILE), " +
+				"or a client certificate mapped to a token (--cert-file, --key-file)\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -19,7 +19,8 @@ func (a *app) csiCommand() *cobra.Command {
 		Long: `Run quiver's Container Storage Interface plugin on a unix socket until
 interrupted. A CSI volume is a quiver volume: one PVC per VM, all its disks.
 
-The plugin is a client of the quiver API (--server, --token-file): run it with
+The plugin is a client of the quiver API (--server, and --token-file or a
+client certificate mapped to a token, --cert-file and --key-file): run it with
 --mode controller beside the CSI sidecars, and with --mode node on every node
 (or --mode all on a single host). Block-mode volumes reach the disks over NBD
 (--nbd) through nbdfuse and a loop device; Filesystem-mode volumes bind-mount
@@ -36,7 +37,7 @@ See docs/csi.md for deployment and StorageClass parameters.`,
 			}
 			cfg.Mode = csi.Mode(mode)
 			cfg.Server = serverURL(a.server)
-			cfg.CAFile = a.caFile
+			cfg.CAFile, cfg.CertFile, cfg.KeyFile = a.caFile, a.certFile, a.keyFile
 			if a.tokenFile != "" {
 				token, err := readToken(a.tokenFile)
 				if err != nil {

@@ -158,7 +158,10 @@ A flag on the command line wins over the file.`,
 		"off, on (clients may upgrade) or require (default with --nbd-tls-cert: require beyond loopback, on on loopback)")
 	f.DurationVar(&cfg.TLS.WatchInterval, "tls-watch-interval", 0,
 		"how often certificate files are checked for a change and reloaded (0: every 5s; negative: only on SIGHUP)")
-	f.StringVar(&cfg.TLS.NBDClientCAFile, "nbd-tls-client-ca", "", "require NBD clients to present a certificate signed by a CA of this PEM file (reloaded on SIGHUP and when the file changes)")
+	f.StringVar(&cfg.TLS.NBDClientCAFile, "nbd-tls-client-ca", "",
+		"PEM file of the CAs of client certificates: NBD clients must present one, the API over HTTPS asks (--api-client-cert); reloaded on SIGHUP and when the file changes")
+	f.StringVar(&cfg.TLS.APIClientCert, "api-client-cert", "",
+		"client certificates on the API over HTTPS: off, on (asked and verified, not required) or require (default with --tls-cert and --nbd-tls-client-ca: on)")
 	addClusterFlags(f, &cfg.Cluster)
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().StringVar(&configFile, "config", "", "YAML file of settings, each a flag name without -- (default "+defaultConfig+" when it exists)")

@@ -37,10 +37,11 @@ The secret is printed once, on the last line of the table (or as "secret" with
 -o json/yaml); store it 0600 and pass it with --token-file.
 
 With --cert, the token has no secret: the client certificate in FILE (PEM,
-the client's own certificate), presented over NBD with mutual TLS
-(--nbd-tls-client-ca on the server), acts for the tenant with the role, as
-a token would in the export name. Only its SHA-256 fingerprint is stored;
-revoking the token ends that certificate's NBD connections.`,
+the client's own certificate), presented with mutual TLS (--nbd-tls-client-ca
+on the server) over NBD or the HTTPS API (quiver --cert-file, --key-file),
+acts for the tenant with the role, as the token would. Only its SHA-256
+fingerprint is stored; revoking the token ends that certificate's NBD and API
+connections.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if certFile != "" {

@@ -65,6 +65,13 @@ type Config struct {
 	// CAFile, if set, holds the PEM CAs that an https:// Server's
 	// certificate must chain to (the system's roots otherwise).
 	CAFile string
+	// CertFile and KeyFile, if set, are a PEM client certificate and key
+	// presented to an https:// Server: a certificate mapped to a token
+	// (quiver token create --cert) stands for that token, so a plugin in a
+	// tenant cluster may hold a certificate instead of a token. It is
+	// read again when its files change (a renewal). A request's secret
+	// token is sent with it and must then be of the same role and tenant.
+	CertFile, KeyFile string
 	// NodeID names this node (node and all modes): the Kubernetes node
 	// name in a cluster.
 	NodeID string
@@ -151,8 +158,8 @@ func New(cfg Config) (*Driver, error) {
 
 func newClient(cfg Config, token string) (*client.Client, error) {
 	opts := []client.Option{client.WithHTTPClient(cfg.HTTPClient)}
-	if cfg.CAFile != "" {
-		tc, err := tlscert.ClientConfig(cfg.CAFile)
+	if cfg.CAFile != "" || cfg.CertFile != "" || cfg.KeyFile != "" {
+		tc, err := tlscert.ClientConfig(cfg.CAFile, cfg.CertFile, cfg.KeyFile)
 		if err != nil {
 			return nil, fmt.Errorf("quiver API: %w", err)
 		}

@@ -26,8 +26,17 @@ type TLSConfig struct {
 	CertFile, KeyFile string
 	// NBDCertFile and NBDKeyFile, when set, let NBD clients upgrade with
 	// NBD_OPT_STARTTLS. NBDClientCAFile, if set, requires NBD clients to
-	// present a certificate signed by one of its CAs.
+	// present a certificate signed by one of its CAs, and is the client CA
+	// of the API too (APIClientCert).
 	NBDCertFile, NBDKeyFile, NBDClientCAFile string
+	// APIClientCert says whether the API over HTTPS asks for a client
+	// certificate verified against NBDClientCAFile: TLSOff (never asked),
+	// TLSOn (asked; a client may present none) or TLSRequire (a client
+	// without one fails the handshake). Empty: on with a client CA and the
+	// API's certificate, off otherwise. A verified certificate mapped to a
+	// certificate token authenticates the request (docs/security.md,
+	// "Client certificates").
+	APIClientCert string
 	// NBDMode is TLSOff, TLSOn or TLSRequire. Empty: with certificate
 	// files, require on a non-loopback NBD address, on otherwise; without
 	// them, off.
@@ -49,25 +58,18 @@ var ErrTLSConfig = errors.New("TLS configuration")
 // tlsSetup is what Run builds from TLSConfig: the files SIGHUP reloads, and
 // the configurations of each transport (nil: plain).
 type tlsSetup struct {
-	files  []tlscert.Reloader // certificate pairs and the NBD client CA file
+	files  []tlscert.Reloader // certificate pairs and the client CA file
 	api    *tls.Config
 	nbd    *tls.Config
 	nbdReq bool
 }
 
-// setupTLS loads the certificate files that cfg names.
+// setupTLS loads the certificate files that cfg names. The client CA file
+// is loaded once and serves both listeners, and is reloaded once.
 func setupTLS(cfg TLSConfig, nbdAddr string) (*tlsSetup, error) {
 	s := &tlsSetup{}
 	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
 		return nil, fmt.Errorf("%w: --tls-cert and --tls-key go together", ErrTLSConfig)
-	}
-	if cfg.CertFile != "" {
-		p, err := tlscert.Load(cfg.CertFile, cfg.KeyFile)
-		if err != nil {
-			return nil, err
-		}
-		s.api = tlscert.ServerConfig(p, nil)
-		s.files = append(s.files, p)
 	}
 	if (cfg.NBDCertFile == "") != (cfg.NBDKeyFile == "") {
 		return nil, fmt.Errorf("%w: --nbd-tls-cert and --nbd-tls-key go together", ErrTLSConfig)
@@ -90,30 +92,77 @@ func setupTLS(cfg TLSConfig, nbdAddr string) (*tlsSetup, error) {
 	default:
 		return nil, fmt.Errorf("%w: --nbd-tls %q: want off, on or require", ErrTLSConfig, mode)
 	}
-	if cfg.NBDClientCAFile != "" && mode == TLSOff {
-		return nil, fmt.Errorf("%w: --nbd-tls-client-ca needs NBD TLS", ErrTLSConfig)
-	}
-	if mode == TLSOff {
-		return s, nil
-	}
-	p, err := tlscert.Load(cfg.NBDCertFile, cfg.NBDKeyFile)
+	apiClient, err := apiClientAuth(cfg)
 	if err != nil {
 		return nil, err
 	}
-	s.files = append(s.files, p)
+	if cfg.NBDClientCAFile != "" && mode == TLSOff && apiClient == tls.NoClientCert {
+		return nil, fmt.Errorf("%w: --nbd-tls-client-ca needs NBD TLS, or the API over HTTPS (--tls-cert) with --api-client-cert on or require", ErrTLSConfig)
+	}
 	var cas *tlscert.CAFile
 	if cfg.NBDClientCAFile != "" {
 		if cas, err = tlscert.LoadCAFile(cfg.NBDClientCAFile); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.CertFile != "" {
+		p, err := tlscert.Load(cfg.CertFile, cfg.KeyFile)
+		if err != nil {
+			return nil, err
+		}
+		apiCAs := cas
+		if apiClient == tls.NoClientCert {
+			apiCAs = nil
+		}
+		s.api = tlscert.ServerConfig(p, apiCAs, apiClient)
+		s.files = append(s.files, p)
+	}
+	if mode != TLSOff {
+		p, err := tlscert.Load(cfg.NBDCertFile, cfg.NBDKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		s.files = append(s.files, p)
+		s.nbd = tlscert.ServerConfig(p, cas, tls.RequireAndVerifyClientCert)
+		// Full 16 KiB records from the first byte: NBD replies are not web
+		// pages whose first bytes a browser renders early.
+		s.nbd.DynamicRecordSizingDisabled = true
+		s.nbdReq = mode == TLSRequire
+	}
+	if cas != nil {
 		s.files = append(s.files, cas)
 	}
-	s.nbd = tlscert.ServerConfig(p, cas)
-	// Full 16 KiB records from the first byte: NBD replies are not web
-	// pages whose first bytes a browser renders early.
-	s.nbd.DynamicRecordSizingDisabled = true
-	s.nbdReq = mode == TLSRequire
 	return s, nil
+}
+
+// apiClientAuth returns how the API's TLS listener treats client
+// certificates (TLSConfig.APIClientCert). NBD requires a certificate
+// whenever there is a client CA; the API asks by default and requires one
+// only when told to, since its health probes (a kubelet's, a load
+// balancer's) and its bearer-token clients present none.
+func apiClientAuth(cfg TLSConfig) (tls.ClientAuthType, error) {
+	mode := cfg.APIClientCert
+	if mode == "" {
+		if cfg.CertFile == "" || cfg.NBDClientCAFile == "" {
+			return tls.NoClientCert, nil
+		}
+		mode = TLSOn
+	}
+	switch mode {
+	case TLSOff:
+		return tls.NoClientCert, nil
+	case TLSOn, TLSRequire:
+	default:
+		return 0, fmt.Errorf("%w: --api-client-cert %q: want off, on or require", ErrTLSConfig, mode)
+	}
+	if cfg.CertFile == "" || cfg.NBDClientCAFile == "" {
+		return 0, fmt.Errorf("%w: --api-client-cert %s needs the API over HTTPS (--tls-cert, --tls-key) and a client CA (--nbd-tls-client-ca)",
+			ErrTLSConfig, mode)
+	}
+	if mode == TLSRequire {
+		return tls.RequireAndVerifyClientCert, nil
+	}
+	return tls.VerifyClientCertIfGiven, nil
 }
 
 // reload reads every certificate pair and CA file again; one that fails to

@@ -1,10 +1,10 @@
 // Package tlscert owns quiver's TLS material: a server's certificate and
 // key read from files and reloaded in place (Pair, for certificate
 // rotation without dropping established connections), the server-side
-// tls.Config built on it (with optional client certificates), and the
-// client-side tls.Config that trusts a CA file. The transports (nbd through
-// server, the API server, the client and the CSI driver) use it; it knows
-// nothing of them.
+// tls.Config built on it (with optional or required client certificates),
+// and the client-side tls.Config that trusts a CA file and may present a
+// client certificate. The transports (nbd through server, the API server,
+// the client and the CSI driver) use it; it knows nothing of them.
 //
 // Imports from quiver: nothing.
 package tlscert

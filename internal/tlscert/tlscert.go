@@ -134,17 +134,23 @@ func (p *Pair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 }
 
 // ServerConfig returns a server tls.Config that presents p's current pair.
-// With clientCAs, clients must present a certificate signed by one of its
-// current CAs (mutual TLS): each handshake uses the CAs of the last
-// successful load, so a reloaded CA file applies to new connections only.
-// Session tickets are then off, so that no connection resumes a session
-// whose client certificate the current CAs no longer accept.
-func ServerConfig(p *Pair, clientCAs *CAFile) *tls.Config {
+// With clientCAs, the server asks clients for a certificate and verifies
+// one against its current CAs (mutual TLS): clientAuth says whether a
+// client must present one (tls.RequireAndVerifyClientCert, as NBD does) or
+// may (tls.VerifyClientCertIfGiven, as the API does, whose probes and
+// token clients present none); either way a certificate that does not
+// verify (another CA, expired) fails the handshake. Each handshake uses the
+// CAs of the last successful load, so a reloaded CA file applies to new
+// connections only. Session tickets are then off, so that no connection
+// resumes a session whose client certificate the current CAs no longer
+// accept. Without clientCAs clientAuth is ignored and no certificate is
+// asked for.
+func ServerConfig(p *Pair, clientCAs *CAFile, clientAuth tls.ClientAuthType) *tls.Config {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: p.GetCertificate}
 	if clientCAs == nil {
 		return cfg
 	}
-	cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	cfg.ClientAuth = clientAuth
 	cfg.SessionTicketsDisabled = true
 	cfg.ClientCAs = clientCAs.Pool()
 	var (
@@ -208,8 +214,14 @@ func CAPool(file string) (*x509.CertPool, error) {
 }
 
 // ClientConfig returns a client tls.Config that trusts the CAs of caFile
-// (the system's roots when caFile is empty).
-func ClientConfig(caFile string) (*tls.Config, error) {
+// (the system's roots when caFile is empty) and, with certFile and keyFile,
+// presents that client certificate to servers that ask for one (mutual
+// TLS; docs/security.md, "Client certificates"). The pair is read now, and
+// read again before a handshake when its files changed (a renewal by
+// cert-manager), so a long-running client picks up a new certificate with
+// its next connection; a pair that no longer loads leaves the last good one
+// in use.
+func ClientConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {
 		cas, err := CAPool(caFile)
@@ -217,6 +229,20 @@ func ClientConfig(caFile string) (*tls.Config, error) {
 			return nil, err
 		}
 		cfg.RootCAs = cas
+	}
+	if certFile == "" && keyFile == "" {
+		return cfg, nil
+	}
+	p, err := Load(certFile, keyFile)
+	if err != nil {
+		return nil, err
+	}
+	// GetClientCertificate, not Certificates: the certificate is sent
+	// whatever CAs the server names, so a server that does not trust it
+	// says so (a handshake alert) instead of seeing no certificate.
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		_, _ = p.ReloadIfChanged()
+		return p.cur.Load(), nil
 	}
 	return cfg, nil
 }

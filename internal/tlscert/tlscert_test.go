@@ -68,7 +68,7 @@ func TestLoadErrors(t *testing.T) {
 	if _, err := tlscert.CAPool(empty); !errors.Is(err, tlscert.ErrNoCertificates) {
 		t.Errorf("CAPool of a file without certificates: %v, want ErrNoCertificates", err)
 	}
-	if _, err := tlscert.ClientConfig(filepath.Join(dir, "no.pem")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := tlscert.ClientConfig(filepath.Join(dir, "no.pem"), "", ""); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("ClientConfig with a missing CA file: %v, want ErrNotExist", err)
 	}
 }
@@ -88,11 +88,11 @@ func TestServerConfigClientCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := tlscert.ServerConfig(p, cas)
+	cfg := tlscert.ServerConfig(p, cas, tls.RequireAndVerifyClientCert)
 	if cfg.ClientAuth != tls.RequireAndVerifyClientCert || cfg.ClientCAs == nil {
 		t.Fatalf("ClientAuth %v, ClientCAs %v: want client certificates required", cfg.ClientAuth, cfg.ClientCAs)
 	}
-	if cfg := tlscert.ServerConfig(p, nil); cfg.ClientAuth != tls.NoClientCert {
+	if cfg := tlscert.ServerConfig(p, nil, tls.RequireAndVerifyClientCert); cfg.ClientAuth != tls.NoClientCert {
 		t.Fatalf("without a client CA: ClientAuth %v", cfg.ClientAuth)
 	}
 }
@@ -162,7 +162,7 @@ func TestClientCAReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", tlscert.ServerConfig(p, cas))
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", tlscert.ServerConfig(p, cas, tls.RequireAndVerifyClientCert))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,4 +248,117 @@ func echo(c *tls.Conn) error {
 		return fmt.Errorf("echo %q", b)
 	}
 	return nil
+}
+
+// TestVerifyClientCertIfGiven: the API's mode. A client without a
+// certificate gets in with no verified chain; one of the client CA gets in
+// with its certificate verified; one of another CA and an expired one fail
+// the handshake. ClientConfig presents its certificate, and a renewed one
+// after its files change.
+func TestVerifyClientCertIfGiven(t *testing.T) {
+	serverCA, clientCA, otherCA := certtest.NewCA(t, "server CA"), certtest.NewCA(t, "clients"), certtest.NewCA(t, "other")
+	dir := t.TempDir()
+	certFile, keyFile := serverCA.Server(t, false, "127.0.0.1").Write(t, dir)
+	p, err := tlscert.Load(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile, serverCAFile := filepath.Join(dir, "clients.pem"), filepath.Join(dir, "server-ca.pem")
+	certtest.WriteFile(t, caFile, clientCA.PEM)
+	certtest.WriteFile(t, serverCAFile, serverCA.PEM)
+	cas, err := tlscert.LoadCAFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := tlscert.ServerConfig(p, cas, tls.VerifyClientCertIfGiven)
+	if cfg.ClientAuth != tls.VerifyClientCertIfGiven || !cfg.SessionTicketsDisabled {
+		t.Fatalf("ClientAuth %v, tickets off %v", cfg.ClientAuth, cfg.SessionTicketsDisabled)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	seen := make(chan string, 16) // the verified client's common name, or "-"
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				tc := c.(*tls.Conn)
+				if err := tc.Handshake(); err != nil {
+					return
+				}
+				name := "-"
+				if ch := tc.ConnectionState().VerifiedChains; len(ch) > 0 {
+					name = ch[0][0].Subject.CommonName
+				}
+				seen <- name
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	clientDir := t.TempDir()
+	dial := func(pair *certtest.Pair) (string, error) {
+		var tc *tls.Config
+		var err error
+		if pair == nil {
+			tc, err = tlscert.ClientConfig(serverCAFile, "", "")
+		} else {
+			c, k := pair.Write(t, clientDir)
+			tc, err = tlscert.ClientConfig(serverCAFile, c, k)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := tls.Dial("tcp", ln.Addr().String(), tc)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		if err := echo(c); err != nil { // TLS 1.3: a refusal shows on the first read
+			return "", err
+		}
+		return <-seen, nil
+	}
+	if name, err := dial(nil); err != nil || name != "-" {
+		t.Errorf("without a certificate: %q, %v; want in, unverified", name, err)
+	}
+	good := clientCA.Client(t, "good")
+	if name, err := dial(&good); err != nil || name != "good" {
+		t.Errorf("a certificate of the client CA: %q, %v; want in, verified", name, err)
+	}
+	other, expired := otherCA.Client(t, "other"), clientCA.ExpiredClient(t, "expired")
+	for what, pair := range map[string]*certtest.Pair{"another CA's": &other, "an expired": &expired} {
+		if name, err := dial(pair); err == nil {
+			t.Errorf("%s certificate got in (as %q)", what, name)
+		}
+	}
+
+	// A long-lived client config presents the renewed certificate after
+	// its files change.
+	c, k := good.Write(t, clientDir)
+	tc, err := tlscert.ClientConfig(serverCAFile, c, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed := clientCA.Client(t, "renewed")
+	renewed.Write(t, clientDir)
+	conn, err := tls.Dial("tcp", ln.Addr().String(), tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := echo(conn); err != nil {
+		t.Fatal(err)
+	}
+	if name := <-seen; name != "renewed" {
+		t.Errorf("after the renewal the client presented %q, want the renewed certificate", name)
+	}
+	if _, err := tlscert.ClientConfig(serverCAFile, c, ""); err == nil {
+		t.Error("ClientConfig with a certificate and no key: no error")
+	}
 }

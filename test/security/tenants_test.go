@@ -33,13 +33,22 @@ const mib = 1 << 20
 // tenantNode is a server requiring tokens on loopback, with its admin token
 // from the pool and tokens of two tenants, a and b. Its NBD port also takes
 // TLS with client certificates (mutual TLS, --nbd-tls on, so plain clients
-// still connect), and certificate tokens map client certificates to the
-// tenants.
+// still connect), its API is HTTPS and asks for client certificates of the
+// same client CA (--api-client-cert on, the default), and certificate
+// tokens map client certificates to the tenants.
 type tenantNode struct {
 	srv    *testserver.Process
 	admin  *client.Client
 	secret map[string]string // "a/tenant", "a/attach", "a/monitor", "b/tenant", "b/attach", "node/monitor" -> secret
 	as     map[string]*client.Client
+	// certAs holds API clients that present the certificate of each key
+	// of certs, and no token.
+	certAs map[string]*client.Client
+	roots  *x509.CertPool // the server's CA
+	// clientCA signs the client certificates; clientCAFile is the
+	// server's --nbd-tls-client-ca.
+	clientCA     *certtest.CA
+	clientCAFile string
 	// certs holds the client TLS configurations of "cert:a/tenant",
 	// "cert:a/attach", "cert:a/monitor", "cert:b/attach" (certificate
 	// tokens with that description) and "cert:none" (signed by the
@@ -57,9 +66,12 @@ func startTenantNode(t *testing.T) *tenantNode {
 	certFile, keyFile := serverCA.Server(t, false, "127.0.0.1", "localhost").Write(t, pki)
 	clientCAFile := filepath.Join(pki, "clients.pem")
 	certtest.WriteFile(t, clientCAFile, clientCA.PEM)
+	roots := x509.NewCertPool()
+	roots.AddCert(serverCA.Cert)
 	srv, err := testserver.Start(context.Background(), quiverBin, testserver.Options{Pool: pool, NBDTCP: true,
-		AdminTokenFromPool: true, Args: []string{"--require-token", "--nbd-tls-cert", certFile, "--nbd-tls-key", keyFile,
-			"--nbd-tls", "on", "--nbd-tls-client-ca", clientCAFile}})
+		AdminTokenFromPool: true, TLS: &tls.Config{RootCAs: roots},
+		Args: []string{"--require-token", "--nbd-tls-cert", certFile, "--nbd-tls-key", keyFile,
+			"--nbd-tls", "on", "--nbd-tls-client-ca", clientCAFile, "--tls-cert", certFile, "--tls-key", keyFile}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +80,8 @@ func startTenantNode(t *testing.T) *tenantNode {
 			t.Errorf("stop: %v\n%s", err, srv.Dump())
 		}
 	})
-	n := &tenantNode{srv: srv, admin: srv.API, secret: map[string]string{}, as: map[string]*client.Client{}}
+	n := &tenantNode{srv: srv, admin: srv.API, secret: map[string]string{}, as: map[string]*client.Client{},
+		certAs: map[string]*client.Client{}, roots: roots, clientCA: clientCA, clientCAFile: clientCAFile}
 	for _, k := range []string{"a/tenant", "a/attach", "a/monitor", "b/tenant", "b/attach", "/monitor"} {
 		tenant, role, _ := strings.Cut(k, "/")
 		tok, err := n.admin.CreateToken(context.Background(), api.TokenSpec{Tenant: tenant, Role: role, Description: k})
@@ -80,8 +93,6 @@ func startTenantNode(t *testing.T) *tenantNode {
 			t.Fatal(err)
 		}
 	}
-	roots := x509.NewCertPool()
-	roots.AddCert(serverCA.Cert)
 	n.certs, n.certDirs = map[string]*tls.Config{}, map[string]string{}
 	for _, k := range []string{"cert:a/tenant", "cert:a/attach", "cert:a/monitor", "cert:b/attach", "cert:none"} {
 		pair := clientCA.Client(t, strings.NewReplacer(":", "-", "/", "-").Replace(k))
@@ -102,6 +113,10 @@ func startTenantNode(t *testing.T) *tenantNode {
 		}
 		n.certs[k] = &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", Certificates: []tls.Certificate{kp}}
 		n.certDirs[k] = certtest.ClientDir(t, serverCA, &pair, clientCA)
+		if n.certAs[k], err = client.New("https://"+srv.APIAddr, client.WithTLSConfig(n.certs[k]),
+			client.WithHTTPClient(&http.Client{Timeout: 30 * time.Second})); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return n
 }
@@ -271,6 +286,14 @@ func TestTenancyMatrix(t *testing.T) {
 	}
 	if v, err := aMon.GetVolume(ctx, "va"); err != nil || v.Name != "va" || v.Tenant != "a" {
 		t.Fatalf("positive control: a's monitor reads va: %+v %v", v, err)
+	}
+	// The API with client certificates alone: a's certificates read a's
+	// volumes by a's names, b's attach certificate reads b's.
+	certA, certAAttach, certAMon := n.certAs["cert:a/tenant"], n.certAs["cert:a/attach"], n.certAs["cert:a/monitor"]
+	for k, vol := range map[string]string{"cert:a/tenant": "va", "cert:a/attach": "web", "cert:a/monitor": "va", "cert:b/attach": "vb"} {
+		if v, err := n.certAs[k].GetVolume(ctx, vol); err != nil || v.Name != vol {
+			t.Fatalf("positive control: the API with %s reads %s: %+v %v", k, vol, v, err)
+		}
 	}
 
 	// refusedAPI wants err to be a refusal: 404 for what is another
@@ -517,6 +540,120 @@ func TestTenancyMatrix(t *testing.T) {
 			}
 			return nil
 		}},
+
+		// The API with client certificates standing for a's tokens (no
+		// token sent): the same refusals as with the tokens.
+		{"api cert tenant lists volumes", func() error {
+			vs, err := certA.ListVolumes(ctx, "")
+			var names []string
+			for _, v := range vs {
+				names = append(names, v.Name)
+			}
+			if err == nil && len(names) != 2 {
+				return fmt.Errorf("a's certificate lists %v, want va and web", names)
+			}
+			return notListed(names, err)
+		}},
+		{"api cert tenant finds snapshots", func() error {
+			ss, err := certA.FindSnapshots(ctx, "", "s1")
+			if err == nil && len(ss) > 0 {
+				return fmt.Errorf("found %v", ss)
+			}
+			return err
+		}},
+		{"api cert tenant gets b's volume", func() error { _, err := certA.GetVolume(ctx, "vb"); return notFound(err) }},
+		{"api cert tenant gets b's volume by pool name", func() error { _, err := certA.GetVolume(ctx, "b--vb"); return notFound(err) }},
+		{"api cert tenant reads b's snapshot", func() error { _, err := certA.GetSnapshot(ctx, "vb", "s1"); return notFound(err) }},
+		{"api cert tenant snapshots b's volume", func() error { _, err := certA.CreateSnapshot(ctx, "vb", "mine"); return notFound(err) }},
+		{"api cert tenant snapshots by pool name", func() error {
+			_, err := certA.CreateSnapshot(ctx, "b--vb", "mine")
+			return notFound(err)
+		}},
+		{"api cert tenant clones b's snapshot", func() error {
+			_, err := certA.Clone(ctx, api.CloneSpec{Source: api.Source{Volume: "vb", Snapshot: "s1"}, Names: []string{"stolen"}})
+			return notFound(err)
+		}},
+		{"api cert tenant attaches b's volume", func() error {
+			_, err := certA.Attach(ctx, "vb", api.AttachmentSpec{Node: "thief"})
+			return notFound(err)
+		}},
+		{"api cert tenant detaches b's attachment", func() error { return notFound(certA.Detach(ctx, "vb", bAtt.ID)) }},
+		{"api cert tenant changes b's QoS", func() error {
+			_, err := certA.UpdateVolume(ctx, "vb", api.VolumeUpdate{QoS: &api.QoS{RWIOPS: 1}})
+			return notFound(err)
+		}},
+		{"api cert tenant deletes b's volume", func() error { return notFound(certA.DeleteVolume(ctx, "vb", client.Recursive())) }},
+		{"api cert tenant deletes by pool name", func() error {
+			return notFound(certA.DeleteVolume(ctx, "b--vb", client.Recursive()))
+		}},
+		{"api cert tenant creates in b", func() error {
+			s := volume1("intruder")
+			s.Tenant = "b"
+			_, err := certA.CreateVolume(ctx, s)
+			return forbidden(err)
+		}},
+		{"api cert tenant creates a token", func() error {
+			_, err := certA.CreateToken(ctx, api.TokenSpec{Tenant: "a", Role: "tenant"})
+			return forbidden(err)
+		}},
+		{"api cert attach creates", func() error { _, err := certAAttach.CreateVolume(ctx, volume1("new")); return forbidden(err) }},
+		{"api cert attach deletes its tenant's volume", func() error { return forbidden(certAAttach.DeleteVolume(ctx, "va")) }},
+		{"api cert attach snapshots", func() error { _, err := certAAttach.CreateSnapshot(ctx, "va", "x"); return forbidden(err) }},
+		{"api cert attach attaches b's volume", func() error {
+			_, err := certAAttach.Attach(ctx, "vb", api.AttachmentSpec{Node: "thief"})
+			return notFound(err)
+		}},
+		{"api cert monitor creates", func() error { _, err := certAMon.CreateVolume(ctx, volume1("new")); return forbidden(err) }},
+		{"api cert monitor deletes", func() error { return forbidden(certAMon.DeleteVolume(ctx, "va")) }},
+		{"api cert monitor snapshots", func() error { _, err := certAMon.CreateSnapshot(ctx, "va", "x"); return forbidden(err) }},
+		{"api cert monitor attaches", func() error {
+			_, err := certAMon.Attach(ctx, "va", api.AttachmentSpec{Node: "n"})
+			return forbidden(err)
+		}},
+		{"api cert monitor changes QoS", func() error {
+			_, err := certAMon.UpdateVolume(ctx, "va", api.VolumeUpdate{QoS: &api.QoS{RWIOPS: 5}})
+			return forbidden(err)
+		}},
+		{"api cert monitor reads metrics", func() error { _, err := certAMon.Metrics(ctx); return forbidden(err) }},
+		{"api cert b's attach attaches a's volume", func() error {
+			_, err := n.certAs["cert:b/attach"].Attach(ctx, "va", api.AttachmentSpec{Node: "thief"})
+			return notFound(err)
+		}},
+		{"api cert of no token", func() error {
+			_, err := n.certAs["cert:none"].GetVolume(ctx, "b--vb")
+			if !client.IsUnauthorized(err) {
+				return fmt.Errorf("want 401, got %v", err)
+			}
+			return nil
+		}},
+		{"api cert of no token deletes", func() error {
+			if err := n.certAs["cert:none"].DeleteVolume(ctx, "b--vb", client.Recursive()); !client.IsUnauthorized(err) {
+				return fmt.Errorf("want 401, got %v", err)
+			}
+			return nil
+		}},
+		{"api a's cert with b's token", func() error {
+			c, err := client.New("https://"+n.srv.APIAddr, client.WithTLSConfig(n.certs["cert:a/attach"]),
+				client.WithToken(n.secret["b/attach"]))
+			if err != nil {
+				return err
+			}
+			if _, err := c.GetVolume(ctx, "vb"); !client.IsUnauthorized(err) {
+				return fmt.Errorf("a's certificate with b's token of the same role reads vb: want 401, got %v", err)
+			}
+			return nil
+		}},
+		{"api a's monitor cert with a's tenant token", func() error {
+			c, err := client.New("https://"+n.srv.APIAddr, client.WithTLSConfig(n.certs["cert:a/monitor"]),
+				client.WithToken(n.secret["a/tenant"]))
+			if err != nil {
+				return err
+			}
+			if _, err := c.CreateVolume(ctx, volume1("new")); !client.IsUnauthorized(err) {
+				return fmt.Errorf("want 401, got %v", err)
+			}
+			return nil
+		}},
 	}
 	if len(cases) < 40 {
 		t.Fatalf("%d cases, issue 17 asks for 40", len(cases))
@@ -751,7 +888,7 @@ func TestTokenRevocation(t *testing.T) {
 	}
 	secret := n.secret["a/attach"]
 	// An API connection kept alive after a request of the token.
-	api, err := net.Dial("tcp", n.srv.APIAddr)
+	api, err := tls.Dial("tcp", n.srv.APIAddr, &tls.Config{RootCAs: n.roots})
 	if err != nil {
 		t.Fatal(err)
 	}

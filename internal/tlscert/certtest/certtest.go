@@ -72,10 +72,22 @@ func (ca *CA) Server(t testing.TB, expired bool, hosts ...string) Pair {
 	return ca.issue(t, tmpl)
 }
 
-// Client issues a client certificate named name.
+// Client issues a client certificate named name, valid from now for a day.
 func (ca *CA) Client(t testing.TB, name string) Pair {
 	t.Helper()
-	tmpl := ca.template(t, name, false)
+	return ca.client(t, name, false)
+}
+
+// ExpiredClient issues a client certificate named name that expired an
+// hour ago.
+func (ca *CA) ExpiredClient(t testing.TB, name string) Pair {
+	t.Helper()
+	return ca.client(t, name, true)
+}
+
+func (ca *CA) client(t testing.TB, name string, expired bool) Pair {
+	t.Helper()
+	tmpl := ca.template(t, name, expired)
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	return ca.issue(t, tmpl)
 }
