@@ -26,7 +26,7 @@ func tlsEnv(t *testing.T, require bool) (*testEnv, *x509.CertPool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := tlscert.ServerConfig(pair, nil)
+	cfg := tlscert.ServerConfig(pair, nil, tls.NoClientCert)
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Cert)
 	return newEnv(t, Config{TLS: cfg, RequireTLS: require}, nil), roots
@@ -180,7 +180,7 @@ func TestTLSSendTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := tlscert.ServerConfig(pair, nil)
+	cfg := tlscert.ServerConfig(pair, nil, tls.NoClientCert)
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Cert)
 	e := newEnv(t, Config{TLS: cfg, SendTimeout: 200 * time.Millisecond}, nil)
@@ -233,7 +233,7 @@ func TestTLSTransportGathers(t *testing.T) {
 	sc, cc := net.Pipe()
 	counted := &countingConn{Conn: sc}
 	tr := &tlsTransport{Conn: counted}
-	srv := tls.Server(tr, tlscert.ServerConfig(pair, nil))
+	srv := tls.Server(tr, tlscert.ServerConfig(pair, nil, tls.NoClientCert))
 	cli := tls.Client(cc, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})
 	defer cli.Close()
 	defer srv.Close()
