@@ -41,7 +41,7 @@ func TestCloneOps(t *testing.T) {
 	if !stores["n3"].has("c1") {
 		t.Fatal("the copy did not make its clone")
 	}
-	if _, err := n2.PlaceClone(ctx, spec("c1"), "u1", "", "local-c1", copies); err != nil {
+	if _, err := n2.PlaceClone(ctx, spec("c1"), "u1", "", "local-c1", copies, Charge{}); err != nil {
 		t.Fatal(err)
 	}
 	r := tc.first.record(t, "c1")
@@ -62,7 +62,7 @@ func TestCloneOps(t *testing.T) {
 	if !stores["n3"].has("c1") {
 		t.Fatal("unclone deleted a placed clone")
 	}
-	if _, err := n2.PlaceClone(ctx, spec("c1"), "u1b", "", "local", copies); !errors.Is(err, ErrVolumeExists) {
+	if _, err := n2.PlaceClone(ctx, spec("c1"), "u1b", "", "local", copies, Charge{}); !errors.Is(err, ErrVolumeExists) {
 		t.Fatalf("a clone placed over a placed name: %v", err)
 	}
 	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "c1", UID: "u1c", Nodes: []string{"n3"}}); err == nil {
@@ -80,7 +80,7 @@ func TestCloneOps(t *testing.T) {
 	if stores["n3"].has("c2") {
 		t.Fatal("unclone left the copy's clone")
 	}
-	if _, err := n2.PlaceClone(ctx, spec("c2"), "u2", "", "local-c2", copies); !errors.Is(err, ErrVolumeExists) {
+	if _, err := n2.PlaceClone(ctx, spec("c2"), "u2", "", "local-c2", copies, Charge{}); !errors.Is(err, ErrVolumeExists) {
 		t.Fatalf("a clone placed without the copy's record: %v", err)
 	}
 	if _, ok, err := n2.Placement(ctx, "c2"); err != nil || ok {
