@@ -294,8 +294,11 @@ var replicatedGuards = map[string]replicatedGuard{
 	"POST /v1/volumes/{volume}/snapshots":               onPrimary,
 	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  onPrimary,
 	"POST /v1/volumes/{volume}/rollback":                onPrimary,
-	// Read on the primary, which holds the copy the others follow (and a
-	// node without a copy holds none).
+	// Detach, and reads, on the primary, which holds the attachments and
+	// the copy the others follow (a node without a copy holds none).
+	"DELETE /v1/volumes/{volume}/attachments/{id}":  onPrimary,
+	"GET /v1/volumes/{volume}/attachments":          onPrimary,
+	"GET /v1/volumes/{volume}/attachments/{id}":     onPrimary,
 	"GET /v1/volumes/{volume}/snapshots":            onPrimary,
 	"GET /v1/volumes/{volume}/snapshots/{snapshot}": onPrimary,
 }
