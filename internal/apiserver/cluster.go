@@ -279,6 +279,7 @@ type replicatedGuard int
 const (
 	onPrimary   replicatedGuard = iota // only the primary serves it
 	notYetBuilt                        // refused: it would change one copy only
+	onACopy                            // a read any copy answers; without one, the primary
 )
 
 // replicatedGuards are the routes on one volume that a replicated volume
@@ -294,13 +295,16 @@ var replicatedGuards = map[string]replicatedGuard{
 	"POST /v1/volumes/{volume}/snapshots":               onPrimary,
 	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  onPrimary,
 	"POST /v1/volumes/{volume}/rollback":                onPrimary,
-	// Detach, and reads, on the primary, which holds the attachments and
-	// the copy the others follow (a node without a copy holds none).
-	"DELETE /v1/volumes/{volume}/attachments/{id}":  onPrimary,
-	"GET /v1/volumes/{volume}/attachments":          onPrimary,
-	"GET /v1/volumes/{volume}/attachments/{id}":     onPrimary,
-	"GET /v1/volumes/{volume}/snapshots":            onPrimary,
-	"GET /v1/volumes/{volume}/snapshots/{snapshot}": onPrimary,
+	// Detach, and the attachments read, on the primary, which holds them
+	// (a copy's node holds only the primary's replication attachment).
+	"DELETE /v1/volumes/{volume}/attachments/{id}": onPrimary,
+	"GET /v1/volumes/{volume}/attachments":         onPrimary,
+	"GET /v1/volumes/{volume}/attachments/{id}":    onPrimary,
+	// A copy holds the snapshots of the volume as the primary does (a
+	// copy's own is what a check of it reads); a node without one asks the
+	// primary.
+	"GET /v1/volumes/{volume}/snapshots":            onACopy,
+	"GET /v1/volumes/{volume}/snapshots/{snapshot}": onACopy,
 }
 
 func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
@@ -318,12 +322,20 @@ func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, 
 			return h(w, r) // this node's alone, or absent: the handler answers
 		}
 		name := pl.Volume
-		if g == onPrimary {
+		if g == onACopy {
+			if _, err := s.pool.Volume(name); err == nil {
+				return h(w, r) // this node's copy answers
+			}
+		}
+		if g == onPrimary || g == onACopy {
 			// Another node's volume is carried to its primary
 			// (forward.go), whatever its number of copies.
 			if done, err := s.toPrimary(w, r, name); done {
 				return err
 			}
+		}
+		if g == onACopy {
+			return h(w, r)
 		}
 		role, err := s.Cluster.Role(r.Context(), name)
 		if err != nil {
