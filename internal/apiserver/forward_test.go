@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"net"
@@ -11,10 +12,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // fakeCluster is one node's view of a cluster in which every volume is
@@ -53,7 +57,11 @@ func (f *fakeCluster) Placement(_ context.Context, v string) (cluster.Placement,
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p, ok := f.prim[v]
-	return cluster.Placement{Volume: v, Replicas: 2, Primary: p, Term: 1}, ok, nil
+	pl := cluster.Placement{Volume: v, Replicas: 2, Primary: p, Term: 1}
+	if t, _, found := strings.Cut(v, pool.TenantSeparator); found {
+		pl.Spec.Tenant = t // the tenant etcd's record carries
+	}
+	return pl, ok, nil
 }
 func (f *fakeCluster) Placements(context.Context) (map[string]cluster.Placement, error) {
 	return nil, nil
@@ -248,4 +256,78 @@ func TestHopSignature(t *testing.T) {
 
 func hexSig(p *Peers, method, uri, claim, body string) string {
 	return hex.EncodeToString(p.sign(method, uri, claim, []byte(body)))
+}
+
+// TestHopCarriesTheCaller: a hop acts for its caller, never for the node.
+// A tenant's snapshot through a is served by b in the tenant's scope (its
+// own volume by its own name: made; an untenanted one: not found), and b
+// refuses a hop for a token revoked meanwhile, or one claiming more than
+// the token's role.
+func TestHopCarriesTheCaller(t *testing.T) {
+	const key = "the-cluster-key-0123456789"
+	a, b, aURL, _, fb := hopNodes(t, key)
+	fsys, err := storage.OpenOS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := auth.Open(fsys, false) // one store, as etcd shares it
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Auth, b.Auth = store, store
+	tok, secret, err := store.Create("t", auth.RoleTenant, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.pool.Create(context.Background(), pool.VolumeSpec{Name: "t--w", Tenant: "t", Capacity: 8 * mib,
+		Disks: []pool.DiskSpec{{Name: "root", Size: 8 * mib}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []*fakeCluster{a.Cluster.(*fakeCluster), fb} {
+		f.mu.Lock()
+		f.prim["t--w"] = "b"
+		f.mu.Unlock()
+	}
+	tc := &apiClient{t: t, base: aURL, token: secret}
+	if status, body := tc.do("POST", "/v1/volumes/w/snapshots", api.SnapshotSpec{Name: "s1"}); status != http.StatusCreated {
+		t.Fatalf("the tenant's snapshot of its volume through a: %d %s", status, body)
+	}
+	if status, body := tc.do("POST", "/v1/volumes/v/snapshots", api.SnapshotSpec{Name: "s1"}); status != http.StatusNotFound {
+		t.Fatalf("the tenant's snapshot of a volume not its own through a: %d %s, want 404", status, body)
+	}
+	if v, _ := b.pool.Volume("v"); len(v.Snapshots()) != 0 {
+		t.Fatal("the tenant's hop made a snapshot of a volume not its own")
+	}
+
+	sb := httptest.NewServer(b)
+	defer sb.Close()
+	peer := &Peers{Node: "a", Key: []byte(key)}
+	hop := func(c hopClaim) int {
+		t.Helper()
+		c.At = time.Now().Unix()
+		raw, _ := json.Marshal(c)
+		enc := base64.RawURLEncoding.EncodeToString(raw)
+		body := `{"name":"s9"}`
+		req, _ := http.NewRequest(http.MethodPost, sb.URL+"/v1/volumes/t--w/snapshots", strings.NewReader(body))
+		req.Header.Set(headerHopPrincipal, enc)
+		req.Header.Set(headerHopSignature, hexSig(peer, "POST", "/v1/volumes/t--w/snapshots", enc, body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := hop(hopClaim{TokenID: tok.ID, Tenant: "t", Role: auth.RoleAdmin, By: "a"}); got != http.StatusUnauthorized {
+		t.Errorf("a hop claiming admin for a tenant's token: %d, want 401", got)
+	}
+	if err := store.Revoke(tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := hop(hopClaim{TokenID: tok.ID, Tenant: "t", Role: auth.RoleTenant, By: "a"}); got != http.StatusUnauthorized {
+		t.Errorf("a hop for a revoked token: %d, want 401", got)
+	}
+	if v, _ := b.pool.Volume("t--w"); len(v.Snapshots()) != 1 {
+		t.Fatalf("t--w has %d snapshots, want 1 (s1)", len(v.Snapshots()))
+	}
 }
