@@ -22,7 +22,8 @@ import (
 // primary the source's, every copy in sync, each disk byte-identical on
 // both copies and equal to the source at the cut (the snapshot's images);
 // a write through the clone's primary reaches both copies and leaves the
-// source unchanged; the clone is refused on the copy's node (NotPrimary).
+// source unchanged; the clone of the live disks is asked of the node
+// without a copy, which carries it to the primary.
 // A copy that cannot make the clone (its filesystem full) fails the
 // request and leaves nothing behind, on any node or in etcd; a source with
 // a copy out of sync is refused (Degraded).
