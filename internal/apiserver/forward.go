@@ -70,8 +70,32 @@ type Peers struct {
 	Client *http.Client // to the peers' API (their TLS roots when Scheme is https)
 	Scheme string       // "http" or "https", as this node's API
 	// remote maps the IDs of jobs started by a hop to the node that runs
-	// them.
+	// them (remoteJob), each kept for remoteJobTTL.
 	remote sync.Map
+}
+
+// remoteJobAt is where a job started by a hop runs, since when.
+type remoteJobAt struct {
+	node string
+	at   time.Time
+}
+
+// remoteJobTTL is how long a node remembers where a hop's job runs: longer
+// than a finished job stays listed (job.Retention) after any job a client
+// still waits for.
+const remoteJobTTL = time.Hour
+
+// remember records that job id runs on node, and forgets the jobs
+// remembered longer than remoteJobTTL.
+func (p *Peers) remember(id, node string) {
+	now := time.Now()
+	p.remote.Range(func(k, v any) bool {
+		if now.Sub(v.(remoteJobAt).at) > remoteJobTTL {
+			p.remote.Delete(k)
+		}
+		return true
+	})
+	p.remote.Store(id, remoteJobAt{node: node, at: now})
 }
 
 // hopClaim is what a hop says about its caller.
@@ -199,7 +223,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, node, addr stri
 	if resp.StatusCode == http.StatusAccepted {
 		var j api.Job
 		if json.Unmarshal(out, &j) == nil && j.ID != "" {
-			s.Peers.remote.Store(j.ID, node)
+			s.Peers.remember(j.ID, node)
 		}
 	}
 	for k, vs := range resp.Header {
@@ -259,7 +283,7 @@ func (s *Server) remoteJob(h func(http.ResponseWriter, *http.Request) error) fun
 		if _, err := s.jobs.Get(id); err == nil {
 			return h(w, r) // this node's own (IDs are random: never both)
 		}
-		node := v.(string)
+		node := v.(remoteJobAt).node
 		nodes, err := s.Cluster.Nodes(r.Context())
 		if err != nil {
 			return fmt.Errorf("%w: %w", errUnavailable, err)
