@@ -46,8 +46,19 @@ func TestAnyNodeServes(t *testing.T) {
 			}
 		}
 	}
+	// Async: the job is the primary's, read through the node asked.
+	j, err := spare.api().StartSnapshot(ctx, "any", "s3")
+	if err != nil {
+		t.Fatalf("async snapshot through %s: %v", spare.name, err)
+	}
+	if j, err = spare.api().WaitJob(ctx, j.ID, 50*time.Millisecond, nil); err != nil || j.State != api.JobSucceeded {
+		t.Fatalf("its job read through %s: %+v, %v", spare.name, j, err)
+	}
+	if _, err := prim.api().GetJob(ctx, j.ID); err != nil {
+		t.Errorf("the job is not the primary's: %v", err)
+	}
 	// Read through any node: the primary's list.
-	if l, err := spare.api().ListSnapshots(ctx, "any"); err != nil || len(l) != 2 {
+	if l, err := spare.api().ListSnapshots(ctx, "any"); err != nil || len(l) != 3 {
 		t.Fatalf("snapshots listed through %s: %v, %v", spare.name, l, err)
 	}
 	// A retry with its key through yet another node: the same snapshot.
@@ -95,6 +106,9 @@ func TestAnyNodeServes(t *testing.T) {
 	// The primary's refusals come back as they are.
 	if _, err := other.api().GrowDisk(ctx, "any", "root", 16*mib); client.Code(err) != api.CodeCapacity {
 		t.Errorf("grow past the capacity through %s: %v, want %s", other.name, err, api.CodeCapacity)
+	}
+	if err := other.api().DeleteSnapshot(ctx, "any", "s3"); err != nil {
+		t.Fatalf("delete snapshot through %s: %v", other.name, err)
 	}
 	if _, err := spare.api().Rollback(ctx, "any", "nope"); client.Code(err) != api.CodeNotFound {
 		t.Errorf("rollback to a missing snapshot through %s: %v, want %s", spare.name, err, api.CodeNotFound)
