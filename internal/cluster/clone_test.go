@@ -86,4 +86,36 @@ func TestCloneOps(t *testing.T) {
 	if _, ok, err := n2.Placement(ctx, "c2"); err != nil || ok {
 		t.Fatalf("the undone clone is placed: %v %v", ok, err)
 	}
+
+	// A tenant's clone is the tenant's, admitted and charged in the Txn
+	// that places it; past the quota nothing is placed or counted.
+	tspec := spec("acme--c3")
+	tspec.Tenant = "acme"
+	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "acme--c3", UID: "u3", Nodes: []string{"n3"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n2.PlaceClone(ctx, tspec, "u3", "", "local-c3", copies, quotaCharge(1<<30, 0, 1<<40)); !errors.Is(err, errOverQuota) {
+		t.Fatalf("a clone past the quota: %v", err)
+	}
+	if _, ok, _ := n2.Placement(ctx, "acme--c3"); ok {
+		t.Fatal("a clone past the quota is placed")
+	}
+	if u, _ := n2.TenantUsage(ctx, "acme"); u != (Usage{}) {
+		t.Fatalf("a clone past the quota counted: %+v", u)
+	}
+	if _, err := n2.PlaceClone(ctx, tspec, "u3", "", "local-c3", copies, quotaCharge(1<<30, 1, 1<<40)); err != nil {
+		t.Fatal(err)
+	}
+	if r := tc.first.record(t, "acme--c3"); r.Spec.Tenant != "acme" || r.Charge == nil || r.Charge.Volumes != 1 {
+		t.Fatalf("the tenant's clone record: %+v", r)
+	}
+	if u, _ := n2.TenantUsage(ctx, "acme"); u.Volumes != 1 || u.Capacity != 1<<30 {
+		t.Fatalf("the tenant's use after its clone: %+v", u)
+	}
+	if err := n2.DeleteVolume(ctx, "acme--c3"); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := n2.TenantUsage(ctx, "acme"); u.Volumes != 0 || u.Capacity != 0 {
+		t.Fatalf("the tenant's use after deleting its clone: %+v", u)
+	}
 }
