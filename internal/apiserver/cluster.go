@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/auth"
@@ -28,6 +29,9 @@ type Cluster interface {
 	DeleteVolume(ctx context.Context, volume string) error
 	// TenantUsage is what a tenant's placed volumes count, cluster-wide.
 	TenantUsage(ctx context.Context, tenant string) (cluster.Usage, error)
+	// ChargeSnapshots counts delta snapshots of a placed volume in its
+	// tenant's usage; admit (nil: no quota) refuses a positive delta.
+	ChargeSnapshots(ctx context.Context, volume string, delta int64, admit func(cluster.Usage) error) error
 	Placement(ctx context.Context, volume string) (cluster.Placement, bool, error)
 	Placements(ctx context.Context) (map[string]cluster.Placement, error)
 	Role(ctx context.Context, volume string) (cluster.Role, error)
@@ -118,7 +122,7 @@ func (s *Server) charge(tenant string, ps pool.VolumeSpec) cluster.Charge {
 // usageToQuota is a cluster-wide use in the terms of auth.Quota: any volume
 // without an IOPS limit makes the IOPS use unlimited.
 func usageToQuota(u cluster.Usage) auth.Quota {
-	q := auth.Quota{Volumes: u.Volumes, Capacity: u.Capacity, IOPS: u.IOPS}
+	q := auth.Quota{Volumes: u.Volumes, Capacity: u.Capacity, IOPS: u.IOPS, Snapshots: u.Snapshots}
 	if u.NoIOPSLimit > 0 {
 		q.IOPS = auth.Unlimited
 	}
@@ -275,6 +279,7 @@ type replicatedGuard int
 const (
 	onPrimary   replicatedGuard = iota // only the primary serves it
 	notYetBuilt                        // refused: it would change one copy only
+	onACopy                            // a read any copy answers; without one, the primary
 )
 
 // replicatedGuards are the routes on one volume that a replicated volume
@@ -290,6 +295,16 @@ var replicatedGuards = map[string]replicatedGuard{
 	"POST /v1/volumes/{volume}/snapshots":               onPrimary,
 	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  onPrimary,
 	"POST /v1/volumes/{volume}/rollback":                onPrimary,
+	// Detach, and the attachments read, on the primary, which holds them
+	// (a copy's node holds only the primary's replication attachment).
+	"DELETE /v1/volumes/{volume}/attachments/{id}": onPrimary,
+	"GET /v1/volumes/{volume}/attachments":         onPrimary,
+	"GET /v1/volumes/{volume}/attachments/{id}":    onPrimary,
+	// A copy holds the snapshots of the volume as the primary does (a
+	// copy's own is what a check of it reads); a node without one asks the
+	// primary.
+	"GET /v1/volumes/{volume}/snapshots":            onACopy,
+	"GET /v1/volumes/{volume}/snapshots/{snapshot}": onACopy,
 }
 
 func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
@@ -307,6 +322,21 @@ func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, 
 			return h(w, r) // this node's alone, or absent: the handler answers
 		}
 		name := pl.Volume
+		if g == onACopy {
+			if _, err := s.pool.Volume(name); err == nil {
+				return h(w, r) // this node's copy answers
+			}
+		}
+		if g == onPrimary || g == onACopy {
+			// Another node's volume is carried to its primary
+			// (forward.go), whatever its number of copies.
+			if done, err := s.toPrimary(w, r, name); done {
+				return err
+			}
+		}
+		if g == onACopy {
+			return h(w, r)
+		}
 		role, err := s.Cluster.Role(r.Context(), name)
 		if err != nil {
 			return fmt.Errorf("%w: %w", errUnavailable, err)
@@ -337,7 +367,10 @@ type Replicated interface {
 	GrowDisk(ctx context.Context, volume, disk string, size int64) (pool.VolumeInfo, error)
 	RemoveDisk(ctx context.Context, volume, disk string, force bool) (pool.VolumeInfo, error)
 	// Clone releases h.
-	Clone(ctx context.Context, h *pool.CloneHold, req pool.CloneRequest, prog pool.Progress) ([]pool.VolumeInfo, error)
+	// charge is what each clone of a tenant counts, checked and recorded
+	// as it is placed.
+	Clone(ctx context.Context, h *pool.CloneHold, req pool.CloneRequest, charge func(api.VolumeSpec) cluster.Charge,
+		prog pool.Progress) ([]pool.VolumeInfo, error)
 }
 
 // replicated says whether volume is a cluster volume with more than one
@@ -355,8 +388,10 @@ func (s *Server) replicated(r *http.Request, volume string) (bool, error) {
 
 // replicatedClone says whether a clone of source must be made on every
 // copy of a replicated volume (Replicated.Clone), which only its primary
-// does: elsewhere it is refused (ErrNotPrimary, naming the primary).
-func (s *Server) replicatedClone(r *http.Request, source string) (bool, error) {
+// does: elsewhere it is refused (ErrNotPrimary, naming the primary). A
+// tenant's clone of a placed volume with one copy is placed the same way,
+// so that it is the tenant's on every node and counted in etcd.
+func (s *Server) replicatedClone(r *http.Request, source, tenant string) (bool, error) {
 	if s.Cluster == nil {
 		return false, nil
 	}
@@ -364,7 +399,7 @@ func (s *Server) replicatedClone(r *http.Request, source string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("%w: %w", errUnavailable, err)
 	}
-	if !role.Placed || role.Replicas <= 1 {
+	if !role.Placed || (role.Replicas <= 1 && (tenant == "" || s.Replicated == nil)) {
 		return false, nil
 	}
 	if s.Replicated == nil {
@@ -376,4 +411,75 @@ func (s *Server) replicatedClone(r *http.Request, source string) (bool, error) {
 			source, role.Primary, role.PrimaryAPI, cluster.ErrNotPrimary)
 	}
 	return true, nil
+}
+
+// reserveSnapshot counts a new snapshot of v in its tenant's quota, and
+// returns what to call when it is done: kept says whether the snapshot was
+// made (else the count is given back). On a cluster, the snapshots of a
+// placed volume are counted in etcd, cluster-wide, as its creation was
+// (cluster.Node.ChargeSnapshots); elsewhere in this node's pool.
+func (s *Server) reserveSnapshot(ctx context.Context, v *pool.Volume) (func(kept bool), error) {
+	tenant := v.Tenant()
+	if s.Cluster == nil || tenant == "" || s.Auth == nil {
+		release, err := s.reserve(tenant, auth.Quota{Snapshots: 1})
+		return func(bool) { release() }, err
+	}
+	if _, placed, err := s.Cluster.Placement(ctx, v.Name()); err != nil {
+		return nil, fmt.Errorf("%w: %w", errUnavailable, err)
+	} else if !placed {
+		release, err := s.reserve(tenant, auth.Quota{Snapshots: 1})
+		return func(bool) { release() }, err
+	}
+	admit := func(u cluster.Usage) error {
+		return s.Auth.Quota(tenant).Admit(tenant, usageToQuota(u), auth.Quota{Snapshots: 1})
+	}
+	if err := s.Cluster.ChargeSnapshots(ctx, v.Name(), 1, admit); err != nil {
+		if errors.Is(err, auth.ErrQuota) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	return func(kept bool) {
+		if !kept {
+			s.unchargeSnapshot(v.Name())
+		}
+	}, nil
+}
+
+// unchargeSnapshot gives back a snapshot of a placed volume of a tenant;
+// a failure is logged: the count stays above the truth, which can only
+// refuse, never let a tenant past its quota.
+func (s *Server) unchargeSnapshot(volume string) {
+	if s.Cluster == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.Cluster.ChargeSnapshots(ctx, volume, -1, nil); err != nil && !errors.Is(err, cluster.ErrVolumeNotFound) {
+		s.log.Error("give back a snapshot of the tenant's quota", "volume", volume, "err", err)
+	}
+}
+
+// cloneCharge is what a placed clone counts in its tenant's usage, with
+// the tenant's quota check (Replicated.Clone).
+func (s *Server) cloneCharge(spec api.VolumeSpec) cluster.Charge {
+	return s.charge(spec.Tenant, pool.VolumeSpec{Capacity: spec.Capacity, QoS: qosFromAPI(spec.QoS)})
+}
+
+// admitClusterClones checks, before a clone starts, that tenant's
+// cluster-wide usage takes add (the clones of src); each clone is checked
+// again, and counted, as it is placed.
+func (s *Server) admitClusterClones(ctx context.Context, tenant string, src *pool.Volume, add auth.Quota) error {
+	if s.Auth == nil {
+		return nil
+	}
+	u, err := s.Cluster.TenantUsage(ctx, tenant)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	add.IOPS = auth.IOPS(src.Info().QoS) * add.Volumes
+	if auth.IOPS(src.Info().QoS) == auth.Unlimited {
+		add.IOPS = auth.Unlimited
+	}
+	return s.Auth.Quota(tenant).Admit(tenant, usageToQuota(u), add)
 }

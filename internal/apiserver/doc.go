@@ -7,7 +7,9 @@
 // imports it.
 //
 // With a Cluster (a node of a cluster, internal/cluster) it creates, deletes
-// and looks up volumes cluster-wide and lists the nodes.
+// and looks up volumes cluster-wide and lists the nodes, and with Peers it
+// carries the requests that must run on a volume's primary to it, for the
+// caller, and returns the primary's answer unchanged (forward.go).
 //
 // Every request acts for an auth.Principal (tenancy.go), from its bearer
 // token or its client certificate (certauth.go): routes name the action

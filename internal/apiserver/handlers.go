@@ -382,15 +382,15 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	// Take the volume before starting a job, so that a busy volume is a
 	// 409, not a failed job. An existing snapshot needs no lock.
 	create := v.CreateSnapshotWith
-	release := func() {}
+	release := func(bool) {}
 	if _, err := v.Snapshot(spec.Name); err != nil {
-		if release, err = s.reserve(v.Tenant(), auth.Quota{Snapshots: 1}); err != nil {
+		if release, err = s.reserveSnapshot(r.Context(), v); err != nil {
 			return err
 		}
 	}
 	rep, err := s.replicated(r, v.Name())
 	if err != nil {
-		release()
+		release(false)
 		return err
 	}
 	if rep {
@@ -400,7 +400,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	} else if _, err := v.Snapshot(spec.Name); err != nil {
 		h, err := v.Hold("snapshot")
 		if err != nil {
-			release()
+			release(false)
 			return err
 		}
 		create = h.CreateSnapshot
@@ -408,9 +408,9 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	var info pool.SnapshotInfo
 	created := false
 	return s.runJob(w, r, "snapshot", v.Name()+"@"+spec.Name, 1, func(ctx context.Context, j *job.Job) error {
-		defer release()
 		var err error
 		info, created, err = create(ctx, spec.Name, idem, j)
+		release(err == nil && created)
 		return err
 	}, func() error {
 		status := http.StatusOK
@@ -451,6 +451,9 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err != nil {
 		return err
+	}
+	if v.Tenant() != "" {
+		s.unchargeSnapshot(v.Name()) // counted in etcd when placed (reserveSnapshot)
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -530,7 +533,7 @@ func (s *Server) clone(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	rep, err := s.replicatedClone(r, req.Source.Volume)
+	rep, err := s.replicatedClone(r, req.Source.Volume, tenant)
 	if err != nil {
 		return err
 	}
@@ -541,7 +544,15 @@ func (s *Server) clone(w http.ResponseWriter, r *http.Request) error {
 	if src != nil && tenant != "" {
 		n := int64(len(req.Names))
 		add := auth.Quota{Volumes: n, Capacity: n * s.cloneSize(req.Source), IOPS: auth.Unlimited}
-		if release, err = s.reserve(tenant, add); err != nil {
+		if rep {
+			// Placed clones are counted in etcd as each is placed
+			// (cloneCharge); past the quota now is a 403 here, not a
+			// failed job.
+			err = s.admitClusterClones(r.Context(), tenant, src, add)
+		} else {
+			release, err = s.reserve(tenant, add)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -559,7 +570,7 @@ func (s *Server) clone(w http.ResponseWriter, r *http.Request) error {
 		defer release()
 		var err error
 		if rep { // on the source's nodes, every copy at one cut
-			vols, err = s.Replicated.Clone(ctx, h, req, j)
+			vols, err = s.Replicated.Clone(ctx, h, req, s.cloneCharge, j)
 		} else {
 			vols, err = h.Clone(ctx, j)
 		}

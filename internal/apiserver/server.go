@@ -49,6 +49,9 @@ type Server struct {
 	// Drainer drains this node (`quiver node drain`); nil on a single
 	// node.
 	Drainer Drainer
+	// Peers, when set (before serving), carries the requests that must
+	// run on a volume's primary to it (forward.go); nil on a single node.
+	Peers *Peers
 
 	pool  *pool.Pool
 	jobs  *job.Manager
@@ -129,6 +132,12 @@ func (s *Server) routes() {
 		if g, ok := replicatedGuards[pattern]; ok {
 			h = s.guardReplicated(g, h)
 		}
+		switch pattern {
+		case "POST /v1/clones":
+			h = s.cloneOnPrimary(h)
+		case "GET /v1/jobs/{id}", "DELETE /v1/jobs/{id}":
+			h = s.remoteJob(h)
+		}
 		s.mux.Handle(pattern, s.handle(s.authorize(rt.act, h)))
 	}
 }
@@ -167,7 +176,7 @@ func (s *Server) probe(w http.ResponseWriter, r *http.Request) bool {
 
 // ServeHTTP answers the health probes, checks the token, then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.probe(w, r) {
+	if s.probe(w, r) || s.serveHop(w, r) {
 		return
 	}
 	p, err := s.authenticate(r)

@@ -91,6 +91,18 @@ var clusterTenantRoutes = map[string]bool{
 	"GET /v1/volumes/{volume}/attachments/{id}":         true,
 	"DELETE /v1/volumes/{volume}/attachments/{id}":      true,
 	"POST /v1/volumes/{volume}/attachments/{id}/writer": true,
+	// Snapshots, rollback and clones run on the volume's primary (any node
+	// carries them there), and a new snapshot or clone is counted in etcd.
+	"GET /v1/volumes/{volume}/snapshots":               true,
+	"POST /v1/volumes/{volume}/snapshots":              true,
+	"GET /v1/volumes/{volume}/snapshots/{snapshot}":    true,
+	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}": true,
+	"POST /v1/volumes/{volume}/rollback":               true,
+	"POST /v1/clones":                                  true,
+	// A node's own jobs, each seen by the tenant that started it.
+	"GET /v1/jobs":         true,
+	"GET /v1/jobs/{id}":    true,
+	"DELETE /v1/jobs/{id}": true,
 }
 
 // tenantOnCluster refuses a tenant's token on a cluster node for a route
@@ -102,7 +114,7 @@ func (s *Server) tenantOnCluster(pattern string, h func(http.ResponseWriter, *ht
 	return func(w http.ResponseWriter, r *http.Request) error {
 		if s.Cluster != nil && principalOf(r).Tenant != "" {
 			return fmt.Errorf("%s: a tenant's token is not served this route on a cluster node yet (built: volume create, "+
-				"list, get, delete and attachments; docs/security.md, \"Tenants on a cluster\"): %w", pattern, auth.ErrForbidden)
+				"list, get, delete, attachments, snapshots, rollback, clones and jobs; docs/security.md, \"Tenants on a cluster\"): %w", pattern, auth.ErrForbidden)
 		}
 		return h(w, r)
 	}

@@ -110,7 +110,8 @@ Ctrl-C cancels the job on the server.`,
 }
 
 // clonedVolumes reads back the volumes a clone made, in the order of names,
-// with one list request rather than one request per clone.
+// with one list request rather than one request per clone (and one for
+// each clone the list lacks).
 func clonedVolumes(cmd *cobra.Command, c *client.Client, names []string) ([]api.Volume, error) {
 	all, err := c.ListVolumes(cmd.Context(), "")
 	if err != nil {
@@ -124,7 +125,11 @@ func clonedVolumes(cmd *cobra.Command, c *client.Client, names []string) ([]api.
 	for _, n := range names {
 		v, ok := byName[n]
 		if !ok {
-			return nil, fmt.Errorf("volume %q is not listed", n)
+			// A cluster node lists its own copies: a clone placed on
+			// other nodes (made by the source's primary) is read by name.
+			if v, err = c.GetVolume(cmd.Context(), n); err != nil {
+				return nil, fmt.Errorf("volume %q: %w", n, err)
+			}
 		}
 		vols = append(vols, v)
 	}

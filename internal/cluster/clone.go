@@ -95,8 +95,10 @@ func (n *Node) applyUnclone(ctx context.Context, op Op) error {
 // localUID; the others': their copy records, written by applyClone), on
 // copies, with this node as its primary at term 1 and every copy in sync:
 // one Txn that needs the name free, every other copy recorded, and this
-// node's lease. A name placed meanwhile is ErrVolumeExists.
-func (n *Node) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, localUID string, copies []string) (Placement, error) {
+// node's lease. A name placed meanwhile is ErrVolumeExists. A clone of a
+// tenant (spec.Tenant) is charged to its usage in the same Txn, as
+// CreateCharged does: charge.Admit refuses past a quota.
+func (n *Node) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, localUID string, copies []string, charge Charge) (Placement, error) {
 	s := n.session()
 	if s == nil || !n.up.Load() {
 		return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, ErrNoSession)
@@ -113,10 +115,38 @@ func (n *Node) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, lo
 		}
 	}
 	mine := copyRecord{State: CopyInSync, LocalUID: localUID, Term: 1, UpdatedAt: time.Now().UTC()}
-	resp, err := n.cli.Txn(ctx).If(cmps...).Then(clientv3.OpPut(vk, mustJSON(rec)),
-		clientv3.OpPut(n.key("copies", spec.Name, me), mustJSON(mine))).Commit()
-	if err != nil {
-		return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, err)
+	var resp *clientv3.TxnResponse
+	for {
+		cmps, ops := cmps, []clientv3.Op{clientv3.OpPut(n.key("copies", spec.Name, me), mustJSON(mine))}
+		var urev int64
+		if spec.Tenant != "" {
+			used, rev, err := n.readUsage(ctx, spec.Tenant)
+			if err != nil {
+				return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, err)
+			}
+			if charge.Admit != nil {
+				if err := charge.Admit(used); err != nil {
+					return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, err)
+				}
+			}
+			add := charge.Add
+			rec.Charge, urev = &add, rev
+			cmps = append(cmps, n.usageUnchanged(spec.Tenant, rev))
+			ops = append(ops, clientv3.OpPut(n.usageKey(spec.Tenant), mustJSON(used.plus(add))))
+		}
+		var err error
+		resp, err = n.cli.Txn(ctx).If(cmps...).Then(append(ops, clientv3.OpPut(vk, mustJSON(rec)))...).Commit()
+		if err != nil {
+			return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, err)
+		}
+		if resp.Succeeded || spec.Tenant == "" {
+			break
+		}
+		// The tenant's usage changed meanwhile (another create): admit
+		// again on the new one; anything else refuses below.
+		if _, rev, err := n.readUsage(ctx, spec.Tenant); err != nil || rev == urev {
+			break
+		}
 	}
 	if !resp.Succeeded {
 		return Placement{}, fmt.Errorf("place clone %q: the name was placed meanwhile, a copy's record is missing, "+

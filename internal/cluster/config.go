@@ -106,16 +106,9 @@ func (c *Config) validate() (string, error) {
 			return "", err
 		}
 	}
-	if c.TokenFile == "" {
-		return "", fmt.Errorf("--cluster-token-file is required in a cluster: %w", ErrConfig)
-	}
-	b, err := os.ReadFile(c.TokenFile)
+	token, err := c.readToken()
 	if err != nil {
-		return "", fmt.Errorf("read cluster token file: %w", err)
-	}
-	token := strings.TrimSpace(string(b))
-	if len(token) < 16 {
-		return "", fmt.Errorf("cluster token file %s: the token must be at least 16 characters: %w", c.TokenFile, ErrConfig)
+		return "", err
 	}
 	if c.StateDir == "" {
 		return "", fmt.Errorf("no state directory for the node's identity: %w", ErrConfig)
@@ -156,4 +149,20 @@ func isDNSLabel(s string) bool {
 		}
 	}
 	return true
+}
+
+// readToken reads and checks the cluster token of --cluster-token-file.
+func (c *Config) readToken() (string, error) {
+	if c.TokenFile == "" {
+		return "", fmt.Errorf("--cluster-token-file is required in a cluster: %w", ErrConfig)
+	}
+	b, err := os.ReadFile(c.TokenFile)
+	if err != nil {
+		return "", fmt.Errorf("read cluster token file: %w", err)
+	}
+	token := strings.TrimSpace(string(b))
+	if len(token) < 16 {
+		return "", fmt.Errorf("cluster token file %s: the token must be at least 16 characters: %w", c.TokenFile, ErrConfig)
+	}
+	return token, nil
 }

@@ -393,15 +393,26 @@ func (n *Node) removeRecord(ctx context.Context, volume string, rec volumeRecord
 	for {
 		ops := []clientv3.Op{clientv3.OpDelete(k), clientv3.OpDelete(n.key("copies", volume)+"/", clientv3.WithPrefix())}
 		var cmps []clientv3.Cmp
-		if rec.Spec.Tenant != "" && rec.Charge != nil {
+		if rec.Spec.Tenant != "" {
 			used, rev, err := n.readUsage(ctx, rec.Spec.Tenant)
 			if err != nil {
 				return err
 			}
+			// The snapshots counted for it go back with it.
+			snaps, srev, err := n.snapCharge(ctx, volume)
+			if err != nil {
+				return err
+			}
+			back := Usage{Snapshots: snaps}
+			if rec.Charge != nil {
+				back = back.plus(*rec.Charge)
+			}
 			// Only a record still there gives its charge back, once.
 			cmps = append(cmps, n.usageUnchanged(rec.Spec.Tenant, rev),
-				clientv3.Compare(clientv3.CreateRevision(k), ">", 0))
-			ops = append(ops, clientv3.OpPut(n.usageKey(rec.Spec.Tenant), mustJSON(used.minus(*rec.Charge))))
+				clientv3.Compare(clientv3.CreateRevision(k), ">", 0),
+				clientv3.Compare(clientv3.ModRevision(n.snapChargeKey(volume)), "=", srev))
+			ops = append(ops, clientv3.OpPut(n.usageKey(rec.Spec.Tenant), mustJSON(used.minus(back))),
+				clientv3.OpDelete(n.snapChargeKey(volume)))
 		}
 		resp, err := n.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(k)).Commit()
 		if err != nil {

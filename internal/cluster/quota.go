@@ -20,16 +20,19 @@ type Usage struct {
 	// quota).
 	IOPS        int64 `json:"iops"`
 	NoIOPSLimit int64 `json:"noIOPSLimit,omitempty"`
+	// Snapshots counts the snapshots of the tenant's volumes taken since
+	// they are counted (ChargeSnapshots).
+	Snapshots int64 `json:"snapshots,omitempty"`
 }
 
 func (u Usage) plus(v Usage) Usage {
 	return Usage{Volumes: u.Volumes + v.Volumes, Capacity: u.Capacity + v.Capacity, IOPS: u.IOPS + v.IOPS,
-		NoIOPSLimit: u.NoIOPSLimit + v.NoIOPSLimit}
+		NoIOPSLimit: u.NoIOPSLimit + v.NoIOPSLimit, Snapshots: u.Snapshots + v.Snapshots}
 }
 
 func (u Usage) minus(v Usage) Usage {
 	return Usage{Volumes: u.Volumes - v.Volumes, Capacity: u.Capacity - v.Capacity, IOPS: u.IOPS - v.IOPS,
-		NoIOPSLimit: u.NoIOPSLimit - v.NoIOPSLimit}
+		NoIOPSLimit: u.NoIOPSLimit - v.NoIOPSLimit, Snapshots: u.Snapshots - v.Snapshots}
 }
 
 // Charge is what creating a volume of a tenant (spec.Tenant) adds to the

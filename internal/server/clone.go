@@ -20,14 +20,16 @@ import (
 // the clone; then each clone is placed in etcd on those nodes, this node
 // its primary at term 1, every copy in sync. A copy that fails undoes the
 // clones everywhere (OpUnclone, and the local ones deleted) and the
-// request fails (cluster.ErrCopyFailed) with nothing left behind. A
+// request fails (cluster.ErrCopyFailed) with nothing left behind. A clone
+// of a tenant's volume is the tenant's, charged to its usage when it is
+// placed (charge, nil for none): one past a quota is undone the same way. A
 // volume with a copy out of sync is refused (cluster.ErrDegraded). Each
 // clone is durable on every copy when it returns. h is the pool's hold of
 // the request (source and names), released on return; a name that is a
 // clone of the same source placed already (an idempotent retry) is
 // answered as it is.
 func (r *replicaSets) Clone(ctx context.Context, h *pool.CloneHold, req pool.CloneRequest,
-	prog pool.Progress) ([]pool.VolumeInfo, error) {
+	charge func(api.VolumeSpec) cluster.Charge, prog pool.Progress) ([]pool.VolumeInfo, error) {
 	defer h.Release()
 	volume := req.Source.Volume
 	what := "clone " + req.Source.String()
@@ -103,11 +105,15 @@ func (r *replicaSets) Clone(ctx context.Context, h *pool.CloneHold, req pool.Clo
 				continue
 			}
 			spec := api.VolumeSpec{Name: m.Name, Capacity: m.Capacity, Labels: m.Labels, QoS: src.Spec.QoS,
-				Replicas: src.Spec.Replicas}
+				Replicas: src.Spec.Replicas, Tenant: src.Spec.Tenant}
 			for _, d := range m.Disks {
 				spec.Disks = append(spec.Disks, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 			}
-			if _, err := r.node.PlaceClone(ctx, spec, uids[m.Name], req.Idempotency.Key, m.UID, copies); err != nil {
+			var ch cluster.Charge
+			if charge != nil {
+				ch = charge(spec)
+			}
+			if _, err := r.node.PlaceClone(ctx, spec, uids[m.Name], req.Idempotency.Key, m.UID, copies, ch); err != nil {
 				// The clones placed before this one stay: each is whole.
 				left := map[string]bool{}
 				for _, n := range made[i:] {

@@ -213,6 +213,10 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 		handler.Cluster = node
+		if handler.Peers, err = peers(cfg, node.Name()); err != nil {
+			closeAll()
+			return err
+		}
 		m.Register(node.Collector())
 		rm := newReplMetrics()
 		m.Register(rm.collectors()...)

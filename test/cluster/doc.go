@@ -32,6 +32,12 @@
 //     incremental resync of a copy that was down (acceptance 3), snapshots
 //     at one cut on every copy (acceptance 6), a copy on a full filesystem
 //     (acceptance 7) and the rebuild of a gone node's copy on another node.
+//   - TestAnyNodeServes, TestAnyNodeCSI, TestClusterTenantSnapshots: any
+//     node's API carries a snapshot, clone, rollback or disk change to the
+//     volume's primary (client, CLI and the CSI controller pointed at a node
+//     that is not the primary), and a tenant's snapshots, clones and
+//     rollbacks on the cluster with its quotas counted cluster-wide and
+//     another tenant refused (docs/cluster.md, "Any node's API").
 //   - TestBenchCluster: the cluster benchmark (acceptance 8, make
 //     bench-cluster); it runs only with QUIVER_BENCH=1.
 //
@@ -44,6 +50,6 @@
 // QUIVER_RESYNC_DOWN sets how long TestResync's copy is down, and
 // QUIVER_GUEST_RECONNECT_DELAY the guest's QEMU reconnect-delay.
 //
-// Imports from quiver: api, client, consistency, forward, replica, testfs,
-// testguest, testserver, test/migration/record.
+// Imports from quiver: api, client, consistency, csi, forward, replica,
+// testfs, testguest, testserver, test/migration/record.
 package clustertest

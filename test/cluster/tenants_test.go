@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -81,19 +82,19 @@ func TestClusterTenants(t *testing.T) {
 			}
 		}
 	}
-	// a attaches on the primary (on the other copy's node it is told to
-	// go there, b is not), and its writes reach both copies.
+	// a attaches through the other copy's node, which carries it to the
+	// primary (b is refused everywhere), and its writes reach both copies.
 	prim := c.byName(v.Primary)
 	other := c.byName(copyNodes(v)[0])
 	if other == prim {
 		other = c.byName(copyNodes(v)[1])
 	}
-	if _, err := as[other.name].Attach(ctx, "web", api.AttachmentSpec{Node: "w1"}); client.Code(err) != api.CodeNotPrimary {
-		t.Fatalf("a attaches on the copy's node %s: %v, want %s", other.name, err, api.CodeNotPrimary)
-	}
-	att, err := as[prim.name].Attach(ctx, "web", api.AttachmentSpec{Node: "w1"})
+	att, err := as[other.name].Attach(ctx, "web", api.AttachmentSpec{Node: "w1"})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("a attaches through the copy's node %s: %v", other.name, err)
+	}
+	if !strings.HasPrefix(att.URIs["root"], "nbd://"+prim.ip+":") {
+		t.Fatalf("a's attachment through %s: %v, want the primary %s's", other.name, att.URIs, prim.name)
 	}
 	c.qemuIO(t, att.URIs["root"], "write -P 0x5a 0 64k", "read -P 0x5a 0 64k")
 	for _, nd := range []*node{prim, other} {

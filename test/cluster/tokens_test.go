@@ -82,6 +82,14 @@ func TestClusterTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// n2 learns the token from its watch: wait for it.
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := tc.Version(ctx); err == nil {
+			break
+		} else if time.Since(start) > 5*time.Second {
+			t.Fatalf("tenant token on n2 for 5 s: %v", err)
+		}
+	}
 	if _, err := tc.FindSnapshots(ctx, "", ""); client.Code(err) != api.CodeForbidden ||
 		!strings.Contains(err.Error(), "not served this route on a cluster node yet") {
 		t.Fatalf("tenant token on a route not built for tenants on a cluster: %v, want %s saying so", err, api.CodeForbidden)

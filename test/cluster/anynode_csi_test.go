@@ -1,0 +1,129 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/csi"
+)
+
+// csiController runs an in-process CSI controller whose quiver endpoint is
+// nd's API, until the test ends, and returns its gRPC client.
+func (c *cluster) csiController(t *testing.T, nd *node) csipb.ControllerClient {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "qvcsi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "csi.sock")
+	d, err := csi.New(csi.Config{Mode: csi.ModeController, Endpoint: "unix://" + sock,
+		Server: "http://" + nd.ip + ":7480", Token: apiToken,
+		HTTPClient: &http.Client{Transport: &http.Transport{DialContext: c.net.dial}, Timeout: 120 * time.Second},
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.ServeListener(ctx, ln) }()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("CSI controller: %v", err)
+		}
+	})
+	return csipb.NewControllerClient(conn)
+}
+
+// TestAnyNodeCSI: the CSI controller pointed at a node that is not a
+// replicated volume's primary takes a snapshot of it (CreateSnapshot) and
+// clones it from the snapshot and from the live volume (CreateVolume with a
+// volume content source): each is made by the primary on every copy.
+func TestAnyNodeCSI(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	c.waitNodes(c.nodes[0], "n1 n2 n3 up", allUp("n1", "n2", "n3"))
+	block := []*csipb.VolumeCapability{{AccessType: &csipb.VolumeCapability_Block{Block: &csipb.VolumeCapability_BlockVolume{}},
+		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}
+	create := func(ctrl csipb.ControllerClient, name string, src *csipb.VolumeContentSource) *csipb.Volume {
+		t.Helper()
+		resp, err := ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: name, VolumeCapabilities: block,
+			CapacityRange: &csipb.CapacityRange{RequiredBytes: 4 * mib}, Parameters: map[string]string{"replication": "2"},
+			VolumeContentSource: src})
+		if err != nil {
+			t.Fatalf("CSI CreateVolume %s: %v", name, err)
+		}
+		return resp.GetVolume()
+	}
+	src := create(c.csiController(t, c.nodes[0]), "pvc-src", nil)
+	v, err := c.nodes[0].api().GetVolume(ctx, src.GetVolumeId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	prim, cp := c.byName(v.Primary), c.byName(copyNodes(v)[1])
+	spare := c.other(prim, cp)
+	att, err := prim.api().Attach(ctx, v.Name, api.AttachmentSpec{Node: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk := v.Disks[0].Name
+	c.qemuIO(t, fmt.Sprintf("nbd://%s:10809/%s/%s/%s", prim.ip, v.Name, disk, att.Token), "write -P 0x33 0 1M", "flush")
+	if err := prim.api().Detach(ctx, v.Name, att.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, via := range []*node{spare, cp} {
+		ctrl := c.csiController(t, via)
+		snap, err := ctrl.CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: "snap-" + via.name, SourceVolumeId: src.GetVolumeId()})
+		if err != nil {
+			t.Fatalf("CSI CreateSnapshot through %s (not the primary %s): %v", via.name, prim.name, err)
+		}
+		fromSnap := create(ctrl, "pvc-snap-"+via.name, &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{
+			Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: snap.GetSnapshot().GetSnapshotId()}}})
+		fromVol := create(ctrl, "pvc-vol-"+via.name, &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Volume{
+			Volume: &csipb.VolumeContentSource_VolumeSource{VolumeId: src.GetVolumeId()}}})
+		for _, cl := range []*csipb.Volume{fromSnap, fromVol} {
+			got, err := via.api().GetVolume(ctx, cl.GetVolumeId())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Primary != prim.name || len(got.Copies) != 2 {
+				t.Errorf("clone %s through %s: primary %s, copies %+v; want %s and 2", got.Name, via.name, got.Primary, got.Copies, prim.name)
+			}
+			for _, nd := range []*node{prim, cp} {
+				if !allBytes(fileBytes(t, nd, got.Name, disk, 0, mib), 0x33) {
+					t.Errorf("clone %s on %s's copy lacks the source's data", got.Name, nd.name)
+				}
+			}
+		}
+		for _, nd := range []*node{prim, cp} {
+			name := "snap-" + via.name
+			if _, err := os.Stat(filepath.Join(nd.pool, "volumes", v.Name, "snapshots", name)); err != nil {
+				t.Errorf("snapshot %s through %s on %s's copy: %v", name, via.name, nd.name, err)
+			}
+		}
+	}
+}
