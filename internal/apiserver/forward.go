@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/base64"
@@ -72,6 +73,10 @@ type Peers struct {
 	// remote maps the IDs of jobs started by a hop to the node that runs
 	// them (remoteJob), each kept for remoteJobTTL.
 	remote sync.Map
+
+	seenMu sync.Mutex
+	seen   map[string]time.Time // nonces of hops served, with when to forget them
+	swept  time.Time
 }
 
 // remoteJobAt is where a job started by a hop runs, since when.
@@ -98,13 +103,41 @@ func (p *Peers) remember(id, node string) {
 	p.remote.Store(id, remoteJobAt{node: node, at: now})
 }
 
+// firstSight records a hop's nonce and reports whether it is new. A nonce
+// is kept until its hop's time is past hopSkew (after that the hop is
+// refused for its age), so a hop seen on the network cannot be sent again
+// while it would still be accepted. The set holds the hops of the last few
+// minutes, bounded by the request rate the connection limits allow.
+func (p *Peers) firstSight(nonce string, at time.Time) bool {
+	now := time.Now()
+	p.seenMu.Lock()
+	defer p.seenMu.Unlock()
+	if p.seen == nil {
+		p.seen = make(map[string]time.Time)
+	}
+	if now.Sub(p.swept) > hopSkew {
+		for n, t := range p.seen {
+			if now.Sub(t) > hopSkew {
+				delete(p.seen, n)
+			}
+		}
+		p.swept = now
+	}
+	if _, dup := p.seen[nonce]; dup {
+		return false
+	}
+	p.seen[nonce] = at.Add(hopSkew) // kept until at + 2*hopSkew at most
+	return true
+}
+
 // hopClaim is what a hop says about its caller.
 type hopClaim struct {
 	TokenID string    `json:"tokenID,omitempty"`
 	Tenant  string    `json:"tenant,omitempty"`
 	Role    auth.Role `json:"role"`
-	By      string    `json:"by"` // the node that authenticated the caller
-	At      int64     `json:"at"` // unix seconds
+	By      string    `json:"by"`    // the node that authenticated the caller
+	At      int64     `json:"at"`    // unix seconds
+	Nonce   string    `json:"nonce"` // random, once per hop: a replay of it is refused
 }
 
 func (p *Peers) sign(method, uri, claim string, body []byte) []byte {
@@ -162,6 +195,9 @@ func (s *Server) hopPrincipal(w http.ResponseWriter, r *http.Request, enc string
 		return auth.Principal{}, fmt.Errorf("a request carried from node %s %v ago (at most %v; are the clocks set?): %w",
 			c.By, d.Round(time.Second), hopSkew, errUnauthorized)
 	}
+	if c.Nonce == "" || !s.Peers.firstSight(c.Nonce, time.Unix(c.At, 0)) {
+		return auth.Principal{}, fmt.Errorf("a request carried from node %s was replayed: %w", c.By, errUnauthorized)
+	}
 	p := auth.Principal{TokenID: c.TokenID, Tenant: c.Tenant, Role: c.Role}
 	if p.TokenID != "" {
 		// A stored token: still there, as it was (revoked meanwhile: refused).
@@ -189,7 +225,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, node, addr stri
 	}
 	pr := principalOf(r)
 	claim, _ := json.Marshal(hopClaim{TokenID: pr.TokenID, Tenant: pr.Tenant, Role: pr.Role, By: s.Peers.Node,
-		At: time.Now().Unix()})
+		At: time.Now().Unix(), Nonce: rand.Text()})
 	enc := base64.RawURLEncoding.EncodeToString(claim)
 	uri := r.URL.RequestURI()
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, s.Peers.Scheme+"://"+addr+uri, bytes.NewReader(body))

@@ -331,3 +331,43 @@ func TestHopCarriesTheCaller(t *testing.T) {
 		t.Fatalf("t--w has %d snapshots, want 1 (s1)", len(v.Snapshots()))
 	}
 }
+
+// TestHopReplayRefused: a hop seen on the network and sent again (the
+// same claim, nonce and signature) is refused while its time would still
+// be accepted, and so is a hop without a nonce; the first one is served.
+func TestHopReplayRefused(t *testing.T) {
+	const key = "the-cluster-key-0123456789"
+	_, b, _, _, _ := hopNodes(t, key)
+	sb := httptest.NewServer(b)
+	defer sb.Close()
+	good := &Peers{Node: "a", Key: []byte(key), Scheme: "http"}
+	send := func(c hopClaim, body string) int {
+		t.Helper()
+		raw, _ := json.Marshal(c)
+		enc := base64.RawURLEncoding.EncodeToString(raw)
+		req, _ := http.NewRequest(http.MethodPost, sb.URL+"/v1/volumes/v/snapshots", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(headerHopPrincipal, enc)
+		req.Header.Set(headerHopSignature, hexSig(good, http.MethodPost, "/v1/volumes/v/snapshots", enc, body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	c := hopClaim{Role: auth.RoleAdmin, By: "a", At: time.Now().Unix(), Nonce: "n-1"}
+	if got := send(c, `{"name":"s1"}`); got != http.StatusCreated {
+		t.Fatalf("first hop: %d, want 201", got)
+	}
+	if got := send(c, `{"name":"s1"}`); got != http.StatusUnauthorized {
+		t.Errorf("the same hop again: %d, want 401", got)
+	}
+	c.Nonce = ""
+	if got := send(c, `{"name":"s2"}`); got != http.StatusUnauthorized {
+		t.Errorf("a hop without a nonce: %d, want 401", got)
+	}
+	if v, _ := b.pool.Volume("v"); len(v.Snapshots()) != 1 {
+		t.Fatalf("%d snapshots, want the first hop's only", len(v.Snapshots()))
+	}
+}
