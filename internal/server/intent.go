@@ -88,6 +88,11 @@ func (ih *intentsHere) add(id string) {
 // abandon every request from now on (as after a hand-over), and the intent
 // is left to the next primary.
 func (r *replicaSets) intended(ctx context.Context, volume string, cs *cutState, ops []cluster.Op, change func() error) error {
+	// primary/<volume>, which the intent's record compares, is taken here
+	// when absent (a volume no client opened since it was placed).
+	if _, err := r.node.HoldPrimaryKey(ctx, volume); err != nil {
+		return err
+	}
 	in, err := r.node.BeginIntent(ctx, volume, cs.role.Term, ops, cs.nodes)
 	if errors.Is(err, cluster.ErrIntentPending) {
 		return fmt.Errorf("%w: %w", err, pool.ErrBusy)
