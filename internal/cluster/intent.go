@@ -49,14 +49,14 @@ type Settlement int
 const (
 	// SettleFinish applies the change on the primary's copy (again: each
 	// op answers the same when applied twice) and on every in-sync copy; a
-	// copy that fails it is recorded diverged. Used for what cannot be
-	// taken back (a rollback, a grow, a disk removed) and for the rest of
-	// the volume's own changes (a snapshot, a disk added), so the rule is
-	// one: a change to the volume itself is finished.
+	// copy that fails it is recorded diverged, and its resync makes it the
+	// primary's. For what cannot be taken back (a rollback, a grow, a disk
+	// removed) and a disk added: the changes of the volume's disks.
 	SettleFinish Settlement = iota
 	// SettleUndo deletes what the change made on every node that holds a
 	// part of it: clones not placed in etcd (a clone placed is whole, and
-	// kept).
+	// kept), a snapshot (by its UID). Nodes down are asked again when they
+	// are back: a resync would not carry a snapshot to them.
 	SettleUndo
 )
 
@@ -67,11 +67,11 @@ func (s Settlement) String() string {
 	return "finish"
 }
 
-// SettleOf says how an intent left behind is settled: clones are undone,
-// every other change is finished.
+// SettleOf says how an intent left behind is settled: clones and
+// snapshots are undone, changes of the disks finished.
 func SettleOf(in Intent) Settlement {
 	for _, op := range in.Ops {
-		if op.Kind == OpClone {
+		if op.Kind == OpClone || op.Kind == OpSnapshot {
 			return SettleUndo
 		}
 	}
@@ -87,15 +87,19 @@ func NeedsSettling(in Intent, ownHere bool) bool {
 	return !in.Settled && !ownHere
 }
 
-// UnplacedClones lists the clone ops of an intent whose clone is not
-// placed: placed maps a clone name to the cluster UID of the volume of that
-// name in etcd (absent: none). A name placed with another UID is another
-// volume: its clone was never placed either.
-func UnplacedClones(in Intent, placed map[string]string) []Op {
+// UndoOps lists the operations that undo an intent settled by undoing:
+// an OpUnclone for each clone that is not placed (placed maps a clone name
+// to the cluster UID of the volume of that name in etcd; a name placed with
+// another UID is another volume, so its clone was never placed either),
+// and an OpDeleteSnapshot of a snapshot by its UID.
+func UndoOps(in Intent, placed map[string]string) []Op {
 	var out []Op
 	for _, op := range in.Ops {
-		if op.Kind == OpClone && placed[op.Name] != op.UID {
-			out = append(out, op)
+		switch {
+		case op.Kind == OpClone && placed[op.Name] != op.UID:
+			out = append(out, Op{Kind: OpUnclone, Name: op.Name, UID: op.UID})
+		case op.Kind == OpSnapshot:
+			out = append(out, Op{Kind: OpDeleteSnapshot, Name: op.Name, UID: op.UID})
 		}
 	}
 	return out

@@ -9,14 +9,14 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 )
 
-// TestSettleOf: clones are undone, every change of the volume itself is
+// TestSettleOf: clones and snapshots are undone, changes of the disks
 // finished.
 func TestSettleOf(t *testing.T) {
 	for _, tc := range []struct {
 		kinds []string
 		want  Settlement
 	}{
-		{[]string{OpSnapshot}, SettleFinish},
+		{[]string{OpSnapshot}, SettleUndo},
 		{[]string{OpRollback}, SettleFinish},
 		{[]string{OpAddDisk}, SettleFinish},
 		{[]string{OpGrowDisk}, SettleFinish},
@@ -54,18 +54,25 @@ func TestNeedsSettling(t *testing.T) {
 	}
 }
 
-// TestUnplacedClones: a clone is undone unless its name is placed with its
-// own UID.
-func TestUnplacedClones(t *testing.T) {
+// TestUndoOps: a clone is undone unless its name is placed with its own
+// UID; a snapshot is deleted by its UID.
+func TestUndoOps(t *testing.T) {
 	in := Intent{Ops: []Op{{Kind: OpClone, Name: "a", UID: "ua"}, {Kind: OpClone, Name: "b", UID: "ub"},
 		{Kind: OpClone, Name: "c", UID: "uc"}}}
-	got := UnplacedClones(in, map[string]string{"a": "ua", "b": "other"})
+	got := UndoOps(in, map[string]string{"a": "ua", "b": "other"})
 	var names []string
 	for _, op := range got {
+		if op.Kind != OpUnclone || op.UID == "" {
+			t.Fatalf("undo op %+v", op)
+		}
 		names = append(names, op.Name)
 	}
 	if !slices.Equal(names, []string{"b", "c"}) {
 		t.Fatalf("unplaced %v, want [b c] (a is placed; b's name is another volume's)", names)
+	}
+	snap := UndoOps(Intent{Ops: []Op{{Kind: OpSnapshot, Name: "s", UID: "us"}}}, nil)
+	if len(snap) != 1 || snap[0].Kind != OpDeleteSnapshot || snap[0].Name != "s" || snap[0].UID != "us" {
+		t.Fatalf("snapshot undo %+v", snap)
 	}
 }
 

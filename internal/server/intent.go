@@ -21,8 +21,8 @@ import (
 // applied it or was recorded diverged. A record left behind is settled by
 // the volume's primary of the moment before any Set of the volume is made
 // at its term (acquire), so before the volume serves a write: a change of
-// the volume itself is finished on every in-sync copy, clones not placed
-// are undone everywhere (cluster.SettleOf).
+// the disks is finished on every in-sync copy, a snapshot and clones not
+// placed are undone everywhere (cluster.SettleOf).
 
 // errIntentOpen: the change at the cut ended without its outcome on every
 // copy recorded in etcd; its intent must be settled. Errors are marked with
@@ -169,9 +169,8 @@ func (r *replicaSets) settleFirst(ctx context.Context, volume string) error {
 // at term. No write reached the volume's copies since the cut: the intent's
 // primary held the Sets frozen until it went, and this primary makes no Set
 // before the intent is settled. atCut: settled by the primary that began
-// it, the Sets still frozen, after its own change of the volume (which it
-// holds the pool's hold of) succeeded, except a snapshot's, which it may
-// have undone.
+// it, the Sets still frozen, after its own change of the disks (which it
+// holds the pool's hold of) succeeded.
 func (r *replicaSets) settle(ctx context.Context, volume string, in cluster.Intent, term uint64, atCut bool) error {
 	role, err := r.node.Role(ctx, volume)
 	if err != nil {
@@ -200,8 +199,8 @@ func (r *replicaSets) settle(ctx context.Context, volume string, in cluster.Inte
 	op := in.Ops[0]
 	op.Nodes = nodes
 	var lerr error
-	if !atCut || op.Kind == cluster.OpSnapshot {
-		lerr = r.applyLocal(ctx, v, op)
+	if !atCut {
+		lerr = poolStore{r.pool}.ApplyOp(ctx, volume, op)
 	}
 	if lerr != nil {
 		// This copy cannot take the change: it stays as it is, and is the
@@ -228,39 +227,28 @@ func (r *replicaSets) settle(ctx context.Context, volume string, in cluster.Inte
 			}
 		}
 	}
-	if op.Kind != cluster.OpSnapshot {
-		info := v.Info()
-		specs := make([]api.DiskSpec, 0, len(info.Disks))
-		for _, d := range info.Disks {
-			specs = append(specs, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
-		}
-		if err := r.node.UpdateDisks(ctx, volume, term, info.Capacity, specs); err != nil {
-			return err
-		}
+	info := v.Info()
+	specs := make([]api.DiskSpec, 0, len(info.Disks))
+	for _, d := range info.Disks {
+		specs = append(specs, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
+	}
+	if err := r.node.UpdateDisks(ctx, volume, term, info.Capacity, specs); err != nil {
+		return err
 	}
 	return r.node.SettledIntent(ctx, volume, term, in, nil)
 }
 
-// applyLocal applies an intent's change to this node's copy; applied
-// again it changes nothing. A snapshot that this node took itself (as the
-// intent's primary) is found by its UID.
-func (r *replicaSets) applyLocal(ctx context.Context, v *pool.Volume, op cluster.Op) error {
-	if op.Kind == cluster.OpSnapshot {
-		if s, err := v.Snapshot(op.Name); err == nil && s.UID == op.UID {
-			return nil
-		}
-	}
-	return poolStore{r.pool}.ApplyOp(ctx, v.Name(), op)
-}
-
-// undoIntent deletes the clones of in that are not placed, here and on
-// holders (the nodes that may hold a part: those down are asked again by
+// undoIntent deletes the clones of in that are not placed, or its
+// snapshot, here and on holders (the nodes that may hold a part: those down are asked again by
 // the settle loop), and records the intent settled with the nodes still
 // pending. here: this node's own part too.
 func (r *replicaSets) undoIntent(ctx context.Context, volume string, in cluster.Intent, term uint64, holders []string,
 	here bool) error {
 	placed := map[string]string{}
 	for _, op := range in.Ops {
+		if op.Kind != cluster.OpClone {
+			continue
+		}
 		if p, ok, err := r.node.Placement(ctx, op.Name); err != nil {
 			return err
 		} else if ok {
@@ -285,13 +273,19 @@ func (r *replicaSets) undoIntent(ctx context.Context, volume string, in cluster.
 	for _, n := range ask {
 		answered[n] = nil
 	}
-	for _, op := range cluster.UnplacedClones(in, placed) {
+	for _, undo := range cluster.UndoOps(in, placed) {
 		if here {
-			if err := r.node.UndoClone(ctx, volume, op); err != nil {
+			var err error
+			if undo.Kind == cluster.OpUnclone {
+				err = r.node.UndoClone(ctx, volume, undo)
+			} else {
+				err = poolStore{r.pool}.ApplyOp(ctx, volume, undo)
+			}
+			if err != nil {
 				return err
 			}
 		}
-		undo := cluster.Op{Kind: cluster.OpUnclone, Name: op.Name, UID: op.UID, Nodes: ask}
+		undo.Nodes = ask
 		each, err := r.node.RunOpEach(ctx, volume, term, undo)
 		if err != nil {
 			return err
@@ -312,7 +306,7 @@ func (r *replicaSets) undoIntent(ctx context.Context, volume string, in cluster.
 	}
 	pending := cluster.StillPending(holders, answered, placement)
 	if len(pending) > 0 {
-		r.log.Warn("clones undone; nodes down keep theirs until they are back", "volume", volume, "pending", pending)
+		r.log.Warn("change undone; nodes down keep their part until they are back", "volume", volume, "pending", pending)
 	}
 	return r.node.SettledIntent(ctx, volume, term, in, pending)
 }

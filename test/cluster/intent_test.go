@@ -19,10 +19,10 @@ import (
 // etcd, which the volume's next primary settles before it serves: a grow
 // and a rollback are finished on every copy when the old primary comes
 // back and wins (its copy stopped meanwhile, so it cannot be promoted: the
-// finish records it diverged, and its resync makes it the primary's), and
-// clones made on the copies but never placed are undone on every node when
-// the copy is promoted (the old primary's own clone once it is back), so
-// the name is free again. After each, every disk is byte-identical on both
+// finish records it diverged, and its resync makes it the primary's); a
+// snapshot is undone there; clones made on the copies but never placed are
+// undone on every node when the copy is promoted (the old primary's own
+// clone once it is back), so the name is free again. After each, every disk is byte-identical on both
 // copies, what was acknowledged before is there, and the change in flight
 // is complete everywhere or absent everywhere.
 func TestCutIntent(t *testing.T) {
@@ -164,6 +164,64 @@ func TestCutIntent(t *testing.T) {
 			}
 		}
 		t.Logf("rollback subtest: %v", time.Since(start).Round(time.Millisecond))
+	})
+
+	t.Run("snapshot, the old primary wins", func(t *testing.T) {
+		start := time.Now()
+		snapDir := func(nd *node) string { return filepath.Join(nd.pool, "volumes", "iv", "snapshots", "s") }
+		crashAt(prim, "snapshot:after-local")
+		if _, err := prim.api().CreateSnapshot(ctx, "iv", "s"); err == nil {
+			t.Fatal("the snapshot answered although its primary crashed")
+		}
+		crashed(prim)
+		if _, err := os.Stat(snapDir(prim)); err != nil {
+			t.Fatalf("%s has no snapshot of its own: the crash point was not after it: %v", prim.name, err)
+		}
+		if err := cp.proc.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		restart(prim)
+		c.waitVolume(t, other, "iv", "the old primary back", func(v api.Volume) bool { return v.Primary == prim.name })
+		if err := cp.proc.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		// Undone: on neither copy (the copy never took it), then the name
+		// is free on both once the copy answered the undo too.
+		deadline := time.Now().Add(time.Minute)
+		for {
+			_, err := os.Stat(snapDir(prim))
+			if os.IsNotExist(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the old primary still has the snapshot of the change in flight a minute after it came back: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if _, err := os.Stat(snapDir(cp)); !os.IsNotExist(err) {
+			t.Fatalf("%s has the snapshot: %v", cp.name, err)
+		}
+		c.waitVolume(t, other, "iv", "both copies in sync", primaryWith(prim, true))
+		var snap api.Snapshot
+		for {
+			var err error
+			if snap, err = prim.api().CreateSnapshot(ctx, "iv", "s"); err == nil {
+				break
+			}
+			if client.Code(err) != api.CodeBusy || time.Now().After(deadline) {
+				t.Fatalf("a snapshot of the undone one's name: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		for _, nd := range []*node{prim, cp} {
+			if s, err := nd.api().GetSnapshot(ctx, "iv", "s"); err != nil || s.UID != snap.UID {
+				t.Errorf("snapshot on %s: %+v (%v), want UID %s", nd.name, s, err, snap.UID)
+			}
+		}
+		if err := prim.api().DeleteSnapshot(ctx, "iv", "s"); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("snapshot subtest: %v", time.Since(start).Round(time.Millisecond))
 	})
 
 	t.Run("clone, the copy promoted", func(t *testing.T) {
