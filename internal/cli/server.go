@@ -132,6 +132,11 @@ A flag on the command line wins over the file.`,
 	cmd.Flags().Float64Var(&cfg.MaxOvercommit, "max-overcommit", 0,
 		"refuse creates, clones and disk growth that would provision more than this many times the pool's size, e.g. 3 (0: no limit)")
 	f := cmd.Flags()
+	// For test/cluster only: a primary kills itself at the step of a change
+	// at the cut named in this file (docs/cluster.md, "Intents"). Hidden.
+	f.StringVar(&cfg.TestCrashPointFile, "test-crash-point-file", "",
+		"TESTING ONLY: kill the server at the crash point named in this file")
+	_ = f.MarkHidden("test-crash-point-file")
 	apiDef, nbdDef := server.DefaultAPILimits(), nbd.DefaultConfig()
 	f.StringVar(&cfg.APISocket, "api-socket", "", "also serve the API on this unix socket (mode 0600, no token)")
 	f.StringVar(&cfg.APISocketGroup, "api-socket-group", "", "group allowed on the API and NBD sockets (mode 0660)")

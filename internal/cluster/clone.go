@@ -55,10 +55,13 @@ func (n *Node) applyClone(ctx context.Context, volume string, op Op) error {
 	return nil
 }
 
-// applyUnclone deletes this node's copy of a clone that its primary could
-// not place (another copy failed it), and its copy record. A clone placed
-// meanwhile is left alone.
-func (n *Node) applyUnclone(ctx context.Context, op Op) error {
+// applyUnclone deletes this node's copy of a clone of volume that its
+// primary could not place (another copy failed it, or the primary crashed
+// before placing it), and its copy record. A clone placed meanwhile is
+// left alone. Without a copy record (the primary's own clone: its record
+// is written when the clone is placed) the local volume op.Name goes if it
+// is a clone of volume (Store.DeleteUnplacedClone).
+func (n *Node) applyUnclone(ctx context.Context, volume string, op Op) error {
 	ck, vk := n.key("copies", op.Name, n.cfg.NodeName), n.key("volumes", op.Name)
 	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit()
 	if err != nil {
@@ -73,7 +76,10 @@ func (n *Node) applyUnclone(ctx context.Context, op Op) error {
 	}
 	ckv := resp.Responses[1].GetResponseRange().Kvs
 	if len(ckv) == 0 {
-		return nil // nothing made here
+		if err := n.store.DeleteUnplacedClone(ctx, volume, op.Name); err != nil {
+			return fmt.Errorf("undo clone %s: %w", op.Name, err)
+		}
+		return nil
 	}
 	var c copyRecord
 	if err := json.Unmarshal(ckv[0].Value, &c); err != nil {

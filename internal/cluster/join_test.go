@@ -23,7 +23,8 @@ type memStore struct {
 	id      string
 	mu      sync.Mutex
 	vols    map[string]string
-	failErr error // CreateCopy and DeleteCopy fail with it when set
+	clones  map[string]string // the source of each clone, by name
+	failErr error             // CreateCopy and DeleteCopy fail with it when set
 }
 
 func newMemStore() *memStore { return &memStore{id: newID(), vols: map[string]string{}} }
@@ -291,9 +292,29 @@ func (s *memStore) AttachForPrimary(_ context.Context, volume, primary string, t
 
 func (s *memStore) ApplyOp(context.Context, string, Op) error { return nil }
 
-// CloneCopy makes op.Name like CreateCopy: a volume of its own.
-func (s *memStore) CloneCopy(ctx context.Context, _ string, op Op) (string, error) {
-	return s.CreateCopy(ctx, api.VolumeSpec{Name: op.Name})
+// CloneCopy makes op.Name like CreateCopy: a volume of its own, a clone of
+// volume.
+func (s *memStore) CloneCopy(ctx context.Context, volume string, op Op) (string, error) {
+	uid, err := s.CreateCopy(ctx, api.VolumeSpec{Name: op.Name})
+	if err == nil {
+		s.mu.Lock()
+		if s.clones == nil {
+			s.clones = map[string]string{}
+		}
+		s.clones[op.Name] = volume
+		s.mu.Unlock()
+	}
+	return uid, err
+}
+
+func (s *memStore) DeleteUnplacedClone(_ context.Context, volume, name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.clones[name] == volume && volume != "" {
+		delete(s.vols, name)
+		delete(s.clones, name)
+	}
+	return nil
 }
 func (s *memStore) AdoptAttachments(_ context.Context, volume string, state []byte) error {
 	s.mu.Lock()

@@ -51,6 +51,11 @@ type Store interface {
 	// or of the live copy), durable on return, and returns its local UID.
 	// Applied again it finds the clone it made.
 	CloneCopy(ctx context.Context, volume string, op Op) (uid string, err error)
+	// DeleteUnplacedClone deletes the local volume name if its manifest
+	// says it is a clone of volume (a clone made at the cut whose
+	// placement never happened); anything else of that name, or none, is
+	// left alone and is no error.
+	DeleteUnplacedClone(ctx context.Context, volume, name string) error
 	// AdoptAttachments replaces the attachments of this node's copy with
 	// state, as the volume's old primary published it (PublishAttachments;
 	// nil: none), when this node becomes the primary.

@@ -203,7 +203,7 @@ func (n *Node) applyOp(ctx context.Context, key string, value []byte) {
 		case OpClone:
 			err = n.applyClone(ctx, volume, op)
 		case OpUnclone:
-			err = n.applyUnclone(ctx, op)
+			err = n.applyUnclone(ctx, volume, op)
 		default:
 			err = n.store.ApplyOp(ctx, volume, op)
 		}

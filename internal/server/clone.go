@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 
 	"github.com/quiverstorage/quiver/internal/api"
@@ -74,60 +73,27 @@ func (r *replicaSets) Clone(ctx context.Context, h *pool.CloneHold, req pool.Clo
 			}
 			snapUID = snap.UID
 		}
-		made, err := h.Clone(ctx, prog)
-		if err != nil {
-			r.undoClones(volume, cs, fresh, nil)
-			return err
-		}
 		uids := map[string]string{}
-		for _, m := range made {
-			if fresh[m.Name] {
+		var ops []cluster.Op
+		for _, name := range req.Names {
+			if fresh[name] {
 				var b [12]byte
 				_, _ = rand.Read(b[:])
-				uids[m.Name] = hex.EncodeToString(b[:])
+				uids[name] = hex.EncodeToString(b[:])
+				ops = append(ops, cluster.Op{Kind: cluster.OpClone, Name: name, UID: uids[name],
+					Snapshot: req.Source.Snapshot, SnapshotUID: snapUID, Labels: req.Labels, Nodes: cs.nodes})
 			}
 		}
-		for _, m := range made {
-			if !fresh[m.Name] {
-				continue
-			}
-			op := cluster.Op{Kind: cluster.OpClone, Name: m.Name, UID: uids[m.Name], Snapshot: req.Source.Snapshot,
-				SnapshotUID: snapUID, Labels: req.Labels, Nodes: cs.nodes}
-			if err := r.node.RunOp(ctx, volume, cs.role.Term, op); err != nil {
-				r.undoClones(volume, cs, fresh, uids)
-				return fmt.Errorf("%s to %s: a copy could not clone it; undone on every node: %w: %w", what, m.Name,
-					cluster.ErrCopyFailed, err)
-			}
+		if len(ops) == 0 { // every name a placed clone: the pool answers
+			made, err := h.Clone(ctx, prog)
+			out = made
+			return err
 		}
-		copies := append([]string{r.node.Name()}, cs.nodes...)
-		for i, m := range made {
-			if !fresh[m.Name] {
-				continue
-			}
-			spec := api.VolumeSpec{Name: m.Name, Capacity: m.Capacity, Labels: m.Labels, QoS: src.Spec.QoS,
-				Replicas: src.Spec.Replicas, Tenant: src.Spec.Tenant}
-			for _, d := range m.Disks {
-				spec.Disks = append(spec.Disks, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
-			}
-			var ch cluster.Charge
-			if charge != nil {
-				ch = charge(spec)
-			}
-			if _, err := r.node.PlaceClone(ctx, spec, uids[m.Name], req.Idempotency.Key, m.UID, copies, ch); err != nil {
-				// The clones placed before this one stay: each is whole.
-				left := map[string]bool{}
-				for _, n := range made[i:] {
-					left[n.Name] = fresh[n.Name]
-				}
-				r.undoClones(volume, cs, left, uids)
-				return fmt.Errorf("%s to %s: undone on every node: %w", what, m.Name, err)
-			}
-			delete(fresh, m.Name)
-		}
-		out = made
-		r.log.Info("clone made on every copy", "volume", volume, "snapshot", req.Source.Snapshot, "clones", len(made),
-			"copies", copies)
-		return nil
+		return r.intended(ctx, volume, cs, ops, func() error {
+			var err error
+			out, err = r.cloneAtCut(ctx, h, volume, what, cs, ops, src, req, charge, prog)
+			return err
+		})
 	})
 	if err != nil {
 		return nil, err
@@ -135,28 +101,46 @@ func (r *replicaSets) Clone(ctx context.Context, h *pool.CloneHold, req pool.Clo
 	return out, nil
 }
 
-// undoClones deletes the clones in names (those marked true) on the copies
-// (OpUnclone, for the ones with a cluster UID in uids) and here. It runs
-// at the cut, after a failure: what it cannot undo is logged with the
-// clone's name for an operator.
-func (r *replicaSets) undoClones(volume string, cs *cutState, names map[string]bool, uids map[string]string) {
-	ctx := context.Background()
-	for name, ours := range names {
-		if !ours {
-			continue
-		}
-		var errs error
-		if uid, sent := uids[name]; sent && len(cs.nodes) > 0 {
-			op := cluster.Op{Kind: cluster.OpUnclone, Name: name, UID: uid, Nodes: cs.nodes}
-			errs = r.node.RunOp(ctx, volume, cs.role.Term, op)
-		}
-		v, err := r.pool.Volume(name)
-		if err == nil && v.Info().Source != nil && v.Info().Source.Volume == volume {
-			errs = errors.Join(errs, r.pool.Delete(ctx, name))
-		}
-		if errs != nil {
-			r.log.Error("undo a clone the copies did not all make: delete it by hand", "volume", volume, "clone", name,
-				"err", errs)
+// cloneAtCut makes the clones of ops here, then on every in-sync copy, then
+// places each; a failure leaves the unplaced ones to the intent's undo
+// (errIntentOpen), which intended runs at once, the Sets still frozen.
+func (r *replicaSets) cloneAtCut(ctx context.Context, h *pool.CloneHold, volume, what string, cs *cutState,
+	ops []cluster.Op, src cluster.Placement, req pool.CloneRequest, charge func(api.VolumeSpec) cluster.Charge,
+	prog pool.Progress) ([]pool.VolumeInfo, error) {
+	made, err := h.Clone(ctx, prog)
+	if err != nil {
+		return nil, intentOpen(err) // some may be made
+	}
+	uids := map[string]string{}
+	for _, op := range ops {
+		uids[op.Name] = op.UID
+		if err := r.node.RunOp(ctx, volume, cs.role.Term, op); err != nil {
+			return nil, intentOpen(fmt.Errorf("%s to %s: a copy could not clone it; undone on every node: %w: %w", what,
+				op.Name, cluster.ErrCopyFailed, err))
 		}
 	}
+	r.crashPoint("clone:after-copies")
+	copies := append([]string{r.node.Name()}, cs.nodes...)
+	for _, m := range made {
+		uid, fresh := uids[m.Name]
+		if !fresh {
+			continue
+		}
+		spec := api.VolumeSpec{Name: m.Name, Capacity: m.Capacity, Labels: m.Labels, QoS: src.Spec.QoS,
+			Replicas: src.Spec.Replicas, Tenant: src.Spec.Tenant}
+		for _, d := range m.Disks {
+			spec.Disks = append(spec.Disks, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
+		}
+		var ch cluster.Charge
+		if charge != nil {
+			ch = charge(spec)
+		}
+		if _, err := r.node.PlaceClone(ctx, spec, uid, req.Idempotency.Key, m.UID, copies, ch); err != nil {
+			// The clones placed before this one stay: each is whole.
+			return nil, intentOpen(fmt.Errorf("%s to %s: undone on every node: %w", what, m.Name, err))
+		}
+	}
+	r.log.Info("clone made on every copy", "volume", volume, "snapshot", req.Source.Snapshot, "clones", len(made),
+		"copies", copies)
+	return made, nil
 }

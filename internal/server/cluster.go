@@ -75,6 +75,23 @@ func (s poolStore) DeleteCopy(ctx context.Context, name, uid string) error {
 	return err
 }
 
+// DeleteUnplacedClone deletes the local volume name when its manifest says
+// it is a clone of volume: a clone made at the cut of a replicated volume
+// whose placement never happened (its intent is undone, intent.go).
+func (s poolStore) DeleteUnplacedClone(ctx context.Context, volume, name string) error {
+	v, err := s.p.Volume(name)
+	if errors.Is(err, pool.ErrVolumeNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if src := v.Info().Source; src == nil || src.Volume != volume {
+		return nil // not a clone of volume: not ours
+	}
+	return s.DeleteCopy(ctx, name, v.Info().UID)
+}
+
 // LocalCopies lists the pool's volumes for the stale-copy check. A volume
 // is in use while it has an attachment other than the ones a copy made for
 // its primaries, or one of those with a connection open.

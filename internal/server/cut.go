@@ -122,7 +122,7 @@ func (r *replicaSets) applyAtCut(ctx context.Context, volume string, cs *cutStat
 		}
 	}
 	if errs != nil {
-		return errs
+		return intentOpen(errs)
 	}
 	specs := make([]api.DiskSpec, 0, len(disks))
 	var capacity int64
@@ -132,7 +132,10 @@ func (r *replicaSets) applyAtCut(ctx context.Context, volume string, cs *cutStat
 	for _, d := range disks {
 		specs = append(specs, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}
-	return r.node.UpdateDisks(ctx, volume, cs.role.Term, capacity, specs)
+	if err := r.node.UpdateDisks(ctx, volume, cs.role.Term, capacity, specs); err != nil {
+		return intentOpen(err)
+	}
+	return nil
 }
 
 // Rollback rolls a replicated volume this node is the primary of back to a
@@ -173,10 +176,14 @@ func (r *replicaSets) Rollback(ctx context.Context, h *pool.Hold, volume, snapsh
 			return fmt.Errorf("%s: refused, nothing changed: %s; the copies must hold the same snapshot (a copy "+
 				"rebuilt on another node has none of the older ones): %w", what, strings.Join(lack, "; "), cluster.ErrCopyMismatch)
 		}
-		if info, err = h.Rollback(ctx, snapshot, force, prog); err != nil {
-			return err
-		}
-		return r.applyAtCut(ctx, volume, cs, cluster.Op{Kind: cluster.OpRollback, Name: snapshot, UID: snap.UID}, info.Disks)
+		op := cluster.Op{Kind: cluster.OpRollback, Name: snapshot, UID: snap.UID}
+		return r.intended(ctx, volume, cs, []cluster.Op{op}, func() error {
+			if info, err = h.Rollback(ctx, snapshot, force, prog); err != nil {
+				return err
+			}
+			r.crashPoint("rollback:after-local")
+			return r.applyAtCut(ctx, volume, cs, op, info.Disks)
+		})
 	})
 	if err != nil {
 		return pool.VolumeInfo{}, err
@@ -188,9 +195,9 @@ func (r *replicaSets) Rollback(ctx context.Context, h *pool.Hold, volume, snapsh
 // AddDisk adds an empty disk to a replicated volume on every copy at one
 // cut (pool.Volume.AddDiskWith here first; durable on return).
 func (r *replicaSets) AddDisk(ctx context.Context, volume string, d pool.DiskSpec, idem pool.Idempotency) (pool.VolumeInfo, error) {
-	return r.diskChange(ctx, volume, "add disk "+d.Name+" to "+volume, nil, func(v *pool.Volume) (pool.VolumeInfo, cluster.Op, error) {
-		info, err := v.AddDiskWith(ctx, d, idem)
-		return info, cluster.Op{Kind: cluster.OpAddDisk, Name: d.Name, Disk: &api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared}}, err
+	op := cluster.Op{Kind: cluster.OpAddDisk, Name: d.Name, Disk: &api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared}}
+	return r.diskChange(ctx, volume, "add disk "+d.Name+" to "+volume, nil, op, func(v *pool.Volume) (pool.VolumeInfo, error) {
+		return v.AddDiskWith(ctx, d, idem)
 	})
 }
 
@@ -198,9 +205,9 @@ func (r *replicaSets) AddDisk(ctx context.Context, volume string, d pool.DiskSpe
 // A client connected before sees the old size until it connects again
 // (NBD gives the size at the handshake).
 func (r *replicaSets) GrowDisk(ctx context.Context, volume, disk string, size int64) (pool.VolumeInfo, error) {
-	return r.diskChange(ctx, volume, "grow disk "+disk+" of "+volume, []string{disk}, func(v *pool.Volume) (pool.VolumeInfo, cluster.Op, error) {
-		info, err := v.GrowDisk(ctx, disk, size)
-		return info, cluster.Op{Kind: cluster.OpGrowDisk, Name: disk, Disk: &api.DiskSpec{Name: disk, Size: size}}, err
+	op := cluster.Op{Kind: cluster.OpGrowDisk, Name: disk, Disk: &api.DiskSpec{Name: disk, Size: size}}
+	return r.diskChange(ctx, volume, "grow disk "+disk+" of "+volume, []string{disk}, op, func(v *pool.Volume) (pool.VolumeInfo, error) {
+		return v.GrowDisk(ctx, disk, size)
 	})
 }
 
@@ -208,31 +215,36 @@ func (r *replicaSets) GrowDisk(ctx context.Context, volume, disk string, size in
 // cut; while writers are connected it is refused (pool.ErrInUse) unless
 // force.
 func (r *replicaSets) RemoveDisk(ctx context.Context, volume, disk string, force bool) (pool.VolumeInfo, error) {
-	return r.diskChange(ctx, volume, "remove disk "+disk+" of "+volume, []string{disk}, func(v *pool.Volume) (pool.VolumeInfo, cluster.Op, error) {
-		info, err := v.RemoveDiskWith(ctx, disk, force)
-		return info, cluster.Op{Kind: cluster.OpRemoveDisk, Name: disk, Disk: &api.DiskSpec{Name: disk}}, err
+	op := cluster.Op{Kind: cluster.OpRemoveDisk, Name: disk, Disk: &api.DiskSpec{Name: disk}}
+	return r.diskChange(ctx, volume, "remove disk "+disk+" of "+volume, []string{disk}, op, func(v *pool.Volume) (pool.VolumeInfo, error) {
+		return v.RemoveDiskWith(ctx, disk, force)
 	})
 }
 
 // diskChange runs local, a change of this copy's disks, at the cut, then
-// the same change on every in-sync copy (applyAtCut). A local change that
-// changed nothing (an idempotent retry, a grow to the same size) is still
-// sent: the copies answer it the same way.
-func (r *replicaSets) diskChange(ctx context.Context, volume, what string, reset []string,
-	local func(v *pool.Volume) (pool.VolumeInfo, cluster.Op, error)) (pool.VolumeInfo, error) {
+// the same change, op, on every in-sync copy (applyAtCut), under an intent
+// recorded before the local change. A local change that changed nothing
+// (an idempotent retry, a grow to the same size) is still sent: the copies
+// answer it the same way.
+func (r *replicaSets) diskChange(ctx context.Context, volume, what string, reset []string, op cluster.Op,
+	local func(v *pool.Volume) (pool.VolumeInfo, error)) (pool.VolumeInfo, error) {
 	v, err := r.pool.Volume(volume)
 	if err != nil {
 		return pool.VolumeInfo{}, err
 	}
 	var info pool.VolumeInfo
 	err = r.atCut(ctx, volume, what, func() []string { return reset }, func(ctx context.Context, cs *cutState) error {
-		var op cluster.Op
-		var err error
-		if info, op, err = local(v); err != nil {
-			return err
-		}
-		op.Capacity = info.Capacity
-		return r.applyAtCut(ctx, volume, cs, op, info.Disks)
+		// A disk change leaves the volume's capacity as it is.
+		op.Capacity = v.Info().Capacity
+		return r.intended(ctx, volume, cs, []cluster.Op{op}, func() error {
+			var err error
+			if info, err = local(v); err != nil {
+				return err
+			}
+			op.Capacity = info.Capacity
+			r.crashPoint(op.Kind + ":after-local")
+			return r.applyAtCut(ctx, volume, cs, op, info.Disks)
+		})
 	})
 	if err != nil {
 		return pool.VolumeInfo{}, err

@@ -125,6 +125,12 @@ type replicaSets struct {
 	// retired: per volume, the term up to which this node handed it over
 	// (drain.go); its handles of those terms abandon every request.
 	retired map[string]uint64
+	// intents are the intents of changes at the cut this process began
+	// (intent.go).
+	intents intentsHere
+	// crashFile is the hidden test flag's crash-point file (crashPoint);
+	// empty in production.
+	crashFile string
 }
 
 type setEntry struct {
@@ -148,6 +154,11 @@ func newReplicaSets(node *cluster.Node, p *pool.Pool, log *slog.Logger, m *replM
 // term); the older term's Set stays with its last users, whose writes the
 // copies refuse (term fencing) and whose answers the lease fencing holds.
 func (r *replicaSets) acquire(ctx context.Context, volume, disk string, role cluster.Role, size int64) (*setEntry, error) {
+	// An intent left behind is settled before any Set of the volume
+	// writes at this term.
+	if err := r.settleFirst(ctx, volume); err != nil {
+		return nil, fmt.Errorf("settle the intent on %s: %w: %w", volume, cluster.ErrNotReady, err)
+	}
 	for _, t := range role.Targets {
 		if t.Term < role.Term {
 			// An in-sync copy that has not followed this term yet: wait

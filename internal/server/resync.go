@@ -60,6 +60,9 @@ func (r *replicaSets) resyncLoop(ctx context.Context) {
 		for _, ni := range nodes {
 			up[ni.Name] = ni.Up
 		}
+		lctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
+		r.settleRound(lctx, pls)
+		cancel()
 		me := r.node.Name()
 		for name, p := range pls {
 			if p.Primary != me || p.Deleting || p.Replicas <= 1 {

@@ -79,6 +79,11 @@ type Config struct {
 	// any of its flags is set; its addresses, state directory and logger are
 	// filled in by Run. The zero value: a single node, as before.
 	Cluster cluster.Config
+	// TestCrashPointFile is for test/cluster only (the hidden flag
+	// --test-crash-point-file): a file whose content names a step of a
+	// change at the cut where this process kills itself (crashPoint).
+	// Empty: none.
+	TestCrashPointFile string
 }
 
 // ErrInsecure refuses a non-loopback listener without authentication.
@@ -221,6 +226,7 @@ func Run(ctx context.Context, cfg Config) error {
 		rm := newReplMetrics()
 		m.Register(rm.collectors()...)
 		sets := newReplicaSets(node, p, log, rm, cfg.Cluster, jobs)
+		sets.crashFile = cfg.TestCrashPointFile
 		rctx, rcancel := context.WithCancel(context.Background())
 		resyncDone := make(chan struct{})
 		go func() { defer close(resyncDone); sets.resyncLoop(rctx) }()

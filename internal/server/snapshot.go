@@ -35,22 +35,27 @@ func (r *replicaSets) Snapshot(ctx context.Context, volume, name string, idem po
 		var b [12]byte
 		_, _ = rand.Read(b[:])
 		idem.UID = hex.EncodeToString(b[:])
-		var err error
-		info, created, err = v.CreateSnapshotWith(ctx, name, idem, prog)
-		if err != nil || !created {
-			return err
-		}
-		op := cluster.Op{Kind: cluster.OpSnapshot, Name: name, UID: info.UID, Nodes: cs.nodes}
-		if err := r.node.RunOp(ctx, volume, cs.role.Term, op); err != nil {
-			undo := cluster.Op{Kind: cluster.OpDeleteSnapshot, Name: name, UID: info.UID, Nodes: cs.nodes}
-			uerr := errors.Join(v.DeleteSnapshot(context.Background(), name), r.node.RunOp(context.Background(), volume, cs.role.Term, undo))
-			if uerr != nil {
-				r.log.Error("undo a snapshot the copies did not all take", "volume", volume, "snapshot", name, "err", uerr)
+		op := cluster.Op{Kind: cluster.OpSnapshot, Name: name, UID: idem.UID, Nodes: cs.nodes}
+		return r.intended(ctx, volume, cs, []cluster.Op{op}, func() error {
+			var err error
+			info, created, err = v.CreateSnapshotWith(ctx, name, idem, prog)
+			if err != nil || !created {
+				return err
 			}
-			return err
-		}
-		r.log.Info("snapshot taken on every copy", "volume", volume, "snapshot", name, "uid", info.UID, "copies", cs.nodes)
-		return nil
+			r.crashPoint("snapshot:after-local")
+			op.UID = info.UID
+			if err := r.node.RunOp(ctx, volume, cs.role.Term, op); err != nil {
+				undo := cluster.Op{Kind: cluster.OpDeleteSnapshot, Name: name, UID: info.UID, Nodes: cs.nodes}
+				uerr := errors.Join(v.DeleteSnapshot(context.Background(), name), r.node.RunOp(context.Background(), volume, cs.role.Term, undo))
+				if uerr != nil {
+					r.log.Error("undo a snapshot the copies did not all take", "volume", volume, "snapshot", name, "err", uerr)
+					return intentOpen(err)
+				}
+				return err
+			}
+			r.log.Info("snapshot taken on every copy", "volume", volume, "snapshot", name, "uid", info.UID, "copies", cs.nodes)
+			return nil
+		})
 	})
 	if err != nil {
 		return pool.SnapshotInfo{}, false, err

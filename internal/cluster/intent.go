@@ -1,0 +1,273 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Intents (docs/cluster.md, "Intents: a change at the cut that outlives its
+// primary"). Before a primary changes its own copy at the cut (a snapshot,
+// a rollback, a disk change, clones), it records the change in
+// intents/<volume>, as the primary at its term holding its lease; it
+// removes the record when every in-sync copy applied the change or was
+// recorded diverged. A record left behind (the primary crashed, or lost
+// etcd before it could record a copy's state) is settled by the volume's
+// primary of the moment (the promoted copy, or the old primary itself when
+// it comes back and wins) before the volume serves I/O at its term: it is
+// finished or undone everywhere, per kind (Settle).
+
+// Intent is intents/<volume>: one change at the cut of the volume, at most
+// one at a time.
+type Intent struct {
+	ID      string `json:"id"`
+	Primary string `json:"primary"`
+	Term    uint64 `json:"term"`
+	// Ops is the change as the copies are sent it: one op, or one OpClone
+	// per clone of a request.
+	Ops []Op `json:"ops"`
+	// Nodes are the copies in sync at the cut, the primary's excluded.
+	Nodes []string `json:"nodes"`
+	// Pending, once the intent was settled by undoing it: the nodes that
+	// still hold a part of it (down when it was undone). The record stays
+	// until each has removed its part.
+	Pending   []string  `json:"pending,omitempty"`
+	Settled   bool      `json:"settled,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	// rev is the record's mod revision, from etcd.
+	rev int64
+}
+
+// Settlement is what a primary does with an intent it finds left behind.
+type Settlement int
+
+const (
+	// SettleFinish applies the change on the primary's copy (again: each
+	// op answers the same when applied twice) and on every in-sync copy; a
+	// copy that fails it is recorded diverged, and its resync makes it the
+	// primary's. For what cannot be taken back (a rollback, a grow, a disk
+	// removed) and a disk added: the changes of the volume's disks.
+	SettleFinish Settlement = iota
+	// SettleUndo deletes what the change made on every node that holds a
+	// part of it: clones not placed in etcd (a clone placed is whole, and
+	// kept), a snapshot (by its UID). Nodes down are asked again when they
+	// are back: a resync would not carry a snapshot to them.
+	SettleUndo
+)
+
+func (s Settlement) String() string {
+	if s == SettleUndo {
+		return "undo"
+	}
+	return "finish"
+}
+
+// SettleOf says how an intent left behind is settled: clones and
+// snapshots are undone, changes of the disks finished.
+func SettleOf(in Intent) Settlement {
+	for _, op := range in.Ops {
+		if op.Kind == OpClone || op.Kind == OpSnapshot {
+			return SettleUndo
+		}
+	}
+	return SettleFinish
+}
+
+// NeedsSettling says whether an intent found for a volume must be settled
+// before the volume serves I/O: it was not begun by this process (ownHere:
+// this process's own code path ends it, and may have let I/O go on after
+// it), and it was not settled already (an undone intent waiting only for
+// its pending nodes leaves the volume's data as it is).
+func NeedsSettling(in Intent, ownHere bool) bool {
+	return !in.Settled && !ownHere
+}
+
+// UndoOps lists the operations that undo an intent settled by undoing:
+// an OpUnclone for each clone that is not placed (placed maps a clone name
+// to the cluster UID of the volume of that name in etcd; a name placed with
+// another UID is another volume, so its clone was never placed either),
+// and an OpDeleteSnapshot of a snapshot by its UID.
+func UndoOps(in Intent, placed map[string]string) []Op {
+	var out []Op
+	for _, op := range in.Ops {
+		switch {
+		case op.Kind == OpClone && placed[op.Name] != op.UID:
+			out = append(out, Op{Kind: OpUnclone, Name: op.Name, UID: op.UID})
+		case op.Kind == OpSnapshot:
+			out = append(out, Op{Kind: OpDeleteSnapshot, Name: op.Name, UID: op.UID})
+		}
+	}
+	return out
+}
+
+// HoldersOf lists the nodes that may hold a part of an undone intent, this
+// node excluded: the primary that began it and the copies it sent it to.
+func HoldersOf(in Intent, me string) []string {
+	var out []string
+	for _, n := range append([]string{in.Primary}, in.Nodes...) {
+		if n != me && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// StillPending lists the nodes of pending that still hold their part after
+// an undo round: those that did not answer it (answered: nil for done), and
+// that are still in the volume's placement (placement: copies and
+// removing). A node out of the placement is dropped: it holds no copy of
+// the volume the cluster knows of (docs/cluster.md says what it keeps).
+func StillPending(pending []string, answered map[string]error, placement []string) []string {
+	var out []string
+	for _, n := range pending {
+		if err, ok := answered[n]; ok && err == nil {
+			continue
+		}
+		if slices.Contains(placement, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// ErrIntentPending: an earlier change at the cut of the volume is being
+// settled; try again.
+var ErrIntentPending = errors.New("an earlier change at the cut of the volume is being settled")
+
+// BeginIntent records in as the volume's intent, as its primary at term:
+// one Txn that needs primary/<volume> held by this node at that term under
+// its current lease, and no intent recorded. It returns the intent as
+// recorded (EndIntent takes it).
+func (n *Node) BeginIntent(ctx context.Context, volume string, term uint64, ops []Op, nodes []string) (Intent, error) {
+	s := n.session()
+	if s == nil || !n.up.Load() {
+		return Intent{}, fmt.Errorf("record the intent on %q: %w", volume, ErrNoSession)
+	}
+	me := n.cfg.NodeName
+	in := Intent{ID: newID(), Primary: me, Term: term, Nodes: slices.Clone(nodes), CreatedAt: time.Now().UTC()}
+	for _, op := range ops {
+		op.Primary, op.Term = me, term
+		in.Ops = append(in.Ops, op)
+	}
+	pk, ik := n.key("primary", volume), n.key("intents", volume)
+	resp, err := n.cli.Txn(ctx).If(n.primaryHeld(pk, term, s.Lease())...).
+		Then(clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ik), "=", 0)},
+			[]clientv3.Op{clientv3.OpPut(ik, mustJSON(in))}, []clientv3.Op{clientv3.OpGet(ik)})).Commit()
+	if err != nil {
+		return Intent{}, fmt.Errorf("record the intent on %q: %w", volume, err)
+	}
+	if !resp.Succeeded {
+		return Intent{}, fmt.Errorf("record the intent on %q: this node is not the primary at term %d under its lease: %w",
+			volume, term, ErrNotPrimary)
+	}
+	inner := resp.Responses[0].GetResponseTxn()
+	if !inner.Succeeded {
+		var have Intent
+		if kvs := inner.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			_ = json.Unmarshal(kvs[0].Value, &have)
+		}
+		return Intent{}, fmt.Errorf("volume %q: intent %s (%s, by %s at term %d) is not settled yet: %w", volume,
+			have.ID, intentKinds(have), have.Primary, have.Term, ErrIntentPending)
+	}
+	in.rev = resp.Header.Revision // the Put's mod revision
+	return in, nil
+}
+
+// primaryHeld are the compares that hold while this node is the volume's
+// primary at term under lease.
+func (n *Node) primaryHeld(pk string, term uint64, lease clientv3.LeaseID) []clientv3.Cmp {
+	return []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(pk), "=", lease),
+		clientv3.Compare(clientv3.Value(pk), "=", mustJSON(primaryRecord{Node: n.cfg.NodeName, Term: term}))}
+}
+
+func intentKinds(in Intent) string {
+	if len(in.Ops) == 0 {
+		return "nothing"
+	}
+	s := in.Ops[0].Kind + " " + in.Ops[0].Name
+	if len(in.Ops) > 1 {
+		s += fmt.Sprintf(" and %d more", len(in.Ops)-1)
+	}
+	return s
+}
+
+// EndIntent removes in, the change done (every in-sync copy applied it or
+// was recorded diverged), as the primary at term holding its lease. When it
+// fails the record stays and the next primary finishes the change again,
+// which changes nothing.
+func (n *Node) EndIntent(ctx context.Context, volume string, term uint64, in Intent) error {
+	return n.SettledIntent(ctx, volume, term, in, nil)
+}
+
+// SettledIntent records the outcome of settling in, as the primary at term
+// holding its lease: the record goes when pending is empty; otherwise it
+// stays, settled, with the nodes that still hold a part of it.
+func (n *Node) SettledIntent(ctx context.Context, volume string, term uint64, in Intent, pending []string) error {
+	s := n.session()
+	if s == nil || !n.up.Load() {
+		return fmt.Errorf("settle the intent on %q: %w", volume, ErrNoSession)
+	}
+	ik := n.key("intents", volume)
+	op := clientv3.OpDelete(ik)
+	if len(pending) > 0 {
+		in.Pending, in.Settled = slices.Clone(pending), true
+		op = clientv3.OpPut(ik, mustJSON(in))
+	}
+	cmps := append(n.primaryHeld(n.key("primary", volume), term, s.Lease()),
+		clientv3.Compare(clientv3.ModRevision(ik), "=", in.rev))
+	resp, err := n.cli.Txn(ctx).If(cmps...).Then(op).Commit()
+	if err != nil {
+		return fmt.Errorf("settle the intent on %q: %w", volume, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("settle the intent on %q: the intent changed, or this node is not the primary at term %d "+
+			"under its lease: %w", volume, term, ErrNotPrimary)
+	}
+	return nil
+}
+
+// VolumeIntent reads the volume's intent, if any.
+func (n *Node) VolumeIntent(ctx context.Context, volume string) (Intent, bool, error) {
+	resp, err := n.cli.Get(ctx, n.key("intents", volume))
+	if err != nil {
+		return Intent{}, false, fmt.Errorf("read the intent on %q: %w", volume, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Intent{}, false, nil
+	}
+	var in Intent
+	if err := json.Unmarshal(resp.Kvs[0].Value, &in); err != nil {
+		return Intent{}, false, fmt.Errorf("etcd key %s: %w", resp.Kvs[0].Key, err)
+	}
+	in.rev = resp.Kvs[0].ModRevision
+	return in, true, nil
+}
+
+// Intents lists the recorded intents by volume.
+func (n *Node) Intents(ctx context.Context) (map[string]Intent, error) {
+	resp, err := n.cli.Get(ctx, n.key("intents")+"/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read the intents: %w", err)
+	}
+	out := map[string]Intent{}
+	for _, kv := range resp.Kvs {
+		var in Intent
+		if json.Unmarshal(kv.Value, &in) == nil {
+			in.rev = kv.ModRevision
+			out[lastSegment(string(kv.Key))] = in
+		}
+	}
+	return out, nil
+}
+
+// UndoClone deletes this node's part of clone op (OpClone of an intent on
+// volume) when the clone is not placed: as applyUnclone.
+func (n *Node) UndoClone(ctx context.Context, volume string, op Op) error {
+	return n.applyUnclone(ctx, volume, op)
+}
