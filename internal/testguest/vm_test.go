@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -60,5 +61,24 @@ func TestVMWaitConsoleExited(t *testing.T) {
 	// Printed just before the end counts.
 	if err := v.WaitConsole(t.Context(), "guest: panic"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestMachineArgs(t *testing.T) {
+	k := &Kernel{Dir: "/k", Vmlinuz: "vmlinuz"}
+	base := []string{
+		"-machine", "pc", "-accel", "tcg", "-cpu", "qemu64", "-smp", "1", "-m", "128",
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-kernel", "/k/vmlinuz", "-initrd", "/i",
+		"-append", "console=ttyS0 loglevel=4 panic=-1",
+		"-serial", "file:/c",
+	}
+	if got := QEMUArgs(k, "/i", "/c"); !slices.Equal(got, base) {
+		t.Errorf("QEMUArgs = %q\nwant %q", got, base)
+	}
+	want := slices.Clone(base)
+	want[5], want[9], want[20] = "max", "256", "console=ttyS0 loglevel=4 panic=-1 quiet"
+	if got := (Machine{CPU: "max", MemoryMiB: 256, Cmdline: "quiet"}).Args(k, "/i", "/c"); !slices.Equal(got, want) {
+		t.Errorf("Machine.Args = %q\nwant %q", got, want)
 	}
 }
