@@ -11,9 +11,10 @@
 // acknowledged is on the new one, and what it did not acknowledge is written
 // again.
 //
-// It imports pool (the Disk interface and its errors), nbd (ErrAbandon)
-// and nbdclient (the NBD client); it must not import the cluster or the
-// server.
+// It imports pool (the Disk interface and its errors), nbd (ErrAbandon,
+// and DomainError: the way back from an NBD error value, so that one table
+// maps both ways) and nbdclient (the NBD client); it must not import the
+// cluster or the server.
 //
 // Imports from quiver: nbd, nbdclient, pool.
 package forward

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"syscall"
 
+	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/nbdclient"
-	"github.com/quiverstorage/quiver/internal/pool"
 )
 
 // errConnLost: the connection to the primary broke, or did not answer in
@@ -16,17 +16,6 @@ var errConnLost = errors.New("connection to the primary lost")
 // errRefused: the primary's node refused the export at the handshake (not
 // the primary any more, or not ready yet). Tried again.
 var errRefused = errors.New("export refused")
-
-// NBD error values ("Error values") that the serving node maps domain
-// errors to.
-const (
-	errPerm     = 1
-	errNoMem    = 12
-	errInval    = 22
-	errNoSpc    = 28
-	errNotSup   = 95
-	errShutdown = 108
-)
 
 // forwardErr maps an nbdclient error to this package's: an NBD error
 // value back to the domain error the serving node mapped to it (so this
@@ -47,21 +36,14 @@ func forwardErr(err error) error {
 }
 
 // fromErrno maps an NBD error value back to the domain error the serving
-// node mapped to it.
+// node mapped to it (nbd.DomainError). ESHUTDOWN, the primary draining,
+// is errConnLost: the request goes to the next primary.
 func fromErrno(errno uint32) error {
-	switch errno {
-	case errPerm:
-		return pool.ErrFenced
-	case errInval:
-		return pool.ErrInvalid
-	case errNoSpc:
-		return pool.ErrNoSpace
-	case errNotSup:
-		return pool.ErrNotSupported
-	case errNoMem:
-		return syscall.ENOMEM
-	case errShutdown:
-		return errConnLost // the primary is shutting down: go to the next
+	if syscall.Errno(errno) == syscall.ESHUTDOWN {
+		return errConnLost
+	}
+	if err := nbd.DomainError(errno); err != nil {
+		return err
 	}
 	return fmt.Errorf("primary answered NBD error %d", errno)
 }

@@ -5,13 +5,15 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 func TestReflink(t *testing.T) {
 	for _, tc := range reflinkCases {
 		t.Run(tc.name, func(t *testing.T) {
 			srcDir, dstDir := tc.dirs(t)
-			srcPath := makeSparse(t, srcDir, "src")
+			srcPath := testfs.MakeSparse(t, srcDir, "src")
 			dstPath := filepath.Join(dstDir, "dst")
 			src, err := os.Open(srcPath)
 			if err != nil {
@@ -34,7 +36,7 @@ func TestReflink(t *testing.T) {
 				}
 				return
 			}
-			assertSameFile(t, dstPath, srcPath)
+			testfs.AssertSameFile(t, dstPath, srcPath)
 		})
 	}
 }

@@ -5,21 +5,23 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 func TestProbe(t *testing.T) {
 	tests := []struct {
-		fs   fsCase
+		fs   testfs.FS
 		want Caps
 	}{
-		{onExt4, Caps{Filesystem: "ext4", CopyFileRange: true, SeekHole: true}},
-		{onXFS, Caps{Filesystem: "xfs", Reflink: true, CopyFileRange: true, SeekHole: true, ExtentSizeHint: true}},
-		{onBtrfs, Caps{Filesystem: "btrfs", Reflink: true, CopyFileRange: true, SeekHole: true, BtrfsSubvolumes: true}},
-		{onTmpfs, Caps{Filesystem: "tmpfs", CopyFileRange: true, SeekHole: true}},
+		{testfs.OnExt4, Caps{Filesystem: "ext4", CopyFileRange: true, SeekHole: true}},
+		{testfs.OnXFS, Caps{Filesystem: "xfs", Reflink: true, CopyFileRange: true, SeekHole: true, ExtentSizeHint: true}},
+		{testfs.OnBtrfs, Caps{Filesystem: "btrfs", Reflink: true, CopyFileRange: true, SeekHole: true, BtrfsSubvolumes: true}},
+		{testfs.OnTmpfs, Caps{Filesystem: "tmpfs", CopyFileRange: true, SeekHole: true}},
 	}
 	for _, tc := range tests {
-		t.Run(tc.fs.name, func(t *testing.T) {
-			dir := tc.fs.dir(t)
+		t.Run(tc.fs.Name, func(t *testing.T) {
+			dir := tc.fs.Dir(t)
 			got, err := Probe(dir)
 			if err != nil {
 				t.Fatalf("Probe: %v", err)

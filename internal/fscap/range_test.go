@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 func TestReflinkRange(t *testing.T) {
@@ -40,7 +42,7 @@ func TestReflinkRange(t *testing.T) {
 			punch(t, src, want, 1<<20, 128<<10)
 			writeAt(t, src, want, randomBytes(3, 4096), 2<<20) // not cloned again
 			writeAt(t, src, want, randomBytes(4, 512), 4<<20)
-			for _, r := range []run{{Off: 64 << 10, Len: 64 << 10}, {Off: 1 << 20, Len: 128 << 10}, {Off: 4 << 20, Len: 512}} {
+			for _, r := range []testfs.Run{{Off: 64 << 10, Len: 64 << 10}, {Off: 1 << 20, Len: 128 << 10}, {Off: 4 << 20, Len: 512}} {
 				if err := ReflinkRange(dst, src, r.Off, r.Len); err != nil {
 					t.Fatalf("ReflinkRange [%d, +%d): %v", r.Off, r.Len, err)
 				}
@@ -72,7 +74,7 @@ func TestReflinkRangeBadArgs(t *testing.T) {
 	dir := t.TempDir()
 	src := createWith(t, filepath.Join(dir, "src"), nil)
 	dst := createWith(t, filepath.Join(dir, "dst"), nil)
-	for _, r := range []run{{Off: -4096, Len: 4096}, {Off: 0, Len: -1}} {
+	for _, r := range []testfs.Run{{Off: -4096, Len: 4096}, {Off: 0, Len: -1}} {
 		if err := ReflinkRange(dst, src, r.Off, r.Len); err == nil {
 			t.Errorf("ReflinkRange [%d, +%d) succeeded, want an error", r.Off, r.Len)
 		}

@@ -7,15 +7,17 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 // TestSolid checks each state a 1 MiB range can be in on XFS and btrfs: a
 // hole, partly written, preallocated, written, shared with a reflink copy,
 // and written again whole after the copy.
 func TestSolid(t *testing.T) {
-	for _, fc := range []fsCase{onXFS, onBtrfs} {
-		t.Run(fc.name, func(t *testing.T) {
-			dir := fc.dir(t)
+	for _, fc := range []testfs.FS{testfs.OnXFS, testfs.OnBtrfs} {
+		t.Run(fc.Name, func(t *testing.T) {
+			dir := fc.Dir(t)
 			f, err := os.OpenFile(filepath.Join(dir, "a.img"), os.O_RDWR|os.O_CREATE, 0o644)
 			if err != nil {
 				t.Fatal(err)
@@ -68,7 +70,7 @@ func TestSolid(t *testing.T) {
 		})
 	}
 	t.Run("tmpfs", func(t *testing.T) {
-		f, err := os.Create(filepath.Join(onTmpfs.dir(t), "a.img"))
+		f, err := os.Create(filepath.Join(testfs.OnTmpfs.Dir(t), "a.img"))
 		if err != nil {
 			t.Fatal(err)
 		}

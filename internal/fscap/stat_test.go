@@ -5,29 +5,31 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 func TestAllocatedExtents(t *testing.T) {
 	tests := []struct {
-		fs             fsCase
+		fs             testfs.FS
 		extentsWantErr error
 	}{
-		{fs: onExt4},
-		{fs: onXFS},
-		{fs: onBtrfs},
-		{fs: onTmpfs, extentsWantErr: ErrNotSupported},
+		{fs: testfs.OnExt4},
+		{fs: testfs.OnXFS},
+		{fs: testfs.OnBtrfs},
+		{fs: testfs.OnTmpfs, extentsWantErr: ErrNotSupported},
 	}
 	for _, tc := range tests {
-		t.Run(tc.fs.name, func(t *testing.T) {
-			dir := tc.fs.dir(t)
-			path := makeSparse(t, dir, "src")
+		t.Run(tc.fs.Name, func(t *testing.T) {
+			dir := tc.fs.Dir(t)
+			path := testfs.MakeSparse(t, dir, "src")
 			f, err := os.Open(path)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer f.Close()
 
-			data := sumRuns(sparseRuns) // storage.TestDataBytes checks the walk
+			data := testfs.SumRuns(testfs.SparseRuns) // storage.TestDataBytes checks the walk
 
 			alloc, err := Allocated(path)
 			if err != nil {
@@ -41,8 +43,8 @@ func TestAllocatedExtents(t *testing.T) {
 			if !errors.Is(err, tc.extentsWantErr) {
 				t.Fatalf("Extents: err = %v, want %v", err, tc.extentsWantErr)
 			}
-			if err == nil && n < len(sparseRuns) {
-				t.Errorf("Extents = %d, want at least one per data run (%d)", n, len(sparseRuns))
+			if err == nil && n < len(testfs.SparseRuns) {
+				t.Errorf("Extents = %d, want at least one per data run (%d)", n, len(testfs.SparseRuns))
 			}
 
 			total, free, err := Usage(dir)
@@ -84,23 +86,23 @@ func TestSetExtentSizeHint(t *testing.T) {
 	const hint = 1 << 20
 	tests := []struct {
 		name     string
-		fs       fsCase
+		fs       testfs.FS
 		hasData  bool
 		bytes    uint32
 		wantErr  error // nil: success
 		anyError bool  // an error other than the sentinels
 	}{
-		{name: "xfs", fs: onXFS, bytes: hint},
-		{name: "xfs clear", fs: onXFS, bytes: 0},
-		{name: "xfs file with data", fs: onXFS, hasData: true, bytes: hint, wantErr: ErrHasData},
-		{name: "xfs not a block multiple", fs: onXFS, bytes: 1000, anyError: true},
-		{name: "ext4", fs: onExt4, bytes: hint, wantErr: ErrNotSupported},
-		{name: "btrfs", fs: onBtrfs, bytes: hint, wantErr: ErrNotSupported},
-		{name: "tmpfs", fs: onTmpfs, bytes: hint, wantErr: ErrNotSupported},
+		{name: "xfs", fs: testfs.OnXFS, bytes: hint},
+		{name: "xfs clear", fs: testfs.OnXFS, bytes: 0},
+		{name: "xfs file with data", fs: testfs.OnXFS, hasData: true, bytes: hint, wantErr: ErrHasData},
+		{name: "xfs not a block multiple", fs: testfs.OnXFS, bytes: 1000, anyError: true},
+		{name: "ext4", fs: testfs.OnExt4, bytes: hint, wantErr: ErrNotSupported},
+		{name: "btrfs", fs: testfs.OnBtrfs, bytes: hint, wantErr: ErrNotSupported},
+		{name: "tmpfs", fs: testfs.OnTmpfs, bytes: hint, wantErr: ErrNotSupported},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			f, err := os.Create(filepath.Join(tc.fs.dir(t), "disk"))
+			f, err := os.Create(filepath.Join(tc.fs.Dir(t), "disk"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -109,7 +111,7 @@ func TestSetExtentSizeHint(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.hasData {
-				if _, err := f.WriteAt(content(0, blockSize), 0); err != nil {
+				if _, err := f.WriteAt(testfs.Content(0, testfs.BlockSize), 0); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -22,21 +22,38 @@ var (
 )
 
 // errnoMapping maps domain errors to NBD error values; the first match wins.
-// It is the only place where errors meet the NBD wire.
+// It is the only place where errors meet the NBD wire, both ways: where
+// several errors share a value, the entry marked back is the one a quiver
+// node forwarding to another (internal/forward) turns the value back into
+// (DomainError), so that its own NBD server answers the same value.
 var errnoMapping = []struct {
 	err   error
 	errno uint32
+	back  bool
 }{
-	{pool.ErrReadOnly, errPerm},
-	{pool.ErrFenced, errPerm},
-	{pool.ErrSyncFailed, errIO}, // whatever failed the sync: data may be lost, retrying cannot help
-	{pool.ErrDiskRemoved, errIO},
-	{pool.ErrOutOfRange, errInval},
-	{pool.ErrInvalid, errInval},
-	{pool.ErrNoSpace, errNoSpc}, // the storage layer's class: ENOSPC, EDQUOT, EFBIG
-	{pool.ErrNotSupported, errNotSup},
-	{errShuttingDown, errShutdown},
-	{syscall.ENOMEM, errNoMem},
+	{pool.ErrReadOnly, errPerm, false},
+	{pool.ErrFenced, errPerm, true},
+	{pool.ErrSyncFailed, errIO, false}, // whatever failed the sync: data may be lost, retrying cannot help
+	{pool.ErrDiskRemoved, errIO, false},
+	{pool.ErrOutOfRange, errInval, false},
+	{pool.ErrInvalid, errInval, true},
+	{pool.ErrNoSpace, errNoSpc, true}, // the storage layer's class: ENOSPC, EDQUOT, EFBIG
+	{pool.ErrNotSupported, errNotSup, true},
+	{errShuttingDown, errShutdown, false}, // a forwarding node tries the next primary instead
+	{syscall.ENOMEM, errNoMem, true},
+}
+
+// DomainError is the domain error that a quiver NBD server answers errno
+// for (the entry of errnoMapping marked back), or nil for a value without
+// one: EIO (any failure of the disk), ESHUTDOWN, and values quiver does
+// not send.
+func DomainError(errno uint32) error {
+	for _, m := range errnoMapping {
+		if m.back && m.errno == errno {
+			return m.err
+		}
+	}
+	return nil
 }
 
 // errShuttingDown answers requests that arrive while the server drains.

@@ -38,6 +38,39 @@ func TestToErrno(t *testing.T) {
 	}
 }
 
+// TestDomainError walks errnoMapping both ways: every value has at most
+// one way back, that way back maps to the value again, and every error of
+// the mapping comes back as one of the same value, or as none (EIO,
+// ESHUTDOWN).
+func TestDomainError(t *testing.T) {
+	want := map[uint32]error{errPerm: pool.ErrFenced, errInval: pool.ErrInvalid, errNoSpc: pool.ErrNoSpace,
+		errNotSup: pool.ErrNotSupported, errNoMem: syscall.ENOMEM}
+	backs := map[uint32]int{}
+	for _, m := range errnoMapping {
+		if m.back {
+			backs[m.errno]++
+		}
+	}
+	for _, errno := range append(specErrnos, 0, 2, 1000) {
+		if backs[errno] > 1 {
+			t.Errorf("NBD error %d has %d ways back", errno, backs[errno])
+		}
+		err := DomainError(errno)
+		if err != want[errno] {
+			t.Errorf("DomainError(%d) = %v, want %v", errno, err, want[errno])
+		}
+		if err != nil && toErrno(err) != errno {
+			t.Errorf("DomainError(%d) = %v, which maps to %d", errno, err, toErrno(err))
+		}
+	}
+	for _, m := range errnoMapping {
+		errno := toErrno(m.err)
+		if back := DomainError(errno); back != nil && toErrno(back) != errno {
+			t.Errorf("%v maps to %d, whose way back %v maps to %d", m.err, errno, back, toErrno(back))
+		}
+	}
+}
+
 // faultExports wraps exports with disks that fail: ReadAt of any range
 // touching [faultOff, +4 KiB) (data on root), Extents of any range touching
 // [extentFaultOff, +4 KiB), and every write, flush, trim and fast zero, each

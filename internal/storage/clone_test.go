@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/quiverstorage/quiver/internal/fscap"
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 // cloneFile creates dstPath (exclusively, 0600) as a copy of srcPath with
@@ -60,23 +61,23 @@ func TestClone(t *testing.T) {
 
 	tests := []struct {
 		name       string
-		fs         fsCase
+		fs         testfs.FS
 		caps       func(probed Caps) Caps // nil: use the probed caps
 		wantMethod string                 // "": reflink if the probe found it, else copy
 	}{
-		{name: "tempdir", fs: onTempDir},
-		{name: "ext4", fs: onExt4, wantMethod: MethodCopy},
-		{name: "ext4 claiming reflink", fs: onExt4, wantMethod: MethodCopy,
+		{name: "tempdir", fs: testfs.OnTempDir},
+		{name: "ext4", fs: testfs.OnExt4, wantMethod: MethodCopy},
+		{name: "ext4 claiming reflink", fs: testfs.OnExt4, wantMethod: MethodCopy,
 			caps: func(c Caps) Caps { c.Reflink = true; return c }},
-		{name: "tmpfs", fs: onTmpfs, wantMethod: MethodCopy},
-		{name: "xfs", fs: onXFS, wantMethod: MethodReflink},
-		{name: "xfs without reflink in caps", fs: onXFS, wantMethod: MethodCopy,
+		{name: "tmpfs", fs: testfs.OnTmpfs, wantMethod: MethodCopy},
+		{name: "xfs", fs: testfs.OnXFS, wantMethod: MethodReflink},
+		{name: "xfs without reflink in caps", fs: testfs.OnXFS, wantMethod: MethodCopy,
 			caps: func(c Caps) Caps { c.Reflink = false; return c }},
-		{name: "btrfs", fs: onBtrfs, wantMethod: MethodReflink},
+		{name: "btrfs", fs: testfs.OnBtrfs, wantMethod: MethodReflink},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := tc.fs.dir(t)
+			dir := tc.fs.Dir(t)
 			caps := mustProbe(t, dir)
 			if tc.caps != nil {
 				caps = tc.caps(caps)
@@ -85,7 +86,7 @@ func TestClone(t *testing.T) {
 			if want == "" {
 				want = map[bool]string{true: MethodReflink, false: MethodCopy}[caps.Reflink]
 			}
-			srcPath := makeSparse(t, dir, "src")
+			srcPath := testfs.MakeSparse(t, dir, "src")
 			dstPath := filepath.Join(dir, "dst")
 
 			var sum int64
@@ -96,13 +97,13 @@ func TestClone(t *testing.T) {
 			if method != want {
 				t.Errorf("method = %q, want %q", method, want)
 			}
-			assertSameFile(t, dstPath, srcPath)
-			srcMap, dstMap := seekMap(t, srcPath), seekMap(t, dstPath)
-			if !within(dstMap, srcMap) {
+			testfs.AssertSameFile(t, dstPath, srcPath)
+			srcMap, dstMap := testfs.SeekMap(t, srcPath), testfs.SeekMap(t, dstPath)
+			if !testfs.Within(dstMap, srcMap) {
 				t.Errorf("holes not preserved: dst data runs %v, src %v", dstMap, srcMap)
 			}
-			if method == MethodCopy && sum != sumRuns(srcMap) || method == MethodReflink && sum != 0 {
-				t.Errorf("progress adds up to %d, want the %d data bytes of src for a copy, 0 for a reflink", sum, sumRuns(srcMap))
+			if method == MethodCopy && sum != testfs.SumRuns(srcMap) || method == MethodReflink && sum != 0 {
+				t.Errorf("progress adds up to %d, want the %d data bytes of src for a copy, 0 for a reflink", sum, testfs.SumRuns(srcMap))
 			}
 			fi, err := os.Stat(dstPath)
 			if err != nil {
@@ -116,7 +117,7 @@ func TestClone(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if data := sumRuns(dstMap); alloc > data+1<<20 {
+				if data := testfs.SumRuns(dstMap); alloc > data+1<<20 {
 					t.Errorf("copy allocates %d bytes for %d data bytes: not sparse", alloc, data)
 				}
 			}
@@ -127,21 +128,21 @@ func TestClone(t *testing.T) {
 func TestCloneCancel(t *testing.T) {
 	tests := []struct {
 		name string
-		fs   fsCase
+		fs   testfs.FS
 		// cancelAfter is the number of progress calls before ctx is
 		// cancelled; 0 cancels before Clone starts.
 		cancelAfter int
 	}{
-		{"ext4 before start", onExt4, 0},
-		{"ext4 after first chunk", onExt4, 1},
-		{"ext4 after third chunk", onExt4, 3},
-		{"xfs before start", onXFS, 0},
+		{"ext4 before start", testfs.OnExt4, 0},
+		{"ext4 after first chunk", testfs.OnExt4, 1},
+		{"ext4 after third chunk", testfs.OnExt4, 3},
+		{"xfs before start", testfs.OnXFS, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := tc.fs.dir(t)
+			dir := tc.fs.Dir(t)
 			caps := mustProbe(t, dir)
-			srcPath := makeSparse(t, dir, "src")
+			srcPath := testfs.MakeSparse(t, dir, "src")
 			dstPath := filepath.Join(dir, "dst")
 
 			ctx, cancel := context.WithCancel(context.Background())
@@ -178,15 +179,15 @@ func TestCloneReflinkLarge(t *testing.T) {
 		maxSpent = 64 << 20
 		samples  = 64
 	)
-	for _, fsc := range []fsCase{onXFS, onBtrfs} {
-		t.Run(fsc.name, func(t *testing.T) {
-			dir := fsc.dir(t)
+	for _, fsc := range []testfs.FS{testfs.OnXFS, testfs.OnBtrfs} {
+		t.Run(fsc.Name, func(t *testing.T) {
+			dir := fsc.Dir(t)
 			caps := mustProbe(t, dir)
 			if !caps.Reflink {
 				t.Fatalf("Probe(%s) = %+v, want Reflink", dir, caps)
 			}
 			srcPath := filepath.Join(dir, "src")
-			writeRuns(t, srcPath, size, []run{{Off: 0, Len: size}})
+			testfs.WriteRuns(t, srcPath, size, []testfs.Run{{Off: 0, Len: size}})
 			dstPath := filepath.Join(dir, "dst")
 
 			_, freeBefore := usageAfterSync(t, dir)
@@ -219,23 +220,23 @@ func TestCloneReflinkLarge(t *testing.T) {
 			}
 			defer dst.Close()
 			rng := rand.New(rand.NewPCG(1, 2))
-			a, b := make([]byte, blockSize), make([]byte, blockSize)
+			a, b := make([]byte, testfs.BlockSize), make([]byte, testfs.BlockSize)
 			for range samples {
-				off := rng.Int64N(size/blockSize) * blockSize
+				off := rng.Int64N(size/testfs.BlockSize) * testfs.BlockSize
 				if _, err := src.ReadAt(a, off); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := dst.ReadAt(b, off); err != nil {
 					t.Fatal(err)
 				}
-				if !bytes.Equal(a, b) || !bytes.Equal(a, content(off, blockSize)) {
+				if !bytes.Equal(a, b) || !bytes.Equal(a, testfs.Content(off, testfs.BlockSize)) {
 					t.Fatalf("block at %d differs between src, dst and what was written", off)
 				}
 			}
-			assertSameFile(t, dstPath, srcPath)
+			testfs.AssertSameFile(t, dstPath, srcPath)
 
 			// Copy on write: changing the clone leaves the source alone.
-			if _, err := dst.WriteAt(bytes.Repeat([]byte{0xAB}, blockSize), 0); err != nil {
+			if _, err := dst.WriteAt(bytes.Repeat([]byte{0xAB}, testfs.BlockSize), 0); err != nil {
 				t.Fatal(err)
 			}
 			if err := dst.Sync(); err != nil {
@@ -244,7 +245,7 @@ func TestCloneReflinkLarge(t *testing.T) {
 			if _, err := src.ReadAt(a, 0); err != nil {
 				t.Fatal(err)
 			}
-			if !bytes.Equal(a, content(0, blockSize)) {
+			if !bytes.Equal(a, testfs.Content(0, testfs.BlockSize)) {
 				t.Error("writing to the clone changed the source")
 			}
 		})

@@ -8,21 +8,22 @@ import (
 	"testing"
 
 	"github.com/quiverstorage/quiver/internal/fscap"
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 func TestCopySparse(t *testing.T) {
-	for _, fs := range []fsCase{onTempDir, onExt4, onXFS, onBtrfs, onTmpfs} {
+	for _, fs := range []testfs.FS{testfs.OnTempDir, testfs.OnExt4, testfs.OnXFS, testfs.OnBtrfs, testfs.OnTmpfs} {
 		for _, method := range []struct {
 			name   string
 			useCFR bool
 		}{{"copy_file_range", true}, {"read_write", false}} {
-			t.Run(fs.name+"/"+method.name, func(t *testing.T) {
-				dir := fs.dir(t)
-				srcPath := makeSparse(t, dir, "src")
+			t.Run(fs.Name+"/"+method.name, func(t *testing.T) {
+				dir := fs.Dir(t)
+				srcPath := testfs.MakeSparse(t, dir, "src")
 				dstPath := filepath.Join(dir, "dst")
 				src, dst := openPair(t, srcPath, dstPath)
 				// Old content must not survive in dst's holes.
-				if _, err := dst.WriteAt(content(0, 4<<20), 0); err != nil {
+				if _, err := dst.WriteAt(testfs.Content(0, 4<<20), 0); err != nil {
 					t.Fatal(err)
 				}
 
@@ -35,16 +36,16 @@ func TestCopySparse(t *testing.T) {
 					t.Fatal(err)
 				}
 
-				assertSameFile(t, dstPath, srcPath)
-				srcMap, dstMap := seekMap(t, srcPath), seekMap(t, dstPath)
-				if !within(dstMap, srcMap) {
+				testfs.AssertSameFile(t, dstPath, srcPath)
+				srcMap, dstMap := testfs.SeekMap(t, srcPath), testfs.SeekMap(t, dstPath)
+				if !testfs.Within(dstMap, srcMap) {
 					t.Errorf("holes not preserved: dst data runs %v, src %v", dstMap, srcMap)
 				}
-				wantData := sumRuns(srcMap)
+				wantData := testfs.SumRuns(srcMap)
 				if !method.useCFR {
-					wantData -= zeroLen // the pread/pwrite path leaves zero blocks as holes
+					wantData -= testfs.ZeroLen // the pread/pwrite path leaves zero blocks as holes
 				}
-				if got := sumRuns(dstMap); got != wantData {
+				if got := testfs.SumRuns(dstMap); got != wantData {
 					t.Errorf("dst has %d data bytes, want %d (runs %v)", got, wantData, dstMap)
 				}
 				alloc, err := fscap.Allocated(dstPath)
@@ -62,8 +63,8 @@ func TestCopySparse(t *testing.T) {
 					}
 					sum += n
 				}
-				if sum != sumRuns(srcMap) {
-					t.Errorf("progress adds up to %d, want the %d data bytes of src", sum, sumRuns(srcMap))
+				if sum != testfs.SumRuns(srcMap) {
+					t.Errorf("progress adds up to %d, want the %d data bytes of src", sum, testfs.SumRuns(srcMap))
 				}
 				if wantCalls := 1 + 3 + 1; len(calls) != wantCalls {
 					t.Errorf("progress called %d times, want %d (one per chunk of at most 8 MiB)", len(calls), wantCalls)
@@ -114,27 +115,27 @@ func openPair(t testing.TB, srcPath, dstPath string) (src, dst File) {
 // TestDataBytes: the walk over data runs finds the sparse layout's runs on
 // every filesystem that reports holes.
 func TestDataBytes(t *testing.T) {
-	for _, fsc := range []fsCase{onExt4, onXFS, onBtrfs, onTmpfs} {
-		t.Run(fsc.name, func(t *testing.T) {
-			dir := fsc.dir(t)
-			path := makeSparse(t, dir, "src")
+	for _, fsc := range []testfs.FS{testfs.OnExt4, testfs.OnXFS, testfs.OnBtrfs, testfs.OnTmpfs} {
+		t.Run(fsc.Name, func(t *testing.T) {
+			dir := fsc.Dir(t)
+			path := testfs.MakeSparse(t, dir, "src")
 			src, _ := openPair(t, path, filepath.Join(dir, "unused"))
 			data, err := DataBytes(src)
 			if err != nil {
 				t.Fatalf("DataBytes: %v", err)
 			}
-			if want := sumRuns(sparseRuns); data != want {
+			if want := testfs.SumRuns(testfs.SparseRuns); data != want {
 				t.Errorf("DataBytes = %d, want %d", data, want)
 			}
-			var runs []run
-			if err := DataRuns(src, 0, sparseSize, func(s, e int64) error {
-				runs = append(runs, run{Off: s, Len: e - s})
+			var runs []testfs.Run
+			if err := DataRuns(src, 0, testfs.SparseSize, func(s, e int64) error {
+				runs = append(runs, testfs.Run{Off: s, Len: e - s})
 				return nil
 			}); err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Equal(runs, sparseRuns) {
-				t.Errorf("DataRuns = %v, want %v", runs, sparseRuns)
+			if !slices.Equal(runs, testfs.SparseRuns) {
+				t.Errorf("DataRuns = %v, want %v", runs, testfs.SparseRuns)
 			}
 		})
 	}

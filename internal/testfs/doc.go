@@ -3,7 +3,8 @@
 // loop device, mounts it and undoes all of that in t.Cleanup. MountTmpfs
 // does the same for a tmpfs, which needs no image. Tests of code
 // whose behaviour depends on the filesystem (reflink, holes, extent hints)
-// run against each of them instead of whatever holds /tmp.
+// run against each of them instead of whatever holds /tmp: FS (OnXFS,
+// OnBtrfs, ...) names each, in the sizes those tests use.
 //
 // Mounting needs root and the mkfs tools. When they are missing the test is
 // skipped, except when the environment variable CI is set: there it fails,

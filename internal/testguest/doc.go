@@ -19,8 +19,12 @@
 //
 // Build takes more files for the initramfs (GoProgram builds a Go program
 // of this module for the guest, such as test/migration's guest writer),
-// QEMUArgs are the QEMU arguments every test guest boots with, and QMP is
-// a small client of QEMU's machine protocol on a unix socket.
+// QEMUArgs are the QEMU arguments every test guest boots with (Machine
+// changes its CPU, memory or kernel parameters), VM is the
+// running QEMU (reaped, killed with the test binary, its console waited
+// on), and QMP is a small client of QEMU's machine protocol on a unix
+// socket. Context and ShortDir are a guest test's context (ended before
+// the test binary's -timeout) and its directory for unix sockets.
 //
 // testguest is for tests only and imports no other quiver package.
 //

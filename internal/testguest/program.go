@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 )
 
 // GoProgram builds the Go package pkg (an import path of this module, e.g.
@@ -35,11 +36,33 @@ func GoProgram(pkg, dir, name string) (File, error) {
 // serial console in the file console, and no reboot (a panic ends QEMU).
 // The caller adds its disks (-blockdev, -device) and anything else.
 func QEMUArgs(k *Kernel, initrd, console string) []string {
+	return Machine{}.Args(k, initrd, console)
+}
+
+// Machine changes what QEMUArgs boots; a zero field keeps its default.
+type Machine struct {
+	CPU       string // QEMU's -cpu; default qemu64
+	MemoryMiB int    // QEMU's -m; default 128
+	Cmdline   string // kernel parameters after QEMUArgs' own
+}
+
+// Args are QEMUArgs with m's changes.
+func (m Machine) Args(k *Kernel, initrd, console string) []string {
+	cpu, mem, cmdline := "qemu64", 128, "console=ttyS0 loglevel=4 panic=-1"
+	if m.CPU != "" {
+		cpu = m.CPU
+	}
+	if m.MemoryMiB != 0 {
+		mem = m.MemoryMiB
+	}
+	if m.Cmdline != "" {
+		cmdline += " " + m.Cmdline
+	}
 	return []string{
-		"-machine", "pc", "-accel", "tcg", "-cpu", "qemu64", "-smp", "1", "-m", "128",
+		"-machine", "pc", "-accel", "tcg", "-cpu", cpu, "-smp", "1", "-m", strconv.Itoa(mem),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", k.VmlinuzPath(), "-initrd", initrd,
-		"-append", "console=ttyS0 loglevel=4 panic=-1",
+		"-append", cmdline,
 		"-serial", "file:" + console,
 	}
 }

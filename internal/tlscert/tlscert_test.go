@@ -25,16 +25,36 @@ func leaf(t *testing.T, p *tlscert.Pair) []byte {
 	return c.Certificate[0]
 }
 
+// loadServer writes a server certificate of ca for 127.0.0.1 into dir
+// and loads it.
+func loadServer(t *testing.T, ca *certtest.CA, dir string) (p *tlscert.Pair, certFile, keyFile string) {
+	t.Helper()
+	certFile, keyFile = ca.Server(t, false, "127.0.0.1").Write(t, dir)
+	p, err := tlscert.Load(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, certFile, keyFile
+}
+
+// loadCAFile writes the certificate of ca to file and loads it as a CA
+// file.
+func loadCAFile(t *testing.T, ca *certtest.CA, file string) *tlscert.CAFile {
+	t.Helper()
+	certtest.WriteFile(t, file, ca.PEM)
+	cas, err := tlscert.LoadCAFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cas
+}
+
 // TestReload: Reload swaps the pair that new handshakes get, and a pair
 // that does not load leaves the previous one in use.
 func TestReload(t *testing.T) {
 	ca := certtest.NewCA(t, "ca")
 	dir := t.TempDir()
-	certFile, keyFile := ca.Server(t, false, "127.0.0.1").Write(t, dir)
-	p, err := tlscert.Load(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, certFile, _ := loadServer(t, ca, dir)
 	first := leaf(t, p)
 
 	ca.Server(t, false, "127.0.0.1").Write(t, dir)
@@ -77,17 +97,8 @@ func TestLoadErrors(t *testing.T) {
 // verifies client certificates.
 func TestServerConfigClientCA(t *testing.T) {
 	ca := certtest.NewCA(t, "ca")
-	certFile, keyFile := ca.Server(t, false, "127.0.0.1").Write(t, t.TempDir())
-	p, err := tlscert.Load(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	certtest.WriteFile(t, caFile, ca.PEM)
-	cas, err := tlscert.LoadCAFile(caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, _, _ := loadServer(t, ca, t.TempDir())
+	cas := loadCAFile(t, ca, filepath.Join(t.TempDir(), "ca.pem"))
 	cfg := tlscert.ServerConfig(p, cas, tls.RequireAndVerifyClientCert)
 	if cfg.ClientAuth != tls.RequireAndVerifyClientCert || cfg.ClientCAs == nil {
 		t.Fatalf("ClientAuth %v, ClientCAs %v: want client certificates required", cfg.ClientAuth, cfg.ClientCAs)
@@ -103,11 +114,7 @@ func TestServerConfigClientCA(t *testing.T) {
 func TestReloadIfChanged(t *testing.T) {
 	ca := certtest.NewCA(t, "ca")
 	dir := t.TempDir()
-	certFile, keyFile := ca.Server(t, false, "127.0.0.1").Write(t, dir)
-	p, err := tlscert.Load(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, certFile, keyFile := loadServer(t, ca, dir)
 	first := leaf(t, p)
 	if tried, err := p.ReloadIfChanged(); tried || err != nil {
 		t.Fatalf("unchanged files: tried %v, err %v", tried, err)
@@ -150,18 +157,10 @@ func TestReloadIfChanged(t *testing.T) {
 func TestClientCAReload(t *testing.T) {
 	serverCA := certtest.NewCA(t, "server CA")
 	dir := t.TempDir()
-	certFile, keyFile := serverCA.Server(t, false, "127.0.0.1").Write(t, dir)
-	p, err := tlscert.Load(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, _, _ := loadServer(t, serverCA, dir)
 	oldCA, newCA := certtest.NewCA(t, "old clients"), certtest.NewCA(t, "new clients")
 	caFile := filepath.Join(dir, "clients.pem")
-	certtest.WriteFile(t, caFile, oldCA.PEM)
-	cas, err := tlscert.LoadCAFile(caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cas := loadCAFile(t, oldCA, caFile)
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", tlscert.ServerConfig(p, cas, tls.RequireAndVerifyClientCert))
 	if err != nil {
 		t.Fatal(err)

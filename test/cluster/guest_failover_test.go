@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -87,7 +86,12 @@ func TestFailoverGuest(t *testing.T) {
 	// try the next address in time (docs/cluster.md).
 	run(t, "ip", "netns", "exec", c.net.hub, "sysctl", "-q", "-w", "net.ipv4.tcp_syn_retries=1")
 	vm := startGuestVM(t, c, k, initrd, servers, att.Token)
-	vm.waitConsole(t, "guestwriter: start", 3*time.Minute)
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	err = vm.WaitConsole(wctx, "guestwriter: start")
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("the guest writes vda through %s, vdb through %s; primary %s at term %d", via.name, servers["vdb"], v.Primary, v.Term)
 
 	var stalls []time.Duration
@@ -220,11 +224,9 @@ while :; do sleep 3600; done
 
 // guestVM is QEMU in the hub namespace with QMP on a unix socket.
 type guestVM struct {
-	cmd     *exec.Cmd
-	out     *testserver.LogBuffer
-	console string
-	qmp     *testguest.QMP
-	exited  chan struct{}
+	*testguest.VM
+	out *testserver.LogBuffer
+	qmp *testguest.QMP
 }
 
 // nodesName makes the host name quiver-nbd, in the hub namespace only,
@@ -289,9 +291,9 @@ func startGuestVM(t *testing.T, c *cluster, k *testguest.Kernel, initrd string, 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	vm := &guestVM{out: &testserver.LogBuffer{}, console: filepath.Join(dir, "console"), exited: make(chan struct{})}
-	qmpPath := filepath.Join(dir, "qmp")
-	args := append([]string{"netns", "exec", c.net.hub, "qemu-system-x86_64"}, testguest.QEMUArgs(k, initrd, vm.console)...)
+	vm := &guestVM{out: &testserver.LogBuffer{}}
+	console, qmpPath := filepath.Join(dir, "console"), filepath.Join(dir, "qmp")
+	args := append([]string{"netns", "exec", c.net.hub, "qemu-system-x86_64"}, testguest.QEMUArgs(k, initrd, console)...)
 	args = append(args, "-qmp", "unix:"+qmpPath+",server=on,wait=off")
 	for _, d := range guestDisks {
 		b, err := json.Marshal(map[string]any{
@@ -309,21 +311,18 @@ func startGuestVM(t *testing.T, c *cluster, k *testguest.Kernel, initrd string, 
 		}
 		args = append(args, "-blockdev", string(b), "-device", "virtio-blk-pci,drive=disk-"+d+",id="+d)
 	}
-	vm.cmd = exec.Command("ip", args...)
-	vm.cmd.Stdout, vm.cmd.Stderr = vm.out, vm.out
-	vm.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := vm.cmd.Start(); err != nil {
-		t.Fatalf("start QEMU: %v", err)
+	cmd := exec.Command("ip", args...)
+	cmd.Stdout, cmd.Stderr = vm.out, vm.out
+	if vm.VM, err = testguest.StartVM(cmd, console); err != nil {
+		t.Fatal(err)
 	}
-	go func() { _ = vm.cmd.Wait(); close(vm.exited) }()
 	t.Cleanup(func() {
-		_ = vm.cmd.Process.Kill()
-		<-vm.exited
+		vm.Kill()
 		if vm.qmp != nil {
 			vm.qmp.Close()
 		}
 		if t.Failed() {
-			t.Logf("--- guest console ---\n%s\n--- QEMU ---\n%s", testserver.Tail(vm.consoleText(), 40), vm.out.String())
+			t.Logf("--- guest console ---\n%s\n--- QEMU ---\n%s", testserver.Tail(vm.ConsoleText(), 40), vm.out.String())
 		}
 	})
 	qctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -348,27 +347,6 @@ func reconnectDelay(t *testing.T) int {
 		t.Fatalf("QUIVER_GUEST_RECONNECT_DELAY=%q: want seconds", s)
 	}
 	return n
-}
-
-func (vm *guestVM) consoleText() string {
-	b, _ := os.ReadFile(vm.console)
-	return string(b)
-}
-
-func (vm *guestVM) waitConsole(t *testing.T, want string, limit time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !strings.Contains(vm.consoleText(), want) {
-		select {
-		case <-vm.exited:
-			t.Fatalf("QEMU exited before the guest printed %q", want)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the guest did not print %q within %v", want, limit)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // diskStats are the counters of QMP query-blockstats the test reads.
@@ -456,7 +434,7 @@ func (vm *guestVM) checkHealthy(t *testing.T) {
 
 func (vm *guestVM) checkConsole(t *testing.T) {
 	t.Helper()
-	for line := range strings.Lines(vm.consoleText()) {
+	for line := range strings.Lines(vm.ConsoleText()) {
 		for _, bad := range guestConsoleTrouble {
 			if strings.Contains(line, bad) {
 				t.Fatalf("guest console: %s", strings.TrimSpace(line))

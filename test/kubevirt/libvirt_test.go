@@ -69,9 +69,61 @@ func TestLibvirtBootsEveryDisk(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 
+	g := setupDomain(t, ctx, "quiver-kubevirt-test", guestInit, false)
+
+	startLibvirt(t, ctx)
+	virsh(t, ctx, "define", g.domainFile)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = virshErr(ctx, "destroy", g.name)
+		if _, err := virshErr(ctx, "undefine", g.name); err != nil {
+			t.Errorf("virsh undefine: %v", err)
+		}
+	})
+	virsh(t, ctx, "start", g.name)
+	if err := waitShutOff(ctx, g.name); err != nil {
+		b, _ := os.ReadFile(g.console)
+		t.Fatalf("%v; console:\n%s\ndomain:\n%s", err, testserver.Tail(string(b), 60), g.domain)
+	}
+	b, _ := os.ReadFile(g.console)
+	if !bytes.Contains(b, []byte(done)) {
+		t.Fatalf("the guest did not finish; console:\n%s", testserver.Tail(string(b), 60))
+	}
+	logConsole(t, b)
+
+	// Every marker on the disk its serial names, read through NBD.
+	want := map[string]string{"disk": "serial= dev=vda", "data": "serial=data dev=vdb", "logs": "serial=logs dev=vdc"}
+	for _, d := range disks {
+		got := readNBD(t, ctx, g.srv, "vm1/"+d)
+		marker, _, _ := bytes.Cut(got, []byte("\n"))
+		if string(marker) != "quiver-marker "+want[d] {
+			t.Errorf("disk %s through NBD starts %q, want %q", d, marker, "quiver-marker "+want[d])
+		}
+	}
+}
+
+// guestDomain is what both tests start from: a work directory, a real
+// server whose pool holds volume vm1 with the disks of disks, and the
+// domain KubeVirt would define for it, through the hook.
+type guestDomain struct {
+	work       string // readable by the libvirt-qemu user
+	srv        *testserver.Process
+	volPath    string // vm1's directory in the pool
+	name       string // the domain's name
+	console    string // the guest's console file
+	domain     []byte // the hook's output
+	domainFile string // domain, written for virsh
+}
+
+// setupDomain builds a guest whose init runs script, starts the server,
+// creates vm1 and passes the domain of name prefix-<pid> through the hook.
+// With appendConsole the console file is opened for append (two QEMUs,
+// one file).
+func setupDomain(t *testing.T, ctx context.Context, prefix, script string, appendConsole bool) *guestDomain {
+	t.Helper()
 	// Everything QEMU opens lives under one directory the libvirt-qemu user
 	// can traverse (t.TempDir's are 0700, and root's home is closed).
-	work, err := os.MkdirTemp("", "quiver-kubevirt-")
+	work, err := os.MkdirTemp("", prefix+"-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +132,7 @@ func TestLibvirtBootsEveryDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	kernel, initrd := buildGuest(t, work, guestInit)
+	kernel, initrd := buildGuest(t, work, script)
 
 	// The quiver volume, in a real server's pool.
 	pool := filepath.Join(work, "pool")
@@ -98,46 +150,31 @@ func TestLibvirtBootsEveryDisk(t *testing.T) {
 	}
 
 	// The domain KubeVirt would define, through the hook over gRPC.
-	name := fmt.Sprintf("quiver-kubevirt-test-%d", os.Getpid())
-	console := filepath.Join(work, "console.log")
-	domainXML := kubevirtDomain(name, kernel, initrd, console, filepath.Join(vol.Path, "disk.img"))
-	out := callHook(t, ctx, []byte(domainXML), []byte(vmiJSON))
-	domainFile := filepath.Join(work, "domain.xml")
-	if err := os.WriteFile(domainFile, out, 0o644); err != nil {
+	g := &guestDomain{work: work, srv: srv, volPath: vol.Path,
+		name:    fmt.Sprintf("%s-%d", prefix, os.Getpid()),
+		console: filepath.Join(work, "console.log")}
+	domainXML := kubevirtDomain(g.name, kernel, initrd, g.console, filepath.Join(vol.Path, "disk.img"))
+	if appendConsole {
+		plain := fmt.Sprintf(`<source path="%s">`, g.console)
+		if !strings.Contains(domainXML, plain) {
+			t.Fatalf("no console source %s in the domain", plain)
+		}
+		domainXML = strings.Replace(domainXML, plain, fmt.Sprintf(`<source path="%s" append="on">`, g.console), 1)
+	}
+	g.domain = callHook(t, ctx, []byte(domainXML), []byte(vmiJSON))
+	g.domainFile = filepath.Join(work, "domain.xml")
+	if err := os.WriteFile(g.domainFile, g.domain, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return g
+}
 
-	startLibvirt(t, ctx)
-	virsh(t, ctx, "define", domainFile)
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_, _ = virshErr(ctx, "destroy", name)
-		if _, err := virshErr(ctx, "undefine", name); err != nil {
-			t.Errorf("virsh undefine: %v", err)
-		}
-	})
-	virsh(t, ctx, "start", name)
-	if err := waitShutOff(ctx, name); err != nil {
-		b, _ := os.ReadFile(console)
-		t.Fatalf("%v; console:\n%s\ndomain:\n%s", err, testserver.Tail(string(b), 60), out)
-	}
-	b, _ := os.ReadFile(console)
-	if !bytes.Contains(b, []byte(done)) {
-		t.Fatalf("the guest did not finish; console:\n%s", testserver.Tail(string(b), 60))
-	}
-	for _, line := range strings.Split(string(b), "\n") {
+// logConsole logs the guest's quiver-test: lines of console.
+func logConsole(t *testing.T, console []byte) {
+	t.Helper()
+	for _, line := range strings.Split(string(console), "\n") {
 		if strings.HasPrefix(line, "quiver-test:") {
 			t.Log(strings.TrimSpace(line))
-		}
-	}
-
-	// Every marker on the disk its serial names, read through NBD.
-	want := map[string]string{"disk": "serial= dev=vda", "data": "serial=data dev=vdb", "logs": "serial=logs dev=vdc"}
-	for _, d := range disks {
-		got := readNBD(t, ctx, srv, "vm1/"+d)
-		marker, _, _ := bytes.Cut(got, []byte("\n"))
-		if string(marker) != "quiver-marker "+want[d] {
-			t.Errorf("disk %s through NBD starts %q, want %q", d, marker, "quiver-marker "+want[d])
 		}
 	}
 }
@@ -277,16 +314,10 @@ func startLibvirt(t *testing.T, ctx context.Context) {
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start %s: %v", daemon, err)
 		}
+		exited := make(chan struct{})
 		t.Cleanup(func() {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			exited := make(chan struct{})
 			go func() { _ = cmd.Wait(); close(exited) }()
-			select {
-			case <-exited:
-			case <-time.After(15 * time.Second):
-				_ = cmd.Process.Kill()
-				<-exited
-			}
+			stopDaemon(cmd.Process, exited)
 			logFile.Close()
 			if t.Failed() {
 				b, _ := os.ReadFile(logFile.Name())
@@ -306,6 +337,18 @@ func startLibvirt(t *testing.T, ctx context.Context) {
 	}
 }
 
+// stopDaemon sends p SIGTERM and waits until exited is closed; after 15
+// seconds it kills p.
+func stopDaemon(p *os.Process, exited <-chan struct{}) {
+	_ = p.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(15 * time.Second):
+		_ = p.Kill()
+		<-exited
+	}
+}
+
 func virsh(t *testing.T, ctx context.Context, args ...string) string {
 	t.Helper()
 	out, err := virshErr(ctx, args...)
@@ -316,7 +359,12 @@ func virsh(t *testing.T, ctx context.Context, args ...string) string {
 }
 
 func virshErr(ctx context.Context, args ...string) (string, error) {
-	out, err := exec.CommandContext(ctx, "virsh", append([]string{"-c", libvirt}, args...)...).CombinedOutput()
+	return virshAt(ctx, libvirt, args...)
+}
+
+// virshAt runs virsh against the libvirtd at uri.
+func virshAt(ctx context.Context, uri string, args ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, "virsh", append([]string{"-c", uri}, args...)...).CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("virsh %s: %v: %s", strings.Join(args, " "), err, out)
 	}

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/testfs"
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
@@ -81,50 +80,14 @@ func TestLiveMigrationEveryDisk(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
 
-	work, err := os.MkdirTemp("", "quiver-kubevirt-migration-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(work) })
-	if err := os.Chmod(work, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	kernel, initrd := buildGuest(t, work, migrationInit)
-
-	pool := filepath.Join(work, "pool")
-	if err := os.Mkdir(pool, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	srv := testserver.StartT(t, testserver.Binary(t, true), testserver.Options{Pool: pool})
-	spec := api.VolumeSpec{Name: "vm1", Capacity: diskSize * int64(len(disks))}
-	for _, d := range disks {
-		spec.Disks = append(spec.Disks, api.DiskSpec{Name: d, Size: diskSize})
-	}
-	vol, err := srv.API.CreateVolume(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// The domain KubeVirt would define, through the hook. Both QEMUs
-	// append to one console file.
-	name := fmt.Sprintf("quiver-kubevirt-migration-%d", os.Getpid())
-	console := filepath.Join(work, "console.log")
-	domainXML := kubevirtDomain(name, kernel, initrd, console, filepath.Join(vol.Path, "disk.img"))
-	plain := fmt.Sprintf(`<source path="%s">`, console)
-	if !strings.Contains(domainXML, plain) {
-		t.Fatalf("no console source %s in the domain", plain)
-	}
-	domainXML = strings.Replace(domainXML, plain, fmt.Sprintf(`<source path="%s" append="on">`, console), 1)
-	out := callHook(t, ctx, []byte(domainXML), []byte(vmiJSON))
-	domainFile := filepath.Join(work, "domain.xml")
-	if err := os.WriteFile(domainFile, out, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	// Both QEMUs append to one console file.
+	g := setupDomain(t, ctx, "quiver-kubevirt-migration", migrationInit, true)
+	name, console := g.name, g.console
 
 	nsA, nsB := twoNamespaces(t)
 	begin := time.Now()
-	src := startPrivateLibvirt(t, work, "src", nsA)
-	dst := startPrivateLibvirt(t, work, "dst", nsB)
+	src := startPrivateLibvirt(t, g.work, "src", nsA)
+	dst := startPrivateLibvirt(t, g.work, "dst", nsB)
 	src.waitReady(t, ctx)
 	dst.waitReady(t, ctx)
 	t.Logf("both libvirtd answer after %v", time.Since(begin).Round(time.Millisecond))
@@ -134,7 +97,7 @@ func TestLiveMigrationEveryDisk(t *testing.T) {
 		}
 	})
 	begin = time.Now()
-	src.virsh(t, ctx, "create", domainFile)
+	src.virsh(t, ctx, "create", g.domainFile)
 	if err := waitConsole(ctx, console, phase1); err != nil {
 		t.Fatalf("%v; console:\n%s", err, tailFile(console))
 	}
@@ -159,7 +122,7 @@ func TestLiveMigrationEveryDisk(t *testing.T) {
 	}
 
 	// Tell the guest, now on the destination, to write phase 2.
-	if err := writeAt(filepath.Join(vol.Path, "disk.img"), goOffset, []byte(goFlag+"\n")); err != nil {
+	if err := writeAt(filepath.Join(g.volPath, "disk.img"), goOffset, []byte(goFlag+"\n")); err != nil {
 		t.Fatal(err)
 	}
 	if err := waitConsole(ctx, console, phase2); err != nil {
@@ -170,16 +133,12 @@ func TestLiveMigrationEveryDisk(t *testing.T) {
 	}
 	t.Logf("the guest wrote its phase 2 markers and powered off %v after the migration", time.Since(start).Round(time.Millisecond))
 	b, _ := os.ReadFile(console)
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "quiver-test:") {
-			t.Log(strings.TrimSpace(line))
-		}
-	}
+	logConsole(t, b)
 
 	// Both markers on the disk their serial names, read through NBD.
 	dev := map[string]string{"disk": "serial= dev=vda", "data": "serial=data dev=vdb", "logs": "serial=logs dev=vdc"}
 	for _, d := range disks {
-		got := readNBD(t, ctx, srv, "vm1/"+d)
+		got := readNBD(t, ctx, g.srv, "vm1/"+d)
 		for i, kind := range []string{"marker", "after-migration"} {
 			want := "quiver-" + kind + " " + dev[d]
 			line, _, _ := bytes.Cut(got[i*512:], []byte("\n"))
@@ -322,13 +281,7 @@ func startPrivateLibvirt(t *testing.T, work, name, ns string) *privateLibvirt {
 	}
 	go func() { _ = cmd.Wait(); close(d.exited) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-d.exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-d.exited
-		}
+		stopDaemon(cmd.Process, d.exited)
 		logFile.Close()
 		if t.Failed() {
 			t.Logf("libvirtd %s log:\n%s", name, tailFile(logFile.Name()))
@@ -364,11 +317,7 @@ func (d *privateLibvirt) virsh(t *testing.T, ctx context.Context, args ...string
 }
 
 func (d *privateLibvirt) virshErr(ctx context.Context, args ...string) (string, error) {
-	out, err := exec.CommandContext(ctx, "virsh", append([]string{"-c", d.uri}, args...)...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("virsh %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
+	return virshAt(ctx, d.uri, args...)
 }
 
 // qemuLog is the daemon's log of the domain's QEMU.

@@ -255,7 +255,7 @@ func TestPluginRestartUnderGuestWrites(t *testing.T) {
 		t.Fatalf("the restarted plugin staged the volume again: %+v, was %+v", after, before)
 	}
 	g.waitConsole(t, "guest: verified")
-	console := g.console()
+	console := g.ConsoleText()
 	if strings.Contains(console, "write error") || strings.Contains(console, "mismatch") ||
 		!strings.Contains(console, fmt.Sprintf("guest: verified %d records, 0 bad", records)) {
 		t.Fatalf("the guest saw I/O errors or lost records:\n%s", testserver.Tail(console, 40))
@@ -338,60 +338,46 @@ poweroff -f
 
 // guest is QEMU (TCG) with the published block device as its virtio disk.
 type guest struct {
-	cmd         *exec.Cmd
-	consoleFile string
-	out         *testserver.LogBuffer
-	exited      chan struct{}
+	*testguest.VM
+	out *testserver.LogBuffer
 }
 
 func startGuest(t *testing.T, k *testguest.Kernel, initrd, device string) *guest {
 	t.Helper()
-	g := &guest{consoleFile: filepath.Join(t.TempDir(), "console"), out: &testserver.LogBuffer{}, exited: make(chan struct{})}
-	g.cmd = exec.Command("qemu-system-x86_64", append(testguest.QEMUArgs(k, initrd, g.consoleFile),
+	console := filepath.Join(t.TempDir(), "console")
+	g := &guest{out: &testserver.LogBuffer{}}
+	cmd := exec.Command("qemu-system-x86_64", append(testguest.QEMUArgs(k, initrd, console),
 		"-blockdev", "driver=host_device,node-name=d0,filename="+device+",cache.direct=on",
 		"-device", "virtio-blk-pci,drive=d0,werror=report,rerror=report",
 	)...)
-	g.cmd.Stdout, g.cmd.Stderr = g.out, g.out
-	g.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := g.cmd.Start(); err != nil {
-		t.Fatalf("start QEMU: %v", err)
+	cmd.Stdout, cmd.Stderr = g.out, g.out
+	var err error
+	if g.VM, err = testguest.StartVM(cmd, console); err != nil {
+		t.Fatal(err)
 	}
-	go func() { _ = g.cmd.Wait(); close(g.exited) }()
 	t.Cleanup(func() {
-		_ = g.cmd.Process.Kill()
-		<-g.exited
+		g.Kill()
 		if t.Failed() {
-			t.Logf("--- guest console ---\n%s\n--- QEMU ---\n%s", testserver.Tail(g.console(), 40), g.out.String())
+			t.Logf("--- guest console ---\n%s\n--- QEMU ---\n%s", testserver.Tail(g.ConsoleText(), 40), g.out.String())
 		}
 	})
 	return g
 }
 
-func (g *guest) console() string {
-	b, _ := os.ReadFile(g.consoleFile)
-	return string(b)
-}
-
+// waitConsole waits up to 5 minutes for the guest to print want.
 func (g *guest) waitConsole(t *testing.T, want string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Minute)
-	for !strings.Contains(g.console(), want) {
-		select {
-		case <-g.exited:
-			t.Fatalf("QEMU exited before the guest printed %q", want)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the guest did not print %q within 5 minutes", want)
-		}
-		time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	if err := g.WaitConsole(ctx, want); err != nil {
+		t.Fatal(err)
 	}
 }
 
 func (g *guest) wait(t *testing.T) {
 	t.Helper()
 	select {
-	case <-g.exited:
+	case <-g.Exited():
 	case <-time.After(time.Minute):
 		t.Fatal("the guest did not power off")
 	}

@@ -2,8 +2,6 @@ package powercut
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 
 	"github.com/quiverstorage/quiver/internal/testguest"
@@ -49,51 +47,31 @@ type guest struct {
 	initrd string
 }
 
-// buildGuest builds, in dir, a static quiver (CGO_ENABLED=0) and the
+// buildGuest builds, in dir, a static quiver (testguest.GoProgram) and the
 // initramfs holding it, the API token and /init.
 func buildGuest(dir, token string) (*guest, error) {
-	k, err := testguest.FetchKernel(guestKernel)
+	quiver, err := testguest.GoProgram("github.com/quiverstorage/quiver/cmd/quiver", dir, "quiver")
 	if err != nil {
 		return nil, err
 	}
-	bin := filepath.Join(dir, "quiver-static")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "github.com/quiverstorage/quiver/cmd/quiver")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
-	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build the static quiver: %v\n%s", err, out)
-	}
-	qb, err := os.ReadFile(bin)
+	g := &guest{initrd: filepath.Join(dir, "initramfs.cpio")}
+	g.kernel, err = testguest.Build(guestKernel, g.initrd, initBody, quiver,
+		testguest.File{Path: "etc/quiver-token", Mode: 0o600, Data: []byte(token + "\n")})
 	if err != nil {
 		return nil, err
-	}
-	g := &guest{kernel: k, initrd: filepath.Join(dir, "initramfs.cpio")}
-	w, err := testguest.NewInitramfs(g.initrd, k)
-	if err != nil {
-		return nil, err
-	}
-	w.File("bin/quiver", 0o755, qb)
-	w.File("etc/quiver-token", 0o600, []byte(token+"\n"))
-	w.File("init", 0o755, []byte(initScript(k)))
-	if err := w.Close(); err != nil {
-		return nil, fmt.Errorf("write %s: %w", g.initrd, err)
 	}
 	return g, nil
 }
 
-// initScript is the guest's /init: load the modules, report whether the
-// disk has a write cache (the kernel then sends flushes), bring up the
-// network (QEMU's user networking: 10.0.2.15, gateway 10.0.2.2), mount the
-// pool's XFS (log recovery after a cut happens here) and run quiver on it,
-// its log in RAM: the serial console under TCG is slow. The console shows
-// the guest's uptime when the pool is mounted and when quiver is ready. If quiver exits,
-// the tail of its log goes to the console.
-func initScript(k *testguest.Kernel) string {
-	return `#!/bin/sh
-export PATH=/bin
-mount -t devtmpfs devtmpfs /dev
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-` + testguest.InsmodLines(k) + `echo "` + consoleCache + `$(cat /sys/block/vda/queue/write_cache)"
+// initBody is the guest's /init after testguest's Prologue (which loads
+// the modules): report whether the disk has a write cache (the kernel then
+// sends flushes), bring up the network (QEMU's user networking: 10.0.2.15,
+// gateway 10.0.2.2), mount the pool's XFS (log recovery after a cut
+// happens here) and run quiver on it, its log in RAM: the serial console
+// under TCG is slow. The console shows the guest's uptime when the pool is
+// mounted and when quiver is ready. If quiver exits, the tail of its log
+// goes to the console.
+var initBody = `echo "` + consoleCache + `$(cat /sys/block/vda/queue/write_cache)"
 ip link set lo up
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
@@ -118,4 +96,3 @@ echo "` + consoleQuiverEnd + ` with status $?"
 tail -n 40 /tmp/quiver.log
 while :; do sleep 3600; done
 `
-}

@@ -1,7 +1,6 @@
 package powercut
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -87,27 +86,4 @@ func newMedium(t *testing.T, dir string) *medium {
 	}
 	t.Cleanup(func() { f.Close() })
 	return &medium{f: f, size: poolDiskSize}
-}
-
-// testContext ends 15 s before the test binary's -timeout, so that a hung
-// guest fails the test with its console instead of the binary being killed.
-func testContext(t *testing.T) context.Context {
-	ctx := t.Context()
-	if d, ok := t.Deadline(); ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, d.Add(-15*time.Second))
-		t.Cleanup(cancel)
-	}
-	return ctx
-}
-
-// shortTempDir is a directory for unix sockets, whose paths must fit in
-// 108 bytes: t.TempDir() paths carry the test name and may not.
-func shortTempDir(t *testing.T) string {
-	dir, err := os.MkdirTemp("", "qpc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
 }

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/quiverstorage/quiver/internal/testguest"
 )
 
 // Knobs, from the environment.
@@ -78,7 +80,7 @@ func TestPowerCut(t *testing.T) {
 		}
 	}
 	t.Logf("%d cuts over %d lanes, workload window %v, seed %d (%s=%d reproduces the workloads)", cuts, lanes, window, seed, seedEnv, seed)
-	ctx := testContext(t)
+	ctx := testguest.Context(t, 0)
 	for i := range lanes {
 		n := cuts / lanes
 		if i < cuts%lanes {
@@ -86,7 +88,7 @@ func TestPowerCut(t *testing.T) {
 		}
 		t.Run(fmt.Sprintf("lane%d", i), func(t *testing.T) {
 			t.Parallel()
-			dir := shortTempDir(t)
+			dir := testguest.ShortDir(t, "qpc")
 			l := &lane{t: t, g: g, token: token, dir: dir, medium: newMedium(t, dir),
 				model: newModel(seed + uint64(i)), rng: rand.New(rand.NewPCG(seed, uint64(i))), cutRng: rand.New(rand.NewPCG(seed, uint64(i)+1<<32)),
 				window: window}
@@ -178,7 +180,7 @@ func (l *lane) workAndCut(ctx context.Context, cycle int) {
 	l.stats.dirtyAtCut += dirty
 	l.stats.keptAtCut += kept
 	l.stats.work += time.Since(start)
-	if ps := l.mc.cmd.ProcessState; ps != nil {
+	if ps := l.mc.vm.Cmd.ProcessState; ps != nil {
 		l.stats.qemuCPU += ps.UserTime() + ps.SystemTime()
 	}
 }

@@ -8,15 +8,14 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/client"
 	"github.com/quiverstorage/quiver/internal/nbd"
+	"github.com/quiverstorage/quiver/internal/testguest"
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
@@ -31,11 +30,8 @@ type machine struct {
 	disk    *cacheDisk
 	srv     *nbd.Server
 	ln      net.Listener
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	werr    error
+	vm      *testguest.VM
 	stderr  *testserver.LogBuffer
-	console string
 	apiAddr string // host side of the forwarded ports
 	nbdAddr string
 	api     *client.Client
@@ -44,8 +40,8 @@ type machine struct {
 // boot starts a backend on the medium and QEMU on it. It does not wait for
 // the guest: see waitReady.
 func boot(ctx context.Context, g *guest, m *medium, dir, token string, n int) (*machine, error) {
-	mc := &machine{disk: newCacheDisk(m), exited: make(chan struct{}), stderr: &testserver.LogBuffer{},
-		console: filepath.Join(dir, fmt.Sprintf("console-%d", n))}
+	mc := &machine{disk: newCacheDisk(m), stderr: &testserver.LogBuffer{}}
+	console := filepath.Join(dir, fmt.Sprintf("console-%d", n))
 	sock := filepath.Join(dir, "disk.sock")
 	ln, err := nbd.ListenUnix(sock)
 	if err != nil {
@@ -71,34 +67,24 @@ func boot(ctx context.Context, g *guest, m *medium, dir, token string, n int) (*
 		mc.stopBackend()
 		return nil, err
 	}
-	args := []string{
-		"-machine", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", fmt.Sprint(guestMemory),
-		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-kernel", g.kernel.VmlinuzPath(), "-initrd", g.initrd,
-		// no_timer_check: on a loaded host the kernel's check of the
-		// IO-APIC timer under TCG fails now and then and panics the boot.
-		"-append", "console=ttyS0 loglevel=4 panic=-1 quiet mitigations=off no_timer_check",
-		"-serial", "file:" + mc.console,
+	// no_timer_check: on a loaded host the kernel's check of the IO-APIC
+	// timer under TCG fails now and then and panics the boot.
+	machine := testguest.Machine{CPU: "max", MemoryMiB: guestMemory, Cmdline: "quiet mitigations=off no_timer_check"}
+	args := append(machine.Args(g.kernel, g.initrd, console),
 		"-blockdev", string(node),
 		// write-cache=on: the guest sees a volatile write cache and sends
 		// FLUSH; 4 KiB blocks, the cache's granule.
 		"-device", "virtio-blk-pci,drive=pool,write-cache=on,logical_block_size=4096,physical_block_size=4096",
 		"-netdev", fmt.Sprintf("user,id=net0,hostfwd=tcp:%s-:%d,hostfwd=tcp:%s-:%d", mc.apiAddr, guestAPIPort, mc.nbdAddr, guestNBDPort),
 		"-device", "virtio-net-pci,netdev=net0",
-	}
-	mc.cmd = exec.Command("qemu-system-x86_64", args...)
-	mc.cmd.Stdout = mc.stderr
-	mc.cmd.Stderr = mc.stderr
-	// Should the test binary die, QEMU dies with it.
-	mc.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := mc.cmd.Start(); err != nil {
+	)
+	cmd := exec.Command("qemu-system-x86_64", args...)
+	cmd.Stdout = mc.stderr
+	cmd.Stderr = mc.stderr
+	if mc.vm, err = testguest.StartVM(cmd, console); err != nil {
 		mc.stopBackend()
-		return nil, fmt.Errorf("start QEMU: %w", err)
+		return nil, err
 	}
-	go func() {
-		mc.werr = mc.cmd.Wait()
-		close(mc.exited)
-	}()
 	mc.api, err = client.New("http://"+mc.apiAddr, client.WithToken(token))
 	if err != nil {
 		mc.cutPower(0, nil)
@@ -132,7 +118,7 @@ func freePorts() (int, int, error) {
 // that does not open), or ctx ended.
 func (mc *machine) waitReady(ctx context.Context) error {
 	for {
-		text := mc.consoleText()
+		text := mc.vm.ConsoleText()
 		for _, bad := range []string{consoleMountFail, consoleQuiverEnd, "Kernel panic", "init: insmod"} {
 			if strings.Contains(text, bad) {
 				return fmt.Errorf("guest: %q on the console", bad)
@@ -149,8 +135,8 @@ func (mc *machine) waitReady(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("guest not ready: %w", ctx.Err())
-		case <-mc.exited:
-			return fmt.Errorf("QEMU exited (%v) before quiver was ready", mc.werr)
+		case <-mc.vm.Exited():
+			return fmt.Errorf("QEMU exited (%v) before quiver was ready", mc.vm.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -169,12 +155,7 @@ func (mc *machine) cutPower(keep float64, rng *rand.Rand) (dirty, kept int, err 
 		rng = rand.New(rand.NewPCG(0, 0))
 	}
 	dirty, kept, err = mc.disk.cut(keep, rng)
-	select {
-	case <-mc.exited:
-	default:
-		_ = mc.cmd.Process.Kill()
-		<-mc.exited
-	}
+	mc.vm.Kill()
 	mc.stopBackend()
 	return dirty, kept, err
 }
@@ -186,14 +167,9 @@ func (mc *machine) stopBackend() {
 	mc.ln.Close()
 }
 
-func (mc *machine) consoleText() string {
-	b, _ := os.ReadFile(mc.console)
-	return string(b)
-}
-
 // diagnostics is what a failure message needs: the console and QEMU's
 // output.
 func (mc *machine) diagnostics() string {
 	return fmt.Sprintf("--- guest console (tail) ---\n%s\n--- QEMU output (tail) ---\n%s\n",
-		testserver.Tail(mc.consoleText(), 60), testserver.Tail(mc.stderr.String(), 20))
+		testserver.Tail(mc.vm.ConsoleText(), 60), testserver.Tail(mc.stderr.String(), 20))
 }
