@@ -121,6 +121,8 @@ A flag on the command line wins over the file.`,
 	cmd.Flags().StringVar(&cfg.PoolDir, "pool", "./quiver-data", "pool directory (a new pool is made only in an empty or absent one)")
 	cmd.Flags().BoolVar(&cfg.ExpectMount, "expect-mount", false,
 		"refuse a pool directory that is not a mount point (its filesystem is not mounted)")
+	cmd.Flags().BoolVar(&cfg.NoIOUring, "no-io-uring", false,
+		"try the NBD readers' batches of small reads and writes with one system call each, not through io_uring")
 	cmd.Flags().StringVar(&cfg.APIAddr, "listen", api.DefaultAddr, "host:port of the HTTP API")
 	cmd.Flags().StringVar(&cfg.NBDAddr, "nbd-listen", nbd.DefaultAddr, "host:port of the NBD server (empty: no TCP)")
 	cmd.Flags().StringVar(&cfg.NBDSocket, "nbd-socket", "", "also serve NBD on this unix socket")

@@ -196,6 +196,34 @@ func (d *Disk) try(op opIndex, p []byte, off int64) error {
 	return d.count(op, start, int64(len(p)))
 }
 
+var _ pool.Batcher = (*Disk)(nil)
+
+// TryBatch tries reads and writes without waiting, many at once
+// (pool.Batcher); like TryReadAt, only those done are counted, each as one
+// request whose latency is the batch's.
+func (d *Disk) TryBatch(ios []pool.IO) {
+	b, ok := d.Disk.(pool.Batcher)
+	if !ok || !d.lim.Unlimited() {
+		for i := range ios {
+			if ios[i].Err == nil {
+				ios[i].Err = pool.ErrWouldBlock
+			}
+		}
+		return
+	}
+	start := time.Now()
+	b.TryBatch(ios)
+	for i := range ios {
+		if io := &ios[i]; io.Err == nil {
+			op := iRead
+			if io.Write {
+				op = iWrite
+			}
+			io.Err = d.count(op, start, int64(len(io.P)))
+		}
+	}
+}
+
 var _ pool.Sender = (*Disk)(nil)
 
 // TrySendTo sends a read's data from the page cache straight to a socket

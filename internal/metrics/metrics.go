@@ -76,6 +76,14 @@ func New(p *pool.Pool) *Metrics {
 	m.reg.MustRegister(m.ops, m.bytes, m.latency, m.inflight, m.throttled, m.errors, m.fenced, m.conns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(m.limits.collectors()...)
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "quiver_io_uring",
+		Help: "1 when the NBD readers' batches of small reads and writes go through io_uring, 0 when they take one system call each (the start-up log says why)."},
+		func() float64 {
+			if pool.IOUring() != nil {
+				return 0
+			}
+			return 1
+		}))
 	if p != nil {
 		m.reg.MustRegister(&poolCollector{p: p})
 	}

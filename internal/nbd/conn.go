@@ -37,9 +37,12 @@ type conn struct {
 	handshakeDeadline time.Time
 
 	// Set by negotiation, read-only in the transmission phase.
-	disk        pool.Disk
-	nb          pool.Nonblocking // the disk, when it can try requests without waiting
-	revoked     <-chan struct{}  // closed when the client's attachment ends
+	disk pool.Disk
+	nb   pool.Nonblocking // the disk, when it can try requests without waiting
+	// bt is the disk when the reader tries its small READs and WRITEs in
+	// batches (iobatch.go); nil with one worker.
+	bt          pool.Batcher
+	revoked     <-chan struct{} // closed when the client's attachment ends
 	export      string
 	description string
 	size        int64
@@ -61,6 +64,8 @@ type conn struct {
 	queued atomic.Int32
 	// out holds the replies of requests run by the reader (schedule.go).
 	out batch
+	// iob is the reader's batch of READs and WRITEs to try (iobatch.go).
+	iob ioBatch
 	// yielded is when the reader last yielded its P (socket.go).
 	yielded time.Time
 
@@ -89,7 +94,7 @@ func (c *conn) open(ctx context.Context, name string) error {
 func (c *conn) closeDisk() {
 	if c.disk != nil {
 		_ = c.disk.Close()
-		c.disk, c.nb = nil, nil
+		c.disk, c.nb, c.bt = nil, nil, nil
 	}
 }
 
@@ -154,6 +159,9 @@ func (c *conn) serve(ctx context.Context) error {
 	c.reqs = make(chan *request, c.srv.cfg.Workers)
 	c.memWake = make(chan struct{}, 1)
 	if c.srv.cfg.Workers > 1 && c.nb != nil {
+		c.bt, _ = c.disk.(pool.Batcher)
+	}
+	if c.srv.cfg.Workers > 1 && c.nb != nil {
 		// A local file (schedule.go). A disk that cannot try requests
 		// without waiting writes over the network (a replicated or
 		// forwarded disk): its writes wait for a peer, not for the
@@ -204,15 +212,15 @@ var errDisconnect = errors.New("client disconnected (NBD_CMD_DISC)")
 var errBroken = errors.New("a reply could not be sent: connection broken")
 
 func (c *conn) readLoop() error {
-	defer c.flushOut(&c.out)
+	defer c.readerFlush()
 	for {
 		if c.broken.Load() {
 			return errBroken
 		}
 		// Send the replies of requests run here before waiting for input:
 		// a reply is never held back while the reader blocks.
-		if c.r.Buffered() < requestHeaderSize && !c.tlsPending() {
-			c.flushOut(&c.out)
+		if !c.moreBuffered() {
+			c.readerFlush()
 		}
 		req, err := c.readRequest()
 		if err != nil {
@@ -251,7 +259,7 @@ func (c *conn) readRequest() (*request, error) {
 			return nil, fmt.Errorf("write of %d bytes exceeds the maximum payload %d", req.length, maxPayload)
 		}
 		if c.r.Buffered() < int(req.length) {
-			c.flushOut(&c.out)
+			c.readerFlush()
 		}
 		req.buf = getBuf(int(req.length))
 		if _, err := io.ReadFull(c.r, *req.buf); err != nil {

@@ -297,3 +297,19 @@ type streamAddr struct{}
 
 func (streamAddr) Network() string { return "stream" }
 func (streamAddr) String() string  { return "stream" }
+
+var _ pool.Batcher = (*nbHandle)(nil)
+
+// TryBatch tries each IO as TryReadAt or TryWriteAt: every third would
+// block, so that the reader's batches hand some of their requests on.
+func (h *nbHandle) TryBatch(ios []pool.IO) {
+	for i := range ios {
+		if io := &ios[i]; io.Err == nil {
+			if io.Write {
+				io.Err = h.TryWriteAt(io.P, io.Off)
+			} else {
+				io.Err = h.TryReadAt(io.P, io.Off)
+			}
+		}
+	}
+}

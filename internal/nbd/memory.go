@@ -141,8 +141,9 @@ func (c *conn) unreserve(n int64) {
 }
 
 func (c *conn) memWaited(scope string) {
-	// The reader's own batched replies hold reservations: send them first.
-	c.flushOut(&c.out)
+	// The reader's own batched requests and replies hold reservations:
+	// run and send them first.
+	c.readerFlush()
 	if o := c.srv.cfg.Observer; o != nil {
 		o.MemoryWait(scope)
 	}

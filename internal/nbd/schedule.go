@@ -86,15 +86,28 @@ var workerRun = runner{}
 
 // schedule decides where req, read and validated, runs: on the reader (now),
 // the write executor or a worker.
+// Small READs and WRITEs with more requests buffered join the reader's I/O
+// batch (iobatch.go), which is tried as a whole.
 func (c *conn) schedule(req *request) {
+	if c.batchable(req) {
+		c.addIO(req)
+		return
+	}
+	c.runIOs()
 	inOrder := c.srv.cfg.Workers == 1 && c.queued.Load() != 0 // one worker: requests run in the order they came
 	if !inOrder && c.exec(req, c.readerTry()) {
 		return
 	}
+	c.handOn(req, c.lone(req))
+}
+
+// handOn runs req, which the reader could not do without waiting: on the
+// reader if here, else on the write executor or a worker.
+func (c *conn) handOn(req *request, here bool) {
 	// Replies already made go first: what follows may wait, and with one
 	// worker replies keep the order of their requests.
 	c.flushOut(&c.out)
-	if c.lone(req) {
+	if here {
 		c.exec(req, c.readerRun())
 		return
 	}

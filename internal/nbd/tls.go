@@ -202,6 +202,11 @@ func (t *tlsTransport) fill(need int) error {
 	return nil
 }
 
+// moreBuffered reports whether another request has come that the reader
+// can read without waiting: a header in its buffer, or, over TLS, bytes of
+// another record under crypto/tls.
+func (c *conn) moreBuffered() bool { return c.r.Buffered() >= requestHeaderSize || c.tlsPending() }
+
 // tlsPending reports whether a TLS connection has bytes of another request
 // that crypto/tls has not read yet; the reader's own buffer is c.r.
 func (c *conn) tlsPending() bool { return c.tlsTr != nil && c.tlsTr.pending() }

@@ -157,3 +157,110 @@ func (d *liveDisk) TrySendTo(sock int, head []byte, off int64, n int) (int, erro
 	}
 	return sent, err
 }
+
+// IOUring reports whether batches (Batcher) go through io_uring: nil if
+// they do, else why not (storage.IOUring). DisableIOUring, called first,
+// switches it off.
+func IOUring() error { return storage.IOUring() }
+
+// DisableIOUring: see storage.DisableIOUring.
+func DisableIOUring() { storage.DisableIOUring() }
+
+// IO is one read or write of a batch (Batcher).
+type IO = storage.IO
+
+// Batcher is implemented by disk handles that try many reads and writes at
+// once: one system call for a whole batch where the storage layer has
+// io_uring (storage.IOUring). A server's reader batches the small READs and
+// WRITEs it has decoded from one read of its socket.
+type Batcher interface {
+	// TryBatch tries every IO of ios whose Err is nil as TryReadAt or
+	// TryWriteAt would, and stores the outcome in its Err: nil when done in
+	// full (TryWriteAt's promise: in the page cache, durable after the next
+	// Flush), ErrWouldBlock when the caller must run it the ordinary way,
+	// or the error those would have returned. N is not meaningful. It
+	// allocates nothing on success.
+	TryBatch(ios []IO)
+}
+
+var _ Batcher = (*liveDisk)(nil)
+
+func (d *liveDisk) TryBatch(ios []IO) {
+	if !d.v.gate.TryRLock() {
+		wouldBlock(ios)
+		return
+	}
+	defer d.v.gate.RUnlock()
+	df, err := d.file()
+	if err != nil {
+		for i := range ios {
+			if ios[i].Err == nil {
+				ios[i].Err = err
+			}
+		}
+		return
+	}
+	for i := range ios {
+		if io := &ios[i]; io.Err == nil {
+			io.Err = d.admitTry(df, io)
+		}
+	}
+	if b, ok := df.f.(storage.Batcher); ok {
+		b.TryBatch(ios)
+	} else {
+		for i := range ios {
+			if io := &ios[i]; io.Err == nil {
+				if io.Write {
+					io.N, io.Err = df.f.TryWriteAt(io.P, io.Off)
+				} else {
+					io.N, io.Err = df.f.TryReadAt(io.P, io.Off)
+				}
+			}
+		}
+	}
+	for i := range ios {
+		io := &ios[i]
+		off := &df.nw.readOff
+		if io.Write {
+			off = &df.nw.writeOff
+		}
+		io.Err = df.nowaitResult(io.N, len(io.P), io.Err, off)
+	}
+}
+
+// admitTry checks io as TryReadAt or TryWriteAt would before its system
+// call; the gate is held.
+func (d *liveDisk) admitTry(df *diskFile, io *IO) error {
+	n := int64(len(io.P))
+	if !io.Write {
+		if err := checkRange(io.Off, n, df.size); err != nil {
+			return err
+		}
+		if df.nw.readOff.Load() {
+			return ErrWouldBlock
+		}
+		return nil
+	}
+	if d.v.pool.writeHook != nil {
+		return ErrWouldBlock // a test holds writes in flight
+	}
+	_, err := d.admitWrite(io.Off, n)
+	switch {
+	case errors.Is(err, errMustClaim):
+		return ErrWouldBlock // claiming takes the gate exclusively
+	case err != nil:
+		return err
+	case df.nw.writeOff.Load() || !df.owned(io.Off, n):
+		return ErrWouldBlock
+	}
+	d.v.markDirty(df.name, io.Off, n)
+	return nil
+}
+
+func wouldBlock(ios []IO) {
+	for i := range ios {
+		if ios[i].Err == nil {
+			ios[i].Err = ErrWouldBlock
+		}
+	}
+}

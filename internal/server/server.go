@@ -40,10 +40,14 @@ type Config struct {
 	// ExpectMount refuses a pool directory that is not a mount point: its
 	// filesystem is not mounted.
 	ExpectMount bool
-	APIAddr     string // host:port of the HTTP API
-	TokenFile   string // bearer token file; required for a non-loopback APIAddr
-	NBDAddr     string // host:port of the NBD server; empty: no TCP listener
-	NBDSocket   string // unix socket path for NBD; empty: none
+	// NoIOUring makes the NBD readers try their batches of small reads and
+	// writes with one system call each instead of io_uring
+	// (storage.IOUring).
+	NoIOUring bool
+	APIAddr   string // host:port of the HTTP API
+	TokenFile string // bearer token file; required for a non-loopback APIAddr
+	NBDAddr   string // host:port of the NBD server; empty: no TCP listener
+	NBDSocket string // unix socket path for NBD; empty: none
 	// NBDRequireToken refuses NBD exports without an attachment token (no
 	// implicit attachments, no LIST). Always on for a non-loopback NBDAddr.
 	NBDRequireToken bool
@@ -129,6 +133,14 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	cfg.NBD.TLS, cfg.NBD.RequireTLS = tlsSet.nbd, tlsSet.nbdReq
 	cfg.API.defaults()
+	if cfg.NoIOUring {
+		pool.DisableIOUring()
+	}
+	if err := pool.IOUring(); err != nil {
+		log.Info("NBD file I/O without io_uring: one system call per request", "reason", err)
+	} else {
+		log.Info("NBD file I/O batched through io_uring")
+	}
 	p, err := pool.OpenWith(ctx, cfg.PoolDir, pool.Options{Logger: log, ExpectMount: cfg.ExpectMount})
 	if err != nil {
 		return err

@@ -19,6 +19,12 @@
 // (scripts/mutate-syncs, docs/durability.md) turns one label's syncs into
 // no-ops to show that some test notices.
 //
+// Batcher (os.go, uring.go) tries many RWF_NOWAIT reads and writes of a
+// file at once: through a small io_uring of the file's own, built on the
+// raw io_uring_setup and io_uring_enter system calls, where the kernel
+// offers it (IOUring, decided once per process), else with one system call
+// each. Its errors are classified as those of TryReadAt and TryWriteAt.
+//
 // The generic mechanisms built on the interfaces live here once: the walk
 // over data runs (DataRuns), the sparse copy (CopySparse) and the
 // reflink-or-copy fallback (CloneOrCopy).

@@ -124,6 +124,29 @@ type File interface {
 	Close() error
 }
 
+// IO is one read or write of a batch (Batcher).
+type IO struct {
+	Write bool
+	P     []byte
+	Off   int64
+	// N and Err are the outcome, as TryReadAt's or TryWriteAt's. An IO
+	// whose Err is set when the batch is tried is skipped.
+	N   int
+	Err error
+}
+
+// Batcher is implemented by files that try many reads and writes at once.
+type Batcher interface {
+	// TryBatch does every IO of ios whose Err is nil as TryReadAt or
+	// TryWriteAt would (RWF_NOWAIT: ErrWouldBlock instead of waiting,
+	// possibly a short transfer), in no particular order, and stores each
+	// outcome in it. Where io_uring serves (IOUring) one system call
+	// submits and completes up to 64 of them; otherwise each is its own
+	// call. It allocates nothing unless an IO fails with an error of the
+	// storage.
+	TryBatch(ios []IO)
+}
+
 // Unwrapper is implemented by a File that wraps another (a twin's); Clone,
 // CloneRange and CopyRange of the OS reach the OS file through it.
 type Unwrapper interface{ Unwrap() File }

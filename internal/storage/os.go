@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"syscall"
 	"unsafe"
 
@@ -22,8 +23,9 @@ type osFS struct {
 }
 
 var (
-	_ FS   = (*osFS)(nil)
-	_ File = (*osFile)(nil)
+	_ FS      = (*osFS)(nil)
+	_ File    = (*osFile)(nil)
+	_ Batcher = (*osFile)(nil)
 )
 
 // OpenOS opens dir as the root of an FS of the operating system. dir itself
@@ -155,6 +157,17 @@ func (o *osFS) Probe(rel string) (Caps, error) {
 type osFile struct {
 	f  *os.File
 	fd uintptr // f's descriptor, for the raw RWF_NOWAIT calls
+
+	// ringMu guards the file's io_uring (uring.go), set up by the first
+	// batch; ringOff is set when that failed, and batches then take one
+	// system call per IO. ringWrites is whether the filesystem takes
+	// RWF_NOWAIT writes (0: not known yet, 1: yes, -1: no), which the ring
+	// cannot tell: where pwritev2 fails with EOPNOTSUPP (ext4), an
+	// io_uring write fails with EAGAIN.
+	ringMu     sync.Mutex
+	ring       *ring
+	ringOff    bool
+	ringWrites int8
 }
 
 func newOSFile(f *os.File) *osFile { return &osFile{f: f, fd: f.Fd()} }
@@ -171,7 +184,6 @@ func OSFile(f File) (*os.File, bool) {
 
 func (o *osFile) Name() string               { return o.f.Name() }
 func (o *osFile) Stat() (fs.FileInfo, error) { fi, err := o.f.Stat(); return fi, Classify(err) }
-func (o *osFile) Close() error               { return Classify(o.f.Close()) }
 func (o *osFile) Chmod(m fs.FileMode) error  { return Classify(o.f.Chmod(m)) }
 func (o *osFile) Truncate(size int64) error  { return Classify(o.f.Truncate(size)) }
 
@@ -201,6 +213,109 @@ func (o *osFile) TryReadAt(p []byte, off int64) (int, error) {
 
 func (o *osFile) TryWriteAt(p []byte, off int64) (int, error) {
 	return nowaitResult(nowaitIO(unix.SYS_PWRITEV2, o.fd, p, off))
+}
+
+func (o *osFile) Close() error {
+	o.ringMu.Lock()
+	if o.ring != nil {
+		o.ring.close()
+		o.ring = nil
+	}
+	o.ringOff = true
+	o.ringMu.Unlock()
+	return Classify(o.f.Close())
+}
+
+// TryBatch tries ios through the file's io_uring when there is more than
+// one and the ring is free; a batch that finds it taken by another
+// goroutine does not wait for it but makes one system call per IO.
+func (o *osFile) TryBatch(ios []IO) {
+	if len(ios) > 1 && o.ringMu.TryLock() {
+		rest := o.batchRing(ios)
+		o.ringMu.Unlock()
+		ios = ios[rest:]
+	}
+	for i := range ios {
+		io := &ios[i]
+		if io.Err == nil {
+			trap := uintptr(unix.SYS_PREADV2)
+			if io.Write {
+				trap = unix.SYS_PWRITEV2
+			}
+			io.N, io.Err = nowaitResult(nowaitIO(trap, o.fd, io.P, io.Off))
+		}
+	}
+}
+
+// batchRing runs ios through the ring, up to ringEntries at a time, and
+// returns the index of the first IO it did not run (len(ios) when it ran
+// all); ringMu is held.
+func (o *osFile) batchRing(ios []IO) int {
+	if o.ring == nil {
+		if o.ringOff || IOUring() != nil {
+			return 0
+		}
+		r, err := newRing(sysSetup)
+		if err != nil {
+			o.ringOff = true // out of memory or descriptors: one call per IO
+			return 0
+		}
+		o.ring = r
+	}
+	for start := 0; start < len(ios); start += ringEntries {
+		chunk := ios[start:min(start+ringEntries, len(ios))]
+		for i := range chunk {
+			io := &chunk[i]
+			switch {
+			case io.Err != nil:
+			case len(io.P) == 0:
+				io.N = 0
+			case io.Write && o.ringWrites < 0:
+				io.N, io.Err = 0, errTryUnsupported
+			case io.Write:
+				o.ring.prep(uringOpWrite, o.fd, io.P, io.Off, uint64(i))
+			default:
+				o.ring.prep(uringOpRead, o.fd, io.P, io.Off, uint64(i))
+			}
+		}
+		if o.ring.submit(chunk) != nil {
+			return start
+		}
+		if o.ringWrites == 0 {
+			o.learnWrites(chunk)
+		}
+	}
+	return len(ios)
+}
+
+// learnWrites finds out, from the first write of a batch that the ring
+// refused with EAGAIN, whether the filesystem takes RWF_NOWAIT writes at
+// all: it tries that write again with pwritev2, whose answer tells (and
+// replaces the ring's). Where it does not, later batches refuse writes
+// with ErrNotSupported at once, as TryWriteAt does.
+func (o *osFile) learnWrites(ios []IO) {
+	for i := range ios {
+		io := &ios[i]
+		switch {
+		case !io.Write:
+		case io.Err == nil:
+			o.ringWrites = 1
+			return
+		case io.Err == errTryAgain:
+			io.N, io.Err = nowaitResult(nowaitIO(unix.SYS_PWRITEV2, o.fd, io.P, io.Off))
+			if io.Err != errTryUnsupported {
+				o.ringWrites = 1
+				return
+			}
+			o.ringWrites = -1
+			for j := i + 1; j < len(ios); j++ {
+				if ios[j].Write && ios[j].Err == errTryAgain {
+					ios[j].Err = errTryUnsupported
+				}
+			}
+			return
+		}
+	}
 }
 
 // nowaitIO calls preadv2 or pwritev2 (trap) with RWF_NOWAIT on one buffer,
