@@ -126,8 +126,13 @@ type tlsTransport struct {
 	// only (Read and pending are never called concurrently).
 	rbuf []byte // bytes read from the socket; rbuf[rpos:] not yet given to crypto/tls
 	rpos int
-	left int   // bytes of the record being given still to give; 0 at a record boundary
 	rerr error // an error the socket returned with data, given with the next Read
+
+	// Where the stream is, from the bytes given so far (track).
+	left int                   // bytes of the current record's payload still to give
+	hdr  [tlsRecordHeader]byte // a header given in part
+	nhdr int                   // how much of it; 0 and left 0: at a record boundary
+	bulk bool                  // the last record was large: reads pass straight through
 }
 
 // TLS record framing (RFC 8446, section 5.1): a 5-byte header whose last
@@ -135,18 +140,26 @@ type tlsTransport struct {
 const (
 	tlsRecordHeader = 5
 	tlsReadBuffer   = 64 << 10
+	// tlsSmallRecord is the largest payload of a record of requests: a
+	// record holding a 4 KiB WRITE with its header is well under it, the
+	// 16 KiB records of a large WRITE's data are above it.
+	tlsSmallRecord = 8 << 10
 )
 
-// Read gives crypto/tls the bytes of at most one TLS record per call,
-// from a buffer filled with one read of the socket. crypto/tls reads a
-// record by asking for at least the bytes it lacks and takes whatever
-// more a read returns; given more than one record, it would hold the
-// next requests in a buffer of its own where nothing can see them. With
-// reads that stop at the record's end, every byte crypto/tls has not
-// decrypted yet is here, and pending can tell the connection's reader
-// that more requests have come: it then runs them before sending the
-// replies it has, as on a plain socket, instead of one write per reply
-// (libnbd sends each request in a record of its own).
+// Read gives crypto/tls what came from the socket. While the records are
+// small, requests one by one as libnbd sends them, it gives at most one
+// record per call, from a buffer filled with one read of the socket:
+// crypto/tls reads a record by asking for the bytes it lacks and takes
+// whatever more a read returns, and would otherwise hold the next requests
+// in a buffer of its own where nothing can see them. With reads that stop
+// at the record's end, every byte crypto/tls has not decrypted yet is
+// here, and pending can tell the connection's reader that more requests
+// have come: it runs them before sending the replies it has, as on a plain
+// socket, instead of one write per reply. Once a large record comes (the
+// data of a large WRITE), reads go straight into crypto/tls's buffer
+// again, as large as the socket gives, without a copy: batching does not
+// matter there, and the copy and the shorter reads cost 20-40% more CPU
+// per MiB written (measured).
 func (t *tlsTransport) Read(p []byte) (int, error) {
 	if t.rpos == len(t.rbuf) {
 		if t.rerr != nil {
@@ -154,22 +167,92 @@ func (t *tlsTransport) Read(p []byte) (int, error) {
 			t.rerr = nil
 			return 0, err
 		}
-		if err := t.fill(0); err != nil {
+		if t.bulk {
+			n, err := t.Conn.Read(p)
+			give := t.bulkCut(p[:n])
+			t.track(p[:give])
+			if give == n || n == 0 {
+				return n, err
+			}
+			// Small records came behind the large ones: keep them here
+			// and give them one by one again.
+			t.rbuf = append(t.rbuf[:0], p[give:n]...)
+			t.rpos, t.rerr, t.bulk = 0, err, false
+			if give > 0 {
+				return give, nil
+			}
+		} else if err := t.fill(0); err != nil {
 			return 0, err
 		}
 	}
-	if t.left == 0 { // a record starts here: its header says how long it is
-		if err := t.fill(tlsRecordHeader); err != nil {
+	limit := len(t.rbuf) - t.rpos
+	switch {
+	case t.bulk:
+	case t.left > 0:
+		limit = t.left
+	default: // at a header: it says how long the record is
+		need := tlsRecordHeader - t.nhdr
+		if err := t.fill(need); err != nil {
 			return 0, err
 		}
-		h := t.rbuf[t.rpos:]
-		t.left = tlsRecordHeader + (int(h[3])<<8 | int(h[4]))
+		var h [tlsRecordHeader]byte
+		copy(h[copy(h[:], t.hdr[:t.nhdr]):], t.rbuf[t.rpos:])
+		limit = need + (int(h[3])<<8 | int(h[4]))
 	}
-	n := min(len(p), t.left, len(t.rbuf)-t.rpos)
+	n := min(len(p), limit, len(t.rbuf)-t.rpos)
 	copy(p, t.rbuf[t.rpos:t.rpos+n])
 	t.rpos += n
-	t.left -= n
+	t.track(p[:n])
 	return n, nil
+}
+
+// bulkCut returns how much of b, read straight into crypto/tls's buffer,
+// to give it: up to the first record that is small or whose size is not
+// known yet (its header is cut short), once the records begun before are
+// given whole. track is not called on b yet.
+func (t *tlsTransport) bulkCut(b []byte) int {
+	left, nh, i := t.left, t.nhdr, 0
+	var h [tlsRecordHeader]byte
+	copy(h[:], t.hdr[:nh])
+	for i < len(b) {
+		if left > 0 {
+			k := min(left, len(b)-i)
+			left, i = left-k, i+k
+			continue
+		}
+		start := i - nh // < 0: the header began in an earlier read, already given
+		k := copy(h[nh:], b[i:])
+		nh, i = nh+k, i+k
+		if nh < tlsRecordHeader { // a header cut short: its record is not judged yet
+			if start >= 0 {
+				return start
+			}
+			return len(b) // it began in an earlier read: its bytes go on
+		}
+		nh, left = 0, int(h[3])<<8|int(h[4])
+		if start >= 0 && left <= tlsSmallRecord {
+			return start
+		}
+	}
+	return len(b)
+}
+
+// track follows the record framing through b, bytes just given.
+func (t *tlsTransport) track(b []byte) {
+	for len(b) > 0 {
+		if t.left > 0 {
+			k := min(t.left, len(b))
+			t.left, b = t.left-k, b[k:]
+			continue
+		}
+		k := copy(t.hdr[t.nhdr:], b)
+		t.nhdr, b = t.nhdr+k, b[k:]
+		if t.nhdr == tlsRecordHeader {
+			t.left = int(t.hdr[3])<<8 | int(t.hdr[4])
+			t.nhdr = 0
+			t.bulk = t.left > tlsSmallRecord
+		}
+	}
 }
 
 // fill reads from the socket until at least need bytes are buffered (at

@@ -360,6 +360,12 @@ func TestTLSRepliesBatch(t *testing.T) {
 	c.nc, c.r = tc, bufio.NewReader(tc)
 	c.handshake(hsOpts{export: exportRoot, greeted: true})
 	c.readAt(0, 4096)
+	// A large WRITE first: its data comes in 16 KiB records, which the
+	// transport passes straight through; the small records after it are
+	// given one by one again.
+	if rep := c.do(testReq{typ: cmdWrite, off: 1 << 20, length: 256 << 10, payload: bytes.Repeat([]byte{7}, 256<<10)}); rep.errno != 0 {
+		t.Fatalf("256 KiB WRITE: errno %d", rep.errno)
+	}
 
 	const n = 32
 	w.hold = true
@@ -390,15 +396,54 @@ func TestTLSRepliesBatch(t *testing.T) {
 // two records in one call, and pending tells when another record's bytes
 // are buffered, whatever the sizes the socket returns.
 func TestTLSTransportReadsOneRecord(t *testing.T) {
-	var stream []byte
-	var bounds []int
-	for i, size := range []int{0, 1, 17, 300, 16384 + 256, 2, 5000} {
-		stream = append(stream, 23, 3, 3, byte(size>>8), byte(size))
-		for j := range size {
-			stream = append(stream, byte(i+j))
+	records := func(sizes ...int) (stream []byte, bounds []int) {
+		for i, size := range sizes {
+			stream = append(stream, 23, 3, 3, byte(size>>8), byte(size))
+			for j := range size {
+				stream = append(stream, byte(i+j))
+			}
+			bounds = append(bounds, len(stream))
 		}
-		bounds = append(bounds, len(stream))
+		return stream, bounds
 	}
+	// Small records: never two in one Read.
+	small, smallBounds := records(0, 1, 17, 300, tlsSmallRecord, 2, 5000, 4096+28+17)
+	// With large records among them (the data of a large WRITE): every
+	// byte in order, and the small ones after them one by one again.
+	mixed, _ := records(0, 1, 16384+256, 16384, 2, 5000, 16384+256, 17, 300, 4)
+	for _, st := range []struct {
+		stream []byte
+		bounds []int
+	}{{small, smallBounds}, {mixed, nil}} {
+		readAll(t, st.stream, st.bounds)
+	}
+
+	// pending: a second record buffered behind the first.
+	sc, cc := net.Pipe()
+	defer sc.Close()
+	two := []byte{23, 3, 3, 0, 2, 'a', 'b', 23, 3, 3, 0, 1, 'c'}
+	go func() { _, _ = cc.Write(two) }()
+	tr := &tlsTransport{Conn: sc}
+	p := make([]byte, 64)
+	if n, err := tr.Read(p); err != nil || n != 7 {
+		t.Fatalf("first Read: %d bytes, %v; want the first record's 7", n, err)
+	}
+	if !tr.pending() {
+		t.Error("pending is false with the second record buffered")
+	}
+	if n, err := tr.Read(p); err != nil || n != 6 {
+		t.Fatalf("second Read: %d bytes, %v; want 6", n, err)
+	}
+	if tr.pending() {
+		t.Error("pending is true with nothing buffered")
+	}
+}
+
+// readAll writes stream through a pipe in chunks of several sizes and
+// reads it back through a tlsTransport: every byte in order, and no Read
+// across one of bounds.
+func readAll(t *testing.T, stream []byte, bounds []int) {
+	t.Helper()
 	for _, chunk := range []int{1, 3, 5, 7, 4096, 1 << 20} {
 		sc, cc := net.Pipe()
 		go func() {
@@ -436,25 +481,5 @@ func TestTLSTransportReadsOneRecord(t *testing.T) {
 			t.Fatalf("chunks of %d: read %d bytes unlike the %d sent", chunk, len(got), len(stream))
 		}
 		sc.Close()
-	}
-
-	// pending: a second record buffered behind the first.
-	sc, cc := net.Pipe()
-	defer sc.Close()
-	two := []byte{23, 3, 3, 0, 2, 'a', 'b', 23, 3, 3, 0, 1, 'c'}
-	go func() { _, _ = cc.Write(two) }()
-	tr := &tlsTransport{Conn: sc}
-	p := make([]byte, 64)
-	if n, err := tr.Read(p); err != nil || n != 7 {
-		t.Fatalf("first Read: %d bytes, %v; want the first record's 7", n, err)
-	}
-	if !tr.pending() {
-		t.Error("pending is false with the second record buffered")
-	}
-	if n, err := tr.Read(p); err != nil || n != 6 {
-		t.Fatalf("second Read: %d bytes, %v; want 6", n, err)
-	}
-	if tr.pending() {
-		t.Error("pending is true with nothing buffered")
 	}
 }
