@@ -8,6 +8,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/quiverstorage/quiver/internal/testfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,14 +22,14 @@ var batchModes = []struct {
 // openBatchFile opens a fresh file of size bytes, filled with a pattern,
 // on fc, and returns it with the pattern. ring false makes the file's
 // batches take one system call per IO, as after a failed ring setup.
-func openBatchFile(t *testing.T, fc fsCase, size int, ring bool) (*osFile, []byte) {
+func openBatchFile(t *testing.T, fc testfs.FS, size int, ring bool) (*osFile, []byte) {
 	t.Helper()
 	if ring {
 		if err := IOUring(); err != nil {
 			t.Skipf("io_uring: %v", err)
 		}
 	}
-	fsys, err := OpenOS(fc.dir(t))
+	fsys, err := OpenOS(fc.Dir(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,9 +52,9 @@ func openBatchFile(t *testing.T, fc fsCase, size int, ring bool) (*osFile, []byt
 }
 
 func TestTryBatch(t *testing.T) {
-	for _, fc := range []fsCase{onTempDir, onXFS} {
+	for _, fc := range []testfs.FS{testfs.OnTempDir, testfs.OnXFS} {
 		for _, m := range batchModes {
-			t.Run(fc.name+"/"+m.name, func(t *testing.T) {
+			t.Run(fc.Name+"/"+m.name, func(t *testing.T) {
 				const size = 1 << 20
 				f, data := openBatchFile(t, fc, size, m.ring)
 				// Reads of cached data, a read that runs past the end (short),
@@ -112,7 +113,7 @@ func TestTryBatch(t *testing.T) {
 func TestTryBatchErrors(t *testing.T) {
 	for _, m := range batchModes {
 		t.Run("xfs/"+m.name, func(t *testing.T) {
-			f, _ := openBatchFile(t, onXFS, 64<<10, m.ring)
+			f, _ := openBatchFile(t, testfs.OnXFS, 64<<10, m.ring)
 			ios := []IO{
 				// A negative offset: EINVAL, "not supported" for a Try call.
 				{P: make([]byte, 4096), Off: -4096},
@@ -148,7 +149,7 @@ func TestTryBatchErrors(t *testing.T) {
 		// EOPNOTSUPP, io_uring EAGAIN. Both must read as ErrNotSupported,
 		// in every batch, so that the pool stops trying.
 		t.Run("ext4/"+m.name, func(t *testing.T) {
-			f, _ := openBatchFile(t, onExt4, 64<<10, m.ring)
+			f, _ := openBatchFile(t, testfs.OnExt4, 64<<10, m.ring)
 			for round := range 3 {
 				ios := []IO{
 					{P: make([]byte, 4096)},
@@ -174,7 +175,7 @@ func TestTryBatchErrors(t *testing.T) {
 func TestTryBatchWouldBlock(t *testing.T) {
 	for _, m := range batchModes {
 		t.Run(m.name, func(t *testing.T) {
-			f, _ := openBatchFile(t, onXFS, 4<<20, m.ring)
+			f, _ := openBatchFile(t, testfs.OnXFS, 4<<20, m.ring)
 			if err := f.Sync(); err != nil {
 				t.Fatal(err)
 			}
@@ -221,7 +222,7 @@ func TestIOUringFallback(t *testing.T) {
 func TestTryBatchAllocations(t *testing.T) {
 	for _, m := range batchModes {
 		t.Run(m.name, func(t *testing.T) {
-			f, _ := openBatchFile(t, onTempDir, 1<<20, m.ring)
+			f, _ := openBatchFile(t, testfs.OnTempDir, 1<<20, m.ring)
 			ios := make([]IO, 32)
 			bufs := make([]byte, 32*4096)
 			allocs := testing.AllocsPerRun(100, func() {
