@@ -29,6 +29,7 @@ type conn struct {
 	// one.
 	tlsOut *bufio.Writer
 	tlsTr  *tlsTransport // the socket under the TLS connection (tls.go)
+	bigReq bool          // the last request read was a READ or WRITE above ioBatchBytes (moreBuffered); reader only
 	r      *bufio.Reader
 	log    *slog.Logger
 	// peer is the key the connection is counted under (connlimit.Peer).
@@ -250,6 +251,7 @@ func (c *conn) readRequest() (*request, error) {
 	req.cookie = binary.BigEndian.Uint64(h[8:])
 	req.off = binary.BigEndian.Uint64(h[16:])
 	req.length = binary.BigEndian.Uint32(h[24:])
+	c.bigReq = req.length > ioBatchBytes && (req.typ == cmdRead || req.typ == cmdWrite)
 	if (req.typ == cmdRead || req.typ == cmdWrite) && req.length <= maxPayload {
 		c.reserve(req, int64(req.length)) // may wait for replies to drain
 	}
