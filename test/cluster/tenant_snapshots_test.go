@@ -26,25 +26,8 @@ func TestClusterTenantSnapshots(t *testing.T) {
 	if _, err := admin.SetTenant(ctx, "a", api.TenantSpec{Quota: api.Quota{Volumes: 3, Snapshots: 2}}); err != nil {
 		t.Fatal(err)
 	}
-	as, bs := map[string]*client.Client{}, map[string]*client.Client{}
-	for tenant, m := range map[string]map[string]*client.Client{"a": as, "b": bs} {
-		tk, err := admin.CreateToken(ctx, api.TokenSpec{Role: "tenant", Tenant: tenant})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, nd := range c.nodes {
-			if m[nd.name], err = nd.proc.ClientWith(tk.Secret); err != nil {
-				t.Fatal(err)
-			}
-			for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
-				if _, err := m[nd.name].Version(ctx); err == nil {
-					break
-				} else if time.Since(start) > 5*time.Second {
-					t.Fatalf("tenant %s's token on %s for 5 s: %v", tenant, nd.name, err)
-				}
-			}
-		}
-	}
+	tc := tenantClients(t, c, admin, "a", "b")
+	as, bs := tc["a"], tc["b"]
 	// Quota 2 snapshots: every node waits for it.
 	for _, nd := range c.nodes {
 		for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {

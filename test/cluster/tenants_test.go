@@ -27,27 +27,8 @@ func TestClusterTenants(t *testing.T) {
 	if _, err := admin.SetTenant(ctx, "a", api.TenantSpec{Quota: api.Quota{Volumes: 2, Capacity: 3 << 20}}); err != nil {
 		t.Fatal(err)
 	}
-	as, bs := map[string]*client.Client{}, map[string]*client.Client{}
-	for tenant, m := range map[string]map[string]*client.Client{"a": as, "b": bs} {
-		tk, err := admin.CreateToken(ctx, api.TokenSpec{Role: "tenant", Tenant: tenant})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, nd := range c.nodes {
-			if m[nd.name], err = nd.proc.ClientWith(tk.Secret); err != nil {
-				t.Fatal(err)
-			}
-			// Every node learns the token, and the quota set before it
-			// (one document in etcd), from its watch: wait for it.
-			for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
-				if _, err := m[nd.name].Version(ctx); err == nil {
-					break
-				} else if time.Since(start) > 5*time.Second {
-					t.Fatalf("tenant %s's token on %s for 5 s: %v", tenant, nd.name, err)
-				}
-			}
-		}
-	}
+	tc := tenantClients(t, c, admin, "a", "b")
+	as, bs := tc["a"], tc["b"]
 
 	v, err := as["n1"].CreateVolume(ctx, api.VolumeSpec{Name: "web", Capacity: 1 << 20, Replicas: 2,
 		Disks: []api.DiskSpec{{Name: "root", Size: 1 << 20}}})
@@ -164,4 +145,35 @@ func TestClusterTenants(t *testing.T) {
 			t.Fatalf("a's use seen on n3: %+v, want 2 volumes, 2 MiB", tn.Used)
 		}
 	}
+}
+
+// tenantClients makes a tenant token for each of tenants and returns, per
+// tenant, a client with it on every node, once every node has learned the
+// token (and anything set before it, one document in etcd) from its watch.
+func tenantClients(t *testing.T, c *cluster, admin *client.Client, tenants ...string) map[string]map[string]*client.Client {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]map[string]*client.Client{}
+	for _, tenant := range tenants {
+		tk, err := admin.CreateToken(ctx, api.TokenSpec{Role: "tenant", Tenant: tenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[tenant] = map[string]*client.Client{}
+		for _, nd := range c.nodes {
+			cl, err := nd.proc.ClientWith(tk.Secret)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+				if _, err := cl.Version(ctx); err == nil {
+					break
+				} else if time.Since(start) > 5*time.Second {
+					t.Fatalf("tenant %s's token on %s for 5 s: %v", tenant, nd.name, err)
+				}
+			}
+			out[tenant][nd.name] = cl
+		}
+	}
+	return out
 }
