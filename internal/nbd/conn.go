@@ -161,8 +161,6 @@ func (c *conn) serve(ctx context.Context) error {
 	c.memWake = make(chan struct{}, 1)
 	if c.srv.cfg.Workers > 1 && c.nb != nil {
 		c.bt, _ = c.disk.(pool.Batcher)
-	}
-	if c.srv.cfg.Workers > 1 && c.nb != nil {
 		// A local file (schedule.go). A disk that cannot try requests
 		// without waiting writes over the network (a replicated or
 		// forwarded disk): its writes wait for a peer, not for the

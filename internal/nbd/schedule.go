@@ -123,7 +123,7 @@ func (c *conn) handOn(req *request, here bool) {
 // or a small WRITE without FUA, with nothing queued and nothing more
 // buffered. Writes with FUA wait for the device and go to a worker.
 func (c *conn) lone(req *request) bool {
-	if c.queued.Load() != 0 || c.r.Buffered() != 0 || (!c.bigReq && c.tlsPending()) {
+	if c.queued.Load() != 0 || c.r.Buffered() != 0 || c.tlsPending() {
 		return false
 	}
 	return req.typ == cmdRead || serialWrite(req)

@@ -287,17 +287,16 @@ func (t *tlsTransport) fill(need int) error {
 
 // moreBuffered reports whether another request has come that the reader
 // can read without waiting: a header in its buffer, or, over TLS, bytes of
-// another record under crypto/tls while requests are small. After a large
-// one (c.bigReq), replies go out as before: holding them while the next
-// large WRITE's records come in cost 20-40% more CPU per MiB written over
-// TLS (measured), and such requests gain nothing from batched replies.
-func (c *conn) moreBuffered() bool {
-	return c.r.Buffered() >= requestHeaderSize || (!c.bigReq && c.tlsPending())
-}
+// another record under crypto/tls (tlsPending).
+func (c *conn) moreBuffered() bool { return c.r.Buffered() >= requestHeaderSize || c.tlsPending() }
 
 // tlsPending reports whether a TLS connection has bytes of another request
-// that crypto/tls has not read yet; the reader's own buffer is c.r.
-func (c *conn) tlsPending() bool { return c.tlsTr != nil && c.tlsTr.pending() }
+// that crypto/tls has not read yet, while requests are small: after a large
+// READ or WRITE (c.bigReq) it says no, and replies go out as before. Holding
+// them while the next large WRITE's records came in cost 20-40% more CPU
+// per MiB written over TLS (measured), and such requests gain nothing from
+// batched replies. The reader's own buffer is c.r.
+func (c *conn) tlsPending() bool { return !c.bigReq && c.tlsTr != nil && c.tlsTr.pending() }
 
 // pending reports whether bytes of another record have come that crypto/tls
 // has not read: more requests to run before the replies go out.
