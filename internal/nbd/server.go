@@ -205,7 +205,8 @@ func (s *Server) Serve(ln net.Listener) error {
 }
 
 // rejected counts a refused connection and logs it, at most once a second
-// (an attack makes thousands).
+// (an attack makes thousands). Callers count before they close the
+// connection, so that a client that sees the close finds it counted.
 func (s *Server) rejected(reason, peer string, err error) {
 	if s.cfg.Observer != nil {
 		s.cfg.Observer.ConnRejected(reason)
@@ -224,14 +225,14 @@ func (s *Server) start(nc net.Conn) {
 	}
 	if s.negotiating.Add(1) > int64(s.cfg.MaxHandshakes) {
 		s.negotiating.Add(-1)
-		_ = nc.Close()
 		s.rejected(ReasonHandshakes, peer, nil)
+		_ = nc.Close()
 		return
 	}
 	if reason := s.limit.Acquire(peer); reason != "" {
 		s.negotiating.Add(-1)
-		_ = nc.Close()
 		s.rejected(reason, peer, nil)
+		_ = nc.Close()
 		return
 	}
 	s.mu.Lock()
@@ -254,8 +255,8 @@ func (s *Server) start(nc net.Conn) {
 		s.mu.Unlock()
 		s.negotiating.Add(-1)
 		s.limit.Release(peer)
-		_ = nc.Close()
 		s.rejected(ReasonHandshakes, peer, nil)
+		_ = nc.Close()
 		return
 	}
 	pm.conns++
