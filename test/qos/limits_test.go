@@ -108,6 +108,30 @@ func TestRWIOPSLimitAcrossDisks(t *testing.T) {
 func TestRWMBytesLimit(t *testing.T) {
 	testfs.RequireTool(t, "fio")
 	m := mode()
+	// A run below the limit whose requests hardly waited for QoS tokens says
+	// that the clients did not offer the limit's rate (seen in CI at load
+	// average 16: 34 MB/s with 1 MiB writes barely throttled), not that the
+	// limit held them back: such a run is measured once more, on a new
+	// server. A run below the limit with requests that did wait, or any run
+	// above it, fails.
+	var total float64
+	for attempt := 1; ; attempt++ {
+		var throttled float64
+		total, throttled = rwMBytesRun(t, m)
+		lo := 50 * (1 - m.slack)
+		if total >= lo || throttled >= 0.25*m.runtime.Seconds() || attempt == 2 {
+			break
+		}
+		t.Logf("attempt %d: %.1f MB/s, below the limit with requests waiting %.2fs for tokens over %v: the clients were slow, measuring again",
+			attempt, total, throttled, m.runtime)
+	}
+	m.check(t, "total MB/s of both fio processes", total, 50, m.runtime)
+}
+
+// rwMBytesRun runs TestRWMBytesLimit's fio processes on a new server and
+// returns their total MB/s and how long their requests waited for QoS
+// tokens (seconds, summed over both disks).
+func rwMBytesRun(t *testing.T, m rateMode) (total, throttled float64) {
 	s := startServer(t)
 	s.createVolume(t, "vm", &api.QoS{RWMBytes: 50}, disk("root", 256*miB), disk("data", 256*miB))
 	dir := t.TempDir()
@@ -116,13 +140,15 @@ func TestRWMBytesLimit(t *testing.T) {
 		runs = append(runs, startFio(t, dir, d, append(nbdArgs(s.uri("vm", d), m.runtime),
 			"--rw=write", "--bs=1m", "--iodepth=4")...))
 	}
-	var total float64
 	for _, r := range runs {
 		j := r.wait(t)
 		t.Logf("fio on %s: %.1f MB/s", j.Name, j.Write.BW/1e6)
 		total += j.Write.BW / 1e6
 	}
-	m.check(t, "total MB/s of both fio processes", total, 50, m.runtime)
+	met := waitIdle(t, s)
+	throttled = met.Sum("quiver_qos_throttled_seconds_total", map[string]string{"volume": "vm"})
+	t.Logf("requests waited %.2fs for QoS tokens", throttled)
+	return total, throttled
 }
 
 // TestLiveLimitChange is acceptance criterion 1c: fio runs at rw_iops=200,
