@@ -82,12 +82,7 @@ func (a *app) attachListCommand() *cobra.Command {
 		Use:     "list [VOLUME] [-l KEY=VALUE,...]",
 		Aliases: []string{"ls"},
 		Short:   "List the attachments of a volume, or of every volume, with the writer and who is fenced",
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 1 && selector != "" {
-				return fmt.Errorf("give a VOLUME or a --selector, not both")
-			}
-			return cobra.MaximumNArgs(1)(cmd, args)
-		},
+		Args:    volumeOrSelector(&selector),
 	}, func(ctx context.Context, c *client.Client, args []string) (any, func(io.Writer) error, error) {
 		var atts []api.Attachment
 		var err error

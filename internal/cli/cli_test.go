@@ -199,6 +199,20 @@ func TestVolumeCreateSendsSpec(t *testing.T) {
 	}
 }
 
+// refusedBeforeSending runs the CLI with args against a fake API: it must
+// exit with ExitError, print "error: " and want, and send no request.
+func refusedBeforeSending(t *testing.T, args []string, want string) {
+	t.Helper()
+	f, url := newFakeAPI(t)
+	got := run(t, context.Background(), url, nil, args...)
+	if got.code != ExitError || !strings.Contains(got.stderr, "error: "+want) {
+		t.Fatalf("exit %d, stderr %q; want %q", got.code, got.stderr, want)
+	}
+	if len(f.requests) != 0 {
+		t.Fatalf("requests sent: %v", f.requests)
+	}
+}
+
 func TestBadInputIsRefusedBeforeSending(t *testing.T) {
 	tests := []struct {
 		args []string
@@ -212,16 +226,7 @@ func TestBadInputIsRefusedBeforeSending(t *testing.T) {
 		{[]string{"clone", "a@s", "b{1..2"}, `name pattern "b{1..2"`},
 	}
 	for _, tt := range tests {
-		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
-			f, url := newFakeAPI(t)
-			got := run(t, context.Background(), url, nil, tt.args...)
-			if got.code != ExitError || !strings.Contains(got.stderr, "error: "+tt.want) {
-				t.Fatalf("exit %d, stderr %q; want %q", got.code, got.stderr, tt.want)
-			}
-			if len(f.requests) != 0 {
-				t.Fatalf("requests sent: %v", f.requests)
-			}
-		})
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) { refusedBeforeSending(t, tt.args, tt.want) })
 	}
 }
 

@@ -165,16 +165,7 @@ func TestBadQoSIsRefusedBeforeSending(t *testing.T) {
 		{[]string{"volume", "stats", "v", "--count", "-1"}, "--count -1: must be 0 (until interrupted) or more"},
 	}
 	for _, tt := range tests {
-		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
-			f, url := newFakeAPI(t)
-			got := run(t, context.Background(), url, nil, tt.args...)
-			if got.code != ExitError || !strings.Contains(got.stderr, "error: "+tt.want) {
-				t.Fatalf("exit %d, stderr %q; want %q", got.code, got.stderr, tt.want)
-			}
-			if len(f.requests) != 0 {
-				t.Fatalf("requests sent: %v", f.requests)
-			}
-		})
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) { refusedBeforeSending(t, tt.args, tt.want) })
 	}
 }
 

@@ -60,12 +60,7 @@ func (a *app) snapshotListCommand() *cobra.Command {
 		Use:     "list [VOLUME] [-l KEY=VALUE,...]",
 		Aliases: []string{"ls"},
 		Short:   "List the snapshots of a volume, or of every volume (matching a label selector)",
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 1 && selector != "" {
-				return fmt.Errorf("give a VOLUME or a --selector, not both")
-			}
-			return cobra.MaximumNArgs(1)(cmd, args)
-		},
+		Args:    volumeOrSelector(&selector),
 	}, func(ctx context.Context, c *client.Client, args []string) (any, func(io.Writer) error, error) {
 		var snaps []api.Snapshot
 		var err error

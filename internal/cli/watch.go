@@ -25,6 +25,17 @@ type fetchFunc func(ctx context.Context, c *client.Client, args []string) (obj a
 // kubectl get -w does. A change is a change of the object, not of its
 // AGE column. fetch runs with the command's arguments. Ctrl-C ends a watch
 // with success.
+// volumeOrSelector are the arguments of a list of one volume's objects or
+// of every volume's: one VOLUME or none, and not a VOLUME with a --selector.
+func volumeOrSelector(selector *string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) == 1 && *selector != "" {
+			return fmt.Errorf("give a VOLUME or a --selector, not both")
+		}
+		return cobra.MaximumNArgs(1)(cmd, args)
+	}
+}
+
 func (a *app) getter(cmd *cobra.Command, fetch fetchFunc) *cobra.Command {
 	var watch bool
 	var every time.Duration

@@ -23,6 +23,28 @@ func quotaCharge(capacity, maxVols, maxCap int64) Charge {
 	}}
 }
 
+// race makes tries calls at once, call i through nodes[i%len(nodes)], and
+// returns how many succeeded; any error but errOverQuota fails the test.
+func race(t *testing.T, tries int, nodes []*Node, call func(n *Node, i int) error) int {
+	t.Helper()
+	errs := make([]error, tries)
+	var wg sync.WaitGroup
+	for i := range tries {
+		wg.Go(func() { errs[i] = call(nodes[i%len(nodes)], i) })
+	}
+	wg.Wait()
+	made := 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			made++
+		case !errors.Is(err, errOverQuota):
+			t.Fatalf("call %d: %v, want made or over quota", i, err)
+		}
+	}
+	return made
+}
+
 // TestTenantQuotaRace: creates of one tenant sent at once through two
 // nodes never pass its quota together, since each is admitted in the Txn
 // that records it; deletes give the charge back, and a failed create too.
@@ -33,27 +55,11 @@ func TestTenantQuotaRace(t *testing.T) {
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
 	const quota, tries = 5, 24
-	nodes := []*Node{tc.first, n2}
-	var wg sync.WaitGroup
-	errs := make([]error, tries)
-	for i := range tries {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			spec := api.VolumeSpec{Name: fmt.Sprintf("acme--v%02d", i), Capacity: 1 << 20, Tenant: "acme"}
-			_, _, errs[i] = nodes[i%2].CreateCharged(ctx, spec, "", never, quotaCharge(1<<20, quota, 1<<40))
-		}()
-	}
-	wg.Wait()
-	made := 0
-	for i, err := range errs {
-		switch {
-		case err == nil:
-			made++
-		case !errors.Is(err, errOverQuota):
-			t.Fatalf("create %d: %v, want made or over quota", i, err)
-		}
-	}
+	made := race(t, tries, []*Node{tc.first, n2}, func(n *Node, i int) error {
+		spec := api.VolumeSpec{Name: fmt.Sprintf("acme--v%02d", i), Capacity: 1 << 20, Tenant: "acme"}
+		_, _, err := n.CreateCharged(ctx, spec, "", never, quotaCharge(1<<20, quota, 1<<40))
+		return err
+	})
 	ps, err := n2.Placements(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 
 	"github.com/quiverstorage/quiver/internal/api"
@@ -33,26 +32,9 @@ func TestSnapshotChargeRace(t *testing.T) {
 		}
 		return nil
 	}
-	nodes := []*Node{tc.first, n2}
-	errs := make([]error, tries)
-	var wg sync.WaitGroup
-	for i := range tries {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = nodes[i%2].ChargeSnapshots(ctx, []string{"acme--a", "acme--b"}[i%2], 1, admit)
-		}()
-	}
-	wg.Wait()
-	made := 0
-	for i, err := range errs {
-		switch {
-		case err == nil:
-			made++
-		case !errors.Is(err, errOverQuota):
-			t.Fatalf("charge %d: %v", i, err)
-		}
-	}
+	made := race(t, tries, []*Node{tc.first, n2}, func(n *Node, i int) error {
+		return n.ChargeSnapshots(ctx, []string{"acme--a", "acme--b"}[i%2], 1, admit)
+	})
 	u, err := n2.TenantUsage(ctx, "acme")
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/faultio"
 	"github.com/quiverstorage/quiver/internal/storage"
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 // openFaultPool opens a pool in a temporary directory whose disk writes and
@@ -398,7 +399,7 @@ func TestReadOnlyRemountWhileServing(t *testing.T) {
 	}
 	mustCreate(t, p, VolumeSpec{Name: "other", Capacity: 8 * mib, Disks: []DiskSpec{{Name: "root", Size: mib}}})
 	list := p.List(nil)
-	before := treeSum(t, p.Dir())
+	before := testfs.TreeSum(t, p.Dir())
 
 	fio.RemountReadOnly(true)
 	ops := []struct {
@@ -440,7 +441,7 @@ func TestReadOnlyRemountWhileServing(t *testing.T) {
 	if err := d.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, pattern(7, 4096)) {
 		t.Errorf("read on a read-only filesystem: %v, or not what was written", err)
 	}
-	if after := treeSum(t, p.Dir()); after != before {
+	if after := testfs.TreeSum(t, p.Dir()); after != before {
 		t.Errorf("the pool changed on disk while read-only:\nbefore %s\nafter  %s", before, after)
 	}
 	if got := p.List(nil); !reflect.DeepEqual(got, list) {

@@ -3,21 +3,19 @@ package pool
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 // hostileEnv is a pool with two volumes, "good" and "v2" (a snapshot "s1"
@@ -170,39 +168,6 @@ func copyExact(t testing.TB, src, dst string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-// treeSum is a digest of every name, type, size and content under dir.
-func treeSum(t *testing.T, dir string) string {
-	t.Helper()
-	var lines []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		line := fmt.Sprintf("%s %v %d", rel, fi.Mode(), fi.Size())
-		if fi.Mode().IsRegular() {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			h := sha256.Sum256(b)
-			line += " " + hex.EncodeToString(h[:])
-		}
-		lines = append(lines, line)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(lines)
-	h := sha256.Sum256([]byte(strings.Join(lines, "\n")))
-	return hex.EncodeToString(h[:])
 }
 
 // editJSON rewrites the JSON file at path through edit.
@@ -519,10 +484,10 @@ func TestHostileFiles(t *testing.T) {
 			t.Parallel()
 			e := newHostileEnv(t, template)
 			tt.mutate(t, e)
-			before := treeSum(t, e.victim)
+			before := testfs.TreeSum(t, e.victim)
 			checkVictim := func(when string) {
 				t.Helper()
-				if after := treeSum(t, e.victim); after != before {
+				if after := testfs.TreeSum(t, e.victim); after != before {
 					t.Fatalf("%s: the victim directory outside the pool changed", when)
 				}
 			}
@@ -695,7 +660,7 @@ func TestManifestWritesNeverFollowALink(t *testing.T) {
 	if err := os.Symlink(outside, v.dir); err != nil {
 		t.Fatal(err)
 	}
-	before := treeSum(t, outside)
+	before := testfs.TreeSum(t, outside)
 	ctx := context.Background()
 	if _, err := v.Update(ctx, Update{Labels: map[string]string{"a": "b"}}); !errors.Is(err, ErrHostile) {
 		t.Errorf("update through a swapped link: %v, want ErrHostile", err)
@@ -706,7 +671,7 @@ func TestManifestWritesNeverFollowALink(t *testing.T) {
 	if _, err := v.AddDisk(ctx, DiskSpec{Name: "x", Size: mib}); err == nil {
 		t.Error("add disk through a swapped link succeeded")
 	}
-	if treeSum(t, outside) != before {
+	if testfs.TreeSum(t, outside) != before {
 		t.Fatal("a write went through the link to the directory outside the pool")
 	}
 }

@@ -159,12 +159,11 @@ func TestReadOnlyPool(t *testing.T) {
 			open := dir
 			switch how {
 			case "mode bits":
-				chmodTree(t, dir, false)
-				t.Cleanup(func() { chmodTree(t, dir, true) })
+				testfs.ReadOnlyTree(t, dir)
 			case "read-only mount":
 				open = readOnlyBind(t, dir)
 			}
-			before := treeSum(t, dir)
+			before := testfs.TreeSum(t, dir)
 			ro, err := Open(context.Background(), open, quiet())
 			if err != nil {
 				t.Fatal(err)
@@ -175,7 +174,7 @@ func TestReadOnlyPool(t *testing.T) {
 			}
 			checkReadOnly(t, ro)
 			ro.Close()
-			if after := treeSum(t, dir); after != before {
+			if after := testfs.TreeSum(t, dir); after != before {
 				t.Fatal("the read-only pool changed")
 			}
 		})
@@ -227,27 +226,6 @@ func checkReadOnly(t *testing.T, p *Pool) {
 		if err := op(); !errors.Is(err, ErrReadOnly) {
 			t.Errorf("%s on a read-only pool: %v, want ErrReadOnly", name, err)
 		}
-	}
-}
-
-// chmodTree takes write permission from (or gives it back to) every
-// directory and file under dir.
-func chmodTree(t *testing.T, dir string, writable bool) {
-	t.Helper()
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		m := fi.Mode().Perm()
-		if writable {
-			m |= 0o200
-		} else {
-			m &^= 0o222
-		}
-		return os.Chmod(p, m)
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 }
 

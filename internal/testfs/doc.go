@@ -11,6 +11,9 @@
 // so CI can never pass by skipping. RequireTool and SkipOrFail apply the same
 // rule to other prerequisites.
 //
+// TreeSum digests a directory tree (the check that nothing under it
+// changed) and ReadOnlyTree takes its write bits until the test ends.
+//
 // testfs is for tests only (it imports testing) and must not import other
 // quiver packages.
 //

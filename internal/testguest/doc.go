@@ -1,7 +1,8 @@
 // Package testguest builds small Linux guests for tests that boot a real
-// kernel under QEMU (test/migration, test/powercut): Debian's kernel with
-// just the modules a test names, and an initramfs of busybox-static, those
-// modules, the test's own files and its /init.
+// kernel under QEMU (test/migration, test/powercut, test/enospc and
+// others): Debian's kernel with just the modules a test names, and an
+// initramfs of busybox-static, those modules, the test's own files and its
+// /init.
 //
 // The kernel is Debian's: the package linux-image-amd64 depends on (the
 // current kernel) is fetched with `apt-get download` and unpacked with
@@ -20,10 +21,12 @@
 // Build takes more files for the initramfs (GoProgram builds a Go program
 // of this module for the guest, such as test/migration's guest writer),
 // QEMUArgs are the QEMU arguments every test guest boots with (Machine
-// changes its CPU, memory or kernel parameters), VM is the
-// running QEMU (reaped, killed with the test binary, its console waited
-// on), and QMP is a small client of QEMU's machine protocol on a unix
-// socket. Context and ShortDir are a guest test's context (ended before
+// changes its machine, accelerator, CPU, memory or kernel parameters and
+// adds a QMP socket), VM is the running QEMU (reaped, killed with the test
+// binary, its console waited on, ended through QMP: Quit checks that it
+// ends well, Shutdown ends it whatever its state), and QMP is a small
+// client of QEMU's machine protocol on a unix socket, with the queries of
+// run state and disks the tests read (Status, IOStatus, BlockStats). Context and ShortDir are a guest test's context (ended before
 // the test binary's -timeout) and its directory for unix sockets.
 //
 // testguest is for tests only and imports no other quiver package.

@@ -5,7 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
+	"strings"
 )
 
 // GoProgram builds the Go package pkg (an import path of this module, e.g.
@@ -41,28 +41,36 @@ func QEMUArgs(k *Kernel, initrd, console string) []string {
 
 // Machine changes what QEMUArgs boots; a zero field keeps its default.
 type Machine struct {
-	CPU       string // QEMU's -cpu; default qemu64
-	MemoryMiB int    // QEMU's -m; default 128
-	Cmdline   string // kernel parameters after QEMUArgs' own
+	Type    string // QEMU's -machine; default pc
+	Accel   string // QEMU's -accel; default tcg
+	CPU     string // QEMU's -cpu; default qemu64
+	Memory  string // QEMU's -m (MiB, or with a suffix: 131080K); default 128
+	Cmdline string // kernel parameters after QEMUArgs' own
+	// QMP is the unix socket of QEMU's QMP server (-qmp, QEMU does not
+	// wait for a client: VM.DialQMP); none when empty.
+	QMP string
 }
 
 // Args are QEMUArgs with m's changes.
 func (m Machine) Args(k *Kernel, initrd, console string) []string {
-	cpu, mem, cmdline := "qemu64", 128, "console=ttyS0 loglevel=4 panic=-1"
-	if m.CPU != "" {
-		cpu = m.CPU
-	}
-	if m.MemoryMiB != 0 {
-		mem = m.MemoryMiB
-	}
-	if m.Cmdline != "" {
-		cmdline += " " + m.Cmdline
-	}
-	return []string{
-		"-machine", "pc", "-accel", "tcg", "-cpu", cpu, "-smp", "1", "-m", strconv.Itoa(mem),
+	args := []string{
+		"-machine", or(m.Type, "pc"), "-accel", or(m.Accel, "tcg"), "-cpu", or(m.CPU, "qemu64"),
+		"-smp", "1", "-m", or(m.Memory, "128"),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", k.VmlinuzPath(), "-initrd", initrd,
-		"-append", cmdline,
+		"-append", strings.TrimSpace("console=ttyS0 loglevel=4 panic=-1 " + m.Cmdline),
 		"-serial", "file:" + console,
 	}
+	if m.QMP != "" {
+		args = append(args, "-qmp", "unix:"+m.QMP+",server=on,wait=off")
+	}
+	return args
+}
+
+// or is s, or def when s is empty.
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }

@@ -2,6 +2,7 @@ package testguest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 type VM struct {
 	Cmd     *exec.Cmd
 	Console string // the serial console's file (QEMUArgs' console)
+	QMP     *QMP   // QEMU's QMP, once DialQMP has connected it
 
 	exited chan struct{}
 	werr   error // Cmd.Wait's result, set before exited is closed
@@ -63,6 +65,60 @@ func (v *VM) Kill() {
 		_ = v.Cmd.Process.Kill()
 	}
 	<-v.exited
+}
+
+// DialQMP connects v.QMP to QEMU's QMP socket at path (Machine.QMP),
+// giving QEMU 10 s at most to create it.
+func (v *VM) DialQMP(ctx context.Context, path string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	q, err := DialQMP(ctx, path)
+	if err != nil {
+		return err
+	}
+	v.QMP = q
+	return nil
+}
+
+// Shutdown ends QEMU, unless it has exited, and closes QMP: it asks QEMU
+// to quit through QMP and kills it (SIGKILL) if it has not exited 10 s
+// later; without QMP it kills it at once. It is for a test's cleanup, which
+// must end QEMU whatever state it is in; Quit is the check that QEMU ends
+// well.
+func (v *VM) Shutdown() {
+	if v.Running() && v.QMP != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = v.QMP.Execute(ctx, "quit", nil, nil)
+		cancel()
+		select {
+		case <-v.exited:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	v.Kill()
+	if v.QMP != nil {
+		_ = v.QMP.Close()
+	}
+}
+
+// Quit asks QEMU to quit through QMP (it flushes its disks first) and
+// fails unless QEMU exits with status 0 within 20 s.
+func (v *VM) Quit(ctx context.Context) error {
+	if v.QMP == nil {
+		return errors.New("QMP quit: QMP is not connected")
+	}
+	if err := v.QMP.Execute(ctx, "quit", nil, nil); err != nil {
+		return err
+	}
+	select {
+	case <-v.exited:
+		if v.werr != nil {
+			return fmt.Errorf("QEMU exited with %v after quit", v.werr)
+		}
+		return nil
+	case <-time.After(20 * time.Second):
+		return errors.New("QEMU still running 20 s after quit")
+	}
 }
 
 // ConsoleText is everything the guest has printed on its serial console.

@@ -77,8 +77,10 @@ func TestMachineArgs(t *testing.T) {
 		t.Errorf("QEMUArgs = %q\nwant %q", got, base)
 	}
 	want := slices.Clone(base)
-	want[5], want[9], want[20] = "max", "256", "console=ttyS0 loglevel=4 panic=-1 quiet"
-	if got := (Machine{CPU: "max", MemoryMiB: 256, Cmdline: "quiet"}).Args(k, "/i", "/c"); !slices.Equal(got, want) {
+	want[1], want[3], want[5], want[9], want[20] = "q35", "tcg,thread=single", "max", "131080K", "console=ttyS0 loglevel=4 panic=-1 quiet"
+	want = append(want, "-qmp", "unix:/q,server=on,wait=off")
+	m := Machine{Type: "q35", Accel: "tcg,thread=single", CPU: "max", Memory: "131080K", Cmdline: "quiet", QMP: "/q"}
+	if got := m.Args(k, "/i", "/c"); !slices.Equal(got, want) {
 		t.Errorf("Machine.Args = %q\nwant %q", got, want)
 	}
 }

@@ -3,9 +3,6 @@ package clustertest
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,49 +10,19 @@ import (
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/csi"
+	"github.com/quiverstorage/quiver/internal/csi/csitest"
 )
 
 // csiController runs an in-process CSI controller whose quiver endpoint is
 // nd's API, until the test ends, and returns its gRPC client.
 func (c *cluster) csiController(t *testing.T, nd *node) csipb.ControllerClient {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "qvcsi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "csi.sock")
-	d, err := csi.New(csi.Config{Mode: csi.ModeController, Endpoint: "unix://" + sock,
-		Server: "http://" + nd.ip + ":7480", Token: apiToken,
+	return csitest.Start(t, csi.Config{Mode: csi.ModeController, Server: "http://" + nd.ip + ":7480", Token: apiToken,
 		HTTPClient: &http.Client{Transport: &http.Transport{DialContext: c.net.dial}, Timeout: 120 * time.Second},
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.ServeListener(ctx, ln) }()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("CSI controller: %v", err)
-		}
-	})
-	return csipb.NewControllerClient(conn)
+	}).Controller()
 }
 
 // TestAnyNodeCSI: the CSI controller pointed at a node that is not a

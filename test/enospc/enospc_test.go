@@ -37,7 +37,7 @@ const (
 // (BLOCK_IO_ERROR nospace=true, action stop; run state io-error), and once
 // the filler volume is deleted and the VM continued, every write must land.
 func TestGuestPausesOnFullPool(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testguest.ShortDir(t, "qen")
 	k, initrd := buildGuest(t, dir, guestBase, guestWrite)
 	for _, fs := range []struct {
 		name  string
@@ -54,9 +54,9 @@ func TestGuestPausesOnFullPool(t *testing.T) {
 }
 
 func guestPausesOnFullPool(t *testing.T, mnt string, k *testguest.Kernel, initrd string) {
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testguest.Context(t, 3*time.Minute)
 	start := time.Now()
-	dir := shortTempDir(t)
+	dir := testguest.ShortDir(t, "qen")
 	pool := filepath.Join(mnt, "pool")
 	srv := testserver.StartT(t, quiverBin, testserver.Options{Pool: pool, NBDSocket: filepath.Join(dir, "nbd.sock")})
 	if _, err := srv.API.CreateVolume(ctx, api.VolumeSpec{Name: "vm", Capacity: diskSize,
@@ -77,9 +77,9 @@ func guestPausesOnFullPool(t *testing.T, mnt string, k *testguest.Kernel, initrd
 	// nospace, then STOP, and the run state io-error. An EIO instead of
 	// ENOSPC would give nospace=false and, with werror=enospc, action
 	// "report": the guest would see an I/O error and go on.
-	ioErr, n, err := v.qmp.WaitEvent(ctx, 0, func(e testguest.Event) bool { return e.Name == "BLOCK_IO_ERROR" })
+	ioErr, n, err := v.QMP.WaitEvent(ctx, 0, func(e testguest.Event) bool { return e.Name == "BLOCK_IO_ERROR" })
 	if err != nil {
-		t.Fatalf("no BLOCK_IO_ERROR (%v); guest console:\n%s", err, testserver.Tail(v.consoleText(), 20))
+		t.Fatalf("no BLOCK_IO_ERROR (%v); guest console:\n%s", err, testserver.Tail(v.ConsoleText(), 20))
 	}
 	var blockErr struct {
 		NodeName  string `json:"node-name"`
@@ -94,7 +94,7 @@ func guestPausesOnFullPool(t *testing.T, mnt string, k *testguest.Kernel, initrd
 	if !blockErr.NoSpace || blockErr.Action != "stop" || blockErr.Operation != "write" {
 		t.Fatalf("BLOCK_IO_ERROR %s: want a write with nospace=true and action stop (ENOSPC through NBD)", ioErr.Data)
 	}
-	if _, _, err := v.qmp.WaitEvent(ctx, n, func(e testguest.Event) bool { return e.Name == "STOP" }); err != nil {
+	if _, _, err := v.QMP.WaitEvent(ctx, n, func(e testguest.Event) bool { return e.Name == "STOP" }); err != nil {
 		t.Fatalf("no STOP after BLOCK_IO_ERROR: %v", err)
 	}
 	if st := v.status(t, ctx); st != "io-error" {
@@ -123,10 +123,10 @@ func guestPausesOnFullPool(t *testing.T, mnt string, k *testguest.Kernel, initrd
 	waitFree(t, ctx, mnt, 2*guestWrite*miB)
 	t.Logf("filler deleted: %d MiB free after %v", freeBytes(t, mnt)/miB, time.Since(deleted).Round(time.Millisecond))
 	contAt := time.Now()
-	if err := v.qmp.Execute(ctx, "cont", nil, nil); err != nil {
+	if err := v.QMP.Execute(ctx, "cont", nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, resumed, err := v.qmp.WaitEvent(ctx, n, func(e testguest.Event) bool { return e.Name == "RESUME" })
+	_, resumed, err := v.QMP.WaitEvent(ctx, n, func(e testguest.Event) bool { return e.Name == "RESUME" })
 	if err != nil {
 		t.Fatalf("no RESUME after cont: %v", err)
 	}
@@ -138,7 +138,7 @@ func guestPausesOnFullPool(t *testing.T, mnt string, k *testguest.Kernel, initrd
 	go func() {
 		defer close(watched)
 		defer cancel()
-		if e, _, err := v.qmp.WaitEvent(wctx, resumed, func(e testguest.Event) bool { return e.Name == "BLOCK_IO_ERROR" }); err == nil {
+		if e, _, err := v.QMP.WaitEvent(wctx, resumed, func(e testguest.Event) bool { return e.Name == "BLOCK_IO_ERROR" }); err == nil {
 			t.Errorf("BLOCK_IO_ERROR after cont with the space freed: %s", e.Data)
 		}
 	}()
@@ -158,10 +158,12 @@ func guestPausesOnFullPool(t *testing.T, mnt string, k *testguest.Kernel, initrd
 	if done.FailedWrOperations != 0 {
 		t.Errorf("%d writes failed in the guest's view", done.FailedWrOperations)
 	}
-	if c := v.consoleText(); strings.Contains(c, guestError) || strings.Contains(c, "I/O error") {
+	if c := v.ConsoleText(); strings.Contains(c, guestError) || strings.Contains(c, "I/O error") {
 		t.Errorf("the guest saw a write fail:\n%s", testserver.Tail(c, 20))
 	}
-	v.quit(t, ctx)
+	if err := v.Quit(ctx); err != nil {
+		t.Fatal(err)
+	}
 
 	verifyDisk(t, ctx, srv)
 	if err := srv.EndedByItself(); err != nil {
@@ -249,27 +251,4 @@ func verifyDisk(t *testing.T, ctx context.Context, srv *testserver.Process) {
 	if err != nil || strings.Contains(string(out), "verification failed") || strings.Count(string(out), "read ") != guestWrite+2 {
 		t.Fatalf("qemu-io read back of vm/vda (%v): want %d reads with their patterns:\n%s", err, guestWrite+2, out)
 	}
-}
-
-// testContext ends 15 s before the test binary's -timeout, and at the
-// latest after limit, so that a hung guest fails with its console.
-func testContext(t *testing.T, limit time.Duration) context.Context {
-	deadline := time.Now().Add(limit)
-	if d, ok := t.Deadline(); ok && d.Add(-15*time.Second).Before(deadline) {
-		deadline = d.Add(-15 * time.Second)
-	}
-	ctx, cancel := context.WithDeadline(t.Context(), deadline)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// shortTempDir is a directory for unix sockets, whose paths must fit in
-// 108 bytes.
-func shortTempDir(t *testing.T) string {
-	dir, err := os.MkdirTemp("", "qen")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
 }

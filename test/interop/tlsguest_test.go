@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -54,24 +52,33 @@ poweroff -f
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	qemuOut := &testserver.LogBuffer{}
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", append(testguest.QEMUArgs(k, initrd, console),
+	cmd := exec.Command("qemu-system-x86_64", append(testguest.QEMUArgs(k, initrd, console),
 		"-object", obj,
 		"-blockdev", blockdev,
 		"-device", "virtio-blk-pci,drive=disk0",
 	)...)
 	cmd.Stdout, cmd.Stderr = qemuOut, qemuOut
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	runErr := cmd.Run()
-	text, _ := os.ReadFile(console)
-	if runErr != nil || !strings.Contains(string(text), "guest: done") {
+	vm, err := testguest.StartVM(cmd, console)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(vm.Kill)
+	select {
+	case <-vm.Exited(): // the guest powered off
+	case <-ctx.Done():
+		vm.Kill()
+	}
+	runErr := vm.Err()
+	text := vm.ConsoleText()
+	if runErr != nil || !strings.Contains(text, "guest: done") {
 		t.Fatalf("the guest did not finish (%v)\n--- console ---\n%s\n--- QEMU ---\n%s",
-			runErr, testserver.Tail(string(text), 40), qemuOut.String())
+			runErr, testserver.Tail(text, 40), qemuOut.String())
 	}
-	if !strings.Contains(string(text), "guest: disk of 8192 sectors") {
-		t.Errorf("the guest did not see the 4 MiB disk:\n%s", testserver.Tail(string(text), 40))
+	if !strings.Contains(text, "guest: disk of 8192 sectors") {
+		t.Errorf("the guest did not see the 4 MiB disk:\n%s", testserver.Tail(text, 40))
 	}
-	if strings.Contains(string(text), "guest: write error") || !hasLine(string(text), "guest: read back ab") {
-		t.Errorf("the guest's write and read back over TLS failed:\n%s", testserver.Tail(string(text), 40))
+	if strings.Contains(text, "guest: write error") || !hasLine(text, "guest: read back ab") {
+		t.Errorf("the guest's write and read back over TLS failed:\n%s", testserver.Tail(text, 40))
 	}
 	out := run(t, "qemu-io", "--object", obj, "--image-opts", img, "-c", "read -P 0xab 1M 64k")
 	if bad := qemuIOFailure(out); bad != "" {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/testguest"
 	"github.com/quiverstorage/quiver/test/migration/record"
 )
 
@@ -19,7 +20,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, ctx context.Context) *fixture {
 	t.Helper()
-	f := &fixture{guest: requireGuest(t), dir: shortTempDir(t)}
+	f := &fixture{guest: requireGuest(t), dir: testguest.ShortDir(t, "qvm")}
 	f.srv = startServer(t, f.dir)
 	f.srv.createVolume(t, ctx, volumeName, diskSize)
 	return f
@@ -125,7 +126,7 @@ func (f *fixture) detach(t *testing.T, ctx context.Context, a api.Attachment) {
 // completed on it: the guest writes nothing else, and one O_DIRECT write
 // of a record is one virtio-blk write request. The guest writes each
 // record to vda, then vdb, so vdb has the records of vda or one fewer.
-func (f *fixture) verifyDisks(t *testing.T, ctx context.Context, stats ...map[string]blockStats) map[string]int64 {
+func (f *fixture) verifyDisks(t *testing.T, ctx context.Context, stats ...map[string]testguest.BlockStats) map[string]int64 {
 	t.Helper()
 	dir := t.TempDir()
 	ro := f.attach(t, ctx, "verify", api.ModeReadOnly)

@@ -1,7 +1,6 @@
 package migration
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -66,28 +65,4 @@ func requireGuest(t *testing.T) *guest {
 		t.Fatalf("build the guest: %v", guestErr)
 	}
 	return theGuest
-}
-
-// testContext ends 15 s before the test binary's -timeout, and at the
-// latest after limit, so that a hung QEMU fails the test with its console
-// instead of the whole binary being killed.
-func testContext(t *testing.T, limit time.Duration) context.Context {
-	deadline := time.Now().Add(limit)
-	if d, ok := t.Deadline(); ok && d.Add(-15*time.Second).Before(deadline) {
-		deadline = d.Add(-15 * time.Second)
-	}
-	ctx, cancel := context.WithDeadline(t.Context(), deadline)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// shortTempDir is a directory for unix sockets, whose paths must fit in
-// 108 bytes: t.TempDir() paths carry the test name and may not.
-func shortTempDir(t *testing.T) string {
-	dir, err := os.MkdirTemp("", "qvm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
 }

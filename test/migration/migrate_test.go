@@ -45,13 +45,13 @@ func (m migrationInfo) finished() bool {
 // bandwidth bytes per second.
 func startMigration(t *testing.T, ctx context.Context, src, dst *vm, uri string, bandwidth int64) {
 	t.Helper()
-	if err := dst.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": uri}, nil); err != nil {
+	if err := dst.QMP.Execute(ctx, "migrate-incoming", map[string]any{"uri": uri}, nil); err != nil {
 		t.Fatalf("%s: %v", dst.name, err)
 	}
-	if err := src.qmp.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": bandwidth}, nil); err != nil {
+	if err := src.QMP.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": bandwidth}, nil); err != nil {
 		t.Fatalf("%s: %v", src.name, err)
 	}
-	if err := src.qmp.Execute(ctx, "migrate", map[string]any{"uri": uri}, nil); err != nil {
+	if err := src.QMP.Execute(ctx, "migrate", map[string]any{"uri": uri}, nil); err != nil {
 		t.Fatalf("%s: %v", src.name, err)
 	}
 }
@@ -61,7 +61,7 @@ func (v *vm) waitMigration(t *testing.T, ctx context.Context, done func(migratio
 	t.Helper()
 	for {
 		var m migrationInfo
-		if err := v.qmp.Execute(ctx, "query-migrate", nil, &m); err != nil {
+		if err := v.QMP.Execute(ctx, "query-migrate", nil, &m); err != nil {
 			t.Fatalf("%s: %v", v.name, err)
 		}
 		if done(m) {

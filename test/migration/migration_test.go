@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/testguest"
 )
 
 const (
@@ -37,7 +38,7 @@ const (
 func TestLiveMigration(t *testing.T) { liveMigration(t) }
 
 func liveMigration(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testguest.Context(t, 3*time.Minute)
 	start := time.Now()
 	f := newFixture(t, ctx)
 
@@ -73,7 +74,7 @@ func liveMigration(t *testing.T) {
 	if d := compareRAM(t, ctx, src, dst, ""); d != "" {
 		t.Errorf("QEMU's migration changed the guest's RAM (a fault of the emulator, not of the disks): %s", d)
 	}
-	if err := dst.qmp.Execute(ctx, "cont", nil, nil); err != nil {
+	if err := dst.QMP.Execute(ctx, "cont", nil, nil); err != nil {
 		t.Fatalf("dst: %v", err)
 	}
 	dst.waitStatus(t, ctx, "running")
@@ -104,7 +105,7 @@ func liveMigration(t *testing.T) {
 	f.detach(t, ctx, srcAtt)
 	sleep(ctx, destinationRun)
 	dst.checkGuestHealthy(t, ctx)
-	if err := dst.qmp.Execute(ctx, "stop", nil, nil); err != nil {
+	if err := dst.QMP.Execute(ctx, "stop", nil, nil); err != nil {
 		t.Fatalf("dst: %v", err)
 	}
 	dstStats := dst.blockStats(t, ctx) // final: stop drains the guest's requests
@@ -131,7 +132,7 @@ func liveMigration(t *testing.T) {
 // destination is killed, and checks that the source goes on writing
 // without an error and that every record it wrote is on the disks.
 func TestMigrationCancelled(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testguest.Context(t, 3*time.Minute)
 	start := time.Now()
 	f := newFixture(t, ctx)
 
@@ -164,11 +165,11 @@ func TestMigrationCancelled(t *testing.T) {
 		before := src.blockStats(t, ctx)
 		want := "cancelled"
 		if i == 0 {
-			if err := src.qmp.Execute(ctx, "migrate_cancel", nil, nil); err != nil {
+			if err := src.QMP.Execute(ctx, "migrate_cancel", nil, nil); err != nil {
 				t.Fatalf("src: %v", err)
 			}
 		} else {
-			dst.kill()
+			dst.Kill()
 			want = "failed"
 		}
 		info := src.waitMigration(t, ctx, func(m migrationInfo) bool { return m.finished() })
@@ -179,7 +180,7 @@ func TestMigrationCancelled(t *testing.T) {
 			how, info.Status, active.RAM, before["vdb"].WrOperations)
 		// An incoming migration that fails ends the destination QEMU; the
 		// orchestrator detaches the destination.
-		dst.shutdown()
+		dst.Shutdown()
 		f.detach(t, ctx, dstAtt)
 
 		// The source goes on writing, still the writer of the same epoch.
@@ -192,7 +193,7 @@ func TestMigrationCancelled(t *testing.T) {
 	}
 	sleep(ctx, time.Second)
 	src.checkGuestHealthy(t, ctx)
-	if err := src.qmp.Execute(ctx, "stop", nil, nil); err != nil {
+	if err := src.QMP.Execute(ctx, "stop", nil, nil); err != nil {
 		t.Fatalf("src: %v", err)
 	}
 	srcStats := src.blockStats(t, ctx)

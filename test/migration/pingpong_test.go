@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quiverstorage/quiver/internal/testguest"
 	"github.com/quiverstorage/quiver/internal/testserver"
 	"github.com/quiverstorage/quiver/test/migration/record"
 )
@@ -51,9 +52,9 @@ func TestMigrationPingPong(t *testing.T) {
 		}
 	}
 	name := ppBackendName(t)
-	ctx := testContext(t, 24*time.Hour)
+	ctx := testguest.Context(t, 24*time.Hour)
 	g := requireGuest(t)
-	dir := shortTempDir(t)
+	dir := testguest.ShortDir(t, "qvm")
 	backend := ppBackends[name](t, dir)
 	run := time.Now().UTC().Format("150405")
 
@@ -111,9 +112,9 @@ type pingPong struct {
 	// each migration (QUIVER_MIGRATION_MEMCHECK).
 	memcheck bool
 	boot     ppBoot
-	stats    []map[string]blockStats // of every QEMU that has quit
-	traces   []string                // QEMU trace logs of this boot
-	vms      []*vm                   // the boot's QEMUs, in order
+	stats    []map[string]testguest.BlockStats // of every QEMU that has quit
+	traces   []string                          // QEMU trace logs of this boot
+	vms      []*vm                             // the boot's QEMUs, in order
 }
 
 func (p *pingPong) start(gen int) *vm {
@@ -148,7 +149,7 @@ func (p *pingPong) run(n int, res *ppResults) {
 		if info.Status != "completed" {
 			res.failed++
 			t.Errorf("pingpong: %s migration %d ended %q: %s", p.tag, gen, info.Status, info.ErrorDesc)
-			dst.shutdown()
+			dst.Shutdown()
 			break
 		}
 		res.downtime = append(res.downtime, info.Downtime)
@@ -159,11 +160,11 @@ func (p *pingPong) run(n int, res *ppResults) {
 			if d := compareRAM(t, ctx, cur, dst, p.keep); d != "" {
 				memDiff = "; " + d
 			}
-			if err := dst.qmp.Execute(ctx, "cont", nil, nil); err != nil {
+			if err := dst.QMP.Execute(ctx, "cont", nil, nil); err != nil {
 				t.Fatalf("%s: %v", dst.name, err)
 			}
 		}
-		for st := ""; st != "running" && dst.running(); st = dst.status(t, ctx) {
+		for st := ""; st != "running" && dst.Running(); st = dst.status(t, ctx) {
 			sleep(ctx, 50*time.Millisecond)
 		}
 		cur.quit(t, ctx)
@@ -189,8 +190,8 @@ func (p *pingPong) run(n int, res *ppResults) {
 			}
 			sig := fmt.Sprintf("%s migration %d (downtime %d ms): %s", p.tag, gen, info.Downtime, detail)
 			res.signatures = append(res.signatures, sig)
-			t.Errorf("pingpong: guest %s after migration: %s\n%s", outcome, sig, testserver.Tail(dst.consoleText(), 60))
-			p.keepFile(dst.console)
+			t.Errorf("pingpong: guest %s after migration: %s\n%s", outcome, sig, testserver.Tail(dst.ConsoleText(), 60))
+			p.keepFile(dst.Console)
 			break
 		}
 	}
@@ -199,14 +200,14 @@ func (p *pingPong) run(n int, res *ppResults) {
 	// A guest that panicked has ended its QEMU (-no-reboot): then the
 	// records must still be intact and in order, but their number is
 	// not known.
-	counted := cur.running()
+	counted := cur.Running()
 	if counted {
-		if err := cur.qmp.Execute(ctx, "stop", nil, nil); err != nil {
+		if err := cur.QMP.Execute(ctx, "stop", nil, nil); err != nil {
 			t.Fatalf("%s: %v", cur.name, err)
 		}
 		p.stats = append(p.stats, cur.blockStats(t, ctx))
 	}
-	cur.shutdown()
+	cur.Shutdown()
 	p.boot.released(t, ctx, gen)
 	var sum nbdTraceSummary
 	for _, tr := range p.traces {
@@ -249,7 +250,7 @@ func (p *pingPong) watch(v *vm) (outcome, detail string) {
 	// first query: the console says why.
 	gone := func() (string, string) {
 		time.Sleep(time.Second) // let the oops finish printing
-		return "crash", crashSignature(v.consoleText()) + fmt.Sprintf(" (QEMU exited: %v)", v.werr)
+		return "crash", crashSignature(v.ConsoleText()) + fmt.Sprintf(" (QEMU exited: %v)", v.Err())
 	}
 	before, err := v.tryBlockStats(p.ctx)
 	if err != nil {
@@ -257,11 +258,11 @@ func (p *pingPong) watch(v *vm) (outcome, detail string) {
 	}
 	deadline := time.Now().Add(p.settle)
 	for time.Now().Before(deadline) {
-		if line := kernelTrouble.FindString(v.consoleText()); line != "" {
+		if line := kernelTrouble.FindString(v.ConsoleText()); line != "" {
 			time.Sleep(time.Second) // let the oops finish printing
-			return "crash", crashSignature(v.consoleText())
+			return "crash", crashSignature(v.ConsoleText())
 		}
-		if !v.running() {
+		if !v.Running() {
 			return gone()
 		}
 		sleep(p.ctx, 200*time.Millisecond)
@@ -279,14 +280,14 @@ func (p *pingPong) watch(v *vm) (outcome, detail string) {
 	// machine, or a guest that hangs. Give it 30 s more, then say what the
 	// virtqueues hold and where the vCPU is.
 	for _, old := range p.vms {
-		if strings.Contains(old.consoleText(), "guestwriter: disks full") {
+		if strings.Contains(old.ConsoleText(), "guestwriter: disks full") {
 			return "full", "the guest writer filled its disks and idles"
 		}
 	}
 	for range 150 {
-		if line := kernelTrouble.FindString(v.consoleText()); line != "" {
+		if line := kernelTrouble.FindString(v.ConsoleText()); line != "" {
 			time.Sleep(time.Second)
-			return "crash", crashSignature(v.consoleText())
+			return "crash", crashSignature(v.ConsoleText())
 		}
 		s, err := v.tryBlockStats(p.ctx)
 		if err != nil {
@@ -308,7 +309,7 @@ func (v *vm) queueStatus(ctx context.Context) string {
 	var b strings.Builder
 	for _, d := range guestDisks {
 		var st map[string]any
-		err := v.qmp.Execute(ctx, "x-query-virtio-queue-status",
+		err := v.QMP.Execute(ctx, "x-query-virtio-queue-status",
 			map[string]any{"path": "/machine/peripheral/" + d + "/virtio-backend", "queue": 0}, &st)
 		fmt.Fprintf(&b, "%s queue 0: inuse=%v last-avail-idx=%v used-idx=%v shadow-avail-idx=%v signalled-used=%v err=%v; ",
 			d, st["inuse"], st["last-avail-idx"], st["used-idx"], st["shadow-avail-idx"], st["signalled-used"], err)
@@ -352,7 +353,7 @@ func (v *vm) cpuState(ctx context.Context) string {
 	var parts []string
 	for _, cmd := range []string{"info registers", "info lapic"} {
 		var out string
-		if err := v.qmp.Execute(ctx, "human-monitor-command", map[string]any{"command-line": cmd}, &out); err != nil {
+		if err := v.QMP.Execute(ctx, "human-monitor-command", map[string]any{"command-line": cmd}, &out); err != nil {
 			parts = append(parts, err.Error())
 			continue
 		}

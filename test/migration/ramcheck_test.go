@@ -23,7 +23,7 @@ func compareRAM(t *testing.T, ctx context.Context, src, dst *vm, keep string) st
 	var size struct {
 		Base int64 `json:"base-memory"`
 	}
-	if err := src.qmp.Execute(ctx, "query-memory-size-summary", nil, &size); err != nil {
+	if err := src.QMP.Execute(ctx, "query-memory-size-summary", nil, &size); err != nil {
 		t.Fatalf("%s: %v", src.name, err)
 	}
 	dir, err := os.MkdirTemp("/dev/shm", "qvmem")
@@ -35,7 +35,7 @@ func compareRAM(t *testing.T, ctx context.Context, src, dst *vm, keep string) st
 	for i, v := range []*vm{src, dst} {
 		f := filepath.Join(dir, v.name)
 		args := map[string]any{"val": 0, "size": size.Base, "filename": f}
-		if err := v.qmp.Execute(ctx, "pmemsave", args, nil); err != nil {
+		if err := v.QMP.Execute(ctx, "pmemsave", args, nil); err != nil {
 			t.Fatalf("%s: %v", v.name, err)
 		}
 		if img[i], err = os.ReadFile(f); err != nil {

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -73,13 +72,9 @@ func (cfg vmConfig) socket(disk string) string {
 // backend is QEMU's NBD client, QMP on a unix socket and the serial console
 // in a file.
 type vm struct {
-	name    string
-	cmd     *exec.Cmd
-	stderr  *testserver.LogBuffer
-	console string
-	qmp     *testguest.QMP
-	exited  chan struct{}
-	werr    error // cmd.Wait's error, set before exited is closed
+	*testguest.VM
+	name   string
+	stderr *testserver.LogBuffer
 }
 
 // startVM starts QEMU and connects to its QMP socket. t.Cleanup ends the
@@ -87,28 +82,18 @@ type vm struct {
 // guest console, QEMU's stderr and the QMP events.
 func startVM(t *testing.T, ctx context.Context, cfg vmConfig) *vm {
 	t.Helper()
-	v := &vm{
-		name:    cfg.name,
-		stderr:  &testserver.LogBuffer{},
-		console: filepath.Join(cfg.dir, cfg.name+".console"),
-		exited:  make(chan struct{}),
-	}
-	qmpPath := filepath.Join(cfg.dir, cfg.name+".qmp")
-	args := []string{
-		"-name", cfg.name,
+	console, qmp := filepath.Join(cfg.dir, cfg.name+".console"), filepath.Join(cfg.dir, cfg.name+".qmp")
+	machine := testguest.Machine{
 		// Single-threaded TCG: with QEMU 7.2's default multi-threaded TCG
 		// the guest kernel on the destination crashed after about one
 		// migration in four (stack corruption, oopses in random places:
 		// guest memory the source had changed was not migrated); with
 		// thread=single, none did in 16 runs.
-		"-machine", envOr("QUIVER_MIGRATION_MACHINE", "pc"), "-accel", "tcg,thread=" + envOr("QUIVER_MIGRATION_TCG_THREAD", "single"),
-		"-cpu", "qemu64", "-smp", "1", "-m", envOr("QUIVER_MIGRATION_MEM", fmt.Sprintf("%dK", guestRAM>>10)),
-		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-kernel", cfg.guest.kernel.VmlinuzPath(), "-initrd", cfg.guest.initrd,
-		"-append", "console=ttyS0 loglevel=4 panic=-1",
-		"-serial", "file:" + v.console,
-		"-qmp", "unix:" + qmpPath + ",server=on,wait=off",
+		Type: envOr("QUIVER_MIGRATION_MACHINE", "pc"), Accel: "tcg,thread=" + envOr("QUIVER_MIGRATION_TCG_THREAD", "single"),
+		Memory: envOr("QUIVER_MIGRATION_MEM", fmt.Sprintf("%dK", guestRAM>>10)),
+		QMP:    qmp,
 	}
+	args := append([]string{"-name", cfg.name}, machine.Args(cfg.guest.kernel, cfg.guest.initrd, console)...)
 	for _, disk := range guestDisks {
 		node, err := json.Marshal(map[string]any{
 			"driver":    "nbd",
@@ -128,106 +113,45 @@ func startVM(t *testing.T, ctx context.Context, cfg vmConfig) *vm {
 		args = append(args, "-S")
 	}
 	args = append(args, cfg.extra...)
-	v.cmd = exec.Command("qemu-system-x86_64", args...)
-	v.cmd.Stdout = v.stderr
-	v.cmd.Stderr = v.stderr
-	// Should the test binary die, QEMU dies with it.
-	v.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := v.cmd.Start(); err != nil {
-		t.Fatalf("start %s QEMU: %v", cfg.name, err)
+	cmd := exec.Command("qemu-system-x86_64", args...)
+	v := &vm{name: cfg.name, stderr: &testserver.LogBuffer{}}
+	cmd.Stdout, cmd.Stderr = v.stderr, v.stderr
+	var err error
+	if v.VM, err = testguest.StartVM(cmd, console); err != nil {
+		t.Fatalf("%s: %v", cfg.name, err)
 	}
-	go func() {
-		v.werr = v.cmd.Wait()
-		close(v.exited)
-	}()
 	t.Cleanup(func() {
-		v.shutdown()
+		v.Shutdown()
 		if t.Failed() {
 			t.Logf("%s: %s", v.name, v.diagnostics())
 		}
 	})
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	q, err := testguest.DialQMP(dctx, qmpPath)
-	if err != nil {
+	if err := v.DialQMP(ctx, qmp); err != nil {
 		t.Fatalf("%s: %v", cfg.name, err)
 	}
-	v.qmp = q
 	return v
-}
-
-// shutdown asks QEMU to quit and kills it (by its PID) if it has not exited
-// within 10 s.
-func (v *vm) shutdown() {
-	select {
-	case <-v.exited:
-		return
-	default:
-	}
-	if v.qmp != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = v.qmp.Execute(ctx, "quit", nil, nil)
-		cancel()
-	}
-	select {
-	case <-v.exited:
-	case <-time.After(10 * time.Second):
-		v.kill()
-	}
-	if v.qmp != nil {
-		_ = v.qmp.Close()
-	}
-}
-
-// kill ends QEMU with SIGKILL and reaps it.
-func (v *vm) kill() {
-	_ = v.cmd.Process.Kill()
-	<-v.exited
 }
 
 // quit ends QEMU through QMP and fails the test unless it exits by itself,
 // with status 0, within 20 s.
 func (v *vm) quit(t *testing.T, ctx context.Context) {
 	t.Helper()
-	if err := v.qmp.Execute(ctx, "quit", nil, nil); err != nil {
+	if err := v.Quit(ctx); err != nil {
 		t.Fatalf("%s: %v", v.name, err)
 	}
-	select {
-	case <-v.exited:
-		if v.werr != nil {
-			t.Fatalf("%s QEMU exited with %v after quit", v.name, v.werr)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatalf("%s QEMU still running 20 s after quit", v.name)
-	}
-}
-
-func (v *vm) running() bool {
-	select {
-	case <-v.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// consoleText is everything the guest printed on its serial console.
-func (v *vm) consoleText() string {
-	b, _ := os.ReadFile(v.console)
-	return string(b)
 }
 
 // diagnostics is what a failure message needs: the tail of the console,
 // QEMU's output and the QMP events.
 func (v *vm) diagnostics() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "--- %s guest console (tail) ---\n%s\n", v.name, testserver.Tail(v.consoleText(), 100))
+	fmt.Fprintf(&b, "--- %s guest console (tail) ---\n%s\n", v.name, testserver.Tail(v.ConsoleText(), 100))
 	fmt.Fprintf(&b, "--- %s QEMU stderr (tail) ---\n%s\n", v.name, testserver.Tail(v.stderr.String(), 20))
-	if v.qmp != nil {
-		fmt.Fprintf(&b, "--- %s QMP events ---\n%s\n", v.name, testserver.Tail(strings.Join(v.qmp.Events(), "\n"), 20))
+	if v.QMP != nil {
+		fmt.Fprintf(&b, "--- %s QMP events ---\n%s\n", v.name, testserver.Tail(strings.Join(v.QMP.Events(), "\n"), 20))
 	}
-	if !v.running() {
-		fmt.Fprintf(&b, "--- %s QEMU exited: %v ---\n", v.name, v.werr)
+	if !v.Running() {
+		fmt.Fprintf(&b, "--- %s QEMU exited: %v ---\n", v.name, v.Err())
 	}
 	return redact(b.String())
 }
@@ -236,14 +160,8 @@ func (v *vm) diagnostics() string {
 // test when ctx ends or QEMU exits first.
 func (v *vm) waitConsole(t *testing.T, ctx context.Context, want string) {
 	t.Helper()
-	for !strings.Contains(v.consoleText(), want) {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: the guest console never showed %q: %v", v.name, want, ctx.Err())
-		case <-v.exited:
-			t.Fatalf("%s: QEMU exited before the guest console showed %q", v.name, want)
-		case <-time.After(100 * time.Millisecond):
-		}
+	if err := v.WaitConsole(ctx, want); err != nil {
+		t.Fatalf("%s: %v", v.name, err)
 	}
 }
 
@@ -251,32 +169,15 @@ func (v *vm) waitConsole(t *testing.T, ctx context.Context, want string) {
 // "postmigrate", "inmigrate", "io-error", ...
 func (v *vm) status(t *testing.T, ctx context.Context) string {
 	t.Helper()
-	var st struct {
-		Status string `json:"status"`
-	}
-	if err := v.qmp.Execute(ctx, "query-status", nil, &st); err != nil {
+	st, err := v.QMP.Status(ctx)
+	if err != nil {
 		t.Fatalf("%s: %v", v.name, err)
 	}
-	return st.Status
-}
-
-// blockStats are the counters of query-blockstats that the test reads: one
-// operation per completed guest request.
-type blockStats struct {
-	WrOperations          int64 `json:"wr_operations"`
-	FailedWrOperations    int64 `json:"failed_wr_operations"`
-	FlushOperations       int64 `json:"flush_operations"`
-	FailedFlushOperations int64 `json:"failed_flush_operations"`
-	RdOperations          int64 `json:"rd_operations"`
-	FailedRdOperations    int64 `json:"failed_rd_operations"`
-}
-
-func (s blockStats) failed() int64 {
-	return s.FailedWrOperations + s.FailedFlushOperations + s.FailedRdOperations
+	return st
 }
 
 // blockStats returns query-blockstats per disk (guestDisks).
-func (v *vm) blockStats(t *testing.T, ctx context.Context) map[string]blockStats {
+func (v *vm) blockStats(t *testing.T, ctx context.Context) map[string]testguest.BlockStats {
 	t.Helper()
 	out, err := v.tryBlockStats(ctx)
 	if err != nil {
@@ -287,22 +188,14 @@ func (v *vm) blockStats(t *testing.T, ctx context.Context) map[string]blockStats
 
 // tryBlockStats is blockStats for callers that expect QEMU may be gone (a
 // guest that panicked ends its QEMU: -no-reboot).
-func (v *vm) tryBlockStats(ctx context.Context) (map[string]blockStats, error) {
-	var list []struct {
-		NodeName string     `json:"node-name"`
-		Stats    blockStats `json:"stats"`
-	}
-	if err := v.qmp.Execute(ctx, "query-blockstats", nil, &list); err != nil {
+func (v *vm) tryBlockStats(ctx context.Context) (map[string]testguest.BlockStats, error) {
+	all, err := v.QMP.BlockStats(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", v.name, err)
 	}
-	out := map[string]blockStats{}
-	for _, e := range list {
-		if disk, ok := strings.CutPrefix(e.NodeName, "disk-"); ok {
-			out[disk] = e.Stats
-		}
-	}
+	out := byDisk(all)
 	if len(out) != len(guestDisks) {
-		return nil, fmt.Errorf("%s: query-blockstats names %d of the %d disks: %+v", v.name, len(out), len(guestDisks), list)
+		return nil, fmt.Errorf("%s: query-blockstats names %d of the %d disks: %+v", v.name, len(out), len(guestDisks), all)
 	}
 	return out, nil
 }
@@ -311,20 +204,20 @@ func (v *vm) tryBlockStats(ctx context.Context) (map[string]blockStats, error) {
 // "nospace"; QEMU leaves it out for devices that do not track it).
 func (v *vm) ioStatus(t *testing.T, ctx context.Context) map[string]string {
 	t.Helper()
-	var list []struct {
-		QDev     string `json:"qdev"`
-		IOStatus string `json:"io-status"`
-		Inserted struct {
-			NodeName string `json:"node-name"`
-		} `json:"inserted"`
-	}
-	if err := v.qmp.Execute(ctx, "query-block", nil, &list); err != nil {
+	all, err := v.QMP.IOStatus(ctx)
+	if err != nil {
 		t.Fatalf("%s: %v", v.name, err)
 	}
-	out := map[string]string{}
-	for _, e := range list {
-		if disk, ok := strings.CutPrefix(e.Inserted.NodeName, "disk-"); ok {
-			out[disk] = e.IOStatus
+	return byDisk(all)
+}
+
+// byDisk keys QMP's answers per block node by disk: node disk-vda is vda.
+// Nodes not named so are left out.
+func byDisk[T any](byNode map[string]T) map[string]T {
+	out := map[string]T{}
+	for node, x := range byNode {
+		if disk, ok := strings.CutPrefix(node, "disk-"); ok {
+			out[disk] = x
 		}
 	}
 	return out
@@ -387,7 +280,7 @@ func (v *vm) checkGuestHealthy(t *testing.T, ctx context.Context) {
 		}
 	}
 	for disk, s := range v.blockStats(t, ctx) {
-		if s.failed() != 0 {
+		if s.Failed() != 0 {
 			t.Errorf("%s: disk %s has failed requests: %+v", v.name, disk, s)
 		}
 	}
@@ -403,7 +296,7 @@ var consoleTrouble = []string{"I/O error", "Kernel panic", "BUG:", "kernel BUG a
 
 func checkConsoleClean(t *testing.T, v *vm) {
 	t.Helper()
-	for line := range strings.Lines(v.consoleText()) {
+	for line := range strings.Lines(v.ConsoleText()) {
 		for _, bad := range consoleTrouble {
 			if strings.Contains(line, bad) {
 				t.Errorf("%s: guest console: %s", v.name, strings.TrimSpace(line))
@@ -426,5 +319,3 @@ func checkStderrClean(t *testing.T, v *vm) {
 		}
 	}
 }
-
-// tail returns the last n lines of s.

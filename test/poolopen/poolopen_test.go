@@ -3,7 +3,6 @@ package poolopen
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"os"
 	"os/exec"
@@ -176,9 +175,8 @@ func TestReadOnlyPool(t *testing.T) {
 	if err := srv.Stop(20 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	setWritable(t, pool, false)
-	t.Cleanup(func() { setWritable(t, pool, true) })
-	before := sum(t, pool)
+	testfs.ReadOnlyTree(t, pool)
+	before := testfs.TreeSum(t, pool)
 	srv = testserver.StartT(t, quiverBin, testserver.Options{Pool: pool, NBDTCP: true})
 	info, err := srv.API.Pool(t.Context())
 	if err != nil || !info.ReadOnly {
@@ -197,52 +195,9 @@ func TestReadOnlyPool(t *testing.T) {
 	if err := srv.Stop(20 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if after := sum(t, pool); after != before {
+	if after := testfs.TreeSum(t, pool); after != before {
 		t.Fatal("the read-only pool changed")
 	}
-}
-
-func setWritable(t *testing.T, dir string, w bool) {
-	t.Helper()
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		m := fi.Mode().Perm()
-		if w {
-			m |= 0o200
-		} else {
-			m &^= 0o222
-		}
-		return os.Chmod(p, m)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-// sum digests the names, sizes and contents under dir.
-func sum(t *testing.T, dir string) string {
-	t.Helper()
-	h := sha256.New()
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(h, "%s %v %d\n", p, fi.Mode(), fi.Size())
-		if fi.Mode().IsRegular() {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			h.Write(b)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("%x", h.Sum(nil))
 }
 
 // TestJobHistorySurvivesRestart: `quiver job list` after a restart shows

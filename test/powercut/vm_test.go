@@ -19,9 +19,10 @@ import (
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
-// guestMemory is the guest's RAM in MiB: the kernel, the initramfs (quiver
-// is most of it) unpacked in RAM, quiver's heap and XFS's caches.
-const guestMemory = 256
+// guestMemory is the guest's RAM (QEMU's -m, MiB): the kernel, the
+// initramfs (quiver is most of it) unpacked in RAM, quiver's heap and XFS's
+// caches.
+const guestMemory = "256"
 
 // machine is one boot of the guest: QEMU under TCG, its pool disk served
 // by a cacheDisk through quiver's NBD server on a unix socket, the API
@@ -69,7 +70,7 @@ func boot(ctx context.Context, g *guest, m *medium, dir, token string, n int) (*
 	}
 	// no_timer_check: on a loaded host the kernel's check of the IO-APIC
 	// timer under TCG fails now and then and panics the boot.
-	machine := testguest.Machine{CPU: "max", MemoryMiB: guestMemory, Cmdline: "quiet mitigations=off no_timer_check"}
+	machine := testguest.Machine{CPU: "max", Memory: guestMemory, Cmdline: "quiet mitigations=off no_timer_check"}
 	args := append(machine.Args(g.kernel, g.initrd, console),
 		"-blockdev", string(node),
 		// write-cache=on: the guest sees a volatile write cache and sends

@@ -3,12 +3,8 @@ package storm
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,10 +14,9 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	quivercsi "github.com/quiverstorage/quiver/internal/csi"
+	"github.com/quiverstorage/quiver/internal/csi/csitest"
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
@@ -242,11 +237,11 @@ func poolParent() string {
 
 // env is one model's server and CSI controller, and the IDs it created.
 type env struct {
-	srv      *testserver.Process
-	pool     string
-	ctrl     csi.ControllerClient
-	stopCtrl func()
-	ids      []string
+	srv    *testserver.Process
+	pool   string
+	plugin *csitest.Plugin
+	ctrl   csi.ControllerClient
+	ids    []string
 }
 
 func newEnv(t *testing.T, bin string) *env {
@@ -261,14 +256,16 @@ func newEnv(t *testing.T, bin string) *env {
 		t.Fatal(err)
 	}
 	e := &env{srv: srv, pool: pool}
-	e.ctrl, e.stopCtrl = startController(t, "http://"+srv.APIAddr)
+	// The CSI plugin in controller mode, in process.
+	e.plugin = csitest.Start(t, quivercsi.Config{Mode: quivercsi.ModeController, Server: "http://" + srv.APIAddr})
+	e.ctrl = e.plugin.Controller()
 	return e
 }
 
 // close stops the controller and the server and removes the pool.
 func (e *env) close(t *testing.T) {
 	t.Helper()
-	e.stopCtrl()
+	e.plugin.Stop()
 	if err := e.srv.Stop(time.Minute); err != nil {
 		t.Error(err)
 	}
@@ -350,42 +347,4 @@ func storm(n, workers int, budget time.Duration, call func(context.Context, int)
 	p := phase{wall: time.Since(start), done: done.Load(), failed: failed.Load()}
 	p.stopped = p.done < int64(n)
 	return p
-}
-
-// startController runs the CSI plugin in controller mode on a unix socket,
-// in process, and returns a gRPC client of it and the function that stops
-// both.
-func startController(t *testing.T, server string) (csi.ControllerClient, func()) {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "qstorm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "csi.sock")
-	d, err := quivercsi.New(quivercsi.Config{
-		Mode: quivercsi.ModeController, Endpoint: "unix://" + sock, Server: server,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.ServeListener(ctx, ln) }()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return csi.NewControllerClient(conn), func() {
-		conn.Close()
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("plugin: %v", err)
-		}
-		os.RemoveAll(dir)
-	}
 }
