@@ -139,6 +139,10 @@ A flag on the command line wins over the file.`,
 	f.StringVar(&cfg.TestCrashPointFile, "test-crash-point-file", "",
 		"TESTING ONLY: kill the server at the crash point named in this file")
 	_ = f.MarkHidden("test-crash-point-file")
+	// For benchmarks only: the blocking reader against the poller
+	// (internal/nbd/socket.go). Hidden.
+	f.BoolVar(&cfg.NBD.Polled, "nbd-polled", false, "BENCHMARKS ONLY: keep NBD connections in Go's network poller")
+	_ = f.MarkHidden("nbd-polled")
 	apiDef, nbdDef := server.DefaultAPILimits(), nbd.DefaultConfig()
 	f.StringVar(&cfg.APISocket, "api-socket", "", "also serve the API on this unix socket (mode 0600, no token)")
 	f.StringVar(&cfg.APISocketGroup, "api-socket-group", "", "group allowed on the API and NBD sockets (mode 0660)")

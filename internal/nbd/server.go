@@ -58,8 +58,13 @@ type Config struct {
 	// the upgrade.
 	TLS        *tls.Config
 	RequireTLS bool
-	Logger     *slog.Logger
-	Observer   Observer // optional: told about connections
+	// Polled keeps plain TCP and unix connections in Go's network poller
+	// for the transmission phase instead of moving them to a blocking
+	// socket (socket.go). For benchmarks (a hidden flag): it is how the
+	// blocking reader is measured against the poller.
+	Polled   bool
+	Logger   *slog.Logger
+	Observer Observer // optional: told about connections
 }
 
 // Observer is told when connections open, close and are refused (metrics).

@@ -78,7 +78,7 @@ func (c *conn) leavePoller() {
 	default:
 		return // a wrapper may buffer or filter what it reads: leave it be
 	}
-	if c.raw == nil {
+	if c.raw == nil || (c.srv != nil && c.srv.cfg.Polled) {
 		return
 	}
 	dup := -1

@@ -42,6 +42,29 @@ func TestTransmissionOnBlockingSocket(t *testing.T) {
 	}
 }
 
+// TestPolledStaysInPoller: with Config.Polled (the benchmarks' hidden
+// switch) a TCP connection is served from the poller: after a READ has been
+// answered, and so after the point where it would have left it, it is still
+// a net.TCPConn and sends as a polled socket.
+func TestPolledStaysInPoller(t *testing.T) {
+	e := newEnv(t, Config{Polled: true}, nil)
+	c := e.connect(t, hsOpts{export: exportRoot, structured: true})
+	rep := c.do(testReq{typ: cmdRead, off: 0, length: 4096})
+	if rep.errno != 0 || !bytes.Equal(rep.data, e.model["root"][:4096]) {
+		t.Fatalf("READ: error %d, data equal %v", rep.errno, bytes.Equal(rep.data, e.model["root"][:4096]))
+	}
+	e.srv.mu.Lock()
+	defer e.srv.mu.Unlock()
+	if len(e.srv.conns) != 1 {
+		t.Fatalf("%d connections, want 1", len(e.srv.conns))
+	}
+	for sc := range e.srv.conns {
+		if _, ok := sc.nc.(*net.TCPConn); !ok || sc.snd.blocking {
+			t.Fatalf("connection is a %T (blocking sends %v), want a polled *net.TCPConn", sc.nc, sc.snd.blocking)
+		}
+	}
+}
+
 // TestReplyWaitsForSlowClient: a reply larger than the socket buffers,
 // to a client that does not read for a while, is sent whole once the
 // client reads (the sender waits in the kernel when MSG_DONTWAIT finds the

@@ -23,6 +23,11 @@
 # of the same random content, on the same filesystem; nbdkit, qemu-nbd and
 # the raw-file runs use the first quiver's image.
 #
+# ALT="name:flags" (A/B of a switch): one more quiver from the same build,
+# "quiver+name", started with those extra server flags, e.g.
+# ALT="polled:--nbd-polled" measures the blocking reader against a reader
+# left in Go's network poller. Like BASE, it serves its own pool.
+#
 # TRANSPORTS (default "unix tcp") may add tls: NBD over TLS on TCP (x509,
 # certificates made here with openssl), quiver with --nbd-tls on, nbdkit with
 # --tls=require and qemu-nbd with tls-creds-x509, fio's nbd engine with an
@@ -98,16 +103,27 @@ if [ -n "$BASE" ]; then
 	KINDS="${KINDS/quiver /quiver quiver@$BASE }"
 	[[ " $KINDS " == *" quiver@$BASE "* ]] || KINDS="$KINDS quiver@$BASE"
 fi
+ALT=${ALT:-}
+ALTFLAGS=()
+if [ -n "$ALT" ]; then
+	read -r -a ALTFLAGS <<<"${ALT#*:}"
+	QUIVERS+=("quiver+${ALT%%:*}")
+	KINDS="$KINDS quiver+${ALT%%:*}"
+fi
 [ ${#QUIVERS[@]} -gt 0 ] || { echo "KINDS must include quiver or BASE must be set: nbdkit and qemu-nbd serve quiver's image" >&2; exit 1; }
 
 # The same random content for every quiver's disk, so reads hit data, not holes.
 head -c $SIZE /dev/urandom >"$WORK/random.bin"
 i=0
 for q in "${QUIVERS[@]}"; do
-	bin="$WORK/quiver" dir="$WORK/pool" sock="$WORK/quiver.sock"
-	if [ "$q" != quiver ]; then bin="$WORK/quiver-base" dir="$WORK/pool-base" sock="$WORK/quiver-base.sock"; fi
+	bin="$WORK/quiver" dir="$WORK/pool" sock="$WORK/quiver.sock" extra=()
+	case $q in
+	quiver) ;;
+	quiver+*) dir="$WORK/pool-alt" sock="$WORK/quiver-alt.sock" extra=("${ALTFLAGS[@]}") ;;
+	*) bin="$WORK/quiver-base" dir="$WORK/pool-base" sock="$WORK/quiver-base.sock" ;;
+	esac
 	api=127.0.0.1:$((PORT + 10 + i)) nbd=$((PORT + 3 * i))
-	"$bin" server --pool "$dir" --listen "$api" --nbd-listen "127.0.0.1:$nbd" --nbd-socket "$sock" "${TLSFLAGS[@]}" --log-level warn &
+	"$bin" server --pool "$dir" --listen "$api" --nbd-listen "127.0.0.1:$nbd" --nbd-socket "$sock" "${TLSFLAGS[@]}" "${extra[@]}" --log-level warn &
 	PID[$q]=$!
 	SERVERS+=($!)
 	for _ in $(seq 200); do curl -sf "http://$api/v1/pool" >/dev/null 2>&1 && break; sleep 0.05; done
@@ -201,6 +217,6 @@ done
 
 echo
 echo "fio $(fio --version), nbdkit $(nbdkit --version | cut -d' ' -f2), $(qemu-nbd --version | head -1), $(nproc) cores," \
-	"file on $(findmnt -n -o FSTYPE --target "$WORK"), quiver $(git -C "$ROOT" describe --always --dirty)${BASE:+ and $BASE}," \
+	"file on $(findmnt -n -o FSTYPE --target "$WORK"), quiver $(git -C "$ROOT" describe --always --dirty)${BASE:+ and $BASE}${ALT:+ (quiver+${ALT%%:*}: ${ALT#*:})}," \
 	"${RUNTIME}s per run, $ROUNDS rounds, load average $LOAD_START at the start and $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 "$NBDRUN" report "$RESULTS"
