@@ -29,6 +29,9 @@ type fakeCluster struct {
 	mu    sync.Mutex
 	prim  map[string]string // volume -> primary
 	addrs map[string]string // node -> API address ("": down)
+	// listed: Placements lists the volumes of prim (else none, as the
+	// hop's tests want of an admin's list).
+	listed bool
 }
 
 var _ Cluster = (*fakeCluster)(nil)
@@ -57,14 +60,27 @@ func (f *fakeCluster) Placement(_ context.Context, v string) (cluster.Placement,
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p, ok := f.prim[v]
-	pl := cluster.Placement{Volume: v, Replicas: 2, Primary: p, Term: 1}
+	return f.placement(v, p), ok, nil
+}
+func (f *fakeCluster) placement(v, primary string) cluster.Placement {
+	pl := cluster.Placement{Volume: v, Replicas: 2, Primary: primary, Term: 1,
+		Spec: api.VolumeSpec{Disks: []api.DiskSpec{{Name: "root", Size: 8 * mib}}}}
 	if t, _, found := strings.Cut(v, pool.TenantSeparator); found {
 		pl.Spec.Tenant = t // the tenant etcd's record carries
 	}
-	return pl, ok, nil
+	return pl
 }
 func (f *fakeCluster) Placements(context.Context) (map[string]cluster.Placement, error) {
-	return nil, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.listed {
+		return nil, nil
+	}
+	out := map[string]cluster.Placement{}
+	for v, p := range f.prim {
+		out[v] = f.placement(v, p)
+	}
+	return out, nil
 }
 func (f *fakeCluster) Role(_ context.Context, v string) (cluster.Role, error) {
 	f.mu.Lock()
