@@ -24,16 +24,28 @@ import (
 // nd's API, until the test ends, and returns its gRPC client.
 func (c *cluster) csiController(t *testing.T, nd *node) csipb.ControllerClient {
 	t.Helper()
+	_, conn := c.csiPlugin(t, nd, csi.Config{Mode: csi.ModeController, Token: apiToken})
+	return csipb.NewControllerClient(conn)
+}
+
+// csiPlugin runs an in-process CSI plugin configured by cfg (its mode,
+// token, node fields) whose quiver endpoint is nd's API, until the test
+// ends, and returns its endpoint and a gRPC connection to it.
+func (c *cluster) csiPlugin(t *testing.T, nd *node, cfg csi.Config) (string, *grpc.ClientConn) {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "qvcsi")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	sock := filepath.Join(dir, "csi.sock")
-	d, err := csi.New(csi.Config{Mode: csi.ModeController, Endpoint: "unix://" + sock,
-		Server: "http://" + nd.ip + ":7480", Token: apiToken,
-		HTTPClient: &http.Client{Transport: &http.Transport{DialContext: c.net.dial}, Timeout: 120 * time.Second},
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil))})
+	cfg.Endpoint, cfg.Server = "unix://"+sock, "http://"+nd.ip+":7480"
+	cfg.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: c.net.dial}, Timeout: 120 * time.Second}
+	if cfg.StateDir == "" {
+		cfg.StateDir = filepath.Join(dir, "state")
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := csi.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +56,7 @@ func (c *cluster) csiController(t *testing.T, nd *node) csipb.ControllerClient {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.ServeListener(ctx, ln) }()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(cfg.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,10 +64,10 @@ func (c *cluster) csiController(t *testing.T, nd *node) csipb.ControllerClient {
 		conn.Close()
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("CSI controller: %v", err)
+			t.Errorf("CSI plugin: %v", err)
 		}
 	})
-	return csipb.NewControllerClient(conn)
+	return cfg.Endpoint, conn
 }
 
 // TestAnyNodeCSI: the CSI controller pointed at a node that is not a
