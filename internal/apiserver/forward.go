@@ -270,6 +270,13 @@ func (s *Server) hop(r *http.Request, node, addr, method, uri string, body []byt
 		if r.Context().Err() != nil {
 			return nil, nil, fmt.Errorf("%s: %w", what, r.Context().Err())
 		}
+		var cv *tls.CertificateVerificationError
+		if errors.As(err, &cv) {
+			// The handshake failed: nothing was sent.
+			return nil, nil, fmt.Errorf("%s: not carried to %s at %s, whose API certificate this node does not trust (%v); "+
+				"nothing was sent: each node's --tls-cert file must carry the CA of the others' certificates after its leaf "+
+				"(docs/cluster.md, \"Any node's API\"): %w", what, node, addr, cv, errUnavailable)
+		}
 		return nil, nil, fmt.Errorf("%s: carried to %s at %s, which did not answer (%v); it may have been applied there: "+
 			"send it again to any node (with the same Idempotency-Key for a create): %w", what, node, addr, err, errUnavailable)
 	}

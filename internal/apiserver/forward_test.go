@@ -2,6 +2,8 @@ package apiserver
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -385,5 +387,27 @@ func TestHopReplayRefused(t *testing.T) {
 	}
 	if v, _ := b.pool.Volume("v"); len(v.Snapshots()) != 1 {
 		t.Fatalf("%d snapshots, want the first hop's only", len(v.Snapshots()))
+	}
+}
+
+// TestHopUntrustedPeer: a primary whose API certificate the node does not
+// trust gets no request: the caller's 503 says so (not that the request
+// may have been applied), and nothing is made there.
+func TestHopUntrustedPeer(t *testing.T) {
+	a, b, aURL, fa, _ := hopNodes(t, "the-cluster-key-0123456789")
+	sb := httptest.NewTLSServer(b) // its certificate chains to no root of a's
+	t.Cleanup(sb.Close)
+	fa.mu.Lock()
+	fa.addrs["b"] = strings.TrimPrefix(sb.URL, "https://")
+	fa.mu.Unlock()
+	a.Peers.Scheme, a.Peers.Client = "https", PeerClient(&tls.Config{RootCAs: x509.NewCertPool()})
+	c := &apiClient{t: t, base: aURL}
+	status, body := c.do("POST", "/v1/volumes/v/snapshots", api.SnapshotSpec{Name: "s1"})
+	if status != http.StatusServiceUnavailable || errCode(t, body) != api.CodeUnavailable ||
+		!strings.Contains(string(body), "does not trust") || strings.Contains(string(body), "may have been applied") {
+		t.Fatalf("a snapshot through a to b, whose certificate a does not trust: %d %s", status, body)
+	}
+	if v, _ := b.pool.Volume("v"); len(v.Snapshots()) != 0 {
+		t.Fatalf("b made %d snapshots", len(v.Snapshots()))
 	}
 }
