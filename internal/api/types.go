@@ -334,6 +334,10 @@ type PoolInfo struct {
 	ReadOnly bool `json:"readOnly,omitempty"`
 	// Broken counts the volumes quarantined at start-up.
 	Broken int `json:"broken,omitempty"`
+	// Tenant is set for a tenant's token: its quota and its use (on a
+	// cluster, counted cluster-wide). Volumes and ProvisionedBytes are
+	// then the tenant's own (docs/security.md, "Tenants").
+	Tenant *Tenant `json:"tenant,omitempty"`
 }
 
 // SpaceUsage is how the pool's space divides among volumes and snapshots

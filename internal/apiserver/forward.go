@@ -15,6 +15,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -214,47 +215,13 @@ func (s *Server) hopPrincipal(w http.ResponseWriter, r *http.Request, enc string
 
 // forward carries r to node's API at addr and copies its answer to w.
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, node, addr string) error {
-	what := r.Method + " " + r.URL.Path
-	if addr == "" {
-		return fmt.Errorf("%s: it is served by %s, which is down now; send it again once another node has taken over (quiver volume get shows the primary): %w",
-			what, node, errUnavailable)
-	}
 	body, err := io.ReadAll(r.Body) // read whole by route
 	if err != nil {
 		return &badRequest{msg: "request body: " + err.Error()}
 	}
-	pr := principalOf(r)
-	claim, _ := json.Marshal(hopClaim{TokenID: pr.TokenID, Tenant: pr.Tenant, Role: pr.Role, By: s.Peers.Node,
-		At: time.Now().Unix(), Nonce: rand.Text()})
-	enc := base64.RawURLEncoding.EncodeToString(claim)
-	uri := r.URL.RequestURI()
-	req, err := http.NewRequestWithContext(r.Context(), r.Method, s.Peers.Scheme+"://"+addr+uri, bytes.NewReader(body))
+	resp, out, err := s.hop(r, node, addr, r.Method, r.URL.RequestURI(), body)
 	if err != nil {
-		return fmt.Errorf("%s: carry it to %s at %s: %w", what, node, addr, err)
-	}
-	for k, vs := range r.Header {
-		if !hopByHop(k) && k != "Authorization" {
-			req.Header[k] = vs
-		}
-	}
-	req.Header.Set(headerHopPrincipal, enc)
-	req.Header.Set(headerHopSignature, hex.EncodeToString(s.Peers.sign(r.Method, uri, enc, body)))
-	resp, err := s.Peers.Client.Do(req)
-	if err != nil {
-		if r.Context().Err() != nil {
-			return fmt.Errorf("%s: %w", what, r.Context().Err())
-		}
-		return fmt.Errorf("%s: carried to %s at %s, which did not answer (%v); it may have been applied there: "+
-			"send it again to any node (with the same Idempotency-Key for a create): %w", what, node, addr, err, errUnavailable)
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(io.LimitReader(resp.Body, maxForwardedAnswer+1))
-	if err == nil && len(out) > maxForwardedAnswer {
-		err = fmt.Errorf("more than %d bytes", maxForwardedAnswer)
-	}
-	if err != nil {
-		return fmt.Errorf("%s: carried to %s at %s, whose answer (%d) broke off (%v); it may have been applied there: "+
-			"send it again to any node: %w", what, node, addr, resp.StatusCode, err, errUnavailable)
+		return err
 	}
 	if resp.StatusCode == http.StatusAccepted {
 		var j api.Job
@@ -272,6 +239,57 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, node, addr stri
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(out)
 	return nil
+}
+
+// hop sends method uri with body to node's API at addr, for r's caller
+// (its principal, signed; r's headers but its credential), and returns the
+// answer with its body read whole.
+func (s *Server) hop(r *http.Request, node, addr, method, uri string, body []byte) (*http.Response, []byte, error) {
+	what := method + " " + strings.SplitN(uri, "?", 2)[0]
+	if addr == "" {
+		return nil, nil, fmt.Errorf("%s: it is served by %s, which is down now; send it again once another node has taken over (quiver volume get shows the primary): %w",
+			what, node, errUnavailable)
+	}
+	pr := principalOf(r)
+	claim, _ := json.Marshal(hopClaim{TokenID: pr.TokenID, Tenant: pr.Tenant, Role: pr.Role, By: s.Peers.Node,
+		At: time.Now().Unix(), Nonce: rand.Text()})
+	enc := base64.RawURLEncoding.EncodeToString(claim)
+	req, err := http.NewRequestWithContext(r.Context(), method, s.Peers.Scheme+"://"+addr+uri, bytes.NewReader(body))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: carry it to %s at %s: %w", what, node, addr, err)
+	}
+	for k, vs := range r.Header {
+		if !hopByHop(k) && k != "Authorization" {
+			req.Header[k] = vs
+		}
+	}
+	req.Header.Set(headerHopPrincipal, enc)
+	req.Header.Set(headerHopSignature, hex.EncodeToString(s.Peers.sign(method, uri, enc, body)))
+	resp, err := s.Peers.Client.Do(req)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return nil, nil, fmt.Errorf("%s: %w", what, r.Context().Err())
+		}
+		var cv *tls.CertificateVerificationError
+		if errors.As(err, &cv) {
+			// The handshake failed: nothing was sent.
+			return nil, nil, fmt.Errorf("%s: not carried to %s at %s, whose API certificate this node does not trust (%v); "+
+				"nothing was sent: each node's --tls-cert file must carry the CA of the others' certificates after its leaf "+
+				"(docs/cluster.md, \"Any node's API\"): %w", what, node, addr, cv, errUnavailable)
+		}
+		return nil, nil, fmt.Errorf("%s: carried to %s at %s, which did not answer (%v); it may have been applied there: "+
+			"send it again to any node (with the same Idempotency-Key for a create): %w", what, node, addr, err, errUnavailable)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(io.LimitReader(resp.Body, maxForwardedAnswer+1))
+	if err == nil && len(out) > maxForwardedAnswer {
+		err = fmt.Errorf("more than %d bytes", maxForwardedAnswer)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: carried to %s at %s, whose answer (%d) broke off (%v); it may have been applied there: "+
+			"send it again to any node: %w", what, node, addr, resp.StatusCode, err, errUnavailable)
+	}
+	return resp, out, nil
 }
 
 // maxForwardedAnswer bounds the answer of a hop (a list of snapshots or

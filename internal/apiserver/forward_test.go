@@ -2,6 +2,8 @@ package apiserver
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -29,6 +31,9 @@ type fakeCluster struct {
 	mu    sync.Mutex
 	prim  map[string]string // volume -> primary
 	addrs map[string]string // node -> API address ("": down)
+	// listed: Placements lists the volumes of prim (else none, as the
+	// hop's tests want of an admin's list).
+	listed bool
 }
 
 var _ Cluster = (*fakeCluster)(nil)
@@ -57,14 +62,27 @@ func (f *fakeCluster) Placement(_ context.Context, v string) (cluster.Placement,
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p, ok := f.prim[v]
-	pl := cluster.Placement{Volume: v, Replicas: 2, Primary: p, Term: 1}
+	return f.placement(v, p), ok, nil
+}
+func (f *fakeCluster) placement(v, primary string) cluster.Placement {
+	pl := cluster.Placement{Volume: v, Replicas: 2, Primary: primary, Term: 1,
+		Spec: api.VolumeSpec{Disks: []api.DiskSpec{{Name: "root", Size: 8 * mib}}}}
 	if t, _, found := strings.Cut(v, pool.TenantSeparator); found {
 		pl.Spec.Tenant = t // the tenant etcd's record carries
 	}
-	return pl, ok, nil
+	return pl
 }
 func (f *fakeCluster) Placements(context.Context) (map[string]cluster.Placement, error) {
-	return nil, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.listed {
+		return nil, nil
+	}
+	out := map[string]cluster.Placement{}
+	for v, p := range f.prim {
+		out[v] = f.placement(v, p)
+	}
+	return out, nil
 }
 func (f *fakeCluster) Role(_ context.Context, v string) (cluster.Role, error) {
 	f.mu.Lock()
@@ -369,5 +387,27 @@ func TestHopReplayRefused(t *testing.T) {
 	}
 	if v, _ := b.pool.Volume("v"); len(v.Snapshots()) != 1 {
 		t.Fatalf("%d snapshots, want the first hop's only", len(v.Snapshots()))
+	}
+}
+
+// TestHopUntrustedPeer: a primary whose API certificate the node does not
+// trust gets no request: the caller's 503 says so (not that the request
+// may have been applied), and nothing is made there.
+func TestHopUntrustedPeer(t *testing.T) {
+	a, b, aURL, fa, _ := hopNodes(t, "the-cluster-key-0123456789")
+	sb := httptest.NewTLSServer(b) // its certificate chains to no root of a's
+	t.Cleanup(sb.Close)
+	fa.mu.Lock()
+	fa.addrs["b"] = strings.TrimPrefix(sb.URL, "https://")
+	fa.mu.Unlock()
+	a.Peers.Scheme, a.Peers.Client = "https", PeerClient(&tls.Config{RootCAs: x509.NewCertPool()})
+	c := &apiClient{t: t, base: aURL}
+	status, body := c.do("POST", "/v1/volumes/v/snapshots", api.SnapshotSpec{Name: "s1"})
+	if status != http.StatusServiceUnavailable || errCode(t, body) != api.CodeUnavailable ||
+		!strings.Contains(string(body), "does not trust") || strings.Contains(string(body), "may have been applied") {
+		t.Fatalf("a snapshot through a to b, whose certificate a does not trust: %d %s", status, body)
+	}
+	if v, _ := b.pool.Volume("v"); len(v.Snapshots()) != 0 {
+		t.Fatalf("b made %d snapshots", len(v.Snapshots()))
 	}
 }

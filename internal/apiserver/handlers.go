@@ -21,23 +21,51 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	c := info.Caps
-	provisioned := s.provisioned()
+	out := api.PoolInfo{ID: info.ID, Path: info.Dir, Filesystem: c.Filesystem,
+		Capabilities: api.Capabilities{Reflink: c.Reflink, CopyFileRange: c.CopyFileRange, SeekHole: c.SeekHole,
+			BtrfsSubvolumes: c.BtrfsSubvolumes, ExtentSizeHint: c.ExtentSizeHint},
+		TotalBytes: info.TotalBytes, FreeBytes: info.FreeBytes, ProvisionedBytes: s.provisioned(),
+		Volumes: info.Volumes, CreatedAt: info.CreatedAt,
+		ChunkSize: info.ChunkSize, ReadOnly: info.ReadOnly, Broken: info.Broken}
 	if t := principalOf(r).Tenant; t != "" {
-		// A tenant learns its own counts, not the node's.
-		info.Volumes, info.Broken, provisioned = 0, 0, 0
+		if err := s.tenantPool(r, t, &out); err != nil {
+			return err
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// tenantPool narrows the pool's answer to a tenant: its own volume count
+// and provisioned bytes (on a cluster node, of its placed volumes, the same
+// on every node), none of the node's quarantined volumes, and its quota
+// with its use (cluster-wide on a cluster). The pool's identity, its
+// capabilities and its space are this node's, as for anyone: they say
+// nothing of another tenant's volumes.
+func (s *Server) tenantPool(r *http.Request, tenant string, out *api.PoolInfo) error {
+	out.Volumes, out.Broken, out.ProvisionedBytes = 0, 0, 0
+	if s.Cluster != nil {
+		n, prov, err := s.tenantPoolCounts(r)
+		if err != nil {
+			return err
+		}
+		out.Volumes, out.ProvisionedBytes = n, prov
+	} else {
 		for _, v := range s.visible(r, nil) {
-			info.Volumes++
+			out.Volumes++
 			for _, d := range v.Disks {
-				provisioned += d.Size
+				out.ProvisionedBytes += d.Size
 			}
 		}
 	}
-	writeJSON(w, http.StatusOK, api.PoolInfo{ID: info.ID, Path: info.Dir, Filesystem: c.Filesystem,
-		Capabilities: api.Capabilities{Reflink: c.Reflink, CopyFileRange: c.CopyFileRange, SeekHole: c.SeekHole,
-			BtrfsSubvolumes: c.BtrfsSubvolumes, ExtentSizeHint: c.ExtentSizeHint},
-		TotalBytes: info.TotalBytes, FreeBytes: info.FreeBytes, ProvisionedBytes: provisioned,
-		Volumes: info.Volumes, CreatedAt: info.CreatedAt,
-		ChunkSize: info.ChunkSize, ReadOnly: info.ReadOnly, Broken: info.Broken})
+	if s.Auth == nil {
+		return nil
+	}
+	used, err := s.tenantUse(r, tenant)
+	if err != nil {
+		return err
+	}
+	out.Tenant = &api.Tenant{Name: tenant, Quota: quotaToAPI(s.Auth.Quota(tenant)), Used: quotaToAPI(used)}
 	return nil
 }
 
@@ -331,6 +359,9 @@ func (s *Server) findSnapshots(w http.ResponseWriter, r *http.Request) error {
 		if err := pool.ValidateName("name", name); err != nil {
 			return err
 		}
+	}
+	if s.Cluster != nil && principalOf(r).Tenant != "" {
+		return s.findClusterSnapshots(w, r, match, name)
 	}
 	snaps := s.pool.FindSnapshots(match, name)
 	seen := map[string]bool{}

@@ -80,7 +80,11 @@ func (s *Server) authorize(a auth.Action, h func(http.ResponseWriter, *http.Requ
 // Every other route answers a tenant 403 on a cluster node: it would read
 // or count one node's pool only.
 var clusterTenantRoutes = map[string]bool{
-	"GET /v1/version":                                   true,
+	"GET /v1/version": true,
+	// The tenant's own counts, quota and use (getPool), and its snapshots
+	// across its volumes (findSnapshots): from its placements in etcd.
+	"GET /v1/pool":                                      true,
+	"GET /v1/snapshots":                                 true,
 	"GET /v1/whoami":                                    true,
 	"GET /v1/volumes":                                   true,
 	"POST /v1/volumes":                                  true,
@@ -113,7 +117,7 @@ func (s *Server) tenantOnCluster(pattern string, h func(http.ResponseWriter, *ht
 	}
 	return func(w http.ResponseWriter, r *http.Request) error {
 		if s.Cluster != nil && principalOf(r).Tenant != "" {
-			return fmt.Errorf("%s: a tenant's token is not served this route on a cluster node yet (built: volume create, "+
+			return fmt.Errorf("%s: a tenant's token is not served this route on a cluster node yet (built: pool, volume create, "+
 				"list, get, delete, attachments, snapshots, rollback, clones and jobs; docs/security.md, \"Tenants on a cluster\"): %w", pattern, auth.ErrForbidden)
 		}
 		return h(w, r)

@@ -75,16 +75,23 @@ func (b *NbdfuseLoop) Attach(ctx context.Context, fuseDir, file, uri string, rea
 	b.mu.Lock()
 	b.children[pid] = done
 	b.mu.Unlock()
+	var waitErr error // set before done is closed
 	go func() {
-		_ = cmd.Wait()
+		waitErr = cmd.Wait()
 		close(done)
 		b.mu.Lock()
 		delete(b.children, pid)
 		b.mu.Unlock()
 	}()
 	if err := waitPIDFile(ctx, pidFile, done); err != nil {
+		select {
+		case <-done:
+			err = fmt.Errorf("%w (%v)", err, waitErr)
+		default:
+		}
+		out := tail(logFile) // before Detach removes it
 		_ = b.Detach(context.WithoutCancel(ctx), fuseDir, file, "", pid)
-		return "", 0, fmt.Errorf("nbdfuse did not serve the export: %w: %s", err, tail(logFile))
+		return "", 0, fmt.Errorf("nbdfuse did not serve the export: %w: %s", err, out)
 	}
 	loop, err := losetupAttach(ctx, filepath.Join(fuseDir, file), readOnly)
 	if err != nil {

@@ -167,6 +167,9 @@ func (n *nodeService) stageBlock(ctx context.Context, rec *stageRecord, v api.Vo
 		return err
 	}
 	export := v.Name + "/" + disk
+	if ev := pubCtx[PublishExportVolume]; ev != "" {
+		export = ev + "/" + disk
+	}
 	if token := pubCtx[PublishToken]; token != "" {
 		export += "/" + token
 	}

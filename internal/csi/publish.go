@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"net/url"
+	"slices"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
@@ -16,6 +20,12 @@ import (
 const (
 	PublishAttachment = "quiver.io/attachment"
 	PublishToken      = "quiver.io/token"
+	// PublishExportVolume is the volume's name in its NBD export names, as
+	// the attachment's URIs give it: the pool's name, which on a cluster
+	// node is what an attachment token opens, and which for a tenant's
+	// volume is not the name the plugin knows it by (docs/csi.md). Absent
+	// (a publication made before it existed), the node uses the volume ID.
+	PublishExportVolume = "quiver.io/export-volume"
 )
 
 // ControllerPublishVolume attaches the volume (every disk, as one unit) for
@@ -61,10 +71,27 @@ func (c *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 	case err != nil:
 		return nil, fmt.Errorf("attach volume %s for node %s: %w", name, req.GetNodeId(), busyOr(err))
 	}
-	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{
-		PublishAttachment: a.ID,
-		PublishToken:      a.Token,
-	}}, nil
+	pc := map[string]string{PublishAttachment: a.ID, PublishToken: a.Token}
+	if ev := exportVolume(a.URIs); ev != "" {
+		pc[PublishExportVolume] = ev
+	}
+	return &csi.ControllerPublishVolumeResponse{PublishContext: pc}, nil
+}
+
+// exportVolume returns the volume part of the NBD URIs of an attachment
+// (nbd://host:port/<volume>/<disk>/<token>, nbd+unix:///<volume>/...), ""
+// when they give none.
+func exportVolume(uris map[string]string) string {
+	for _, disk := range slices.Sorted(maps.Keys(uris)) {
+		u, err := url.Parse(uris[disk])
+		if err != nil {
+			continue
+		}
+		if v, _, ok := strings.Cut(strings.TrimPrefix(u.Path, "/"), "/"); ok && v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 // ControllerUnpublishVolume deletes the node's attachments of the volume

@@ -247,3 +247,24 @@ func TestPublishBlock(t *testing.T) {
 		t.Errorf("stats %+v: want total 128Mi and used > 0 after mkfs", u)
 	}
 }
+
+// TestExportVolume: the volume part of an attachment's NBD URIs is what the
+// node opens (the pool's name of a tenant's volume on a cluster).
+func TestExportVolume(t *testing.T) {
+	for _, tc := range []struct {
+		uris map[string]string
+		want string
+	}{
+		{map[string]string{"root": "nbd://10.0.0.1:10809/acme--web/root/tok"}, "acme--web"},
+		{map[string]string{"disk": "nbds://h:10809/web/disk/tok"}, "web"},
+		{map[string]string{"disk": "nbd+unix:///acme--db/disk/tok?socket=%2Frun%2Fnbd.sock"}, "acme--db"},
+		{map[string]string{"b": "nbd://h/v2/b/t", "a": "nbd://h/v1/a/t"}, "v1"},
+		{map[string]string{"disk": "nbd://h:10809/"}, ""},
+		{map[string]string{"disk": "::not a uri"}, ""},
+		{nil, ""},
+	} {
+		if got := exportVolume(tc.uris); got != tc.want {
+			t.Errorf("exportVolume(%v) = %q, want %q", tc.uris, got, tc.want)
+		}
+	}
+}

@@ -3,19 +3,12 @@ package csi
 import (
 	"context"
 	"fmt"
-	"path/filepath"
-	"slices"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"testing"
 
-	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
-	"github.com/onsi/ginkgo/v2"
-	"github.com/onsi/ginkgo/v2/types"
-	"github.com/onsi/gomega"
-
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/csi/sanitytest"
 	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
@@ -37,23 +30,6 @@ func checkTenant(admin *server, checked *atomic.Int64, outside *atomic.Value) {
 		}
 		checked.Add(1)
 	}
-}
-
-// allowedSkips are the skip messages csi-sanity may give: each is a
-// capability quiver does not advertise (docs/csi.md says why). Any other
-// skip fails TestSanity, so a capability cannot stop being tested silently.
-var allowedSkips = []string{
-	"ControllerModifyVolume not supported",
-	"Modify volume not supported",
-	"Modify Volume not supported",
-	"ControllerGetVolumeHealth not supported",
-	"ControllerListVolumeHealth not supported",
-	"SNAPSHOT_ACCESSIBILITY_CONSTRAINTS not supported",
-	"No MaxVolumesPerNode",
-	"NodeExpandVolume not supported",
-	"NodeGetVolumeHealth not supported",
-	"NodeGetStorageHealth not supported",
-	"GroupControllerService not supported",
 }
 
 // TestSanity runs every csi-sanity spec against the plugin (all mode, in
@@ -83,65 +59,13 @@ func TestSanity(t *testing.T) {
 	var checked atomic.Int64 // volumes seen in the tenant
 	var outside atomic.Value // a volume seen outside it
 
-	base := t.TempDir()
-	configs := map[string]*sanity.TestConfig{}
-	for _, accessType := range []string{"mount", "block"} {
-		cfg := sanity.NewTestConfig()
-		cfg.Address = p.endpoint
-		cfg.TargetPath = filepath.Join(base, accessType+"-target")
-		cfg.StagingPath = filepath.Join(base, accessType+"-staging")
-		cfg.TestVolumeAccessType = accessType
-		cfg.TestVolumeSize = 64 << 20
-		cfg.TestNodeVolumeAttachLimit = true
-		cfg.IdempotentCount = 3
-		configs[accessType] = &cfg
-	}
-	var contexts []*sanity.TestContext
-	for _, accessType := range []string{"mount", "block"} {
-		ginkgo.Describe("access type "+accessType, func() {
-			contexts = append(contexts, sanity.GinkgoTest(configs[accessType]))
-			ginkgo.JustAfterEach(func() { checkTenant(admin, &checked, &outside) })
-		})
-	}
-	var skipped, passed, failed []string
-	ginkgo.ReportAfterSuite("quiver sanity summary", func(r ginkgo.Report) {
-		for _, spec := range r.SpecReports {
-			if spec.LeafNodeType != types.NodeTypeIt {
-				continue
-			}
-			name := spec.FullText()
-			switch spec.State {
-			case types.SpecStateSkipped:
-				skipped = append(skipped, name+" -- "+spec.Failure.Message)
-			case types.SpecStatePassed:
-				passed = append(passed, name)
-			case types.SpecStatePending:
-			default:
-				failed = append(failed, name)
-			}
-		}
-	})
-	gomega.RegisterFailHandler(ginkgo.Fail)
-	suiteCfg, reporterCfg := ginkgo.GinkgoConfiguration()
-	reporterCfg.Succinct = !testing.Verbose()
-	ginkgo.RunSpecs(t, "quiver CSI sanity", suiteCfg, reporterCfg)
-	for _, sc := range contexts {
-		sc.Finalize()
-	}
-	sort.Strings(skipped)
-	t.Logf("csi-sanity: %d passed, %d failed, %d skipped", len(passed), len(failed), len(skipped))
+	res := sanitytest.Run(t, sanitytest.Config{Endpoint: p.endpoint, Dir: t.TempDir(), AccessTypes: []string{"mount", "block"},
+		VolumeSize: 64 << 20, AfterEach: func() { checkTenant(admin, &checked, &outside) }})
 	t.Logf("volumes seen after the specs, all of tenant %s: %d", sanityTenant, checked.Load())
 	if v := outside.Load(); v != nil {
 		t.Errorf("a volume outside tenant %s: %s", sanityTenant, v)
 	}
-	if checked.Load() == 0 {
-		t.Error("no volume seen after any spec: the tenant check checked nothing")
-	}
-	for _, s := range skipped {
-		t.Logf("skipped: %s", s)
-		_, reason, _ := strings.Cut(s, " -- ")
-		if !slices.Contains(allowedSkips, reason) {
-			t.Errorf("unexpected skip (only capabilities quiver does not advertise may skip): %s", s)
-		}
+	if checked.Load() == 0 || len(res.Passed) == 0 {
+		t.Error("no volume seen after any spec, or no spec passed: the tenant check checked nothing")
 	}
 }

@@ -189,15 +189,19 @@ func (c *controller) listSnapshots(ctx context.Context, qc *client.Client, id, s
 		}
 		volumes = []string{source}
 	} else {
-		vols, err := c.d.ownVolumes(ctx, qc)
+		// One request for the snapshots of every volume this plugin made:
+		// on a cluster node a volume's snapshot count is its copy's, which
+		// a node without a copy does not have, and the server answers this
+		// from every node (docs/security.md, "Tenants on a cluster").
+		snaps, err := qc.FindSnapshots(ctx, LabelDriver+"="+c.d.cfg.DriverName, "")
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("list snapshots: %w", err)
 		}
-		for _, v := range vols {
-			if v.Snapshots > 0 {
-				volumes = append(volumes, v.Name)
-			}
+		out := make([]*csi.Snapshot, 0, len(snaps))
+		for _, s := range snaps {
+			out = append(out, csiSnapshot(s))
 		}
+		return out, nil
 	}
 	var out []*csi.Snapshot
 	for _, v := range volumes {

@@ -43,8 +43,17 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 		// refuse rather than write one copy.
 		return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
 	}
-	if !role.Placed || role.Replicas <= 1 {
-		return e.Exports.Open(ctx, name, peer)
+	if !role.Placed {
+		return e.Exports.Open(ctx, name, peer) // this node's alone
+	}
+	if role.Replicas <= 1 {
+		if role.IsPrimary(e.node.Name()) || role.Primary == "" {
+			return e.Exports.Open(ctx, name, peer)
+		}
+		// Its one copy is another node's: forwarded there, as a
+		// replicated volume's client is to its primary, so that any
+		// node serves any volume (a CSI node plugin's one --nbd).
+		return e.forward(ctx, name, volume)
 	}
 	if !role.IsPrimary(e.node.Name()) {
 		if role.Token != "" && exportToken(name) == role.Token {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/csi"
@@ -20,9 +21,27 @@ import (
 // nd's API, until the test ends, and returns its gRPC client.
 func (c *cluster) csiController(t *testing.T, nd *node) csipb.ControllerClient {
 	t.Helper()
-	return csitest.Start(t, csi.Config{Mode: csi.ModeController, Server: "http://" + nd.ip + ":7480", Token: apiToken,
-		HTTPClient: &http.Client{Transport: &http.Transport{DialContext: c.net.dial}, Timeout: 120 * time.Second},
-	}).Controller()
+	return csitest.Start(t, c.csiConfig(t, nd, csi.Config{Mode: csi.ModeController, Token: apiToken})).Controller()
+}
+
+// csiPlugin runs an in-process CSI plugin configured by cfg (its mode,
+// token, node fields) whose quiver endpoint is nd's API, until the test
+// ends, and returns its endpoint and a gRPC connection to it.
+func (c *cluster) csiPlugin(t *testing.T, nd *node, cfg csi.Config) (string, *grpc.ClientConn) {
+	t.Helper()
+	p := csitest.Start(t, c.csiConfig(t, nd, cfg))
+	return p.Endpoint, p.Conn
+}
+
+// csiConfig points cfg at nd's API through the cluster's network, with a
+// state directory of the test's when cfg has none.
+func (c *cluster) csiConfig(t *testing.T, nd *node, cfg csi.Config) csi.Config {
+	cfg.Server = "http://" + nd.ip + ":7480"
+	cfg.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: c.net.dial}, Timeout: 120 * time.Second}
+	if cfg.StateDir == "" {
+		cfg.StateDir = filepath.Join(t.TempDir(), "state")
+	}
+	return cfg
 }
 
 // TestAnyNodeCSI: the CSI controller pointed at a node that is not a

@@ -2,6 +2,7 @@ package clustertest
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"os"
 	"os/exec"
@@ -28,6 +29,9 @@ type node struct {
 	name, ns, ip, domain, pool string
 	args                       []string
 	proc                       *testserver.Process
+	// tls, when set, is how the test's clients reach the node's API over
+	// HTTPS (a node started with --tls-cert).
+	tls *tls.Config
 }
 
 func (n *node) api() *client.Client { return n.proc.API }
@@ -64,7 +68,7 @@ func (c *cluster) spawn(nd *node) {
 		args = append(args, "--failure-domain", nd.domain)
 	}
 	p, err := testserver.Spawn(quiverBin, testserver.Options{Pool: nd.pool, Token: apiToken, Args: args,
-		Wrap: []string{"ip", "netns", "exec", nd.ns}, Dial: c.net.dial})
+		Wrap: []string{"ip", "netns", "exec", nd.ns}, Dial: c.net.dial, TLS: nd.tls})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -148,32 +148,40 @@ func TestClusterTenants(t *testing.T) {
 }
 
 // tenantClients makes a tenant token for each of tenants and returns, per
-// tenant, a client with it on every node, once every node has learned the
-// token (and anything set before it, one document in etcd) from its watch.
+// tenant, a client per node holding it (tenantToken).
 func tenantClients(t *testing.T, c *cluster, admin *client.Client, tenants ...string) map[string]map[string]*client.Client {
 	t.Helper()
-	ctx := context.Background()
 	out := map[string]map[string]*client.Client{}
 	for _, tenant := range tenants {
-		tk, err := admin.CreateToken(ctx, api.TokenSpec{Role: "tenant", Tenant: tenant})
+		_, out[tenant] = tenantToken(t, c, admin, tenant)
+	}
+	return out
+}
+
+// tenantToken makes a token of role tenant for tenant through admin, waits
+// until every node takes it (the store reaches them through etcd), and
+// returns its secret and a client per node name holding it.
+func tenantToken(t *testing.T, c *cluster, admin *client.Client, tenant string) (string, map[string]*client.Client) {
+	t.Helper()
+	ctx := context.Background()
+	tk, err := admin.CreateToken(ctx, api.TokenSpec{Role: "tenant", Tenant: tenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*client.Client{}
+	for _, nd := range c.nodes {
+		cl, err := nd.proc.ClientWith(tk.Secret)
 		if err != nil {
 			t.Fatal(err)
 		}
-		out[tenant] = map[string]*client.Client{}
-		for _, nd := range c.nodes {
-			cl, err := nd.proc.ClientWith(tk.Secret)
-			if err != nil {
-				t.Fatal(err)
+		for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+			if _, err := cl.Version(ctx); err == nil {
+				break
+			} else if time.Since(start) > 5*time.Second {
+				t.Fatalf("tenant %s's token on %s for 5 s: %v", tenant, nd.name, err)
 			}
-			for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
-				if _, err := cl.Version(ctx); err == nil {
-					break
-				} else if time.Since(start) > 5*time.Second {
-					t.Fatalf("tenant %s's token on %s for 5 s: %v", tenant, nd.name, err)
-				}
-			}
-			out[tenant][nd.name] = cl
 		}
+		out[nd.name] = cl
 	}
-	return out
+	return tk.Secret, out
 }

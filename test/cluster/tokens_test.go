@@ -90,7 +90,8 @@ func TestClusterTokens(t *testing.T) {
 			t.Fatalf("tenant token on n2 for 5 s: %v", err)
 		}
 	}
-	if _, err := tc.FindSnapshots(ctx, "", ""); client.Code(err) != api.CodeForbidden ||
+	capacity := int64(2 << 20)
+	if _, err := tc.UpdateVolume(ctx, "web", api.VolumeUpdate{Capacity: &capacity}); client.Code(err) != api.CodeForbidden ||
 		!strings.Contains(err.Error(), "not served this route on a cluster node yet") {
 		t.Fatalf("tenant token on a route not built for tenants on a cluster: %v, want %s saying so", err, api.CodeForbidden)
 	}

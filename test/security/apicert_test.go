@@ -250,3 +250,54 @@ func filePair(t *testing.T, dir string) certtest.Pair {
 	}
 	return certtest.Pair{Cert: c, Key: k}
 }
+
+// TestAPIClientCertRequired: a server process with --api-client-cert
+// require refuses, at the TLS handshake, a client without a certificate
+// (with a good token too) and one whose certificate another CA issued
+// (mapped to a token), and serves a client whose certificate of the client
+// CA is mapped to a tenant's token, as that tenant.
+func TestAPIClientCertRequired(t *testing.T) {
+	n := startTenantNodeWith(t, "require")
+	ctx := context.Background()
+	if _, err := n.as["a/tenant"].CreateVolume(ctx, volume1("va")); err != nil {
+		t.Fatalf("a's token with a certificate of no token: %v", err)
+	}
+	// refusedAtHandshake wants a GET with cfg (and token, if any) to fail
+	// in the handshake: no HTTP answer at all, not even a 401.
+	refusedAtHandshake := func(what string, cfg *tls.Config, token string) {
+		t.Helper()
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 30 * time.Second}
+		defer hc.CloseIdleConnections()
+		req, err := http.NewRequest(http.MethodGet, "https://"+n.srv.APIAddr+"/v1/volumes/va", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			t.Errorf("%s: %d, want a refused handshake", what, resp.StatusCode)
+			return
+		}
+		if !strings.Contains(err.Error(), "tls: ") {
+			t.Errorf("%s: %v, want a refused handshake", what, err)
+			return
+		}
+		t.Logf("%s: %v", what, err)
+	}
+	refusedAtHandshake("no certificate", &tls.Config{RootCAs: n.roots}, "")
+	refusedAtHandshake("no certificate with a's token", &tls.Config{RootCAs: n.roots}, n.secret["a/tenant"])
+	other := certtest.NewCA(t, "other CA").Client(t, "other")
+	n.mapCert(t, other, "tenant", "other CA's")
+	refusedAtHandshake("another CA's certificate mapped to a's token", n.forcedCert(t, other), "")
+
+	v, err := n.certAs["cert:a/tenant"].GetVolume(ctx, "va")
+	if err != nil || v.Tenant != "a" || v.Name != "va" {
+		t.Fatalf("a's mapped certificate: %+v %v, want a's va", v, err)
+	}
+	if _, err := n.certAs["cert:b/attach"].GetVolume(ctx, "va"); !client.IsNotFound(err) {
+		t.Errorf("b's mapped certificate gets a's va: %v, want not found", err)
+	}
+}

@@ -58,7 +58,13 @@ type tenantNode struct {
 	certDirs map[string]string
 }
 
-func startTenantNode(t *testing.T) *tenantNode {
+func startTenantNode(t *testing.T) *tenantNode { return startTenantNodeWith(t, "") }
+
+// startTenantNodeWith is startTenantNode with --api-client-cert apiClientCert
+// ("": the default). With require, the clients of its tokens (the admin's
+// too) present a certificate of the client CA that maps to no token, so
+// that their handshake passes and their token decides.
+func startTenantNodeWith(t *testing.T, apiClientCert string) *tenantNode {
 	t.Helper()
 	pool := filepath.Join(t.TempDir(), "pool")
 	serverCA, clientCA := certtest.NewCA(t, "quiver CA"), certtest.NewCA(t, "clients CA")
@@ -68,10 +74,22 @@ func startTenantNode(t *testing.T) *tenantNode {
 	certtest.WriteFile(t, clientCAFile, clientCA.PEM)
 	roots := x509.NewCertPool()
 	roots.AddCert(serverCA.Cert)
+	args := []string{"--require-token", "--nbd-tls-cert", certFile, "--nbd-tls-key", keyFile,
+		"--nbd-tls", "on", "--nbd-tls-client-ca", clientCAFile, "--tls-cert", certFile, "--tls-key", keyFile}
+	tc := &tls.Config{RootCAs: roots}
+	if apiClientCert != "" {
+		args = append(args, "--api-client-cert", apiClientCert)
+	}
+	if apiClientCert == "require" {
+		pair := clientCA.Client(t, "token clients")
+		kp, err := tls.X509KeyPair(pair.Cert, pair.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.Certificates = []tls.Certificate{kp}
+	}
 	srv, err := testserver.Start(context.Background(), quiverBin, testserver.Options{Pool: pool, NBDTCP: true,
-		AdminTokenFromPool: true, TLS: &tls.Config{RootCAs: roots},
-		Args: []string{"--require-token", "--nbd-tls-cert", certFile, "--nbd-tls-key", keyFile,
-			"--nbd-tls", "on", "--nbd-tls-client-ca", clientCAFile, "--tls-cert", certFile, "--tls-key", keyFile}})
+		AdminTokenFromPool: true, TLS: tc, Args: args})
 	if err != nil {
 		t.Fatal(err)
 	}

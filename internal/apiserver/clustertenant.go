@@ -1,0 +1,136 @@
+package apiserver
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/cluster"
+)
+
+// A tenant's cross-volume reads on a cluster node (docs/security.md,
+// "Tenants on a cluster"): GET /v1/snapshots and GET /v1/pool answer from
+// the tenant's placements in etcd, the same on every node, as its volume
+// list does; a node-wide caller keeps the node's own answer.
+
+// tenantPlacements returns the placements the caller's tenant sees whose
+// labels match (nil: all), sorted by name; none being deleted.
+func (s *Server) tenantPlacements(r *http.Request, match func(map[string]string) bool) ([]cluster.Placement, error) {
+	ps, err := s.Cluster.Placements(r.Context())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	p := principalOf(r)
+	var out []cluster.Placement
+	for _, pl := range ps {
+		if pl.Spec.Tenant == "" || !p.Sees(pl.Spec.Tenant) || pl.Deleting || (match != nil && !match(pl.Spec.Labels)) {
+			continue
+		}
+		out = append(out, pl)
+	}
+	slices.SortFunc(out, func(a, b cluster.Placement) int { return cmp.Compare(a.Volume, b.Volume) })
+	return out, nil
+}
+
+// findClusterSnapshots answers a tenant's GET /v1/snapshots on a cluster
+// node: the snapshots of each of its placed volumes matching match (named
+// name, when given), read from this node's copy, else asked of the
+// volume's primary (one hop per such volume, for the caller: the primary
+// serves it through the tenant's checks). A primary down or not answering
+// fails the whole list (503): a list missing a volume's snapshots would
+// let a CSI name check pass wrongly.
+func (s *Server) findClusterSnapshots(w http.ResponseWriter, r *http.Request, match func(map[string]string) bool, name string) error {
+	pls, err := s.tenantPlacements(r, match)
+	if err != nil {
+		return err
+	}
+	var apis map[string]string // node -> API address, of the nodes up; read once when needed
+	out := api.List[api.Snapshot]{Items: []api.Snapshot{}}
+	for _, pl := range pls {
+		var snaps []api.Snapshot
+		if v, err := s.pool.Volume(pl.Volume); err == nil {
+			for _, sn := range v.Snapshots() {
+				snaps = append(snaps, viewOf(r).snapshot(snapshotToAPI(sn)))
+			}
+		} else {
+			if apis == nil {
+				if apis, err = s.nodeAPIs(r); err != nil {
+					return err
+				}
+			}
+			if snaps, err = s.peerSnapshots(r, pl, apis[pl.Primary]); err != nil {
+				return err
+			}
+		}
+		for _, sn := range snaps {
+			if name == "" || sn.Name == name {
+				out.Items = append(out.Items, sn)
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// nodeAPIs maps the name of each node up to its API address.
+func (s *Server) nodeAPIs(r *http.Request) (map[string]string, error) {
+	nodes, err := s.Cluster.Nodes(r.Context())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	out := map[string]string{}
+	for _, n := range nodes {
+		if n.Up {
+			out[n.Name] = n.API
+		}
+	}
+	return out, nil
+}
+
+// peerSnapshots lists the snapshots of a placed volume of the caller's
+// tenant that this node has no copy of, as its primary at addr answers
+// them to the caller (in the caller's names). A volume gone meanwhile has
+// none.
+func (s *Server) peerSnapshots(r *http.Request, pl cluster.Placement, addr string) ([]api.Snapshot, error) {
+	if s.Peers == nil {
+		return nil, fmt.Errorf("snapshots of volume %q: its copies are on other nodes, and this node carries no request to them: %w",
+			viewOf(r).name(pl.Volume), errUnavailable)
+	}
+	uri := "/v1/volumes/" + url.PathEscape(viewOf(r).name(pl.Volume)) + "/snapshots"
+	resp, body, err := s.hop(r, pl.Primary, addr, http.MethodGet, uri, nil)
+	if err != nil {
+		return nil, err
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound:
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("snapshots of volume %q from its primary %s: %d %s: %w",
+			viewOf(r).name(pl.Volume), pl.Primary, resp.StatusCode, body, errUnavailable)
+	}
+	var l api.List[api.Snapshot]
+	if err := json.Unmarshal(body, &l); err != nil {
+		return nil, fmt.Errorf("snapshots of volume %q from its primary %s: %v: %w", viewOf(r).name(pl.Volume), pl.Primary, err, errUnavailable)
+	}
+	return l.Items, nil
+}
+
+// tenantPoolCounts are the volume count and the provisioned bytes (the sum
+// of the disks' sizes) of the caller's tenant's placed volumes.
+func (s *Server) tenantPoolCounts(r *http.Request) (volumes int, provisioned int64, err error) {
+	pls, err := s.tenantPlacements(r, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, pl := range pls {
+		for _, d := range pl.Spec.Disks {
+			provisioned += d.Size
+		}
+	}
+	return len(pls), provisioned, nil
+}
