@@ -132,10 +132,37 @@ type model struct {
 	nextObj int    // numbers in object names, never reused
 	vols    map[string]*volModel
 	pending *pendingOp
+
+	// For a failure's message: where each write was sent, and the lane's
+	// last events (writes, flushes, operations, cuts).
+	sentTo  map[uint64]string
+	history []string
 }
 
 func newModel(run uint64) *model {
-	return &model{run: run, vols: map[string]*volModel{}}
+	return &model{run: run, vols: map[string]*volModel{}, sentTo: map[uint64]string{}}
+}
+
+// historyLen is how many of the lane's last events a failure shows.
+const historyLen = 200
+
+// note records an event for a failure's message.
+func (m *model) note(format string, args ...any) {
+	if len(m.history) == historyLen {
+		m.history = append(m.history[:0], m.history[1:]...)
+	}
+	m.history = append(m.history, fmt.Sprintf(format, args...))
+}
+
+// where says where write id was sent.
+func (m *model) where(id uint64) string {
+	if id == 0 {
+		return "zeros"
+	}
+	if s, ok := m.sentTo[id]; ok {
+		return "sent to " + s
+	}
+	return "not a write of this lane"
 }
 
 func (m *model) volNames() []string {

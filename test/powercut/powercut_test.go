@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -172,6 +173,7 @@ func (l *lane) workAndCut(ctx context.Context, cycle int) {
 	if err != nil {
 		l.t.Fatalf("cycle %d: cut: %v", cycle, err)
 	}
+	l.model.note("power cut %d: %d dirty cache blocks, %d kept", cycle, dirty, kept)
 	if werr = <-done; werr != nil {
 		l.fail(cycle, "workload: %v", werr)
 	}
@@ -191,5 +193,6 @@ func (l *lane) fail(cycle int, format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	diag := l.mc.diagnostics()
 	l.mc.cutPower(0, nil)
-	l.t.Fatalf("cycle %d: %s\n%s", cycle, redact(msg), redact(diag))
+	hist := "--- the lane's last events ---\n" + strings.Join(l.model.history, "\n")
+	l.t.Fatalf("cycle %d: %s\n%s\n%s", cycle, redact(msg), redact(diag), hist)
 }

@@ -163,7 +163,7 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 		dm := vm.disks[d]
 		for b, v := range vals {
 			if !dm.blocks[b].allowed(v) {
-				return fmt.Errorf("disk %s block %d holds write %d; allowed: durable %d or later %v", d, b, v, dm.blocks[b].durable, dm.blocks[b].later)
+				return fmt.Errorf("disk %s block %d holds write %d (%s); allowed: durable %d or later %v", d, b, v, l.model.where(v), dm.blocks[b].durable, dm.blocks[b].later)
 			}
 			if v != dm.blocks[b].durable {
 				l.stats.laterLanded++
@@ -181,7 +181,7 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 			if want := vm.snaps[s][d]; !slices.Equal(vals, want) {
 				for b := range vals {
 					if vals[b] != want[b] {
-						return fmt.Errorf("snapshot %s disk %s block %d holds write %d, want %d (what the disk held when the snapshot was taken)", s, d, b, vals[b], want[b])
+						return fmt.Errorf("snapshot %s disk %s block %d holds write %d (%s), want %d (what the disk held when the snapshot was taken)", s, d, b, vals[b], l.model.where(vals[b]), want[b])
 					}
 				}
 			}

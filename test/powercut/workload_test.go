@@ -109,6 +109,8 @@ func (l *lane) burst(v, d string) error {
 		b := &dm.blocks[blk]
 		b.later = append(b.later, id) // it may land from now on
 		fua := l.rng.IntN(16) == 0
+		l.model.sentTo[id] = fmt.Sprintf("%s/%s block %d", v, d, blk)
+		l.model.note("write %d to %s/%s block %d (fua %v)", id, v, d, blk, fua)
 		if err := cl.write(stamp(l.model.run, id, blk), int64(blk)*blockSize, fua); err != nil {
 			return fmt.Errorf("write %d to block %d of %s/%s: %w", id, blk, v, d, err)
 		}
@@ -128,6 +130,7 @@ func (l *lane) burst(v, d string) error {
 		return fmt.Errorf("flush %s/%s: %w", v, d, err)
 	}
 	dm.flushed()
+	l.model.note("flush %s/%s acknowledged", v, d)
 	l.stats.flushes++
 	if l.unflushed[v+"/"+d] {
 		l.stats.flushesChecked++
@@ -140,8 +143,17 @@ func (l *lane) burst(v, d string) error {
 }
 
 // begin marks op as in flight; done applies it to the model.
-func (l *lane) begin(p *pendingOp) { l.model.pending = p; l.stats.ops++ }
-func (l *lane) done()              { l.model.pending = nil; l.stats.opsDone++ }
+func (l *lane) begin(p *pendingOp) {
+	l.model.pending = p
+	l.stats.ops++
+	l.model.note("begin %s", p.what)
+}
+
+func (l *lane) done() {
+	l.model.note("done %s", l.model.pending.what)
+	l.model.pending = nil
+	l.stats.opsDone++
+}
 
 func (l *lane) createVolume(ctx context.Context) error {
 	name := l.model.name("v")
