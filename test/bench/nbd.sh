@@ -34,6 +34,9 @@
 # nbds:// URI; set beside tcp, the same cases run plain and over TLS in one
 # run (make bench-nbd-tls).
 #
+# KINDS may add null: nbdkit's null plugin, a server that does no I/O, the
+# floor of an NBD round trip on the machine (for QD1 latency).
+#
 # KINDS, TRANSPORTS and CASES pick a subset while working on one case:
 #   KINDS="quiver nbdkit" TRANSPORTS=unix CASES="read 1m 8" RAW=0 test/bench/nbd.sh 5
 # PORT (default 20811): quiver's NBD port; the others use the next ones,
@@ -174,10 +177,28 @@ start_peers() {
 		URI[qemu-nbd/tcp]="nbd://127.0.0.1:$((PORT + 2))/"
 		URI[qemu-nbd/tls]="nbds://127.0.0.1:$((PORT + 2))/"
 	fi
+	if [[ " $KINDS " == *" null "* ]]; then
+		# nbdkit's null plugin answers without any I/O: what one NBD round
+		# trip costs on this machine whatever the server does (the floor
+		# for QD1 latency, issue 18's target 3). Reads return zeros; writes
+		# are dropped.
+		if [ "$tr" = unix ]; then
+			nbdkit --exit-with-parent -f -U "$WORK/null.sock" null size=$SIZE &
+		elif [ "$tr" = tls ]; then
+			nbdkit --exit-with-parent -f -i 127.0.0.1 -p $((PORT + 9)) --tls=require --tls-certificates="$PKI" null size=$SIZE &
+		else
+			nbdkit --exit-with-parent -f -i 127.0.0.1 -p $((PORT + 9)) null size=$SIZE &
+		fi
+		PID[null]=$!
+		SERVERS+=($!)
+		URI[null/unix]="nbd+unix:///?socket=$WORK/null.sock"
+		URI[null/tcp]="nbd://127.0.0.1:$((PORT + 9))/"
+		URI[null/tls]="nbds://127.0.0.1:$((PORT + 9))/"
+	fi
 	sleep 1
 }
 stop_peers() {
-	for k in nbdkit qemu-nbd; do
+	for k in nbdkit qemu-nbd null; do
 		if [ -n "${PID[$k]:-}" ]; then
 			kill "${PID[$k]}"
 			wait "${PID[$k]}" 2>/dev/null || true
