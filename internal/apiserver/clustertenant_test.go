@@ -10,7 +10,6 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/pool"
-	"github.com/quiverstorage/quiver/internal/storage"
 )
 
 // TestClusterTenantFindsSnapshots: a tenant's GET /v1/snapshots on a
@@ -22,15 +21,7 @@ import (
 // it was on a cluster node.
 func TestClusterTenantFindsSnapshots(t *testing.T) {
 	a, b, aURL, fa, fb := hopNodes(t, "the-cluster-key-0123456789")
-	fsys, err := storage.OpenOS(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := auth.Open(fsys, false) // one store, as etcd shares it
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.Auth, b.Auth = store, store
+	store := sharedStore(t, a, b)
 	if _, err := store.SetQuota("t", auth.Quota{Volumes: 5}); err != nil {
 		t.Fatal(err)
 	}

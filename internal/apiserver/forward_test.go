@@ -96,6 +96,24 @@ func (f *fakeCluster) Role(_ context.Context, v string) (cluster.Role, error) {
 
 // hopNodes starts the API of nodes a and b (one pool each, sharing the hop
 // key), with volume "v" in b's pool and b its primary in both views.
+// sharedStore gives nodes one token store, as etcd gives a cluster's
+// nodes one, and returns it.
+func sharedStore(t *testing.T, nodes ...*Server) *auth.Store {
+	t.Helper()
+	fsys, err := storage.OpenOS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := auth.Open(fsys, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		n.Auth = store
+	}
+	return store
+}
+
 func hopNodes(t *testing.T, key string) (a, b *Server, aURL string, fa, fb *fakeCluster) {
 	t.Helper()
 	a, _ = newTestAPI(t, "")
@@ -284,15 +302,7 @@ func hexSig(p *Peers, method, uri, claim, body string) string {
 func TestHopCarriesTheCaller(t *testing.T) {
 	const key = "the-cluster-key-0123456789"
 	a, b, aURL, _, fb := hopNodes(t, key)
-	fsys, err := storage.OpenOS(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := auth.Open(fsys, false) // one store, as etcd shares it
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.Auth, b.Auth = store, store
+	store := sharedStore(t, a, b)
 	tok, secret, err := store.Create("t", auth.RoleTenant, "")
 	if err != nil {
 		t.Fatal(err)
