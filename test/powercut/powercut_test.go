@@ -173,10 +173,11 @@ func (l *lane) workAndCut(ctx context.Context, cycle int) {
 	if err != nil {
 		l.t.Fatalf("cycle %d: cut: %v", cycle, err)
 	}
-	l.model.note("power cut %d: %d dirty cache blocks, %d kept", cycle, dirty, kept)
 	if werr = <-done; werr != nil {
 		l.fail(cycle, "workload: %v", werr)
 	}
+	// Only now: the workload's goroutine notes its own events until it ends.
+	l.model.note("power cut %d: %d dirty cache blocks, %d kept", cycle, dirty, kept)
 	l.closeConns("")
 	l.stats.cuts++
 	l.stats.dirtyAtCut += dirty
