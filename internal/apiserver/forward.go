@@ -338,16 +338,11 @@ func (s *Server) remoteJob(h func(http.ResponseWriter, *http.Request) error) fun
 			return h(w, r) // this node's own (IDs are random: never both)
 		}
 		node := v.(remoteJobAt).node
-		nodes, err := s.Cluster.Nodes(r.Context())
+		apis, err := s.nodeAPIs(r)
 		if err != nil {
-			return fmt.Errorf("%w: %w", errUnavailable, err)
+			return err
 		}
-		addr := ""
-		for _, n := range nodes {
-			if n.Name == node && n.Up {
-				addr = n.API
-			}
-		}
+		addr := apis[node]
 		if addr == "" {
 			return fmt.Errorf("job %q runs on node %s, which is down: %w", id, node, errUnavailable)
 		}
