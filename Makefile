@@ -36,12 +36,16 @@ run: build
 # issue 15) take about 6 minutes so, and three times as long with three race-built
 # servers and embedded etcd members (docs/cluster.md, "Tests"); the
 # cluster, replica and forward packages run with it above.
+# scripts/gotest is go test that ends a failed run with a summary of what
+# failed, so a log cut to its tail still names it.
+GOTEST  ?= GO=$(GO) scripts/gotest
+
 test: lint
-	$(GO) test -race -count=1 -timeout 30m $$($(GO) list $(PKGS) | grep -v -e /test/migration$$ -e /test/powercut$$ -e /test/cluster$$)
-	$(GO) test -count=1 -timeout 30m ./test/cluster/
-	$(GO) test -race -count=1 -timeout 20m ./test/powercut/
-	$(GO) test -race -count=1 -timeout 10m ./test/migration/
-	$(GO) test -count=1 -run 'TestHotPathAllocations' ./internal/nbd/  # sync.Pool drops items under -race
+	$(GOTEST) -race -count=1 -timeout 30m $$($(GO) list $(PKGS) | grep -v -e /test/migration$$ -e /test/powercut$$ -e /test/cluster$$)
+	$(GOTEST) -count=1 -timeout 30m ./test/cluster/
+	$(GOTEST) -race -count=1 -timeout 20m ./test/powercut/
+	$(GOTEST) -race -count=1 -timeout 10m ./test/migration/
+	$(GOTEST) -count=1 -run 'TestHotPathAllocations' ./internal/nbd/  # sync.Pool drops items under -race
 
 test-race: test
 

@@ -1,6 +1,7 @@
 package sanitytest
 
 import (
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -76,6 +77,7 @@ func Run(t *testing.T, cfg Config) Result {
 		})
 	}
 	var res Result
+	var failures []string
 	ginkgo.ReportAfterSuite("quiver sanity summary", func(r ginkgo.Report) {
 		for _, spec := range r.SpecReports {
 			if spec.LeafNodeType != types.NodeTypeIt {
@@ -90,6 +92,7 @@ func Run(t *testing.T, cfg Config) Result {
 			case types.SpecStatePending:
 			default:
 				res.Failed = append(res.Failed, name)
+				failures = append(failures, fmt.Sprintf("%s: %s (%s)", name, spec.Failure.Message, spec.Failure.Location))
 			}
 		}
 	})
@@ -105,6 +108,11 @@ func Run(t *testing.T, cfg Config) Result {
 	}
 	sort.Strings(res.Skipped)
 	t.Logf("csi-sanity: %d passed, %d failed, %d skipped", len(res.Passed), len(res.Failed), len(res.Skipped))
+	// Ginkgo has failed t already; named here too, so a log cut to its end
+	// (scripts/gotest's summary) says which spec failed and why.
+	for _, f := range failures {
+		t.Errorf("spec failed: %s", f)
+	}
 	for _, s := range res.Skipped {
 		name, reason, _ := strings.Cut(s, " -- ")
 		if why, ok := notBuilt(cfg.NotBuilt, name); ok {
