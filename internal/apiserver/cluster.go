@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/qos"
 )
 
 // Cluster is what the API needs of the node's cluster membership
@@ -32,6 +34,9 @@ type Cluster interface {
 	// ChargeSnapshots counts delta snapshots of a placed volume in its
 	// tenant's usage; admit (nil: no quota) refuses a positive delta.
 	ChargeSnapshots(ctx context.Context, volume string, delta int64, admit func(cluster.Usage) error) error
+	// UpdateSpec records a change of a placed volume's capacity, labels or
+	// QoS, and its charge, and returns the spec before it.
+	UpdateSpec(ctx context.Context, volume string, ch cluster.SpecChange) (api.VolumeSpec, error)
 	Placement(ctx context.Context, volume string) (cluster.Placement, bool, error)
 	Placements(ctx context.Context) (map[string]cluster.Placement, error)
 	Role(ctx context.Context, volume string) (cluster.Role, error)
@@ -102,12 +107,7 @@ func (s *Server) createClusterVolume(w http.ResponseWriter, r *http.Request, spe
 // charge is what a new volume of tenant counts against its quotas, with
 // the check of auth.Quota.Admit on the tenant's cluster-wide usage.
 func (s *Server) charge(tenant string, ps pool.VolumeSpec) cluster.Charge {
-	add := cluster.Usage{Volumes: 1, Capacity: ps.Capacity}
-	if iops := auth.IOPS(ps.QoS); iops == auth.Unlimited {
-		add.NoIOPSLimit = 1
-	} else {
-		add.IOPS = iops
-	}
+	add := chargeOf(ps.Capacity, ps.QoS)
 	c := cluster.Charge{Add: add}
 	if tenant == "" || s.Auth == nil {
 		return c
@@ -117,6 +117,81 @@ func (s *Server) charge(tenant string, ps pool.VolumeSpec) cluster.Charge {
 			auth.Quota{Volumes: add.Volumes, Capacity: add.Capacity, IOPS: auth.IOPS(ps.QoS)})
 	}
 	return c
+}
+
+// chargeOf is what a volume of that capacity and QoS counts in its
+// tenant's usage.
+func chargeOf(capacity int64, q qos.Limits) cluster.Usage {
+	u := cluster.Usage{Volumes: 1, Capacity: capacity}
+	if iops := auth.IOPS(q); iops == auth.Unlimited {
+		u.NoIOPSLimit = 1
+	} else {
+		u.IOPS = iops
+	}
+	return u
+}
+
+// updateClusterVolume changes the capacity, labels or QoS of a placed
+// volume (this node holds its copy, and is its primary when it has more:
+// the guards made sure). The change is recorded in etcd first, with the
+// tenant's usage and the quota check (grow is what the change adds), so a
+// refused change changes nothing; then made here, and on every copy at one
+// cut when there are more (Replicated.Update). When the change fails here
+// the record is put back as it was.
+func (s *Server) updateClusterVolume(r *http.Request, v *pool.Volume, u api.VolumeUpdate, grow auth.Quota) (pool.VolumeInfo, error) {
+	ctx := r.Context()
+	tenant := v.Tenant()
+	ch := cluster.SpecChange{Update: u, Charge: func(spec api.VolumeSpec) cluster.Usage {
+		return chargeOf(spec.Capacity, qosFromAPI(spec.QoS))
+	}}
+	if tenant != "" && s.Auth != nil {
+		ch.Admit = func(used cluster.Usage) error {
+			return s.Auth.Quota(tenant).Admit(tenant, usageToQuota(used), grow)
+		}
+	}
+	s.updateMu.Lock()
+	defer s.updateMu.Unlock()
+	before := v.Info()
+	prev, err := s.Cluster.UpdateSpec(ctx, v.Name(), ch)
+	if err != nil {
+		if errors.Is(err, auth.ErrQuota) {
+			return pool.VolumeInfo{}, err
+		}
+		return pool.VolumeInfo{}, fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	var info pool.VolumeInfo
+	replicated, err := s.replicated(r, v.Name())
+	if err == nil && replicated {
+		info, err = s.Replicated.Update(ctx, v.Name(), u)
+	} else if err == nil {
+		info, err = v.Update(ctx, updateFromAPI(u))
+	}
+	if err != nil && sameSettings(v.Info(), before) {
+		// Nothing changed here: the record goes back to what it was.
+		ch.Update, ch.Admit = cluster.UpdateOf(prev), nil
+		if _, uerr := s.Cluster.UpdateSpec(context.WithoutCancel(ctx), v.Name(), ch); uerr != nil {
+			s.log.Error("put back the record of a volume update that failed", "volume", v.Name(), "err", uerr)
+		}
+	}
+	return info, err
+}
+
+// placed says whether volume is placed in the cluster (false on a single
+// node); etcd out of reach refuses.
+func (s *Server) placed(ctx context.Context, volume string) (bool, error) {
+	if s.Cluster == nil {
+		return false, nil
+	}
+	_, ok, err := s.Cluster.Placement(ctx, volume)
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", errUnavailable, err)
+	}
+	return ok, nil
+}
+
+// sameSettings says whether a and b have the same capacity, labels and QoS.
+func sameSettings(a, b pool.VolumeInfo) bool {
+	return a.Capacity == b.Capacity && a.QoS == b.QoS && maps.Equal(a.Labels, b.Labels)
 }
 
 // usageToQuota is a cluster-wide use in the terms of auth.Quota: any volume
@@ -287,6 +362,9 @@ const (
 // which applies them to every copy at one cut (Replicated). A route marked
 // notYetBuilt would change one copy only: refused.
 var replicatedGuards = map[string]replicatedGuard{
+	// Capacity, labels and QoS: recorded in etcd and changed on every
+	// copy by the primary (updateClusterVolume).
+	"PATCH /v1/volumes/{volume}":                        onPrimary,
 	"POST /v1/volumes/{volume}/attachments":             onPrimary,
 	"POST /v1/volumes/{volume}/attachments/{id}/writer": onPrimary,
 	"POST /v1/volumes/{volume}/disks":                   onPrimary,
@@ -366,6 +444,8 @@ type Replicated interface {
 	AddDisk(ctx context.Context, volume string, d pool.DiskSpec, idem pool.Idempotency) (pool.VolumeInfo, error)
 	GrowDisk(ctx context.Context, volume, disk string, size int64) (pool.VolumeInfo, error)
 	RemoveDisk(ctx context.Context, volume, disk string, force bool) (pool.VolumeInfo, error)
+	// Update changes the capacity, labels or QoS limits of every copy.
+	Update(ctx context.Context, volume string, u api.VolumeUpdate) (pool.VolumeInfo, error)
 	// Clone releases h.
 	// charge is what each clone of a tenant counts, checked and recorded
 	// as it is placed.

@@ -66,6 +66,16 @@ func qosFromAPI(q *api.QoS) qos.Limits {
 	return qos.Limits(*q)
 }
 
+// updateFromAPI is the pool's update of a PATCH /v1/volumes/{volume}.
+func updateFromAPI(u api.VolumeUpdate) pool.Update {
+	upd := pool.Update{Capacity: u.Capacity, Labels: u.Labels}
+	if u.QoS != nil {
+		q := qosFromAPI(u.QoS)
+		upd.QoS = &q
+	}
+	return upd
+}
+
 func attachmentToAPI(a pool.AttachmentInfo) api.Attachment {
 	return api.Attachment{ID: a.ID, Volume: a.Volume, Node: a.Node, Mode: a.Mode, Token: a.Token, Implicit: a.Implicit,
 		Writer: a.Writer, Fenced: a.Fenced, State: a.State, Conns: a.Conns, CreatedAt: a.CreatedAt}

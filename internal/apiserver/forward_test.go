@@ -58,6 +58,9 @@ func (f *fakeCluster) TenantUsage(context.Context, string) (cluster.Usage, error
 func (f *fakeCluster) ChargeSnapshots(context.Context, string, int64, func(cluster.Usage) error) error {
 	return nil
 }
+func (f *fakeCluster) UpdateSpec(context.Context, string, cluster.SpecChange) (api.VolumeSpec, error) {
+	return api.VolumeSpec{}, cluster.ErrNotSupported
+}
 func (f *fakeCluster) Placement(_ context.Context, v string) (cluster.Placement, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

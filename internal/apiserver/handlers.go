@@ -204,28 +204,37 @@ func (s *Server) updateVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	upd := pool.Update{Capacity: u.Capacity, Labels: u.Labels}
+	upd := updateFromAPI(u)
+	if err := v.CheckUpdate(upd); err != nil {
+		return err
+	}
 	old := v.Info()
 	var grow auth.Quota
 	if u.Capacity != nil && *u.Capacity > old.Capacity {
 		grow.Capacity = *u.Capacity - old.Capacity
 	}
-	if u.QoS != nil {
-		q := qosFromAPI(u.QoS)
-		upd.QoS = &q
-		switch before, after := auth.IOPS(old.QoS), auth.IOPS(q); {
+	if upd.QoS != nil {
+		switch before, after := auth.IOPS(old.QoS), auth.IOPS(*upd.QoS); {
 		case after == auth.Unlimited && before != auth.Unlimited:
 			grow.IOPS = auth.Unlimited
 		case after != auth.Unlimited && before != auth.Unlimited && after > before:
 			grow.IOPS = after - before
 		}
 	}
-	release, err := s.reserve(v.Tenant(), grow)
-	if err != nil {
-		return err
+	var info pool.VolumeInfo
+	if placed, perr := s.placed(r.Context(), v.Name()); perr != nil {
+		return perr
+	} else if placed {
+		// Counted in etcd, cluster-wide, and changed on every copy.
+		info, err = s.updateClusterVolume(r, v, u, grow)
+	} else {
+		var release func()
+		if release, err = s.reserve(v.Tenant(), grow); err != nil {
+			return err
+		}
+		defer release()
+		info, err = v.Update(r.Context(), upd)
 	}
-	defer release()
-	info, err := v.Update(r.Context(), upd)
 	if err != nil {
 		return err
 	}

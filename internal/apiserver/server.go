@@ -40,7 +40,11 @@ type Server struct {
 	// has no --token-file token (a non-loopback API, --require-token).
 	RequireToken bool
 
-	quotas     quotas
+	quotas quotas
+	// updateMu orders the updates of placed volumes (capacity, labels,
+	// QoS): each is recorded in etcd, then made, one at a time, so the
+	// record and the copies end with the same one.
+	updateMu   sync.Mutex
 	jobTenants sync.Map // job ID -> tenant that started it
 	conns      sync.Map // net.Conn -> *connTrack
 	// Replicated takes and deletes the snapshots of replicated volumes on

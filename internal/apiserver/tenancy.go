@@ -83,13 +83,20 @@ var clusterTenantRoutes = map[string]bool{
 	"GET /v1/version": true,
 	// The tenant's own counts, quota and use (getPool), and its snapshots
 	// across its volumes (findSnapshots): from its placements in etcd.
-	"GET /v1/pool":                                      true,
-	"GET /v1/snapshots":                                 true,
-	"GET /v1/whoami":                                    true,
-	"GET /v1/volumes":                                   true,
-	"POST /v1/volumes":                                  true,
-	"GET /v1/volumes/{volume}":                          true,
-	"DELETE /v1/volumes/{volume}":                       true,
+	"GET /v1/pool":                true,
+	"GET /v1/snapshots":           true,
+	"GET /v1/whoami":              true,
+	"GET /v1/volumes":             true,
+	"POST /v1/volumes":            true,
+	"GET /v1/volumes/{volume}":    true,
+	"DELETE /v1/volumes/{volume}": true,
+	// Capacity, labels and QoS: counted in etcd with the volume's charge
+	// (updateClusterVolume). Disks live within the capacity, which is what
+	// counts; both run on the primary, on every copy.
+	"PATCH /v1/volumes/{volume}":                        true,
+	"POST /v1/volumes/{volume}/disks":                   true,
+	"PATCH /v1/volumes/{volume}/disks/{disk}":           true,
+	"DELETE /v1/volumes/{volume}/disks/{disk}":          true,
 	"GET /v1/volumes/{volume}/attachments":              true,
 	"POST /v1/volumes/{volume}/attachments":             true,
 	"GET /v1/volumes/{volume}/attachments/{id}":         true,
@@ -118,7 +125,7 @@ func (s *Server) tenantOnCluster(pattern string, h func(http.ResponseWriter, *ht
 	return func(w http.ResponseWriter, r *http.Request) error {
 		if s.Cluster != nil && principalOf(r).Tenant != "" {
 			return fmt.Errorf("%s: a tenant's token is not served this route on a cluster node yet (built: pool, volume create, "+
-				"list, get, delete, attachments, snapshots, rollback, clones and jobs; docs/security.md, \"Tenants on a cluster\"): %w", pattern, auth.ErrForbidden)
+				"list, get, update, delete, disks, attachments, snapshots, rollback, clones and jobs; docs/security.md, \"Tenants on a cluster\"): %w", pattern, auth.ErrForbidden)
 		}
 		return h(w, r)
 	}

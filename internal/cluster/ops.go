@@ -27,6 +27,8 @@ const (
 	OpGrowDisk      = "grow-disk"
 	OpRemoveDisk    = "remove-disk"
 	OpConformDisks  = "conform-disks"
+	// A change of the volume's capacity, QoS or labels (Op.Update).
+	OpUpdate = "update"
 	// A clone of the volume at the cut, made by each copy from its own
 	// copy (clone.go), and its undo.
 	OpClone   = "clone"
@@ -55,6 +57,9 @@ type Op struct {
 	Snapshot    string            `json:"snapshot,omitempty"`
 	SnapshotUID string            `json:"snapshotUID,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// Update is the change of an OpUpdate, and the primary's capacity,
+	// labels and QoS that an OpConformDisks gives the copy.
+	Update *api.VolumeUpdate `json:"update,omitempty"`
 }
 
 type opResult struct {

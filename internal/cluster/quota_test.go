@@ -129,3 +129,93 @@ func TestTenantQuotaRace(t *testing.T) {
 		t.Fatalf("usage of another tenant: %+v", u)
 	}
 }
+
+// TestUpdateSpecQuotaRace: capacity grows of two volumes of one tenant
+// sent at once through two nodes never pass its quota together (each is
+// admitted in the Txn that records it); a refused grow changes neither the
+// record nor the usage; the record's charge follows the spec, so a delete
+// gives back what the volume counts after its updates.
+func TestUpdateSpecQuotaRace(t *testing.T) {
+	tc := startCluster(t)
+	n2 := tc.join(t, tc.config(t, "n2"), newMemStore())
+	ctx := context.Background()
+	never := func(bool, string) bool { return false }
+	const maxCap = 10 << 20
+	for _, name := range []string{"acme--a", "acme--b"} {
+		spec := api.VolumeSpec{Name: name, Capacity: 1 << 20, Tenant: "acme"}
+		if _, _, err := tc.first.CreateCharged(ctx, spec, "", never, quotaCharge(1<<20, 10, maxCap)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	charge := func(spec api.VolumeSpec) Usage { return Usage{Volumes: 1, Capacity: spec.Capacity, NoIOPSLimit: 1} }
+	grow := func(by int64) SpecChange {
+		return SpecChange{Charge: charge, Admit: func(u Usage) error {
+			if u.Capacity+by > maxCap {
+				return fmt.Errorf("%d bytes in use: %w", u.Capacity, errOverQuota)
+			}
+			return nil
+		}}
+	}
+	// Each call grows one volume by 1 MiB from what it holds now: 8 MiB
+	// fit beside the 2 created.
+	var mu [2]sync.Mutex
+	made := race(t, 24, []*Node{tc.first, n2}, func(n *Node, i int) error {
+		name := []string{"acme--a", "acme--b"}[i%2]
+		// One grow per volume at a time, as its primary orders them; the
+		// two volumes' grows race for the tenant's usage.
+		mu[i%2].Lock()
+		defer mu[i%2].Unlock()
+		p, _, err := n.Placement(ctx, name)
+		if err != nil {
+			return err
+		}
+		capacity := p.Spec.Capacity + 1<<20
+		ch := grow(1 << 20)
+		ch.Update = api.VolumeUpdate{Capacity: &capacity}
+		_, err = n.UpdateSpec(ctx, name, ch)
+		return err
+	})
+	u, err := n2.TenantUsage(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, name := range []string{"acme--a", "acme--b"} {
+		p, _, err := n2.Placement(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += p.Spec.Capacity
+	}
+	t.Logf("24 grows of 1 MiB through 2 nodes, 8 MiB left in the quota: %d made, usage %+v, records %d bytes", made, u, total)
+	if made != 8 || u.Capacity != maxCap || total != maxCap || u.Volumes != 2 {
+		t.Fatalf("made %d, usage %+v, records hold %d bytes; want 8 made and %d bytes counted and recorded", made, u, total, maxCap)
+	}
+	// Labels and a lower capacity need no quota; the usage follows the
+	// record's charge, and the undo of UpdateOf puts the spec back.
+	small := int64(1 << 20)
+	prev, err := tc.first.UpdateSpec(ctx, "acme--a", SpecChange{Charge: charge,
+		Update: api.VolumeUpdate{Capacity: &small, Labels: map[string]string{"k": "v"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _, _ := n2.Placement(ctx, "acme--a")
+	if u, _ := n2.TenantUsage(ctx, "acme"); p.Spec.Labels["k"] != "v" || u.Capacity != maxCap-prev.Capacity+small {
+		t.Fatalf("after a shrink of the record: labels %v, usage %+v", p.Spec.Labels, u)
+	}
+	if _, err := tc.first.UpdateSpec(ctx, "acme--a", SpecChange{Charge: charge, Update: UpdateOf(prev)}); err != nil {
+		t.Fatal(err)
+	}
+	p, _, _ = n2.Placement(ctx, "acme--a")
+	if u, _ := n2.TenantUsage(ctx, "acme"); p.Spec.Labels != nil || p.Spec.Capacity != prev.Capacity || u.Capacity != maxCap {
+		t.Fatalf("after the undo: spec %+v, usage %+v", p.Spec, u)
+	}
+	for _, name := range []string{"acme--a", "acme--b"} {
+		if err := n2.DeleteVolume(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u, _ := n2.TenantUsage(ctx, "acme"); u != (Usage{}) {
+		t.Fatalf("usage after deleting both: %+v, want none", u)
+	}
+}

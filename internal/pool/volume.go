@@ -416,35 +416,25 @@ type Update struct {
 // Update applies u atomically (one manifest write), durable on return. QoS
 // limits take effect at once for requests not yet admitted.
 func (v *Volume) Update(ctx context.Context, u Update) (VolumeInfo, error) {
-	capacity, labels := u.Capacity, u.Labels
 	unlock, err := v.lockOps("update")
 	if err != nil {
 		return VolumeInfo{}, err
 	}
 	defer unlock()
 	m := v.manifest()
-	if capacity != nil {
-		if err := ValidateSize("capacity", *capacity); err != nil {
-			return VolumeInfo{}, err
-		}
-		if *capacity < m.Capacity {
-			return VolumeInfo{}, invalid("capacity", formatSize(*capacity), "can only grow (now "+formatSize(m.Capacity)+")")
-		}
-		m.Capacity = *capacity
+	if err := checkUpdate(m.Capacity, u); err != nil {
+		return VolumeInfo{}, err
 	}
-	if labels != nil {
-		if err := ValidateLabels("labels", labels); err != nil {
-			return VolumeInfo{}, err
-		}
-		m.Labels = maps.Clone(labels)
+	if u.Capacity != nil {
+		m.Capacity = *u.Capacity
+	}
+	if u.Labels != nil {
+		m.Labels = maps.Clone(u.Labels)
 		if len(m.Labels) == 0 {
 			m.Labels = nil
 		}
 	}
 	if u.QoS != nil {
-		if err := u.QoS.Validate(); err != nil {
-			return VolumeInfo{}, invalid("qos", "", err.Error())
-		}
 		m.QoS = qosOrNil(*u.QoS)
 	}
 	if err := v.commit(m); err != nil {
@@ -452,6 +442,35 @@ func (v *Volume) Update(ctx context.Context, u Update) (VolumeInfo, error) {
 	}
 	v.pool.limiter(v.name, m.QoS).Set(limitsOf(m.QoS))
 	return v.Info(), nil
+}
+
+// CheckUpdate says whether Update would refuse u as it stands (a bad
+// capacity, label or limit): a cluster records an update in etcd before
+// it changes the copies, and must not record one they would refuse.
+func (v *Volume) CheckUpdate(u Update) error {
+	return checkUpdate(v.Info().Capacity, u)
+}
+
+func checkUpdate(capacity int64, u Update) error {
+	if u.Capacity != nil {
+		if err := ValidateSize("capacity", *u.Capacity); err != nil {
+			return err
+		}
+		if *u.Capacity < capacity {
+			return invalid("capacity", formatSize(*u.Capacity), "can only grow (now "+formatSize(capacity)+")")
+		}
+	}
+	if u.Labels != nil {
+		if err := ValidateLabels("labels", u.Labels); err != nil {
+			return err
+		}
+	}
+	if u.QoS != nil {
+		if err := u.QoS.Validate(); err != nil {
+			return invalid("qos", "", err.Error())
+		}
+	}
+	return nil
 }
 
 func totalSize(disks []DiskSpec) int64 {

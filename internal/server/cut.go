@@ -11,6 +11,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/qos"
 )
 
 // cutState is what a change at the cut sees: this primary's role (every
@@ -221,6 +222,47 @@ func (r *replicaSets) RemoveDisk(ctx context.Context, volume, disk string, force
 	})
 }
 
+// Update changes a replicated volume's capacity, labels or QoS limits on
+// every copy at one cut: here first (pool.Volume.Update, durable on
+// return), then on every in-sync copy (applyAtCut, a copy that fails it is
+// recorded diverged, and conformed by its resync), under an intent
+// recorded before the change here. The caller has recorded the change in
+// the volume's spec in etcd (cluster.Node.UpdateSpec).
+func (r *replicaSets) Update(ctx context.Context, volume string, u api.VolumeUpdate) (pool.VolumeInfo, error) {
+	v, err := r.pool.Volume(volume)
+	if err != nil {
+		return pool.VolumeInfo{}, err
+	}
+	op := cluster.Op{Kind: cluster.OpUpdate, Name: volume, Update: &u}
+	var info pool.VolumeInfo
+	err = r.atCut(ctx, volume, "update "+volume, nil, func(ctx context.Context, cs *cutState) error {
+		return r.intended(ctx, volume, cs, []cluster.Op{op}, func() error {
+			if err := applyUpdate(ctx, v, &u); err != nil {
+				return err
+			}
+			info = v.Info()
+			r.crashPoint(op.Kind + ":after-local")
+			return r.applyAtCut(ctx, volume, cs, op, info.Disks)
+		})
+	})
+	if err != nil {
+		return pool.VolumeInfo{}, err
+	}
+	r.log.Info("volume updated on every copy", "volume", volume)
+	return info, nil
+}
+
+// settingsOf is the update that gives a copy info's capacity, labels and
+// QoS limits.
+func settingsOf(info pool.VolumeInfo) *api.VolumeUpdate {
+	u := cluster.UpdateOf(api.VolumeSpec{Capacity: info.Capacity, Labels: info.Labels})
+	if info.QoS != (qos.Limits{}) {
+		q := api.QoS(info.QoS)
+		u.QoS = &q
+	}
+	return &u
+}
+
 // diskChange runs local, a change of this copy's disks, at the cut, then
 // the same change, op, on every in-sync copy (applyAtCut), under an intent
 // recorded before the local change. A local change that changed nothing
@@ -281,7 +323,8 @@ func diskNames(before, after []pool.DiskInfo) []string {
 // included) before its resync copies it whole.
 func (r *replicaSets) conform(ctx context.Context, v *pool.Volume, node string, term uint64) error {
 	info := v.Info()
-	op := cluster.Op{Kind: cluster.OpConformDisks, Name: info.Name, Capacity: info.Capacity, Nodes: []string{node}}
+	op := cluster.Op{Kind: cluster.OpConformDisks, Name: info.Name, Capacity: info.Capacity, Nodes: []string{node},
+		Update: settingsOf(info)}
 	for _, d := range info.Disks {
 		op.Disks = append(op.Disks, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/qos"
 )
 
 // applyCutOp applies to this node's copy a change its primary made to its
@@ -53,6 +55,11 @@ func applyCutOp(ctx context.Context, v *pool.Volume, op cluster.Op) error {
 		return err
 	case cluster.OpConformDisks:
 		return conformDisks(ctx, v, op)
+	case cluster.OpUpdate:
+		if op.Update == nil {
+			return fmt.Errorf("operation %q without an update", op.Kind)
+		}
+		return applyUpdate(ctx, v, op.Update)
 	}
 	return fmt.Errorf("operation %q: %w", op.Kind, cluster.ErrNotSupported)
 }
@@ -66,6 +73,26 @@ func growCapacity(ctx context.Context, v *pool.Volume, capacity int64) error {
 	return err
 }
 
+// applyUpdate gives the copy the primary's capacity, labels and QoS limits
+// as u has them (each when given). The capacity only grows: a copy that
+// holds more keeps it, as growCapacity does.
+func applyUpdate(ctx context.Context, v *pool.Volume, u *api.VolumeUpdate) error {
+	upd := pool.Update{Labels: u.Labels}
+	if u.Capacity != nil && *u.Capacity > v.Info().Capacity {
+		c := *u.Capacity
+		upd.Capacity = &c
+	}
+	if u.QoS != nil {
+		q := qos.Limits(*u.QoS)
+		upd.QoS = &q
+	}
+	if upd.Capacity == nil && upd.Labels == nil && upd.QoS == nil {
+		return nil
+	}
+	_, err := v.Update(ctx, upd)
+	return err
+}
+
 // conformDisks makes the copy's disk set the primary's (op.Disks) before a
 // resync copies it whole (resync.go): a copy that missed a change of the
 // disks at the cut (it failed it, or was out of sync) gets every disk of
@@ -74,6 +101,11 @@ func growCapacity(ctx context.Context, v *pool.Volume, capacity int64) error {
 func conformDisks(ctx context.Context, v *pool.Volume, op cluster.Op) error {
 	if err := growCapacity(ctx, v, op.Capacity); err != nil {
 		return err
+	}
+	if op.Update != nil { // the primary's labels and QoS, which it may have missed too
+		if err := applyUpdate(ctx, v, op.Update); err != nil {
+			return fmt.Errorf("conform the volume's settings: %w", err)
+		}
 	}
 	want := map[string]pool.DiskSpec{}
 	for _, d := range op.Disks {

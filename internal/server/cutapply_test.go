@@ -10,7 +10,10 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/qos"
 )
+
+func qosLimits(rwIOPS int64) qos.Limits { return qos.Limits{RWIOPS: rwIOPS} }
 
 const mib = 1 << 20
 
@@ -123,6 +126,45 @@ func TestApplyCutOp(t *testing.T) {
 			sameDisks(t, v, s.want)
 		}
 	})
+	t.Run("update", func(t *testing.T) {
+		v := copyVolume(t)
+		capacity := int64(12 * mib)
+		gold := map[string]string{"tier": "gold"}
+		op := cluster.Op{Kind: cluster.OpUpdate, Name: "vm", Update: &api.VolumeUpdate{Capacity: &capacity, Labels: gold,
+			QoS: &api.QoS{RWIOPS: 500}}}
+		for range 2 { // again: the same
+			if err := applyCutOp(ctx, v, op); err != nil {
+				t.Fatal(err)
+			}
+			if i := v.Info(); i.Capacity != capacity || i.Labels["tier"] != "gold" || i.QoS.RWIOPS != 500 {
+				t.Fatalf("after the update: capacity %d, labels %v, QoS %+v", i.Capacity, i.Labels, i.QoS)
+			}
+		}
+		// A smaller capacity than the copy's is kept (it only grows);
+		// labels and limits are replaced, emptied when empty.
+		smaller := int64(10 * mib)
+		op.Update = &api.VolumeUpdate{Capacity: &smaller, Labels: map[string]string{}, QoS: &api.QoS{}}
+		if err := applyCutOp(ctx, v, op); err != nil {
+			t.Fatal(err)
+		}
+		if i := v.Info(); i.Capacity != capacity || len(i.Labels) != 0 || i.QoS.RWIOPS != 0 {
+			t.Fatalf("after the second update: capacity %d, labels %v, QoS %+v", i.Capacity, i.Labels, i.QoS)
+		}
+		// A conform carries the primary's labels and limits too.
+		conform := cluster.Op{Kind: cluster.OpConformDisks, Name: "vm", Capacity: capacity, Disks: []api.DiskSpec{
+			{Name: "a", Size: mib}, {Name: "b", Size: 2 * mib}, {Name: "c", Size: mib}},
+			Update: settingsOf(pool.VolumeInfo{Capacity: capacity, Labels: gold, QoS: qosLimits(700)})}
+		if err := applyCutOp(ctx, v, conform); err != nil {
+			t.Fatal(err)
+		}
+		if i := v.Info(); i.Labels["tier"] != "gold" || i.QoS.RWIOPS != 700 {
+			t.Fatalf("after the conform: labels %v, QoS %+v", i.Labels, i.QoS)
+		}
+		sameDisks(t, v, original)
+		if err := applyCutOp(ctx, v, cluster.Op{Kind: cluster.OpUpdate, Name: "vm"}); err == nil {
+			t.Error("an update without its change was applied")
+		}
+	})
 	t.Run("refused", func(t *testing.T) {
 		v := copyVolume(t)
 		snap, _, err := v.CreateSnapshot(ctx, "s1", nil)
@@ -138,6 +180,7 @@ func TestApplyCutOp(t *testing.T) {
 			{"rollback to a missing snapshot", cluster.Op{Kind: cluster.OpRollback, Name: "s2"}, pool.ErrSnapshotNotFound},
 			{"rollback to another UID", cluster.Op{Kind: cluster.OpRollback, Name: "s1", UID: "other"}, cluster.ErrCopyMismatch},
 			{"grow of a missing disk", cluster.Op{Kind: cluster.OpGrowDisk, Disk: &api.DiskSpec{Name: "x", Size: mib}}, pool.ErrDiskNotFound},
+			{"update with a bad label", cluster.Op{Kind: cluster.OpUpdate, Update: &api.VolumeUpdate{Labels: map[string]string{"": "x"}}}, pool.ErrInvalid},
 			{"shrink", cluster.Op{Kind: cluster.OpGrowDisk, Disk: &api.DiskSpec{Name: "b", Size: mib}}, pool.ErrInvalid},
 			{"unknown", cluster.Op{Kind: "defragment"}, cluster.ErrNotSupported},
 		} {

@@ -81,10 +81,9 @@ func (c *cluster) nbdProxy(t *testing.T, nd *node) string {
 // cluster places the volumes on any node: snapshots, clones, attachments
 // and the snapshot lists of volumes whose copies are elsewhere go through
 // n2. Filesystem mode needs the pool directory on the plugin's node, which
-// a cluster's volumes on other nodes are not (docs/csi.md), and a tenant's
-// volume update (ControllerExpandVolume) is not built on a cluster yet:
-// those specs are not run (sanitytest.Config.NotBuilt), every other one
-// must pass. After every spec, before csi-sanity cleans up, every node's admin
+// a cluster's volumes on other nodes are not (docs/csi.md): those specs
+// are not run; every other one must pass (ControllerExpandVolume too: a
+// tenant's volume update reaches every copy and its cluster-wide quota). After every spec, before csi-sanity cleans up, every node's admin
 // sees every volume as the tenant's, with the tenant's pool name.
 func TestClusterTenantSanity(t *testing.T) {
 	for _, tool := range []string{"nbdfuse", "losetup", "mount", "umount"} {
@@ -122,11 +121,7 @@ func TestClusterTenantSanity(t *testing.T) {
 		}
 	}
 	res := sanitytest.Run(t, sanitytest.Config{Endpoint: endpoint, Dir: t.TempDir(), AccessTypes: []string{"block"},
-		VolumeSize: 16 << 20, AfterEach: check, NotBuilt: map[string]string{
-			// ControllerExpandVolume: PATCH /v1/volumes/{volume}.
-			"ExpandVolume [Controller Server] should work": "a tenant's volume update on a cluster node " +
-				"(its capacity quota is counted in etcd, and a new capacity must reach every copy: docs/security.md, \"Tenants on a cluster\")",
-		}})
+		VolumeSize: 16 << 20, AfterEach: check})
 	mu.Lock()
 	defer mu.Unlock()
 	nodes := make([]string, 0, len(primaries))
