@@ -29,6 +29,9 @@ func (s *Server) findAttachments(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if s.Cluster != nil && principalOf(r).Tenant != "" {
+		return s.findClusterAttachments(w, r, match)
+	}
 	out := api.List[api.Attachment]{Items: []api.Attachment{}}
 	for _, info := range s.visible(r, match) {
 		v, err := s.pool.Volume(info.Name)

@@ -13,7 +13,8 @@ import (
 )
 
 // A tenant's cross-volume reads on a cluster node (docs/security.md,
-// "Tenants on a cluster"): GET /v1/snapshots and GET /v1/pool answer from
+// "Tenants on a cluster"): GET /v1/snapshots, GET /v1/attachments and
+// GET /v1/pool answer from
 // the tenant's placements in etcd, the same on every node, as its volume
 // list does; a node-wide caller keeps the node's own answer.
 
@@ -96,11 +97,19 @@ func (s *Server) nodeAPIs(r *http.Request) (map[string]string, error) {
 // them to the caller (in the caller's names). A volume gone meanwhile has
 // none.
 func (s *Server) peerSnapshots(r *http.Request, pl cluster.Placement, addr string) ([]api.Snapshot, error) {
+	return peerList[api.Snapshot](s, r, pl, addr, "snapshots")
+}
+
+// peerList is what the volume's primary at addr answers the caller to GET
+// /v1/volumes/{volume}/<what> (in the caller's names); a volume gone
+// meanwhile has none.
+func peerList[T any](s *Server, r *http.Request, pl cluster.Placement, addr, what string) ([]T, error) {
+	name := viewOf(r).name(pl.Volume)
 	if s.Peers == nil {
-		return nil, fmt.Errorf("snapshots of volume %q: its copies are on other nodes, and this node carries no request to them: %w",
-			viewOf(r).name(pl.Volume), errUnavailable)
+		return nil, fmt.Errorf("%s of volume %q: its copies are on other nodes, and this node carries no request to them: %w",
+			what, name, errUnavailable)
 	}
-	uri := "/v1/volumes/" + url.PathEscape(viewOf(r).name(pl.Volume)) + "/snapshots"
+	uri := "/v1/volumes/" + url.PathEscape(name) + "/" + what
 	resp, body, err := s.hop(r, pl.Primary, addr, http.MethodGet, uri, nil)
 	if err != nil {
 		return nil, err
@@ -110,14 +119,55 @@ func (s *Server) peerSnapshots(r *http.Request, pl cluster.Placement, addr strin
 	case http.StatusNotFound:
 		return nil, nil
 	default:
-		return nil, fmt.Errorf("snapshots of volume %q from its primary %s: %d %s: %w",
-			viewOf(r).name(pl.Volume), pl.Primary, resp.StatusCode, body, errUnavailable)
+		return nil, fmt.Errorf("%s of volume %q from its primary %s: %d %s: %w", what, name, pl.Primary, resp.StatusCode, body,
+			errUnavailable)
 	}
-	var l api.List[api.Snapshot]
+	var l api.List[T]
 	if err := json.Unmarshal(body, &l); err != nil {
-		return nil, fmt.Errorf("snapshots of volume %q from its primary %s: %v: %w", viewOf(r).name(pl.Volume), pl.Primary, err, errUnavailable)
+		return nil, fmt.Errorf("%s of volume %q from its primary %s: %v: %w", what, name, pl.Primary, err, errUnavailable)
 	}
 	return l.Items, nil
+}
+
+// findClusterAttachments answers a tenant's GET /v1/attachments on a
+// cluster node: the attachments of each of its placed volumes matching
+// match, which the volume's primary holds (a copy's node holds only the
+// primary's replication attachment): this node's own when it is the
+// primary, else asked of the primary (one hop per such volume). A primary
+// down or not answering fails the whole list (503) rather than leave a
+// volume's attachments out.
+func (s *Server) findClusterAttachments(w http.ResponseWriter, r *http.Request, match func(map[string]string) bool) error {
+	pls, err := s.tenantPlacements(r, match)
+	if err != nil {
+		return err
+	}
+	var apis map[string]string
+	out := api.List[api.Attachment]{Items: []api.Attachment{}}
+	for _, pl := range pls {
+		if v, err := s.pool.Volume(pl.Volume); err == nil && pl.Primary == s.Cluster.Name() {
+			for _, a := range v.Attachments() {
+				out.Items = append(out.Items, viewOf(r).attachment(attachmentToAPI(a)))
+			}
+			continue
+		}
+		if apis == nil {
+			if apis, err = s.nodeAPIs(r); err != nil {
+				return err
+			}
+		}
+		addr, up := apis[pl.Primary]
+		if !up {
+			return fmt.Errorf("attachments of volume %q: its primary %s is down: %w", viewOf(r).name(pl.Volume), pl.Primary,
+				errUnavailable)
+		}
+		atts, err := peerList[api.Attachment](s, r, pl, addr, "attachments")
+		if err != nil {
+			return err
+		}
+		out.Items = append(out.Items, atts...)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
 }
 
 // tenantPoolCounts are the volume count and the provisioned bytes (the sum

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -422,5 +423,28 @@ func TestHopUntrustedPeer(t *testing.T) {
 	}
 	if v, _ := b.pool.Volume("v"); len(v.Snapshots()) != 0 {
 		t.Fatalf("b made %d snapshots", len(v.Snapshots()))
+	}
+}
+
+// TestTenantOnClusterRefusesUnlisted: a route not listed in
+// clusterTenantRoutes answers a tenant's token 403 on a cluster node (a
+// route added later is not served to tenants there until it is built for
+// them), and is served to an admin, and to a tenant on a single node.
+func TestTenantOnClusterRefusesUnlisted(t *testing.T) {
+	served := func(http.ResponseWriter, *http.Request) error { return nil }
+	tenant := withPrincipal(httptest.NewRequest(http.MethodGet, "/v1/new", nil), auth.Principal{Tenant: "acme"})
+	admin := httptest.NewRequest(http.MethodGet, "/v1/new", nil)
+	onCluster := &Server{Cluster: &fakeCluster{name: "n1"}}
+	if err := onCluster.tenantOnCluster("GET /v1/new", served)(httptest.NewRecorder(), tenant); !errors.Is(err, auth.ErrForbidden) {
+		t.Errorf("a tenant on an unlisted route on a cluster: %v, want %v", err, auth.ErrForbidden)
+	}
+	if err := onCluster.tenantOnCluster("GET /v1/new", served)(httptest.NewRecorder(), withPrincipal(admin, auth.Principal{})); err != nil {
+		t.Errorf("an admin on an unlisted route on a cluster: %v", err)
+	}
+	if err := (&Server{}).tenantOnCluster("GET /v1/new", served)(httptest.NewRecorder(), tenant); err != nil {
+		t.Errorf("a tenant on a single node: %v", err)
+	}
+	if err := onCluster.tenantOnCluster("GET /v1/attachments", served)(httptest.NewRecorder(), tenant); err != nil {
+		t.Errorf("a tenant on GET /v1/attachments on a cluster: %v", err)
 	}
 }

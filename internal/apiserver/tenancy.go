@@ -93,10 +93,13 @@ var clusterTenantRoutes = map[string]bool{
 	// Capacity, labels and QoS: counted in etcd with the volume's charge
 	// (updateClusterVolume). Disks live within the capacity, which is what
 	// counts; both run on the primary, on every copy.
-	"PATCH /v1/volumes/{volume}":                        true,
-	"POST /v1/volumes/{volume}/disks":                   true,
-	"PATCH /v1/volumes/{volume}/disks/{disk}":           true,
-	"DELETE /v1/volumes/{volume}/disks/{disk}":          true,
+	"PATCH /v1/volumes/{volume}":               true,
+	"POST /v1/volumes/{volume}/disks":          true,
+	"PATCH /v1/volumes/{volume}/disks/{disk}":  true,
+	"DELETE /v1/volumes/{volume}/disks/{disk}": true,
+	// Every attachment of the tenant's volumes, from their primaries
+	// (findClusterAttachments).
+	"GET /v1/attachments":                               true,
 	"GET /v1/volumes/{volume}/attachments":              true,
 	"POST /v1/volumes/{volume}/attachments":             true,
 	"GET /v1/volumes/{volume}/attachments/{id}":         true,
@@ -124,8 +127,8 @@ func (s *Server) tenantOnCluster(pattern string, h func(http.ResponseWriter, *ht
 	}
 	return func(w http.ResponseWriter, r *http.Request) error {
 		if s.Cluster != nil && principalOf(r).Tenant != "" {
-			return fmt.Errorf("%s: a tenant's token is not served this route on a cluster node yet (built: pool, volume create, "+
-				"list, get, update, delete, disks, attachments, snapshots, rollback, clones and jobs; docs/security.md, \"Tenants on a cluster\"): %w", pattern, auth.ErrForbidden)
+			return fmt.Errorf("%s: a tenant's token is not served this route on a cluster node yet (docs/security.md, "+
+				"\"Tenants on a cluster\"): %w", pattern, auth.ErrForbidden)
 		}
 		return h(w, r)
 	}

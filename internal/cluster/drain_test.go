@@ -33,8 +33,12 @@ func TestPlanDrain(t *testing.T) {
 	if _, err := n1.PlanDrain(ctx, "n9"); !errors.Is(err, ErrNodeNotFound) {
 		t.Fatalf("drain of an unknown node: %v", err)
 	}
-	create("single", 1)
-	if _, err := n1.PlanDrain(ctx, "n1"); !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), `"single"`) {
+	create("single", 1) // on n3, which holds no copy yet
+	pl, _, err := n1.Placement(ctx, "single")
+	if err != nil || len(pl.Copies) != 1 {
+		t.Fatalf("single: %+v, %v", pl, err)
+	}
+	if _, err := n1.PlanDrain(ctx, pl.Copies[0].Node); !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), `"single"`) {
 		t.Fatalf("drain with a volume of one copy: %v", err)
 	}
 	if err := n1.DeleteVolume(ctx, "single"); err != nil {

@@ -108,11 +108,17 @@ func (n *Node) Nodes(ctx context.Context) ([]NodeInfo, error) {
 
 func lastSegment(k string) string { return k[strings.LastIndexByte(k, '/')+1:] }
 
+// freeStep is the step in which placement compares free space: nodes
+// whose free bytes differ by less (nodes on one filesystem, or reports
+// taken a moment apart while data is written) rank by how many copies they
+// hold, so volumes spread over them instead of piling on one.
+const freeStep = 1 << 30
+
 // choose picks replicas distinct nodes among the up ones that are not
-// drained: the one with the
-// most free bytes first, then each next one from a failure domain not used
-// yet while there is one (a node without a domain is a domain of its own),
-// most free bytes first; ties by name. Fewer up nodes than replicas is
+// drained: the one with the most free space first (in steps of freeStep),
+// then each next one from a failure domain not used yet while there is one
+// (a node without a domain is a domain of its own), most free space first;
+// ties by fewer copies held, then by name. Fewer up nodes than replicas is
 // ErrNotEnoughNodes, naming the nodes that are down.
 func choose(nodes []NodeInfo, replicas int) ([]string, error) {
 	var up []NodeInfo
@@ -139,7 +145,10 @@ func choose(nodes []NodeInfo, replicas int) ([]string, error) {
 		return nil, fmt.Errorf("%s; each copy needs a node of its own: %w", msg, ErrNotEnoughNodes)
 	}
 	slices.SortFunc(up, func(a, b NodeInfo) int {
-		if c := cmp.Compare(b.FreeBytes, a.FreeBytes); c != 0 {
+		if c := cmp.Compare(b.FreeBytes/freeStep, a.FreeBytes/freeStep); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Volumes, b.Volumes); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.Name, b.Name)

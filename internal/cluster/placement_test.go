@@ -8,8 +8,13 @@ import (
 )
 
 func TestChoose(t *testing.T) {
+	// free in GiB (placement compares free space in steps of freeStep).
 	up := func(name, domain string, free int64) NodeInfo {
-		return NodeInfo{Name: name, FailureDomain: domain, FreeBytes: free, Up: true}
+		return NodeInfo{Name: name, FailureDomain: domain, FreeBytes: free * freeStep, Up: true}
+	}
+	holding := func(ni NodeInfo, volumes int, extra int64) NodeInfo {
+		ni.Volumes, ni.FreeBytes = volumes, ni.FreeBytes+extra
+		return ni
 	}
 	for _, tc := range []struct {
 		name     string
@@ -20,6 +25,12 @@ func TestChoose(t *testing.T) {
 	}{
 		{"most free first", []NodeInfo{up("a", "", 10), up("b", "", 30), up("c", "", 20)}, 2, []string{"b", "c"}, nil},
 		{"ties by name", []NodeInfo{up("c", "", 5), up("a", "", 5), up("b", "", 5)}, 3, []string{"a", "b", "c"}, nil},
+		// One filesystem under every node (reports a moment apart): the
+		// bytes differ within a step, and the volumes spread.
+		{"ties by fewer copies", []NodeInfo{holding(up("a", "", 5), 2, 4096), holding(up("b", "", 5), 1, 8192),
+			holding(up("c", "", 5), 1, 0)}, 2, []string{"b", "c"}, nil},
+		{"a step more free space outranks fewer copies", []NodeInfo{holding(up("a", "", 6), 9, 0), holding(up("b", "", 5), 0, 0)},
+			1, []string{"a"}, nil},
 		{"spreads failure domains", []NodeInfo{up("a", "z1", 30), up("b", "z1", 20), up("c", "z2", 10)}, 2, []string{"a", "c"}, nil},
 		{"reuses a domain when none is left", []NodeInfo{up("a", "z1", 30), up("b", "z1", 20), up("c", "z2", 10)}, 3,
 			[]string{"a", "c", "b"}, nil},

@@ -122,6 +122,7 @@ func TestTenantQuotaRace(t *testing.T) {
 	}
 	// Another tenant's usage is its own; a volume of no tenant counts
 	// nowhere.
+	stores["n2"].setFail(nil)
 	if _, _, err := n2.CreateVolume(ctx, api.VolumeSpec{Name: "plain", Capacity: 1 << 20}, "", never); err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,8 @@ import (
 // cluster"): tenant a creates a volume through n1; every node answers it
 // with tenant a, by a's own name, and tenant b sees it on no node and can
 // get, attach or delete it on none. a's attachment is served by the
-// primary and its writes reach both copies. The quotas are counted cluster-wide:
+// primary and its writes reach both copies, and listed by every node
+// (GET /v1/attachments) to a only. The quotas are counted cluster-wide:
 // creates through other nodes are refused past the count and the capacity
 // quota, and concurrent creates through the three nodes do not overshoot.
 func TestClusterTenants(t *testing.T) {
@@ -81,6 +82,16 @@ func TestClusterTenants(t *testing.T) {
 	for _, nd := range []*node{prim, other} {
 		if b := fileBytes(t, nd, "a--web", "root", 0, 64<<10); !allBytes(b, 0x5a) {
 			t.Fatalf("the write through a's attachment is not on %s's copy", nd.name)
+		}
+	}
+	// a's attachments across its volumes, from the primary, through every
+	// node (the copies' replication attachments are not a's); b sees none.
+	for _, nd := range c.nodes {
+		if l, err := as[nd.name].FindAttachments(ctx, ""); err != nil || len(l) != 1 || l[0].ID != att.ID || l[0].Volume != "web" {
+			t.Errorf("a's attachments through %s: %+v, %v; want only %s of web", nd.name, l, err, att.ID)
+		}
+		if l, err := bs[nd.name].FindAttachments(ctx, ""); err != nil || len(l) != 0 {
+			t.Errorf("b's attachments through %s: %+v, %v; want none", nd.name, l, err)
 		}
 	}
 	if err := as[prim.name].Detach(ctx, "web", att.ID); err != nil {
