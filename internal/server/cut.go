@@ -11,7 +11,6 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/pool"
-	"github.com/quiverstorage/quiver/internal/qos"
 )
 
 // cutState is what a change at the cut sees: this primary's role (every
@@ -255,11 +254,8 @@ func (r *replicaSets) Update(ctx context.Context, volume string, u api.VolumeUpd
 // settingsOf is the update that gives a copy info's capacity, labels and
 // QoS limits.
 func settingsOf(info pool.VolumeInfo) *api.VolumeUpdate {
-	u := cluster.UpdateOf(api.VolumeSpec{Capacity: info.Capacity, Labels: info.Labels})
-	if info.QoS != (qos.Limits{}) {
-		q := api.QoS(info.QoS)
-		u.QoS = &q
-	}
+	q := api.QoS(info.QoS)
+	u := cluster.UpdateOf(api.VolumeSpec{Capacity: info.Capacity, Labels: info.Labels, QoS: &q})
 	return &u
 }
 
