@@ -178,6 +178,13 @@ func (l *lane) workAndCut(ctx context.Context, cycle int) {
 	}
 	// Only now: the workload's goroutine notes its own events until it ends.
 	l.model.note("power cut %d: %d dirty cache blocks, %d kept", cycle, dirty, kept)
+	if os.Getenv(fsckEnv) == "1" {
+		if err := fsckMedium(l.medium.f.Name()); err != nil {
+			l.t.Fatalf("cycle %d: %v\n%s\n--- the lane's last events ---\n%s", cycle, err,
+				keepMedium(l.medium, fmt.Sprintf("%s-cycle%d", strings.ReplaceAll(l.t.Name(), "/", "-"), cycle)),
+				strings.Join(l.model.history, "\n"))
+		}
+	}
 	l.closeConns("")
 	l.stats.cuts++
 	l.stats.dirtyAtCut += dirty
@@ -194,6 +201,7 @@ func (l *lane) fail(cycle int, format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	diag := l.mc.diagnostics()
 	l.mc.cutPower(0, nil)
+	kept := keepMedium(l.medium, fmt.Sprintf("%s-cycle%d", strings.ReplaceAll(l.t.Name(), "/", "-"), cycle))
 	hist := "--- the lane's last events ---\n" + strings.Join(l.model.history, "\n")
-	l.t.Fatalf("cycle %d: %s\n%s\n%s", cycle, redact(msg), redact(diag), hist)
+	l.t.Fatalf("cycle %d: %s\n%s\n%s\n%s", cycle, redact(msg), redact(diag), kept, hist)
 }
