@@ -10,8 +10,13 @@
 // Knobs: QUIVER_POWERCUT_CUTS (power cuts in all, default 100),
 // QUIVER_POWERCUT_LANES (guests at once, each with its own pool, default 2),
 // QUIVER_POWERCUT_WINDOW (the longest workload before a cut, in ms, default
-// 2000), QUIVER_POWERCUT_SEED (reproduces a run's workloads; the timing of
-// the cuts is the machine's). It needs qemu-system-x86_64, mkfs.xfs,
+// 2000), QUIVER_POWERCUT_OPS (percent of the workload's steps that are
+// pool operations rather than write bursts, default 30),
+// QUIVER_POWERCUT_SEED (reproduces a run's workloads; the timing of the
+// cuts is the machine's), QUIVER_POWERCUT_FSCK=1 (checks the pool disk's
+// XFS on the host after every cut: log recovery on a copy, then
+// xfs_repair -n) and QUIVER_POWERCUT_KEEP (a directory where a failed lane
+// leaves its pool disk). It needs qemu-system-x86_64, mkfs.xfs,
 // busybox-static, apt-get and dpkg with a current package index, and Go;
 // without them it skips, except when CI is set: there it fails.
 //

@@ -20,6 +20,7 @@ const (
 	lanesEnv  = "QUIVER_POWERCUT_LANES"  // guests running at once, each with its own pool (default 2)
 	seedEnv   = "QUIVER_POWERCUT_SEED"   // seed of the run, to reproduce one
 	windowEnv = "QUIVER_POWERCUT_WINDOW" // the longest workload before a cut, in ms (default 2000)
+	opsEnv    = "QUIVER_POWERCUT_OPS"    // percent of the workload's steps that are pool operations, not write bursts (default 30)
 )
 
 const defaultCuts = 100
@@ -58,6 +59,7 @@ type lane struct {
 	rng       *rand.Rand // the workload's
 	cutRng    *rand.Rand // the cuts': when and what the cache keeps
 	window    time.Duration
+	opsPct    int // percent of steps that are pool operations
 	mc        *machine
 	conns     map[string]*nbdClient
 	unflushed map[string]bool // disks written without FUA since their last FLUSH
@@ -73,6 +75,7 @@ func TestPowerCut(t *testing.T) {
 	cuts := envInt(t, cutsEnv, defaultCuts)
 	lanes := max(envInt(t, lanesEnv, 2), 1)
 	window := time.Duration(envInt(t, windowEnv, 2000)) * time.Millisecond
+	ops := min(max(envInt(t, opsEnv, 30), 0), 100)
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv(seedEnv); s != "" {
 		var err error
@@ -92,7 +95,7 @@ func TestPowerCut(t *testing.T) {
 			dir := testguest.ShortDir(t, "qpc")
 			l := &lane{t: t, g: g, token: token, dir: dir, medium: newMedium(t, dir),
 				model: newModel(seed + uint64(i)), rng: rand.New(rand.NewPCG(seed, uint64(i))), cutRng: rand.New(rand.NewPCG(seed, uint64(i)+1<<32)),
-				window: window}
+				window: window, opsPct: ops}
 			l.run(ctx, n)
 		})
 	}

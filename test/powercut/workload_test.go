@@ -43,7 +43,7 @@ func (l *lane) workload(ctx context.Context, cut *atomic.Bool) error {
 
 func (l *lane) step(ctx context.Context) error {
 	m := l.model
-	if len(m.vols) == 0 || l.rng.IntN(10) < 7 {
+	if len(m.vols) == 0 || l.rng.IntN(100) >= l.opsPct {
 		if v, d, ok := l.pickDisk(); ok {
 			return l.burst(v, d)
 		}
