@@ -66,13 +66,7 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := api.List[api.Node]{Items: make([]api.Node, 0, len(nodes))}
 	for _, n := range nodes {
-		state := api.NodeDown
-		if n.Up {
-			state = api.NodeUp
-		}
-		out.Items = append(out.Items, api.Node{Name: n.Name, Address: n.API, NBD: n.NBD, State: state,
-			FailureDomain: n.FailureDomain, CapacityBytes: n.TotalBytes, FreeBytes: n.FreeBytes, Volumes: n.Volumes,
-			Self: n.Name == s.Cluster.Name(), Drain: n.Drain})
+		out.Items = append(out.Items, nodeToAPI(n, s.Cluster.Name()))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
