@@ -199,8 +199,8 @@ type sender struct {
 // reply (measured: 1 MiB READs, 0.25 context switches each sent this way,
 // 1.1 as plain system calls). The bound keeps each raw call short, since a
 // garbage collection waits for every P: a single sendmsg of 4 MiB took 9
-// to 12 ms. When the socket's buffer is full, a blocking socket waits in
-// the kernel (a plain system call), a polled one in the poller.
+// to 12 ms under load. When the socket's buffer is full, a blocking socket
+// waits in the kernel (a plain system call), a polled one in the poller.
 func (c *conn) send(bufs [][]byte) error {
 	if c.raw == nil {
 		if c.tlsOut != nil {
@@ -224,11 +224,15 @@ func (c *conn) send(bufs [][]byte) error {
 	return err
 }
 
-// rawSendMax is the most one sendmsg sends (about 60 us of copying). A
-// whole 1 MiB READ reply in one call was measured over TCP and not kept:
-// the client's CPU per request fell and the server's rose by about as much
-// (issue 18 in docs/benchmarks.md, test/bench/sendshape).
-const rawSendMax = 256 << 10
+// rawSendMax is the most one sendmsg sends: a whole 1 MiB READ reply with
+// its header (about 250 us over TCP loopback on an idle machine). Cut in
+// 256 KiB calls, as before, the same replies cost the server 1.4x the CPU
+// per MiB and gave 0.72x the throughput in an A/B run on an idle machine
+// (the loopback stack handles four sends and a 28-byte tail segment per
+// reply); on a loaded machine the two were within noise (issue 18 in
+// docs/benchmarks.md, test/bench/sendshape). Larger replies go out in
+// calls of this size.
+const rawSendMax = 1<<20 + 4<<10
 
 func (s *sender) write(fd uintptr) bool {
 	for {
