@@ -8,7 +8,8 @@
 // sleep and a wake-up). The strategies take turns, 200 replies at a time, 30
 // times. It measures; it asserts nothing. In this setting one sendmsg per
 // reply costs the sender less; in the server, under fio, it moved CPU from
-// the client to the server instead (docs/benchmarks.md, issue 18).
+// the client to the server on a loaded machine and saved CPU on both sides
+// on an idle one, where it was kept (docs/benchmarks.md, issue 18).
 //
 //	go run ./test/bench/sendshape
 //
