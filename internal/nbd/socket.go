@@ -225,11 +225,13 @@ func (c *conn) send(bufs [][]byte) error {
 }
 
 // rawSendMax is the most one sendmsg sends: a whole 1 MiB READ reply with
-// its header (about 250 us over TCP loopback on an idle machine). Cut in
-// 256 KiB calls, as before, the same replies cost the server 1.4x the CPU
-// per MiB and gave 0.72x the throughput in an A/B run on an idle machine
-// (the loopback stack handles four sends and a 28-byte tail segment per
-// reply); on a loaded machine the two were within noise (issue 18 in
+// its chunk headers (28 bytes each; the 4 KiB covers a reply cut into up to
+// 146 chunks around holes), about 250 us over TCP loopback on an idle
+// machine. Cut in 256 KiB calls, as before, the same replies cost the
+// server 1.4x the CPU per MiB and gave 0.72x the throughput in an A/B run
+// on an idle machine (the loopback stack handles four sends and a 28-byte
+// tail segment per reply); on a loaded machine one run showed the two
+// equal and one showed a single call dearer (issue 18 in
 // docs/benchmarks.md, test/bench/sendshape). Larger replies go out in
 // calls of this size.
 const rawSendMax = 1<<20 + 4<<10
