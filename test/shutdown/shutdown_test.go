@@ -3,8 +3,9 @@
 // host's kernel and inside a guest on Debian's kernel (the one
 // test/powercut's pool runs on). probe (./probe) runs internal/pool
 // directly with the power cut test's workload: small disks, stamped 4 KiB
-// writes (some through RWF_NOWAIT, some with FUA), flushes, snapshots,
-// clones of snapshots and of live volumes, deletes. At a random time, a
+// writes (some through RWF_NOWAIT, some with FUA), trims and zeroes,
+// flushes, snapshots, rollbacks, clones of snapshots and of live volumes,
+// deletes. At a random time, a
 // third of the time a random time into a pool operation and a third of the
 // time while a flush runs, it shuts XFS down without flushing its log
 // (XFS_IOC_GOINGDOWN: what the log holds in memory is lost, what reached

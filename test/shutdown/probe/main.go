@@ -1,8 +1,9 @@
 // Command probe runs the storage layer (internal/pool) on a directory of an
 // XFS filesystem with the power cut test's workload (small disks, stamped
-// 4 KiB writes, some through RWF_NOWAIT, some with FUA, flushes,
-// snapshots, clones of snapshots and of live volumes, deletes) and checks
-// every image against a model of what each block may hold:
+// 4 KiB writes, some through RWF_NOWAIT, some with FUA, trims and zeroes,
+// flushes, snapshots, rollbacks, clones of snapshots and of live volumes,
+// deletes) and checks every image against a model of what each block may
+// hold:
 //
 //   - every few steps it flushes every disk and reads every image back with
 //     O_DIRECT, which reads the blocks the file maps on the device, not the
@@ -170,7 +171,7 @@ type workload struct {
 	crashInFlush func()        // crash while the next flush runs
 	opWindow     time.Duration // how long into it, at most
 
-	crashes, inflightSeen                                                                   int
+	crashes, inflightSeen, zeroes, rollbacks                                                int
 	writes, nowait, fua, flushes, clones, liveClones, snaps, deletes, checks, blocksChecked int
 }
 
@@ -182,8 +183,8 @@ func (w *workload) note(format string, a ...any) {
 }
 
 func (w *workload) summary() string {
-	return fmt.Sprintf("%d crashes (%d operations in flight at one happened), %d writes (%d nowait, %d fua), %d flushes, %d clones (%d of live volumes), %d snapshots, %d deletes, %d checks of every image, %d blocks checked",
-		w.crashes, w.inflightSeen, w.writes, w.nowait, w.fua, w.flushes, w.clones, w.liveClones, w.snaps, w.deletes, w.checks, w.blocksChecked)
+	return fmt.Sprintf("%d crashes (%d operations in flight at one happened), %d writes (%d nowait, %d fua), %d trims and zeroes, %d flushes, %d clones (%d of live volumes), %d snapshots, %d rollbacks, %d deletes, %d checks of every image, %d blocks checked",
+		w.crashes, w.inflightSeen, w.writes, w.nowait, w.fua, w.zeroes, w.flushes, w.clones, w.liveClones, w.snaps, w.rollbacks, w.deletes, w.checks, w.blocksChecked)
 }
 
 // errDown says a step stopped because the filesystem went down.
@@ -273,7 +274,9 @@ func (w *workload) step() error {
 		n, vm := w.pick()
 		return w.burst(n, vm)
 	}
-	switch r := w.rng.IntN(10); {
+	switch r := w.rng.IntN(11); {
+	case r == 10:
+		return w.rollback()
 	case r < 3:
 		return w.cloneLive()
 	case r < 5:
@@ -313,8 +316,10 @@ type pending struct {
 	volume string // the volume it makes or deletes
 	snap   string // the snapshot it makes or deletes, if any
 	make   bool   // it makes volume (or snap); else it deletes it
-	model  *volModel
-	disks  map[string]diskModel // the snapshot's, when it makes one
+	// rollback: it rolls volume back to snap, whose content is disks
+	rollback bool
+	model    *volModel
+	disks    map[string]diskModel // the snapshot's, when it makes one
 }
 
 // op runs a pool operation: fn does it, and on success done applies it to
@@ -367,6 +372,12 @@ func (w *workload) burst(name string, vm *volModel) error {
 	h, dm := vm.open[d], vm.disks[d]
 	buf := make([]byte, blockSize)
 	for range 1 + w.rng.IntN(8) {
+		if w.rng.IntN(10) == 0 {
+			if err := w.zero(name, d, h, dm); err != nil {
+				return err
+			}
+			continue
+		}
 		blk := w.rng.IntN(w.blocks)
 		w.nextID++
 		id := w.nextID
@@ -419,6 +430,65 @@ func (w *workload) burst(name string, vm *volModel) error {
 		w.note("flush %s/%s", name, d)
 	}
 	return nil
+}
+
+// zero trims or zeroes 1 to 3 blocks of disk d (FUA one time in four):
+// they read as zeros (write 0) from then on.
+func (w *workload) zero(name, d string, h pool.Disk, dm diskModel) error {
+	n := 1 + w.rng.IntN(3)
+	blk := w.rng.IntN(w.blocks - n + 1)
+	for b := blk; b < blk+n; b++ {
+		dm[b].later = append(dm[b].later, 0)
+	}
+	fua := w.rng.IntN(4) == 0
+	off, length := int64(blk)*blockSize, int64(n)*blockSize
+	how := "trim"
+	var err error
+	if w.rng.IntN(2) == 0 {
+		err = h.Trim(off, length, fua)
+	} else {
+		how = "zero"
+		flags := pool.ZeroFlags(0)
+		if w.rng.IntN(2) == 0 {
+			flags |= pool.ZeroMayTrim
+		}
+		if fua {
+			flags |= pool.ZeroFUA
+		}
+		err = h.Zero(off, length, flags)
+	}
+	if err != nil {
+		if w.down.Load() {
+			return errDown
+		}
+		return fmt.Errorf("%s blocks %d-%d of %s/%s: %w", how, blk, blk+n-1, name, d, err)
+	}
+	if fua {
+		for b := blk; b < blk+n; b++ {
+			dm[b] = blockModel{}
+		}
+		how += " fua"
+	}
+	w.zeroes++
+	w.note("%s %s/%s blocks %d-%d", how, name, d, blk, blk+n-1)
+	return nil
+}
+
+// rollback rolls a volume back to one of its snapshots.
+func (w *workload) rollback() error {
+	n, vm, s := w.withSnapshot()
+	if vm == nil {
+		return w.snapshot()
+	}
+	disks := vm.snaps[s]
+	return w.op(&pending{what: fmt.Sprintf("rollback %s to %s", n, s), volume: n, snap: s, rollback: true, disks: disks}, func() error {
+		_, err := vm.vol.Rollback(context.Background(), s, nil)
+		return err
+	}, func() error {
+		vm.disks = captureDisks(disks)
+		w.rollbacks++
+		return nil
+	})
 }
 
 func captureDisks(m map[string]diskModel) map[string]diskModel {
@@ -790,7 +860,25 @@ func (w *workload) reconcile() error {
 			return fmt.Errorf("%s: %w", when, err)
 		}
 	}
+	if pd != nil && pd.rollback {
+		if vm, ok := w.vols[pd.volume]; ok && w.matches(pd.volume, pd.disks) {
+			vm.disks = captureDisks(pd.disks)
+			w.inflightSeen++
+			w.note("%s: %s happened", when, pd.what)
+		}
+	}
 	return w.compareAll(when)
+}
+
+// matches reports whether every disk of volume n holds exactly disks (a
+// rollback in flight at a crash happened), checked on copies of the model.
+func (w *workload) matches(n string, disks map[string]diskModel) bool {
+	for d, dm := range disks {
+		if w.compare(filepath.Join(w.dir, "volumes", n, "disks", d+".img"), n+"/"+d, dm.captured(), "") != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // history is the part of the log that concerns the failed block.
