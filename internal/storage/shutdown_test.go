@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -45,16 +44,8 @@ func TestSyncAfterShutdownFails(t *testing.T) {
 		t.Fatalf("confirmSynced before the shutdown: %v", err)
 	}
 
-	// XFS_IOC_GOINGDOWN with XFS_FSOP_GOING_FLAGS_NOLOGFLUSH (xfs_fs.h).
-	d, err := os.Open(mnt)
-	if err != nil {
+	if err := testfs.ShutdownXFS(mnt); err != nil {
 		t.Fatal(err)
-	}
-	flags := uint32(2)
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, d.Fd(), 0x8004587d, uintptr(unsafe.Pointer(&flags)))
-	d.Close()
-	if errno != 0 {
-		t.Fatalf("XFS_IOC_GOINGDOWN: %v", errno)
 	}
 
 	if err := confirmSynced(int(raw.Fd())); !errors.Is(err, unix.EIO) {

@@ -11,6 +11,9 @@
 // so CI can never pass by skipping. RequireTool and SkipOrFail apply the same
 // rule to other prerequisites.
 //
+// ShutdownXFS crashes a mounted XFS without a reboot (XFS_IOC_GOINGDOWN,
+// the log not flushed), for crash tests that remount it.
+//
 // TreeSum digests a directory tree (the check that nothing under it
 // changed) and ReadOnlyTree takes its write bits until the test ends.
 //

@@ -28,7 +28,7 @@
 // events) or "probe: ERROR ..."; the exit status is 0, 1 or 2.
 // test/shutdown runs it on the host and inside a guest.
 //
-// Imports from quiver: internal/pool.
+// Imports from quiver: internal/pool, internal/testfs.
 package main
 
 import (
@@ -48,11 +48,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
 const (
@@ -716,16 +716,7 @@ func (w *workload) armCrash(window time.Duration) func() {
 		once.Do(func() {
 			defer close(done)
 			w.down.Store(true)
-			f, err := os.Open(w.mnt)
-			if err != nil {
-				w.crashErr = err
-				return
-			}
-			defer f.Close()
-			flags := uint32(xfsGoingDownNoLogFlush)
-			if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), xfsIOCGoingDown, uintptr(unsafe.Pointer(&flags))); e != 0 {
-				w.crashErr = fmt.Errorf("XFS_IOC_GOINGDOWN: %w", e)
-			}
+			w.crashErr = testfs.ShutdownXFS(w.mnt)
 		})
 	}
 	t := time.AfterFunc(time.Duration(w.rng.Int64N(int64(window))), crash)
@@ -735,13 +726,6 @@ func (w *workload) armCrash(window time.Duration) func() {
 		<-done
 	}
 }
-
-// XFS_IOC_GOINGDOWN (_IOR('X', 125, __u32)) and its flag that drops the
-// in-memory log, from the kernel's xfs_fs.h.
-const (
-	xfsIOCGoingDown        = 0x8004587d
-	xfsGoingDownNoLogFlush = 0x2
-)
 
 // recoverPool closes the pool on the shut-down filesystem, unmounts it,
 // mounts it again (XFS replays its log) and opens the pool, as a restart
