@@ -24,7 +24,8 @@
 // (storage.confirmSynced).
 //
 // Knobs: QUIVER_SHUTDOWN_SECONDS (how long each probe runs; default 40 on
-// the host, 60 in the guest) and QUIVER_SHUTDOWN_SEED. It needs root, XFS,
+// the host, 60 in the guest), QUIVER_SHUTDOWN_SEED and QUIVER_SHUTDOWN_KEEP
+// (a directory where a failed guest run leaves its pool disk). It needs root, XFS,
 // losetup and mount (the host test), qemu-system-x86_64, mkfs.xfs and the
 // guest kernel's packages (the guest test); without them it skips, except
 // when CI is set: there it fails.
@@ -181,5 +182,28 @@ while :; do sleep 3600; done
 	if i := strings.Index(out, "shutdown: kernel "); i >= 0 {
 		t.Log(strings.SplitN(out[i:], "\n", 2)[0])
 	}
+	if !strings.Contains(out, "probe: PASS") {
+		vm.Kill()
+		keep(t, disk)
+	}
 	verdict(t, out)
+}
+
+// keep copies the guest's pool disk into the directory QUIVER_SHUTDOWN_KEEP
+// names, if set, for xfs_db, xfs_bmap and xfs_repair -n.
+func keep(t *testing.T, disk string) {
+	dir := os.Getenv("QUIVER_SHUTDOWN_KEEP")
+	if dir == "" {
+		return
+	}
+	dst := filepath.Join(dir, fmt.Sprintf("%s-%d.img", strings.ReplaceAll(t.Name(), "/", "-"), time.Now().Unix()))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Logf("keeping the pool disk: %v", err)
+		return
+	}
+	if out, err := exec.Command("cp", "--sparse=always", disk, dst).CombinedOutput(); err != nil {
+		t.Logf("keeping the pool disk: %v: %s", err, out)
+		return
+	}
+	t.Logf("the pool disk after the failure is kept in %s", dst)
 }
