@@ -21,8 +21,13 @@ import (
 type conn struct {
 	srv *Server
 	nc  net.Conn
-	raw syscall.RawConn // nc's socket, for send; nil when nc is not one
-	snd sender          // send's state (socket.go)
+	// ncMu orders the connection's swaps of nc (to TLS, to a blocking
+	// socket) against other goroutines' use of it (Shutdown, a revoked
+	// attachment): they take it; the connection's own goroutine reads nc
+	// without it.
+	ncMu sync.Mutex
+	raw  syscall.RawConn // nc's socket, for send; nil when nc is not one
+	snd  sender          // send's state (socket.go)
 	// sfile is sendFile's state (sendfile.go); c.wmu guards it.
 	sfile fileSender
 	// tlsOut buffers replies on a TLS connection (tls.go); nil on a plain

@@ -343,7 +343,7 @@ func (s *Server) run(c *conn) {
 			select {
 			case <-c.revoked:
 				c.log.Info("attachment detached: closing the connection", "export", c.export)
-				_ = c.nc.Close()
+				c.closeConn()
 			case <-stop:
 			}
 		}()
@@ -383,7 +383,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		s.mu.Lock()
 		for c := range s.conns {
-			_ = c.nc.Close()
+			c.closeConn()
 		}
 		s.mu.Unlock()
 		return fmt.Errorf("nbd shutdown: %w", ctx.Err())

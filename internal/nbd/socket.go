@@ -110,8 +110,10 @@ func (c *conn) leavePoller() {
 		_ = f.Close()
 		return
 	}
+	c.ncMu.Lock()
 	old := c.nc
 	c.nc = &blockingConn{f: f, rc: rc, local: old.LocalAddr(), remote: old.RemoteAddr()}
+	c.ncMu.Unlock()
 	c.raw, c.snd.blocking = rc, true
 	_ = old.Close() // deregisters from epoll; the socket lives on in f
 }
@@ -122,11 +124,21 @@ func (c *conn) leavePoller() {
 // later data from being read, so connReader also refuses to read once the
 // server is closing.
 func (c *conn) stopReading() {
+	c.ncMu.Lock()
+	defer c.ncMu.Unlock()
 	if b, ok := c.nc.(*blockingConn); ok {
 		b.shutdown(unix.SHUT_RD)
 		return
 	}
 	_ = c.nc.SetReadDeadline(time.Now())
+}
+
+// closeConn closes the connection's socket from another goroutine than
+// its own.
+func (c *conn) closeConn() {
+	c.ncMu.Lock()
+	defer c.ncMu.Unlock()
+	_ = c.nc.Close()
 }
 
 // errStopped ends the reader of a blocking socket when the server shuts down.

@@ -52,7 +52,9 @@ func (n *negotiation) startTLS(data []byte) error {
 	if err := tc.Handshake(); err != nil { // bounded by the negotiation's deadline on c.nc
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
+	c.ncMu.Lock()
 	c.nc, c.raw, c.tlsOut, c.tlsTr = tc, nil, bufio.NewWriterSize(tc, tlsWriteBuffer), tr
+	c.ncMu.Unlock()
 	// Nothing negotiated in plain text carries over the upgrade.
 	n.tls, n.structured, n.baseAlloc = true, false, false
 	c.log.Debug("TLS negotiated", "version", tls.VersionName(tc.ConnectionState().Version))

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -168,6 +169,50 @@ func TestTLSShutdown(t *testing.T) {
 	}
 	if _, err := c.readReply(); err == nil {
 		t.Fatal("the TLS connection is still open after Shutdown")
+	}
+}
+
+// TestTLSShutdownInNegotiation: Shutdown while clients are in the middle
+// of STARTTLS ends them. Shutdown reads each connection's socket while the
+// upgrade may be swapping it; conn.ncMu orders the two. The race detector
+// saw that race once in test/interop (TestTLSRefusals under -race); this
+// test exercises the same window but did not reproduce the race in 5 runs
+// without the lock, so it is a test of the behaviour, not of the lock.
+func TestTLSShutdownInNegotiation(t *testing.T) {
+	e, roots := tlsEnv(t, true)
+	const clients = 8
+	var cs []*testClient
+	for range clients {
+		c := dial(t, e.addr)
+		c.mustGreet(clientFlagFixedNewstyle)
+		if reps := c.option(optStartTLS, nil); final(reps) != repAck {
+			t.Fatalf("STARTTLS: %s", describe(reps))
+		}
+		cs = append(cs, c)
+	}
+	done := make(chan error, clients)
+	for _, c := range cs {
+		go func() {
+			tc := tls.Client(c.nc, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})
+			_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
+			err := tc.Handshake()
+			if err == nil {
+				_, err = tc.Read(make([]byte, 1)) // the server sends nothing: it must close
+			}
+			done <- err
+		}()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown with connections upgrading to TLS: %v", err)
+	}
+	for range clients {
+		if err := <-done; err == nil {
+			t.Error("a connection upgrading to TLS is still open after Shutdown")
+		} else if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("a connection upgrading to TLS was not ended by Shutdown: %v", err)
+		}
 	}
 }
 
