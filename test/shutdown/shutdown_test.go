@@ -51,14 +51,11 @@ func verdict(t *testing.T, out string) {
 
 func TestHostKernel(t *testing.T) {
 	mnt := testfs.MountXFS(t, 1<<30)
-	bin, err := testguest.GoProgram(probePkg, t.TempDir(), "probe")
-	if err != nil {
+	dir := t.TempDir()
+	if _, err := testguest.GoProgram(probePkg, dir, "probe"); err != nil {
 		t.Fatal(err)
 	}
-	exe := filepath.Join(t.TempDir(), "probe")
-	if err := os.WriteFile(exe, bin.Data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	exe := filepath.Join(dir, "probe") // where GoProgram built it
 	pool := filepath.Join(mnt, "pool")
 	if err := os.Mkdir(pool, 0o755); err != nil {
 		t.Fatal(err)

@@ -67,7 +67,6 @@ func main() {
 	seed := flag.Uint64("seed", 0, "the workload's seed (0: from the clock)")
 	blocks := flag.Int("blocks", 64, "blocks of 4 KiB per disk (the power cut test's disks have 64)")
 	verifyEvery := flag.Int("verify-every", 8, "workload steps between checks of every image")
-	dropCaches := flag.Bool("drop-caches", false, "also drop the kernel's caches before every tenth check (needs root)")
 	mnt := flag.String("crash", "", "the mount point of dir's XFS: shut it down as a crash would, mount it again and check, over and over (needs root)")
 	window := flag.Duration("window", 2*time.Second, "with -crash, the longest run of the workload before a crash")
 	opWindow := flag.Duration("op-window", 20*time.Millisecond, "with -crash, a third of the crashes come at most this long into a pool operation, a third during a flush (if the window has not ended first)")
@@ -80,7 +79,7 @@ func main() {
 		*seed = uint64(time.Now().UnixNano())
 	}
 	w := &workload{rng: rand.New(rand.NewPCG(*seed, 0x51)), seed: *seed, blocks: *blocks,
-		vols: map[string]*volModel{}, sentTo: map[uint64]string{}, dropCaches: *dropCaches}
+		vols: map[string]*volModel{}, sentTo: map[uint64]string{}}
 	if *mnt != "" {
 		dev, err := mountSource(*mnt)
 		if err != nil {
@@ -148,17 +147,16 @@ type volModel struct {
 }
 
 type workload struct {
-	rng        *rand.Rand
-	seed       uint64
-	blocks     int
-	p          *pool.Pool
-	dir        string
-	vols       map[string]*volModel
-	nextID     uint64
-	nextName   int
-	sentTo     map[uint64]string // write id -> volume/disk block
-	log        []string          // the last events
-	dropCaches bool
+	rng      *rand.Rand
+	seed     uint64
+	blocks   int
+	p        *pool.Pool
+	dir      string
+	vols     map[string]*volModel
+	nextID   uint64
+	nextName int
+	sentTo   map[uint64]string // write id -> volume/disk block
+	log      []string          // the last events
 
 	// Crash mode: the filesystem mounted at mnt from dev is shut down
 	// (armCrash) and mounted again (recoverPool) over and over.
@@ -628,12 +626,6 @@ func (w *workload) check() error {
 				return fmt.Errorf("flush %s/%s: %w", n, d, err)
 			}
 			w.vols[n].disks[d].flushed()
-		}
-	}
-	if w.dropCaches && w.checks%10 == 9 {
-		unix.Sync()
-		if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0); err != nil {
-			return fmt.Errorf("drop caches: %w", err)
 		}
 	}
 	w.checks++
