@@ -96,6 +96,9 @@ func main() {
 		for _, l := range w.history(mm) {
 			fmt.Println("probe:   " + l)
 		}
+		for _, l := range w.diagnose(mm) {
+			fmt.Println("probe: " + l)
+		}
 		os.Exit(1)
 	case err != nil:
 		fmt.Printf("probe: ERROR seed=%d after %s: %v\n", *seed, w.summary(), err)
