@@ -12,6 +12,8 @@
 // modules are cached under $QUIVER_TEST_CACHE, else
 // $XDG_CACHE_HOME/quiver-test (~/.cache/quiver-test), one directory per
 // kernel package and module set, so later runs skip the download.
+// QUIVER_GUEST_KERNEL names another kernel package to boot instead (for a
+// run on a newer kernel, such as Debian 12's linux-image-6.12.*-amd64).
 //
 // The initramfs is a newc cpio archive written here (CPIOWriter).
 // A missing prerequisite (apt-get, dpkg, a package index, busybox-static)

@@ -87,7 +87,9 @@ func CacheRoot() string {
 }
 
 // FetchKernel returns the kernel of Debian's linux-image-<flavour> (the
-// current kernel of the release the machine's apt points at) with the modules of
+// current kernel of the release the machine's apt points at), or the
+// package $QUIVER_GUEST_KERNEL names (to run a guest test on another
+// kernel, e.g. linux-image-6.12.118+deb12-amd64), with the modules of
 // spec, from the cache when an earlier run put it there, else downloaded
 // with `apt-get download` and unpacked with `dpkg -x`, nothing installed.
 func FetchKernel(spec KernelSpec) (*Kernel, error) {
@@ -96,9 +98,14 @@ func FetchKernel(spec KernelSpec) (*Kernel, error) {
 			return nil, fmt.Errorf("%w: %s: %v", ErrMissing, tool, err)
 		}
 	}
-	pkg, err := kernelPackage(spec.flavour())
-	if err != nil {
-		return nil, fmt.Errorf("%w: no Debian kernel package to boot the guest: %v", ErrMissing, err)
+	pkg := os.Getenv("QUIVER_GUEST_KERNEL")
+	if pkg == "" {
+		var err error
+		if pkg, err = kernelPackage(spec.flavour()); err != nil {
+			return nil, fmt.Errorf("%w: no Debian kernel package to boot the guest: %v", ErrMissing, err)
+		}
+	} else if !regexp.MustCompile(`^linux-image-[0-9][a-z0-9.+~-]*$`).MatchString(pkg) {
+		return nil, fmt.Errorf("QUIVER_GUEST_KERNEL=%q: want a Debian kernel package such as linux-image-6.12.118+deb12-amd64", pkg)
 	}
 	root := filepath.Join(CacheRoot(), "kernel")
 	dir := filepath.Join(root, pkg+"-"+spec.key())
@@ -259,7 +266,11 @@ func resolveModules(moddir string, roots []string) (order []string, files map[st
 		if err != nil {
 			return err
 		}
-		if name, ok := strings.CutSuffix(d.Name(), ".ko"); ok && d.Type().IsRegular() {
+		name, ok := strings.CutSuffix(d.Name(), ".ko")
+		if !ok {
+			name, ok = strings.CutSuffix(d.Name(), ".ko.xz") // Debian's kernels from 6.12
+		}
+		if ok && d.Type().IsRegular() {
 			files[moduleName(name)] = path
 		}
 		return nil
@@ -286,6 +297,14 @@ func resolveModules(moddir string, roots []string) (order []string, files map[st
 		file, ok := files[name]
 		if !ok {
 			return fmt.Errorf("module %s (needed by %s): neither a file under %s nor built in", name, strings.Join(path, " -> "), moddir)
+		}
+		if plain, ok := strings.CutSuffix(file, ".xz"); ok {
+			// busybox's insmod takes an uncompressed module.
+			if out, err := exec.Command("xz", "-d", file).CombinedOutput(); err != nil {
+				return fmt.Errorf("%w: xz -d %s: %v\n%s", ErrMissing, file, err, out)
+			}
+			file = plain
+			files[name] = plain
 		}
 		deps, err := moduleDepends(file)
 		if err != nil {
