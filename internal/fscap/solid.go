@@ -76,3 +76,49 @@ func Solid(f *os.File, off, length int64) (bool, error) {
 	}
 	return next >= uint64(off+length), nil
 }
+
+// sharingBatch is how many extents one FIEMAP call of Sharing returns.
+const sharingBatch = 32
+
+// Sharing reports, for [off, off+length) of f as it stands in memory (no
+// flush first), whether any of it is written data on the device (not a
+// hole, a preallocation or a delayed allocation) and whether any of it is
+// shared with another file by a reflink. A range with data and nothing
+// shared may have stopped being shared a moment ago, by a change to the
+// other file that is not yet durable. Filesystems without FIEMAP give an
+// error wrapping ErrNotSupported.
+func Sharing(f *os.File, off, length int64) (data, shared bool, err error) {
+	var b struct {
+		hdr fiemap
+		ext [sharingBatch]fiemapExtent
+	}
+	next, end := uint64(off), uint64(off+length)
+	for next < end {
+		b.hdr = fiemap{Start: next, Length: end - next, ExtentCount: sharingBatch}
+		err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFiemap, unsafe.Pointer(&b)) })
+		if isErrno(err, unix.EOPNOTSUPP, unix.ENOTTY) {
+			err = notSupported(err)
+		}
+		if err != nil {
+			return false, false, fmt.Errorf("extent map of %s: %w", f.Name(), err)
+		}
+		n := int(b.hdr.MappedExtents)
+		if n == 0 {
+			break
+		}
+		for _, e := range b.ext[:n] {
+			if e.Flags&fiemapExtentShared != 0 {
+				shared = true
+			}
+			if e.Flags&(fiemapExtentUnknown|fiemapExtentDelalloc|fiemapExtentUnwritten) == 0 {
+				data = true
+			}
+		}
+		last := b.ext[n-1]
+		if last.Flags&ExtentLast != 0 || n < sharingBatch {
+			break
+		}
+		next = last.Logical + last.Length
+	}
+	return data, shared, nil
+}

@@ -137,8 +137,17 @@ func (df *diskFile) write(p []byte, off int64) error {
 func (df *diskFile) writeChunk(i int64, piece []byte, lo, start, stop int64) error {
 	c := df.ch
 	defer c.lock(i).Unlock()
+	if c.isOwned(i) { // by a write that held the lock before us
+		_, err := df.f.WriteAt(piece, lo)
+		return err
+	}
+	if df.us != nil { // XFS (unshare.go)
+		if done, err := df.firstWrite(i, piece, lo, start, stop); done || err != nil {
+			return err
+		}
+	}
 	whole := lo == start && lo+int64(len(piece)) == stop
-	if !whole && !c.isOwned(i) {
+	if !whole {
 		solid, err := df.f.Solid(start, stop-start)
 		if err != nil && !errors.Is(err, ErrNotSupported) {
 			return err

@@ -123,6 +123,7 @@ func (v *Volume) openFile(d DiskSpec) (*diskFile, error) {
 	df.syncEnd = sync.NewCond(&df.smu)
 	if v.pool.chunk > 0 {
 		df.ch = newChunks(d.Size, v.pool.chunk)
+		df.us = v.pool.us
 	}
 	return df, nil
 }
@@ -157,7 +158,7 @@ func (v *Volume) refreshFiles(replace bool) error {
 			if cerr := df.f.Close(); cerr != nil {
 				v.pool.log.Error("close replaced disk image", "volume", v.name, "disk", d.Name, "err", cerr)
 			}
-			df.f, df.size, df.shared, df.ch = nf.f, nf.size, nf.shared, nf.ch
+			df.f, df.size, df.shared, df.ch, df.us = nf.f, nf.size, nf.shared, nf.ch, nf.us
 			df.nw.readOff.Store(false)
 			df.nw.writeOff.Store(false)
 			df.smu.Lock()

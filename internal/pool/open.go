@@ -109,6 +109,9 @@ func OpenWith(ctx context.Context, dir string, opts Options) (_ *Pool, err error
 	}
 	if p.caps.Reflink {
 		p.chunk = ChunkSize // chunks.go: keeps images cheap to clone
+		if p.caps.Filesystem == "xfs" {
+			p.us = &unsharer{fs: p.fs, dir: "staging"}
+		}
 	}
 	if err := p.recover(ctx); err != nil {
 		return nil, err

@@ -66,6 +66,9 @@ type Pool struct {
 
 	// chunk is the chunk size of disk writes (chunks.go), 0 for none.
 	chunk int64
+	// us guards first writes into unowned chunks on XFS (unshare.go); nil
+	// elsewhere.
+	us *unsharer
 
 	// writeHook, when set (tests only), runs before a client's write, trim
 	// or zero waits for the gate, with the attachment ID.
@@ -258,6 +261,9 @@ func (p *Pool) Close() error {
 		v.gate.Lock()
 		v.closeFiles(ErrClosed)
 		v.gate.Unlock()
+	}
+	if p.us != nil {
+		p.us.close()
 	}
 	p.release()
 	return nil

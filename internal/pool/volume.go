@@ -82,7 +82,11 @@ type diskFile struct {
 	size   int64
 	shared bool    // exempt from the single-writer rule
 	ch     *chunks // chunk ownership (chunks.go); nil when off
-	nw     noWait  // what RWF_NOWAIT does on this file (nowait.go)
+	// us, set with ch on XFS, makes the first writes into unowned chunks
+	// safe from blocks another file's copy on write just left to this
+	// image (unshare.go).
+	us *unsharer
+	nw noWait // what RWF_NOWAIT does on this file (nowait.go)
 	// gone, once set, fails every request of every handle of the disk:
 	// ErrDiskRemoved, or ErrClosed when the pool closed.
 	gone error

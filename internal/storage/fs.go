@@ -114,6 +114,11 @@ type File interface {
 	// Solid reports whether [off, off+length) is backed by a few extents
 	// the file owns outright (fscap.Solid).
 	Solid(off, length int64) (bool, error)
+	// Sharing reports whether [off, off+length) holds written data and
+	// whether any of it is shared with another file (fscap.Sharing), as
+	// the filesystem stands in memory; ErrNotSupported without an extent
+	// map.
+	Sharing(off, length int64) (data, shared bool, err error)
 	// SetExtentSizeHint sets XFS's extent size hint (fscap).
 	SetExtentSizeHint(bytes uint32) error
 	Advise(off, length int64, advice Advice) error

@@ -491,6 +491,11 @@ func (o *osFile) Solid(off, length int64) (bool, error) {
 	return ok, Classify(err)
 }
 
+func (o *osFile) Sharing(off, length int64) (bool, bool, error) {
+	data, shared, err := fscap.Sharing(o.f, off, length)
+	return data, shared, Classify(err)
+}
+
 func (o *osFile) SetExtentSizeHint(bytes uint32) error {
 	return Classify(fscap.SetExtentSizeHint(o.f, bytes))
 }

@@ -1,0 +1,204 @@
+package pool
+
+import (
+	"errors"
+	"io"
+	"os"
+	"path"
+	"sync"
+	"sync/atomic"
+
+	"github.com/quiverstorage/quiver/internal/storage"
+)
+
+// Writing where another file's copy on write left a block to this image
+// alone, on XFS.
+//
+// A clone shares its source's blocks. When one of the two writes a shared
+// block, XFS copies it on write: the new data goes to a new block, and at
+// writeback the file is remapped onto it and the old block's reference
+// count drops, so the other file now owns the old block outright. Those
+// changes are in XFS's log in memory until something forces the log. When
+// the other file then writes that block, XFS sees it unshared and
+// overwrites it in place, and an fdatasync of that write forces nothing
+// (an overwrite changes no metadata). After a crash the log is replayed
+// without the first file's remap: the first file maps the old block again,
+// which now holds the second file's data. One VM's data in another VM's
+// disk, found by test/powercut and test/shutdown (docs/durability.md, the
+// clone leak) and shown on the kernels 6.1 and 6.18 by
+// TestInPlaceOverwriteAfterCopyOnWrite.
+//
+// So on XFS a chunk that is not owned (chunks.go: shared at the last
+// capture, or not known since the pool opened) is never written in place
+// while its blocks may be shared, or may have stopped being shared by a
+// change that is not durable yet. The first write into it looks at the
+// chunk's extents (storage.File.Sharing), as XFS has them in memory:
+//   - no written data (holes, preallocation): the write allocates new
+//     blocks; nothing of another file can be under it;
+//   - data, nothing shared: whatever unshared it happened before the look,
+//     so a log force that starts after the look (unsharer.barrier) makes it
+//     durable, and the write may then go in place;
+//   - something shared: the chunk, its content with the new data merged in,
+//     is written to a new unnamed file and cloned from there into the image
+//     (FICLONERANGE): the image is remapped onto new blocks in one logged
+//     step, and no shared block is ever written.
+//
+// Once owned, a chunk's blocks are the image's own (written by the image
+// since the capture), and later writes overwrite them in place. Other
+// reflink filesystems copy every shared write (btrfs), or are the server's
+// business (NFS): the pool does this on XFS only.
+
+// unsharer holds what the first writes into unowned chunks need: the pool's
+// filesystem and a file whose metadata changes force XFS's log.
+type unsharer struct {
+	fs  storage.FS
+	dir string // where scratch files are made and unlinked (staging/)
+
+	mu      sync.Mutex   // one log force at a time
+	barrier storage.File // an unlinked file in dir; nil until the first force
+	flip    bool
+	// started and done number the forces: the last one started, and the
+	// last one that succeeded.
+	started, done atomic.Uint64
+}
+
+// forceLog returns once every metadata change the filesystem made before
+// it was called is durable, whichever file it concerns. Callers that
+// arrive while a force runs share the next one. On XFS a size change of
+// an unlinked file and its fdatasync: a transaction, then a log force up
+// to it, which writes every earlier transaction too.
+func (u *unsharer) forceLog() error {
+	arrived := u.started.Load()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.done.Load() > arrived {
+		return nil // a force that started after we arrived has ended
+	}
+	n := u.started.Add(1)
+	if u.barrier == nil {
+		f, err := u.scratch()
+		if err != nil {
+			return err
+		}
+		u.barrier = f
+	}
+	u.flip = !u.flip
+	size := int64(0)
+	if u.flip {
+		size = 4096
+	}
+	err := u.barrier.Truncate(size)
+	if err == nil {
+		err = u.barrier.Sync()
+	}
+	if err != nil {
+		_ = u.barrier.Close() // a failed sync is not retried on the same file
+		u.barrier = nil
+		return err
+	}
+	u.done.Store(n)
+	return nil
+}
+
+// scratch makes a new file in dir and unlinks it: it is gone when closed,
+// and after a crash (XFS frees unlinked files when it replays its log, and
+// the pool empties staging/ when it opens).
+func (u *unsharer) scratch() (storage.File, error) {
+	rel := path.Join(u.dir, "unshare-"+newUID())
+	f, err := u.fs.OpenFile(rel, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := u.fs.Remove(rel); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (u *unsharer) close() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.barrier != nil {
+		_ = u.barrier.Close()
+		u.barrier = nil
+	}
+}
+
+// unshareBlock is the alignment of a clone of part of a chunk: FICLONERANGE
+// takes whole filesystem blocks (4 KiB on the pools this runs on).
+const unshareBlock = 4096
+
+// firstWrite decides how the first write into unowned chunk i, [start,
+// stop), goes (see above), with the chunk's lock held. done reports that
+// it wrote the piece itself; otherwise the caller writes as it would
+// without the check (the chunk is not shared, and any unsharing is durable).
+func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (done bool, err error) {
+	data, shared, err := df.f.Sharing(start, stop-start)
+	if err != nil && !errors.Is(err, ErrNotSupported) {
+		return false, err
+	}
+	switch {
+	case err != nil || shared:
+		return true, df.cloneWrite(i, piece, lo, start, stop)
+	case data:
+		return false, df.us.forceLog()
+	}
+	return false, nil
+}
+
+// cloneWrite writes piece at lo into chunk i, [start, stop), without
+// writing any block of the image in place: the chunk's content with piece
+// merged in is cloned into the image from a scratch file, and the chunk is
+// then owned. On a nearly full pool that lacks a chunk's worth of space, it
+// does the same with just the blocks under the piece, and the chunk stays
+// unowned.
+func (df *diskFile) cloneWrite(i int64, piece []byte, lo, start, stop int64) error {
+	err := df.cloneSpan(piece, lo, start, stop)
+	if err == nil {
+		df.ch.setOwned(i)
+		return nil
+	}
+	if !errors.Is(err, ErrNoSpace) {
+		return err
+	}
+	a := max(start, lo&^(unshareBlock-1))
+	b := min(stop, (lo+int64(len(piece))+unshareBlock-1)&^(unshareBlock-1))
+	return df.cloneSpan(piece, lo, a, b)
+}
+
+// cloneSpan replaces [a, b) of the image with its content and piece merged
+// in at lo, by FICLONERANGE from a scratch file of size b (so that a span
+// ending at the image's unaligned end ends at the scratch's end too).
+func (df *diskFile) cloneSpan(piece []byte, lo, a, b int64) error {
+	buf := piece
+	if lo != a || int64(len(piece)) != b-a {
+		bp := chunkBufs.Get().(*[]byte)
+		defer chunkBufs.Put(bp)
+		if cap(*bp) < int(b-a) {
+			*bp = make([]byte, max(b-a, 1<<df.ch.shift))
+		}
+		buf = (*bp)[:b-a]
+		n, err := df.f.ReadAt(buf, a)
+		if errors.Is(err, io.EOF) {
+			clear(buf[n:]) // a file short of its disk size after a crash mid-grow
+			err = nil
+		}
+		if err != nil {
+			return err
+		}
+		copy(buf[lo-a:], piece)
+	}
+	sc, err := df.us.scratch()
+	if err != nil {
+		return err
+	}
+	defer sc.Close()
+	if err := sc.Truncate(b); err != nil {
+		return err
+	}
+	if _, err := sc.WriteAt(buf, a); err != nil {
+		return err
+	}
+	return df.f.CloneRange(sc, a, b-a)
+}
