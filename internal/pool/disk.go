@@ -423,10 +423,7 @@ func (d *liveDisk) Trim(off, length int64, fua bool) error {
 	}
 	defer d.v.gate.RUnlock()
 	d.v.markDirty(df.name, off, length)
-	unlock := df.lockRange(off, length)
-	err = zeroRange(df, off, length, true, false)
-	unlock()
-	if err != nil {
+	if err := df.zero(off, length, true, false); err != nil {
 		return err
 	}
 	return d.syncIf(df, fua)
@@ -439,10 +436,7 @@ func (d *liveDisk) Zero(off, length int64, flags ZeroFlags) error {
 	}
 	defer d.v.gate.RUnlock()
 	d.v.markDirty(df.name, off, length)
-	unlock := df.lockRange(off, length)
-	err = zeroRange(df, off, length, flags&ZeroMayTrim != 0, flags&ZeroFast != 0)
-	unlock()
-	if err != nil {
+	if err := df.zero(off, length, flags&ZeroMayTrim != 0, flags&ZeroFast != 0); err != nil {
 		return err
 	}
 	return d.syncIf(df, flags&ZeroFUA != 0)

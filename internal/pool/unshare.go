@@ -202,3 +202,34 @@ func (df *diskFile) cloneSpan(piece []byte, lo, a, b int64) error {
 	}
 	return df.f.CloneRange(sc, a, b-a)
 }
+
+// zero makes [off, off+length) read as zeros (zeroRange), holding the locks
+// of the unowned chunks it changes. On XFS the parts that do not cover
+// whole 4 KiB blocks are written as zeros through write instead: the
+// filesystem zeroes a partial block by writing it, in place where it sees
+// the block unshared, which is the write the first-write check above keeps
+// off blocks another file may have just left to this image.
+func (df *diskFile) zero(off, length int64, mayTrim, fast bool) error {
+	end := off + length
+	lo, hi := off, end
+	if df.us != nil {
+		lo = min((off+unshareBlock-1)&^(unshareBlock-1), end)
+		hi = max(end&^(unshareBlock-1), lo)
+	}
+	if lo < hi {
+		unlock := df.lockRange(lo, hi-lo)
+		err := zeroRange(df, lo, hi-lo, mayTrim, fast)
+		unlock()
+		if err != nil {
+			return err
+		}
+	}
+	for _, e := range [][2]int64{{off, lo}, {hi, end}} {
+		if e[0] < e[1] {
+			if err := df.write(zeroBlock[:e[1]-e[0]], e[0]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -175,3 +175,69 @@ func cloneLeakAfterCrash(t *testing.T, guarded bool) bool {
 	}
 	return got == 0x33
 }
+
+// TestUnshareZeroEdges: on XFS, trims and zeroes whose ends are not on a
+// 4 KiB block write their partial blocks through the guarded write path;
+// both a volume and its clone must read back exactly what was asked.
+func TestUnshareZeroEdges(t *testing.T) {
+	mnt := testfs.MountXFS(t, 300<<20)
+	p := openTestPool(t, filepath.Join(mnt, "pool"))
+	if p.us == nil {
+		t.Fatalf("a pool on XFS has no unsharer (caps %+v)", p.Caps())
+	}
+	const size = 2 * ChunkSize
+	mustCreate(t, p, VolumeSpec{Name: "a", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
+	va, _ := p.Volume("a")
+	da, err := va.OpenDisk("d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer da.Close()
+	full := bytes.Repeat([]byte{0x5a}, size)
+	if err := da.WriteAt(full, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Clone(context.Background(), CloneRequest{Source: Source{Volume: "a"}, Names: []string{"b"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	vb, _ := p.Volume("b")
+	db, err := vb.OpenDisk("d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	models := map[Disk][]byte{da: bytes.Clone(full), db: bytes.Clone(full)}
+	ops := []struct {
+		d        Disk
+		off, len int64
+		trim     bool
+	}{
+		{da, 100, 200, true},                 // inside one block
+		{da, 4096 - 512, 8192 + 1024, false}, // both edges partial, two whole blocks between
+		{db, 512, 4096, true},                // across a block boundary
+		{db, ChunkSize - 1000, 3000, false},  // across the chunk boundary
+		{da, 3 * 4096, 4096, true},           // whole block
+		{db, size - 700, 700, false},         // the disk's last bytes
+	}
+	for _, op := range ops {
+		var err error
+		if op.trim {
+			err = op.d.Trim(op.off, op.len, false)
+		} else {
+			err = op.d.Zero(op.off, op.len, 0)
+		}
+		if err != nil {
+			t.Fatalf("zero %d+%d: %v", op.off, op.len, err)
+		}
+		clear(models[op.d][op.off : op.off+op.len])
+	}
+	for d, want := range models {
+		got := make([]byte, size)
+		if err := d.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if i := firstDiff(got, want); i >= 0 {
+			t.Errorf("byte %d holds %#x, want %#x", i, got[i], want[i])
+		}
+	}
+}
