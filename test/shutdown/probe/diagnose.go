@@ -144,3 +144,20 @@ func (w *workload) diagnose(m *mismatch) []string {
 	}
 	return out
 }
+
+// sharesBlocks reports whether any disk image of volume name has an extent
+// shared with another file (false if the filesystem went down).
+func (w *workload) sharesBlocks(name string) bool {
+	for d := range w.vols[name].disks {
+		ext, err := fiemap(w.imagePath(name + "/" + d))
+		if err != nil {
+			return false
+		}
+		for _, e := range ext {
+			if e.flags&fiemapExtentShared != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}

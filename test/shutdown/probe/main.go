@@ -170,10 +170,12 @@ type workload struct {
 	crashErr     error
 	crashInOp    func()        // crash a random time into the next operation
 	crashInFlush func()        // crash while the next flush runs
+	crashNow     func()        // this cycle's crash, now
+	crashTimer   *time.Timer   // what brings this cycle's crash
 	opWindow     time.Duration // how long into it, at most
 
-	crashes, inflightSeen, zeroes, rollbacks                                                int
-	writes, nowait, fua, flushes, clones, liveClones, snaps, deletes, checks, blocksChecked int
+	crashes, inflightSeen, zeroes, rollbacks, races                                                     int
+	writes, nowait, fua, flushes, writebacks, clones, liveClones, snaps, deletes, checks, blocksChecked int
 }
 
 func (w *workload) note(format string, a ...any) {
@@ -184,8 +186,8 @@ func (w *workload) note(format string, a ...any) {
 }
 
 func (w *workload) summary() string {
-	return fmt.Sprintf("%d crashes (%d operations in flight at one happened), %d writes (%d nowait, %d fua), %d trims and zeroes, %d flushes, %d clones (%d of live volumes), %d snapshots, %d rollbacks, %d deletes, %d checks of every image, %d blocks checked",
-		w.crashes, w.inflightSeen, w.writes, w.nowait, w.fua, w.zeroes, w.flushes, w.clones, w.liveClones, w.snaps, w.rollbacks, w.deletes, w.checks, w.blocksChecked)
+	return fmt.Sprintf("%d crashes (%d operations in flight at one happened), %d writes (%d nowait, %d fua), %d trims and zeroes, %d flushes, %d writebacks, %d clones (%d of live volumes, %d of them races), %d snapshots, %d rollbacks, %d deletes, %d checks of every image, %d blocks checked",
+		w.crashes, w.inflightSeen, w.writes, w.nowait, w.fua, w.zeroes, w.flushes, w.writebacks, w.clones, w.liveClones, w.races, w.snaps, w.rollbacks, w.deletes, w.checks, w.blocksChecked)
 }
 
 // errDown says a step stopped because the filesystem went down.
@@ -275,7 +277,9 @@ func (w *workload) step() error {
 		n, vm := w.pick()
 		return w.burst(n, vm)
 	}
-	switch r := w.rng.IntN(11); {
+	switch r := w.rng.IntN(13); {
+	case r >= 11:
+		return w.cloneRace()
 	case r == 10:
 		return w.rollback()
 	case r < 3:
@@ -416,6 +420,14 @@ func (w *workload) burst(name string, vm *volModel) error {
 		w.note("%s %d to %s/%s block %d", how, id, name, d, blk)
 	}
 	if w.rng.IntN(3) == 0 {
+		// As the kernel's flusher does a moment after the writes in a
+		// VM's life (here it would wait 30 s, longer than a crash cycle):
+		// copy-on-write remaps happen, in XFS's log in memory only.
+		if err := w.writeback(name, d); err != nil {
+			return err
+		}
+	}
+	if w.rng.IntN(3) == 0 {
 		if w.crashInFlush != nil { // this cycle ends during a flush
 			go w.crashInFlush()
 			w.crashInFlush = nil
@@ -501,13 +513,79 @@ func captureDisks(m map[string]diskModel) map[string]diskModel {
 }
 
 func (w *workload) cloneLive() error {
+	_, _, err := w.cloneLiveOf()
+	return err
+}
+
+// cloneRace is the clone leak's sequence (docs/durability.md) in one step:
+// a live clone, writes to the clone written back (its copy on write
+// remaps it in XFS's log in memory), then writes to the source and a flush
+// of every disk of it. A first write into a block the clone's remap left
+// to the source alone must not go in place before that remap is durable,
+// or the clone shows the source's data after a crash.
+func (w *workload) cloneRace() error {
+	// In crash mode the race ends the cycle: its crash comes right after
+	// the source's flush, before anything else forces the log.
+	ends := w.crashTimer != nil && w.crashTimer.Stop()
+	if ends {
+		defer func() {
+			w.crashNow()
+		}()
+	}
+	src, name, err := w.cloneLiveOf()
+	if err != nil || name == "" {
+		return err
+	}
+	w.races++
+	cm := w.vols[name]
+	if err := w.burst(name, cm); err != nil {
+		return err
+	}
+	for d := range cm.disks {
+		if err := w.writeback(name, d); err != nil {
+			return err
+		}
+	}
+	// The staging file of the live capture shares the blocks too until XFS
+	// frees it in the background; wait for the source to own them alone.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && w.sharesBlocks(src); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	sm := w.vols[src]
+	if err := w.burst(src, sm); err != nil {
+		return err
+	}
+	for d, h := range sm.open {
+		if w.crashInFlush != nil {
+			go w.crashInFlush()
+			w.crashInFlush = nil
+		}
+		if err := h.Flush(); err != nil {
+			if w.down.Load() {
+				return errDown
+			}
+			return fmt.Errorf("flush %s/%s: %w", src, d, err)
+		}
+		sm.disks[d].flushed()
+		w.flushes++
+		w.note("flush %s/%s", src, d)
+	}
+	if ends {
+		return errDown // the deferred crash
+	}
+	return nil
+}
+
+// cloneLiveOf clones a volume picked at random (or deletes one when the
+// pool is full: then name is empty) and returns both names.
+func (w *workload) cloneLiveOf() (src, name string, err error) {
 	if len(w.vols) >= maxVols {
-		return w.deleteVolume()
+		return "", "", w.deleteVolume()
 	}
 	src, sm := w.pick()
-	name := w.newName()
+	name = w.newName()
 	vm := &volModel{disks: captureDisks(sm.disks), snaps: map[string]map[string]diskModel{}}
-	return w.op(&pending{what: fmt.Sprintf("clone %s to %s", src, name), volume: name, make: true, model: vm}, func() error {
+	err = w.op(&pending{what: fmt.Sprintf("clone %s to %s", src, name), volume: name, make: true, model: vm}, func() error {
 		_, err := w.p.Clone(context.Background(), pool.CloneRequest{Source: pool.Source{Volume: src}, Names: []string{name}}, nil)
 		return err
 	}, func() error {
@@ -516,6 +594,7 @@ func (w *workload) cloneLive() error {
 		w.liveClones++
 		return w.attach(name, vm)
 	})
+	return src, name, err
 }
 
 func (w *workload) snapshot() error {
@@ -601,6 +680,30 @@ func (w *workload) deleteVolume() error {
 		w.deletes++
 		return nil
 	})
+}
+
+// writeback writes back the dirty pages of a disk's image without
+// flushing it (sync_file_range): no log force, no cache flush.
+func (w *workload) writeback(name, d string) error {
+	f, err := os.Open(w.imagePath(name + "/" + d))
+	if err != nil {
+		if w.down.Load() {
+			return errDown
+		}
+		return err
+	}
+	defer f.Close()
+	err = unix.SyncFileRange(int(f.Fd()), 0, 0,
+		unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+	if err != nil {
+		if w.down.Load() {
+			return errDown
+		}
+		return fmt.Errorf("writeback %s/%s: %w", name, d, err)
+	}
+	w.writebacks++
+	w.note("writeback %s/%s", name, d)
+	return nil
 }
 
 // mismatch is a block that holds what the model says it must not.
@@ -715,6 +818,8 @@ func (w *workload) armCrash(window time.Duration) func() {
 		})
 	}
 	t := time.AfterFunc(time.Duration(w.rng.Int64N(int64(window))), crash)
+	w.crashTimer = t
+	w.crashNow = crash
 	return func() {
 		t.Stop()
 		crash()
