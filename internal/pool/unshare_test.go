@@ -69,7 +69,7 @@ func cloneLeakAfterCrash(t *testing.T, guarded bool) bool {
 		t.Fatalf("a pool on XFS has no unsharer (caps %+v)", p.Caps())
 	}
 	if !guarded {
-		p.us = nil // disks opened from now on write as before the fix
+		p.DisableUnshareGuard() // disks opened from now on write as before the fix
 	}
 	const size = 2 * ChunkSize
 	const blk = 16 * 4096 // in chunk 0
