@@ -35,9 +35,11 @@ import (
 // saw it owned is still in flight. Reads need no lock: a rewrite writes the
 // same bytes the chunk already holds, apart from the new data.
 //
-// Ownership only steers the layout; content never depends on it. Pools on
-// filesystems without reflink do not use chunks (a copy costs the same
-// whatever the layout).
+// Ownership steers the layout, and on XFS where the first write into a
+// chunk may go (unshare.go: never in place onto a block another file's copy
+// on write may have just left to the image); content never depends on it.
+// Pools on filesystems without reflink do not use chunks (a copy costs the
+// same whatever the layout).
 
 // ChunkSize is the unit of chunk ownership on pools with reflink.
 const ChunkSize = ExtentSizeHint

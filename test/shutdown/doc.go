@@ -4,8 +4,10 @@
 // test/powercut's pool runs on). probe (./probe) runs internal/pool
 // directly with the power cut test's workload: small disks, stamped 4 KiB
 // writes (some through RWF_NOWAIT, some with FUA), trims and zeroes,
-// flushes, snapshots, rollbacks, clones of snapshots and of live volumes,
-// deletes. At a random time, a
+// flushes, writebacks without a flush, snapshots, rollbacks, clones of
+// snapshots and of live volumes, deletes, and the clone race (a live clone,
+// the clone's writes written back, the source's writes flushed, a crash at
+// once: the clone leak of docs/durability.md). At a random time, a
 // third of the time a random time into a pool operation and a third of the
 // time while a flush runs, it shuts XFS down without flushing its log
 // (XFS_IOC_GOINGDOWN: what the log holds in memory is lost, what reached
@@ -21,7 +23,8 @@
 // A crash costs a remount, not a boot: about 5 a second on the host and 1
 // a second under TCG, against one per 20 to 40 s for a power cut. It found
 // that XFS's fsync could return success when a shutdown landed during it
-// (storage.confirmSynced).
+// (storage.confirmSynced), and with the clone race it finds the clone leak
+// when the pool's guard against it (internal/pool/unshare.go) is off.
 //
 // Knobs: QUIVER_SHUTDOWN_SECONDS (how long each probe runs; default 40 on
 // the host, 60 in the guest), QUIVER_SHUTDOWN_SEED and QUIVER_SHUTDOWN_KEEP

@@ -1,9 +1,9 @@
 // Command probe runs the storage layer (internal/pool) on a directory of an
 // XFS filesystem with the power cut test's workload (small disks, stamped
 // 4 KiB writes, some through RWF_NOWAIT, some with FUA, trims and zeroes,
-// flushes, snapshots, rollbacks, clones of snapshots and of live volumes,
-// deletes) and checks every image against a model of what each block may
-// hold:
+// flushes, writebacks without a flush, snapshots, rollbacks, clones of
+// snapshots and of live volumes, deletes, the clone race) and checks every
+// image against a model of what each block may hold:
 //
 //   - every few steps it flushes every disk and reads every image back with
 //     O_DIRECT, which reads the blocks the file maps on the device, not the
