@@ -169,19 +169,10 @@ func (df *diskFile) writeChunk(i int64, piece []byte, lo, start, stop int64) err
 func (df *diskFile) rewrite(i int64, piece []byte, lo, start, stop int64) error {
 	bp := chunkBufs.Get().(*[]byte)
 	defer chunkBufs.Put(bp)
-	if cap(*bp) < int(stop-start) {
-		*bp = make([]byte, 1<<df.ch.shift)
-	}
-	buf := (*bp)[:stop-start]
-	n, err := df.f.ReadAt(buf, start)
-	if errors.Is(err, io.EOF) {
-		clear(buf[n:]) // a file short of its disk size after a crash mid-grow
-		err = nil
-	}
+	buf, err := df.merged(bp, piece, lo, start, stop)
 	if err != nil {
 		return err
 	}
-	copy(buf[lo-start:], piece)
 	if _, err := df.f.WriteAt(buf, start); err != nil {
 		if !errors.Is(err, ErrNoSpace) {
 			return err
@@ -197,6 +188,25 @@ func (df *diskFile) rewrite(i int64, piece []byte, lo, start, stop int64) error 
 	}
 	df.ch.setOwned(i)
 	return nil
+}
+
+// merged reads [a, b) of the image into the chunk buffer bp (from
+// chunkBufs) and merges piece in at lo.
+func (df *diskFile) merged(bp *[]byte, piece []byte, lo, a, b int64) ([]byte, error) {
+	if cap(*bp) < int(b-a) {
+		*bp = make([]byte, max(b-a, 1<<df.ch.shift))
+	}
+	buf := (*bp)[:b-a]
+	n, err := df.f.ReadAt(buf, a)
+	if errors.Is(err, io.EOF) {
+		clear(buf[n:]) // a file short of its disk size after a crash mid-grow
+		err = nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	copy(buf[lo-a:], piece)
+	return buf, nil
 }
 
 // lockRange takes the stripe locks of every chunk of [off, off+length) that

@@ -2,7 +2,6 @@ package pool
 
 import (
 	"errors"
-	"io"
 	"os"
 	"path"
 	"sync"
@@ -175,32 +174,36 @@ func (df *diskFile) cloneSpan(piece []byte, lo, a, b int64) error {
 	if lo != a || int64(len(piece)) != b-a {
 		bp := chunkBufs.Get().(*[]byte)
 		defer chunkBufs.Put(bp)
-		if cap(*bp) < int(b-a) {
-			*bp = make([]byte, max(b-a, 1<<df.ch.shift))
-		}
-		buf = (*bp)[:b-a]
-		n, err := df.f.ReadAt(buf, a)
-		if errors.Is(err, io.EOF) {
-			clear(buf[n:]) // a file short of its disk size after a crash mid-grow
-			err = nil
-		}
-		if err != nil {
+		var err error
+		if buf, err = df.merged(bp, piece, lo, a, b); err != nil {
 			return err
 		}
-		copy(buf[lo-a:], piece)
 	}
 	sc, err := df.us.scratch()
 	if err != nil {
 		return err
 	}
 	defer sc.Close()
+	// Allocated as the images are, so the chunk lands in one extent (the
+	// image's layout, chunks.go) even where free space is fragmented.
+	if err := sc.SetExtentSizeHint(ExtentSizeHint); err != nil && !errors.Is(err, ErrNotSupported) {
+		return err
+	}
 	if err := sc.Truncate(b); err != nil {
 		return err
 	}
 	if _, err := sc.WriteAt(buf, a); err != nil {
 		return err
 	}
-	return df.f.CloneRange(sc, a, b-a)
+	if err := df.f.CloneRange(sc, a, b-a); err != nil {
+		return err
+	}
+	// Now, not when XFS gets round to freeing the closed file: until then
+	// the image's new blocks are shared, and the next writes into the
+	// chunk would be copied on write, scattering it. The scratch file is
+	// never read, so its punch need not be durable before they overwrite
+	// the blocks in place.
+	return sc.Punch(a, b-a)
 }
 
 // zero makes [off, off+length) read as zeros (zeroRange), holding the locks
