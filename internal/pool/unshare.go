@@ -23,8 +23,8 @@ import (
 // (an overwrite changes no metadata). After a crash the log is replayed
 // without the first file's remap: the first file maps the old block again,
 // which now holds the second file's data. One VM's data in another VM's
-// disk, found by test/powercut and test/shutdown (docs/durability.md, the
-// clone leak) and shown on the kernels 6.1 and 6.18 by
+// disk: the clone leak of docs/durability.md, found by test/powercut and
+// test/shutdown on Debian's 6.1 kernel, and shown on the host's 6.18 by
 // TestInPlaceOverwriteAfterCopyOnWrite.
 //
 // So on XFS a chunk that is not owned (chunks.go: shared at the last
@@ -35,12 +35,13 @@ import (
 //   - no written data (holes, preallocation): the write allocates new
 //     blocks; nothing of another file can be under it;
 //   - data, nothing shared: whatever unshared it happened before the look,
-//     so a log force that starts after the look (unsharer.barrier) makes it
+//     so a log force that starts after the look (unsharer.forceLog) makes it
 //     durable, and the write may then go in place;
 //   - something shared: the chunk, its content with the new data merged in,
-//     is written to a new unnamed file and cloned from there into the image
+//     is written to a scratch file and cloned from there into the image
 //     (FICLONERANGE): the image is remapped onto new blocks in one logged
-//     step, and no shared block is ever written.
+//     step, and no shared block is ever written. The scratch file's range
+//     is then punched, so the image owns the new blocks alone.
 //
 // Once owned, a chunk's blocks are the image's own (written by the image
 // since the capture), and later writes overwrite them in place. Other
@@ -51,11 +52,12 @@ import (
 // filesystem and a file whose metadata changes force XFS's log.
 type unsharer struct {
 	fs  storage.FS
-	dir string // where scratch files are made and unlinked (staging/)
+	dir string // where scratch files are made (staging/)
 
-	mu      sync.Mutex   // one log force at a time
-	barrier storage.File // an unlinked file in dir; nil until the first force
-	flip    bool
+	mu            sync.Mutex   // one log force at a time
+	barrier       storage.File // a file in dir; nil until the first force
+	removeBarrier func()
+	flip          bool
 	// started and done number the forces: the last one started, and the
 	// last one that succeeded.
 	started, done atomic.Uint64
@@ -63,8 +65,8 @@ type unsharer struct {
 
 // forceLog returns once every metadata change the filesystem made before
 // it was called is durable, whichever file it concerns. Callers that
-// arrive while a force runs share the next one. On XFS a size change of
-// an unlinked file and its fdatasync: a transaction, then a log force up
+// arrive while a force runs share the next one. On XFS a size change of a
+// file in staging/ and its fdatasync: a transaction, then a log force up
 // to it, which writes every earlier transaction too.
 func (u *unsharer) forceLog() error {
 	arrived := u.started.Load()
@@ -75,11 +77,11 @@ func (u *unsharer) forceLog() error {
 	}
 	n := u.started.Add(1)
 	if u.barrier == nil {
-		f, err := u.scratch()
+		f, remove, err := u.scratch()
 		if err != nil {
 			return err
 		}
-		u.barrier = f
+		u.barrier, u.removeBarrier = f, remove
 	}
 	u.flip = !u.flip
 	size := int64(0)
@@ -91,7 +93,7 @@ func (u *unsharer) forceLog() error {
 		err = u.barrier.Sync()
 	}
 	if err != nil {
-		_ = u.barrier.Close() // a failed sync is not retried on the same file
+		u.removeBarrier() // a failed sync is not retried on the same file
 		u.barrier = nil
 		return err
 	}
@@ -99,27 +101,28 @@ func (u *unsharer) forceLog() error {
 	return nil
 }
 
-// scratch makes a new file in dir and unlinks it: it is gone when closed,
-// and after a crash (XFS frees unlinked files when it replays its log, and
-// the pool empties staging/ when it opens).
-func (u *unsharer) scratch() (storage.File, error) {
+// scratch makes a new file in dir and returns it with its removal (close
+// and unlink). It keeps its name while in use: a file unlinked while open
+// would have to be freed by XFS's log recovery after a crash, a path with
+// known bugs on older kernels; a named one is removed by the pool when it
+// opens (it empties staging/), an ordinary unlink.
+func (u *unsharer) scratch() (storage.File, func(), error) {
 	rel := path.Join(u.dir, "unshare-"+newUID())
 	f, err := u.fs.OpenFile(rel, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if err := u.fs.Remove(rel); err != nil {
+	return f, func() {
 		_ = f.Close()
-		return nil, err
-	}
-	return f, nil
+		_ = u.fs.Remove(rel)
+	}, nil
 }
 
 func (u *unsharer) close() {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.barrier != nil {
-		_ = u.barrier.Close()
+		u.removeBarrier()
 		u.barrier = nil
 	}
 }
@@ -179,11 +182,11 @@ func (df *diskFile) cloneSpan(piece []byte, lo, a, b int64) error {
 			return err
 		}
 	}
-	sc, err := df.us.scratch()
+	sc, remove, err := df.us.scratch()
 	if err != nil {
 		return err
 	}
-	defer sc.Close()
+	defer remove()
 	// Allocated as the images are, so the chunk lands in one extent (the
 	// image's layout, chunks.go) even where free space is fragmented.
 	if err := sc.SetExtentSizeHint(ExtentSizeHint); err != nil && !errors.Is(err, ErrNotSupported) {
