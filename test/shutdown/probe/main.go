@@ -428,20 +428,27 @@ func (w *workload) burst(name string, vm *volModel) error {
 		}
 	}
 	if w.rng.IntN(3) == 0 {
-		if w.crashInFlush != nil { // this cycle ends during a flush
-			go w.crashInFlush()
-			w.crashInFlush = nil
-		}
-		if err := h.Flush(); err != nil {
-			if w.down.Load() {
-				return errDown
-			}
-			return fmt.Errorf("flush %s/%s: %w", name, d, err)
-		}
-		dm.flushed()
-		w.flushes++
-		w.note("flush %s/%s", name, d)
+		return w.flush(name, d, h, dm)
 	}
+	return nil
+}
+
+// flush flushes a disk and makes its writes durable in the model; if this
+// cycle is to end during a flush, the crash comes now.
+func (w *workload) flush(name, d string, h pool.Disk, dm diskModel) error {
+	if w.crashInFlush != nil {
+		go w.crashInFlush()
+		w.crashInFlush = nil
+	}
+	if err := h.Flush(); err != nil {
+		if w.down.Load() {
+			return errDown
+		}
+		return fmt.Errorf("flush %s/%s: %w", name, d, err)
+	}
+	dm.flushed()
+	w.flushes++
+	w.note("flush %s/%s", name, d)
 	return nil
 }
 
@@ -556,19 +563,9 @@ func (w *workload) cloneRace() error {
 		return err
 	}
 	for d, h := range sm.open {
-		if w.crashInFlush != nil {
-			go w.crashInFlush()
-			w.crashInFlush = nil
+		if err := w.flush(src, d, h, sm.disks[d]); err != nil {
+			return err
 		}
-		if err := h.Flush(); err != nil {
-			if w.down.Load() {
-				return errDown
-			}
-			return fmt.Errorf("flush %s/%s: %w", src, d, err)
-		}
-		sm.disks[d].flushed()
-		w.flushes++
-		w.note("flush %s/%s", src, d)
 	}
 	if ends {
 		return errDown // the deferred crash
