@@ -28,7 +28,9 @@
 //
 // Knobs: QUIVER_SHUTDOWN_SECONDS (how long each probe runs; default 40 on
 // the host, 60 in the guest), QUIVER_SHUTDOWN_SEED and QUIVER_SHUTDOWN_KEEP
-// (a directory where a failed guest run leaves its pool disk). It needs root, XFS,
+// (a directory where a failed guest run leaves its pool disk), and
+// testguest's QUIVER_GUEST_KERNEL (another Debian kernel for the guest,
+// such as linux-image-6.12.118+deb12-cloud-amd64). It needs root, XFS,
 // losetup and mount (the host test), qemu-system-x86_64, mkfs.xfs and the
 // guest kernel's packages (the guest test); without them it skips, except
 // when CI is set: there it fails.
