@@ -6,9 +6,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/quiverstorage/quiver/internal/fscap"
 )
 
 // After a failure, diagnose says where the bad block sits on the device:
@@ -19,65 +18,23 @@ import (
 // filesystem's sharing (a reference count or a copy-on-write block handed
 // out twice); images whose blocks are apart put it back in quiver.
 
-// fiemap's layout, from linux/fiemap.h; x/sys/unix does not carry it.
-const (
-	fsIocFiemap        = 0xC020660B
-	fiemapExtentLast   = 0x1
-	fiemapExtentUnwrit = 0x800
-	fiemapExtentShared = 0x2000
-	fiemapMaxExtents   = 512
-)
-
-type fiemapHeader struct {
-	start, length                        uint64
-	flags, mapped, extentCount, reserved uint32
-}
-
-type fiemapExtent struct {
-	logical, physical, length uint64
-	_                         [2]uint64
-	flags                     uint32
-	_                         [3]uint32
-}
-
-type extent struct {
-	logical, physical, length uint64
-	flags                     uint32
-}
-
-func (e extent) String() string {
+// describe prints an extent of fscap.ExtentMap in blocks of the disk.
+func describe(e fscap.Extent) string {
 	var fl []string
-	if e.flags&fiemapExtentShared != 0 {
+	if e.Flags&fscap.ExtentShared != 0 {
 		fl = append(fl, "shared")
 	}
-	if e.flags&fiemapExtentUnwrit != 0 {
-		fl = append(fl, "unwritten")
-	}
-	return fmt.Sprintf("blocks %d-%d at device block %d %v", e.logical/blockSize, (e.logical+e.length)/blockSize-1, e.physical/blockSize, fl)
+	return fmt.Sprintf("blocks %d-%d at device block %d %v", e.Logical/blockSize, (e.Logical+e.Length)/blockSize-1, e.Physical/blockSize, fl)
 }
 
-// fiemap lists the extents of the file at path without syncing it first.
-func fiemap(path string) ([]extent, error) {
+// extentMap lists the extents of the image file at path (fscap.ExtentMap).
+func extentMap(path string) ([]fscap.Extent, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	hs := int(unsafe.Sizeof(fiemapHeader{}))
-	es := int(unsafe.Sizeof(fiemapExtent{}))
-	buf := make([]byte, hs+fiemapMaxExtents*es)
-	h := (*fiemapHeader)(unsafe.Pointer(&buf[0]))
-	h.length = ^uint64(0)
-	h.extentCount = fiemapMaxExtents
-	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), fsIocFiemap, uintptr(unsafe.Pointer(&buf[0]))); e != 0 {
-		return nil, fmt.Errorf("FS_IOC_FIEMAP %s: %w", path, e)
-	}
-	out := make([]extent, 0, h.mapped)
-	for i := range int(h.mapped) {
-		fe := (*fiemapExtent)(unsafe.Pointer(&buf[hs+i*es]))
-		out = append(out, extent{fe.logical, fe.physical, fe.length, fe.flags})
-	}
-	return out, nil
+	return fscap.ExtentMap(f)
 }
 
 // imagePath is the file of an image named as the model names it:
@@ -132,31 +89,32 @@ func (w *workload) diagnose(m *mismatch) []string {
 		images = append(images, to)
 	}
 	for _, image := range images {
-		ext, err := fiemap(w.imagePath(image))
+		ext, err := extentMap(w.imagePath(image))
 		if err != nil {
 			out = append(out, "  "+err.Error())
 			continue
 		}
 		out = append(out, fmt.Sprintf("extents of %s:", image))
 		for _, e := range ext {
-			out = append(out, "  "+e.String())
+			out = append(out, "  "+describe(e))
 		}
 	}
 	return out
 }
 
 // sharesBlocks reports whether any disk image of volume name has an extent
-// shared with another file (false if the filesystem went down).
+// shared with another file, as XFS holds it in memory (fscap.Sharing);
+// false if the filesystem went down.
 func (w *workload) sharesBlocks(name string) bool {
-	for d := range w.vols[name].disks {
-		ext, err := fiemap(w.imagePath(name + "/" + d))
+	for d, dm := range w.vols[name].disks {
+		f, err := os.Open(w.imagePath(name + "/" + d))
 		if err != nil {
 			return false
 		}
-		for _, e := range ext {
-			if e.flags&fiemapExtentShared != 0 {
-				return true
-			}
+		_, shared, err := fscap.Sharing(f, 0, int64(len(dm))*blockSize)
+		_ = f.Close()
+		if err == nil && shared {
+			return true
 		}
 	}
 	return false

@@ -28,7 +28,7 @@
 // events) or "probe: ERROR ..."; the exit status is 0, 1 or 2.
 // test/shutdown runs it on the host and inside a guest.
 //
-// Imports from quiver: pool, testfs.
+// Imports from quiver: fscap, pool, testfs.
 package main
 
 import (
