@@ -12,7 +12,8 @@
 // rule to other prerequisites.
 //
 // ShutdownXFS crashes a mounted XFS without a reboot (XFS_IOC_GOINGDOWN,
-// the log not flushed), for crash tests that remount it.
+// the log not flushed), for crash tests that mount it again with Remount,
+// which also ends copies of the mount in other mount namespaces.
 //
 // TreeSum digests a directory tree (the check that nothing under it
 // changed) and ReadOnlyTree takes its write bits until the test ends.

@@ -81,12 +81,11 @@ func main() {
 	w := &workload{rng: rand.New(rand.NewPCG(*seed, 0x51)), seed: *seed, blocks: *blocks,
 		vols: map[string]*volModel{}, sentTo: map[uint64]string{}}
 	if *mnt != "" {
-		dev, err := mountSource(*mnt)
-		if err != nil {
+		if _, err := mountSource(*mnt); err != nil {
 			fmt.Printf("probe: %v\n", err)
 			os.Exit(2)
 		}
-		w.mnt, w.dev, w.opWindow = *mnt, dev, *opWindow
+		w.mnt, w.opWindow = *mnt, *opWindow
 	}
 	err := w.run(*dir, time.Duration(*seconds)*time.Second, *window, *verifyEvery)
 	var mm *mismatch
@@ -161,11 +160,11 @@ type workload struct {
 	sentTo   map[uint64]string // write id -> volume/disk block
 	log      []string          // the last events
 
-	// Crash mode: the filesystem mounted at mnt from dev is shut down
-	// (armCrash) and mounted again (recoverPool) over and over.
-	mnt, dev string
-	down     atomic.Bool // the filesystem is going or gone down
-	pending  *pending
+	// Crash mode: the filesystem mounted at mnt is shut down (armCrash)
+	// and mounted again (recoverPool) over and over.
+	mnt     string
+	down    atomic.Bool // the filesystem is going or gone down
+	pending *pending
 
 	crashErr     error
 	crashInOp    func()        // crash a random time into the next operation
@@ -839,11 +838,8 @@ func (w *workload) recoverPool(ctx context.Context) error {
 	}
 	_ = w.p.Close()
 	w.p = nil
-	if err := unmount(w.mnt); err != nil {
-		return err
-	}
-	if err := unix.Mount(w.dev, w.mnt, "xfs", 0, ""); err != nil {
-		return fmt.Errorf("mount %s at %s after the crash: %w", w.dev, w.mnt, err)
+	if err := testfs.Remount(w.mnt); err != nil {
+		return fmt.Errorf("after crash %d: %w", w.crashes, err)
 	}
 	w.down.Store(false)
 	p, err := pool.Open(ctx, w.dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -852,20 +848,6 @@ func (w *workload) recoverPool(ctx context.Context) error {
 	}
 	w.p = p
 	return w.reconcile()
-}
-
-func unmount(mnt string) error {
-	var err error
-	for range 100 {
-		if err = unix.Unmount(mnt, 0); err != unix.EBUSY {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err != nil {
-		return fmt.Errorf("unmount %s after the crash: %w", mnt, err)
-	}
-	return nil
 }
 
 // reconcile checks the pool after a crash: every volume and snapshot of a
