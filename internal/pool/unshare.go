@@ -57,7 +57,7 @@ type unsharer struct {
 	mu            sync.Mutex   // one log force at a time
 	barrier       storage.File // a file in dir; nil until the first force
 	removeBarrier func()
-	flip          bool
+	barrierSize   int64 // its size: each force changes it
 	// started and done number the forces: the last one started, and the
 	// last one that succeeded.
 	started, done atomic.Uint64
@@ -81,13 +81,11 @@ func (u *unsharer) forceLog() error {
 		if err != nil {
 			return err
 		}
-		u.barrier, u.removeBarrier = f, remove
+		u.barrier, u.removeBarrier, u.barrierSize = f, remove, 0
 	}
-	u.flip = !u.flip
-	size := int64(0)
-	if u.flip {
-		size = 4096
-	}
+	// A size the file does not have: a truncate to its own size would be a
+	// timestamp change at most, which fdatasync does not force.
+	size := 4096 - u.barrierSize
 	err := u.barrier.Truncate(size)
 	if err == nil {
 		err = u.barrier.Sync()
@@ -97,6 +95,7 @@ func (u *unsharer) forceLog() error {
 		u.barrier = nil
 		return err
 	}
+	u.barrierSize = size
 	u.done.Store(n)
 	return nil
 }

@@ -12,7 +12,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/quiverstorage/quiver/internal/faultio"
 	"github.com/quiverstorage/quiver/internal/fscap"
+	"github.com/quiverstorage/quiver/internal/storage"
 	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
@@ -238,6 +240,63 @@ func TestUnshareZeroEdges(t *testing.T) {
 		}
 		if i := firstDiff(got, want); i >= 0 {
 			t.Errorf("byte %d holds %#x, want %#x", i, got[i], want[i])
+		}
+	}
+}
+
+// Every log force changes the barrier file's size, also the first force
+// on a new barrier after a failed one: a truncate to the size the file
+// already has changes no metadata fdatasync forces. (The first version
+// flipped a flag per force, so the force after a failed first one truncated
+// its new, empty barrier to 0 and forced nothing.)
+func TestForceLogChangesTheBarrierAfterAFailure(t *testing.T) {
+	dir := t.TempDir()
+	osfs, err := storage.OpenOS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "staging"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fio := faultio.New(osfs)
+	u := &unsharer{fs: fio, dir: "staging"}
+	defer u.close()
+	barrierSize := func() int64 {
+		t.Helper()
+		m, err := filepath.Glob(filepath.Join(dir, "staging", "unshare-*"))
+		if err != nil || len(m) != 1 {
+			t.Fatalf("barrier files: %v %v, want one", m, err)
+		}
+		fi, err := os.Stat(m[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	for i, fail := range []bool{true, false, false, true, true, false, false} {
+		var before int64 = -1
+		if u.barrier != nil {
+			before = barrierSize()
+		}
+		if fail {
+			fio.FailSync(1, unix.EIO)
+		}
+		err := u.forceLog()
+		if fail {
+			if err == nil {
+				t.Fatalf("force %d: a failed sync did not fail it", i)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("force %d: %v", i, err)
+		}
+		after := barrierSize()
+		if before == -1 {
+			before = 0 // a new barrier starts empty
+		}
+		if after == before {
+			t.Fatalf("force %d left the barrier at %d bytes: it forced nothing", i, after)
 		}
 	}
 }
