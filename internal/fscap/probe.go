@@ -31,13 +31,19 @@ const (
 // feature on temporary files in dir, named ".probe-*", which it removes
 // before returning. A feature that fails for any reason is reported as
 // missing; Probe itself fails only when it cannot create, write or inspect
-// its probe files. Probe needs write access to dir.
+// its probe files. Probe needs write access to dir, a few free inodes and
+// about 200 KiB of free space. When it fails, the Caps it returns name the
+// filesystem (statfs of dir, which needs neither) and nothing more.
 func Probe(dir string) (Caps, error) {
+	name, err := statfsName(dir)
+	if err != nil {
+		return Caps{}, fmt.Errorf("probe %s: %w", dir, err)
+	}
 	p := prober{dir: dir}
 	defer p.cleanup()
 	caps, err := p.run()
 	if err != nil {
-		return Caps{}, fmt.Errorf("probe %s: %w", dir, err)
+		return Caps{Filesystem: name}, fmt.Errorf("probe %s: %w", dir, err)
 	}
 	return caps, nil
 }

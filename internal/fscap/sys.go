@@ -137,6 +137,15 @@ func fstatfsName(f *os.File) (string, error) {
 	return filesystemName(int64(st.Type)), nil
 }
 
+// statfsName names the filesystem holding the file or directory at path.
+func statfsName(path string) (string, error) {
+	var st unix.Statfs_t
+	if err := retryEINTR(func() error { return unix.Statfs(path, &st) }); err != nil {
+		return "", err
+	}
+	return filesystemName(int64(st.Type)), nil
+}
+
 func retryEINTR(fn func() error) error {
 	for {
 		if err := fn(); err != unix.EINTR {

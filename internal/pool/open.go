@@ -103,14 +103,16 @@ func OpenWith(ctx context.Context, dir string, opts Options) (_ *Pool, err error
 		return nil, err
 	}
 	if !p.readOnly {
-		if p.caps, err = p.fs.Probe("staging"); err != nil {
-			return nil, fmt.Errorf("probe pool filesystem: %w", err)
+		if p.caps, err = p.probeCaps(); err != nil {
+			return nil, err
 		}
 	}
 	if p.caps.Reflink {
 		p.chunk = ChunkSize // chunks.go: keeps images cheap to clone
 		if p.caps.Filesystem == "xfs" {
-			p.us = &unsharer{fs: p.fs, dir: "staging"}
+			if p.us, err = newUnsharer(p.fs, p.lock); err != nil {
+				return nil, fmt.Errorf("open pool %s: %w", p.dir, err)
+			}
 		}
 	}
 	if err := p.recover(ctx); err != nil {
@@ -208,7 +210,10 @@ func (p *Pool) takeLock() error {
 			holder := "another process"
 			b := make([]byte, 32)
 			if n, _ := f.ReadAt(b, 0); n > 0 {
-				if pid, perr := strconv.Atoi(strings.TrimSpace(string(b[:n]))); perr == nil && pid > 0 {
+				// The PID line, then perhaps a hole (the unshare guard's
+				// log forces change the file's size: unshare.go).
+				line, _, _ := strings.Cut(string(b[:n]), "\n")
+				if pid, perr := strconv.Atoi(strings.TrimSpace(line)); perr == nil && pid > 0 {
 					holder = fmt.Sprintf("process %d", pid)
 				}
 			}

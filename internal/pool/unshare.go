@@ -54,20 +54,36 @@ type unsharer struct {
 	fs  storage.FS
 	dir string // where scratch files are made (staging/)
 
-	mu            sync.Mutex   // one log force at a time
-	barrier       storage.File // a file in dir; nil until the first force
-	removeBarrier func()
-	barrierSize   int64 // its size: each force changes it
+	mu sync.Mutex // one log force at a time
+	// barrier is pool.lock, open for writing for the life of the pool: a
+	// force needs no new file (an inode, a directory entry: space a full
+	// pool may not have). Its size alternates between base (its PID line)
+	// and base+4096, a hole that takes no space.
+	barrier storage.File
+	base    int64
+	grown   bool
 	// started and done number the forces: the last one started, and the
 	// last one that succeeded.
 	started, done atomic.Uint64
 }
 
+// newUnsharer returns the unsharer of a pool on XFS, with barrier its open
+// pool.lock.
+func newUnsharer(fsys storage.FS, barrier storage.File) (*unsharer, error) {
+	fi, err := barrier.Stat()
+	if err != nil {
+		return nil, err
+	}
+	return &unsharer{fs: fsys, dir: "staging", barrier: barrier, base: fi.Size()}, nil
+}
+
 // forceLog returns once every metadata change the filesystem made before
 // it was called is durable, whichever file it concerns. Callers that
-// arrive while a force runs share the next one. On XFS a size change of a
-// file in staging/ and its fdatasync: a transaction, then a log force up
-// to it, which writes every earlier transaction too.
+// arrive while a force runs share the next one. On XFS a size change of the
+// barrier and its fdatasync: a transaction, then a log force up to it,
+// which writes every earlier transaction too. A truncate to the size the
+// file has would change timestamps at most, which fdatasync does not force:
+// each force sets the other size.
 func (u *unsharer) forceLog() error {
 	arrived := u.started.Load()
 	u.mu.Lock()
@@ -76,28 +92,33 @@ func (u *unsharer) forceLog() error {
 		return nil // a force that started after we arrived has ended
 	}
 	n := u.started.Add(1)
-	if u.barrier == nil {
-		f, remove, err := u.scratch()
-		if err != nil {
-			return err
-		}
-		u.barrier, u.removeBarrier, u.barrierSize = f, remove, 0
+	size := u.base
+	if !u.grown {
+		size += 4096
 	}
-	// A size the file does not have: a truncate to its own size would be a
-	// timestamp change at most, which fdatasync does not force.
-	size := 4096 - u.barrierSize
-	err := u.barrier.Truncate(size)
-	if err == nil {
-		err = u.barrier.Sync()
-	}
-	if err != nil {
-		u.removeBarrier() // a failed sync is not retried on the same file
-		u.barrier = nil
+	if err := u.barrier.Truncate(size); err != nil {
 		return err
 	}
-	u.barrierSize = size
+	u.grown = !u.grown
+	// A failed sync leaves done as it was, and the next force syncs again.
+	// Its log force is done anew each time (a failed log write shuts XFS
+	// down, and every later force fails too); what fdatasync reports once
+	// and then forgets is a failed writeback of the file's own data, the
+	// PID line, which nothing here needs.
+	if err := u.barrier.Sync(); err != nil {
+		return err
+	}
 	u.done.Store(n)
 	return nil
+}
+
+// close gives pool.lock back its size.
+func (u *unsharer) close() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.grown && u.barrier.Truncate(u.base) == nil {
+		u.grown = false
+	}
 }
 
 // scratch makes a new file in dir and returns it with its removal (close
@@ -115,15 +136,6 @@ func (u *unsharer) scratch() (storage.File, func(), error) {
 		_ = f.Close()
 		_ = u.fs.Remove(rel)
 	}, nil
-}
-
-func (u *unsharer) close() {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.barrier != nil {
-		u.removeBarrier()
-		u.barrier = nil
-	}
 }
 
 // unshareBlock is the alignment of a clone of part of a chunk: FICLONERANGE
@@ -155,7 +167,7 @@ func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (do
 // does the same with just the blocks under the piece, and the chunk stays
 // unowned.
 func (df *diskFile) cloneWrite(i int64, piece []byte, lo, start, stop int64) error {
-	err := df.cloneSpan(piece, lo, start, stop)
+	err := df.cloneSpan(piece, lo, start, stop, true)
 	if err == nil {
 		df.ch.setOwned(i)
 		return nil
@@ -165,13 +177,17 @@ func (df *diskFile) cloneWrite(i int64, piece []byte, lo, start, stop int64) err
 	}
 	a := max(start, lo&^(unshareBlock-1))
 	b := min(stop, (lo+int64(len(piece))+unshareBlock-1)&^(unshareBlock-1))
-	return df.cloneSpan(piece, lo, a, b)
+	return df.cloneSpan(piece, lo, a, b, false)
 }
 
 // cloneSpan replaces [a, b) of the image with its content and piece merged
 // in at lo, by FICLONERANGE from a scratch file of size b (so that a span
-// ending at the image's unaligned end ends at the scratch's end too).
-func (df *diskFile) cloneSpan(piece []byte, lo, a, b int64) error {
+// ending at the image's unaligned end ends at the scratch's end too). With
+// hint, the scratch file is allocated in whole chunks, as the images are;
+// without, it takes only the span's blocks: XFS reserves a write's whole
+// hint-aligned extent, so the fallback for a nearly full pool must not set
+// it.
+func (df *diskFile) cloneSpan(piece []byte, lo, a, b int64, hint bool) error {
 	buf := piece
 	if lo != a || int64(len(piece)) != b-a {
 		bp := chunkBufs.Get().(*[]byte)
@@ -188,8 +204,10 @@ func (df *diskFile) cloneSpan(piece []byte, lo, a, b int64) error {
 	defer remove()
 	// Allocated as the images are, so the chunk lands in one extent (the
 	// image's layout, chunks.go) even where free space is fragmented.
-	if err := sc.SetExtentSizeHint(ExtentSizeHint); err != nil && !errors.Is(err, ErrNotSupported) {
-		return err
+	if hint {
+		if err := sc.SetExtentSizeHint(ExtentSizeHint); err != nil && !errors.Is(err, ErrNotSupported) {
+			return err
+		}
 	}
 	if err := sc.Truncate(b); err != nil {
 		return err
