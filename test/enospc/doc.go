@@ -1,6 +1,7 @@
 // Package enospc is the full-pool acceptance test of quiver (issue 12): a
 // QEMU guest whose quiver disk's pool fills up pauses, and resumes once
-// space is freed, on XFS and on ext4.
+// space is freed, on XFS and on ext4; and a server restarted on a full
+// pool serves it.
 //
 // TestGuestPausesOnFullPool mounts a small filesystem (testfs: XFS and
 // ext4 subtests), runs `quiver server` on a pool there with NBD on a unix
@@ -18,6 +19,12 @@
 // background) and sends cont; the guest must finish without seeing an error
 // or another BLOCK_IO_ERROR, and after QEMU quits qemu-io reads
 // every MiB back through quiver's NBD with its pattern.
+//
+// TestServerRestartsOnFullPool fills a small XFS to the last block (no file
+// can be made) under a pool whose disk holds 8 MiB written over NBD, and
+// restarts the server: it must start (its capability probe cannot run: the
+// pool opens with caps.json), serve the disk to qemu-io, take an overwrite
+// of written data and refuse a write into unallocated space with ENOSPC.
 //
 // Run it with `go test ./test/enospc/` (as root: loop mounts). It needs
 // mkfs.xfs, mkfs.ext4, qemu-system-x86_64, qemu-io, busybox-static, and
