@@ -53,41 +53,19 @@ func TestInPlaceOverwriteAfterCopyOnWrite(t *testing.T) {
 // cloneLeakAfterCrash runs the scenario and reports whether the clone's
 // block holds the source's write after the crash.
 func cloneLeakAfterCrash(t *testing.T, guarded bool) bool {
-	mnt := testfs.MountXFS(t, 300<<20)
-	dir := filepath.Join(mnt, "pool")
+	const size = 2 * ChunkSize
+	const blk = 16 * 4096 // in chunk 0
+	fill := func(b byte, n int) []byte { return bytes.Repeat([]byte{b}, n) }
+	p, dir, sd := clonedOnXFS(t, size, guarded)
+	mnt := filepath.Dir(dir)
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	p, err := Open(ctx, dir, log)
-	if err != nil {
-		t.Fatal(err)
-	}
 	closed := false
 	defer func() {
 		if !closed {
 			_ = p.Close()
 		}
 	}()
-	if p.us == nil {
-		t.Fatalf("a pool on XFS has no unsharer (caps %+v)", p.Caps())
-	}
-	if !guarded {
-		p.DisableUnshareGuard() // disks opened from now on write as before the fix
-	}
-	const size = 2 * ChunkSize
-	const blk = 16 * 4096 // in chunk 0
-	fill := func(b byte, n int) []byte { return bytes.Repeat([]byte{b}, n) }
-	mustCreate(t, p, VolumeSpec{Name: "src", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
-	src, _ := p.Volume("src")
-	sd, err := src.OpenDisk("d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sd.WriteAt(fill(0x11, size), 0, true); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.Clone(ctx, CloneRequest{Source: Source{Volume: "src"}, Names: []string{"dst"}}, nil); err != nil {
-		t.Fatal(err)
-	}
 	dst, _ := p.Volume("dst")
 	dd, err := dst.OpenDisk("d")
 	if err != nil {
@@ -299,36 +277,17 @@ func TestForceLogChangesTheBarrierAfterAFailure(t *testing.T) {
 // into a shared chunk still succeeds: it falls back to cloning just the
 // blocks under the write. And after a restart, an overwrite of data the
 // image owns alone still succeeds on the full pool, though it must first
-// force the log (the barrier file is made then). (Until session 16 the
+// force the log (through pool.lock: no file is made). (Until session 16 the
 // fallback's scratch file kept the 1 MiB extent size hint, and XFS reserved
 // the whole hint-aligned extent for its 4 KiB: the fallback failed too.)
 func TestUnshareOnAFullPool(t *testing.T) {
-	mnt := testfs.MountXFS(t, 300<<20)
-	dir := filepath.Join(mnt, "pool")
-	ctx := context.Background()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	p, err := Open(ctx, dir, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = p.Close() }()
-	if p.us == nil {
-		t.Fatalf("a pool on XFS has no unsharer (caps %+v)", p.Caps())
-	}
 	const size = 4 * ChunkSize
 	fill := func(b byte, n int) []byte { return bytes.Repeat([]byte{b}, n) }
-	mustCreate(t, p, VolumeSpec{Name: "src", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
-	src, _ := p.Volume("src")
-	sd, err := src.OpenDisk("d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sd.WriteAt(fill(0x11, size), 0, true); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.Clone(ctx, CloneRequest{Source: Source{Volume: "src"}, Names: []string{"dst"}}, nil); err != nil {
-		t.Fatal(err)
-	}
+	p, dir, sd := clonedOnXFS(t, size, true)
+	mnt := filepath.Dir(dir)
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	defer func() { _ = p.Close() }()
 	// Chunk 0 the source's own: rewritten whole after the clone.
 	if err := sd.WriteAt(fill(0x22, ChunkSize), 0, true); err != nil {
 		t.Fatal(err)
@@ -414,7 +373,7 @@ func TestUnshareOnAFullPool(t *testing.T) {
 	if p.us == nil {
 		t.Fatalf("the full pool opened without its unsharer (caps %+v)", p.Caps())
 	}
-	src, _ = p.Volume("src")
+	src, _ := p.Volume("src")
 	if sd, err = src.OpenDisk("d"); err != nil {
 		t.Fatal(err)
 	}
@@ -426,4 +385,39 @@ func TestUnshareOnAFullPool(t *testing.T) {
 	if p.us.done.Load() == forces {
 		t.Fatal("the overwrite of a block a copy on write left to the image forced no log")
 	}
+}
+
+// clonedOnXFS makes a pool on a new XFS (in its directory pool), volume src
+// with one disk d of size bytes written whole (0x11) and flushed, and its
+// live clone dst; it returns the pool and src/d open. Without guarded the
+// pool's unshare guard is off.
+func clonedOnXFS(t *testing.T, size int64, guarded bool) (*Pool, string, Disk) {
+	t.Helper()
+	dir := filepath.Join(testfs.MountXFS(t, 300<<20), "pool")
+	ctx := context.Background()
+	p, err := Open(ctx, dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.us == nil {
+		p.Close()
+		t.Fatalf("a pool on XFS has no unsharer (caps %+v)", p.Caps())
+	}
+	if !guarded {
+		p.DisableUnshareGuard() // disks opened from now on write as before the fix
+	}
+	mustCreate(t, p, VolumeSpec{Name: "src", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
+	src, _ := p.Volume("src")
+	sd, err := src.OpenDisk("d")
+	if err == nil {
+		err = sd.WriteAt(bytes.Repeat([]byte{0x11}, int(size)), 0, true)
+	}
+	if err == nil {
+		_, err = p.Clone(ctx, CloneRequest{Source: Source{Volume: "src"}, Names: []string{"dst"}}, nil)
+	}
+	if err != nil {
+		p.Close()
+		t.Fatal(err)
+	}
+	return p, dir, sd
 }
