@@ -2,6 +2,7 @@ package pool
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path"
 	"sync"
@@ -73,6 +74,11 @@ func newUnsharer(fsys storage.FS, barrier storage.File) (*unsharer, error) {
 	fi, err := barrier.Stat()
 	if err != nil {
 		return nil, err
+	}
+	// Open for writing? (Not where the server may not write it, though it
+	// may write the pool's directory.)
+	if err := barrier.Truncate(fi.Size()); err != nil {
+		return nil, fmt.Errorf("pool.lock must be writable on XFS, whose log it is used to force: %w", err)
 	}
 	return &unsharer{fs: fsys, dir: "staging", barrier: barrier, base: fi.Size()}, nil
 }
