@@ -2,8 +2,11 @@ package fscap
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
+
+	"golang.org/x/sys/unix"
 )
 
 // Caps is what a filesystem was found to support. Each flag is set only when
@@ -115,7 +118,9 @@ func (p *prober) run() (Caps, error) {
 	if err != nil {
 		return caps, err
 	}
-	caps.ExtentSizeHint = probeExtentSizeHint(hinted)
+	if caps.ExtentSizeHint, err = probeExtentSizeHint(hinted); err != nil {
+		return caps, err
+	}
 	return caps, nil
 }
 
@@ -128,14 +133,20 @@ func probeSeekHole(src *os.File) bool {
 }
 
 // probeCopy copies src into a new probe file with copyFn and reports whether
-// that worked and produced the expected bytes. Only failing to create or
-// read the probe file is an error.
+// that worked and produced the expected bytes. Failing to create or read
+// the probe file is an error, and so is a copy that fails for lack of
+// space: a full filesystem says nothing about the feature, and reporting it
+// missing would run a reflink pool without what reflink needs (the unshare
+// guard of internal/pool among them).
 func (p *prober) probeCopy(src *os.File, want []byte, copyFn func(dst, src *os.File) error) (bool, error) {
 	dst, err := p.create("dst")
 	if err != nil {
 		return false, err
 	}
 	if err := copyFn(dst, src); err != nil {
+		if noSpace(err) {
+			return false, err
+		}
 		return false, nil
 	}
 	r, err := os.Open(dst.Name())
@@ -155,7 +166,17 @@ func (p *prober) probeCopy(src *os.File, want []byte, copyFn func(dst, src *os.F
 }
 
 // probeExtentSizeHint sets a hint on the empty file f; SetExtentSizeHint
-// reads it back, so success means the filesystem kept it.
-func probeExtentSizeHint(f *os.File) bool {
-	return SetExtentSizeHint(f, probeHint) == nil
+// reads it back, so success means the filesystem kept it. A failure for
+// lack of space is an error, as in probeCopy.
+func probeExtentSizeHint(f *os.File) (bool, error) {
+	err := SetExtentSizeHint(f, probeHint)
+	if err != nil && noSpace(err) {
+		return false, err
+	}
+	return err == nil, nil
+}
+
+// noSpace reports whether err says the filesystem or a quota is full.
+func noSpace(err error) bool {
+	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
 }

@@ -1,10 +1,13 @@
 package fscap
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/quiverstorage/quiver/internal/testfs"
 )
@@ -97,6 +100,33 @@ func assertNoProbeFiles(t *testing.T, dir string) {
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), ".probe-") {
 			t.Errorf("probe file %s left in %s", e.Name(), dir)
+		}
+	}
+}
+
+// A copy that fails for lack of space fails the probe; one that fails
+// otherwise reports the feature missing. A full filesystem says nothing
+// about reflink, and a pool told "no reflink" on a full XFS would run
+// without its unshare guard.
+func TestProbeCopyFullIsAnError(t *testing.T) {
+	p := prober{dir: t.TempDir()}
+	defer p.cleanup()
+	src, err := p.create("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		err     error
+		wantErr bool
+	}{
+		{fmt.Errorf("reflink: %w", unix.ENOSPC), true},
+		{&os.PathError{Op: "truncate", Path: "x", Err: unix.EDQUOT}, true},
+		{fmt.Errorf("reflink: %w", unix.EOPNOTSUPP), false},
+		{fmt.Errorf("reflink: %w", unix.EXDEV), false},
+	} {
+		ok, err := p.probeCopy(src, nil, func(dst, src *os.File) error { return tc.err })
+		if ok || (err != nil) != tc.wantErr {
+			t.Errorf("copy failing with %v: probeCopy = %v, %v; want false and an error: %v", tc.err, ok, err, tc.wantErr)
 		}
 	}
 }

@@ -261,7 +261,8 @@ func (p *Pool) publish(staged string, m volumeManifest) (*Volume, error) {
 }
 
 // Close closes every open disk file. Handles fail afterwards. Everything
-// already acknowledged as durable stays durable; Close itself writes nothing.
+// already acknowledged as durable stays durable; Close itself writes nothing
+// but pool.lock's size (the unshare guard's, unshare.go).
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	vols := make([]*Volume, 0, len(p.volumes))

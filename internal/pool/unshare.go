@@ -88,8 +88,9 @@ func newUnsharer(fsys storage.FS, barrier storage.File) (*unsharer, error) {
 // arrive while a force runs share the next one. On XFS a size change of the
 // barrier and its fdatasync: a transaction, then a log force up to it,
 // which writes every earlier transaction too. A truncate to the size the
-// file has would change timestamps at most, which fdatasync does not force:
-// each force sets the other size.
+// file has may log nothing fdatasync must force (an empty file's changes
+// only its timestamps): each force sets the other size, which XFS always
+// logs.
 func (u *unsharer) forceLog() error {
 	arrived := u.started.Load()
 	u.mu.Lock()
