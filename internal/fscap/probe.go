@@ -13,12 +13,12 @@ import (
 // the feature worked on real files, not because the filesystem type usually
 // has it.
 type Caps struct {
-	Filesystem      string // "xfs", "btrfs", "ext4", "tmpfs", "nfs", or "unknown(0x...)" from the statfs magic
-	Reflink         bool   // FICLONE works
-	CopyFileRange   bool   // copy_file_range works
-	SeekHole        bool   // SEEK_DATA/SEEK_HOLE report holes (not just one data extent)
-	BtrfsSubvolumes bool   // filesystem is btrfs
-	ExtentSizeHint  bool   // XFS FS_IOC_FSSETXATTR with FS_XFLAG_EXTSIZE works
+	Filesystem      string `json:"filesystem"`      // "xfs", "btrfs", "ext4", "tmpfs", "nfs", or "unknown(0x...)" from the statfs magic
+	Reflink         bool   `json:"reflink"`         // FICLONE works
+	CopyFileRange   bool   `json:"copyFileRange"`   // copy_file_range works
+	SeekHole        bool   `json:"seekHole"`        // SEEK_DATA/SEEK_HOLE report holes (not just one data extent)
+	BtrfsSubvolumes bool   `json:"btrfsSubvolumes"` // filesystem is btrfs
+	ExtentSizeHint  bool   `json:"extentSizeHint"`  // XFS FS_IOC_FSSETXATTR with FS_XFLAG_EXTSIZE works
 }
 
 // Probe geometry: one data run in the middle of a file, with holes on both
@@ -170,7 +170,7 @@ func (p *prober) probeCopy(src *os.File, want []byte, copyFn func(dst, src *os.F
 // lack of space is an error, as in probeCopy.
 func probeExtentSizeHint(f *os.File) (bool, error) {
 	err := SetExtentSizeHint(f, probeHint)
-	if err != nil && noSpace(err) {
+	if noSpace(err) {
 		return false, err
 	}
 	return err == nil, nil

@@ -18,26 +18,10 @@ const capsFile = "caps.json"
 
 // capsRecord is caps.json.
 type capsRecord struct {
-	Kind            string    `json:"kind"` // "PoolCapabilities"
-	Version         int       `json:"version"`
-	ProbedAt        time.Time `json:"probedAt"`
-	Filesystem      string    `json:"filesystem"`
-	Reflink         bool      `json:"reflink"`
-	CopyFileRange   bool      `json:"copyFileRange"`
-	SeekHole        bool      `json:"seekHole"`
-	BtrfsSubvolumes bool      `json:"btrfsSubvolumes"`
-	ExtentSizeHint  bool      `json:"extentSizeHint"`
-}
-
-func (r capsRecord) caps() storage.Caps {
-	return storage.Caps{Filesystem: r.Filesystem, Reflink: r.Reflink, CopyFileRange: r.CopyFileRange,
-		SeekHole: r.SeekHole, BtrfsSubvolumes: r.BtrfsSubvolumes, ExtentSizeHint: r.ExtentSizeHint}
-}
-
-func recordOf(c storage.Caps) capsRecord {
-	return capsRecord{Kind: "PoolCapabilities", Version: 1, Filesystem: c.Filesystem, Reflink: c.Reflink,
-		CopyFileRange: c.CopyFileRange, SeekHole: c.SeekHole, BtrfsSubvolumes: c.BtrfsSubvolumes,
-		ExtentSizeHint: c.ExtentSizeHint}
+	Kind     string       `json:"kind"` // "PoolCapabilities"
+	Version  int          `json:"version"`
+	ProbedAt time.Time    `json:"probedAt"`
+	Caps     storage.Caps `json:"caps"`
 }
 
 // probeCaps finds the capabilities of the pool's filesystem (a probe in
@@ -52,9 +36,8 @@ func (p *Pool) probeCaps() (storage.Caps, error) {
 		rerr = fmt.Errorf("kind %q version %d: want PoolCapabilities, version 1", rec.Kind, rec.Version)
 	}
 	if err == nil {
-		if rerr != nil || rec.caps() != caps {
-			rec = recordOf(caps)
-			rec.ProbedAt = time.Now().UTC()
+		if rerr != nil || rec.Caps != caps {
+			rec = capsRecord{Kind: "PoolCapabilities", Version: 1, ProbedAt: time.Now().UTC(), Caps: caps}
 			if werr := p.writeJSON(filepath.Join(p.dir, capsFile), rec); werr != nil {
 				// Only a later open of a full pool needs it.
 				p.log.Warn("could not record the pool's capabilities", "file", capsFile, "err", werr)
@@ -68,10 +51,10 @@ func (p *Pool) probeCaps() (storage.Caps, error) {
 	switch {
 	case rerr != nil:
 		return storage.Caps{}, fmt.Errorf("probe pool filesystem: %w; %s of an earlier probe cannot stand in: %v (free some space on the pool's filesystem)", err, capsFile, rerr)
-	case rec.Filesystem != caps.Filesystem:
-		return storage.Caps{}, fmt.Errorf("probe pool filesystem: %w; %s was probed on %s, the pool is on %s now (free some space on the pool's filesystem)", err, capsFile, rec.Filesystem, caps.Filesystem)
+	case rec.Caps.Filesystem != caps.Filesystem:
+		return storage.Caps{}, fmt.Errorf("probe pool filesystem: %w; %s was probed on %s, the pool is on %s now (free some space on the pool's filesystem)", err, capsFile, rec.Caps.Filesystem, caps.Filesystem)
 	}
 	p.log.Warn("the pool's filesystem is full: opening with the capabilities probed earlier; free some space",
-		"probedAt", rec.ProbedAt, "fs", rec.Filesystem, "reflink", rec.Reflink, "err", err)
-	return rec.caps(), nil
+		"probedAt", rec.ProbedAt, "fs", rec.Caps.Filesystem, "reflink", rec.Caps.Reflink, "err", err)
+	return rec.Caps, nil
 }

@@ -42,7 +42,7 @@ func TestCapsRecordedAndUsedWhenFull(t *testing.T) {
 		t.Fatalf("no %s after the first open: %v", capsFile, err)
 	}
 	var rec capsRecord
-	if err := json.Unmarshal(b, &rec); err != nil || rec.caps() != probed || rec.ProbedAt.IsZero() {
+	if err := json.Unmarshal(b, &rec); err != nil || rec.Caps != probed || rec.ProbedAt.IsZero() {
 		t.Fatalf("%s = %s (%v), want the probe's %+v with its time", capsFile, b, err, probed)
 	}
 
@@ -87,7 +87,7 @@ func TestCapsRecordedAndUsedWhenFull(t *testing.T) {
 		}
 	})
 	t.Run("a malformed record does not stand in, and a probe replaces it", func(t *testing.T) {
-		if err := os.WriteFile(filepath.Join(dir, capsFile), []byte(`{"kind":"PoolCapabilities","version":1,"reflink":"yes"}`), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, capsFile), []byte(`{"kind":"PoolCapabilities","version":1,"caps":{"reflink":"yes"}}`), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		if p, err := open(probed.Filesystem); err == nil {
@@ -100,7 +100,7 @@ func TestCapsRecordedAndUsedWhenFull(t *testing.T) {
 		}
 		p.Close()
 		b, _ := os.ReadFile(filepath.Join(dir, capsFile))
-		if err := json.Unmarshal(b, &rec); err != nil || rec.caps() != probed {
+		if err := json.Unmarshal(b, &rec); err != nil || rec.Caps != probed {
 			t.Fatalf("%s after a probe: %s (%v)", capsFile, b, err)
 		}
 	})

@@ -13,7 +13,8 @@
 //
 // ShutdownXFS crashes a mounted XFS without a reboot (XFS_IOC_GOINGDOWN,
 // the log not flushed), for crash tests that mount it again with Remount,
-// which also ends copies of the mount in other mount namespaces.
+// which also ends copies of the mount in other mount namespaces;
+// MountSource names the device and filesystem type mounted somewhere.
 //
 // TreeSum digests a directory tree (the check that nothing under it
 // changed) and ReadOnlyTree takes its write bits until the test ends.

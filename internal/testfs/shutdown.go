@@ -49,18 +49,9 @@ func ShutdownXFS(mnt string) error {
 // again (the kernel detaches mounts on a removed directory in every other
 // namespace), then waits for the device to be free.
 func Remount(mnt string) error {
-	b, err := os.ReadFile("/proc/self/mounts")
+	dev, fstype, err := MountSource(mnt)
 	if err != nil {
-		return err
-	}
-	var dev, fstype string
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 3 && f[1] == mnt {
-			dev, fstype = f[0], f[2]
-		}
-	}
-	if dev == "" {
-		return fmt.Errorf("remount: nothing is mounted at %s", mnt)
+		return fmt.Errorf("remount: %w", err)
 	}
 	for range 100 {
 		if err = unix.Unmount(mnt, 0); err != unix.EBUSY {
@@ -104,4 +95,22 @@ func waitFree(dev string, d time.Duration) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// MountSource returns the device mounted at mnt and its filesystem type,
+// from /proc/self/mounts (the last mount there, the one in view).
+func MountSource(mnt string) (dev, fstype string, err error) {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return "", "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && f[1] == mnt {
+			dev, fstype = f[0], f[2]
+		}
+	}
+	if dev == "" {
+		return "", "", fmt.Errorf("nothing is mounted at %s", mnt)
+	}
+	return dev, fstype, nil
 }

@@ -81,7 +81,11 @@ func main() {
 	w := &workload{rng: rand.New(rand.NewPCG(*seed, 0x51)), seed: *seed, blocks: *blocks,
 		vols: map[string]*volModel{}, sentTo: map[uint64]string{}}
 	if *mnt != "" {
-		if _, err := mountSource(*mnt); err != nil {
+		_, fstype, err := testfs.MountSource(*mnt)
+		if err == nil && fstype != "xfs" {
+			err = fmt.Errorf("%s is %s, not XFS: -crash needs XFS_IOC_GOINGDOWN", *mnt, fstype)
+		}
+		if err != nil {
 			fmt.Printf("probe: %v\n", err)
 			os.Exit(2)
 		}
@@ -958,22 +962,4 @@ func (w *workload) history(m *mismatch) []string {
 	}
 	out = append(out, "the last events:")
 	return append(out, w.log[max(0, len(w.log)-40):]...)
-}
-
-// mountSource is the device mounted at mnt, from /proc/self/mounts.
-func mountSource(mnt string) (string, error) {
-	b, err := os.ReadFile("/proc/self/mounts")
-	if err != nil {
-		return "", err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) >= 3 && f[1] == mnt {
-			if f[2] != "xfs" {
-				return "", fmt.Errorf("%s is %s, not XFS: -crash needs XFS_IOC_GOINGDOWN", mnt, f[2])
-			}
-			return f[0], nil
-		}
-	}
-	return "", fmt.Errorf("nothing is mounted at %s", mnt)
 }
