@@ -36,11 +36,11 @@ func (n *Node) applyClone(ctx context.Context, volume string, op Op) error {
 		}
 		return cause
 	}
-	token, err := n.store.AttachForPrimary(ctx, op.Name, op.Primary, 1)
+	err = n.store.AttachForPrimary(ctx, op.Name, op.Primary, 1)
 	if err != nil {
 		return undo(fmt.Errorf("clone %s: attach for the primary: %w", op.Name, err))
 	}
-	c := copyRecord{State: CopyInSync, LocalUID: uid, Token: token, Term: 1, UpdatedAt: time.Now().UTC()}
+	c := copyRecord{State: CopyInSync, LocalUID: uid, Term: 1, UpdatedAt: time.Now().UTC()}
 	ck, vk := n.key("copies", op.Name, n.cfg.NodeName), n.key("volumes", op.Name)
 	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).

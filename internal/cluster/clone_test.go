@@ -52,8 +52,8 @@ func TestCloneOps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(role.Targets) != 1 || role.Targets[0].Node != "n3" || role.Targets[0].Token == "" || role.Targets[0].Term != 1 {
-		t.Fatalf("clone's role on its primary: %+v, want n3 a target with its token at term 1", role)
+	if len(role.Targets) != 1 || role.Targets[0].Node != "n3" || !stores["n3"].hasAttached("c1", "n2", 1) || role.Targets[0].Term != 1 {
+		t.Fatalf("clone's role on its primary: %+v, want n3 a target attached for n2 at term 1", role)
 	}
 	// A placed clone is left by an unclone; a name placed is refused.
 	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpUnclone, Name: "c1", UID: "u1", Nodes: []string{"n3"}}); err == nil {

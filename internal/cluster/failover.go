@@ -210,7 +210,7 @@ func (n *Node) promote(ctx context.Context, volume string, e volumeEntry, attach
 	if len(cur.Kvs) > 0 {
 		var c copyRecord
 		if json.Unmarshal(cur.Kvs[0].Value, &c) == nil {
-			oc.LocalUID, oc.Token, oc.Term = c.LocalUID, c.Token, c.Term
+			oc.LocalUID, oc.Term = c.LocalUID, c.Term
 		}
 	}
 	start := time.Now()
@@ -244,8 +244,9 @@ func (n *Node) adopt(ctx context.Context, volume string, term uint64, state []by
 	if n.adopted[volume] == term {
 		return nil
 	}
+	ak := n.key("attach", volume)
 	if state == nil {
-		resp, err := n.cli.Get(ctx, n.key("attach", volume))
+		resp, err := n.cli.Get(ctx, ak)
 		if err != nil {
 			return err
 		}
@@ -253,7 +254,12 @@ func (n *Node) adopt(ctx context.Context, volume string, term uint64, state []by
 			state = resp.Kvs[0].Value
 		}
 	}
-	if err := n.store.AdoptAttachments(ctx, volume, state); err != nil {
+	// The old primary sealed them (secrets.go): their tokens open disks.
+	plain, err := n.keys.unseal(ak, state)
+	if err != nil {
+		return fmt.Errorf("attachments of %q: %w", volume, err)
+	}
+	if err := n.store.AdoptAttachments(ctx, volume, plain); err != nil {
 		return err
 	}
 	n.adopted[volume] = term
@@ -310,9 +316,14 @@ func (n *Node) PublishAttachments(volume string, state []byte) error {
 		return err
 	}
 	pk, ak := n.key("primary", volume), n.key("attach", volume)
+	// The state holds the attachments' tokens: etcd gets it sealed.
+	sealed, err := n.keys.seal(ak, state)
+	if err != nil {
+		return fmt.Errorf("publish attachments: %w", err)
+	}
 	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(pk), "=", pr.Lease),
 		clientv3.Compare(clientv3.Value(pk), "=", mustJSON(primaryRecord{Node: n.cfg.NodeName, Term: pr.Term}))).
-		Then(clientv3.OpPut(ak, string(state))).Commit()
+		Then(clientv3.OpPut(ak, string(sealed))).Commit()
 	if err != nil {
 		return fmt.Errorf("publish attachments: %w", err)
 	}

@@ -115,8 +115,8 @@ func TestFailover(t *testing.T) {
 		return err == nil && len(r.Targets) == 1 && r.Targets[0].Term == 2
 	})
 	r, _ := np.Role(ctx, "three")
-	if want := "token-three-" + three.Primary + "-2"; r.Targets[0].Token != want {
-		t.Fatalf("target %+v: want token %s", r.Targets[0], want)
+	if tgt := r.Targets[0]; tgt.Instance == "" || !stores[tgt.Node].hasAttached("three", np.Name(), 2) {
+		t.Fatalf("target %+v: want its instance, and its attachment for %s at term 2", tgt, np.Name())
 	}
 
 	// "stale": its only other copy is out of date: never promoted.
@@ -177,8 +177,8 @@ func TestFailoverBehindCopiesFollow(t *testing.T) {
 		return Target{}, false
 	}
 	waitFor(t, "n4 to follow term 2", func() bool { b, ok := behind("n4"); return ok && b.Term == 2 })
-	if b, _ := behind("n4"); !b.Whole || b.Token != "token-v-n3-2" || b.State != CopyDegraded {
-		t.Fatalf("n4 behind: %+v; want degraded, whole, token of n3 at term 2", b)
+	if b, _ := behind("n4"); !b.Whole || !stores["n4"].hasAttached("v", "n3", 2) || b.State != CopyDegraded {
+		t.Fatalf("n4 behind: %+v; want degraded, whole, attached for n3 at term 2", b)
 	}
 	// The old primary: degraded and whole at once; back, it follows term 2.
 	if b, ok := behind("n2"); !ok || !b.Whole || b.State != CopyDegraded || b.Term >= 2 {
@@ -186,8 +186,8 @@ func TestFailoverBehindCopiesFollow(t *testing.T) {
 	}
 	tc.join(t, cfg2, stores["n2"])
 	waitFor(t, "n2 to follow term 2", func() bool { b, ok := behind("n2"); return ok && b.Term == 2 })
-	if b, _ := behind("n2"); !b.Whole || b.Token != "token-v-n3-2" {
-		t.Fatalf("n2 behind once back: %+v; want whole, token of n3 at term 2", b)
+	if b, _ := behind("n2"); !b.Whole || !stores["n2"].hasAttached("v", "n3", 2) {
+		t.Fatalf("n2 behind once back: %+v; want whole, attached for n3 at term 2", b)
 	}
 	if err := n3.MarkInSync("v", "n2", 2); err != nil {
 		t.Fatal(err)

@@ -25,6 +25,8 @@ type memStore struct {
 	vols    map[string]string
 	clones  map[string]string // the source of each clone, by name
 	failErr error             // CreateCopy and DeleteCopy fail with it when set
+	// attached: the attachments made for a primary, "<volume>/<primary>/<term>"
+	attached map[string]bool
 }
 
 func newMemStore() *memStore { return &memStore{id: newID(), vols: map[string]string{}} }
@@ -286,8 +288,22 @@ func TestPlacement(t *testing.T) {
 	}
 }
 
-func (s *memStore) AttachForPrimary(_ context.Context, volume, primary string, term uint64) (string, error) {
-	return fmt.Sprintf("token-%s-%s-%d", volume, primary, term), nil
+func (s *memStore) AttachForPrimary(_ context.Context, volume, primary string, term uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.attached == nil {
+		s.attached = map[string]bool{}
+	}
+	s.attached[fmt.Sprintf("%s/%s/%d", volume, primary, term)] = true
+	return nil
+}
+
+// hasAttached says whether the store made its attachment for primary at
+// term.
+func (s *memStore) hasAttached(volume, primary string, term uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.attached[fmt.Sprintf("%s/%s/%d", volume, primary, term)]
 }
 
 func (s *memStore) ApplyOp(context.Context, string, Op) error { return nil }

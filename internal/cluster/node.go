@@ -37,11 +37,11 @@ type Store interface {
 	DeleteCopy(ctx context.Context, name, uid string) error
 	// AttachForPrimary makes (or finds again) the read-write attachment
 	// through which primary, at term, writes this node's copy of volume
-	// over NBD, and returns its token.
+	// over a replication session. Its token stays on this node.
 	// It gives that attachment the writer role, so that writes through
 	// the attachments of older terms (an old primary's) are refused from
 	// then on: term fencing at the copy.
-	AttachForPrimary(ctx context.Context, volume, primary string, term uint64) (token string, err error)
+	AttachForPrimary(ctx context.Context, volume, primary string, term uint64) error
 	// ApplyOp applies an operation of the volume's primary to this node's
 	// copy (a snapshot with the primary's name and UID); applying it again
 	// is no error.
@@ -102,6 +102,12 @@ type Node struct {
 	failovers atomic.Int64
 	// staleDeleted counts the stale copies this node deleted (stale.go).
 	staleDeleted atomic.Int64
+	// keys are derived from the cluster token (secrets.go).
+	keys nodeKeys
+	// instance names this process's membership: a replication session
+	// is signed for one instance of its copy node (replica.Credential),
+	// so a credential seen once does not open a session after a restart.
+	instance string
 }
 
 // Join starts the embedded etcd member (with InitialCluster) or connects to
@@ -117,7 +123,7 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), store: store, started: time.Now().UTC(),
-		adopted: map[string]uint64{}}
+		adopted: map[string]uint64{}, keys: deriveKeys(token, cfg.ClusterName), instance: newID()}
 	ok := false
 	defer func() {
 		if !ok {

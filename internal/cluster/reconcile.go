@@ -75,7 +75,10 @@ func (n *Node) apply(ctx context.Context, key, value []byte) {
 			n.followTerm(ctx, name, rec, have, resp.Kvs[0].ModRevision)
 			return
 		}
-		c := copyRecord{State: CopyInSync, Term: rec.Term, UpdatedAt: time.Now().UTC()}
+		// Term is recorded once the copy is made and attached for the
+		// primary: a primary opens sessions only on a copy that follows
+		// its term.
+		c := copyRecord{State: CopyInSync, UpdatedAt: time.Now().UTC()}
 		if rebuild {
 			c.State, c.Reason, c.Whole = CopyRebuilding, have.Reason, have.Whole
 		}
@@ -86,9 +89,10 @@ func (n *Node) apply(ctx context.Context, key, value []byte) {
 		} else {
 			c.LocalUID = uid
 			n.log.Info("copy made", "volume", name, "primary", rec.Primary, "term", rec.Term)
+			c.Term = rec.Term
 			if rec.Primary != n.cfg.NodeName {
-				if c.Token, err = n.store.AttachForPrimary(ctx, name, rec.Primary, rec.Term); err != nil {
-					c.State, c.Reason = CopyFailed, err.Error()
+				if err = n.store.AttachForPrimary(ctx, name, rec.Primary, rec.Term); err != nil {
+					c.State, c.Reason, c.Term = CopyFailed, err.Error(), 0
 					n.log.Error("attach a copy for its primary", "volume", name, "err", err)
 				}
 			}
@@ -134,12 +138,11 @@ func (n *Node) followTerm(ctx context.Context, name string, rec volumeRecord, ha
 	if rec.Primary == me || (!inSync && !behind) || have.LocalUID == "" || copyTerm(have) >= rec.Term {
 		return
 	}
-	token, err := n.store.AttachForPrimary(ctx, name, rec.Primary, rec.Term)
-	if err != nil {
+	if err := n.store.AttachForPrimary(ctx, name, rec.Primary, rec.Term); err != nil {
 		n.log.Error("attach a copy for its new primary", "volume", name, "primary", rec.Primary, "term", rec.Term, "err", err)
 		return
 	}
-	have.Token, have.Term, have.UpdatedAt = token, rec.Term, time.Now().UTC()
+	have.Term, have.UpdatedAt = rec.Term, time.Now().UTC()
 	if behind {
 		// What the copy missed under the older terms' primaries is in
 		// their dirty bitmaps, which the new primary does not have: its
@@ -160,11 +163,5 @@ func (n *Node) followTerm(ctx context.Context, name string, rec volumeRecord, ha
 	}
 }
 
-// copyTerm is the term a copy's token was made for; records written before
-// terms were recorded are of the first term.
-func copyTerm(c copyRecord) uint64 {
-	if c.Term == 0 && c.Token != "" {
-		return 1
-	}
-	return c.Term
-}
+// copyTerm is the term a copy follows (0: none yet).
+func copyTerm(c copyRecord) uint64 { return c.Term }

@@ -38,6 +38,9 @@ type aliveRecord struct {
 	TotalBytes    int64     `json:"totalBytes"`
 	FreeBytes     int64     `json:"freeBytes"`
 	StartedAt     time.Time `json:"startedAt"`
+	// Instance is random per process (Node.Instance): replication
+	// sessions are signed for it.
+	Instance string `json:"instance,omitempty"`
 }
 
 // Volume states (volumeRecord.State).
@@ -80,14 +83,12 @@ type copyRecord struct {
 	State    string `json:"state"`
 	Reason   string `json:"reason,omitempty"`
 	LocalUID string `json:"localUID,omitempty"`
-	// Token is that of the attachment the copy node made for the
-	// primary's writes (copies other than the primary's own).
-	Token string `json:"token,omitempty"`
 	// Progress of the resync, while State is CopyResyncing.
 	Progress *Progress `json:"progress,omitempty"`
-	// Term is the primary's term that Token was made for: the copy
-	// refuses writes of older terms from then on (it gave the writer role
-	// to this attachment, fencing the older ones).
+	// Term is the primary's term the copy follows: it made its
+	// replication attachment for that term's primary, giving it the
+	// writer role and fencing the older terms' (the attachment and its
+	// token never leave the copy's node: secrets.go).
 	Term uint64 `json:"term,omitempty"`
 	// Whole: the copy may hold changes that no in-sync copy has (it was
 	// the primary, and went down with writes in flight that it never

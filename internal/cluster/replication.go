@@ -18,19 +18,19 @@ const CopyDegraded = "degraded"
 // bringing back (copyRecord.Progress says how far).
 const CopyResyncing = "resyncing"
 
-// Target is an in-sync copy a primary writes to: the copy node's NBD
-// address (empty while the node is down) and the token of the attachment it
-// made for the primary.
+// Target is a copy a primary writes to: the copy node's NBD address (empty
+// while the node is down) and the instance of its process, for which the
+// primary signs its replication sessions (replica.Credential).
 type Target struct {
-	Node, NBD, Token string
+	Node, NBD, Instance string
 	// State is the copy's recorded state (Role.Behind).
 	State string
 	// Whole: a resync must copy this out-of-sync copy whole
 	// (copyRecord.Whole).
 	Whole bool
-	// Term is the term Token was made for: a target whose term is older
-	// than the volume's has not followed the new primary yet, and must not
-	// be written through its old token.
+	// Term is the term the copy follows (its replication attachment's): a
+	// target whose term is older than the volume's has not followed the
+	// new primary yet, and refuses its sessions until it has.
 	Term uint64
 }
 
@@ -48,9 +48,9 @@ type Role struct {
 	// Behind are the other copies out of the in-sync set, when this node
 	// is the primary: their changes are tracked for a resync.
 	Behind []Target
-	// Token is that of the attachment this node made for the primary, when
-	// it holds a copy that is not the primary's.
-	Token string
+	// CopyTerm is the term this node's copy follows, when it holds a copy
+	// that is not the primary's (0: none, or not followed yet).
+	CopyTerm uint64
 }
 
 // roleRetry bounds how long Role tries a failing read again (an etcd
@@ -116,19 +116,19 @@ func (n *Node) Role(ctx context.Context, volume string) (Role, error) {
 	if rec.Primary == me && rec.State == volumeActive {
 		for _, node := range rec.InSync {
 			if node != me {
-				r.Targets = append(r.Targets, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token,
+				r.Targets = append(r.Targets, Target{Node: node, NBD: alive[node].NBD, Instance: alive[node].Instance,
 					State: copies[node].State, Term: copyTerm(copies[node])})
 			}
 		}
 		for _, node := range rec.Copies {
 			if node != me && !slices.Contains(rec.InSync, node) {
-				r.Behind = append(r.Behind, Target{Node: node, NBD: alive[node].NBD, Token: copies[node].Token,
+				r.Behind = append(r.Behind, Target{Node: node, NBD: alive[node].NBD, Instance: alive[node].Instance,
 					State: copies[node].State, Term: copyTerm(copies[node]), Whole: copies[node].Whole})
 			}
 		}
 	}
 	if rec.Primary != me && slices.Contains(rec.Copies, me) {
-		r.Token = copies[me].Token
+		r.CopyTerm = copyTerm(copies[me])
 	}
 	return r, nil
 }

@@ -24,10 +24,10 @@ func TestMarkOutOfSync(t *testing.T) {
 	prim, other := nodes[p.Primary], nodes[p.Copies[1].Node]
 	role, err := prim.Role(ctx, "web01")
 	if err != nil || !role.IsPrimary(prim.Name()) || len(role.Targets) != 1 || role.Targets[0].Node != other.Name() ||
-		role.Targets[0].Token == "" || role.Term != 1 {
+		role.Targets[0].Instance != other.Instance() || role.Targets[0].Term != 1 || role.Term != 1 {
 		t.Fatalf("primary's role %+v, %v", role, err)
 	}
-	if r, _ := other.Role(ctx, "web01"); r.IsPrimary(other.Name()) || r.Token != role.Targets[0].Token || len(r.Targets) != 0 {
+	if r, _ := other.Role(ctx, "web01"); r.IsPrimary(other.Name()) || r.CopyTerm != 1 || len(r.Targets) != 0 {
 		t.Fatalf("copy's role %+v", r)
 	}
 	cause := errors.New("connection refused")

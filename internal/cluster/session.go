@@ -78,7 +78,7 @@ func (n *Node) aliveRecord() aliveRecord {
 		n.log.Warn("pool usage", "err", err)
 	}
 	return aliveRecord{NodeID: n.id.NodeID, API: n.cfg.APIAddr, NBD: n.cfg.NBDAddr, FailureDomain: n.cfg.FailureDomain,
-		TotalBytes: total, FreeBytes: free, StartedAt: n.started}
+		TotalBytes: total, FreeBytes: free, StartedAt: n.started, Instance: n.instance}
 }
 
 // keepAlive watches the session: when its lease is lost (partitioned from

@@ -12,11 +12,25 @@ import (
 )
 
 // Copy says where one copy of a disk is served: the copy node's NBD address
-// and the export name (with the token of the primary's attachment there).
+// and how to name its export for a new connection.
 type Copy struct {
-	Node   string
-	Addr   string
+	Node string
+	Addr string
+	// Session, when set, names the export of a new replication session
+	// (Credential.Export, a new epoch for each call): every connection to
+	// the copy is a session of its own, which fences the older ones.
+	Session func() string
+	// Export is a fixed export name, when Session is nil (a copy outside a
+	// cluster: tests).
 	Export string
+}
+
+// export names the copy's export for a new connection.
+func (cp Copy) export() string {
+	if cp.Session != nil {
+		return cp.Session()
+	}
+	return cp.Export
 }
 
 // Options configure a Set.
@@ -106,7 +120,7 @@ func NewSet(ctx context.Context, size int64, inSync []Copy, behind []string, opt
 		s.bitmaps[node] = b
 	}
 	for _, cp := range inSync {
-		c, err := dial(ctx, cp.Addr, cp.Export, opts.Timeout)
+		c, err := dial(ctx, cp.Addr, cp.export(), opts.Timeout)
 		if err == nil && c.size != size {
 			c.close()
 			err = fmt.Errorf("copy on %s is %d bytes, the primary's disk %d: %w", cp.Node, c.size, size, ErrCopyRefused)

@@ -42,7 +42,7 @@ type Resync struct {
 // BeginResync connects to the copy cp of an out-of-sync node and starts
 // mirroring every change to it.
 func (s *Set) BeginResync(ctx context.Context, cp Copy) (*Resync, error) {
-	c, err := dial(ctx, cp.Addr, cp.Export, s.opts.Timeout)
+	c, err := dial(ctx, cp.Addr, cp.export(), s.opts.Timeout)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrResync, err)
 	}

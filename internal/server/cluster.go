@@ -130,23 +130,26 @@ const replicaNodePrefix = "replica-"
 // this copy, one per term (a newer term's attachment is newer: its first
 // write fences the older primary's on this copy). A retry finds it again
 // by its idempotency key.
-func (s poolStore) AttachForPrimary(ctx context.Context, volume, primary string, term uint64) (string, error) {
+func (s poolStore) AttachForPrimary(ctx context.Context, volume, primary string, term uint64) error {
 	v, err := s.p.Volume(volume)
 	if err != nil {
-		return "", err
+		return err
 	}
-	node := fmt.Sprintf("%s%s-term-%d", replicaNodePrefix, primary, term)
+	node := replicaAttachment(primary, term)
 	a, _, err := v.AttachWith(node, api.ModeReadWrite, pool.Idempotency{Key: node})
 	if err != nil {
-		return "", err
+		return err
 	}
 	// The writer role goes to this term's attachment now, before the
 	// primary's first write: from here on the copy refuses the writes of
 	// every older term's attachment (term fencing at the copy).
-	if _, err := v.Transfer(a.ID); err != nil {
-		return "", err
-	}
-	return a.Token, nil
+	_, err = v.Transfer(a.ID)
+	return err
+}
+
+// replicaAttachment names the attachment a copy makes for primary at term.
+func replicaAttachment(primary string, term uint64) string {
+	return fmt.Sprintf("%s%s-term-%d", replicaNodePrefix, primary, term)
 }
 
 // AdoptAttachments takes over the volume's attachments as its old primary

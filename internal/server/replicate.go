@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/nbd"
@@ -28,6 +29,10 @@ type replicatedExports struct {
 	node *cluster.Node
 	log  *slog.Logger
 	sets *replicaSets
+	// sessions are the replication sessions this node's copies accept
+	// (openSession).
+	sessions *replica.Sessions
+	pool     *pool.Pool
 }
 
 var _ nbd.Exports = replicatedExports{}
@@ -56,9 +61,9 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 		return e.forward(ctx, name, volume)
 	}
 	if !role.IsPrimary(e.node.Name()) {
-		if role.Token != "" && exportToken(name) == role.Token {
+		if token := exportToken(name); replica.IsCredential(token) {
 			// The primary's connection to this node's copy.
-			return e.Exports.Open(ctx, name, peer)
+			return e.openSession(ctx, volume, disk, token, role, peer)
 		}
 		// A client: its requests go to the primary of the moment
 		// (failover.go). A copy is written by its primary only.
@@ -96,6 +101,70 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 	ex.Disk = &primaryDisk{Disk: ex.Disk, node: e.node, prim: prim,
 		retired: func() bool { return e.sets.retiredAt(volume, prim.Term) }}
 	return ex, nil
+}
+
+// openSession opens a replication session of volume's primary on this
+// node's copy of disk (replica.Sessions): the credential must be signed
+// with the cluster's replication key for this node's instance, by the
+// volume's primary at its term, which this copy follows, and be newer than
+// every other session of the disk, which it fences. The copy is then
+// written through its attachment for that term, whose token never leaves
+// this node. Every refusal is the same to the peer: not authorized.
+func (e replicatedExports) openSession(ctx context.Context, volume, disk, token string, role cluster.Role,
+	peer string) (nbd.Export, error) {
+	refuse := func(err error) (nbd.Export, error) {
+		e.log.Warn("replication session refused", "volume", volume, "disk", disk, "peer", peer, "err", err)
+		return nbd.Export{}, fmt.Errorf("export %s: %w: %w", volume+"/"+disk, pool.ErrUnauthorized, err)
+	}
+	cred, err := replica.ParseCredential(volume, disk, token)
+	if err != nil {
+		return refuse(err)
+	}
+	cred.Copy, cred.Instance = e.node.Name(), e.node.Instance()
+	if err := cred.Verify(e.node.ReplicationKey()); err != nil {
+		return refuse(err)
+	}
+	switch {
+	case cred.Primary != role.Primary || cred.Term != role.Term:
+		return refuse(fmt.Errorf("%w: %s at term %d is not the primary now (%s at term %d)", replica.ErrSessionRefused,
+			cred.Primary, cred.Term, role.Primary, role.Term))
+	case role.CopyTerm != cred.Term:
+		return refuse(fmt.Errorf("%w: this copy follows term %d, not %d", replica.ErrSessionRefused, role.CopyTerm, cred.Term))
+	}
+	sess, err := e.sessions.Begin(cred)
+	if err != nil {
+		return refuse(err)
+	}
+	v, err := e.pool.Volume(volume)
+	if err != nil {
+		return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
+	}
+	// The copy's attachment for this term, made when it followed the
+	// term (cluster's followTerm): found again by its idempotency key.
+	att := replicaAttachment(cred.Primary, cred.Term)
+	a, _, err := v.AttachWith(att, api.ModeReadWrite, pool.Idempotency{Key: att})
+	if err != nil {
+		return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
+	}
+	ex, err := e.Exports.Open(ctx, volume+"/"+disk+"/"+a.Token, peer)
+	if err != nil {
+		return ex, err
+	}
+	ex.Disk = sess.Disk(ex.Disk)
+	e.log.Debug("replication session opened", "volume", volume, "disk", disk, "primary", cred.Primary,
+		"term", cred.Term, "epoch", cred.Epoch)
+	return ex, nil
+}
+
+// copyOf is how this primary reaches copy t of volume's disk at term: each
+// connection is a new replication session, signed for the copy's node and
+// instance.
+func (r *replicaSets) copyOf(volume, disk string, term uint64, t cluster.Target) replica.Copy {
+	key, me := r.node.ReplicationKey(), r.node.Name()
+	return replica.Copy{Node: t.Node, Addr: t.NBD, Session: func() string {
+		return replica.Credential{Volume: volume, Disk: disk, Primary: me, Copy: t.Node, Instance: t.Instance,
+			Term: term, Epoch: replica.NewEpoch()}.Export(key)
+	}}
 }
 
 // setDisk is a handle of a disk through its Set; closing it releases the
@@ -202,7 +271,7 @@ func (r *replicaSets) acquire(ctx context.Context, volume, disk string, role clu
 		if err := fsys.Remove(replica.BitmapPath(uid, disk, t.Node)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("remove the stale dirty bitmap of copy %s: %w", t.Node, err)
 		}
-		copies = append(copies, replica.Copy{Node: t.Node, Addr: t.NBD, Export: volume + "/" + disk + "/" + t.Token})
+		copies = append(copies, r.copyOf(volume, disk, role.Term, t))
 	}
 	behind := make([]string, 0, len(role.Behind))
 	for _, b := range role.Behind {

@@ -147,13 +147,13 @@ func (r *replicaSets) resync(ctx context.Context, volume, node string, p cluster
 			target = b
 		}
 	}
-	if target.NBD == "" || target.Token == "" {
+	if target.NBD == "" {
 		return fmt.Errorf("resync %s on %s: the copy's node is down", volume, node)
 	}
 	if target.Term < role.Term {
 		// After a failover the copy attaches for this primary at its
-		// term (cluster's followTerm); until then its token is an older
-		// primary's, which the copy may refuse at any time.
+		// term (cluster's followTerm); until then it refuses this
+		// primary's sessions.
 		return fmt.Errorf("resync %s on %s: the copy has not followed term %d yet", volume, node, role.Term)
 	}
 	v, err := r.pool.Volume(volume)
@@ -214,8 +214,7 @@ func (r *replicaSets) resync(ctx context.Context, volume, node string, p cluster
 				return fail(err)
 			}
 		}
-		x, err := ent.set.BeginResync(ctx, replica.Copy{Node: node, Addr: target.NBD,
-			Export: volume + "/" + d.Name + "/" + target.Token})
+		x, err := ent.set.BeginResync(ctx, r.copyOf(volume, d.Name, role.Term, target))
 		if err != nil {
 			for _, x := range rs {
 				x.Abort(err)
@@ -333,7 +332,7 @@ func (r *replicaSets) copyMade(ctx context.Context, volume, node string) bool {
 	}
 	for _, b := range role.Behind {
 		if b.Node == node {
-			return b.Token != "" && b.NBD != "" && b.Term >= role.Term
+			return b.NBD != "" && b.Term >= role.Term
 		}
 	}
 	return false

@@ -29,6 +29,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/replica"
 )
 
 // DefaultPoolDir is the pool directory `quiver server` uses with no flags.
@@ -243,7 +244,7 @@ func Run(ctx context.Context, cfg Config) error {
 		resyncDone := make(chan struct{})
 		go func() { defer close(resyncDone); sets.resyncLoop(rctx) }()
 		defer func() { rcancel(); <-resyncDone }()
-		exports = replicatedExports{Exports: exports, node: node, log: log, sets: sets}
+		exports = replicatedExports{Exports: exports, node: node, log: log, sets: sets, sessions: replica.NewSessions(), pool: p}
 		handler.Replicated = sets
 		handler.Drainer = sets
 	}
