@@ -32,9 +32,9 @@ const DefaultGranule = 64 << 10
 // sector, so a crash during a Mark leaves each word old or new. A bit is set
 // in memory only once it is durable, so a Mark that finds its granules set
 // may return at once; a failed sync fails every later Mark. Bits are only
-// ever set while the copy is out of sync; the file is removed (Remove) once
-// the copy is back in the in-sync set. Its methods are safe for concurrent
-// use.
+// ever set while the copy is out of sync (behind, being resynced, or
+// leaving the in-sync set); the file is removed (Remove) once the copy is
+// back in the in-sync set. Its methods are safe for concurrent use.
 type Bitmap struct {
 	fsys    storage.FS
 	rel     string

@@ -51,13 +51,14 @@ type Options struct {
 //
 // A change (WRITE, TRIM, WRITE_ZEROES) holds its byte range (RangeLock) and
 // the Set's gate shared. It is first marked, durably, in the bitmap of
-// every copy that will not get it (write-ahead); then applied locally and
-// on every in-sync and resyncing copy at once; it returns when all
-// answered. A copy in sync that fails has the range marked, and the writes
-// since its last completed FLUSH (they may be lost with it), before it is
-// recorded out of sync (Options.OutOfSync); only then does the request
-// return. The gate is taken exclusively to add a resyncing copy and to
-// move a copy back in sync, so no change is in flight across either.
+// every copy not in sync (write-ahead): behind, being resynced (Resync), or
+// leaving the in-sync set; then applied locally and on every in-sync and
+// resyncing copy at once; it returns when all answered. A copy in sync that
+// fails has the range marked, and the writes since its last completed FLUSH
+// (they may be lost with it), before it is recorded out of sync
+// (Options.OutOfSync); only then does the request return. The gate is
+// taken exclusively to add a resyncing copy and to move a copy back in
+// sync, so no change is in flight across either.
 //
 // Durability is the local disk's contract (pool.Disk) on every in-sync copy:
 // a write is durable everywhere after a later Flush, a FUA one when
@@ -256,11 +257,11 @@ func (s *Set) changeLocked(off, length int64, localFirst bool, local func() erro
 	for n, r := range s.resync {
 		targets[n], mirror[n] = r.c, r
 	}
-	var behind []*Bitmap
-	for n, b := range s.bitmaps {
-		if targets[n] == nil {
-			behind = append(behind, b)
-		}
+	// Every copy with a bitmap is marked, write-ahead: out of sync
+	// (behind), being resynced (mirror), or leaving the in-sync set (drop).
+	marks := make([]*Bitmap, 0, len(s.bitmaps))
+	for _, b := range s.bitmaps {
+		marks = append(marks, b)
 	}
 	var flushed *Bitmap
 	if length > 0 {
@@ -280,9 +281,9 @@ func (s *Set) changeLocked(off, length int64, localFirst bool, local func() erro
 		}()
 	}
 	if length > 0 {
-		for _, b := range behind {
+		for _, b := range marks {
 			if err := b.Mark(off, length); err != nil {
-				return fmt.Errorf("%w: recording the change for a copy out of sync: %w", ErrNotAcknowledged, err)
+				return fmt.Errorf("%w: recording the change for a copy not in sync: %w", ErrNotAcknowledged, err)
 			}
 		}
 	}
@@ -335,9 +336,7 @@ func (s *Set) changeLocked(off, length int64, localFirst bool, local func() erro
 	var failed error
 	for n, err := range errs {
 		if r := mirror[n]; r != nil {
-			if merr := s.stopResync(r, err, off, length); merr != nil {
-				failed = errors.Join(failed, merr)
-			}
+			s.stopResync(r, err) // the change is in its bitmap already
 			continue
 		}
 		if err := s.drop(n, err, off, length); err != nil {
