@@ -195,7 +195,8 @@ func (s *Set) InSync() []string {
 	return out
 }
 
-// Bitmap is the dirty bitmap of an out-of-sync copy, or nil.
+// Bitmap is the dirty bitmap of a copy not in sync (out of sync, being
+// resynced, or leaving the in-sync set), or nil.
 func (s *Set) Bitmap(node string) *Bitmap {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -353,12 +354,30 @@ func (s *Set) changeLocked(off, length int64, localFirst bool, local func() erro
 // range and every change since the last completed flush in the copy's
 // bitmap (durably), then records the copy out of sync. A copy already
 // dropped has the range marked only.
+//
+// The bitmap joins the Set's bitmaps before the unflushed changes are
+// taken, so a change that begins while the copy is leaving, and may still
+// be sent to it, is marked in it write-ahead like any change for a copy
+// not in sync; every change begun before is in the unflushed changes taken.
 func (s *Set) drop(node string, cause error, off, length int64) error {
 	s.dropMu.Lock()
 	defer s.dropMu.Unlock()
 	s.mu.Lock()
-	c := s.inSync[node]
 	b := s.bitmaps[node]
+	s.mu.Unlock()
+	var opened *Bitmap
+	if b == nil {
+		var err error
+		if opened, _, err = s.openBitmap(node); err != nil {
+			return fmt.Errorf("%w: copy on %s: %w (%w)", ErrNotAcknowledged, node, cause, err)
+		}
+	}
+	s.mu.Lock()
+	if s.bitmaps[node] == nil {
+		s.bitmaps[node] = opened
+	}
+	b = s.bitmaps[node]
+	c := s.inSync[node]
 	var unflushed []*Bitmap
 	if c != nil {
 		unflushed = append(unflushed, s.unflushed)
@@ -367,11 +386,8 @@ func (s *Set) drop(node string, cause error, off, length int64) error {
 		}
 	}
 	s.mu.Unlock()
-	if b == nil {
-		var err error
-		if b, _, err = s.openBitmap(node); err != nil {
-			return fmt.Errorf("%w: copy on %s: %w (%w)", ErrNotAcknowledged, node, cause, err)
-		}
+	if opened != nil && opened != b {
+		_ = opened.Close()
 	}
 	err := b.Mark(off, length)
 	for _, u := range unflushed {
@@ -381,11 +397,6 @@ func (s *Set) drop(node string, cause error, off, length int64) error {
 			}
 		}
 	}
-	s.mu.Lock()
-	if s.bitmaps[node] == nil {
-		s.bitmaps[node] = b
-	}
-	s.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("%w: copy on %s: %w (recording its changes: %w)", ErrNotAcknowledged, node, cause, err)
 	}
