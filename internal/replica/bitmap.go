@@ -29,20 +29,23 @@ const DefaultGranule = 64 << 10
 // changed words are written in place and the file fdatasync'd), so a caller
 // that marks before it applies a write never leaves applied data that a
 // crash makes the bitmap forget. An 8-byte aligned word never straddles a
-// sector, so a crash during a Mark leaves each word old or new. Bits are
-// only ever set while the copy is out of sync; the file is removed (Remove)
-// once the copy is back in the in-sync set. Its methods are safe for
-// concurrent use.
+// sector, so a crash during a Mark leaves each word old or new. A bit is set
+// in memory only once it is durable, so a Mark that finds its granules set
+// may return at once; a failed sync fails every later Mark. Bits are only
+// ever set while the copy is out of sync (behind, being resynced, or
+// leaving the in-sync set); the file is removed (Remove) once the copy is
+// back in the in-sync set. Its methods are safe for concurrent use.
 type Bitmap struct {
 	fsys    storage.FS
 	rel     string
 	size    int64
 	granule int64
 
-	mu    sync.Mutex
-	f     storage.File
-	bits  []uint64
-	count int
+	mu     sync.Mutex
+	f      storage.File
+	bits   []uint64
+	count  int
+	failed error // the first failed sync: final for the file
 }
 
 const (
@@ -136,43 +139,69 @@ func mkdirAll(fsys storage.FS, rel string) error {
 
 // Mark sets the granules of [off, off+length) and returns once they are
 // durable. Granules already set cost nothing.
+//
+// A bit is set in memory only once it is on disk: when the write of the
+// changed words fails, nothing is set and a later Mark writes them again.
+// A failed sync is final for the file (docs/durability.md): the kernel may
+// have dropped the words it could not write and the next sync would
+// succeed, so every later Mark fails with that error, and the bits of the
+// failed Mark stay set in memory (the caller may have applied the change,
+// and Ranges must cover it).
 func (b *Bitmap) Mark(off, length int64) error {
 	if length <= 0 {
 		return nil
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.failed != nil {
+		return b.failed
+	}
 	if b.f == nil && b.fsys != nil {
 		return fmt.Errorf("bitmap %s: closed", b.rel)
 	}
-	first, last := -1, -1
-	for g := off / b.granule; g*b.granule < off+length && g*b.granule < b.size; g++ {
-		if w, m := &b.bits[g/64], uint64(1)<<(g%64); *w&m == 0 {
-			*w |= m
-			b.count++
-			if first < 0 {
-				first = int(g / 64)
-			}
-			last = int(g / 64)
-		}
-	}
-	if first < 0 || b.fsys == nil {
+	end := min(off+length, b.size)
+	if off < 0 || off >= end {
 		return nil
 	}
-	buf := make([]byte, 8*(last-first+1))
-	for i := first; i <= last; i++ {
-		binary.LittleEndian.PutUint64(buf[8*(i-first):], b.bits[i])
+	// The words as they will be, apart from b.bits until they are durable.
+	lo, hi := int(off/b.granule/64), int((end-1)/b.granule/64)
+	words := append([]uint64(nil), b.bits[lo:hi+1]...)
+	for g := off / b.granule; g*b.granule < end; g++ {
+		words[int(g/64)-lo] |= 1 << (g % 64)
 	}
-	if _, err := b.f.WriteAt(buf, bitmapHeader+8*int64(first)); err != nil {
-		return fmt.Errorf("bitmap %s: %w", b.rel, err)
+	first, last, added := -1, -1, 0
+	for i, w := range words {
+		if n := bits.OnesCount64(w &^ b.bits[lo+i]); n > 0 {
+			added += n
+			if first < 0 {
+				first = i
+			}
+			last = i
+		}
 	}
-	if err := b.f.Sync(); err != nil {
-		// The sync failure is sticky for the file (docs/durability.md):
-		// this bitmap can promise nothing more.
-		b.f.Close()
-		b.f = nil
-		return fmt.Errorf("bitmap %s: %w", b.rel, err)
+	if added == 0 {
+		return nil
 	}
+	words, first = words[first:last+1], lo+first
+	if b.fsys != nil {
+		buf := make([]byte, 8*len(words))
+		for i, w := range words {
+			binary.LittleEndian.PutUint64(buf[8*i:], w)
+		}
+		if _, err := b.f.WriteAt(buf, bitmapHeader+8*int64(first)); err != nil {
+			return fmt.Errorf("bitmap %s: %w", b.rel, err)
+		}
+		if err := b.f.Sync(); err != nil {
+			b.failed = fmt.Errorf("bitmap %s: a sync failed, the file can promise nothing more: %w", b.rel, err)
+			b.f.Close()
+			b.f = nil
+			copy(b.bits[first:], words)
+			b.count += added
+			return b.failed
+		}
+	}
+	copy(b.bits[first:], words)
+	b.count += added
 	return nil
 }
 

@@ -65,13 +65,14 @@ type Options struct {
 //
 // A change (WRITE, TRIM, WRITE_ZEROES) holds its byte range (RangeLock) and
 // the Set's gate shared. It is first marked, durably, in the bitmap of
-// every copy that will not get it (write-ahead); then applied locally and
-// on every in-sync and resyncing copy at once; it returns when all
-// answered. A copy in sync that fails has the range marked, and the writes
-// since its last completed FLUSH (they may be lost with it), before it is
-// recorded out of sync (Options.OutOfSync); only then does the request
-// return. The gate is taken exclusively to add a resyncing copy and to
-// move a copy back in sync, so no change is in flight across either.
+// every copy not in sync (write-ahead): behind, being resynced (Resync), or
+// leaving the in-sync set; then applied locally and on every in-sync and
+// resyncing copy at once; it returns when all answered. A copy in sync that
+// fails has the range marked, and the writes since its last completed FLUSH
+// (they may be lost with it), before it is recorded out of sync
+// (Options.OutOfSync); only then does the request return. The gate is
+// taken exclusively to add a resyncing copy and to move a copy back in
+// sync, so no change is in flight across either.
 //
 // Durability is the local disk's contract (pool.Disk) on every in-sync copy:
 // a write is durable everywhere after a later Flush, a FUA one when
@@ -208,7 +209,8 @@ func (s *Set) InSync() []string {
 	return out
 }
 
-// Bitmap is the dirty bitmap of an out-of-sync copy, or nil.
+// Bitmap is the dirty bitmap of a copy not in sync (out of sync, being
+// resynced, or leaving the in-sync set), or nil.
 func (s *Set) Bitmap(node string) *Bitmap {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -270,11 +272,11 @@ func (s *Set) changeLocked(off, length int64, localFirst bool, local func() erro
 	for n, r := range s.resync {
 		targets[n], mirror[n] = r.c, r
 	}
-	var behind []*Bitmap
-	for n, b := range s.bitmaps {
-		if targets[n] == nil {
-			behind = append(behind, b)
-		}
+	// Every copy with a bitmap is marked, write-ahead: out of sync
+	// (behind), being resynced (mirror), or leaving the in-sync set (drop).
+	marks := make([]*Bitmap, 0, len(s.bitmaps))
+	for _, b := range s.bitmaps {
+		marks = append(marks, b)
 	}
 	var flushed *Bitmap
 	if length > 0 {
@@ -294,9 +296,9 @@ func (s *Set) changeLocked(off, length int64, localFirst bool, local func() erro
 		}()
 	}
 	if length > 0 {
-		for _, b := range behind {
+		for _, b := range marks {
 			if err := b.Mark(off, length); err != nil {
-				return fmt.Errorf("%w: recording the change for a copy out of sync: %w", ErrNotAcknowledged, err)
+				return fmt.Errorf("%w: recording the change for a copy not in sync: %w", ErrNotAcknowledged, err)
 			}
 		}
 	}
@@ -349,9 +351,7 @@ func (s *Set) changeLocked(off, length int64, localFirst bool, local func() erro
 	var failed error
 	for n, err := range errs {
 		if r := mirror[n]; r != nil {
-			if merr := s.stopResync(r, err, off, length); merr != nil {
-				failed = errors.Join(failed, merr)
-			}
+			s.stopResync(r, err) // the change is in its bitmap already
 			continue
 		}
 		if err := s.drop(n, err, off, length); err != nil {
@@ -368,12 +368,30 @@ func (s *Set) changeLocked(off, length int64, localFirst bool, local func() erro
 // range and every change since the last completed flush in the copy's
 // bitmap (durably), then records the copy out of sync. A copy already
 // dropped has the range marked only.
+//
+// The bitmap joins the Set's bitmaps before the unflushed changes are
+// taken, so a change that begins while the copy is leaving, and may still
+// be sent to it, is marked in it write-ahead like any change for a copy
+// not in sync; every change begun before is in the unflushed changes taken.
 func (s *Set) drop(node string, cause error, off, length int64) error {
 	s.dropMu.Lock()
 	defer s.dropMu.Unlock()
 	s.mu.Lock()
-	c := s.inSync[node]
 	b := s.bitmaps[node]
+	s.mu.Unlock()
+	var opened *Bitmap
+	if b == nil {
+		var err error
+		if opened, _, err = s.openBitmap(node); err != nil {
+			return fmt.Errorf("%w: copy on %s: %w (%w)", ErrNotAcknowledged, node, cause, err)
+		}
+	}
+	s.mu.Lock()
+	if s.bitmaps[node] == nil {
+		s.bitmaps[node] = opened
+	}
+	b = s.bitmaps[node]
+	c := s.inSync[node]
 	var unflushed []*Bitmap
 	if c != nil {
 		unflushed = append(unflushed, s.unflushed)
@@ -382,11 +400,8 @@ func (s *Set) drop(node string, cause error, off, length int64) error {
 		}
 	}
 	s.mu.Unlock()
-	if b == nil {
-		var err error
-		if b, _, err = s.openBitmap(node); err != nil {
-			return fmt.Errorf("%w: copy on %s: %w (%w)", ErrNotAcknowledged, node, cause, err)
-		}
+	if opened != nil && opened != b {
+		_ = opened.Close()
 	}
 	err := b.Mark(off, length)
 	for _, u := range unflushed {
@@ -396,11 +411,6 @@ func (s *Set) drop(node string, cause error, off, length int64) error {
 			}
 		}
 	}
-	s.mu.Lock()
-	if s.bitmaps[node] == nil {
-		s.bitmaps[node] = b
-	}
-	s.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("%w: copy on %s: %w (recording its changes: %w)", ErrNotAcknowledged, node, cause, err)
 	}

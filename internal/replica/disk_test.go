@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quiverstorage/quiver/internal/faultio"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -24,7 +25,14 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // the pool and a handle on the disk.
 func openDisk(t *testing.T) (*pool.Pool, pool.Disk) {
 	t.Helper()
-	p, err := pool.Open(context.Background(), t.TempDir(), quiet())
+	return openDiskWith(t, pool.Options{})
+}
+
+// openDiskWith is openDisk on a pool opened with opts (a faultio FS).
+func openDiskWith(t *testing.T, opts pool.Options) (*pool.Pool, pool.Disk) {
+	t.Helper()
+	opts.Logger = quiet()
+	p, err := pool.OpenWith(context.Background(), t.TempDir(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,5 +359,71 @@ func TestLocalFailureRepairsCopies(t *testing.T) {
 	}
 	if nodes, _ := oos.reported(); len(nodes) != 0 || len(d.InSync()) != 1 {
 		t.Fatalf("out of sync %v, in sync %v", nodes, d.InSync())
+	}
+}
+
+// TestChangeWhileCopyLeavesIsMarked: a change that begins while a failed
+// copy is leaving the in-sync set is still sent to the copy, and must be in
+// the copy's bitmap: the copy took it without a flush and may lose it. A
+// flush comes first, so the change is not among the unflushed changes of
+// before. The copy's pool refuses one write (ENOSPC), so its connection
+// stays up, and the flush and the change are made from a callback of the
+// leaving: while its bitmap is made (Options.Bitmap) or while it is
+// recorded out of sync (Options.OutOfSync, after its changes are marked).
+func TestChangeWhileCopyLeavesIsMarked(t *testing.T) {
+	for _, during := range []string{"bitmap", "out-of-sync"} {
+		t.Run(during, func(t *testing.T) {
+			_, local := openDisk(t)
+			fio := faultio.New(openFS(t))
+			copyPool, copyDisk := openDiskWith(t, pool.Options{FS: fio})
+			px := serveCopy(t, copyPool)
+			var d *Disk
+			late := bytes.Repeat([]byte{5}, 4096)
+			var lateErr error
+			calls := 0
+			meanwhile := func(at string) {
+				if at != during {
+					return
+				}
+				calls++
+				fio.LimitWrites(-1)
+				if lateErr = d.Flush(); lateErr == nil {
+					lateErr = d.WriteAt(late, 3<<20, false)
+				}
+			}
+			s, err := NewSet(context.Background(), diskSize, []Copy{{Node: "b", Addr: px.ln.Addr().String(), Export: "vm/root"}}, nil,
+				Options{Timeout: 5 * time.Second,
+					OutOfSync: func(node string, cause error) error { meanwhile("out-of-sync"); return nil },
+					Bitmap: func(node string) (*Bitmap, bool, error) {
+						meanwhile("bitmap")
+						return MemoryBitmap(diskSize, DefaultGranule), true, nil
+					}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			d = s.Disk(local)
+			fio.LimitWrites(0)
+			if err := d.WriteAt(bytes.Repeat([]byte{2}, 4096), 1<<20, false); err != nil {
+				t.Fatalf("write refused by the copy: %v", err)
+			}
+			if calls != 1 || lateErr != nil {
+				t.Fatalf("%d calls while the copy left; the flush and change meanwhile: %v", calls, lateErr)
+			}
+			if len(s.InSync()) != 0 {
+				t.Fatalf("in sync: %v", s.InSync())
+			}
+			got := make([]byte, 4096)
+			if err := copyDisk.ReadAt(got, 3<<20); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, late) {
+				t.Fatal("the change made while the copy was leaving did not reach it: the test missed the window")
+			}
+			want := [][2]int64{{1 << 20, 64 << 10}, {3 << 20, 64 << 10}}
+			if r := s.Bitmap("b").Ranges(); len(r) != 2 || r[0] != want[0] || r[1] != want[1] {
+				t.Fatalf("bitmap %v, want %v (the refused write and the change sent while the copy left)", r, want)
+			}
+		})
 	}
 }

@@ -6,11 +6,12 @@
 // disk and every in-sync copy answered. A copy that fails leaves the
 // in-sync set only through the caller's OutOfSync, which must record it
 // (an etcd transaction at the primary's term) before the request can be
-// acknowledged; from then on every change is marked, before it is applied,
-// in the copy's write-ahead dirty Bitmap (a file of the pool). Resync copies
-// the dirty granules to a returning copy while I/O goes on and Rejoin puts
-// it back in sync; Freeze holds the disk's I/O for a snapshot on every
-// copy at one cut.
+// acknowledged; from then on, until it is back in sync, every change is
+// marked, before it is applied, in the copy's write-ahead dirty Bitmap (a
+// file of the pool), during its resync too. Resync copies the dirty
+// granules to a returning copy while I/O goes on and Rejoin puts it back in
+// sync; Freeze holds the disk's I/O for a snapshot on every copy at one
+// cut.
 //
 // It imports pool for the disk interface, storage and durable for the
 // bitmap files; it knows nothing of etcd or of the NBD server.

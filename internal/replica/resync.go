@@ -23,9 +23,20 @@ var ErrBitmapLeft = errors.New("copy in sync, but its dirty bitmap could not be 
 // the request); Run copies the granules that were dirty when it began, each
 // under its byte range lock, so a change to a granule being copied waits
 // and lands after it, on both sides; Rejoin, with the gate held
-// exclusively, flushes the copy and makes it in sync. The dirty bitmap keeps
-// every bit until Rejoin removes it: a resync that stops leaves it whole for
-// the next one.
+// exclusively, flushes the copy and makes it in sync.
+//
+// Durability: the copy is out of sync until Rejoin, and its dirty bitmap
+// covers every change it may lack until then. Every change mirrored to it
+// is marked in the bitmap, durably, before it is applied, as while the copy
+// was behind (a first change to a clean granule costs one bitmap write and
+// fdatasync, none after); the bitmap keeps every bit until Rejoin removes
+// it. So a resync that stops, however it stops (a failed request, Abort,
+// a failed Rejoin, Retire, Close) or a crash of the primary, leaves in the
+// bitmap the granules copied and every change mirrored since BeginResync,
+// flushed on the copy or not, for the next resync to copy again. (Marking
+// at the stop only what the copy had not flushed would spare those syncs,
+// but a crash of the primary during the resync would leave the mirrored
+// changes unmarked.)
 type Resync struct {
 	s      *Set
 	node   string
@@ -111,26 +122,20 @@ func (r *Resync) fail(err error) {
 	r.c.close()
 }
 
-// stopResync ends r after a change failed on its copy: the change's range
-// is marked (the copy lacks it) and the copy is out of sync as before.
-func (s *Set) stopResync(r *Resync, cause error, off, length int64) error {
+// stopResync ends r: the copy is out of sync as before. Nothing is marked:
+// every change mirrored to it, the failed one too, was marked in its bitmap
+// before it was applied.
+func (s *Set) stopResync(r *Resync, cause error) {
 	s.mu.Lock()
 	if s.resync[r.node] == r {
 		delete(s.resync, r.node)
 	}
-	b := s.bitmaps[r.node]
 	s.mu.Unlock()
 	r.fail(cause)
-	if b != nil {
-		if err := b.Mark(off, length); err != nil {
-			return fmt.Errorf("%w: copy on %s: %w (recording its changes: %w)", ErrNotAcknowledged, r.node, cause, err)
-		}
-	}
-	return nil
 }
 
 // Abort stops the resync; the copy stays out of sync with its bitmap.
-func (r *Resync) Abort(cause error) { _ = r.s.stopResync(r, cause, 0, 0) }
+func (r *Resync) Abort(cause error) { r.s.stopResync(r, cause) }
 
 // Run copies the dirty granules from src (a handle of the local disk),
 // calling wait before each (a rate limit; nil: none). It returns when all
@@ -211,7 +216,7 @@ func Rejoin(rs []*Resync, commit func() error) error {
 	}
 	abort := func(err error) error {
 		for _, r := range rs {
-			_ = r.s.stopResync(r, err, 0, 0)
+			r.s.stopResync(r, err)
 		}
 		return err
 	}

@@ -302,3 +302,92 @@ func TestResyncOfACopyDroppedByAnotherDisk(t *testing.T) {
 		t.Fatal("the copy differs after the resync")
 	}
 }
+
+// TestStoppedResyncKeepsMirroredWrites: a write mirrored to a resyncing
+// copy, acknowledged but not flushed there, is in the copy's bitmap file
+// however the resync stops (the copy may lose it, and the copy's next
+// resync must copy it), beside the granules that were dirty before.
+func TestStoppedResyncKeepsMirroredWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		stop func(t *testing.T, s *Set, d *Disk, rs *Resync, px *proxy)
+		also int64 // a granule the stop marks too, or 0
+	}{
+		{"abort", func(t *testing.T, s *Set, d *Disk, rs *Resync, px *proxy) { rs.Abort(errors.New("cancelled")) }, 0},
+		{"failed request", func(t *testing.T, s *Set, d *Disk, rs *Resync, px *proxy) {
+			px.cut()
+			if err := d.WriteAt(make([]byte, 4096), 5<<20, false); err != nil {
+				t.Fatalf("a write with the resyncing copy cut: %v", err)
+			}
+		}, 5 << 20},
+		{"failed run", func(t *testing.T, s *Set, d *Disk, rs *Resync, px *proxy) {
+			px.cut()
+			if err := rs.Run(context.Background(), d, nil); !errors.Is(err, ErrResync) {
+				t.Fatalf("run: %v", err)
+			}
+		}, 0},
+		{"failed rejoin", func(t *testing.T, s *Set, d *Disk, rs *Resync, px *proxy) {
+			if err := rs.Run(context.Background(), d, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := Rejoin([]*Resync{rs}, func() error { return errors.New("etcd: lease lost") }); err == nil {
+				t.Fatal("rejoin with a failed commit")
+			}
+		}, 0},
+		{"retire", func(t *testing.T, s *Set, d *Disk, rs *Resync, px *proxy) {
+			thaw := s.Freeze()
+			s.Retire()
+			thaw()
+		}, 0},
+		{"close", func(t *testing.T, s *Set, d *Disk, rs *Resync, px *proxy) { s.Close() }, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, local := openDisk(t)
+			copyPool, copyDisk := openDisk(t)
+			px := serveCopy(t, copyPool)
+			fsys := openFS(t)
+			rel := BitmapPath("uid", "root", "b")
+			oos := &outOfSync{}
+			s, err := NewSet(context.Background(), diskSize, nil, []string{"b"}, Options{Timeout: time.Second, OutOfSync: oos.record,
+				Bitmap: func(node string) (*Bitmap, bool, error) {
+					return OpenBitmap(fsys, BitmapPath("uid", "root", node), diskSize, DefaultGranule)
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			d := s.Disk(local)
+			if err := d.WriteAt(bytes.Repeat([]byte{1}, 4096), 0, false); err != nil { // behind: granule 0
+				t.Fatal(err)
+			}
+			rs, err := s.BeginResync(context.Background(), Copy{Node: "b", Addr: px.ln.Addr().String(), Export: "vm/root"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mirrored := bytes.Repeat([]byte{2}, 4096)
+			if err := d.WriteAt(mirrored, 2<<20, false); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, 4096)
+			if err := copyDisk.ReadAt(got, 2<<20); err != nil || !bytes.Equal(got, mirrored) {
+				t.Fatalf("the write was not mirrored to the resyncing copy (%v)", err)
+			}
+			tc.stop(t, s, d, rs, px)
+			if rs.Err() == nil {
+				t.Fatal("the resync did not stop")
+			}
+			b, _, err := OpenBitmap(fsys, rel, diskSize, DefaultGranule)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			marked := map[int64]bool{}
+			for _, r := range b.Ranges() {
+				marked[r[0]] = true
+			}
+			if !marked[0] || !marked[2<<20] || !marked[tc.also] {
+				t.Fatalf("bitmap file after the stop: %v, want the granules at 0, 2 MiB and %d", b.Ranges(), tc.also)
+			}
+		})
+	}
+}
