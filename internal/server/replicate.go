@@ -113,8 +113,9 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 func (e replicatedExports) openSession(ctx context.Context, volume, disk, token string, role cluster.Role,
 	peer string) (nbd.Export, error) {
 	refuse := func(err error) (nbd.Export, error) {
+		// Why is for the log; the peer learns only that it was refused.
 		e.log.Warn("replication session refused", "volume", volume, "disk", disk, "peer", peer, "err", err)
-		return nbd.Export{}, fmt.Errorf("export %s: %w: %w", volume+"/"+disk, pool.ErrUnauthorized, err)
+		return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, pool.ErrUnauthorized)
 	}
 	cred, err := replica.ParseCredential(volume, disk, token)
 	if err != nil {

@@ -113,7 +113,7 @@ func TestReplicationCredentials(t *testing.T) {
 	attempt("a credential for another instance of the copy's node", forged(func(c *replica.Credential) {
 		c.Instance = "an-earlier-process"
 	}, key))
-	attempt("a credential of an older term", forged(func(c *replica.Credential) { c.Term-- }, key))
+	attempt("a credential of another term", forged(func(c *replica.Credential) { c.Term++ }, key))
 	attempt("a credential of another node as primary", forged(func(c *replica.Credential) { c.Primary = cp.name }, key))
 	attempt("a credential older than the primary's session", forged(func(c *replica.Credential) { c.Epoch = 1 }, key))
 	if got := fileBytes(t, cp, "sess", "root", 2*mib, mib); string(got) != string(before) {
@@ -122,6 +122,21 @@ func TestReplicationCredentials(t *testing.T) {
 	copyStates(t, prim, "sess", api.CopyInSync)
 	if t.Failed() {
 		return
+	}
+
+	// A client stays connected to the primary: its handle's Set keeps
+	// its sessions to the copy.
+	client, err := nbdclient.Dial(ctx, prim.ip+":10809", "sess/root/"+att.Token, nbdclient.Options{Dial: c.net.dial,
+		Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	if err := client.WriteAt(fill(0x11, mib), 3*mib, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Flush(); err != nil {
+		t.Fatal(err)
 	}
 
 	// A session signed with the cluster's key opens (once: its replay
@@ -135,7 +150,12 @@ func TestReplicationCredentials(t *testing.T) {
 	}
 	conn.Close()
 	attempt("a replay of that session's credential", ctrl.Export(key))
-	c.qemuIO(t, uri, "write -P 0xcd 1M 1M", "flush")
+	if err := client.WriteAt(fill(0xcd, mib), mib, false); err != nil {
+		t.Fatalf("a write after the copy's session was replaced: %v", err)
+	}
+	if err := client.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	c.waitVolume(t, prim, "sess", "the copy fenced, then resynced", func(v api.Volume) bool {
 		for _, cc := range v.Copies {
 			if cc.State != api.CopyInSync {
@@ -151,9 +171,20 @@ func TestReplicationCredentials(t *testing.T) {
 	if cs := fileSum(t, filepath.Join(cp.pool, "volumes", "sess", "disks", "root.img")); cs != ps {
 		t.Fatalf("copy %s in sync with another image than the primary's", cp.name)
 	}
-	if !strings.Contains(prim.proc.Log.String(), replica.ErrSessionFenced.Error()) {
-		t.Errorf("the primary's log does not show its session fenced")
+	if !strings.Contains(prim.proc.Log.String(), "copy out of sync") {
+		t.Errorf("the primary's log does not show the copy recorded out of sync when its session was replaced")
 	}
+	if n := strings.Count(cp.proc.Log.String(), "replication session refused"); n < 6 {
+		t.Errorf("the copy logged %d refused sessions, want one per attempt", n)
+	}
+}
+
+func fill(b byte, n int) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = b
+	}
+	return p
 }
 
 // poolAttachment is what the test reads of a pool's attachments.json.
