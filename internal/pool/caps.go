@@ -92,8 +92,8 @@ func (p *Pool) probeCaps() (storage.Caps, error) {
 			if errors.Is(perr, storage.ErrNoSpace) {
 				hint = "free some space on the pool's filesystem"
 			}
-			return storage.Caps{}, fmt.Errorf("probe pool filesystem: could not tell whether it has %s: %w; %s cannot stand in: %s (%s)",
-				names, perr, capsFile, why, hint)
+			return storage.Caps{}, fmt.Errorf("probe pool filesystem: %w; %s cannot stand in for %s: %s (%s)",
+				perr, capsFile, names, why, hint)
 		}
 		caps = probed
 		if rerr == nil {
