@@ -8,7 +8,7 @@
 //
 //	<pool>/pool.json                         identity, written once
 //	<pool>/pool.lock                         flock of the one process with the pool open
-//	<pool>/caps.json                         what the last probe of the filesystem found
+//	<pool>/caps.json                         the capabilities the filesystem has shown (caps.go)
 //	<pool>/staging/                          work in progress; wiped at start
 //	<pool>/volumes/<vol>/volume.json         the volume manifest
 //	<pool>/volumes/<vol>/disks/<disk>.img    sparse raw disk images

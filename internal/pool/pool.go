@@ -78,18 +78,6 @@ type Pool struct {
 	attachHook AttachmentsHook
 }
 
-// DisableUnshareGuard turns off, for disks opened from now on, what keeps
-// the first writes into unowned chunks on XFS from blocks another file's
-// copy on write just left to the image (unshare.go). Unsafe: for the
-// benchmark that measures what the guard costs, and the test that shows
-// what it prevents.
-func (p *Pool) DisableUnshareGuard() {
-	if p.us != nil {
-		p.us.close()
-	}
-	p.us = nil
-}
-
 // SetChunkSize sets the unit of chunk ownership (chunks.go) for disks opened
 // from now on; 0 turns it off. Pools on filesystems with reflink start with
 // ChunkSize, others with 0. For tests.

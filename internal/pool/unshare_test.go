@@ -395,16 +395,13 @@ func clonedOnXFS(t *testing.T, size int64, guarded bool) (*Pool, string, Disk) {
 	t.Helper()
 	dir := filepath.Join(testfs.MountXFS(t, 300<<20), "pool")
 	ctx := context.Background()
-	p, err := Open(ctx, dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p, err := OpenWith(ctx, dir, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), NoUnshareGuard: !guarded})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.us == nil {
+	if !p.Caps().Reflink || (p.us != nil) != guarded {
 		p.Close()
-		t.Fatalf("a pool on XFS has no unsharer (caps %+v)", p.Caps())
-	}
-	if !guarded {
-		p.DisableUnshareGuard() // disks opened from now on write as before the fix
+		t.Fatalf("a pool on XFS (caps %+v): unsharer %v, want %v", p.Caps(), p.us != nil, guarded)
 	}
 	mustCreate(t, p, VolumeSpec{Name: "src", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
 	src, _ := p.Volume("src")

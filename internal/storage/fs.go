@@ -9,6 +9,10 @@ import (
 // Caps is what a filesystem was found to support (fscap.Probe).
 type Caps = fscap.Caps
 
+// ProbeError is FS.Probe's error when it could not tell whether the
+// filesystem has some features (fscap.ProbeError): unknown, not missing.
+type ProbeError = fscap.ProbeError
+
 // Extent is one extent of a file's data: where it lies in the file and on
 // the device, and its FIEMAP flags (fscap.ExtentShared: shared by a
 // reflink with another file).
@@ -60,7 +64,8 @@ type FS interface {
 	// order; ErrNotSupported where the filesystem has none (tmpfs, NFS).
 	Extents(rel string) ([]Extent, error)
 	// Probe finds out what the filesystem supports, trying each feature on
-	// temporary files in the directory rel.
+	// temporary files in the directory rel. Features it could not tell are
+	// named by a *ProbeError in its error (fscap.Probe).
 	Probe(rel string) (Caps, error)
 	Close() error
 }

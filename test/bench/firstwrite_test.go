@@ -71,12 +71,9 @@ func us(d time.Duration) string { return fmt.Sprintf("%.1f us", float64(d.Nanose
 // pool, and again into the same (now owned) chunks.
 func firstWrites(t *testing.T, ctx context.Context, dir string, guard bool, size int64, writes int) [3]time.Duration {
 	open := func() *pool.Pool {
-		p, err := pool.Open(ctx, dir, quietLog())
+		p, err := pool.OpenWith(ctx, dir, pool.Options{Logger: quietLog(), NoUnshareGuard: !guard})
 		if err != nil {
 			t.Fatal(err)
-		}
-		if !guard {
-			p.DisableUnshareGuard()
 		}
 		return p
 	}
