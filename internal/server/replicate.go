@@ -93,7 +93,7 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 		e.log.Debug("replicated export opened", "volume", volume, "disk", disk, "term", role.Term, "inSync", ent.set.InSync())
 		ex.Disk = &setDisk{Disk: ent.set.Disk(ex.Disk), release: func() { e.sets.release(ent) }}
 	}
-	ex.Disk = &primaryDisk{Disk: ex.Disk, node: e.node, prim: prim,
+	ex.Disk = &primaryDisk{disk: ex.Disk, lease: e.node, prim: prim,
 		retired: func() bool { return e.sets.retiredAt(volume, prim.Term) }}
 	return ex, nil
 }
