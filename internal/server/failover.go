@@ -108,6 +108,19 @@ type leaseHolder interface {
 
 var _ leaseHolder = (*cluster.Node)(nil)
 
+// primaryHandle returns the handle through which the primary at prim serves
+// a client its disk d (the pool's, through metrics): a read-write handle
+// writes through the disk's replication Set (set; release runs once it is
+// closed), and every handle is fenced by the lease (primaryDisk), retired
+// telling whether the volume was handed over since.
+func primaryHandle(d pool.Disk, set *replica.Set, release func(), lease leaseHolder, prim cluster.Primacy,
+	retired func() bool) pool.Disk {
+	if set != nil {
+		d = &setDisk{disk: set.Disk(d), release: release}
+	}
+	return &primaryDisk{disk: d, lease: lease, prim: prim, retired: retired}
+}
+
 // primaryDisk is the primary's handle of a replicated volume's disk: a
 // request is acknowledged only while this node surely holds the lease under
 // which it is the primary (docs/cluster.md, "Lease fencing"). When the lease

@@ -1,14 +1,17 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"reflect"
 	"slices"
 	"testing"
 
 	"github.com/quiverstorage/quiver/internal/cluster"
+	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/replica"
 )
 
 // diskMethod is one method of pool.Disk called on a handle. A request
@@ -114,5 +117,95 @@ func TestPrimaryDiskFencesEveryMethod(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestReplicatedChainOffersNoInnerCapability: the handle a replicated
+// volume's primary serves (primaryHandle over the pool's disk counted by
+// metrics, through the disk's Set when read-write) offers none of the
+// capabilities of the disk under it, which the disk (as the pool's live
+// disk does) offers: a request by one of them would skip the lease check
+// and, for a write, the copies. Neither does any wrapper of the chain
+// declare one it does not implement with its own checks, and every request
+// reaches the disk the ordinary way.
+func TestReplicatedChainOffersNoInnerCapability(t *testing.T) {
+	const size = 1 << 20
+	for _, tc := range []struct {
+		name       string
+		replicated bool
+	}{
+		{"read-write, through the Set", true},
+		{"without a Set (read-only)", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inner := newMemDisk(size)
+			counted := metrics.New(nil).Wrap(inner, "vm", "root", nil)
+			if c := pool.CapabilitiesOf(counted); c.Nonblocking == nil || c.Sender == nil || c.Batcher == nil {
+				t.Fatalf("the counted disk offers %+v: the fake should offer every capability", c)
+			}
+			var set *replica.Set
+			released := 0
+			if tc.replicated {
+				var err error
+				if set, err = replica.NewSet(context.Background(), size, nil, nil, replica.Options{}); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(set.Close)
+			}
+			lease := &fakeLease{}
+			lease.held.Store(true)
+			h := primaryHandle(counted, set, func() { released++ }, lease, cluster.Primacy{Term: 1},
+				func() bool { return false })
+
+			// Every wrapper's own declaration, outermost first.
+			layers := []pool.Disk{h}
+			for d := h; ; {
+				switch w := d.(type) {
+				case *primaryDisk:
+					d = w.disk
+				case *setDisk:
+					d = w.disk
+				default:
+					d = nil
+				}
+				if d == nil || d == pool.Disk(counted) {
+					break
+				}
+				layers = append(layers, d)
+			}
+			if tc.replicated && len(layers) != 3 {
+				t.Fatalf("chain %T: want primaryDisk, setDisk, replica.Disk", layers)
+			}
+			for _, l := range layers {
+				if c := l.Capabilities(); c.Nonblocking != nil || c.Batcher != nil || c.Sender != nil || c.DataReader != nil {
+					t.Errorf("%T declares %+v", l, c)
+				}
+			}
+			if c := pool.CapabilitiesOf(h); c != (pool.Capabilities{}) {
+				t.Errorf("the served handle offers %+v", c)
+			}
+
+			// Every request reaches the disk as itself.
+			want := []string{"read", "cache", "extents"}
+			if tc.replicated {
+				want = []string{"read", "write", "flush", "trim", "zero", "cache", "extents"}
+			}
+			for _, m := range diskMethods {
+				if m.request && (tc.replicated || m.name == "ReadAt" || m.name == "Cache" || m.name == "Extents") {
+					if err := m.call(h); err != nil {
+						t.Fatalf("%s: %v", m.name, err)
+					}
+				}
+			}
+			if got := inner.seen(); !slices.Equal(got, want) {
+				t.Fatalf("the disk saw %q, want %q", got, want)
+			}
+			if err := h.Close(); err != nil || !inner.closed {
+				t.Fatalf("close: %v, disk closed %v", err, inner.closed)
+			}
+			if tc.replicated && released != 1 {
+				t.Fatalf("the Set released %d times on close, want once", released)
+			}
+		})
 	}
 }
