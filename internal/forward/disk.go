@@ -186,6 +186,9 @@ func (d *Disk) Extents(off, length int64, limit int) ([]pool.Extent, error) {
 	return []pool.Extent{{Offset: off, Length: length}}, nil
 }
 
+// Capabilities: none, every request goes to the primary.
+func (d *Disk) Capabilities() pool.Capabilities { return pool.Capabilities{} }
+
 // Close closes the connection to the primary.
 func (d *Disk) Close() error {
 	d.mu.Lock()

@@ -55,6 +55,7 @@ func (d memDisk) Flush() error                           { return nil }
 func (d memDisk) Trim(off, length int64, fua bool) error { return d.Zero(off, length, 0) }
 func (d memDisk) Cache(off, length int64) error          { return nil }
 func (d memDisk) Close() error                           { return nil }
+func (d memDisk) Capabilities() pool.Capabilities        { return pool.Capabilities{} }
 func (d memDisk) Zero(off, length int64, _ pool.ZeroFlags) error {
 	return d.WriteAt(make([]byte, length), off, false)
 }

@@ -20,9 +20,13 @@ type opStats struct {
 
 // Disk wraps a disk handle: each request first waits for QoS tokens (without
 // holding the volume's I/O gate, which the inner handle takes), then runs,
-// and is counted and timed.
+// and is counted and timed. It offers each capability of the inner handle
+// (pool.Capabilities) through its own, which counts requests; on a volume
+// with QoS limits they refuse every request (pool.ErrWouldBlock), which then
+// waits for its tokens the ordinary way.
 type Disk struct {
-	pool.Disk
+	inner     pool.Disk
+	caps      pool.Capabilities // the inner handle's
 	m         *Metrics
 	lim       *qos.Limiter
 	stats     [len(ops)]opStats // indexed like ops: no map lookup per request
@@ -31,12 +35,15 @@ type Disk struct {
 	fenced    prometheus.Counter
 }
 
-var _ pool.Disk = (*Disk)(nil)
+var (
+	_ pool.Disk       = (*Disk)(nil)
+	_ pool.DataReader = (*Disk)(nil)
+)
 
 // Wrap returns d counted under (volume, disk) and limited by lim (nil: no
 // limit).
 func (m *Metrics) Wrap(d pool.Disk, volume, disk string, lim *qos.Limiter) *Disk {
-	w := &Disk{Disk: d, m: m, lim: lim}
+	w := &Disk{inner: d, caps: d.Capabilities(), m: m, lim: lim}
 	for i, op := range ops {
 		w.stats[i] = opStats{
 			count:   m.ops.WithLabelValues(volume, disk, op),
@@ -48,6 +55,36 @@ func (m *Metrics) Wrap(d pool.Disk, volume, disk string, lim *qos.Limiter) *Disk
 	w.throttled = m.throttled.WithLabelValues(volume, disk)
 	w.fenced = m.fenced.WithLabelValues(volume, disk)
 	return w
+}
+
+func (d *Disk) Size() int64    { return d.inner.Size() }
+func (d *Disk) ReadOnly() bool { return d.inner.ReadOnly() }
+func (d *Disk) Close() error   { return d.inner.Close() }
+
+// Cache is neither limited nor counted: it only reads ahead.
+func (d *Disk) Cache(off, length int64) error { return d.inner.Cache(off, length) }
+
+// Extents is neither limited nor counted: it reads the disk's map, not its
+// data.
+func (d *Disk) Extents(off, length int64, limit int) ([]pool.Extent, error) {
+	return d.inner.Extents(off, length, limit)
+}
+
+// Capabilities offers, of the inner handle's capabilities, those this
+// wrapper counts: each through the wrapper's own method. ReadData is always
+// offered.
+func (d *Disk) Capabilities() pool.Capabilities {
+	c := pool.Capabilities{DataReader: d}
+	if d.caps.Nonblocking != nil {
+		c.Nonblocking = d
+	}
+	if d.caps.Batcher != nil {
+		c.Batcher = d
+	}
+	if d.caps.Sender != nil {
+		c.Sender = d
+	}
+	return c
 }
 
 // admit waits for QoS tokens and starts accounting a request.
@@ -115,7 +152,7 @@ func errorKind(err error) string {
 func (d *Disk) ReadAt(p []byte, off int64) error {
 	start, err := d.admit(qos.Read, int64(len(p)))
 	if err == nil {
-		err = d.Disk.ReadAt(p, off)
+		err = d.inner.ReadAt(p, off)
 	}
 	return d.done(iRead, start, int64(len(p)), err)
 }
@@ -127,16 +164,23 @@ func (d *Disk) ReadAt(p []byte, off int64) error {
 func (d *Disk) ReadData(p []byte, off int64, ext []pool.Extent) error {
 	start, err := d.admit(qos.Read, int64(len(p)))
 	if err == nil {
-		err = pool.ReadExtents(d.Disk, p, off, ext)
+		err = d.readData(p, off, ext)
 	}
 	return d.done(iRead, start, int64(len(p)), err)
+}
+
+func (d *Disk) readData(p []byte, off int64, ext []pool.Extent) error {
+	if dr := d.caps.DataReader; dr != nil {
+		return dr.ReadData(p, off, ext)
+	}
+	return pool.ReadExtents(d.inner, p, off, ext)
 }
 
 // WriteAt counts a write.
 func (d *Disk) WriteAt(p []byte, off int64, fua bool) error {
 	start, err := d.admit(qos.Write, int64(len(p)))
 	if err == nil {
-		err = d.Disk.WriteAt(p, off, fua)
+		err = d.inner.WriteAt(p, off, fua)
 	}
 	return d.done(iWrite, start, int64(len(p)), err)
 }
@@ -145,14 +189,14 @@ func (d *Disk) WriteAt(p []byte, off int64, fua bool) error {
 func (d *Disk) Flush() error {
 	start := time.Now()
 	d.inflight.Inc()
-	return d.done(iFlush, start, 0, d.Disk.Flush())
+	return d.done(iFlush, start, 0, d.inner.Flush())
 }
 
 // Trim counts a trim as a write operation of no bandwidth.
 func (d *Disk) Trim(off, length int64, fua bool) error {
 	start, err := d.admit(qos.Write, 0)
 	if err == nil {
-		err = d.Disk.Trim(off, length, fua)
+		err = d.inner.Trim(off, length, fua)
 	}
 	return d.done(iTrim, start, 0, err)
 }
@@ -161,7 +205,7 @@ func (d *Disk) Trim(off, length int64, fua bool) error {
 func (d *Disk) Zero(off, length int64, flags pool.ZeroFlags) error {
 	start, err := d.admit(qos.Write, 0)
 	if err == nil {
-		err = d.Disk.Zero(off, length, flags)
+		err = d.inner.Zero(off, length, flags)
 	}
 	return d.done(iZero, start, 0, err)
 }
@@ -179,8 +223,8 @@ func (d *Disk) TryReadAt(p []byte, off int64) error { return d.try(iRead, p, off
 func (d *Disk) TryWriteAt(p []byte, off int64) error { return d.try(iWrite, p, off) }
 
 func (d *Disk) try(op opIndex, p []byte, off int64) error {
-	nb, ok := d.Disk.(pool.Nonblocking)
-	if !ok || !d.lim.Unlimited() {
+	nb := d.caps.Nonblocking
+	if nb == nil || !d.lim.Unlimited() {
 		return pool.ErrWouldBlock
 	}
 	start := time.Now()
@@ -202,8 +246,8 @@ var _ pool.Batcher = (*Disk)(nil)
 // (pool.Batcher); like TryReadAt, only those done are counted, each as one
 // request whose latency is the batch's.
 func (d *Disk) TryBatch(ios []pool.IO) {
-	b, ok := d.Disk.(pool.Batcher)
-	if !ok || !d.lim.Unlimited() {
+	b := d.caps.Batcher
+	if b == nil || !d.lim.Unlimited() {
 		for i := range ios {
 			if ios[i].Err == nil {
 				ios[i].Err = pool.ErrWouldBlock
@@ -232,8 +276,8 @@ var _ pool.Sender = (*Disk)(nil)
 // then reads the ordinary way, which counts it. A failure after part was
 // sent counts as a failed read.
 func (d *Disk) TrySendTo(sock int, head []byte, off int64, n int) (int, error) {
-	s, ok := d.Disk.(pool.Sender)
-	if !ok || !d.lim.Unlimited() {
+	s := d.caps.Sender
+	if s == nil || !d.lim.Unlimited() {
 		return 0, pool.ErrWouldBlock
 	}
 	start := time.Now()

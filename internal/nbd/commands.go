@@ -247,12 +247,6 @@ func (c *conn) read(req *request, r runner) bool {
 	return true
 }
 
-// dataReader is implemented by disks that account a sparse read as one
-// request (metrics.Disk): QoS and metrics must see what the client asked.
-type dataReader interface {
-	ReadData(p []byte, off int64, ext []pool.Extent) error
-}
-
 func hasHole(ext []pool.Extent) bool {
 	for _, e := range ext {
 		if e.Hole {
@@ -268,7 +262,7 @@ func (c *conn) readSparse(req *request, ext []pool.Extent) {
 	base := int64(req.off)
 	buf := (*req.buf)[req.room:]
 	var err error
-	if dr, ok := c.disk.(dataReader); ok {
+	if dr := c.caps.DataReader; dr != nil {
 		err = dr.ReadData(buf, base, ext)
 	} else {
 		err = pool.ReadExtents(c.disk, buf, base, ext)

@@ -44,7 +44,11 @@ type conn struct {
 
 	// Set by negotiation, read-only in the transmission phase.
 	disk pool.Disk
-	nb   pool.Nonblocking // the disk, when it can try requests without waiting
+	// caps are the disk's capabilities as it declares them
+	// (pool.CapabilitiesOf), never found by asserting its type: a wrapper
+	// (metrics, replication, lease fencing) would defeat that.
+	caps pool.Capabilities
+	nb   pool.Nonblocking // caps.Nonblocking: the disk can try requests without waiting
 	// bt is the disk when the reader tries its small READs and WRITEs in
 	// batches (iobatch.go); nil with one worker.
 	bt          pool.Batcher
@@ -93,14 +97,15 @@ func (c *conn) open(ctx context.Context, name string) error {
 		return fmt.Errorf("export %q: %w", redactToken(name), err)
 	}
 	c.disk, c.revoked, c.export, c.description, c.size = x.Disk, x.Revoked, redactToken(name), x.Description, x.Disk.Size()
-	c.nb, _ = x.Disk.(pool.Nonblocking)
+	c.caps = pool.CapabilitiesOf(x.Disk)
+	c.nb = c.caps.Nonblocking
 	return nil
 }
 
 func (c *conn) closeDisk() {
 	if c.disk != nil {
 		_ = c.disk.Close()
-		c.disk, c.nb, c.bt = nil, nil, nil
+		c.disk, c.caps, c.nb, c.bt = nil, pool.Capabilities{}, nil, nil
 	}
 }
 
@@ -165,7 +170,7 @@ func (c *conn) serve(ctx context.Context) error {
 	c.reqs = make(chan *request, c.srv.cfg.Workers)
 	c.memWake = make(chan struct{}, 1)
 	if c.srv.cfg.Workers > 1 && c.nb != nil {
-		c.bt, _ = c.disk.(pool.Batcher)
+		c.bt = c.caps.Batcher
 		// A local file (schedule.go). A disk that cannot try requests
 		// without waiting writes over the network (a replicated or
 		// forwarded disk): its writes wait for a peer, not for the

@@ -245,8 +245,9 @@ func (d gateDisk) WriteAt(p []byte, off int64, fua bool) error {
 // A gateDisk tries nothing without waiting (pool.Nonblocking, always
 // ErrWouldBlock), as a file on ext4: small WRITEs go to the write executor,
 // where the gate holds them.
-func (gateDisk) TryReadAt([]byte, int64) error  { return pool.ErrWouldBlock }
-func (gateDisk) TryWriteAt([]byte, int64) error { return pool.ErrWouldBlock }
+func (gateDisk) TryReadAt([]byte, int64) error     { return pool.ErrWouldBlock }
+func (gateDisk) TryWriteAt([]byte, int64) error    { return pool.ErrWouldBlock }
+func (d gateDisk) Capabilities() pool.Capabilities { return pool.Capabilities{Nonblocking: d} }
 
 var (
 	_ Exports          = (*gateExports)(nil)

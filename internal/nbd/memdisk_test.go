@@ -208,6 +208,9 @@ func (h *memHandle) Extents(off, n int64, limit int) ([]pool.Extent, error) {
 	return out, nil
 }
 
+// Capabilities: a memHandle offers none (nbHandle does).
+func (h *memHandle) Capabilities() pool.Capabilities { return pool.Capabilities{} }
+
 func (h *memHandle) Close() error {
 	if h.closed.Swap(true) {
 		h.d.e.violate("handle closed twice")
@@ -228,6 +231,10 @@ type nbHandle struct {
 }
 
 var _ pool.Nonblocking = (*nbHandle)(nil)
+
+func (h *nbHandle) Capabilities() pool.Capabilities {
+	return pool.Capabilities{Nonblocking: h, Batcher: h}
+}
 
 func (h *nbHandle) TryReadAt(p []byte, off int64) error {
 	if h.tries.Add(1)%3 == 0 {

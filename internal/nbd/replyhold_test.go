@@ -45,6 +45,8 @@ func (d holdDisk) WriteAt(p []byte, off int64, fua bool) error {
 func (holdDisk) TryReadAt([]byte, int64) error  { return pool.ErrWouldBlock }
 func (holdDisk) TryWriteAt([]byte, int64) error { return pool.ErrWouldBlock }
 
+func (d holdDisk) Capabilities() pool.Capabilities { return pool.Capabilities{Nonblocking: d} }
+
 var _ pool.Nonblocking = holdDisk{}
 
 // TestWriteReplyNotHeldBehindWaitingWrite: two WRITEs arrive together and
@@ -103,6 +105,9 @@ func (n *netExports) Open(ctx context.Context, name, peer string) (Export, error
 	x.Disk = netDisk{Disk: x.Disk, x: n}
 	return x, nil
 }
+
+// Capabilities: none, as a replicated or forwarded disk.
+func (netDisk) Capabilities() pool.Capabilities { return pool.Capabilities{} }
 
 func (d netDisk) WriteAt(p []byte, off int64, fua bool) error {
 	d.x.entered <- off

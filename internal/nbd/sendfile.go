@@ -55,8 +55,8 @@ func (s *fileSender) send(fd uintptr) bool {
 // false, having sent nothing, when the request must be read the ordinary
 // way; otherwise req is answered (or the stream broken) and released.
 func (c *conn) sendFile(req *request, r runner, off int64, n int) bool {
-	sd, ok := c.disk.(pool.Sender)
-	if _, unixSock := c.nc.LocalAddr().(*net.UnixAddr); !ok || !unixSock || !c.snd.blocking || c.raw == nil {
+	sd := c.caps.Sender
+	if _, unixSock := c.nc.LocalAddr().(*net.UnixAddr); sd == nil || !unixSock || !c.snd.blocking || c.raw == nil {
 		return false
 	}
 	c.flushOut(r.out) // replies made so far go first

@@ -35,10 +35,22 @@ func (x sendCountExports) Open(ctx context.Context, name, peer string) (Export, 
 	if err != nil {
 		return Export{}, err
 	}
-	nb, _ := e.Disk.(pool.Nonblocking)
-	s, _ := e.Disk.(pool.Sender)
-	e.Disk = sendCountDisk{Disk: e.Disk, Nonblocking: nb, s: s, sent: x.sent, refused: x.refused}
+	caps := pool.CapabilitiesOf(e.Disk)
+	e.Disk = sendCountDisk{Disk: e.Disk, Nonblocking: caps.Nonblocking, s: caps.Sender, sent: x.sent, refused: x.refused}
 	return e, nil
+}
+
+// Capabilities offers the inner disk's Nonblocking side and, through
+// TrySendTo, its Sender, when it has them.
+func (d sendCountDisk) Capabilities() pool.Capabilities {
+	var c pool.Capabilities
+	if d.Nonblocking != nil {
+		c.Nonblocking = d
+	}
+	if d.s != nil {
+		c.Sender = d
+	}
+	return c
 }
 
 func (d sendCountDisk) TrySendTo(sock int, head []byte, off int64, n int) (int, error) {

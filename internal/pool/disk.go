@@ -55,6 +55,10 @@ type Disk interface {
 	// Extents reports data and holes in [off, off+length), at most limit
 	// of them when limit > 0 (they then cover only part of the range).
 	Extents(off, length int64, limit int) ([]Extent, error)
+	// Capabilities declares the optional ways the handle runs requests
+	// (Capabilities). A wrapper declares its own: never its inner handle's,
+	// unless every request through them passes the wrapper's checks.
+	Capabilities() Capabilities
 	Close() error
 }
 
@@ -608,6 +612,9 @@ func (d *snapshotDisk) Trim(int64, int64, bool) error      { return ErrReadOnly 
 func (d *snapshotDisk) Zero(int64, int64, ZeroFlags) error { return ErrReadOnly }
 func (d *snapshotDisk) Cache(off, length int64) error      { return cache(&d.df, off, length) }
 func (d *snapshotDisk) Close() error                       { return d.df.f.Close() }
+
+// Capabilities: a snapshot's handle offers none.
+func (d *snapshotDisk) Capabilities() Capabilities { return Capabilities{} }
 func (d *snapshotDisk) Extents(off, length int64, limit int) ([]Extent, error) {
 	if err := checkRange(off, length, d.df.size); err != nil {
 		return nil, err

@@ -244,7 +244,7 @@ func TestRemovedDiskEndsItsHandles(t *testing.T) {
 				{"read", func() error { return old.ReadAt(make([]byte, 4096), 0) }},
 				{"flush", func() error { return old.Flush() }},
 				{"extents", func() error { _, err := old.Extents(0, 4096, 0); return err }},
-				{"try read", func() error { return old.(Nonblocking).TryReadAt(make([]byte, 4096), 0) }},
+				{"try read", func() error { return old.Capabilities().Nonblocking.TryReadAt(make([]byte, 4096), 0) }},
 			}
 			for _, op := range ops {
 				if err := op.do(); !errors.Is(err, ErrDiskRemoved) {

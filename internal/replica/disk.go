@@ -482,6 +482,11 @@ func (d *Disk) Extents(off, length int64, limit int) ([]pool.Extent, error) {
 	return d.local.Extents(off, length, limit)
 }
 
+// Capabilities offers none of the local handle's: a write tried through
+// them (pool.Nonblocking, pool.Batcher) would change the local disk alone,
+// not the copies.
+func (d *Disk) Capabilities() pool.Capabilities { return pool.Capabilities{} }
+
 // WriteAt writes p locally and on every in-sync copy.
 func (d *Disk) WriteAt(p []byte, off int64, fua bool) error {
 	return d.set.change(off, int64(len(p)), func() error { return d.local.WriteAt(p, off, fua) },

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/cluster"
@@ -97,6 +98,29 @@ func followedRole(ctx context.Context, node *cluster.Node, volume string, term u
 	}
 }
 
+// leaseHolder is what a primaryDisk asks of its node (cluster.Node):
+// whether the lease under which it became the primary is surely held.
+type leaseHolder interface {
+	Holds(p cluster.Primacy) bool
+	LeaseTTL() time.Duration
+	Logger() *slog.Logger
+}
+
+var _ leaseHolder = (*cluster.Node)(nil)
+
+// primaryHandle returns the handle through which the primary at prim serves
+// a client its disk d (the pool's, through metrics): a read-write handle
+// writes through the disk's replication Set (set; release runs once it is
+// closed), and every handle is fenced by the lease (primaryDisk), retired
+// telling whether the volume was handed over since.
+func primaryHandle(d pool.Disk, set *replica.Set, release func(), lease leaseHolder, prim cluster.Primacy,
+	retired func() bool) pool.Disk {
+	if set != nil {
+		d = &setDisk{disk: set.Disk(d), release: release}
+	}
+	return &primaryDisk{disk: d, lease: lease, prim: prim, retired: retired}
+}
+
 // primaryDisk is the primary's handle of a replicated volume's disk: a
 // request is acknowledged only while this node surely holds the lease under
 // which it is the primary (docs/cluster.md, "Lease fencing"). When the lease
@@ -106,14 +130,23 @@ func followedRole(ctx context.Context, node *cluster.Node, volume string, term u
 // failed and that could not be recorded (replica.ErrNotAcknowledged: etcd
 // out of reach) is abandoned too, never failed: the new primary may well
 // apply it.
+//
+// Every request goes through the check: reads, holes and the allocation
+// map included (an old primary's answer could be stale, or fail a write
+// the new primary applied). It implements each method of pool.Disk itself
+// and embeds nothing, so a method added to pool.Disk does not compile here
+// until it is fenced; it offers no capability (pool.Capabilities), whose
+// requests would be answered without the check.
 type primaryDisk struct {
-	pool.Disk
-	node *cluster.Node
-	prim cluster.Primacy
+	disk  pool.Disk
+	lease leaseHolder
+	prim  cluster.Primacy
 	// retired says whether this node handed the volume over (a drain)
 	// since prim: every request is abandoned then, whatever it did here.
 	retired func() bool
 }
+
+var _ pool.Disk = (*primaryDisk)(nil)
 
 func (d *primaryDisk) ack(err error) error {
 	if d.retired != nil && d.retired() {
@@ -125,15 +158,15 @@ func (d *primaryDisk) ack(err error) error {
 	if err != nil {
 		return err
 	}
-	if d.node.Holds(d.prim) {
+	if d.lease.Holds(d.prim) {
 		return nil
 	}
 	start := time.Now()
-	deadline := start.Add(d.node.LeaseTTL())
+	deadline := start.Add(d.lease.LeaseTTL())
 	for time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
-		if d.node.Holds(d.prim) {
-			d.node.Logger().Info("lease renewed: acknowledging a request held meanwhile", "term", d.prim.Term,
+		if d.lease.Holds(d.prim) {
+			d.lease.Logger().Info("lease renewed: acknowledging a request held meanwhile", "term", d.prim.Term,
 				"held", time.Since(start))
 			return nil
 		}
@@ -141,14 +174,36 @@ func (d *primaryDisk) ack(err error) error {
 	return fmt.Errorf("%w: the lease of term %d may have expired: not acknowledged", nbd.ErrAbandon, d.prim.Term)
 }
 
-func (d *primaryDisk) ReadAt(p []byte, off int64) error { return d.ack(d.Disk.ReadAt(p, off)) }
+// Size and ReadOnly are the handle's, fixed when it was opened: the server
+// reads them to negotiate, not to answer a request.
+func (d *primaryDisk) Size() int64    { return d.disk.Size() }
+func (d *primaryDisk) ReadOnly() bool { return d.disk.ReadOnly() }
+
+func (d *primaryDisk) ReadAt(p []byte, off int64) error { return d.ack(d.disk.ReadAt(p, off)) }
 func (d *primaryDisk) WriteAt(p []byte, off int64, fua bool) error {
-	return d.ack(d.Disk.WriteAt(p, off, fua))
+	return d.ack(d.disk.WriteAt(p, off, fua))
 }
-func (d *primaryDisk) Flush() error { return d.ack(d.Disk.Flush()) }
+func (d *primaryDisk) Flush() error { return d.ack(d.disk.Flush()) }
 func (d *primaryDisk) Trim(off, length int64, fua bool) error {
-	return d.ack(d.Disk.Trim(off, length, fua))
+	return d.ack(d.disk.Trim(off, length, fua))
 }
 func (d *primaryDisk) Zero(off, length int64, flags pool.ZeroFlags) error {
-	return d.ack(d.Disk.Zero(off, length, flags))
+	return d.ack(d.disk.Zero(off, length, flags))
 }
+func (d *primaryDisk) Cache(off, length int64) error { return d.ack(d.disk.Cache(off, length)) }
+
+// Extents is fenced like a read: a READ over holes (structured replies) and
+// BLOCK_STATUS answer from the map alone.
+func (d *primaryDisk) Extents(off, length int64, limit int) ([]pool.Extent, error) {
+	ext, err := d.disk.Extents(off, length, limit)
+	if err := d.ack(err); err != nil {
+		return nil, err
+	}
+	return ext, nil
+}
+
+// Capabilities: none. The handle's requests all go through ack.
+func (d *primaryDisk) Capabilities() pool.Capabilities { return pool.Capabilities{} }
+
+// Close closes the handle whatever the lease: it answers no client.
+func (d *primaryDisk) Close() error { return d.disk.Close() }

@@ -80,6 +80,8 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 	if err != nil {
 		return ex, err
 	}
+	var set *replica.Set
+	var release func()
 	if !ex.Disk.ReadOnly() {
 		// The primary at prim.Term, in sync or degraded: every change
 		// goes through the disk's Set of this term, which writes the
@@ -96,10 +98,10 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 			return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
 		}
 		e.log.Debug("replicated export opened", "volume", volume, "disk", disk, "term", role.Term, "inSync", ent.set.InSync())
-		ex.Disk = &setDisk{Disk: ent.set.Disk(ex.Disk), release: func() { e.sets.release(ent) }}
+		set, release = ent.set, func() { e.sets.release(ent) }
 	}
-	ex.Disk = &primaryDisk{Disk: ex.Disk, node: e.node, prim: prim,
-		retired: func() bool { return e.sets.retiredAt(volume, prim.Term) }}
+	ex.Disk = primaryHandle(ex.Disk, set, release, e.node, prim,
+		func() bool { return e.sets.retiredAt(volume, prim.Term) })
 	return ex, nil
 }
 
@@ -169,15 +171,39 @@ func (r *replicaSets) copyOf(volume, disk string, term uint64, t cluster.Target)
 }
 
 // setDisk is a handle of a disk through its Set; closing it releases the
-// Set.
+// Set. It is the replica.Disk in every other way: each method passes to it,
+// with its capabilities (none), and nothing is embedded, so that a method
+// added to pool.Disk or to replica.Disk reaches no client unchecked.
 type setDisk struct {
-	*replica.Disk
+	disk    *replica.Disk
 	once    sync.Once
 	release func()
 }
 
+var _ pool.Disk = (*setDisk)(nil)
+
+func (d *setDisk) Size() int64                      { return d.disk.Size() }
+func (d *setDisk) ReadOnly() bool                   { return d.disk.ReadOnly() }
+func (d *setDisk) ReadAt(p []byte, off int64) error { return d.disk.ReadAt(p, off) }
+func (d *setDisk) WriteAt(p []byte, off int64, fua bool) error {
+	return d.disk.WriteAt(p, off, fua)
+}
+func (d *setDisk) Flush() error                           { return d.disk.Flush() }
+func (d *setDisk) Trim(off, length int64, fua bool) error { return d.disk.Trim(off, length, fua) }
+func (d *setDisk) Zero(off, length int64, flags pool.ZeroFlags) error {
+	return d.disk.Zero(off, length, flags)
+}
+func (d *setDisk) Cache(off, length int64) error { return d.disk.Cache(off, length) }
+func (d *setDisk) Extents(off, length int64, limit int) ([]pool.Extent, error) {
+	return d.disk.Extents(off, length, limit)
+}
+
+// Capabilities offers none: the replica.Disk offers none, and one it
+// offered would be its own, not setDisk's (pool.CapabilitiesOf).
+func (d *setDisk) Capabilities() pool.Capabilities { return pool.Capabilities{} }
+
 func (d *setDisk) Close() error {
-	err := d.Disk.Close()
+	err := d.disk.Close()
 	d.once.Do(d.release)
 	return err
 }

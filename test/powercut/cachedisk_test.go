@@ -219,4 +219,5 @@ func (h cacheHandle) Cache(off, length int64) error { return nil }
 func (h cacheHandle) Extents(off, length int64, _ int) ([]pool.Extent, error) {
 	return []pool.Extent{{Offset: off, Length: length}}, nil
 }
-func (h cacheHandle) Close() error { return nil }
+func (h cacheHandle) Capabilities() pool.Capabilities { return pool.Capabilities{} }
+func (h cacheHandle) Close() error                    { return nil }

@@ -237,4 +237,5 @@ func BenchmarkDiskPath(b *testing.B) {
 // nopDisk is a disk handle whose reads do nothing.
 type nopDisk struct{ pool.Disk }
 
-func (nopDisk) ReadAt([]byte, int64) error { return nil }
+func (nopDisk) ReadAt([]byte, int64) error      { return nil }
+func (nopDisk) Capabilities() pool.Capabilities { return pool.Capabilities{} }

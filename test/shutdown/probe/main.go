@@ -395,7 +395,7 @@ func (w *workload) burst(name string, vm *volModel) error {
 		dm[blk].later = append(dm[blk].later, id) // it may land from now on
 		how := "write"
 		done := false
-		if nb, ok := h.(pool.Nonblocking); ok && !fua && w.rng.IntN(2) == 0 {
+		if nb := h.Capabilities().Nonblocking; nb != nil && !fua && w.rng.IntN(2) == 0 {
 			switch err := nb.TryWriteAt(buf, int64(blk)*blockSize); {
 			case err == nil:
 				done, how = true, "nowait write"
