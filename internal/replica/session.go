@@ -202,3 +202,7 @@ func (d *sessionDisk) Extents(off, length int64, limit int) (out []pool.Extent, 
 	return out, err
 }
 func (d *sessionDisk) Close() error { return d.d.Close() }
+
+// Capabilities offers none: each of them would reach the copy's disk past
+// the session's check.
+func (d *sessionDisk) Capabilities() pool.Capabilities { return pool.Capabilities{} }
