@@ -52,6 +52,7 @@ var errorMapping = []struct {
 	{cluster.ErrVolumeNotFound, http.StatusNotFound, api.CodeNotFound},
 	{cluster.ErrTimeout, http.StatusServiceUnavailable, api.CodeUnavailable},
 	{cluster.ErrNoSession, http.StatusServiceUnavailable, api.CodeUnavailable},
+	{cluster.ErrUnknownOutcome, http.StatusServiceUnavailable, api.CodeUnavailable},
 	{cluster.ErrNotPrimary, http.StatusConflict, api.CodeNotPrimary},
 	{cluster.ErrNotSupported, http.StatusUnprocessableEntity, api.CodeNotSupported},
 	{cluster.ErrDegraded, http.StatusConflict, api.CodeDegraded},

@@ -56,6 +56,14 @@ func TestToError(t *testing.T) {
 		{"copies late", fmt.Errorf("create volume %q: %w", "web", cluster.ErrTimeout), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"no session", fmt.Errorf("create: %w", cluster.ErrNoSession), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"not primary", fmt.Errorf("attach: %w", cluster.ErrNotPrimary), http.StatusConflict, api.CodeNotPrimary, ""},
+		// As the cluster words a change asked of a node that is not the
+		// primary at the term it gives (issue 29: it was ErrNoSession, 503).
+		{"not primary at term", fmt.Errorf("record the disks of %q: this node is not the primary at term %d (primary %s, term %d): %w",
+			"web", 1, "n2", 2, cluster.ErrNotPrimary), http.StatusConflict, api.CodeNotPrimary, ""},
+		{"no longer primary at term", fmt.Errorf("mark copy %s of %q out of sync: this node is no longer primary at term %d (primary %s, term %d): %w",
+			"n3", "web", 1, "n2", 2, cluster.ErrNotPrimary), http.StatusConflict, api.CodeNotPrimary, ""},
+		{"unknown outcome", fmt.Errorf("hand over %q to %s: %w: %w", "web", "n2", cluster.ErrUnknownOutcome,
+			errors.New("context deadline exceeded")), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"not built for replicas", fmt.Errorf("snapshot: %w", cluster.ErrNotSupported), http.StatusUnprocessableEntity, api.CodeNotSupported, ""},
 		{"a copy out of sync", fmt.Errorf("snapshot: %w", cluster.ErrDegraded), http.StatusConflict, api.CodeDegraded, ""},
 		{"no such node", fmt.Errorf("drain n9: %w", cluster.ErrNodeNotFound), http.StatusNotFound, api.CodeNotFound, ""},

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"google.golang.org/grpc"
 )
 
 // Config is what `quiver server` passes to Join, from its cluster flags.
@@ -46,6 +48,11 @@ type Config struct {
 	// reach this node, recorded in its alive key.
 	APIAddr, NBDAddr string
 	Logger           *slog.Logger
+	// EtcdDialOptions are added to the etcd client's gRPC options (no
+	// flag sets them; tests pass an interceptor that injects etcd
+	// faults). Add interceptors with grpc.WithChainUnaryInterceptor: a
+	// WithUnaryInterceptor would replace the client's own retries.
+	EtcdDialOptions []grpc.DialOption
 }
 
 // Enabled says whether any cluster flag is set: without one the server is a

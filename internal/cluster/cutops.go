@@ -58,7 +58,7 @@ func (n *Node) updateDisks(ctx context.Context, lease clientv3.LeaseID, volume s
 	}
 	if rec.Primary != n.cfg.NodeName || rec.Term != term {
 		return fmt.Errorf("record the disks of %q: this node is not the primary at term %d (primary %s, term %d): %w",
-			volume, term, rec.Primary, rec.Term, ErrNoSession)
+			volume, term, rec.Primary, rec.Term, ErrNotPrimary)
 	}
 	rec.Spec.Disks = append([]api.DiskSpec{}, disks...)
 	rec.Spec.Capacity = max(rec.Spec.Capacity, capacity)

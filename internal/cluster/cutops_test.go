@@ -84,10 +84,10 @@ func TestChangesAtTheCut(t *testing.T) {
 	}
 
 	disks := []api.DiskSpec{{Name: "root", Size: 2 << 20}, {Name: "data", Size: 1 << 20}}
-	if err := n3.UpdateDisks(ctx, "v", 1, 2<<30, disks); !errors.Is(err, ErrNoSession) {
+	if err := n3.UpdateDisks(ctx, "v", 1, 2<<30, disks); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
 		t.Fatalf("disks recorded by a node that is not the primary: %v", err)
 	}
-	if err := n2.UpdateDisks(ctx, "v", 2, 2<<30, disks); !errors.Is(err, ErrNoSession) {
+	if err := n2.UpdateDisks(ctx, "v", 2, 2<<30, disks); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
 		t.Fatalf("disks recorded at another term: %v", err)
 	}
 	if r := tc.first.record(t, "v"); len(r.Spec.Disks) != 1 || r.Spec.Capacity != 1<<30 {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -287,6 +288,14 @@ func (n *Node) WaitCopyInSync(ctx context.Context, volume, node string, progress
 // of term), up; of several, the first by name. The caller has stopped every
 // change of the volume here (the disks' Sets frozen) and retires them when
 // HandOver returns nil, so no change is applied here after the new term.
+//
+// When the commit's outcome is unknown, HandOver reads etcd until it knows
+// (settleHandOver): nil when the hand-over was applied; ErrNotPrimary when
+// the volume moved on otherwise; an error wrapping neither ErrNotPrimary
+// nor ErrUnknownOutcome only when this node is still the primary at term
+// and the hand-over can no longer be applied; ErrUnknownOutcome when ctx
+// ended first. On ErrNotPrimary and ErrUnknownOutcome the caller must act
+// as on nil: this node may no longer be the primary.
 func (n *Node) HandOver(ctx context.Context, volume string, term uint64) (string, uint64, error) {
 	s := n.session()
 	if s == nil || !n.up.Load() {
@@ -334,12 +343,22 @@ func (n *Node) HandOver(ctx context.Context, volume string, term uint64) (string
 	if err != nil || len(tresp.Kvs) == 0 {
 		return "", 0, fmt.Errorf("hand over %q: read the copy on %s: %v", volume, to, err)
 	}
-	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
+	resp, err := n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
 		clientv3.Compare(clientv3.LeaseValue(pk), "=", s.Lease()),
 		clientv3.Compare(clientv3.Value(pk), "=", mustJSON(primaryRecord{Node: me, Term: term})),
 		clientv3.Compare(clientv3.ModRevision(tk), "=", tresp.Kvs[0].ModRevision),
-		clientv3.Compare(clientv3.CreateRevision(tak), ">", 0)).
-		Then(clientv3.OpPut(vk, mustJSON(next)), clientv3.OpDelete(pk), clientv3.OpPut(ck, mustJSON(rc))).Commit()
+		clientv3.Compare(clientv3.CreateRevision(tak), ">", 0)},
+		Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(next)), clientv3.OpDelete(pk), clientv3.OpPut(ck, mustJSON(rc))}})
+	if errors.Is(err, ErrUnknownOutcome) {
+		n.log.Warn("hand-over: its transaction has an unknown outcome; reading etcd until it is known", "volume", volume,
+			"to", to, "term", next.Term, "err", err)
+		err = n.settleHandOver(ctx, volume, me, to, term, e.modRev)
+		if err == nil {
+			n.log.Warn("primary handed over: this node is drained", "volume", volume, "to", to, "term", next.Term)
+			return to, next.Term, nil
+		}
+		return "", 0, fmt.Errorf("hand over %q to %s: %w", volume, to, err)
+	}
 	if err != nil {
 		return "", 0, fmt.Errorf("hand over %q to %s: %w", volume, to, err)
 	}

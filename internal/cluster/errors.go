@@ -34,6 +34,12 @@ var (
 	// ErrNotSupported: the operation is not built for replicated volumes
 	// yet (docs/cluster.md).
 	ErrNotSupported = errors.New("not supported on a replicated volume yet")
+	// ErrUnknownOutcome: an etcd transaction that changes cluster state
+	// may or may not have been applied (its answer was lost: a deadline,
+	// a connection closed after the request was sent, etcd timing out a
+	// proposal). The caller must not act as if it had failed: it finds
+	// out by reading etcd, or acts as if it had been applied.
+	ErrUnknownOutcome = errors.New("the outcome of the etcd transaction is unknown")
 	// ErrNoSession: this node has lost its etcd session (partitioned from
 	// etcd, or etcd lost quorum) and changes nothing until it has one.
 	ErrNoSession = errors.New("no etcd session")

@@ -170,11 +170,14 @@ func (n *Node) takePrimary(ctx context.Context, volume string, e volumeEntry) (b
 		return false, ErrNoSession
 	}
 	vk, pk, ak := n.key("volumes", volume), n.key("primary", volume), n.key("alive", n.cfg.NodeName)
-	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
+	// An unknown outcome is an error: the caller reads the view again
+	// (HoldPrimaryKey, the next election round) and finds the key held
+	// if it was applied.
+	resp, err := n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
 		clientv3.Compare(clientv3.CreateRevision(pk), "=", 0),
-		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
-		Then(clientv3.OpPut(pk, mustJSON(primaryRecord{Node: n.cfg.NodeName, Term: e.rec.Term}),
-			clientv3.WithLease(s.Lease()))).Commit()
+		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())},
+		Then: []clientv3.Op{clientv3.OpPut(pk, mustJSON(primaryRecord{Node: n.cfg.NodeName, Term: e.rec.Term}),
+			clientv3.WithLease(s.Lease()))}})
 	if err != nil {
 		return false, fmt.Errorf("take primary of %q: %w", volume, err)
 	}
@@ -214,12 +217,16 @@ func (n *Node) promote(ctx context.Context, volume string, e volumeEntry, attach
 		}
 	}
 	start := time.Now()
-	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
+	// An unknown outcome is an error: if the promotion applied, this node
+	// holds primary/<volume> at the new term, the next election round
+	// skips the volume, and HoldPrimary takes over the attachments at the
+	// first open.
+	resp, err := n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
 		clientv3.Compare(clientv3.CreateRevision(pk), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(oak), "=", 0),
-		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
-		Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ock, mustJSON(oc)),
-			clientv3.OpPut(pk, mustJSON(primaryRecord{Node: me, Term: rec.Term}), clientv3.WithLease(s.Lease()))).Commit()
+		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())},
+		Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ock, mustJSON(oc)),
+			clientv3.OpPut(pk, mustJSON(primaryRecord{Node: me, Term: rec.Term}), clientv3.WithLease(s.Lease()))}})
 	if err != nil {
 		return fmt.Errorf("promote to primary of %q: %w", volume, err)
 	}

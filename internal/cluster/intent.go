@@ -156,9 +156,12 @@ func (n *Node) BeginIntent(ctx context.Context, volume string, term uint64, ops 
 		in.Ops = append(in.Ops, op)
 	}
 	pk, ik := n.key("primary", volume), n.key("intents", volume)
-	resp, err := n.cli.Txn(ctx).If(n.primaryHeld(pk, term, s.Lease())...).
-		Then(clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ik), "=", 0)},
-			[]clientv3.Op{clientv3.OpPut(ik, mustJSON(in))}, []clientv3.Op{clientv3.OpGet(ik)})).Commit()
+	// An unknown outcome is ErrUnknownOutcome: the intent may be recorded
+	// all the same, and is then settled as one this process did not begin
+	// (settleFirst).
+	resp, err := n.commit(ctx, txnSpec{If: n.primaryHeld(pk, term, s.Lease()),
+		Then: []clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ik), "=", 0)},
+			[]clientv3.Op{clientv3.OpPut(ik, mustJSON(in))}, []clientv3.Op{clientv3.OpGet(ik)})}})
 	if err != nil {
 		return Intent{}, fmt.Errorf("record the intent on %q: %w", volume, err)
 	}
@@ -221,7 +224,7 @@ func (n *Node) SettledIntent(ctx context.Context, volume string, term uint64, in
 	}
 	cmps := append(n.primaryHeld(n.key("primary", volume), term, s.Lease()),
 		clientv3.Compare(clientv3.ModRevision(ik), "=", in.rev))
-	resp, err := n.cli.Txn(ctx).If(cmps...).Then(op).Commit()
+	resp, err := n.commit(ctx, txnSpec{If: cmps, Then: []clientv3.Op{op}})
 	if err != nil {
 		return fmt.Errorf("settle the intent on %q: %w", volume, err)
 	}

@@ -142,7 +142,7 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 		}
 	}
 	n.cli, err = clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: cfg.DialTimeout,
-		Logger: zap.NewNop(), Context: ctx})
+		Logger: zap.NewNop(), Context: ctx, DialOptions: cfg.EtcdDialOptions})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)
 	}

@@ -44,10 +44,12 @@ func (n *Node) ReplaceCopy(ctx context.Context, volume, gone string, term uint64
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
 		return "", err
 	}
-	if rec.Primary != n.cfg.NodeName || rec.Term != term || rec.State != volumeActive ||
-		!slices.Contains(rec.Copies, gone) || slices.Contains(rec.InSync, gone) {
-		return "", fmt.Errorf("replace copy %s of %q: not an out-of-sync copy of this primary at term %d: %w",
-			gone, volume, term, ErrNoSession)
+	if rec.Primary != n.cfg.NodeName || rec.Term != term {
+		return "", fmt.Errorf("replace copy %s of %q: this node is not the primary at term %d (primary %s, term %d): %w",
+			gone, volume, term, rec.Primary, rec.Term, ErrNotPrimary)
+	}
+	if rec.State != volumeActive || !slices.Contains(rec.Copies, gone) || slices.Contains(rec.InSync, gone) {
+		return "", fmt.Errorf("replace copy %s of %q: not an out-of-sync copy of the volume", gone, volume)
 	}
 	used := map[string]bool{}
 	for _, ni := range nodes {

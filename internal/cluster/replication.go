@@ -183,7 +183,7 @@ func (n *Node) markOutOfSync(volume, node string, term uint64, cause error, whol
 		}
 		if rec.Primary != n.cfg.NodeName || rec.Term != term {
 			return fmt.Errorf("mark copy %s of %q out of sync: this node is no longer primary at term %d (primary %s, term %d): %w",
-				node, volume, term, rec.Primary, rec.Term, ErrNoSession)
+				node, volume, term, rec.Primary, rec.Term, ErrNotPrimary)
 		}
 		if !slices.Contains(rec.InSync, node) && !whole {
 			return nil // a concurrent request recorded it
@@ -244,7 +244,7 @@ func (n *Node) MarkInSync(volume, node string, term uint64) error {
 	}
 	if rec.Primary != n.cfg.NodeName || rec.Term != term || rec.State != volumeActive || !slices.Contains(rec.Copies, node) {
 		return fmt.Errorf("mark copy %s of %q in sync: this node is not the primary at term %d (primary %s, term %d, copies %v): %w",
-			node, volume, term, rec.Primary, rec.Term, rec.Copies, ErrNoSession)
+			node, volume, term, rec.Primary, rec.Term, rec.Copies, ErrNotPrimary)
 	}
 	if !slices.Contains(rec.InSync, node) {
 		rec.InSync = append(slices.Clone(rec.InSync), node)
@@ -305,9 +305,12 @@ func (n *Node) SetCopyState(volume, node string, term uint64, state, reason stri
 	if err := json.Unmarshal(ckvs[0].Value, &c); err != nil {
 		return err
 	}
-	if rec.Primary != n.cfg.NodeName || rec.Term != term || slices.Contains(rec.InSync, node) {
-		return fmt.Errorf("record the state of copy %s of %q: not an out-of-sync copy of this primary at term %d: %w",
-			node, volume, term, ErrNoSession)
+	if rec.Primary != n.cfg.NodeName || rec.Term != term {
+		return fmt.Errorf("record the state of copy %s of %q: this node is not the primary at term %d (primary %s, term %d): %w",
+			node, volume, term, rec.Primary, rec.Term, ErrNotPrimary)
+	}
+	if slices.Contains(rec.InSync, node) {
+		return fmt.Errorf("record the state of copy %s of %q: the copy is in sync, not out of sync", node, volume)
 	}
 	c.State, c.Reason, c.Progress, c.UpdatedAt = state, reason, p, time.Now().UTC()
 	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),

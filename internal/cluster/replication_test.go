@@ -31,10 +31,10 @@ func TestMarkOutOfSync(t *testing.T) {
 		t.Fatalf("copy's role %+v", r)
 	}
 	cause := errors.New("connection refused")
-	if err := other.MarkOutOfSync("web01", prim.Name(), 1, cause); !errors.Is(err, ErrNoSession) {
+	if err := other.MarkOutOfSync("web01", prim.Name(), 1, cause); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
 		t.Fatalf("a copy marking the primary out of sync: %v", err)
 	}
-	if err := prim.MarkOutOfSync("web01", other.Name(), 2, cause); !errors.Is(err, ErrNoSession) {
+	if err := prim.MarkOutOfSync("web01", other.Name(), 2, cause); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
 		t.Fatalf("the primary at a term it does not hold: %v", err)
 	}
 	if err := prim.MarkOutOfSync("web01", other.Name(), 1, cause); err != nil {

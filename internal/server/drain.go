@@ -148,8 +148,11 @@ func (r *replicaSets) move(ctx context.Context, m cluster.Move, j *job.Job) erro
 			break
 		}
 		// ErrNotReady: a record changed under the Txn; ErrDegraded: the
-		// new copy's node has not followed the term yet.
-		if attempt >= 20 || !(errors.Is(err, cluster.ErrNotReady) || errors.Is(err, cluster.ErrDegraded)) {
+		// new copy's node has not followed the term yet; ErrNotPrimary:
+		// the volume moved on meanwhile (the next round removes this
+		// node's copy as a copy's).
+		if attempt >= 20 || !(errors.Is(err, cluster.ErrNotReady) || errors.Is(err, cluster.ErrDegraded) ||
+			errors.Is(err, cluster.ErrNotPrimary)) {
 			return err
 		}
 		select {
@@ -168,6 +171,10 @@ func (r *replicaSets) move(ctx context.Context, m cluster.Move, j *job.Job) erro
 // unapplied, and its client sends it again to the new primary), then the
 // gates open. An acknowledged change was applied on every in-sync copy
 // before the freeze; none is applied here or through this node after.
+// When the hand-over's etcd transaction has an unknown outcome and etcd
+// does not tell in time whether it applied, or tells that the volume moved
+// on otherwise, the Sets are retired all the same and the error returned:
+// the gates reopen only on a node that etcd shows still the primary.
 func (r *replicaSets) HandOver(ctx context.Context, volume string) (string, error) {
 	v, err := r.pool.Volume(volume)
 	if err != nil {
@@ -204,12 +211,22 @@ func (r *replicaSets) HandOver(ctx context.Context, volume string) (string, erro
 		sets = append(sets, ent.set)
 	}
 	to, term, err := r.node.HandOver(ctx, volume, prim.Term)
-	if err != nil {
+	if err != nil && !errors.Is(err, cluster.ErrNotPrimary) && !errors.Is(err, cluster.ErrUnknownOutcome) {
+		// Not handed over, and this node is still the primary at
+		// prim.Term: the gates open and the Sets go on.
 		return "", err
 	}
+	// Handed over, or moved on otherwise, or etcd did not tell in time:
+	// this node may no longer be the primary, so none of its requests of
+	// the volume is acknowledged from now on.
 	r.retire(volume, prim.Term)
 	for _, s := range sets {
 		s.Retire()
+	}
+	if err != nil {
+		r.log.Warn("hand-over not known to have applied: this node's requests of the volume are abandoned from now on",
+			"volume", volume, "term", prim.Term, "err", err)
+		return "", err
 	}
 	r.log.Info("handed over: this node's requests of the volume are abandoned from now on", "volume", volume,
 		"to", to, "term", term)

@@ -175,7 +175,10 @@ func (r *replicaSets) resync(ctx context.Context, volume, node string, p cluster
 			reason = what + " stopped: " + reason
 		}
 		if serr := r.node.SetCopyState(volume, node, role.Term, after, reason, nil); serr != nil {
-			r.log.Debug("record the stopped resync", "volume", volume, "copy", node, "err", serr)
+			// The copy stays out of the in-sync set all the same; its
+			// record may still say resyncing until the next try.
+			r.log.Warn("record the stopped "+what, "volume", volume, "copy", node, "err", serr)
+			return errors.Join(err, fmt.Errorf("record the copy %s: %w", after, serr))
 		}
 		return err
 	}
@@ -231,12 +234,26 @@ func (r *replicaSets) resync(ctx context.Context, volume, node string, p cluster
 		}
 		return &cluster.Progress{DoneBytes: done, TotalBytes: total}
 	}
-	_ = r.node.SetCopyState(volume, node, role.Term, state, "", progress())
+	// The start is a change of the copy's state, recorded as the primary
+	// at role.Term of an out-of-sync copy: when it cannot be, this node
+	// may no longer be that primary, and the copy is left as it is.
+	if err := r.node.SetCopyState(volume, node, role.Term, state, "", progress()); err != nil {
+		for _, x := range rs {
+			x.Abort(err)
+		}
+		return fail(fmt.Errorf("record the %s started: %w", what, err))
+	}
 	r.log.Info(what+" started", "volume", volume, "copy", node, "bytes", total)
 	var reported int64
+	var reportFailed bool
 	report := func() {
 		pr := progress()
-		_ = r.node.SetCopyState(volume, node, role.Term, state, "", pr)
+		// Progress is best effort: the copy goes back in sync only
+		// through Rejoin's own transaction.
+		if err := r.node.SetCopyState(volume, node, role.Term, state, "", pr); err != nil && !reportFailed {
+			reportFailed = true
+			r.log.Warn("record the progress of a "+what+" (logged once)", "volume", volume, "copy", node, "err", err)
+		}
 		if j != nil {
 			j.Add(pr.DoneBytes - reported)
 			reported = pr.DoneBytes
