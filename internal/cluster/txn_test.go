@@ -144,7 +144,7 @@ func TestHandOverUnknownOutcome(t *testing.T) {
 			return false
 		}
 		r, err := n2.Role(ctx, "v")
-		return err == nil && len(r.Targets) == 1 && r.Targets[0].Token != "" && r.Targets[0].Term == 1
+		return err == nil && len(r.Targets) == 1 && r.Targets[0].Instance != "" && r.Targets[0].Term == 1
 	})
 	pk := n2.key("primary", "v")
 

@@ -175,7 +175,7 @@ func placeVolume(t *testing.T, nodes map[string]*testNode, volume string) (*test
 			return false
 		}
 		other = r.Targets[0].Node
-		return r.Targets[0].Token != "" && r.Targets[0].Term == 1 && r.Targets[0].NBD != ""
+		return r.Targets[0].Instance != "" && r.Targets[0].Term == 1 && r.Targets[0].NBD != ""
 	})
 	return prim, other
 }
