@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/replica"
 )
 
 // etcdFault fails the next etcd Txn that the armed match picks (a
@@ -123,7 +125,10 @@ func startNodes(t *testing.T) map[string]*testNode {
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv := nbd.NewServer(nbd.PoolExports{Pool: p}, nbd.Config{Logger: log})
+		// The node's exports, as server.Run makes them once it joined:
+		// a copy accepts its primary's replication sessions.
+		exports := &lateExports{}
+		srv := nbd.NewServer(exports, nbd.Config{Logger: log})
 		go func() { _ = srv.Serve(l) }()
 		t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -147,6 +152,8 @@ func startNodes(t *testing.T) map[string]*testNode {
 		}
 		t.Cleanup(func() { _ = node.Close() })
 		p.SetAttachmentsHook(node.PublishAttachments)
+		exports.set(replicatedExports{Exports: nbd.PoolExports{Pool: p}, node: node, log: log,
+			sets: newReplicaSets(node, p, log, newReplMetrics(), cluster.Config{}, nil), sessions: replica.NewSessions(), pool: p})
 		out[name] = &testNode{node: node, pool: p, fault: fault}
 	}
 	return out
@@ -189,4 +196,41 @@ func waitUntil(t *testing.T, what string, ok func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// lateExports are a node's exports, set once the node joined its cluster.
+type lateExports struct {
+	mu sync.Mutex
+	ex nbd.Exports
+}
+
+func (l *lateExports) set(ex nbd.Exports) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ex = ex
+}
+
+func (l *lateExports) get() (nbd.Exports, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ex == nil {
+		return nil, errors.New("the node has not joined yet")
+	}
+	return l.ex, nil
+}
+
+func (l *lateExports) List(ctx context.Context) ([]nbd.ExportInfo, error) {
+	ex, err := l.get()
+	if err != nil {
+		return nil, err
+	}
+	return ex.List(ctx)
+}
+
+func (l *lateExports) Open(ctx context.Context, name, peer string) (nbd.Export, error) {
+	ex, err := l.get()
+	if err != nil {
+		return nbd.Export{}, err
+	}
+	return ex.Open(ctx, name, peer)
 }
