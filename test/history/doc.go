@@ -12,7 +12,8 @@
 // the primary (from everything, or from etcd only); a power cut of the
 // copy's pool (XFS shut down without a log flush, then mounted again); a
 // power cut of the copy's pool during its resync (its writes fail with
-// EIO); the primary's connections to its copy reset with requests queued.
+// EIO, and the mirrored writes it had not FLUSHed are lost); the primary's
+// connections to its copy reset with requests queued.
 // After each cycle the writers pause, the cluster settles, and every
 // in-sync copy's disks are read from its pool and checked block by block
 // against the history, and against the primary's (SHA-256); after a

@@ -191,6 +191,17 @@ const leaderGrace = 2 * time.Second
 // failed request and every change since the last FLUSH began), not the
 // whole disk that further writes would soon cover.
 func (cy *cycle) powerCut(nd *node, why string, quiet bool) {
+	cy.powerCutThen(nd, why, func() {
+		if quiet {
+			cy.w.pause()
+			cy.note("writers paused")
+		}
+	})
+}
+
+// powerCutThen is powerCut, calling dropped once the copy left the in-sync
+// set.
+func (cy *cycle) powerCutThen(nd *node, why string, dropped func()) {
 	if err := testfs.ShutdownXFS(nd.mnt); err != nil {
 		cy.c.t.Fatalf("%s: %v", nd.name, err)
 	}
@@ -200,10 +211,7 @@ func (cy *cycle) powerCut(nd *node, why string, quiet bool) {
 		return copyState(v, nd.name) != api.CopyInSync
 	}); ok {
 		cy.note("%s's copy left the in-sync set %v later: %s", nd.name, time.Since(at).Round(time.Millisecond), formatCopies(v))
-		if quiet {
-			cy.w.pause()
-			cy.note("writers paused")
-		}
+		dropped()
 	} else {
 		cy.note("%s's copy still in sync 20 s after the power cut: %s", nd.name, formatCopies(v))
 	}
@@ -224,12 +232,18 @@ func powerCutCopy(cy *cycle) {
 	}
 }
 
-// ioErrorInResync makes the copy fall behind (killed under writes), starts
-// it again and, while its resync runs, cuts the power of its pool: the
-// resync's writes fail with EIO on the copy.
+// ioErrorInResync makes the copy fall behind on the first half of each
+// disk (killed while the writers write there only), starts it again and,
+// while its resync copies that half and the writers write the other one
+// (changes mirrored to the copy as they come), cuts the power of its pool:
+// the resync's writes fail with EIO and the mirrored writes not yet FLUSHed
+// are lost on the copy. The writers then go back to the first half, so that
+// only what the primary recorded when the resync stopped brings the second
+// half back.
 func ioErrorInResync(cy *cycle) {
+	cy.w.zone.Store(zoneLow)
 	cy.c.kill(cy.cp)
-	cy.note("SIGKILL of the copy %s", cy.cp.name)
+	cy.note("SIGKILL of the copy %s with the writers on the first half of each disk", cy.cp.name)
 	cy.writesGoOn(24, "with the copy down")
 	cy.c.spawn(cy.cp)
 	deadline := time.Now().Add(60 * time.Second)
@@ -244,11 +258,14 @@ func ioErrorInResync(cy *cycle) {
 		}
 		if err == nil && st.State == api.CopyResyncing && resyncing.IsZero() {
 			resyncing = time.Now()
+			cy.w.zone.Store(zoneHigh)
 		}
 		// Into the resync: some bytes copied (its progress is recorded
-		// every second), or half a second after it began.
-		if err == nil && st.State == api.CopyResyncing && (st.DoneBytes > 0 || time.Since(resyncing) > 500*time.Millisecond) {
-			cy.powerCut(cy.cp, fmt.Sprintf("during its resync (%d of %d bytes copied)", st.DoneBytes, st.TotalBytes), false)
+		// every second), or a quarter of a second after it began.
+		if err == nil && st.State == api.CopyResyncing && (st.DoneBytes > 0 || time.Since(resyncing) > 250*time.Millisecond) {
+			cy.note("the writers wrote the second half for %v of the resync", time.Since(resyncing).Round(time.Millisecond))
+			cy.powerCutThen(cy.cp, fmt.Sprintf("during its resync (%d of %d bytes copied)", st.DoneBytes, st.TotalBytes),
+				func() { cy.w.zone.Store(zoneLow) })
 			break
 		}
 		if err == nil && st.State == api.CopyInSync || time.Now().After(deadline) {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,8 +79,18 @@ type writer struct {
 	acks    []ackAt // this cycle's
 	errs    []error // this cycle's
 	flushes atomic.Int64
+	zone    atomic.Int32 // which of its blocks a worker writes
 	wg      sync.WaitGroup
 }
+
+// The zones of the disks the workers write: the whole disk, or its first
+// or second half only (so that a resync can be made to copy one half while
+// the writers write the other).
+const (
+	zoneAll = iota
+	zoneLow
+	zoneHigh
+)
 
 func newWriter(c *cluster, log *history.Log, exports []string, size int64, seed uint64) *writer {
 	w := &writer{c: c, log: log, exports: exports, size: size, seed: seed, paused: true,
@@ -141,6 +152,7 @@ func (w *writer) resume(addrs func(di int) []string) error {
 	}
 	w.mu.Lock()
 	w.handles, w.acks, w.errs, w.paused = hs, nil, nil, false
+	w.zone.Store(zoneAll)
 	w.cond.Broadcast()
 	w.mu.Unlock()
 	return nil
@@ -215,7 +227,9 @@ func (w *writer) work(di, j int) {
 	defer w.wg.Done()
 	id := uint32(di*workersPer + j + 1)
 	rng := rand.New(rand.NewPCG(w.seed, uint64(id)))
-	mine := w.blocks(j)
+	all := w.blocks(j)
+	half := slices.IndexFunc(all, func(off int64) bool { return off >= w.size/2 })
+	zones := [][]int64{zoneAll: all, zoneLow: all[:half], zoneHigh: all[half:]}
 	buf := make([]byte, history.BlockSize)
 	var seq uint64
 	for n := 0; ; n++ {
@@ -237,6 +251,7 @@ func (w *writer) work(di, j int) {
 			w.leave(&ackAt{di, h.gen, sent, time.Now()})
 			continue
 		}
+		mine := zones[w.zone.Load()]
 		off := mine[rng.IntN(len(mine))]
 		seq++
 		v := history.Value{Writer: id, Seq: seq}
