@@ -13,7 +13,8 @@
 // copy's pool (XFS shut down without a log flush, then mounted again); a
 // power cut of the copy's pool during its resync (its writes fail with
 // EIO, and the mirrored writes it had not FLUSHed are lost); the primary's
-// connections to its copy reset with requests queued.
+// connections to its copy reset with requests queued; the copy's process
+// stopped until the primary gives up on it, then let go on.
 // After each cycle the writers pause, the cluster settles, and every
 // in-sync copy's disks are read from its pool and checked block by block
 // against the history, and against the primary's (SHA-256); after a

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
@@ -51,6 +52,7 @@ var faults = []struct {
 	{"power-cut-copy", powerCutCopy},
 	{"io-error-in-resync", ioErrorInResync},
 	{"drop-copy-connection", dropCopyConnection},
+	{"freeze-copy", freezeCopy},
 }
 
 // writesGoOn waits for the writers to have n more FLUSHes acknowledged:
@@ -301,3 +303,29 @@ func dropCopyConnection(cy *cycle) {
 }
 
 func stamp(t time.Time) string { return t.UTC().Format("15:04:05.000") }
+
+// freezeCopy stops the copy's process (SIGSTOP) for longer than the
+// primary waits for a silent copy, with the primary's requests queued on
+// its connections, and lets it go on (SIGCONT): it then reads and runs
+// requests of a connection the primary gave up on, while the primary
+// resyncs it on a new one.
+func freezeCopy(cy *cycle) {
+	if err := cy.cp.proc.Signal(syscall.SIGSTOP); err != nil {
+		cy.c.t.Fatal(err)
+	}
+	at := time.Now()
+	cy.note("SIGSTOP of the copy %s at %s", cy.cp.name, stamp(at))
+	cy.writesGoOn(8, "with the copy frozen")
+	if v, ok := cy.c.waitVolume(cy.vol, 20*time.Second, func(v api.Volume) bool {
+		return copyState(v, cy.cp.name) != api.CopyInSync
+	}); ok {
+		cy.note("the copy left the in-sync set %v after the SIGSTOP: %s", time.Since(at).Round(time.Millisecond), formatCopies(v))
+	} else {
+		cy.note("the copy stayed in sync: %s", formatCopies(v))
+	}
+	if err := cy.cp.proc.Signal(syscall.SIGCONT); err != nil {
+		cy.c.t.Fatal(err)
+	}
+	cy.note("SIGCONT at %s", stamp(time.Now()))
+	cy.writesGoOn(8, "after the SIGCONT")
+}
