@@ -313,6 +313,7 @@ func freezeCopy(cy *cycle) {
 	if err := cy.cp.proc.Signal(syscall.SIGSTOP); err != nil {
 		cy.c.t.Fatal(err)
 	}
+	cy.cp.ready = false // its API does not answer: ask the others
 	at := time.Now()
 	cy.note("SIGSTOP of the copy %s at %s", cy.cp.name, stamp(at))
 	cy.writesGoOn(8, "with the copy frozen")
@@ -326,6 +327,7 @@ func freezeCopy(cy *cycle) {
 	if err := cy.cp.proc.Signal(syscall.SIGCONT); err != nil {
 		cy.c.t.Fatal(err)
 	}
+	cy.cp.ready = true
 	cy.note("SIGCONT at %s", stamp(time.Now()))
 	cy.writesGoOn(8, "after the SIGCONT")
 }
