@@ -35,14 +35,17 @@ run: build
 # detector: its failover cycles (20 kills with fio verify, 10 partitions,
 # issue 15) take about 6 minutes so, and three times as long with three race-built
 # servers and embedded etcd members (docs/cluster.md, "Tests"); the
-# cluster, replica and forward packages run with it above.
+# cluster, replica and forward packages run with it above. The history
+# checker over a fault schedule (test/history, issue 29) runs alone and
+# without the race detector too: 30 cycles, about 5 minutes.
 # scripts/gotest is go test that ends a failed run with a summary of what
 # failed, so a log cut to its tail still names it.
 GOTEST  ?= GO=$(GO) scripts/gotest
 
 test: lint
-	$(GOTEST) -race -count=1 -timeout 30m $$($(GO) list $(PKGS) | grep -v -e /test/migration$$ -e /test/powercut$$ -e /test/cluster$$)
+	$(GOTEST) -race -count=1 -timeout 30m $$($(GO) list $(PKGS) | grep -v -e /test/migration$$ -e /test/powercut$$ -e /test/cluster$$ -e /test/history$$)
 	$(GOTEST) -count=1 -timeout 30m ./test/cluster/
+	$(GOTEST) -count=1 -run TestHistory -timeout 40m ./test/history/
 	$(GOTEST) -race -count=1 -timeout 20m ./test/powercut/
 	$(GOTEST) -race -count=1 -timeout 10m ./test/migration/
 	$(GOTEST) -count=1 -run 'TestHotPathAllocations' ./internal/nbd/  # sync.Pool drops items under -race
