@@ -21,6 +21,9 @@ type conn struct {
 // dial connects to addr and negotiates export; the handshake and each
 // request are bounded by timeout (and the handshake by ctx).
 func dial(ctx context.Context, addr, export string, timeout time.Duration) (*conn, error) {
+	if addr == "" {
+		return nil, fmt.Errorf("%w: its node is down (no NBD address in the cluster)", ErrCopyDown)
+	}
 	c, err := nbdclient.Dial(ctx, addr, export, nbdclient.Options{Timeout: timeout})
 	if err != nil {
 		return nil, fmt.Errorf("copy at %s: %w", addr, copyErr(err))
