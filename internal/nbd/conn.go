@@ -88,6 +88,16 @@ type conn struct {
 
 func (c *conn) open(ctx context.Context, name string) error {
 	c.closeDisk()
+	if !c.handshakeDeadline.IsZero() {
+		// The open is the negotiation's: it ends in time for its refusal
+		// to reach the client before the handshake deadline (a node that
+		// forwards to a primary that does not answer must not hold the
+		// connection's handshake slot any longer).
+		margin := min(c.srv.cfg.HandshakeTimeout/10, openReplyMargin)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, c.handshakeDeadline.Add(-margin))
+		defer cancel()
+	}
 	x, err := c.srv.exports.Open(c.withPeerCertificate(ctx), name, c.nc.RemoteAddr().String())
 	if err != nil {
 		return fmt.Errorf("export %q: %w", redactToken(name), err)
@@ -96,6 +106,11 @@ func (c *conn) open(ctx context.Context, name string) error {
 	c.nb, _ = x.Disk.(pool.Nonblocking)
 	return nil
 }
+
+// openReplyMargin is how long before the handshake deadline an export's
+// open is cut short (at most a tenth of the handshake timeout), so that the
+// refusal is still sent.
+const openReplyMargin = 500 * time.Millisecond
 
 func (c *conn) closeDisk() {
 	if c.disk != nil {
