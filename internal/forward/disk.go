@@ -33,7 +33,8 @@ type Options struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Moves, when set, follows the volume's primary: it returns a channel
 	// that receives whenever the primary may have changed, until ctx
-	// ends (then it is closed). The Disk resolves the primary again each
+	// ends (then it is closed). It is called once connected, and must
+	// send once it watches (a move before is then seen too). The Disk resolves the primary again each
 	// time and, when it is another one than its connection's, drops that
 	// connection at once: the requests in flight on it are sent again to
 	// the new primary, every disk at once, instead of after
@@ -96,19 +97,17 @@ func Open(ctx context.Context, export string, resolve Resolver, opts Options) (*
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	d := &Disk{export: export, resolve: resolve, opts: opts, moved: make(chan struct{}, 1)}
-	wctx, stop := context.WithCancel(context.Background())
-	d.stop = stop
-	if opts.Moves != nil {
-		// Watching before the first connection: no move is missed.
-		go d.follow(wctx, opts.Moves(wctx))
-	}
+	d := &Disk{export: export, resolve: resolve, opts: opts, moved: make(chan struct{}, 1), stop: func() {}}
 	c, err := d.conn(ctx, time.Now().Add(opts.RetryFor))
 	if err != nil {
-		stop()
 		return nil, err
 	}
 	d.size, d.readOnly = c.Size(), c.ReadOnly()
+	if opts.Moves != nil {
+		wctx, stop := context.WithCancel(context.Background())
+		d.stop = stop
+		go d.follow(wctx, opts.Moves(wctx))
+	}
 	return d, nil
 }
 
