@@ -88,6 +88,7 @@ type conn struct {
 
 func (c *conn) open(ctx context.Context, name string) error {
 	c.closeDisk()
+	start := time.Now()
 	if !c.handshakeDeadline.IsZero() {
 		// The open is the negotiation's: it ends in time for its refusal
 		// to reach the client before the handshake deadline (a node that
@@ -100,6 +101,16 @@ func (c *conn) open(ctx context.Context, name string) error {
 	}
 	x, err := c.srv.exports.Open(c.withPeerCertificate(ctx), name, c.nc.RemoteAddr().String())
 	if err != nil {
+		if code := openErrorCode(err); code == repErrPolicy || code == repErrUnknown {
+			// Config.RefusalTime: every such refusal takes as long.
+			hold := time.Until(start.Add(c.srv.cfg.RefusalTime))
+			if dl, ok := ctx.Deadline(); ok {
+				hold = min(hold, time.Until(dl))
+			}
+			if hold > 0 {
+				time.Sleep(hold)
+			}
+		}
 		return fmt.Errorf("export %q: %w", redactToken(name), err)
 	}
 	c.disk, c.revoked, c.export, c.description, c.size = x.Disk, x.Revoked, redactToken(name), x.Description, x.Disk.Size()

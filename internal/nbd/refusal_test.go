@@ -115,3 +115,23 @@ func TestOpenEndsWithTheHandshake(t *testing.T) {
 	}
 	t.Logf("refused: %s", reps[len(reps)-1].data)
 }
+
+// TestRefusalTime: an open refused for want of the export or of access is
+// answered Config.RefusalTime after it began, at the soonest, whatever
+// refused it: how long the check took tells the client nothing. (A lower
+// bound only: the sleep makes it exact, not the machine.)
+func TestRefusalTime(t *testing.T) {
+	const hold = 300 * time.Millisecond
+	e := newEnv(t, Config{RefusalTime: hold}, func(Exports) Exports {
+		return refusingExports{fmt.Errorf("export vm/root/<token>: %w", errNoAccess)}
+	})
+	for _, opt := range []uint32{optGo, optInfo} {
+		c := dial(t, e.addr)
+		c.mustGreet(clientFlagFixedNewstyle)
+		start := time.Now()
+		reps := c.option(opt, goData("vm/root/0123"))
+		if took := time.Since(start); final(reps) != repErrPolicy || took < hold {
+			t.Errorf("option %d: %s after %v; want NBD_REP_ERR_POLICY after %v at the soonest", opt, describe(reps), took, hold)
+		}
+	}
+}
