@@ -31,6 +31,16 @@ type Options struct {
 	DialTimeout time.Duration
 	// Dial makes the TCP connection (default: net.Dialer).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Moves, when set, follows the volume's primary: it returns a channel
+	// that receives whenever the primary may have changed, until ctx
+	// ends (then it is closed). It is called once connected, and must
+	// send once it watches (a move before is then seen too). The Disk resolves the primary again each
+	// time and, when it is another one than its connection's, drops that
+	// connection at once: the requests in flight on it are sent again to
+	// the new primary, every disk at once, instead of after
+	// RequestTimeout. Without it a request leaves a primary that stopped
+	// answering only when its try times out.
+	Moves func(ctx context.Context) <-chan struct{}
 	// OnConnect, when set, is called with the address of each new
 	// connection, before any request is sent on it.
 	OnConnect func(addr string)
@@ -47,16 +57,29 @@ type Disk struct {
 	opts     Options
 	size     int64
 	readOnly bool
+	// moved is signalled when the primary moved: a connection attempt
+	// waiting to try again tries at once.
+	moved chan struct{}
+	stop  context.CancelFunc // ends Moves
 
-	mu     sync.Mutex // guards c; held while connecting
+	connecting sync.Mutex // held while connecting: one connection at a time
+
+	mu     sync.Mutex // guards the fields below; never held while connecting
 	c      *nbdclient.Conn
+	addr   string // c's primary
 	closed bool
+	// dialing is the primary a connection is being made to, and
+	// cancelDial ends that attempt.
+	dialing    string
+	cancelDial context.CancelFunc
 }
 
 var _ pool.Disk = (*Disk)(nil)
 
 // Open connects to the primary of the moment (retrying for up to
-// RetryFor while there is none) and returns the handle.
+// RetryFor, or until ctx ends, while there is none) and returns the
+// handle. A refusal by the primary (the export's name, disk or token is
+// wrong: ErrRefused) is final.
 func Open(ctx context.Context, export string, resolve Resolver, opts Options) (*Disk, error) {
 	if opts.RequestTimeout <= 0 {
 		opts.RequestTimeout = 20 * time.Second
@@ -74,47 +97,71 @@ func Open(ctx context.Context, export string, resolve Resolver, opts Options) (*
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	d := &Disk{export: export, resolve: resolve, opts: opts}
+	d := &Disk{export: export, resolve: resolve, opts: opts, moved: make(chan struct{}, 1), stop: func() {}}
 	c, err := d.conn(ctx, time.Now().Add(opts.RetryFor))
 	if err != nil {
 		return nil, err
 	}
 	d.size, d.readOnly = c.Size(), c.ReadOnly()
+	if opts.Moves != nil {
+		wctx, stop := context.WithCancel(context.Background())
+		d.stop = stop
+		go d.follow(wctx, opts.Moves(wctx))
+	}
 	return d, nil
+}
+
+// follow drops the connection to a primary that is not the volume's any
+// more, each time moves says that it may have changed.
+func (d *Disk) follow(ctx context.Context, moves <-chan struct{}) {
+	for range moves {
+		rctx, cancel := context.WithTimeout(ctx, d.opts.DialTimeout)
+		addr, err := d.resolve(rctx)
+		cancel()
+		if err != nil {
+			// No primary named now (the old one's lease expired, the
+			// new one is not promoted yet): the next move names it.
+			continue
+		}
+		d.mu.Lock()
+		c, cur := d.c, d.addr
+		if d.cancelDial != nil && d.dialing != addr {
+			d.cancelDial()
+		}
+		d.mu.Unlock()
+		if c != nil && cur != addr {
+			d.opts.Logger.Info("the primary moved: sending the requests in flight again to the new one",
+				"export", d.export, "from", cur, "to", addr)
+			c.Fail(fmt.Errorf("the primary moved from %s to %s", cur, addr))
+		}
+		select {
+		case d.moved <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // conn returns the current connection, or makes one to the primary of the
 // moment, trying again until deadline.
 func (d *Disk) conn(ctx context.Context, deadline time.Time) (*nbdclient.Conn, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, fmt.Errorf("forwarded export %s: %w", d.export, pool.ErrClosed)
+	if c, err := d.current(); c != nil || err != nil {
+		return c, err
 	}
-	if d.c != nil && !d.c.Failed() {
-		return d.c, nil
-	}
+	d.connecting.Lock()
+	defer d.connecting.Unlock()
 	pause := 50 * time.Millisecond
 	for {
+		if c, err := d.current(); c != nil || err != nil {
+			return c, err // made meanwhile, or closed
+		}
 		addr, err := d.resolve(ctx)
 		if err == nil {
-			// The handshake is bounded by the request timeout: the
-			// primary may wait for its copies.
 			var c *nbdclient.Conn
-			c, err = nbdclient.Dial(ctx, addr, d.export, nbdclient.Options{Dial: d.opts.Dial,
-				DialTimeout: d.opts.DialTimeout, Timeout: d.opts.RequestTimeout})
-			err = forwardErr(err)
-			if err == nil {
-				if d.size != 0 && c.Size() != d.size {
-					c.Close()
-					return nil, fmt.Errorf("primary at %s serves %d bytes, not %d: %w", addr, c.Size(), d.size, pool.ErrInvalid)
-				}
-				if d.opts.OnConnect != nil {
-					d.opts.OnConnect(addr)
-				}
-				d.c = c
-				d.opts.Logger.Debug("forwarding to the primary", "export", d.export, "addr", addr)
+			if c, err = d.dial(ctx, addr); err == nil {
 				return c, nil
+			}
+			if errors.Is(err, ErrRefused) || errors.Is(err, pool.ErrInvalid) {
+				return nil, err // the primary's word: final
 			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -123,20 +170,75 @@ func (d *Disk) conn(ctx context.Context, deadline time.Time) (*nbdclient.Conn, e
 		d.opts.Logger.Debug("no primary yet; trying again", "export", d.export, "err", err)
 		select {
 		case <-ctx.Done():
+		case <-d.moved:
 		case <-time.After(pause):
 		}
 		pause = min(2*pause, time.Second)
 	}
 }
 
+// current is the connection in use, nil if there is none (or it failed);
+// an error once the Disk is closed.
+func (d *Disk) current() (*nbdclient.Conn, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fmt.Errorf("forwarded export %s: %w", d.export, pool.ErrClosed)
+	}
+	if d.c != nil && !d.c.Failed() {
+		return d.c, nil
+	}
+	return nil, nil
+}
+
+// dial connects to the primary at addr; a move of the primary elsewhere
+// (follow) ends the attempt.
+func (d *Disk) dial(ctx context.Context, addr string) (*nbdclient.Conn, error) {
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	d.mu.Lock()
+	d.dialing, d.cancelDial = addr, cancel
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.dialing, d.cancelDial = "", nil
+		d.mu.Unlock()
+	}()
+	// The handshake is bounded by the request timeout: the primary may
+	// wait for its copies.
+	c, err := nbdclient.Dial(dctx, addr, d.export, nbdclient.Options{Dial: d.opts.Dial,
+		DialTimeout: d.opts.DialTimeout, Timeout: d.opts.RequestTimeout})
+	if err != nil {
+		return nil, forwardErr(err)
+	}
+	if d.size != 0 && c.Size() != d.size {
+		c.Close()
+		return nil, fmt.Errorf("primary at %s serves %d bytes, not %d: %w", addr, c.Size(), d.size, pool.ErrInvalid)
+	}
+	if d.opts.OnConnect != nil {
+		d.opts.OnConnect(addr)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		c.Close()
+		return nil, fmt.Errorf("forwarded export %s: %w", d.export, pool.ErrClosed)
+	}
+	d.c, d.addr = c, addr
+	d.opts.Logger.Debug("forwarding to the primary", "export", d.export, "addr", addr)
+	return c, nil
+}
+
 // do runs one request, sending it again on a new connection whenever the
-// current one breaks, for up to RetryFor.
+// current one breaks, for up to RetryFor. A refusal of the export by the
+// primary when connecting again (the attachment was detached meanwhile)
+// abandons the request at once: the client's next connection is refused.
 func (d *Disk) do(run func(c *nbdclient.Conn) error) error {
 	deadline := time.Now().Add(d.opts.RetryFor)
 	for {
 		c, err := d.conn(context.Background(), deadline)
 		if err != nil {
-			if errors.Is(err, pool.ErrClosed) || errors.Is(err, pool.ErrInvalid) {
+			if errors.Is(err, pool.ErrClosed) || (errors.Is(err, pool.ErrInvalid) && !errors.Is(err, ErrRefused)) {
 				return err
 			}
 			return fmt.Errorf("%w: %w", nbd.ErrAbandon, err)
@@ -189,11 +291,15 @@ func (d *Disk) Extents(off, length int64, limit int) ([]pool.Extent, error) {
 // Capabilities: none, every request goes to the primary.
 func (d *Disk) Capabilities() pool.Capabilities { return pool.Capabilities{} }
 
-// Close closes the connection to the primary.
+// Close closes the connection to the primary and stops following it.
 func (d *Disk) Close() error {
+	d.stop()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.closed = true
+	if d.cancelDial != nil {
+		d.cancelDial()
+	}
 	if d.c != nil {
 		d.c.Close()
 		d.c = nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,11 +27,12 @@ type store struct {
 type failure struct{ err error }
 
 // memDisk is one server's handle on the store; fail, when set, is what its
-// writes return instead of writing.
+// writes return instead of writing (a holdErr: after holding them).
 type memDisk struct {
 	s      *store
 	fail   *atomic.Value // error
 	writes *atomic.Int64
+	held   *atomic.Int64 // writes held by a holdErr
 }
 
 func (d memDisk) Size() int64    { return int64(len(d.s.data)) }
@@ -43,6 +45,11 @@ func (d memDisk) ReadAt(p []byte, off int64) error {
 }
 func (d memDisk) WriteAt(p []byte, off int64, fua bool) error {
 	if f, _ := d.fail.Load().(failure); f.err != nil {
+		if h, ok := f.err.(holdErr); ok {
+			d.held.Add(1)
+			<-h.c
+			return fmt.Errorf("%w: %w", nbd.ErrAbandon, h)
+		}
 		return f.err
 	}
 	d.writes.Add(1)
@@ -70,6 +77,9 @@ func (e exports) List(context.Context) ([]nbd.ExportInfo, error) {
 }
 
 func (e exports) Open(_ context.Context, name, _ string) (nbd.Export, error) {
+	if strings.HasPrefix(name, "vol/disk/") {
+		return nbd.Export{}, fmt.Errorf("no such export, or its token is wrong: %w", pool.ErrUnauthorized)
+	}
 	if name != "vol/disk" {
 		return nbd.Export{}, fmt.Errorf("export %q: %w", name, pool.ErrVolumeNotFound)
 	}
@@ -82,6 +92,7 @@ type primary struct {
 	srv    *nbd.Server
 	fail   atomic.Value
 	writes atomic.Int64
+	held   atomic.Int64
 }
 
 func startPrimary(t *testing.T, s *store) *primary {
@@ -93,7 +104,7 @@ func startPrimary(t *testing.T, s *store) *primary {
 		t.Fatal(err)
 	}
 	p.addr = ln.Addr().String()
-	p.srv = nbd.NewServer(exports{memDisk{s: s, fail: &p.fail, writes: &p.writes}}, nbd.Config{})
+	p.srv = nbd.NewServer(exports{memDisk{s: s, fail: &p.fail, writes: &p.writes, held: &p.held}}, nbd.Config{})
 	go func() { _ = p.srv.Serve(ln) }()
 	t.Cleanup(func() { p.stop() })
 	return p

@@ -6,6 +6,13 @@
 // This is how any cluster node serves any volume (docs/cluster.md,
 // "Clients and failover").
 //
+// A Disk given a feed of the volume's primary changes (Options.Moves)
+// leaves a primary as soon as another is named: the requests in flight on
+// the old one are sent again to the new one at once, without waiting for
+// their try to time out. A refusal of the export by the primary (a wrong
+// token, an unknown disk) is final and is passed on as it came
+// (nbd.Refused), so that a client gets the same refusal from every node.
+//
 // WRITE, TRIM, WRITE_ZEROES and FLUSH are idempotent under the volume's
 // single writer, so sending one again is safe: what the old primary
 // acknowledged is on the new one, and what it did not acknowledge is written

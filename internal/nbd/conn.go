@@ -92,8 +92,29 @@ type conn struct {
 
 func (c *conn) open(ctx context.Context, name string) error {
 	c.closeDisk()
+	start := time.Now()
+	if !c.handshakeDeadline.IsZero() {
+		// The open is the negotiation's: it ends in time for its refusal
+		// to reach the client before the handshake deadline (a node that
+		// forwards to a primary that does not answer must not hold the
+		// connection's handshake slot any longer).
+		margin := min(c.srv.cfg.HandshakeTimeout/10, openReplyMargin)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, c.handshakeDeadline.Add(-margin))
+		defer cancel()
+	}
 	x, err := c.srv.exports.Open(c.withPeerCertificate(ctx), name, c.nc.RemoteAddr().String())
 	if err != nil {
+		if code := openErrorCode(err); code == repErrPolicy || code == repErrUnknown {
+			// Config.RefusalTime: every such refusal takes as long.
+			hold := time.Until(start.Add(c.srv.cfg.RefusalTime))
+			if dl, ok := ctx.Deadline(); ok {
+				hold = min(hold, time.Until(dl))
+			}
+			if hold > 0 {
+				time.Sleep(hold)
+			}
+		}
 		return fmt.Errorf("export %q: %w", redactToken(name), err)
 	}
 	c.disk, c.revoked, c.export, c.description, c.size = x.Disk, x.Revoked, redactToken(name), x.Description, x.Disk.Size()
@@ -101,6 +122,11 @@ func (c *conn) open(ctx context.Context, name string) error {
 	c.nb = c.caps.Nonblocking
 	return nil
 }
+
+// openReplyMargin is how long before the handshake deadline an export's
+// open is cut short (at most a tenth of the handshake timeout), so that the
+// refusal is still sent.
+const openReplyMargin = 500 * time.Millisecond
 
 func (c *conn) closeDisk() {
 	if c.disk != nil {

@@ -56,6 +56,75 @@ func DomainError(errno uint32) error {
 	return nil
 }
 
+// refusalMapping maps the error of an export's open (or list) to the option
+// reply that refuses it; the first match wins, and anything else is
+// NBD_REP_ERR_PLATFORM (the server could not serve it now). As in
+// errnoMapping, the entry marked back is the one a quiver node forwarding
+// to another turns the reply type back into (Refused.Unwrap).
+var refusalMapping = []struct {
+	err   error
+	reply uint32
+	back  bool
+}{
+	{pool.ErrInvalid, repErrInvalid, true},
+	{pool.ErrUnauthorized, repErrPolicy, true},
+	{pool.ErrVolumeNotFound, repErrUnknown, true},
+	{pool.ErrDiskNotFound, repErrUnknown, false},
+	{pool.ErrSnapshotNotFound, repErrUnknown, false},
+}
+
+// openErrorCode maps an export's open (or list) error to an option reply:
+// a *Refused's own, else refusalMapping's.
+func openErrorCode(err error) uint32 {
+	var r *Refused
+	if errors.As(err, &r) {
+		return r.Reply
+	}
+	for _, m := range refusalMapping {
+		if errors.Is(err, m.err) {
+			return m.reply
+		}
+	}
+	return repErrPlatform
+}
+
+// Refused is an export that another quiver NBD server refused: its error
+// reply to NBD_OPT_GO, reply type (with the error bit) and message. A node
+// that serves the export through that server (internal/forward: any node,
+// through the volume's primary) returns it from Exports.Open, and this
+// server answers the client the same reply, type and message, as it came:
+// a refusal looks the same whichever node the client asked.
+type Refused struct {
+	Reply   uint32
+	Message string
+}
+
+func (r *Refused) Error() string { return r.Message }
+
+// Unwrap is the domain error the reply type stands for (the entry of
+// refusalMapping marked back): pool.ErrInvalid, pool.ErrUnauthorized or
+// pool.ErrVolumeNotFound, a refusal that stands whichever server is asked;
+// nil for any other type (NBD_REP_ERR_PLATFORM, NBD_REP_ERR_SHUTDOWN: that
+// server could not serve the export now).
+func (r *Refused) Unwrap() error {
+	for _, m := range refusalMapping {
+		if m.back && m.reply == r.Reply {
+			return m.err
+		}
+	}
+	return nil
+}
+
+// refusalMessage is the message of an open's refusal: a *Refused's own, as
+// it came, else the error's.
+func refusalMessage(err error) string {
+	var r *Refused
+	if errors.As(err, &r) {
+		return r.Message
+	}
+	return err.Error()
+}
+
 // errShuttingDown answers requests that arrive while the server drains.
 var errShuttingDown = errors.New("server is shutting down")
 

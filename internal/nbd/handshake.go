@@ -10,8 +10,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/quiverstorage/quiver/internal/pool"
 )
 
 // errAbort ends negotiation on NBD_OPT_ABORT: the client wants to go.
@@ -212,7 +210,7 @@ func (n *negotiation) list(ctx context.Context, data []byte) error {
 	}
 	exports, err := n.c.srv.exports.List(n.c.withPeerCertificate(ctx))
 	if err != nil {
-		return n.replyError(optList, openErrorCode(err), err.Error())
+		return n.replyError(optList, openErrorCode(err), refusalMessage(err))
 	}
 	for _, e := range exports {
 		b := make([]byte, 4+len(e.Name)+len(e.Description))
@@ -276,7 +274,7 @@ func (n *negotiation) infoGo(ctx context.Context, opt uint32, data []byte) (bool
 		}
 	}
 	if err := n.c.open(ctx, string(name)); err != nil {
-		return false, n.replyError(opt, openErrorCode(err), err.Error())
+		return false, n.replyError(opt, openErrorCode(err), refusalMessage(err))
 	}
 	n.c.setFlags(n)
 	if err := n.sendInfo(opt, wantName, wantDesc); err != nil {
@@ -402,17 +400,4 @@ func parseMetaQueries(data []byte) ([]string, error) {
 		return nil, errors.New("trailing bytes after queries")
 	}
 	return queries, nil
-}
-
-// openErrorCode maps an export's open (or list) error to an option reply.
-func openErrorCode(err error) uint32 {
-	switch {
-	case errors.Is(err, pool.ErrInvalid):
-		return repErrInvalid
-	case errors.Is(err, pool.ErrUnauthorized):
-		return repErrPolicy
-	case errors.Is(err, pool.ErrVolumeNotFound), errors.Is(err, pool.ErrDiskNotFound), errors.Is(err, pool.ErrSnapshotNotFound):
-		return repErrUnknown
-	}
-	return repErrPlatform
 }

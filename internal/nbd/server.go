@@ -39,7 +39,14 @@ type Config struct {
 	// holds its slot that long.
 	GreetingTimeout  time.Duration
 	HandshakeTimeout time.Duration // the whole negotiation must finish within it (default 10 s)
-	Workers          int           // requests executed at once per connection (default 16); with 1, one at a time in order
+	// RefusalTime: an open refused for want of access or of the export
+	// (NBD_REP_ERR_POLICY, NBD_REP_ERR_UNKNOWN) is answered this long
+	// after the open began, at the soonest (default 50 ms), so that how
+	// long the check took says nothing of which part was wrong: a wrong
+	// token for a volume checked on its primary, through another node,
+	// and a volume that does not exist (docs/security.md).
+	RefusalTime time.Duration
+	Workers     int // requests executed at once per connection (default 16); with 1, one at a time in order
 	// MaxConnBytes caps the READ and WRITE bytes in flight on one
 	// connection (default 64 MiB), MaxPeerBytes on all the connections of
 	// one peer (default 256 MiB), MaxBytes across the server (default
@@ -116,6 +123,9 @@ func (c *Config) defaults() {
 		c.HandshakeTimeout = 10 * time.Second
 	}
 	c.GreetingTimeout = min(c.GreetingTimeout, c.HandshakeTimeout)
+	if c.RefusalTime <= 0 {
+		c.RefusalTime = 50 * time.Millisecond
+	}
 	if c.Workers <= 0 {
 		c.Workers = 16
 	}

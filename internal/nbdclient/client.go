@@ -54,9 +54,23 @@ var (
 	// the protocol says, or the connection broke during them.
 	ErrHandshake = errors.New("nbd handshake failed")
 	// ErrRefused: the server refused the export (an error reply to
-	// NBD_OPT_GO); the error carries the server's message.
+	// NBD_OPT_GO); the error is a *Refusal, with the server's reply.
 	ErrRefused = errors.New("nbd server refused the export")
 )
+
+// Refusal is the server's error reply to NBD_OPT_GO: its reply type (with
+// the error bit, "Option reply types") and its message, as they came. It
+// is ErrRefused.
+type Refusal struct {
+	Reply   uint32
+	Message string
+}
+
+func (r *Refusal) Error() string {
+	return fmt.Sprintf("%v (reply type %#x): %s", ErrRefused, r.Reply, r.Message)
+}
+
+func (r *Refusal) Is(target error) bool { return target == ErrRefused }
 
 // Errno is the error value of a reply ("Error values"): Linux's errno
 // numbers.
@@ -184,7 +198,7 @@ func negotiate(rw io.ReadWriter, export string) (int64, uint16, error) {
 		}
 		switch {
 		case typ&repError != 0:
-			return 0, 0, fmt.Errorf("%w (reply type %#x): %s", ErrRefused, typ, body)
+			return 0, 0, &Refusal{Reply: typ, Message: string(body)}
 		case typ == repInfo && len(body) >= 12 && binary.BigEndian.Uint16(body) == infoExprt:
 			size, flags = int64(binary.BigEndian.Uint64(body[2:])), binary.BigEndian.Uint16(body[10:])
 		case typ == repAck:

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -96,13 +97,17 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
-// TestRefusedExport: a name the server does not serve is ErrRefused, with
-// the server's message.
+// TestRefusedExport: a name the server does not serve is ErrRefused, a
+// *Refusal with the server's reply type (NBD_REP_ERR_UNKNOWN) and message.
 func TestRefusedExport(t *testing.T) {
 	addr := serve(t)
 	_, err := nbdclient.Dial(context.Background(), addr, "nope/root", nbdclient.Options{Timeout: 10 * time.Second})
 	if !errors.Is(err, nbdclient.ErrRefused) {
 		t.Fatalf("dial of a missing export: %v, want ErrRefused", err)
+	}
+	var r *nbdclient.Refusal
+	if !errors.As(err, &r) || r.Reply != 1<<31|6 || !strings.Contains(r.Message, `"nope/root"`) {
+		t.Fatalf("dial of a missing export: %#v, want reply NBD_REP_ERR_UNKNOWN with the server's message", r)
 	}
 }
 

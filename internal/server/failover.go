@@ -21,6 +21,11 @@ import (
 // and sends a request whose primary went away again to the next one.
 
 // forward opens a client's export of volume by forwarding to its primary.
+// The primary's refusal (a wrong token, an unknown disk) is answered as it
+// came (nbd.Refused), at once: the same refusal, in about the same time, as
+// a volume this node does not know. Every disk follows the primary as soon
+// as etcd names another (Node.WatchPrimary): the requests in flight go to
+// the new primary at once, not after the request timeout.
 func (e replicatedExports) forward(ctx context.Context, name, volume string) (nbd.Export, error) {
 	resolve := func(ctx context.Context) (string, error) {
 		role, err := e.node.Role(ctx, volume)
@@ -36,7 +41,8 @@ func (e replicatedExports) forward(ctx context.Context, name, volume string) (nb
 		return role.PrimaryNBD, nil
 	}
 	d, err := forward.Open(ctx, name, resolve, forward.Options{Logger: e.log.With("volume", volume),
-		RequestTimeout: 2*e.node.LeaseTTL() + 10*time.Second})
+		RequestTimeout: 2*e.node.LeaseTTL() + 10*time.Second,
+		Moves:          func(ctx context.Context) <-chan struct{} { return e.node.WatchPrimary(ctx, volume) }})
 	if err != nil {
 		return nbd.Export{}, fmt.Errorf("export %s: %w", redactExport(name), err)
 	}

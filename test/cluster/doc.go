@@ -38,6 +38,11 @@
 //     that is not the primary), and a tenant's snapshots, clones and
 //     rollbacks on the cluster with its quotas counted cluster-wide and
 //     another tenant refused (docs/cluster.md, "Any node's API").
+//   - TestRefusalTiming, TestForwardedPartition: issue 29, acceptance 4
+//     and 5: a wrong token and an unknown volume get the same refusal in
+//     the same time on every node (medians logged, docs/cluster.md), and a
+//     client forwarded by the node without a copy is acknowledged again on
+//     every disk within L + 3 s of a cut of the primary (its link down).
 //   - TestBenchCluster: the cluster benchmark (acceptance 8, make
 //     bench-cluster); it runs only with QUIVER_BENCH=1.
 //
