@@ -17,5 +17,5 @@
 // last acknowledged write lost an acknowledged one (docs/cluster.md, "What a
 // failure loses": a replicated volume loses neither).
 //
-// Imports nothing from quiver.
+// Imports from quiver: nothing.
 package history
