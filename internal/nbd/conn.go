@@ -115,9 +115,9 @@ func (c *conn) open(ctx context.Context, name string) error {
 				time.Sleep(hold)
 			}
 		}
-		return fmt.Errorf("export %q: %w", redactToken(name), err)
+		return fmt.Errorf("export %q: %w", RedactToken(name), err)
 	}
-	c.disk, c.revoked, c.export, c.description, c.size = x.Disk, x.Revoked, redactToken(name), x.Description, x.Disk.Size()
+	c.disk, c.revoked, c.export, c.description, c.size = x.Disk, x.Revoked, RedactToken(name), x.Description, x.Disk.Size()
 	c.caps = pool.CapabilitiesOf(x.Disk)
 	c.nb = c.caps.Nonblocking
 	return nil

@@ -75,7 +75,7 @@ type ExportRef struct {
 func ParseExportName(name string) (ExportRef, error) {
 	parts := strings.Split(name, "/")
 	if (len(parts) != 2 && len(parts) != 3) || parts[0] == "" || parts[1] == "" || (len(parts) == 3 && parts[2] == "") {
-		return ExportRef{}, fmt.Errorf("export %q: want <volume>/<disk>, <volume>@<snapshot>/<disk>, each optionally followed by /<attachment token>", redactToken(name))
+		return ExportRef{}, fmt.Errorf("export %q: want <volume>/<disk>, <volume>@<snapshot>/<disk>, each optionally followed by /<attachment token>", RedactToken(name))
 	}
 	var r ExportRef
 	r.Disk = parts[1]
@@ -85,7 +85,7 @@ func ParseExportName(name string) (ExportRef, error) {
 	var hasSnap bool
 	r.Volume, r.Snapshot, hasSnap = strings.Cut(parts[0], "@")
 	if hasSnap && r.Snapshot == "" {
-		return ExportRef{}, fmt.Errorf("export %q: empty snapshot name", redactToken(name))
+		return ExportRef{}, fmt.Errorf("export %q: empty snapshot name", RedactToken(name))
 	}
 	return r, nil
 }
@@ -173,9 +173,9 @@ func (e PoolExports) Open(ctx context.Context, name, peer string) (Export, error
 	return x, nil
 }
 
-// redactToken hides what may be a token in an export name, for logs and
+// RedactToken hides what may be a token in an export name, for logs and
 // errors: everything after the second slash, whether or not the name parses.
-func redactToken(name string) string {
+func RedactToken(name string) string {
 	first := strings.IndexByte(name, '/')
 	if first < 0 {
 		return name

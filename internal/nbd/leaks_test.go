@@ -87,7 +87,7 @@ func TestUnknownVolumeLooksLikeBadToken(t *testing.T) {
 			t.Errorf("GO %q: reply %#x, want ERR_POLICY", name, got)
 			continue
 		}
-		msg := strings.Replace(string(reps[len(reps)-1].data), redactToken(name), "NAME", 1)
+		msg := strings.Replace(string(reps[len(reps)-1].data), RedactToken(name), "NAME", 1)
 		if want == "" {
 			want = msg
 		} else if msg != want {

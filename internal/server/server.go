@@ -1,11 +1,12 @@
 // Package server assembles a storage node: it opens the pool, starts the job
 // runner and serves the HTTP API (with /metrics) and NBD until its context is
-// cancelled. It is wiring only: the domain lives in pool, the transports in
-// apiserver and nbd, the wire types in api.
+// cancelled. It is wiring only: the domain lives in pool and, on a cluster,
+// replicated, the transports in apiserver and nbd, the wire types in api.
 //
-// With cluster flags it joins the cluster (internal/cluster) before serving.
+// With cluster flags it joins the cluster (internal/cluster) before serving,
+// and serves the replicated volumes (internal/replicated).
 //
-// Imports from quiver: api, apiserver, auth, cluster, connlimit, durable, forward, job, metrics, nbd, pool, qos, replica, storage, tlscert.
+// Imports from quiver: api, apiserver, auth, cluster, connlimit, durable, job, metrics, nbd, pool, replicated, storage, tlscert.
 package server
 
 import (
@@ -29,7 +30,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/nbd"
 	"github.com/quiverstorage/quiver/internal/pool"
-	"github.com/quiverstorage/quiver/internal/replica"
+	"github.com/quiverstorage/quiver/internal/replicated"
 )
 
 // DefaultPoolDir is the pool directory `quiver server` uses with no flags.
@@ -236,17 +237,16 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 		m.Register(node.Collector())
-		rm := newReplMetrics()
-		m.Register(rm.collectors()...)
-		sets := newReplicaSets(node, p, log, rm, cfg.Cluster, jobs)
-		sets.crashFile = cfg.TestCrashPointFile
+		vols := replicated.New(node, p, replicated.Options{Config: cfg.Cluster, Jobs: jobs, Log: log,
+			CrashPointFile: cfg.TestCrashPointFile})
+		m.Register(vols.Collectors()...)
 		rctx, rcancel := context.WithCancel(context.Background())
 		resyncDone := make(chan struct{})
-		go func() { defer close(resyncDone); sets.resyncLoop(rctx) }()
+		go func() { defer close(resyncDone); vols.Run(rctx) }()
 		defer func() { rcancel(); <-resyncDone }()
-		exports = replicatedExports{Exports: exports, node: node, log: log, sets: sets, sessions: replica.NewSessions(), pool: p}
-		handler.Replicated = sets
-		handler.Drainer = sets
+		exports = replicated.NewExports(exports, vols)
+		handler.Replicated = vols
+		handler.Drainer = vols
 	}
 	nbdSrv := nbd.NewServer(exports, cfg.NBD)
 	handler.Mount("GET /metrics", m.Handler())

@@ -1,4 +1,4 @@
-package server
+package replicated
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/quiverstorage/quiver/internal/apiserver"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
@@ -20,8 +19,6 @@ import (
 // by the volume's primary, then hands over the volumes it is the primary of
 // (HandOver) and removes its own copies.
 
-var _ apiserver.Drainer = (*replicaSets)(nil)
-
 // maxDrainRounds bounds the plans a drain makes: each round moves the
 // copies the node holds when it starts (a failover meanwhile can make it
 // the primary of a volume again, or a create may have placed one just
@@ -32,7 +29,7 @@ const maxDrainRounds = 5
 // and marks the node draining: placement skips it from then on. A copy with
 // nowhere to go refuses the drain with nothing changed. It returns how many
 // volumes the drain moves.
-func (r *replicaSets) PrepareDrain(ctx context.Context) (int, error) {
+func (r *Volumes) PrepareDrain(ctx context.Context) (int, error) {
 	me := r.node.Name()
 	moves, err := r.node.PlanDrain(ctx, me)
 	if err != nil {
@@ -45,7 +42,7 @@ func (r *replicaSets) PrepareDrain(ctx context.Context) (int, error) {
 }
 
 // Undrain clears node's drain mark (cluster.Node.Undrain).
-func (r *replicaSets) Undrain(ctx context.Context, node string) (bool, error) {
+func (r *Volumes) Undrain(ctx context.Context, node string) (bool, error) {
 	return r.node.Undrain(ctx, node)
 }
 
@@ -53,7 +50,7 @@ func (r *replicaSets) Undrain(ctx context.Context, node string) (bool, error) {
 // drain`), then marks it drained. Its progress is the bytes the new copies'
 // rebuilds copied, and one item per volume moved. It stops when the node is
 // undrained meanwhile.
-func (r *replicaSets) Drain(ctx context.Context, j *job.Job) error {
+func (r *Volumes) Drain(ctx context.Context, j *job.Job) error {
 	me := r.node.Name()
 	for round := 0; ; round++ {
 		moves, err := r.node.PlanDrain(ctx, me)
@@ -98,7 +95,7 @@ func (r *replicaSets) Drain(ctx context.Context, j *job.Job) error {
 // move moves one copy of this node to m.To: the new copy is placed and
 // rebuilt (by the primary), then this node hands the volume over when it is
 // its primary, or leaves the placement, and deletes its copy.
-func (r *replicaSets) move(ctx context.Context, m cluster.Move, j *job.Job) error {
+func (r *Volumes) move(ctx context.Context, m cluster.Move, j *job.Job) error {
 	me := r.node.Name()
 	p, ok, err := r.node.Placement(ctx, m.Volume)
 	if err != nil {
@@ -175,7 +172,7 @@ func (r *replicaSets) move(ctx context.Context, m cluster.Move, j *job.Job) erro
 // does not tell in time whether it applied, or tells that the volume moved
 // on otherwise, the Sets are retired all the same and the error returned:
 // the gates reopen only on a node that etcd shows still the primary.
-func (r *replicaSets) HandOver(ctx context.Context, volume string) (string, error) {
+func (r *Volumes) HandOver(ctx context.Context, volume string) (string, error) {
 	v, err := r.pool.Volume(volume)
 	if err != nil {
 		return "", err
@@ -235,7 +232,7 @@ func (r *replicaSets) HandOver(ctx context.Context, volume string) (string, erro
 
 // retire records that this node's primacy of volume at term (and before)
 // ended by a hand-over: its primaryDisk handles abandon every request.
-func (r *replicaSets) retire(volume string, term uint64) {
+func (r *Volumes) retire(volume string, term uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.retired == nil {
@@ -245,7 +242,7 @@ func (r *replicaSets) retire(volume string, term uint64) {
 }
 
 // retiredAt says whether this node handed volume over at term or later.
-func (r *replicaSets) retiredAt(volume string, term uint64) bool {
+func (r *Volumes) retiredAt(volume string, term uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t, ok := r.retired[volume]
@@ -263,7 +260,7 @@ const copyLeftWait = 3 * resyncInterval
 // placement, ending its attachments here first (a replicated volume's
 // attachments live on with its primary, in etcd), and then clears the
 // removal from etcd.
-func (r *replicaSets) removeLocal(ctx context.Context, volume string) error {
+func (r *Volumes) removeLocal(ctx context.Context, volume string) error {
 	uid, err := r.node.RemovingUID(ctx, volume)
 	if err != nil {
 		return err
@@ -299,7 +296,7 @@ func (r *replicaSets) removeLocal(ctx context.Context, volume string) error {
 
 // forgetRemoved stops the Sets of volume (this node is its primary, p its
 // placement) writing or tracking copies that left the placement.
-func (r *replicaSets) forgetRemoved(volume string, p cluster.Placement) {
+func (r *Volumes) forgetRemoved(volume string, p cluster.Placement) {
 	r.mu.Lock()
 	var sets []*replica.Set
 	for _, d := range p.Spec.Disks {

@@ -1,4 +1,4 @@
-package server
+package replicated
 
 import (
 	"context"
@@ -152,7 +152,7 @@ func startNodes(t *testing.T) map[string]*testNode {
 		}
 		t.Cleanup(func() { _ = node.Close() })
 		p.SetAttachmentsHook(node.PublishAttachments)
-		exports.set(replicatedExports{Exports: nbd.PoolExports{Pool: p}, node: node, log: log,
+		exports.set(Exports{Exports: nbd.PoolExports{Pool: p}, node: node, log: log,
 			sets: newReplicaSets(node, p, log, newReplMetrics(), cluster.Config{}, nil), sessions: replica.NewSessions(), pool: p})
 		out[name] = &testNode{node: node, pool: p, fault: fault}
 	}

@@ -1,4 +1,4 @@
-package server
+package replicated
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // with the same name and UID. A copy that fails undoes it everywhere. A
 // volume with a copy out of sync is refused (ErrDegraded): its snapshot
 // would be missing there.
-func (r *replicaSets) Snapshot(ctx context.Context, volume, name string, idem pool.Idempotency,
+func (r *Volumes) Snapshot(ctx context.Context, volume, name string, idem pool.Idempotency,
 	prog pool.Progress) (pool.SnapshotInfo, bool, error) {
 	v, err := r.pool.Volume(volume)
 	if err != nil {
@@ -66,7 +66,7 @@ func (r *replicaSets) Snapshot(ctx context.Context, volume, name string, idem po
 // DeleteSnapshot deletes a snapshot of a replicated volume here and on
 // every in-sync copy. A copy out of sync keeps it until it is deleted
 // there (docs/cluster.md).
-func (r *replicaSets) DeleteSnapshot(ctx context.Context, volume, name string) error {
+func (r *Volumes) DeleteSnapshot(ctx context.Context, volume, name string) error {
 	v, err := r.pool.Volume(volume)
 	if err != nil {
 		return err
@@ -91,7 +91,7 @@ func (r *replicaSets) DeleteSnapshot(ctx context.Context, volume, name string) e
 
 // primaryRole reads this node's role for volume and refuses unless it is
 // the primary with every copy in sync.
-func (r *replicaSets) primaryRole(ctx context.Context, volume, what string) (cluster.Role, error) {
+func (r *Volumes) primaryRole(ctx context.Context, volume, what string) (cluster.Role, error) {
 	role, err := r.node.Role(ctx, volume)
 	if err != nil {
 		return role, err

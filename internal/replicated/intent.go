@@ -1,4 +1,4 @@
-package server
+package replicated
 
 import (
 	"context"
@@ -87,7 +87,7 @@ func (ih *intentsHere) add(id string) {
 // when even that fails, this node's handles of the volume at this term
 // abandon every request from now on (as after a hand-over), and the intent
 // is left to the next primary.
-func (r *replicaSets) intended(ctx context.Context, volume string, cs *cutState, ops []cluster.Op, change func() error) error {
+func (r *Volumes) intended(ctx context.Context, volume string, cs *cutState, ops []cluster.Op, change func() error) error {
 	// primary/<volume>, which the intent's record compares, is taken here
 	// when absent (a volume no client opened since it was placed).
 	if _, err := r.node.HoldPrimaryKey(ctx, volume); err != nil {
@@ -144,7 +144,7 @@ func (r *replicaSets) intended(ctx context.Context, volume string, cs *cutState,
 // settleFirst settles the volume's intent if one is left behind by another
 // primary, or by an earlier process of this node, and this node is the
 // volume's primary: before a Set of the volume is made.
-func (r *replicaSets) settleFirst(ctx context.Context, volume string) error {
+func (r *Volumes) settleFirst(ctx context.Context, volume string) error {
 	in, ok, err := r.node.VolumeIntent(ctx, volume)
 	if err != nil || !ok || !cluster.NeedsSettling(in, r.intents.owned(in.ID)) {
 		return err
@@ -171,7 +171,7 @@ func (r *replicaSets) settleFirst(ctx context.Context, volume string) error {
 // before the intent is settled. atCut: settled by the primary that began
 // it, the Sets still frozen, after its own change of the disks (which it
 // holds the pool's hold of) succeeded.
-func (r *replicaSets) settle(ctx context.Context, volume string, in cluster.Intent, term uint64, atCut bool) error {
+func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, term uint64, atCut bool) error {
 	role, err := r.node.Role(ctx, volume)
 	if err != nil {
 		return err
@@ -242,7 +242,7 @@ func (r *replicaSets) settle(ctx context.Context, volume string, in cluster.Inte
 // snapshot, here and on holders (the nodes that may hold a part: those down are asked again by
 // the settle loop), and records the intent settled with the nodes still
 // pending. here: this node's own part too.
-func (r *replicaSets) undoIntent(ctx context.Context, volume string, in cluster.Intent, term uint64, holders []string,
+func (r *Volumes) undoIntent(ctx context.Context, volume string, in cluster.Intent, term uint64, holders []string,
 	here bool) error {
 	placed := map[string]string{}
 	for _, op := range in.Ops {
@@ -314,7 +314,7 @@ func (r *replicaSets) undoIntent(ctx context.Context, volume string, in cluster.
 // settleRound is one round of the resync loop for intents: each left
 // behind on a volume this node is the primary of is settled (settleFirst),
 // and an undone one asks its pending nodes again once they are up.
-func (r *replicaSets) settleRound(ctx context.Context, pls map[string]cluster.Placement) {
+func (r *Volumes) settleRound(ctx context.Context, pls map[string]cluster.Placement) {
 	all, err := r.node.Intents(ctx)
 	if err != nil {
 		return
@@ -344,7 +344,7 @@ func (r *replicaSets) settleRound(ctx context.Context, pls map[string]cluster.Pl
 // flag --test-crash-point-file, for test/cluster only) names point: the
 // tests' way to stop a primary exactly between two steps of a change at
 // the cut. Without the flag it does nothing.
-func (r *replicaSets) crashPoint(point string) {
+func (r *Volumes) crashPoint(point string) {
 	if r.crashFile == "" {
 		return
 	}

@@ -1,4 +1,4 @@
-package server
+package replicated
 
 import (
 	"context"
@@ -26,7 +26,7 @@ import (
 // a volume this node does not know. Every disk follows the primary as soon
 // as etcd names another (Node.WatchPrimary): the requests in flight go to
 // the new primary at once, not after the request timeout.
-func (e replicatedExports) forward(ctx context.Context, name, volume string) (nbd.Export, error) {
+func (e Exports) forward(ctx context.Context, name, volume string) (nbd.Export, error) {
 	resolve := func(ctx context.Context) (string, error) {
 		role, err := e.node.Role(ctx, volume)
 		if err != nil {
@@ -44,18 +44,10 @@ func (e replicatedExports) forward(ctx context.Context, name, volume string) (nb
 		RequestTimeout: 2*e.node.LeaseTTL() + 10*time.Second,
 		Moves:          func(ctx context.Context) <-chan struct{} { return e.node.WatchPrimary(ctx, volume) }})
 	if err != nil {
-		return nbd.Export{}, fmt.Errorf("export %s: %w", redactExport(name), err)
+		return nbd.Export{}, fmt.Errorf("export %s: %w", nbd.RedactToken(name), err)
 	}
 	e.log.Debug("export forwarded to the primary", "volume", volume)
 	return nbd.Export{Disk: d, Description: fmt.Sprintf("volume %s through its primary", volume)}, nil
-}
-
-// redactExport drops the token from <volume>/<disk>/<token>.
-func redactExport(name string) string {
-	if t := exportToken(name); t != "" {
-		return name[:len(name)-len(t)] + "<token>"
-	}
-	return name
 }
 
 // targetWait bounds how long a new primary waits for the in-sync copies to

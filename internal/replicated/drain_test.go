@@ -1,4 +1,4 @@
-package server
+package replicated
 
 import (
 	"context"
@@ -29,11 +29,11 @@ func TestHandOverUnknownOutcome(t *testing.T) {
 
 	// open places volume and opens its disk on the primary as a client
 	// would.
-	open := func(volume string) (*testNode, *replicaSets, nbd.Export, string) {
+	open := func(volume string) (*testNode, *Volumes, nbd.Export, string) {
 		t.Helper()
 		prim, _ := placeVolume(t, nodes, volume)
 		sets := newReplicaSets(prim.node, prim.pool, quietLogger(), newReplMetrics(), cluster.Config{}, nil)
-		ex, err := replicatedExports{Exports: nbd.PoolExports{Pool: prim.pool}, node: prim.node, log: quietLogger(),
+		ex, err := Exports{Exports: nbd.PoolExports{Pool: prim.pool}, node: prim.node, log: quietLogger(),
 			sets: sets}.Open(ctx, volume+"/d0", "test")
 		if err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package server
+package replicated
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -20,28 +19,64 @@ import (
 	"github.com/quiverstorage/quiver/internal/replica"
 )
 
-// replicatedExports serves a cluster node's exports: on the primary of a
+// Exports serves a cluster node's exports: on the primary of a
 // replicated volume, each read-write disk handle writes through the disk's
 // replication Set (replica.Set: every in-sync copy, the dirty bitmaps of
 // the others); anywhere else, and for snapshots, the pool's handle as it is.
-type replicatedExports struct {
+type Exports struct {
 	nbd.Exports
 	node *cluster.Node
 	log  *slog.Logger
-	sets *replicaSets
+	sets *Volumes
 	// sessions are the replication sessions this node's copies accept
 	// (openSession).
 	sessions *replica.Sessions
 	pool     *pool.Pool
 }
 
-var _ nbd.Exports = replicatedExports{}
+var _ nbd.Exports = Exports{}
 
-func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Export, error) {
-	volume, disk, ok := liveExport(name)
-	if !ok {
+// NewExports serves next's exports on a cluster node whose replicated
+// volumes v are.
+func NewExports(next nbd.Exports, v *Volumes) Exports {
+	return Exports{Exports: next, node: v.node, log: v.log, sets: v, sessions: replica.NewSessions(), pool: v.pool}
+}
+
+// Options configure a node's replicated volumes.
+type Options struct {
+	// Config is the node's cluster configuration (its resync rate and
+	// rebuild delay).
+	Config cluster.Config
+	// Jobs runs the rebuilds.
+	Jobs *job.Manager
+	Log  *slog.Logger
+	// CrashPointFile names the file of the hidden test flag
+	// --test-crash-point-file (crashPoint); empty in production.
+	CrashPointFile string
+}
+
+// New returns the replicated volumes of node, over its pool p. Run drives
+// their resyncs and rebuilds; Collectors are their metrics.
+func New(node *cluster.Node, p *pool.Pool, opts Options) *Volumes {
+	v := newReplicaSets(node, p, opts.Log, newReplMetrics(), opts.Config, opts.Jobs)
+	v.crashFile = opts.CrashPointFile
+	return v
+}
+
+// Collectors are the replication's metrics.
+func (r *Volumes) Collectors() []prometheus.Collector { return r.metrics.collectors() }
+
+// Run resyncs and rebuilds the copies behind, until ctx ends.
+func (r *Volumes) Run(ctx context.Context) { r.resyncLoop(ctx) }
+
+func (e Exports) Open(ctx context.Context, name, peer string) (nbd.Export, error) {
+	ref, err := nbd.ParseExportName(name)
+	if err != nil || ref.Snapshot != "" {
+		// Not a live disk: the pool's exports refuse it or serve the
+		// snapshot, which no replication concerns.
 		return e.Exports.Open(ctx, name, peer)
 	}
+	volume, disk := ref.Volume, ref.Disk
 	role, err := e.node.Role(ctx, volume)
 	if err != nil {
 		// Without etcd this node cannot know whether it is the primary:
@@ -61,9 +96,9 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 		return e.forward(ctx, name, volume)
 	}
 	if !role.IsPrimary(e.node.Name()) {
-		if token := exportToken(name); replica.IsCredential(token) {
+		if replica.IsCredential(ref.Token) {
 			// The primary's connection to this node's copy.
-			return e.openSession(ctx, volume, disk, token, role, peer)
+			return e.openSession(ctx, volume, disk, ref.Token, role, peer)
 		}
 		// A client: its requests go to the primary of the moment
 		// (failover.go). A copy is written by its primary only.
@@ -112,7 +147,7 @@ func (e replicatedExports) Open(ctx context.Context, name, peer string) (nbd.Exp
 // every other session of the disk, which it fences. The copy is then
 // written through its attachment for that term, whose token never leaves
 // this node. Every refusal is the same to the peer: not authorized.
-func (e replicatedExports) openSession(ctx context.Context, volume, disk, token string, role cluster.Role,
+func (e Exports) openSession(ctx context.Context, volume, disk, token string, role cluster.Role,
 	peer string) (nbd.Export, error) {
 	refuse := func(err error) (nbd.Export, error) {
 		// Why is for the log; the peer learns only that it was refused.
@@ -162,7 +197,7 @@ func (e replicatedExports) openSession(ctx context.Context, volume, disk, token 
 // copyOf is how this primary reaches copy t of volume's disk at term: each
 // connection is a new replication session, signed for the copy's node and
 // instance.
-func (r *replicaSets) copyOf(volume, disk string, term uint64, t cluster.Target) replica.Copy {
+func (r *Volumes) copyOf(volume, disk string, term uint64, t cluster.Target) replica.Copy {
 	key, me := r.node.ReplicationKey(), r.node.Name()
 	return replica.Copy{Node: t.Node, Addr: t.NBD, Session: func() string {
 		return replica.Credential{Volume: volume, Disk: disk, Primary: me, Copy: t.Node, Instance: t.Instance,
@@ -208,11 +243,11 @@ func (d *setDisk) Close() error {
 	return err
 }
 
-// replicaSets holds the replication Set of each replicated disk this node
-// is the primary of, while a handle or a resync uses it, and one RangeLock
-// per disk for the server's life (one small map entry per replicated disk
-// ever opened).
-type replicaSets struct {
+// Volumes are the replicated volumes of this node: the replication Set of
+// each replicated disk this node is the primary of, while a handle or a
+// resync uses it, and one RangeLock per disk for the server's life (one
+// small map entry per replicated disk ever opened).
+type Volumes struct {
 	node    *cluster.Node
 	pool    *pool.Pool
 	log     *slog.Logger
@@ -246,8 +281,8 @@ type setEntry struct {
 }
 
 func newReplicaSets(node *cluster.Node, p *pool.Pool, log *slog.Logger, m *replMetrics, cfg cluster.Config,
-	jobs *job.Manager) *replicaSets {
-	return &replicaSets{node: node, pool: p, log: log, metrics: m, rate: cfg.ResyncRate, rebuildAfter: cfg.RebuildAfter, jobs: jobs,
+	jobs *job.Manager) *Volumes {
+	return &Volumes{node: node, pool: p, log: log, metrics: m, rate: cfg.ResyncRate, rebuildAfter: cfg.RebuildAfter, jobs: jobs,
 		ranges: map[string]*replica.RangeLock{}, m: map[string]*setEntry{}}
 }
 
@@ -258,7 +293,7 @@ func newReplicaSets(node *cluster.Node, p *pool.Pool, log *slog.Logger, m *replM
 // that term (each in-sync copy written through its attachment of that
 // term); the older term's Set stays with its last users, whose writes the
 // copies refuse (term fencing) and whose answers the lease fencing holds.
-func (r *replicaSets) acquire(ctx context.Context, volume, disk string, role cluster.Role, size int64) (*setEntry, error) {
+func (r *Volumes) acquire(ctx context.Context, volume, disk string, role cluster.Role, size int64) (*setEntry, error) {
 	// An intent left behind is settled before any Set of the volume
 	// writes at this term.
 	if err := r.settleFirst(ctx, volume); err != nil {
@@ -323,7 +358,7 @@ func (r *replicaSets) acquire(ctx context.Context, volume, disk string, role clu
 
 // release gives a Set back; the last user closes it (its bitmaps stay on
 // disk for the next).
-func (r *replicaSets) release(e *setEntry) {
+func (r *Volumes) release(e *setEntry) {
 	r.mu.Lock()
 	e.refs--
 	last := e.refs == 0
@@ -334,25 +369,6 @@ func (r *replicaSets) release(e *setEntry) {
 	if last {
 		e.set.Close()
 	}
-}
-
-// exportToken is the token part of <volume>/<disk>/<token>, or "".
-func exportToken(name string) string {
-	parts := strings.Split(name, "/")
-	if len(parts) < 3 {
-		return ""
-	}
-	return parts[2]
-}
-
-// liveExport splits <volume>/<disk>[/<token>]; snapshots (<volume>@<snap>)
-// are not live.
-func liveExport(name string) (volume, disk string, ok bool) {
-	parts := strings.Split(name, "/")
-	if len(parts) < 2 || strings.Contains(parts[0], "@") {
-		return "", "", false
-	}
-	return parts[0], parts[1], true
 }
 
 // replMetrics are the replication's: copy latency and resyncs.

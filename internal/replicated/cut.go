@@ -1,4 +1,4 @@
-package server
+package replicated
 
 import (
 	"context"
@@ -29,7 +29,7 @@ type cutState struct {
 // Sets of the disks in reset are dropped from the map, so the next handle
 // makes a Set of the disk as it is now (its size); handles open across the
 // change keep theirs.
-func (r *replicaSets) atCut(ctx context.Context, volume, what string, reset func() []string,
+func (r *Volumes) atCut(ctx context.Context, volume, what string, reset func() []string,
 	change func(ctx context.Context, cs *cutState) error) error {
 	v, err := r.pool.Volume(volume)
 	if err != nil {
@@ -75,7 +75,7 @@ func (r *replicaSets) atCut(ctx context.Context, volume, what string, reset func
 
 // forget drops the Sets of the disks of volume from the map: the next
 // acquire makes new ones.
-func (r *replicaSets) forget(volume string, disks []string) {
+func (r *Volumes) forget(volume string, disks []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, d := range disks {
@@ -90,7 +90,7 @@ func (r *replicaSets) forget(volume string, disks []string) {
 // divergent. Sets of disks the primary no longer has write no copy.
 // The error says what could not be recorded: then the change is done here
 // but the copies' state is unknown to etcd, and the caller fails.
-func (r *replicaSets) applyAtCut(ctx context.Context, volume string, cs *cutState, op cluster.Op, disks []pool.DiskInfo) error {
+func (r *Volumes) applyAtCut(ctx context.Context, volume string, cs *cutState, op cluster.Op, disks []pool.DiskInfo) error {
 	op.Nodes = cs.nodes
 	each, err := r.node.RunOpEach(ctx, volume, cs.role.Term, op)
 	if err != nil {
@@ -145,7 +145,7 @@ func (r *replicaSets) applyAtCut(ctx context.Context, volume string, cs *cutStat
 // copy rolls back (pool.Hold.Rollback: durable on return), then every
 // in-sync copy does; a copy that fails is recorded diverged. h is the
 // volume's hold, released on return.
-func (r *replicaSets) Rollback(ctx context.Context, h *pool.Hold, volume, snapshot string, force bool,
+func (r *Volumes) Rollback(ctx context.Context, h *pool.Hold, volume, snapshot string, force bool,
 	prog pool.Progress) (pool.VolumeInfo, error) {
 	defer h.Release()
 	v, err := r.pool.Volume(volume)
@@ -194,7 +194,7 @@ func (r *replicaSets) Rollback(ctx context.Context, h *pool.Hold, volume, snapsh
 
 // AddDisk adds an empty disk to a replicated volume on every copy at one
 // cut (pool.Volume.AddDiskWith here first; durable on return).
-func (r *replicaSets) AddDisk(ctx context.Context, volume string, d pool.DiskSpec, idem pool.Idempotency) (pool.VolumeInfo, error) {
+func (r *Volumes) AddDisk(ctx context.Context, volume string, d pool.DiskSpec, idem pool.Idempotency) (pool.VolumeInfo, error) {
 	op := cluster.Op{Kind: cluster.OpAddDisk, Name: d.Name, Disk: &api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared}}
 	return r.diskChange(ctx, volume, "add disk "+d.Name+" to "+volume, nil, op, func(v *pool.Volume) (pool.VolumeInfo, error) {
 		return v.AddDiskWith(ctx, d, idem)
@@ -204,7 +204,7 @@ func (r *replicaSets) AddDisk(ctx context.Context, volume string, d pool.DiskSpe
 // GrowDisk grows a disk of a replicated volume on every copy at one cut.
 // A client connected before sees the old size until it connects again
 // (NBD gives the size at the handshake).
-func (r *replicaSets) GrowDisk(ctx context.Context, volume, disk string, size int64) (pool.VolumeInfo, error) {
+func (r *Volumes) GrowDisk(ctx context.Context, volume, disk string, size int64) (pool.VolumeInfo, error) {
 	op := cluster.Op{Kind: cluster.OpGrowDisk, Name: disk, Disk: &api.DiskSpec{Name: disk, Size: size}}
 	return r.diskChange(ctx, volume, "grow disk "+disk+" of "+volume, []string{disk}, op, func(v *pool.Volume) (pool.VolumeInfo, error) {
 		return v.GrowDisk(ctx, disk, size)
@@ -214,7 +214,7 @@ func (r *replicaSets) GrowDisk(ctx context.Context, volume, disk string, size in
 // RemoveDisk removes a disk of a replicated volume on every copy at one
 // cut; while writers are connected it is refused (pool.ErrInUse) unless
 // force.
-func (r *replicaSets) RemoveDisk(ctx context.Context, volume, disk string, force bool) (pool.VolumeInfo, error) {
+func (r *Volumes) RemoveDisk(ctx context.Context, volume, disk string, force bool) (pool.VolumeInfo, error) {
 	op := cluster.Op{Kind: cluster.OpRemoveDisk, Name: disk, Disk: &api.DiskSpec{Name: disk}}
 	return r.diskChange(ctx, volume, "remove disk "+disk+" of "+volume, []string{disk}, op, func(v *pool.Volume) (pool.VolumeInfo, error) {
 		return v.RemoveDiskWith(ctx, disk, force)
@@ -227,7 +227,7 @@ func (r *replicaSets) RemoveDisk(ctx context.Context, volume, disk string, force
 // recorded diverged, and conformed by its resync), under an intent
 // recorded before the change here. The caller has recorded the change in
 // the volume's spec in etcd (cluster.Node.UpdateSpec).
-func (r *replicaSets) Update(ctx context.Context, volume string, u api.VolumeUpdate) (pool.VolumeInfo, error) {
+func (r *Volumes) Update(ctx context.Context, volume string, u api.VolumeUpdate) (pool.VolumeInfo, error) {
 	v, err := r.pool.Volume(volume)
 	if err != nil {
 		return pool.VolumeInfo{}, err
@@ -264,7 +264,7 @@ func settingsOf(info pool.VolumeInfo) *api.VolumeUpdate {
 // recorded before the local change. A local change that changed nothing
 // (an idempotent retry, a grow to the same size) is still sent: the copies
 // answer it the same way.
-func (r *replicaSets) diskChange(ctx context.Context, volume, what string, reset []string, op cluster.Op,
+func (r *Volumes) diskChange(ctx context.Context, volume, what string, reset []string, op cluster.Op,
 	local func(v *pool.Volume) (pool.VolumeInfo, error)) (pool.VolumeInfo, error) {
 	v, err := r.pool.Volume(volume)
 	if err != nil {
@@ -317,7 +317,7 @@ func diskNames(before, after []pool.DiskInfo) []string {
 
 // conform has the copy on node make its disk set this primary's (sizes
 // included) before its resync copies it whole.
-func (r *replicaSets) conform(ctx context.Context, v *pool.Volume, node string, term uint64) error {
+func (r *Volumes) conform(ctx context.Context, v *pool.Volume, node string, term uint64) error {
 	info := v.Info()
 	op := cluster.Op{Kind: cluster.OpConformDisks, Name: info.Name, Capacity: info.Capacity, Nodes: []string{node},
 		Update: settingsOf(info)}

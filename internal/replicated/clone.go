@@ -1,4 +1,4 @@
-package server
+package replicated
 
 import (
 	"context"
@@ -27,7 +27,7 @@ import (
 // the request (source and names), released on return; a name that is a
 // clone of the same source placed already (an idempotent retry) is
 // answered as it is.
-func (r *replicaSets) Clone(ctx context.Context, h *pool.CloneHold, req pool.CloneRequest,
+func (r *Volumes) Clone(ctx context.Context, h *pool.CloneHold, req pool.CloneRequest,
 	charge func(api.VolumeSpec) cluster.Charge, prog pool.Progress) ([]pool.VolumeInfo, error) {
 	defer h.Release()
 	volume := req.Source.Volume
@@ -104,7 +104,7 @@ func (r *replicaSets) Clone(ctx context.Context, h *pool.CloneHold, req pool.Clo
 // cloneAtCut makes the clones of ops here, then on every in-sync copy, then
 // places each; a failure leaves the unplaced ones to the intent's undo
 // (errIntentOpen), which intended runs at once, the Sets still frozen.
-func (r *replicaSets) cloneAtCut(ctx context.Context, h *pool.CloneHold, volume, what string, cs *cutState,
+func (r *Volumes) cloneAtCut(ctx context.Context, h *pool.CloneHold, volume, what string, cs *cutState,
 	ops []cluster.Op, src cluster.Placement, req pool.CloneRequest, charge func(api.VolumeSpec) cluster.Charge,
 	prog pool.Progress) ([]pool.VolumeInfo, error) {
 	made, err := h.Clone(ctx, prog)

@@ -1,4 +1,4 @@
-package server
+package replicated
 
 import (
 	"context"
@@ -26,7 +26,7 @@ const (
 // the primary of, once their nodes are up (docs/cluster.md, "Degraded mode
 // and resync"): one resync per copy at a time, a failed one tried again
 // after resyncBackoff.
-func (r *replicaSets) resyncLoop(ctx context.Context) {
+func (r *Volumes) resyncLoop(ctx context.Context) {
 	var mu sync.Mutex
 	running := map[string]bool{}
 	retry := map[string]time.Time{}
@@ -132,7 +132,7 @@ func (r *replicaSets) resyncLoop(ctx context.Context) {
 // resync brings copy node of volume back in sync, when its node is up:
 // every disk's dirty granules are copied while I/O goes on, then the copy
 // rejoins the in-sync set in one etcd transaction (replica.Rejoin).
-func (r *replicaSets) resync(ctx context.Context, volume, node string, p cluster.Placement, rebuild bool, j *job.Job) error {
+func (r *Volumes) resync(ctx context.Context, volume, node string, p cluster.Placement, rebuild bool, j *job.Job) error {
 	state, what := cluster.CopyResyncing, "resync"
 	if rebuild {
 		state, what = cluster.CopyRebuilding, "rebuild"
@@ -312,7 +312,7 @@ func (r *replicaSets) resync(ctx context.Context, volume, node string, p cluster
 
 // replace moves the copy of a node gone longer than rebuildAfter to another
 // node (cluster.ReplaceCopy) and forgets its dirty bitmaps here.
-func (r *replicaSets) replace(ctx context.Context, volume, gone string, p cluster.Placement) error {
+func (r *Volumes) replace(ctx context.Context, volume, gone string, p cluster.Placement) error {
 	v, err := r.pool.Volume(volume)
 	if err != nil {
 		return err
@@ -342,7 +342,7 @@ func (r *replicaSets) replace(ctx context.Context, volume, gone string, p cluste
 
 // copyMade says whether node has made its copy of volume (its attachment
 // for the primary is recorded).
-func (r *replicaSets) copyMade(ctx context.Context, volume, node string) bool {
+func (r *Volumes) copyMade(ctx context.Context, volume, node string) bool {
 	role, err := r.node.Role(ctx, volume)
 	if err != nil {
 		return false
