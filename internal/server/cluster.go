@@ -12,9 +12,9 @@ import (
 	"github.com/quiverstorage/quiver/internal/replicated"
 )
 
-// joinCluster joins with the addresses the listeners got: the API's, and
+// join joins with the addresses the listeners got: the API's, and
 // NBD's over TCP when served.
-func joinCluster(ctx context.Context, cfg Config, p *pool.Pool, apiAddr net.Addr, nbdLns []net.Listener,
+func join(ctx context.Context, cfg Config, p *pool.Pool, apiAddr net.Addr, nbdLns []net.Listener,
 	log *slog.Logger) (*cluster.Node, error) {
 	cc := cfg.Cluster
 	cc.APIAddr = apiAddr.String()
