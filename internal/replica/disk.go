@@ -46,6 +46,14 @@ type Options struct {
 	// request that found the failure is answered; when it fails the request
 	// fails too and is never acknowledged.
 	OutOfSync func(node string, cause error) error
+	// Diverged records, durably, that copy node may differ from the
+	// primary anywhere, so that its resync copies it whole (a cluster's
+	// MarkDiverged). An in-sync copy that fails when its dirty bitmap
+	// cannot record its changes (the primary's pool failing) leaves the
+	// in-sync set through Diverged instead of OutOfSync, so that it never
+	// stays in sync without a change the primary applied. nil: such a copy
+	// cannot leave, and the request is not acknowledged.
+	Diverged func(node string, cause error) error
 	// Bitmap opens the write-ahead dirty bitmap of this disk for copy node,
 	// creating an empty one when there is none (created). nil: bitmaps in
 	// memory only, lost with the process (tests).
@@ -383,7 +391,7 @@ func (s *Set) drop(node string, cause error, off, length int64) error {
 	if b == nil {
 		var err error
 		if opened, _, err = s.openBitmap(node); err != nil {
-			return fmt.Errorf("%w: copy on %s: %w (%w)", ErrNotAcknowledged, node, cause, err)
+			return s.diverge(node, cause, err)
 		}
 	}
 	s.mu.Lock()
@@ -412,7 +420,10 @@ func (s *Set) drop(node string, cause error, off, length int64) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("%w: copy on %s: %w (recording its changes: %w)", ErrNotAcknowledged, node, cause, err)
+		if c == nil {
+			return fmt.Errorf("%w: copy on %s: %w (recording its changes: %w)", ErrNotAcknowledged, node, cause, err)
+		}
+		return s.diverge(node, cause, err)
 	}
 	if c == nil {
 		return nil
@@ -426,6 +437,36 @@ func (s *Set) drop(node string, cause error, off, length int64) error {
 	}
 	s.mu.Unlock()
 	c.close()
+	return nil
+}
+
+// diverge takes a failed in-sync copy out of the in-sync set when its
+// dirty bitmap could not record its changes (berr): recorded diverged
+// (Options.Diverged: its resync copies it whole, so no bitmap need track
+// it), it is written no more and its bitmap is dropped from the Set. Without
+// Options.Diverged, or when that fails, the request is not acknowledged.
+func (s *Set) diverge(node string, cause, berr error) error {
+	s.mu.Lock()
+	c := s.inSync[node]
+	s.mu.Unlock()
+	if c == nil || s.opts.Diverged == nil {
+		return fmt.Errorf("%w: copy on %s: %w (recording its changes: %w)", ErrNotAcknowledged, node, cause, berr)
+	}
+	if err := s.opts.Diverged(node, fmt.Errorf("%w; its dirty bitmap could not record its changes: %w", cause, berr)); err != nil {
+		return fmt.Errorf("%w: copy on %s: %w (recording its changes: %w; recording it diverged: %w)",
+			ErrNotAcknowledged, node, cause, berr, err)
+	}
+	s.mu.Lock()
+	if s.inSync[node] == c {
+		delete(s.inSync, node)
+	}
+	b := s.bitmaps[node]
+	delete(s.bitmaps, node)
+	s.mu.Unlock()
+	c.close()
+	if b != nil {
+		_ = b.Close()
+	}
 	return nil
 }
 

@@ -427,3 +427,85 @@ func TestChangeWhileCopyLeavesIsMarked(t *testing.T) {
 		})
 	}
 }
+
+// TestCopyDivergesWhenItsBitmapFails: an in-sync copy refuses a change (its
+// pool is full) that the primary applied, and the primary's pool cannot
+// write the copy's dirty bitmap. The copy must not stay in sync without the
+// change: it leaves through Options.Diverged (its resync copies it whole)
+// and the change is acknowledged; without Diverged, or when Diverged fails,
+// the change is not acknowledged.
+func TestCopyDivergesWhenItsBitmapFails(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		diverged    bool
+		divergedErr error
+		// bitmapMade: the bitmap file exists, so it opens and its mark
+		// fails; otherwise making it fails.
+		bitmapMade bool
+	}{
+		{"recorded diverged, the bitmap cannot be made", true, nil, false},
+		{"recorded diverged, the bitmap cannot be marked", true, nil, true},
+		{"diverged cannot be recorded", true, errors.New("etcd out of reach"), true},
+		{"no Diverged", false, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, local := openDisk(t)
+			copyFS := faultio.New(openFS(t))
+			copyPool, copyDisk := openDiskWith(t, pool.Options{FS: copyFS})
+			px := serveCopy(t, copyPool)
+			bitmapFS := faultio.New(openFS(t))
+			if tc.bitmapMade {
+				b, _, err := OpenBitmap(bitmapFS, BitmapPath("uid1", "root", "b"), diskSize, DefaultGranule)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b.Close()
+			}
+			var divergedCalls, outOfSyncCalls int
+			opts := Options{Timeout: 5 * time.Second,
+				OutOfSync: func(string, error) error { outOfSyncCalls++; return nil },
+				Bitmap: func(node string) (*Bitmap, bool, error) {
+					return OpenBitmap(bitmapFS, BitmapPath("uid1", "root", node), diskSize, DefaultGranule)
+				}}
+			if tc.diverged {
+				opts.Diverged = func(node string, cause error) error {
+					divergedCalls++
+					if node != "b" {
+						t.Errorf("diverged %s", node)
+					}
+					return tc.divergedErr
+				}
+			}
+			s, err := NewSet(context.Background(), diskSize, []Copy{{Node: "b", Addr: px.ln.Addr().String(), Export: "vm/root"}},
+				nil, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			d := s.Disk(local)
+			copyFS.LimitWrites(0)
+			bitmapFS.LimitWrites(0)
+			data := bytes.Repeat([]byte{7}, 4096)
+			err = d.WriteAt(data, 1<<20, false)
+			copyFS.LimitWrites(-1)
+			got := make([]byte, 4096)
+			if rerr := copyDisk.ReadAt(got, 1<<20); rerr != nil || bytes.Equal(got, data) {
+				t.Fatalf("the copy took the write (%v): the test missed its case", rerr)
+			}
+			if tc.diverged && tc.divergedErr == nil {
+				if err != nil || divergedCalls != 1 || outOfSyncCalls != 0 || len(s.InSync()) != 0 {
+					t.Fatalf("write: %v; diverged %d, out of sync %d, in sync %v: want acknowledged, the copy diverged",
+						err, divergedCalls, outOfSyncCalls, s.InSync())
+				}
+				// Later changes neither reach the copy nor need its bitmap.
+				if err := d.WriteAt(data, 2<<20, false); err != nil {
+					t.Fatalf("a later write: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrNotAcknowledged) {
+				t.Fatalf("write: %v, want ErrNotAcknowledged", err)
+			}
+		})
+	}
+}
