@@ -206,9 +206,10 @@ func (r *Resync) copyRange(src pool.Disk, off, length int64, buf []byte) error {
 // (the etcd transaction that puts the copy back in the in-sync set), and
 // from then on writes each copy as in sync and removes its bitmap. When
 // commit fails the outcome is unknown, so the copy is recorded out of sync
-// again (Options.OutOfSync) before the gates open; if even that fails the
-// disks' Sets refuse every change from then on (ErrNotAcknowledged), never
-// acknowledging one that an in-sync copy might lack.
+// again (Options.Diverged, else Options.OutOfSync) before the gates open;
+// if even that fails the disks' Sets refuse every change from then on
+// (ErrNotAcknowledged), never acknowledging one that an in-sync copy might
+// lack.
 func Rejoin(rs []*Resync, commit func() error) error {
 	for _, r := range rs {
 		r.s.gate.Lock()
@@ -235,7 +236,17 @@ func Rejoin(rs []*Resync, commit func() error) error {
 	}
 	if err := commit(); err != nil {
 		node := rs[0].node
-		if oerr := rs[0].s.opts.OutOfSync(node, err); oerr != nil {
+		// The commit's outcome may be unknown: a put-back still on its
+		// way must not take effect after this. Diverged records the copy
+		// out of sync whatever the record says now (a cluster's rewrites
+		// the record, so a commit that compares the record's revision can
+		// no longer apply); OutOfSync leaves a record that already shows
+		// the copy out of sync as it is.
+		record := rs[0].s.opts.OutOfSync
+		if d := rs[0].s.opts.Diverged; d != nil {
+			record = d
+		}
+		if oerr := record(node, err); oerr != nil {
 			for _, r := range rs {
 				r.s.mu.Lock()
 				r.s.closed = true

@@ -391,3 +391,41 @@ func TestStoppedResyncKeepsMirroredWrites(t *testing.T) {
 		})
 	}
 }
+
+// TestRejoinWhoseCommitFailedRecordsDiverged: when the commit that puts a
+// copy back in sync fails (its outcome may be unknown: it may still apply),
+// the copy is recorded through Options.Diverged, which rewrites its record
+// whatever it says, not through OutOfSync, which leaves a record showing
+// the copy out of sync as it is and so lets a late commit apply after it.
+func TestRejoinWhoseCommitFailedRecordsDiverged(t *testing.T) {
+	_, local := openDisk(t)
+	copyPool, _ := openDisk(t)
+	px := serveCopy(t, copyPool)
+	var outOfSync, diverged []string
+	s, err := NewSet(context.Background(), diskSize, nil, []string{"b"}, Options{Timeout: 5 * time.Second,
+		OutOfSync: func(node string, _ error) error { outOfSync = append(outOfSync, node); return nil },
+		Diverged:  func(node string, _ error) error { diverged = append(diverged, node); return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Disk(local).WriteAt(bytes.Repeat([]byte{3}, 4096), 1<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := s.BeginResync(context.Background(), Copy{Node: "b", Addr: px.ln.Addr().String(), Export: "vm/root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.Run(context.Background(), local, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := Rejoin([]*Resync{rs}, func() error { return errors.New("etcd: context deadline exceeded") }); err == nil {
+		t.Fatal("Rejoin succeeded with a failed commit")
+	}
+	if len(diverged) != 1 || diverged[0] != "b" || len(outOfSync) != 0 {
+		t.Fatalf("recorded diverged %v, out of sync %v; want the copy diverged", diverged, outOfSync)
+	}
+	if len(s.InSync()) != 0 || s.Bitmap("b") == nil {
+		t.Fatalf("in sync %v, bitmap %v: want the copy out of sync with its bitmap", s.InSync(), s.Bitmap("b"))
+	}
+}
