@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
@@ -340,20 +337,10 @@ func (r *Volumes) settleRound(ctx context.Context, pls map[string]cluster.Placem
 	}
 }
 
-// crashPoint kills this process when the crash-point file (the hidden
-// flag --test-crash-point-file, for test/cluster only) names point: the
-// tests' way to stop a primary exactly between two steps of a change at
-// the cut. Without the flag it does nothing.
+// crashPoint calls the step hook of Options.AtStep, if any, with the step
+// of a change at the cut this process reached.
 func (r *Volumes) crashPoint(point string) {
-	if r.crashFile == "" {
-		return
+	if r.atStep != nil {
+		r.atStep(point)
 	}
-	b, err := os.ReadFile(r.crashFile)
-	if err != nil || strings.TrimSpace(string(b)) != point {
-		return
-	}
-	r.log.Error("test crash point reached: killing this process", "point", point)
-	time.Sleep(50 * time.Millisecond) // the log line out
-	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {}
 }

@@ -50,16 +50,17 @@ type Options struct {
 	// Jobs runs the rebuilds.
 	Jobs *job.Manager
 	Log  *slog.Logger
-	// CrashPointFile names the file of the hidden test flag
-	// --test-crash-point-file (crashPoint); empty in production.
-	CrashPointFile string
+	// AtStep, when set, is told each step of a change at the cut as this
+	// process reaches it (the steps of docs/cluster.md, "Intents"): the
+	// crash tests' hidden flag kills the process at one. nil in production.
+	AtStep func(step string)
 }
 
 // New returns the replicated volumes of node, over its pool p. Run drives
 // their resyncs and rebuilds; Collectors are their metrics.
 func New(node *cluster.Node, p *pool.Pool, opts Options) *Volumes {
 	v := newReplicaSets(node, p, opts.Log, newReplMetrics(), opts.Config, opts.Jobs)
-	v.crashFile = opts.CrashPointFile
+	v.atStep = opts.AtStep
 	return v
 }
 
@@ -268,9 +269,8 @@ type Volumes struct {
 	// intents are the intents of changes at the cut this process began
 	// (intent.go).
 	intents intentsHere
-	// crashFile is the hidden test flag's crash-point file (crashPoint);
-	// empty in production.
-	crashFile string
+	// atStep is Options.AtStep.
+	atStep func(step string)
 }
 
 type setEntry struct {

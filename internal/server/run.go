@@ -8,7 +8,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
@@ -268,7 +271,7 @@ func (n *node) joinCluster(ctx context.Context) error {
 	}
 	n.metrics.Register(cn.Collector())
 	vols := replicated.New(cn, n.pool, replicated.Options{Config: cfg.Cluster, Jobs: n.jobs, Log: log,
-		CrashPointFile: cfg.TestCrashPointFile})
+		AtStep: crashAt(cfg.TestCrashPointFile, log)})
 	n.metrics.Register(vols.Collectors()...)
 	rctx, rcancel := context.WithCancel(context.Background())
 	resyncDone := make(chan struct{})
@@ -360,4 +363,24 @@ wait:
 		return fmt.Errorf("serve: %w", failed)
 	}
 	return err
+}
+
+// crashAt is the hidden test flag --test-crash-point-file (test/cluster
+// only): the process kills itself at the step of a change at the cut that
+// the file names when it reaches it, the tests' way to stop a primary
+// exactly between two steps. nil without the flag.
+func crashAt(file string, log *slog.Logger) func(step string) {
+	if file == "" {
+		return nil
+	}
+	return func(step string) {
+		b, err := os.ReadFile(file)
+		if err != nil || strings.TrimSpace(string(b)) != step {
+			return
+		}
+		log.Error("test crash point reached: killing this process", "point", step)
+		time.Sleep(50 * time.Millisecond) // the log line out
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
 }

@@ -77,7 +77,7 @@ type Config struct {
 	Cluster cluster.Config
 	// TestCrashPointFile is for test/cluster only (the hidden flag
 	// --test-crash-point-file): a file whose content names a step of a
-	// change at the cut where this process kills itself (crashPoint).
+	// change at the cut where this process kills itself (crashAt).
 	// Empty: none.
 	TestCrashPointFile string
 }
