@@ -37,7 +37,7 @@ func (c *cluster) csiPlugin(t *testing.T, nd *node, cfg csi.Config) (string, *gr
 // state directory of the test's when cfg has none.
 func (c *cluster) csiConfig(t *testing.T, nd *node, cfg csi.Config) csi.Config {
 	cfg.Server = "http://" + nd.ip + ":7480"
-	cfg.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: c.net.dial}, Timeout: 120 * time.Second}
+	cfg.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: c.net.Dial}, Timeout: 120 * time.Second}
 	if cfg.StateDir == "" {
 		cfg.StateDir = filepath.Join(t.TempDir(), "state")
 	}

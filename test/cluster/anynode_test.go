@@ -125,7 +125,7 @@ func TestAnyNodeServes(t *testing.T) {
 
 	// A hop only a node can sign: a forged one is refused, and changes
 	// nothing.
-	hc := &http.Client{Transport: &http.Transport{DialContext: c.net.dial}, Timeout: 30 * time.Second}
+	hc := &http.Client{Transport: &http.Transport{DialContext: c.net.Dial}, Timeout: 30 * time.Second}
 	req, _ := http.NewRequest(http.MethodPost, "http://"+prim.ip+":7480/v1/volumes/any/snapshots",
 		strings.NewReader(`{"name":"forged"}`))
 	req.Header.Set("Quiver-Hop-Principal", "eyJyb2xlIjoiYWRtaW4iLCJieSI6Im4xIiwiYXQiOjB9")

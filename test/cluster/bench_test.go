@@ -102,7 +102,7 @@ func TestBenchCluster(t *testing.T) {
 				if profDir != "" && kind == "replicas=2" && round == rounds-1 {
 					prof = c.profile(t, profDir, strings.Join(cs[:], "-"), secs-1, prims[kind], c.byName(copyNodes(vols[kind])[1]))
 				}
-				cmd := exec.Command("ip", "netns", "exec", c.net.hub, nbdrun, "run", "-out", results, "-kind", kind,
+				cmd := exec.Command("ip", "netns", "exec", c.net.Hub, nbdrun, "run", "-out", results, "-kind", kind,
 					"-transport", "tcp", "-pid", strings.Join(pids, ","), "-target", uris[kind], "-rw", cs[0], "-bs", cs[1],
 					"-qd", cs[2], "-runtime", strconv.Itoa(secs), "-size", strconv.FormatInt(size, 10))
 				m0 := c.inside(t, prims[kind], "b"+strings.TrimPrefix(kind, "replicas="))
@@ -209,7 +209,7 @@ func (c *cluster) profile(t *testing.T, dir, name string, secs int, nodes ...*no
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	hc := &http.Client{Transport: &http.Transport{DialContext: c.net.dial}}
+	hc := &http.Client{Transport: &http.Transport{DialContext: c.net.Dial}}
 	errs := make(chan error, len(nodes))
 	for _, nd := range nodes {
 		go func() {
@@ -331,7 +331,7 @@ func medianInside(runs []insideRun) string {
 // fio runs fio with args in the hub namespace.
 func (c *cluster) fio(t *testing.T, args ...string) {
 	t.Helper()
-	if out, err := exec.Command("ip", append([]string{"netns", "exec", c.net.hub, "fio"}, args...)...).CombinedOutput(); err != nil {
+	if out, err := exec.Command("ip", append([]string{"netns", "exec", c.net.Hub, "fio"}, args...)...).CombinedOutput(); err != nil {
 		t.Fatalf("fio %v: %v\n%s", args[0], err, out)
 	}
 }

@@ -151,7 +151,7 @@ func TestReplicatedClone(t *testing.T) {
 		// A client writing the source across the clone: it pauses at the
 		// cut, so both copies of the clone hold the same writes.
 		busy, err := nbdclient.Dial(ctx, prim.ip+":10809", "src/d0/"+token,
-			nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
+			nbdclient.Options{Dial: c.net.Dial, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

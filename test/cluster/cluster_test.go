@@ -68,7 +68,7 @@ func (c *cluster) spawn(nd *node) {
 		args = append(args, "--failure-domain", nd.domain)
 	}
 	p, err := testserver.Spawn(quiverBin, testserver.Options{Pool: nd.pool, Token: apiToken, Args: args,
-		Wrap: []string{"ip", "netns", "exec", nd.ns}, Dial: c.net.dial, TLS: nd.tls})
+		Wrap: []string{"ip", "netns", "exec", nd.ns}, Dial: c.net.Dial, TLS: nd.tls})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func startClusterWith(t *testing.T, tweak func(i int, nd *node)) *cluster {
 	var initial []string
 	for i, domain := range []string{"zone-a", "zone-a", "zone-b"} {
 		nd := &node{name: fmt.Sprintf("n%d", i+1), domain: domain, pool: filepath.Join(c.dir, fmt.Sprintf("pool%d", i+1))}
-		nd.ns, nd.ip = c.net.addNode(i + 1)
+		nd.ns, nd.ip = c.net.AddNode(i + 1)
 		initial = append(initial, fmt.Sprintf("%s=http://%s:2380", nd.name, nd.ip))
 		c.nodes = append(c.nodes, nd)
 	}
@@ -177,7 +177,7 @@ func allUp(names ...string) func([]api.Node) bool {
 // cli runs the quiver CLI in the hub namespace against nd.
 func (c *cluster) cli(nd *node, args ...string) string {
 	c.t.Helper()
-	full := append([]string{"netns", "exec", c.net.hub, quiverBin, "--server", "http://" + nd.ip + ":7480",
+	full := append([]string{"netns", "exec", c.net.Hub, quiverBin, "--server", "http://" + nd.ip + ":7480",
 		"--token-file", c.tokenFile(apiToken)}, args...)
 	out, err := exec.Command("ip", full...).CombinedOutput()
 	if err != nil {
@@ -322,7 +322,7 @@ func copyNodes(v api.Volume) []string {
 // must exit non-zero at start with a message naming the conflict, and the
 // cluster must keep its three members, all up.
 func joinRefused(t *testing.T, c *cluster) {
-	ns, ip := c.net.addNode(4)
+	ns, ip := c.net.AddNode(4)
 	etcd := "http://" + c.nodes[0].ip + ":2379"
 	for _, tc := range []struct {
 		name string
@@ -369,7 +369,7 @@ func lastLine(s string) string {
 // test unless each of them succeeded.
 func (c *cluster) qemuIO(t *testing.T, uri string, cmds ...string) {
 	t.Helper()
-	args := []string{"netns", "exec", c.net.hub, "qemu-io", "-f", "raw"}
+	args := []string{"netns", "exec", c.net.Hub, "qemu-io", "-f", "raw"}
 	for _, cmd := range cmds {
 		args = append(args, "-c", cmd)
 	}

@@ -83,7 +83,7 @@ func TestReplicatedCut(t *testing.T) {
 		if b["d0"] == a["d0"] || b["d1"] == a["d1"] {
 			t.Fatal("B did not change the disks")
 		}
-		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "cut/d0/"+token, nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
+		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "cut/d0/"+token, nbdclient.Options{Dial: c.net.Dial, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +155,7 @@ func TestReplicatedCut(t *testing.T) {
 
 	t.Run("disks", func(t *testing.T) {
 		start := time.Now()
-		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "cut/d0/"+token, nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
+		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "cut/d0/"+token, nbdclient.Options{Dial: c.net.Dial, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

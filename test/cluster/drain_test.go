@@ -120,7 +120,7 @@ func (c *cluster) drainUnderWrites(t *testing.T, nd *node, volume string, export
 		t.Fatalf("before the drain: %v", err)
 	}
 	start := time.Now()
-	full := append([]string{"netns", "exec", c.net.hub, quiverBin, "--server", "http://" + nd.ip + ":7480",
+	full := append([]string{"netns", "exec", c.net.Hub, quiverBin, "--server", "http://" + nd.ip + ":7480",
 		"--token-file", c.tokenFile(apiToken)}, "node", "drain", nd.name, "-o", "json")
 	raw, cerr := exec.Command("ip", full...).Output()
 	took := time.Since(start)

@@ -40,7 +40,7 @@ func (c *cluster) etcdLeader(t *testing.T) *node {
 	t.Helper()
 	hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return c.net.dial(ctx, network, addr)
+			return c.net.Dial(ctx, network, addr)
 		}}}
 	deadline := time.Now().Add(30 * time.Second)
 	for {

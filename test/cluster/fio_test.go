@@ -39,7 +39,7 @@ func (s fioSegment) String() string {
 // startFioVerifier starts the segments on exports (<volume>/<disk>/<token>)
 // through via's NBD address, from the hub namespace.
 func startFioVerifier(c *cluster, via *node, exports []string) *fioVerifier {
-	args := []string{"netns", "exec", c.net.hub, "fio", "--ioengine=nbd", "--rw=randwrite", "--bs=4k",
+	args := []string{"netns", "exec", c.net.Hub, "fio", "--ioengine=nbd", "--rw=randwrite", "--bs=4k",
 		"--iodepth=4", "--offset=1M", "--size=1M", "--verify=crc32c", "--verify_backlog=64", "--verify_fatal=1",
 		"--randrepeat=0", "--minimal",
 		// No local-<job>-verify.state files in the working directory (the

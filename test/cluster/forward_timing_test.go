@@ -41,7 +41,7 @@ func TestRefusalTiming(t *testing.T) {
 	for _, nd := range c.nodes {
 		// The right token opens the disk on every node.
 		conn, err := nbdclient.Dial(context.Background(), nd.ip+":10809", exports[0],
-			nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
+			nbdclient.Options{Dial: c.net.Dial, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatalf("%s (%s): the attachment's token: %v", nd.name, roles[nd], err)
 		}
@@ -61,7 +61,7 @@ func TestRefusalTiming(t *testing.T) {
 			}
 			start := time.Now()
 			_, err := nbdclient.Dial(context.Background(), nd.ip+":10809", volume+"/d0/"+tok,
-				nbdclient.Options{Dial: c.net.dial, Timeout: 120 * time.Second})
+				nbdclient.Options{Dial: c.net.Dial, Timeout: 120 * time.Second})
 			took := time.Since(start)
 			var r *nbdclient.Refusal
 			if !errors.As(err, &r) {
@@ -184,7 +184,7 @@ func (c *cluster) moveEtcdLeader(t *testing.T, to *node) {
 	t.Helper()
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return c.net.dial(ctx, network, addr)
+			return c.net.Dial(ctx, network, addr)
 		}}}
 	post := func(nd *node, path string, in, out any) {
 		t.Helper()
@@ -236,15 +236,15 @@ func (c *cluster) cutLink(t *testing.T, nd *node) func() {
 	host := ""
 	for i, o := range c.nodes {
 		if o == nd {
-			host = fmt.Sprintf("h%d", i+1) // addNode's name for node i+1's end on the bridge
+			host = c.net.HostLink(i + 1)
 		}
 	}
-	run(t, "ip", "-n", c.net.hub, "link", "set", host, "down")
+	run(t, "ip", "-n", c.net.Hub, "link", "set", host, "down")
 	done := false
 	undo := func() {
 		if !done {
 			done = true
-			run(t, "ip", "-n", c.net.hub, "link", "set", host, "up")
+			run(t, "ip", "-n", c.net.Hub, "link", "set", host, "up")
 		}
 	}
 	t.Cleanup(undo)
@@ -261,7 +261,7 @@ func startForwardedWriter(c *cluster, exports []string, addr string, workers, sl
 	for _, ex := range exports {
 		dc := &diskClient{}
 		d, err := forward.Open(context.Background(), ex, func(context.Context) (string, error) { return addr, nil },
-			forward.Options{Dial: c.net.dial, RequestTimeout: 2 * time.Minute, RetryFor: 3 * time.Minute,
+			forward.Options{Dial: c.net.Dial, RequestTimeout: 2 * time.Minute, RetryFor: 3 * time.Minute,
 				DialTimeout: time.Second,
 				OnConnect: func(addr string) {
 					dc.mu.Lock()

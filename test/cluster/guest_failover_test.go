@@ -84,7 +84,7 @@ func TestFailoverGuest(t *testing.T) {
 	// 2 minutes with the default 6), longer than reconnect-delay. One
 	// retry (connect gives up after 3 s) in QEMU's namespace lets QEMU
 	// try the next address in time (docs/cluster.md).
-	run(t, "ip", "netns", "exec", c.net.hub, "sysctl", "-q", "-w", "net.ipv4.tcp_syn_retries=1")
+	run(t, "ip", "netns", "exec", c.net.Hub, "sysctl", "-q", "-w", "net.ipv4.tcp_syn_retries=1")
 	vm := startGuestVM(t, c, k, initrd, servers, att.Token)
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	err = vm.WaitConsole(wctx, "guestwriter: start")
@@ -237,7 +237,7 @@ type guestVM struct {
 // mount is of its inode), and QEMU's next lookup reads the new order.
 func (c *cluster) nodesName(t *testing.T, nodes ...*node) string {
 	t.Helper()
-	dir := filepath.Join("/etc/netns", c.net.hub)
+	dir := filepath.Join("/etc/netns", c.net.Hub)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func (c *cluster) dropSYN(t *testing.T, nd *node, on bool) {
 // go to port 7480).
 func (c *cluster) qemuConns(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", c.net.hub, "ss", "-Htn", "state", "established", "dport", "10809").CombinedOutput()
+	out, err := exec.Command("ip", "netns", "exec", c.net.Hub, "ss", "-Htn", "state", "established", "dport", "10809").CombinedOutput()
 	if err != nil {
 		t.Fatalf("ss: %v: %s", err, out)
 	}
@@ -293,7 +293,7 @@ func startGuestVM(t *testing.T, c *cluster, k *testguest.Kernel, initrd string, 
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	vm := &guestVM{out: &testserver.LogBuffer{}}
 	console, qmpPath := filepath.Join(dir, "console"), filepath.Join(dir, "qmp")
-	args := append([]string{"netns", "exec", c.net.hub, "qemu-system-x86_64"}, testguest.QEMUArgs(k, initrd, console)...)
+	args := append([]string{"netns", "exec", c.net.Hub, "qemu-system-x86_64"}, testguest.QEMUArgs(k, initrd, console)...)
 	args = append(args, "-qmp", "unix:"+qmpPath+",server=on,wait=off")
 	for _, d := range guestDisks {
 		b, err := json.Marshal(map[string]any{

@@ -80,7 +80,7 @@ func TestClusterHTTPS(t *testing.T) {
 	}
 
 	quiver := func(nd *node, withCA bool, args ...string) (string, error) {
-		full := []string{"netns", "exec", c.net.hub, quiverBin, "--server", "https://" + nd.ip + ":7480",
+		full := []string{"netns", "exec", c.net.Hub, quiverBin, "--server", "https://" + nd.ip + ":7480",
 			"--token-file", c.tokenFile(apiToken)}
 		if withCA {
 			full = append(full, "--ca-file", caFile)

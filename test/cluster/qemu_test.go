@@ -32,7 +32,7 @@ func TestFailoverQEMUClient(t *testing.T) {
 	ex := exports[0]
 	opts := fmt.Sprintf("driver=raw,file.driver=nbd,file.server.type=inet,file.server.host=%s,file.server.port=10809,"+
 		"file.export=%s,file.reconnect-delay=60", third.ip, ex)
-	args := []string{"netns", "exec", c.net.hub, "qemu-io", "--image-opts", opts}
+	args := []string{"netns", "exec", c.net.Hub, "qemu-io", "--image-opts", opts}
 	for i := range blocks {
 		args = append(args, "-c", fmt.Sprintf("write -P %d %d %d", i%250+1, i*size, size))
 		if i%8 == 7 {

@@ -81,7 +81,7 @@ func TestReplicationCredentials(t *testing.T) {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		start := time.Now()
-		conn, err := nbdclient.Dial(dctx, cp.ip+":10809", export, nbdclient.Options{Dial: c.net.dial, Timeout: 20 * time.Second})
+		conn, err := nbdclient.Dial(dctx, cp.ip+":10809", export, nbdclient.Options{Dial: c.net.Dial, Timeout: 20 * time.Second})
 		if err == nil {
 			werr := conn.WriteAt(make([]byte, 4096), 2*mib, true)
 			conn.Close()
@@ -126,7 +126,7 @@ func TestReplicationCredentials(t *testing.T) {
 
 	// A client stays connected to the primary: its handle's Set keeps
 	// its sessions to the copy.
-	client, err := nbdclient.Dial(ctx, prim.ip+":10809", "sess/root/"+att.Token, nbdclient.Options{Dial: c.net.dial,
+	client, err := nbdclient.Dial(ctx, prim.ip+":10809", "sess/root/"+att.Token, nbdclient.Options{Dial: c.net.Dial,
 		Timeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +143,7 @@ func TestReplicationCredentials(t *testing.T) {
 	// does not) and fences the primary's own.
 	ctrl := good
 	ctrl.Epoch = replica.NewEpoch()
-	conn, err := nbdclient.Dial(ctx, cp.ip+":10809", ctrl.Export(key), nbdclient.Options{Dial: c.net.dial,
+	conn, err := nbdclient.Dial(ctx, cp.ip+":10809", ctrl.Export(key), nbdclient.Options{Dial: c.net.Dial,
 		Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("a session signed with the cluster's key: %v", err)
@@ -216,7 +216,7 @@ func (c *cluster) etcdDump(t *testing.T) map[string]string {
 	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.nodes[0].ip + ":2379"}, DialTimeout: 10 * time.Second,
 		Logger: zap.NewNop(), DialOptions: []grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return c.net.dial(ctx, "tcp", addr)
+			return c.net.Dial(ctx, "tcp", addr)
 		})}})
 	if err != nil {
 		t.Fatal(err)

@@ -59,7 +59,7 @@ func spanOf(off, length int64) int64 {
 
 func (w *qemuWriter) round() error {
 	for _, uri := range w.uris {
-		args := []string{"netns", "exec", w.c.net.hub, "qemu-io", "-f", "raw"}
+		args := []string{"netns", "exec", w.c.net.Hub, "qemu-io", "-f", "raw"}
 		var n, sp int64
 		for range 4 {
 			length := (1 + w.rng.Int64N(32)) * 4096

@@ -33,7 +33,7 @@ func TestReplicatedSnapshot(t *testing.T) {
 	prim, cp, token := c.placeAndAttach(t, spec)
 	clients := make([]*nbdclient.Conn, len(disks))
 	for i, d := range disks {
-		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "vm/"+d+"/"+token, nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
+		cl, err := nbdclient.Dial(ctx, prim.ip+":10809", "vm/"+d+"/"+token, nbdclient.Options{Dial: c.net.Dial, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -42,7 +42,7 @@ func (c *cluster) nbdProxy(t *testing.T, nd *node) string {
 			if err != nil {
 				return
 			}
-			out, err := c.net.dial(context.Background(), "tcp", nd.ip+":10809")
+			out, err := c.net.Dial(context.Background(), "tcp", nd.ip+":10809")
 			if err != nil {
 				in.Close()
 				continue

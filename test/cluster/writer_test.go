@@ -124,7 +124,7 @@ func startWriter(ctx context.Context, c *cluster, exports []string, addrs []stri
 			i := next.Add(1) - 1
 			return addrs[int(i)%len(addrs)], nil
 		}
-		d, err := forward.Open(ctx, ex, resolve, forward.Options{Dial: c.net.dial, RequestTimeout: 10 * time.Second,
+		d, err := forward.Open(ctx, ex, resolve, forward.Options{Dial: c.net.Dial, RequestTimeout: 10 * time.Second,
 			RetryFor: 120 * time.Second, DialTimeout: time.Second,
 			OnConnect: func(addr string) {
 				dc.mu.Lock()

@@ -66,7 +66,7 @@ func startCluster(t *testing.T) *cluster {
 		nd := &node{name: fmt.Sprintf("n%d", i+1), mnt: testfs.MountXFS(t, 300<<20),
 			etcd: filepath.Join(c.dir, fmt.Sprintf("etcd%d", i+1))}
 		nd.pool = filepath.Join(nd.mnt, "pool")
-		nd.ns, nd.ip = c.net.addNode(i + 1)
+		nd.ns, nd.ip = c.net.AddNode(i + 1)
 		initial = append(initial, fmt.Sprintf("%s=http://%s:2380", nd.name, nd.ip))
 		c.nodes = append(c.nodes, nd)
 	}
@@ -91,7 +91,7 @@ func (c *cluster) spawn(nd *node) {
 	t := c.t
 	t.Helper()
 	p, err := testserver.Spawn(quiverBin, testserver.Options{Pool: nd.pool, Token: apiToken, Args: nd.args,
-		Wrap: []string{"ip", "netns", "exec", nd.ns}, Dial: c.net.dial})
+		Wrap: []string{"ip", "netns", "exec", nd.ns}, Dial: c.net.Dial})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +247,7 @@ func formatCopies(v api.Volume) string {
 func (c *cluster) etcdLeader() *node {
 	hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return c.net.dial(ctx, network, addr)
+			return c.net.Dial(ctx, network, addr)
 		}}}
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -121,7 +121,7 @@ func (w *writer) open(di int, addrs []string) (*handle, error) {
 	resolve := func(context.Context) (string, error) {
 		return addrs[int(next.Add(1)-1)%len(addrs)], nil
 	}
-	d, err := forward.Open(context.Background(), w.exports[di], resolve, forward.Options{Dial: w.c.net.dial,
+	d, err := forward.Open(context.Background(), w.exports[di], resolve, forward.Options{Dial: w.c.net.Dial,
 		RequestTimeout: requestLimit, RetryFor: retryLimit, DialTimeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnConnect: func(addr string) {

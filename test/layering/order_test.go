@@ -30,7 +30,7 @@ var layers = [][]string{
 
 // testSupport are packages for tests only: they may import anything, and
 // nothing but another test-support package may import them.
-var testSupport = map[string]bool{"testfs": true, "testguest": true, "testserver": true, "csi/csitest": true,
+var testSupport = map[string]bool{"testfs": true, "testguest": true, "testserver": true, "testnet": true, "csi/csitest": true,
 	"csi/sanitytest": true, "tlscert/certtest": true}
 
 // TestLayerOrder checks the direction of every import between quiver's
