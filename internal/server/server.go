@@ -245,6 +245,9 @@ func Run(ctx context.Context, cfg Config) error {
 		go func() { defer close(resyncDone); vols.Run(rctx) }()
 		defer func() { rcancel(); <-resyncDone }()
 		exports = replicated.NewExports(exports, vols)
+		// Opens another node forwards for its client: refused at once,
+		// that node holds the refusal (docs/cluster.md, "Refusals").
+		cfg.NBD.Forwarded = node.OpenHop
 		handler.Replicated = vols
 		handler.Drainer = vols
 	}
