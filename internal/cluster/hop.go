@@ -4,9 +4,13 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Forwarded opens (docs/cluster.md, "Refusals"): a node that serves a
@@ -32,40 +36,60 @@ func (n *Node) SignHop(export string) string { return n.keys.signHop(export, tim
 
 // OpenHop returns the client's name of an export that another node of the
 // cluster opens for its client (SignHop), and true; false for any other
-// name: unmarked, marked by another cluster, changed, or out of time.
-func (n *Node) OpenHop(name string) (export string, ok bool) { return n.keys.openHop(name, time.Now()) }
+// name: unmarked, marked by another cluster, changed, or out of time. A
+// node's mark out of time (the nodes' clocks apart by more than hopSkew:
+// every open forwarded to this node is refused) is logged, at most once a
+// second; nothing of the name is.
+func (n *Node) OpenHop(name string) (export string, ok bool) {
+	export, err := n.keys.openHop(name, time.Now())
+	if errors.Is(err, errHopTime) {
+		hopLog.Do(func() {
+			n.log.Warn("refusing an open another node forwarded: are the nodes' clocks synchronized?", "err", err)
+		})
+	}
+	return export, err == nil
+}
+
+// errNotHop: the name bears no mark of this cluster's nodes.
+var errNotHop = errors.New("not a hop of this cluster")
+
+// errHopTime: a node's mark, signed too far from this node's clock.
+var errHopTime = errors.New("hop signed out of time")
+
+// hopLog paces the warnings of marks out of time.
+var hopLog = rate.Sometimes{Interval: time.Second}
 
 func (k nodeKeys) signHop(export string, now time.Time) string {
 	at := strconv.FormatInt(now.Unix(), 10)
 	return export + "/" + hopPrefix + at + "." + base64.RawURLEncoding.EncodeToString(k.hopSum(export, at))
 }
 
-func (k nodeKeys) openHop(name string, now time.Time) (string, bool) {
+func (k nodeKeys) openHop(name string, now time.Time) (string, error) {
 	i := strings.LastIndexByte(name, '/')
 	if i < 0 || len(k.hop) == 0 {
-		return "", false
+		return "", errNotHop
 	}
 	export, mark := name[:i], name[i+1:]
 	rest, ok := strings.CutPrefix(mark, hopPrefix)
 	if !ok {
-		return "", false
+		return "", errNotHop
 	}
 	at, sig, ok := strings.Cut(rest, ".")
 	if !ok {
-		return "", false
+		return "", errNotHop
 	}
 	sum, err := base64.RawURLEncoding.DecodeString(sig)
 	if err != nil || !hmac.Equal(sum, k.hopSum(export, at)) {
-		return "", false
+		return "", errNotHop
 	}
 	unix, err := strconv.ParseInt(at, 10, 64)
 	if err != nil {
-		return "", false
+		return "", errNotHop
 	}
 	if d := now.Sub(time.Unix(unix, 0)); d > hopSkew || d < -hopSkew {
-		return "", false
+		return "", fmt.Errorf("%w: %v from this node's clock, more than %v", errHopTime, d, hopSkew)
 	}
-	return export, true
+	return export, nil
 }
 
 func (k nodeKeys) hopSum(export, at string) []byte {

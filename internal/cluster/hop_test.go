@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -9,8 +10,8 @@ import (
 // TestHop: a name a node signs for its hop to the primary opens on the
 // cluster's nodes, as the client's name, within hopSkew of its time; a
 // mark that a client makes, changes or moves to another name, another
-// cluster's, or one out of time does not open, and neither does a name
-// without a mark.
+// cluster's, and a name without a mark are not a hop; a node's mark out of
+// time is one, refused as such (the nodes' clocks apart).
 func TestHop(t *testing.T) {
 	k := deriveKeys("cluster-token-of-the-test-0123", "alpha")
 	now := time.Unix(1_800_000_000, 0)
@@ -20,8 +21,8 @@ func TestHop(t *testing.T) {
 			t.Fatalf("signHop(%q) = %q: want the name, then its mark", export, signed)
 		}
 		for _, at := range []time.Duration{0, hopSkew, -hopSkew} {
-			if got, ok := k.openHop(signed, now.Add(at)); !ok || got != export {
-				t.Errorf("%q opened %v from its signing: %q, %v; want %q", signed, at, got, ok, export)
+			if got, err := k.openHop(signed, now.Add(at)); err != nil || got != export {
+				t.Errorf("%q opened %v from its signing: %q, %v; want %q", signed, at, got, err, export)
 			}
 		}
 		mark := signed[len(export)+1:]
@@ -34,25 +35,26 @@ func TestHop(t *testing.T) {
 			keys nodeKeys
 			name string
 			at   time.Duration
+			want error
 		}{
-			"stale":                   {k, signed, hopSkew + time.Second},
-			"from the future":         {k, signed, -hopSkew - time.Second},
-			"another cluster token":   {deriveKeys("another-token-of-16-chars", "alpha"), signed, 0},
-			"another cluster name":    {deriveKeys("cluster-token-of-the-test-0123", "beta"), signed, 0},
-			"a node without the key":  {nodeKeys{}, signed, 0},
-			"moved to another name":   {k, "web02/root/0123456789abcdef/" + mark, 0},
-			"another token":           {k, export + "x/" + mark, 0},
-			"its time changed":        {k, export + "/" + hopPrefix + "1800000010." + sig, 0},
-			"a forged signature":      {k, export + "/" + strings.Replace(mark, sig, flipped+sig[1:], 1), 0},
-			"made by a client":        {k, export + "/" + hopPrefix + "1800000000.c2lnbmVkIGJ5IG1l", 0},
-			"no signature":            {k, export + "/" + hopPrefix + "1800000000", 0},
-			"an empty signature":      {k, export + "/" + hopPrefix + "1800000000.", 0},
-			"no mark":                 {k, export, 0},
-			"the mark alone":          {k, mark, 0},
-			"another version of mark": {k, export + "/hop2." + strings.TrimPrefix(mark, hopPrefix), 0},
+			"stale":                   {k, signed, hopSkew + time.Second, errHopTime},
+			"from the future":         {k, signed, -hopSkew - time.Second, errHopTime},
+			"another cluster token":   {deriveKeys("another-token-of-16-chars", "alpha"), signed, 0, errNotHop},
+			"another cluster name":    {deriveKeys("cluster-token-of-the-test-0123", "beta"), signed, 0, errNotHop},
+			"a node without the key":  {nodeKeys{}, signed, 0, errNotHop},
+			"moved to another name":   {k, "web02/root/0123456789abcdef/" + mark, 0, errNotHop},
+			"another token":           {k, export + "x/" + mark, 0, errNotHop},
+			"its time changed":        {k, export + "/" + hopPrefix + "1800000010." + sig, 0, errNotHop},
+			"a forged signature":      {k, export + "/" + strings.Replace(mark, sig, flipped+sig[1:], 1), 0, errNotHop},
+			"made by a client":        {k, export + "/" + hopPrefix + "1800000000.c2lnbmVkIGJ5IG1l", 0, errNotHop},
+			"no signature":            {k, export + "/" + hopPrefix + "1800000000", 0, errNotHop},
+			"an empty signature":      {k, export + "/" + hopPrefix + "1800000000.", 0, errNotHop},
+			"no mark":                 {k, export, 0, errNotHop},
+			"the mark alone":          {k, mark, 0, errNotHop},
+			"another version of mark": {k, export + "/hop2." + strings.TrimPrefix(mark, hopPrefix), 0, errNotHop},
 		} {
-			if got, ok := tc.keys.openHop(tc.name, now.Add(tc.at)); ok {
-				t.Errorf("%s: %q opened as %q", what, tc.name, got)
+			if got, err := tc.keys.openHop(tc.name, now.Add(tc.at)); !errors.Is(err, tc.want) {
+				t.Errorf("%s: %q opened as %q, %v; want %v", what, tc.name, got, err, tc.want)
 			}
 		}
 	}
