@@ -24,12 +24,16 @@ import (
 //     additional data, so a sealed value moved to another key does not
 //     open).
 //
-// Both keys are derived from the cluster token, which only the cluster's
+// A third key signs the opens one node forwards to another for its client
+// (hop.go); it opens nothing.
+//
+// The keys are derived from the cluster token, which only the cluster's
 // nodes hold (--cluster-token-file), each for its own purpose, so that
 // knowing one reveals neither the token nor the other.
 type nodeKeys struct {
 	replication []byte
 	sealing     []byte
+	hop         []byte
 }
 
 func deriveKeys(token, clusterName string) nodeKeys {
@@ -38,7 +42,7 @@ func deriveKeys(token, clusterName string) nodeKeys {
 		m.Write([]byte("quiver " + purpose + " " + clusterName))
 		return m.Sum(nil)
 	}
-	return nodeKeys{replication: derive("replication session"), sealing: derive("etcd sealing")}
+	return nodeKeys{replication: derive("replication session"), sealing: derive("etcd sealing"), hop: derive("nbd hop")}
 }
 
 // ReplicationKey is the key that signs and checks replication sessions

@@ -41,6 +41,10 @@ type Options struct {
 	// RequestTimeout. Without it a request leaves a primary that stopped
 	// answering only when its try times out.
 	Moves func(ctx context.Context) <-chan struct{}
+	// Name, when set, is the export name each connection opens at the
+	// primary, made anew for each from the client's (a cluster node signs
+	// its hop: cluster.Node.SignHop). Default: the client's name as it is.
+	Name func(export string) string
 	// OnConnect, when set, is called with the address of each new
 	// connection, before any request is sent on it.
 	OnConnect func(addr string)
@@ -206,7 +210,11 @@ func (d *Disk) dial(ctx context.Context, addr string) (*nbdclient.Conn, error) {
 	}()
 	// The handshake is bounded by the request timeout: the primary may
 	// wait for its copies.
-	c, err := nbdclient.Dial(dctx, addr, d.export, nbdclient.Options{Dial: d.opts.Dial,
+	name := d.export
+	if d.opts.Name != nil {
+		name = d.opts.Name(d.export)
+	}
+	c, err := nbdclient.Dial(dctx, addr, name, nbdclient.Options{Dial: d.opts.Dial,
 		DialTimeout: d.opts.DialTimeout, Timeout: d.opts.RequestTimeout})
 	if err != nil {
 		return nil, forwardErr(err)

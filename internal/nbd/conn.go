@@ -103,9 +103,15 @@ func (c *conn) open(ctx context.Context, name string) error {
 		ctx, cancel = context.WithDeadline(ctx, c.handshakeDeadline.Add(-margin))
 		defer cancel()
 	}
+	forwarded := false
+	if f := c.srv.cfg.Forwarded; f != nil {
+		if export, ok := f(name); ok {
+			name, forwarded = export, true
+		}
+	}
 	x, err := c.srv.exports.Open(c.withPeerCertificate(ctx), name, c.nc.RemoteAddr().String())
 	if err != nil {
-		if code := openErrorCode(err); code == repErrPolicy || code == repErrUnknown {
+		if code := openErrorCode(err); !forwarded && (code == repErrPolicy || code == repErrUnknown) {
 			// Config.RefusalTime: every such refusal takes as long.
 			hold := time.Until(start.Add(c.srv.cfg.RefusalTime))
 			if dl, ok := ctx.Deadline(); ok {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,6 +133,62 @@ func TestRefusalTime(t *testing.T) {
 		reps := c.option(opt, goData("vm/root/0123"))
 		if took := time.Since(start); final(reps) != repErrPolicy || took < hold {
 			t.Errorf("option %d: %s after %v; want NBD_REP_ERR_POLICY after %v at the soonest", opt, describe(reps), took, hold)
+		}
+	}
+}
+
+// namingExports refuses every open for want of access, and records the
+// names it was asked for.
+type namingExports struct{ names chan string }
+
+func (e namingExports) List(context.Context) ([]ExportInfo, error) { return nil, nil }
+func (e namingExports) Open(_ context.Context, name, _ string) (Export, error) {
+	e.names <- name
+	return Export{}, errNoAccess
+}
+
+// TestForwardedRefusedAtOnce: an open that Config.Forwarded recognizes
+// (another node forwards its client's open) is opened under the client's
+// name, and its refusal is answered at once, naming the client's export,
+// nothing of the forwarding's mark; a name that Forwarded does not
+// recognize (a forged mark) is opened as it came and held RefusalTime. The
+// bound of the forwarded refusal only needs the refusal not to be held: a
+// loopback handshake takes far less than the second of the hold.
+func TestForwardedRefusedAtOnce(t *testing.T) {
+	const hold = time.Second
+	ex := namingExports{names: make(chan string, 1)}
+	e := newEnv(t, Config{RefusalTime: hold, Forwarded: func(name string) (string, bool) {
+		return strings.CutSuffix(name, "#signed")
+	}}, func(Exports) Exports { return ex })
+	for _, tc := range []struct {
+		name, opened string
+		forwarded    bool
+	}{
+		{"vm/root#signed", "vm/root", true},
+		{"vm/root#forged", "vm/root#forged", false},
+	} {
+		for _, opt := range []uint32{optGo, optInfo} {
+			c := dial(t, e.addr)
+			c.mustGreet(clientFlagFixedNewstyle)
+			start := time.Now()
+			reps := c.option(opt, goData(tc.name))
+			took := time.Since(start)
+			if opened := <-ex.names; opened != tc.opened {
+				t.Errorf("%s, option %d: the exports were asked for %q, want %q", tc.name, opt, opened, tc.opened)
+			}
+			if final(reps) != repErrPolicy {
+				t.Fatalf("%s, option %d: %s; want NBD_REP_ERR_POLICY", tc.name, opt, describe(reps))
+			}
+			msg := string(reps[len(reps)-1].data)
+			if want := fmt.Sprintf("export %q", tc.opened); !strings.Contains(msg, want) || strings.Contains(msg, "#signed") {
+				t.Errorf("%s, option %d: refused with %q; want it to name %s and nothing else", tc.name, opt, msg, want)
+			}
+			if tc.forwarded && took >= hold {
+				t.Errorf("%s, option %d: refused after %v; want at once, not held %v", tc.name, opt, took, hold)
+			}
+			if !tc.forwarded && took < hold {
+				t.Errorf("%s, option %d: refused after %v; want held %v at the soonest", tc.name, opt, took, hold)
+			}
 		}
 	}
 }

@@ -44,9 +44,20 @@ type Config struct {
 	// after the open began, at the soonest (default 50 ms), so that how
 	// long the check took says nothing of which part was wrong: a wrong
 	// token for a volume checked on its primary, through another node,
-	// and a volume that does not exist (docs/security.md).
+	// and a volume that does not exist (docs/security.md). A Forwarded
+	// open's refusal is the forwarding node's to hold.
 	RefusalTime time.Duration
-	Workers     int // requests executed at once per connection (default 16); with 1, one at a time in order
+	// Forwarded, when set, recognizes an open that another node of the
+	// cluster forwards for its client (docs/cluster.md, "Refusals"): it
+	// returns the export name that client asked that node for, and true;
+	// false for any other name, which is opened as it came. A forwarded
+	// open is opened, logged and refused under the client's name, and its
+	// refusal is answered at once, without RefusalTime: the forwarding node
+	// holds it from its client's open, so that it takes as long there as
+	// every other refusal. Forwarded must not accept a name a client
+	// could make (the cluster signs it).
+	Forwarded func(name string) (export string, ok bool)
+	Workers   int // requests executed at once per connection (default 16); with 1, one at a time in order
 	// MaxConnBytes caps the READ and WRITE bytes in flight on one
 	// connection (default 64 MiB), MaxPeerBytes on all the connections of
 	// one peer (default 256 MiB), MaxBytes across the server (default

@@ -121,7 +121,9 @@ type call struct {
 }
 
 // Dial connects to addr and negotiates export. The handshake ends by ctx's
-// deadline or opts.Timeout, whichever comes first.
+// deadline or opts.Timeout, whichever comes first. Its errors do not show
+// export, which may carry a token, a credential or a signature: the caller
+// names it as it may be shown.
 func Dial(ctx context.Context, addr, export string, opts Options) (*Conn, error) {
 	if opts.Timeout <= 0 {
 		return nil, fmt.Errorf("nbdclient: no timeout")
@@ -149,7 +151,7 @@ func Dial(ctx context.Context, addr, export string, opts Options) (*Conn, error)
 	size, flags, err := negotiate(nc, export)
 	if err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("%s, export %q: %w", addr, export, err)
+		return nil, fmt.Errorf("%s: %w", addr, err)
 	}
 	_ = nc.SetDeadline(time.Time{})
 	c := &Conn{c: nc, size: size, readOnly: flags&flagReadOnly != 0, timeout: opts.Timeout, pending: map[uint64]*call{}}

@@ -22,8 +22,10 @@ import (
 
 // forward opens a client's export of volume by forwarding to its primary.
 // The primary's refusal (a wrong token, an unknown disk) is answered as it
-// came (nbd.Refused), at once: the same refusal, in about the same time, as
-// a volume this node does not know. Every disk follows the primary as soon
+// came (nbd.Refused), and in the same time as a volume this node does not
+// know: the open is signed as this node's hop (Node.SignHop), which the
+// primary refuses at once (nbd.Config.Forwarded), and this node's NBD server
+// holds the refusal from its client's open. Every disk follows the primary as soon
 // as etcd names another (Node.WatchPrimary): the requests in flight go to
 // the new primary at once, not after the request timeout.
 func (e Exports) forward(ctx context.Context, name, volume string) (nbd.Export, error) {
@@ -42,6 +44,7 @@ func (e Exports) forward(ctx context.Context, name, volume string) (nbd.Export, 
 	}
 	d, err := forward.Open(ctx, name, resolve, forward.Options{Logger: e.log.With("volume", volume),
 		RequestTimeout: 2*e.node.LeaseTTL() + 10*time.Second,
+		Name:           e.node.SignHop,
 		Moves:          func(ctx context.Context) <-chan struct{} { return e.node.WatchPrimary(ctx, volume) }})
 	if err != nil {
 		return nbd.Export{}, fmt.Errorf("export %s: %w", nbd.RedactToken(name), err)

@@ -278,6 +278,9 @@ func (n *node) joinCluster(ctx context.Context) error {
 	go func() { defer close(resyncDone); vols.Run(rctx) }()
 	n.onClose(func() { rcancel(); <-resyncDone })
 	n.exports = replicated.NewExports(n.exports, vols)
+	// Opens another node forwards for its client: refused at once, that
+	// node holds the refusal (docs/cluster.md, "Refusals").
+	n.cfg.NBD.Forwarded = cn.OpenHop
 	h.Replicated = vols
 	h.Drainer = vols
 	return nil
