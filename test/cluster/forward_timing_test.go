@@ -51,7 +51,7 @@ func TestRefusalTiming(t *testing.T) {
 	// name of four parts, not opened (and refused at once) as a node's.
 	refusal := func(name string) string {
 		_, err := nbdclient.Dial(context.Background(), prim.ip+":10809", name,
-			nbdclient.Options{Dial: c.net.dial, Timeout: 30 * time.Second})
+			nbdclient.Options{Dial: c.net.Dial, Timeout: 30 * time.Second})
 		var r *nbdclient.Refusal
 		if !errors.As(err, &r) {
 			t.Fatalf("primary: %s: %v, want a refusal", name, err)
