@@ -56,7 +56,10 @@ type Options struct {
 // through it is on every in-sync copy, durable after a later Flush (or at
 // once with FUA). Its methods are safe for concurrent use.
 type Disk struct {
-	export   string
+	export string
+	// shown is export without its token, for logs and errors: a
+	// forwarding node's errors reach its client.
+	shown    string
 	resolve  Resolver
 	opts     Options
 	size     int64
@@ -101,7 +104,7 @@ func Open(ctx context.Context, export string, resolve Resolver, opts Options) (*
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	d := &Disk{export: export, resolve: resolve, opts: opts, moved: make(chan struct{}, 1), stop: func() {}}
+	d := &Disk{export: export, shown: nbd.RedactToken(export), resolve: resolve, opts: opts, moved: make(chan struct{}, 1), stop: func() {}}
 	c, err := d.conn(ctx, time.Now().Add(opts.RetryFor))
 	if err != nil {
 		return nil, err
@@ -135,7 +138,7 @@ func (d *Disk) follow(ctx context.Context, moves <-chan struct{}) {
 		d.mu.Unlock()
 		if c != nil && cur != addr {
 			d.opts.Logger.Info("the primary moved: sending the requests in flight again to the new one",
-				"export", d.export, "from", cur, "to", addr)
+				"export", d.shown, "from", cur, "to", addr)
 			c.Fail(fmt.Errorf("the primary moved from %s to %s", cur, addr))
 		}
 		select {
@@ -169,9 +172,9 @@ func (d *Disk) conn(ctx context.Context, deadline time.Time) (*nbdclient.Conn, e
 			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return nil, fmt.Errorf("no primary answered for %s: %w", d.export, err)
+			return nil, fmt.Errorf("no primary answered for %s: %w", d.shown, err)
 		}
-		d.opts.Logger.Debug("no primary yet; trying again", "export", d.export, "err", err)
+		d.opts.Logger.Debug("no primary yet; trying again", "export", d.shown, "err", err)
 		select {
 		case <-ctx.Done():
 		case <-d.moved:
@@ -187,7 +190,7 @@ func (d *Disk) current() (*nbdclient.Conn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return nil, fmt.Errorf("forwarded export %s: %w", d.export, pool.ErrClosed)
+		return nil, fmt.Errorf("forwarded export %s: %w", d.shown, pool.ErrClosed)
 	}
 	if d.c != nil && !d.c.Failed() {
 		return d.c, nil
@@ -230,10 +233,10 @@ func (d *Disk) dial(ctx context.Context, addr string) (*nbdclient.Conn, error) {
 	defer d.mu.Unlock()
 	if d.closed {
 		c.Close()
-		return nil, fmt.Errorf("forwarded export %s: %w", d.export, pool.ErrClosed)
+		return nil, fmt.Errorf("forwarded export %s: %w", d.shown, pool.ErrClosed)
 	}
 	d.c, d.addr = c, addr
-	d.opts.Logger.Debug("forwarding to the primary", "export", d.export, "addr", addr)
+	d.opts.Logger.Debug("forwarding to the primary", "export", d.shown, "addr", addr)
 	return c, nil
 }
 
@@ -259,7 +262,7 @@ func (d *Disk) do(run func(c *nbdclient.Conn) error) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%w: %w", nbd.ErrAbandon, err)
 		}
-		d.opts.Logger.Info("primary connection lost; sending the request again", "export", d.export, "err", err)
+		d.opts.Logger.Info("primary connection lost; sending the request again", "export", d.shown, "err", err)
 	}
 }
 
