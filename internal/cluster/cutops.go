@@ -11,17 +11,6 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 )
 
-// MarkDiverged takes copy node out of the volume's in-sync set, as the
-// primary at term, and records that its resync must copy it whole: an
-// operation at the cut (a rollback, a disk change) failed on it, so it may
-// differ from the primary anywhere, which no dirty bitmap says. Like
-// MarkOutOfSync it holds only while this node is that primary with its
-// lease; when it fails the caller must not let I/O go on as if the copy
-// were in sync.
-func (n *Node) MarkDiverged(volume, node string, term uint64, cause error) error {
-	return n.markOutOfSync(volume, node, term, cause, true)
-}
-
 // UpdateDisks records the volume's disk set (and capacity) in its spec in
 // etcd, as the primary at term holding its lease, after every in-sync copy
 // changed its disks at one cut: a copy made or rebuilt later, and a resync

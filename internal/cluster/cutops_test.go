@@ -56,18 +56,18 @@ func TestChangesAtTheCut(t *testing.T) {
 		t.Fatalf("an operation at term 7: %v %v; want refused", late, err)
 	}
 
-	if err := n3.MarkDiverged("v", "n4", 1, errors.New("test")); err == nil {
+	if err := n3.Copies().MarkDiverged("v", "n4", 1, errors.New("test")); err == nil {
 		t.Fatal("a copy that is not the primary recorded another diverged")
 	}
-	if err := n2.MarkDiverged("v", "n4", 1, each["n4"]); err != nil {
+	if err := n2.Copies().MarkDiverged("v", "n4", 1, each["n4"]); err != nil {
 		t.Fatal(err)
 	}
 	// n3 left the in-sync set earlier (a failed write), then failed a
 	// change at the cut: whole too.
-	if err := n2.MarkOutOfSync("v", "n3", 1, errors.New("test: write failed")); err != nil {
+	if err := n2.Copies().MarkOutOfSync("v", "n3", 1, errors.New("test: write failed")); err != nil {
 		t.Fatal(err)
 	}
-	if err := n2.MarkDiverged("v", "n3", 1, errors.New("test: rollback failed")); err != nil {
+	if err := n2.Copies().MarkDiverged("v", "n3", 1, errors.New("test: rollback failed")); err != nil {
 		t.Fatal(err)
 	}
 	role, err := n2.Role(ctx, "v")

@@ -245,38 +245,6 @@ func (n *Node) AddCopy(ctx context.Context, volume, to, reason string) error {
 	}
 }
 
-// WaitCopyInSync waits until the copy of volume on node is in sync
-// (rebuilt and back in the in-sync set), calling progress with the
-// rebuild's progress as it goes. A failed copy is ErrCopyFailed.
-func (n *Node) WaitCopyInSync(ctx context.Context, volume, node string, progress func(Progress)) error {
-	for {
-		p, ok, err := n.Placement(ctx, volume)
-		if err == nil && !ok {
-			err = fmt.Errorf("volume %q: %w", volume, ErrVolumeNotFound)
-		}
-		if err != nil {
-			return err
-		}
-		i := slices.IndexFunc(p.Copies, func(c CopyInfo) bool { return c.Node == node })
-		if i < 0 {
-			return fmt.Errorf("copy of %q on %s: no longer placed", volume, node)
-		}
-		c := p.Copies[i]
-		switch {
-		case c.State == CopyInSync:
-			return nil
-		case c.State == CopyFailed:
-			return fmt.Errorf("copy of %q on %s: %s: %w", volume, node, c.Reason, ErrCopyFailed)
-		case c.Progress != nil && progress != nil:
-			progress(*c.Progress)
-		}
-		sleep(ctx, 500*time.Millisecond)
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-	}
-}
-
 // HandOver makes another in-sync copy of volume its primary, as this node,
 // the primary at term holding its lease: one Txn that compares the volume
 // record's revision, primary/<volume> held by this node at term under its

@@ -72,7 +72,7 @@ func TestFailover(t *testing.T) {
 		t.Fatal(err) // not the primary: nothing published, no error
 	}
 	// "stale": n3 misses writes from now on.
-	if err := n2.MarkOutOfSync("stale", "n3", 1, errors.New("test: copy cut off")); err != nil {
+	if err := n2.Copies().MarkOutOfSync("stale", "n3", 1, errors.New("test: copy cut off")); err != nil {
 		t.Fatal(err)
 	}
 
@@ -155,7 +155,7 @@ func TestFailoverBehindCopiesFollow(t *testing.T) {
 		t.Fatal(err)
 	}
 	// n4 falls behind under n2 (its bitmap would be n2's).
-	if err := n2.MarkOutOfSync("v", "n4", 1, errors.New("test: copy cut off")); err != nil {
+	if err := n2.Copies().MarkOutOfSync("v", "n4", 1, errors.New("test: copy cut off")); err != nil {
 		t.Fatal(err)
 	}
 	_ = n2.Close()
@@ -189,7 +189,7 @@ func TestFailoverBehindCopiesFollow(t *testing.T) {
 	if b, _ := behind("n2"); !b.Whole || !stores["n2"].hasAttached("v", "n3", 2) {
 		t.Fatalf("n2 behind once back: %+v; want whole, attached for n3 at term 2", b)
 	}
-	if err := n3.MarkInSync("v", "n2", 2); err != nil {
+	if err := n3.Copies().MarkInSync("v", "n2", 2); err != nil {
 		t.Fatal(err)
 	}
 	pl, _, err := tc.first.Placement(ctx, "v")

@@ -31,16 +31,16 @@ func TestMarkOutOfSync(t *testing.T) {
 		t.Fatalf("copy's role %+v", r)
 	}
 	cause := errors.New("connection refused")
-	if err := other.MarkOutOfSync("web01", prim.Name(), 1, cause); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
+	if err := other.Copies().MarkOutOfSync("web01", prim.Name(), 1, cause); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
 		t.Fatalf("a copy marking the primary out of sync: %v", err)
 	}
-	if err := prim.MarkOutOfSync("web01", other.Name(), 2, cause); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
+	if err := prim.Copies().MarkOutOfSync("web01", other.Name(), 2, cause); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
 		t.Fatalf("the primary at a term it does not hold: %v", err)
 	}
-	if err := prim.MarkOutOfSync("web01", other.Name(), 1, cause); err != nil {
+	if err := prim.Copies().MarkOutOfSync("web01", other.Name(), 1, cause); err != nil {
 		t.Fatal(err)
 	}
-	if err := prim.MarkOutOfSync("web01", other.Name(), 1, cause); err != nil {
+	if err := prim.Copies().MarkOutOfSync("web01", other.Name(), 1, cause); err != nil {
 		t.Fatalf("again (a concurrent request): %v", err)
 	}
 	got, _, _ := prim.Placement(ctx, "web01")
@@ -59,7 +59,7 @@ func TestMarkOutOfSync(t *testing.T) {
 	// A primary without its session acknowledges nothing that needs a
 	// copy dropped.
 	_ = prim.Close()
-	if err := prim.MarkOutOfSync("web01", other.Name(), 1, cause); !errors.Is(err, ErrNoSession) {
+	if err := prim.Copies().MarkOutOfSync("web01", other.Name(), 1, cause); !errors.Is(err, ErrNoSession) {
 		t.Fatalf("after the session ended: %v", err)
 	}
 }

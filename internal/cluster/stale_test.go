@@ -86,18 +86,18 @@ func TestCollectStale(t *testing.T) {
 
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	tc.first.collectStaleOnce(cancelled, map[string]string{})
+	tc.first.Copies().collectStaleOnce(cancelled, map[string]string{})
 	if !local.has("two") {
 		t.Fatal("the stale copy was deleted while etcd could not be read")
 	}
-	tc.first.collectStaleOnce(ctx, map[string]string{})
+	tc.first.Copies().collectStaleOnce(ctx, map[string]string{})
 	if local.has("two") {
 		t.Fatal("the stale copy of a volume placed on n2 and n3, both in sync, is still here")
 	}
 	if !local.has("mine") {
 		t.Fatal("a volume etcd does not know was deleted")
 	}
-	n2.collectStaleOnce(ctx, map[string]string{})
+	n2.Copies().collectStaleOnce(ctx, map[string]string{})
 	if !stores["n2"].has("two") {
 		t.Fatal("n2 deleted its placed copy")
 	}

@@ -107,7 +107,7 @@ func (r *Volumes) applyAtCut(ctx context.Context, volume string, cs *cutState, o
 		}
 		cause = fmt.Errorf("%s %s at the cut failed on this copy (it is copied whole by its resync): %w", op.Kind, op.Name, cause)
 		r.log.Warn("copy failed a change at the cut: recorded diverged", "volume", volume, "copy", n, "op", op.Kind, "err", cause)
-		if err := r.node.MarkDiverged(volume, n, cs.role.Term, cause); err != nil {
+		if err := r.node.Copies().MarkDiverged(volume, n, cs.role.Term, cause); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("record the copy on %s diverged: %w", n, err))
 		}
 		for _, e := range cs.sets {

@@ -114,7 +114,7 @@ func (r *Volumes) move(ctx context.Context, m cluster.Move, j *job.Job) error {
 		return err
 	}
 	r.log.Info("drain: copy placed; waiting for its rebuild", "volume", m.Volume, "to", m.To)
-	err = r.node.WaitCopyInSync(ctx, m.Volume, m.To, func(pr cluster.Progress) {
+	err = r.node.Copies().WaitCopyInSync(ctx, m.Volume, m.To, func(pr cluster.Progress) {
 		if d := min(pr.DoneBytes, total) - reported; d > 0 {
 			j.Add(d)
 			reported += d

@@ -81,7 +81,7 @@ func followedRole(ctx context.Context, node *cluster.Node, volume string, term u
 		}
 		if time.Now().After(deadline) {
 			for _, t := range late {
-				if err := node.MarkOutOfSync(volume, t.Node, term,
+				if err := node.Copies().MarkOutOfSync(volume, t.Node, term,
 					fmt.Errorf("copy did not follow term %d within %s", term, targetWait)); err != nil {
 					return cluster.Role{}, err
 				}

@@ -208,7 +208,7 @@ func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, 
 		// this copy's again by its resync (conform, then whole).
 		r.log.Warn("the intent's change failed here: the copies are made this one's", "volume", volume, "err", lerr)
 		for _, n := range nodes {
-			if err := r.node.MarkDiverged(volume, n, term, fmt.Errorf("%s %s was left unfinished and failed on the "+
+			if err := r.node.Copies().MarkDiverged(volume, n, term, fmt.Errorf("%s %s was left unfinished and failed on the "+
 				"new primary: %w", op.Kind, op.Name, lerr)); err != nil {
 				return err
 			}
@@ -220,7 +220,7 @@ func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, 
 		}
 		for _, n := range nodes {
 			if cause := each[n]; cause != nil {
-				if err := r.node.MarkDiverged(volume, n, term, fmt.Errorf("%s %s, left unfinished, failed on this copy "+
+				if err := r.node.Copies().MarkDiverged(volume, n, term, fmt.Errorf("%s %s, left unfinished, failed on this copy "+
 					"(it is copied whole by its resync): %w", op.Kind, op.Name, cause)); err != nil {
 					return err
 				}

@@ -341,7 +341,7 @@ func (r *Volumes) acquire(ctx context.Context, volume, disk string, role cluster
 	}
 	term := role.Term
 	set, err := replica.NewSet(ctx, size, copies, behind, replica.Options{
-		OutOfSync: func(node string, cause error) error { return r.node.MarkOutOfSync(volume, node, term, cause) },
+		OutOfSync: func(node string, cause error) error { return r.node.Copies().MarkOutOfSync(volume, node, term, cause) },
 		Bitmap: func(node string) (*replica.Bitmap, bool, error) {
 			return replica.OpenBitmap(fsys, replica.BitmapPath(uid, disk, node), size, replica.DefaultGranule)
 		},

@@ -16,7 +16,7 @@ func TestResyncStartNotRecorded(t *testing.T) {
 	nodes := startNodes(t)
 	ctx := context.Background()
 	prim, other := placeVolume(t, nodes, "r")
-	if err := prim.node.MarkOutOfSync("r", other, 1, errors.New("test: the copy failed a write")); err != nil {
+	if err := prim.node.Copies().MarkOutOfSync("r", other, 1, errors.New("test: the copy failed a write")); err != nil {
 		t.Fatal(err)
 	}
 	sets := newReplicaSets(prim.node, prim.pool, quietLogger(), newReplMetrics(), cluster.Config{}, nil)
