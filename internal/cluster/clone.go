@@ -22,27 +22,27 @@ import (
 // attachment through which the clone's primary (the source's) writes it at
 // term 1, and its copy record. A failure after the clone was made deletes
 // it again: a copy that answers an error leaves nothing behind.
-func (n *Node) applyClone(ctx context.Context, volume string, op Op) error {
+func (o Ops) applyClone(ctx context.Context, volume string, op Op) error {
 	if op.Name == "" || op.UID == "" {
 		return fmt.Errorf("clone of %q: operation without a name or UID", volume)
 	}
-	uid, err := n.store.CloneCopy(ctx, volume, op)
+	uid, err := o.n.store.CloneCopy(ctx, volume, op)
 	if err != nil {
 		return err
 	}
 	undo := func(cause error) error {
-		if derr := n.store.DeleteCopy(context.WithoutCancel(ctx), op.Name, uid); derr != nil {
-			n.log.Error("delete a clone whose copy could not be recorded", "volume", op.Name, "err", derr)
+		if derr := o.n.store.DeleteCopy(context.WithoutCancel(ctx), op.Name, uid); derr != nil {
+			o.n.log.Error("delete a clone whose copy could not be recorded", "volume", op.Name, "err", derr)
 		}
 		return cause
 	}
-	err = n.store.AttachForPrimary(ctx, op.Name, op.Primary, 1)
+	err = o.n.store.AttachForPrimary(ctx, op.Name, op.Primary, 1)
 	if err != nil {
 		return undo(fmt.Errorf("clone %s: attach for the primary: %w", op.Name, err))
 	}
 	c := copyRecord{State: CopyInSync, LocalUID: uid, Term: 1, UpdatedAt: time.Now().UTC()}
-	ck, vk := n.key("copies", op.Name, n.cfg.NodeName), n.key("volumes", op.Name)
-	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0),
+	ck, vk := o.n.key("copies", op.Name, o.n.cfg.NodeName), o.n.key("volumes", op.Name)
+	resp, err := o.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
 		Then(clientv3.OpPut(ck, mustJSON(c))).Commit()
 	switch {
@@ -61,9 +61,9 @@ func (n *Node) applyClone(ctx context.Context, volume string, op Op) error {
 // left alone. Without a copy record (the primary's own clone: its record
 // is written when the clone is placed) the local volume op.Name goes if it
 // is a clone of volume (Store.DeleteUnplacedClone).
-func (n *Node) applyUnclone(ctx context.Context, volume string, op Op) error {
-	ck, vk := n.key("copies", op.Name, n.cfg.NodeName), n.key("volumes", op.Name)
-	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit()
+func (o Ops) applyUnclone(ctx context.Context, volume string, op Op) error {
+	ck, vk := o.n.key("copies", op.Name, o.n.cfg.NodeName), o.n.key("volumes", op.Name)
+	resp, err := o.n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit()
 	if err != nil {
 		return fmt.Errorf("undo clone %s: %w", op.Name, err)
 	}
@@ -76,7 +76,7 @@ func (n *Node) applyUnclone(ctx context.Context, volume string, op Op) error {
 	}
 	ckv := resp.Responses[1].GetResponseRange().Kvs
 	if len(ckv) == 0 {
-		if err := n.store.DeleteUnplacedClone(ctx, volume, op.Name); err != nil {
+		if err := o.n.store.DeleteUnplacedClone(ctx, volume, op.Name); err != nil {
 			return fmt.Errorf("undo clone %s: %w", op.Name, err)
 		}
 		return nil
@@ -86,11 +86,11 @@ func (n *Node) applyUnclone(ctx context.Context, volume string, op Op) error {
 		return fmt.Errorf("etcd key %s: %w", ck, err)
 	}
 	if c.LocalUID != "" {
-		if err := n.store.DeleteCopy(ctx, op.Name, c.LocalUID); err != nil {
+		if err := o.n.store.DeleteCopy(ctx, op.Name, c.LocalUID); err != nil {
 			return fmt.Errorf("undo clone %s: %w", op.Name, err)
 		}
 	}
-	if _, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0)).
+	if _, err := o.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0)).
 		Then(clientv3.OpDelete(ck)).Commit(); err != nil {
 		return fmt.Errorf("undo clone %s: remove the copy record: %w", op.Name, err)
 	}

@@ -35,7 +35,7 @@ func TestCloneOps(t *testing.T) {
 	copies := []string{"n2", "n3"}
 
 	// Made on the copy, placed by the primary.
-	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "c1", UID: "u1", Nodes: []string{"n3"}}); err != nil {
+	if err := n2.Ops().RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "c1", UID: "u1", Nodes: []string{"n3"}}); err != nil {
 		t.Fatal(err)
 	}
 	if !stores["n3"].has("c1") {
@@ -56,7 +56,7 @@ func TestCloneOps(t *testing.T) {
 		t.Fatalf("clone's role on its primary: %+v, want n3 a target attached for n2 at term 1", role)
 	}
 	// A placed clone is left by an unclone; a name placed is refused.
-	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpUnclone, Name: "c1", UID: "u1", Nodes: []string{"n3"}}); err == nil {
+	if err := n2.Ops().RunOp(ctx, "v", 1, Op{Kind: OpUnclone, Name: "c1", UID: "u1", Nodes: []string{"n3"}}); err == nil {
 		t.Fatal("unclone of a placed clone succeeded")
 	}
 	if !stores["n3"].has("c1") {
@@ -65,16 +65,16 @@ func TestCloneOps(t *testing.T) {
 	if _, err := n2.PlaceClone(ctx, spec("c1"), "u1b", "", "local", copies, Charge{}); !errors.Is(err, ErrVolumeExists) {
 		t.Fatalf("a clone placed over a placed name: %v", err)
 	}
-	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "c1", UID: "u1c", Nodes: []string{"n3"}}); err == nil {
+	if err := n2.Ops().RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "c1", UID: "u1c", Nodes: []string{"n3"}}); err == nil {
 		t.Fatal("a copy cloned to a placed name")
 	}
 
 	// Not placed: the unclone removes the copy's clone and its record,
 	// and a placement without every copy's record is refused.
-	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "c2", UID: "u2", Nodes: []string{"n3"}}); err != nil {
+	if err := n2.Ops().RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "c2", UID: "u2", Nodes: []string{"n3"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpUnclone, Name: "c2", UID: "u2", Nodes: []string{"n3"}}); err != nil {
+	if err := n2.Ops().RunOp(ctx, "v", 1, Op{Kind: OpUnclone, Name: "c2", UID: "u2", Nodes: []string{"n3"}}); err != nil {
 		t.Fatal(err)
 	}
 	if stores["n3"].has("c2") {
@@ -91,7 +91,7 @@ func TestCloneOps(t *testing.T) {
 	// that places it; past the quota nothing is placed or counted.
 	tspec := spec("acme--c3")
 	tspec.Tenant = "acme"
-	if err := n2.RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "acme--c3", UID: "u3", Nodes: []string{"n3"}}); err != nil {
+	if err := n2.Ops().RunOp(ctx, "v", 1, Op{Kind: OpClone, Name: "acme--c3", UID: "u3", Nodes: []string{"n3"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := n2.PlaceClone(ctx, tspec, "u3", "", "local-c3", copies, quotaCharge(1<<30, 0, 1<<40)); !errors.Is(err, errOverQuota) {

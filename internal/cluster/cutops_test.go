@@ -42,7 +42,7 @@ func TestChangesAtTheCut(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	each, err := n2.RunOpEach(ctx, "v", 1, Op{Kind: OpGrowDisk, Name: "root", Nodes: []string{"n3", "n4"}})
+	each, err := n2.Ops().RunOpEach(ctx, "v", 1, Op{Kind: OpGrowDisk, Name: "root", Nodes: []string{"n3", "n4"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestChangesAtTheCut(t *testing.T) {
 	}
 	// An operation sent at a term that is not the primary's is refused by
 	// every copy.
-	late, err := n2.RunOpEach(ctx, "v", 7, Op{Kind: OpGrowDisk, Name: "root", Nodes: []string{"n3"}})
+	late, err := n2.Ops().RunOpEach(ctx, "v", 7, Op{Kind: OpGrowDisk, Name: "root", Nodes: []string{"n3"}})
 	if err != nil || late["n3"] == nil {
 		t.Fatalf("an operation at term 7: %v %v; want refused", late, err)
 	}

@@ -114,7 +114,7 @@ func (r *Volumes) cloneAtCut(ctx context.Context, h *pool.CloneHold, volume, wha
 	uids := map[string]string{}
 	for _, op := range ops {
 		uids[op.Name] = op.UID
-		if err := r.node.RunOp(ctx, volume, cs.role.Term, op); err != nil {
+		if err := r.node.Ops().RunOp(ctx, volume, cs.role.Term, op); err != nil {
 			return nil, intentOpen(fmt.Errorf("%s to %s: a copy could not clone it; undone on every node: %w: %w", what,
 				op.Name, cluster.ErrCopyFailed, err))
 		}

@@ -92,7 +92,7 @@ func (r *Volumes) forget(volume string, disks []string) {
 // but the copies' state is unknown to etcd, and the caller fails.
 func (r *Volumes) applyAtCut(ctx context.Context, volume string, cs *cutState, op cluster.Op, disks []pool.DiskInfo) error {
 	op.Nodes = cs.nodes
-	each, err := r.node.RunOpEach(ctx, volume, cs.role.Term, op)
+	each, err := r.node.Ops().RunOpEach(ctx, volume, cs.role.Term, op)
 	if err != nil {
 		each = map[string]error{}
 		for _, n := range cs.nodes {
@@ -162,7 +162,7 @@ func (r *Volumes) Rollback(ctx context.Context, h *pool.Hold, volume, snapshot s
 			return err
 		}
 		check := cluster.Op{Kind: cluster.OpCheckSnapshot, Name: snapshot, UID: snap.UID, Nodes: cs.nodes}
-		each, err := r.node.RunOpEach(ctx, volume, cs.role.Term, check)
+		each, err := r.node.Ops().RunOpEach(ctx, volume, cs.role.Term, check)
 		if err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
@@ -324,5 +324,5 @@ func (r *Volumes) conform(ctx context.Context, v *pool.Volume, node string, term
 	for _, d := range info.Disks {
 		op.Disks = append(op.Disks, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}
-	return r.node.RunOp(ctx, info.Name, term, op)
+	return r.node.Ops().RunOp(ctx, info.Name, term, op)
 }

@@ -17,7 +17,7 @@ import (
 
 // Intents of changes at the cut (docs/cluster.md, "Intents"): the primary
 // records the change in etcd before it changes its own copy
-// (cluster.Node.BeginIntent) and removes the record when every in-sync copy
+// (cluster.Ops.BeginIntent) and removes the record when every in-sync copy
 // applied it or was recorded diverged. A record left behind is settled by
 // the volume's primary of the moment before any Set of the volume is made
 // at its term (acquire), so before the volume serves a write: a change of
@@ -93,7 +93,7 @@ func (r *Volumes) intended(ctx context.Context, volume string, cs *cutState, ops
 	if _, err := r.node.HoldPrimaryKey(ctx, volume); err != nil {
 		return err
 	}
-	in, err := r.node.BeginIntent(ctx, volume, cs.role.Term, ops, cs.nodes)
+	in, err := r.node.Ops().BeginIntent(ctx, volume, cs.role.Term, ops, cs.nodes)
 	if errors.Is(err, cluster.ErrIntentPending) {
 		return fmt.Errorf("%w: %w", err, pool.ErrBusy)
 	}
@@ -128,7 +128,7 @@ func (r *Volumes) intended(ctx context.Context, volume string, cs *cutState, ops
 	// cut, finishing the change again (a rollback) would undo them.
 	var eerr error
 	for try := 0; try < 10; try++ {
-		if eerr = r.node.EndIntent(ctx, volume, cs.role.Term, in); eerr == nil || errors.Is(eerr, cluster.ErrNotPrimary) {
+		if eerr = r.node.Ops().EndIntent(ctx, volume, cs.role.Term, in); eerr == nil || errors.Is(eerr, cluster.ErrNotPrimary) {
 			break
 		}
 		time.Sleep(time.Second)
@@ -145,14 +145,14 @@ func (r *Volumes) intended(ctx context.Context, volume string, cs *cutState, ops
 // primary, or by an earlier process of this node, and this node is the
 // volume's primary: before a Set of the volume is made.
 func (r *Volumes) settleFirst(ctx context.Context, volume string) error {
-	in, ok, err := r.node.VolumeIntent(ctx, volume)
+	in, ok, err := r.node.Ops().VolumeIntent(ctx, volume)
 	if err != nil || !ok || !cluster.NeedsSettling(in, r.intents.owned(in.ID)) {
 		return err
 	}
 	mu := r.intents.lock(volume)
 	mu.Lock()
 	defer mu.Unlock()
-	if in, ok, err = r.node.VolumeIntent(ctx, volume); err != nil || !ok || !cluster.NeedsSettling(in, r.intents.owned(in.ID)) {
+	if in, ok, err = r.node.Ops().VolumeIntent(ctx, volume); err != nil || !ok || !cluster.NeedsSettling(in, r.intents.owned(in.ID)) {
 		return err
 	}
 	pr, err := r.node.HoldPrimaryKey(ctx, volume)
@@ -184,7 +184,7 @@ func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, 
 		nodes = append(nodes, t.Node)
 	}
 	if len(in.Ops) == 0 {
-		return r.node.SettledIntent(ctx, volume, term, in, nil) // nothing to do: not written so
+		return r.node.Ops().SettledIntent(ctx, volume, term, in, nil) // nothing to do: not written so
 	}
 	how := cluster.SettleOf(in)
 	r.log.Warn("settling the intent of a change at the cut", "volume", volume, "intent", in.ID, "op", in.Ops[0].Kind,
@@ -214,7 +214,7 @@ func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, 
 			}
 		}
 	} else {
-		each, err := r.node.RunOpEach(ctx, volume, term, op)
+		each, err := r.node.Ops().RunOpEach(ctx, volume, term, op)
 		if err != nil {
 			return err
 		}
@@ -235,7 +235,7 @@ func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, 
 	if err := r.node.UpdateDisks(ctx, volume, term, info.Capacity, specs); err != nil {
 		return err
 	}
-	return r.node.SettledIntent(ctx, volume, term, in, nil)
+	return r.node.Ops().SettledIntent(ctx, volume, term, in, nil)
 }
 
 // undoIntent deletes the clones of in that are not placed, or its
@@ -277,7 +277,7 @@ func (r *Volumes) undoIntent(ctx context.Context, volume string, in cluster.Inte
 		if here {
 			var err error
 			if undo.Kind == cluster.OpUnclone {
-				err = r.node.UndoClone(ctx, volume, undo)
+				err = r.node.Ops().UndoClone(ctx, volume, undo)
 			} else {
 				err = poolStore{r.pool}.ApplyOp(ctx, volume, undo)
 			}
@@ -286,7 +286,7 @@ func (r *Volumes) undoIntent(ctx context.Context, volume string, in cluster.Inte
 			}
 		}
 		undo.Nodes = ask
-		each, err := r.node.RunOpEach(ctx, volume, term, undo)
+		each, err := r.node.Ops().RunOpEach(ctx, volume, term, undo)
 		if err != nil {
 			return err
 		}
@@ -308,14 +308,14 @@ func (r *Volumes) undoIntent(ctx context.Context, volume string, in cluster.Inte
 	if len(pending) > 0 {
 		r.log.Warn("change undone; nodes down keep their part until they are back", "volume", volume, "pending", pending)
 	}
-	return r.node.SettledIntent(ctx, volume, term, in, pending)
+	return r.node.Ops().SettledIntent(ctx, volume, term, in, pending)
 }
 
 // settleRound is one round of the resync loop for intents: each left
 // behind on a volume this node is the primary of is settled (settleFirst),
 // and an undone one asks its pending nodes again once they are up.
 func (r *Volumes) settleRound(ctx context.Context, pls map[string]cluster.Placement) {
-	all, err := r.node.Intents(ctx)
+	all, err := r.node.Ops().Intents(ctx)
 	if err != nil {
 		return
 	}
