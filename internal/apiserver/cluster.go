@@ -18,7 +18,9 @@ import (
 )
 
 // Cluster is what the API needs of the node's cluster membership
-// (cluster.Node). Server.Cluster is nil on a single node.
+// (cluster.Node, NodeCluster): the node's name and the nodes, the volumes'
+// placements, and the role of this node for a volume (cluster.Primaries).
+// Server.Cluster is nil on a single node.
 type Cluster interface {
 	Name() string
 	Nodes(ctx context.Context) ([]cluster.NodeInfo, error)
@@ -42,7 +44,16 @@ type Cluster interface {
 	Role(ctx context.Context, volume string) (cluster.Role, error)
 }
 
-var _ Cluster = (*cluster.Node)(nil)
+// NodeCluster is node as the API sees it (Cluster).
+func NodeCluster(node *cluster.Node) Cluster { return nodeCluster{node, node.Primaries()} }
+
+// nodeCluster serves Cluster from the node and the families of its keys.
+type nodeCluster struct {
+	*cluster.Node
+	cluster.Primaries
+}
+
+var _ Cluster = nodeCluster{}
 
 // errSingleNode refuses replicas above 1 without a cluster.
 func errSingleNode(replicas int) error {

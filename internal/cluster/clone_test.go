@@ -48,7 +48,7 @@ func TestCloneOps(t *testing.T) {
 	if r.Primary != "n2" || r.Term != 1 || len(r.InSync) != 2 || len(r.Copies) != 2 || r.UID != "u1" {
 		t.Fatalf("clone record %+v: want primary n2 at term 1, both copies in sync", r)
 	}
-	role, err := n2.Role(ctx, "c1")
+	role, err := n2.Primaries().Role(ctx, "c1")
 	if err != nil {
 		t.Fatal(err)
 	}

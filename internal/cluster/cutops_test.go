@@ -38,7 +38,7 @@ func TestChangesAtTheCut(t *testing.T) {
 	if p.Primary != "n2" || len(p.Copies) != 3 {
 		t.Fatalf("placed %+v: want primary n2, three copies", p)
 	}
-	if _, err := n2.HoldPrimary(ctx, "v"); err != nil {
+	if _, err := n2.Primaries().HoldPrimary(ctx, "v"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -70,7 +70,7 @@ func TestChangesAtTheCut(t *testing.T) {
 	if err := n2.Copies().MarkDiverged("v", "n3", 1, errors.New("test: rollback failed")); err != nil {
 		t.Fatal(err)
 	}
-	role, err := n2.Role(ctx, "v")
+	role, err := n2.Primaries().Role(ctx, "v")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,13 +76,13 @@ func TestPlanDrain(t *testing.T) {
 		t.Fatalf("after AddCopy: %+v", rec)
 	}
 	waitFor(t, "n1 holding primary/a", func() bool {
-		_, err := n1.HoldPrimaryKey(ctx, "a")
+		_, err := n1.Primaries().HoldPrimaryKey(ctx, "a")
 		return err == nil
 	})
 	if err := n1.RemoveCopy(ctx, "a", "n1"); !errors.Is(err, ErrNotPrimary) {
 		t.Fatalf("removing the primary's copy: %v", err)
 	}
-	to, term, err := n1.HandOver(ctx, "a", 1)
+	to, term, err := n1.Primaries().HandOver(ctx, "a", 1)
 	if err != nil || to != "n2" || term != 2 {
 		t.Fatalf("hand-over: %s %d %v", to, term, err)
 	}
@@ -95,10 +95,10 @@ func TestPlanDrain(t *testing.T) {
 		t.Fatalf("n1's copy not recorded removing: %q %v", uid, err)
 	}
 	waitFor(t, "n2 holding primary/a at term 2", func() bool {
-		pr, err := n2.HoldPrimaryKey(ctx, "a")
+		pr, err := n2.Primaries().HoldPrimaryKey(ctx, "a")
 		return err == nil && pr.Term == 2
 	})
-	if _, _, err := n1.HandOver(ctx, "a", 1); !errors.Is(err, ErrNotPrimary) {
+	if _, _, err := n1.Primaries().HandOver(ctx, "a", 1); !errors.Is(err, ErrNotPrimary) {
 		t.Fatalf("second hand-over by the old primary: %v", err)
 	}
 	if err := n1.RemovedCopy(ctx, "a"); err != nil {

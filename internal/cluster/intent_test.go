@@ -110,7 +110,7 @@ func TestIntentRecord(t *testing.T) {
 		Disks: []api.DiskSpec{{Name: "root", Size: 1 << 20}}}, "", never); err != nil {
 		t.Fatal(err)
 	}
-	pr, err := n2.HoldPrimaryKey(ctx, "v")
+	pr, err := n2.Primaries().HoldPrimaryKey(ctx, "v")
 	if err != nil {
 		t.Fatal(err)
 	}

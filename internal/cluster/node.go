@@ -179,7 +179,7 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 	n.wg.Add(5)
 	go func() { defer n.wg.Done(); n.keepAlive(lctx) }()
 	go func() { defer n.wg.Done(); n.renewLease(lctx) }()
-	go func() { defer n.wg.Done(); n.elect(lctx) }()
+	go func() { defer n.wg.Done(); n.Primaries().elect(lctx) }()
 	go func() { defer n.wg.Done(); n.report(lctx) }()
 	go func() { defer n.wg.Done(); n.Copies().reconcile(lctx) }()
 	n.wg.Add(2)

@@ -140,10 +140,10 @@ func TestHandOverUnknownOutcome(t *testing.T) {
 		t.Fatalf("create: %+v, %v; want n2 the primary", p, err)
 	}
 	waitFor(t, "n2 holding primary/v with n1 in sync at term 1", func() bool {
-		if _, err := n2.HoldPrimaryKey(ctx, "v"); err != nil {
+		if _, err := n2.Primaries().HoldPrimaryKey(ctx, "v"); err != nil {
 			return false
 		}
-		r, err := n2.Role(ctx, "v")
+		r, err := n2.Primaries().Role(ctx, "v")
 		return err == nil && len(r.Targets) == 1 && r.Targets[0].Instance != "" && r.Targets[0].Term == 1
 	})
 	pk := n2.key("primary", "v")
@@ -157,7 +157,7 @@ func TestHandOverUnknownOutcome(t *testing.T) {
 	}
 	before := rev()
 	fault.arm(pk, false)
-	_, _, err = n2.HandOver(ctx, "v", 1)
+	_, _, err = n2.Primaries().HandOver(ctx, "v", 1)
 	if fault.hit() != 1 {
 		t.Fatalf("the fault did not fire: %v", err)
 	}
@@ -172,9 +172,9 @@ func TestHandOverUnknownOutcome(t *testing.T) {
 	}
 	t.Logf("refused: %v", err)
 
-	waitFor(t, "n2 holding primary/v", func() bool { _, err := n2.HoldPrimaryKey(ctx, "v"); return err == nil })
+	waitFor(t, "n2 holding primary/v", func() bool { _, err := n2.Primaries().HoldPrimaryKey(ctx, "v"); return err == nil })
 	fault.arm(pk, true)
-	to, term, err := n2.HandOver(ctx, "v", 1)
+	to, term, err := n2.Primaries().HandOver(ctx, "v", 1)
 	if fault.hit() != 2 {
 		t.Fatalf("the fault did not fire: %v", err)
 	}

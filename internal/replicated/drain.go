@@ -162,7 +162,7 @@ func (r *Volumes) move(ctx context.Context, m cluster.Move, j *job.Job) error {
 }
 
 // HandOver hands volume, of which this node is the primary, over to an
-// in-sync copy on another node (cluster.Node.HandOver) with no change in
+// in-sync copy on another node (cluster.Primaries.HandOver) with no change in
 // flight: every disk's Set is frozen, the new primary recorded at the next
 // term, the Sets retired (each later request on this node is abandoned,
 // unapplied, and its client sends it again to the new primary), then the
@@ -177,7 +177,7 @@ func (r *Volumes) HandOver(ctx context.Context, volume string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	prim, err := r.node.HoldPrimaryKey(ctx, volume)
+	prim, err := r.node.Primaries().HoldPrimaryKey(ctx, volume)
 	if err != nil {
 		return "", err
 	}
@@ -207,7 +207,7 @@ func (r *Volumes) HandOver(ctx context.Context, volume string) (string, error) {
 		thaws = append(thaws, ent.set.Freeze())
 		sets = append(sets, ent.set)
 	}
-	to, term, err := r.node.HandOver(ctx, volume, prim.Term)
+	to, term, err := r.node.Primaries().HandOver(ctx, volume, prim.Term)
 	if err != nil && !errors.Is(err, cluster.ErrNotPrimary) && !errors.Is(err, cluster.ErrUnknownOutcome) {
 		// Not handed over, and this node is still the primary at
 		// prim.Term: the gates open and the Sets go on.

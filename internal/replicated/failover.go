@@ -24,11 +24,11 @@ import (
 // The primary's refusal (a wrong token, an unknown disk) is answered as it
 // came (nbd.Refused), at once: the same refusal, in about the same time, as
 // a volume this node does not know. Every disk follows the primary as soon
-// as etcd names another (Node.WatchPrimary): the requests in flight go to
+// as etcd names another (cluster.Primaries.WatchPrimary): the requests in flight go to
 // the new primary at once, not after the request timeout.
 func (e Exports) forward(ctx context.Context, name, volume string) (nbd.Export, error) {
 	resolve := func(ctx context.Context) (string, error) {
-		role, err := e.node.Role(ctx, volume)
+		role, err := e.node.Primaries().Role(ctx, volume)
 		if err != nil {
 			return "", err
 		}
@@ -42,7 +42,7 @@ func (e Exports) forward(ctx context.Context, name, volume string) (nbd.Export, 
 	}
 	d, err := forward.Open(ctx, name, resolve, forward.Options{Logger: e.log.With("volume", volume),
 		RequestTimeout: 2*e.node.LeaseTTL() + 10*time.Second,
-		Moves:          func(ctx context.Context) <-chan struct{} { return e.node.WatchPrimary(ctx, volume) }})
+		Moves:          func(ctx context.Context) <-chan struct{} { return e.node.Primaries().WatchPrimary(ctx, volume) }})
 	if err != nil {
 		return nbd.Export{}, fmt.Errorf("export %s: %w", nbd.RedactToken(name), err)
 	}
@@ -63,7 +63,7 @@ const targetWait = 10 * time.Second
 func followedRole(ctx context.Context, node *cluster.Node, volume string, term uint64) (cluster.Role, error) {
 	deadline := time.Now().Add(targetWait)
 	for {
-		role, err := node.Role(ctx, volume)
+		role, err := node.Primaries().Role(ctx, volume)
 		if err != nil {
 			return cluster.Role{}, err
 		}

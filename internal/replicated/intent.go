@@ -90,7 +90,7 @@ func (ih *intentsHere) add(id string) {
 func (r *Volumes) intended(ctx context.Context, volume string, cs *cutState, ops []cluster.Op, change func() error) error {
 	// primary/<volume>, which the intent's record compares, is taken here
 	// when absent (a volume no client opened since it was placed).
-	if _, err := r.node.HoldPrimaryKey(ctx, volume); err != nil {
+	if _, err := r.node.Primaries().HoldPrimaryKey(ctx, volume); err != nil {
 		return err
 	}
 	in, err := r.node.Ops().BeginIntent(ctx, volume, cs.role.Term, ops, cs.nodes)
@@ -155,7 +155,7 @@ func (r *Volumes) settleFirst(ctx context.Context, volume string) error {
 	if in, ok, err = r.node.Ops().VolumeIntent(ctx, volume); err != nil || !ok || !cluster.NeedsSettling(in, r.intents.owned(in.ID)) {
 		return err
 	}
-	pr, err := r.node.HoldPrimaryKey(ctx, volume)
+	pr, err := r.node.Primaries().HoldPrimaryKey(ctx, volume)
 	if errors.Is(err, cluster.ErrNotPrimary) {
 		return nil // another node's to settle
 	}
@@ -172,7 +172,7 @@ func (r *Volumes) settleFirst(ctx context.Context, volume string) error {
 // it, the Sets still frozen, after its own change of the disks (which it
 // holds the pool's hold of) succeeded.
 func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, term uint64, atCut bool) error {
-	role, err := r.node.Role(ctx, volume)
+	role, err := r.node.Primaries().Role(ctx, volume)
 	if err != nil {
 		return err
 	}

@@ -77,7 +77,7 @@ func (e Exports) Open(ctx context.Context, name, peer string) (nbd.Export, error
 		return e.Exports.Open(ctx, name, peer)
 	}
 	volume, disk := ref.Volume, ref.Disk
-	role, err := e.node.Role(ctx, volume)
+	role, err := e.node.Primaries().Role(ctx, volume)
 	if err != nil {
 		// Without etcd this node cannot know whether it is the primary:
 		// refuse rather than write one copy.
@@ -104,7 +104,7 @@ func (e Exports) Open(ctx context.Context, name, peer string) (nbd.Export, error
 		// (failover.go). A copy is written by its primary only.
 		return e.forward(ctx, name, volume)
 	}
-	prim, err := e.node.HoldPrimary(ctx, volume)
+	prim, err := e.node.Primaries().HoldPrimary(ctx, volume)
 	if errors.Is(err, cluster.ErrNotPrimary) {
 		return e.forward(ctx, name, volume) // failed over since Role
 	}

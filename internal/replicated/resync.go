@@ -137,7 +137,7 @@ func (r *Volumes) resync(ctx context.Context, volume, node string, p cluster.Pla
 	if rebuild {
 		state, what = cluster.CopyRebuilding, "rebuild"
 	}
-	role, err := r.node.Role(ctx, volume)
+	role, err := r.node.Primaries().Role(ctx, volume)
 	if err != nil || !role.IsPrimary(r.node.Name()) {
 		return fmt.Errorf("resync %s on %s: not the primary (%v)", volume, node, err)
 	}
@@ -343,7 +343,7 @@ func (r *Volumes) replace(ctx context.Context, volume, gone string, p cluster.Pl
 // copyMade says whether node has made its copy of volume (its attachment
 // for the primary is recorded).
 func (r *Volumes) copyMade(ctx context.Context, volume, node string) bool {
-	role, err := r.node.Role(ctx, volume)
+	role, err := r.node.Primaries().Role(ctx, volume)
 	if err != nil {
 		return false
 	}

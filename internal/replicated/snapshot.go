@@ -75,7 +75,7 @@ func (r *Volumes) DeleteSnapshot(ctx context.Context, volume, name string) error
 	if err != nil {
 		return err
 	}
-	role, err := r.node.Role(ctx, volume)
+	role, err := r.node.Primaries().Role(ctx, volume)
 	if err != nil {
 		return err
 	}
@@ -92,7 +92,7 @@ func (r *Volumes) DeleteSnapshot(ctx context.Context, volume, name string) error
 // primaryRole reads this node's role for volume and refuses unless it is
 // the primary with every copy in sync.
 func (r *Volumes) primaryRole(ctx context.Context, volume, what string) (cluster.Role, error) {
-	role, err := r.node.Role(ctx, volume)
+	role, err := r.node.Primaries().Role(ctx, volume)
 	if err != nil {
 		return role, err
 	}

@@ -231,7 +231,7 @@ func Run(ctx context.Context, cfg Config) error {
 			closeAll()
 			return err
 		}
-		handler.Cluster = node
+		handler.Cluster = apiserver.NodeCluster(node)
 		if handler.Peers, err = peers(cfg, node.Name()); err != nil {
 			closeAll()
 			return err

@@ -58,7 +58,7 @@ func (r Role) IsPrimary(node string) bool { return r.Placed && r.Primary == node
 
 // Role reads what this node is for volume: its primary, term and, on the
 // primary, the in-sync copies to write.
-func (n *Node) Role(ctx context.Context, volume string) (Role, error) {
+func (ps Primaries) Role(ctx context.Context, volume string) (Role, error) {
 	// A read changes nothing, so one that fails while etcd elects a leader
 	// ("leader changed", "no leader") is tried again for a while, instead
 	// of failing the client's connection.
@@ -66,9 +66,9 @@ func (n *Node) Role(ctx context.Context, volume string) (Role, error) {
 	var err error
 	deadline := time.Now().Add(roleRetry)
 	for {
-		resp, err = n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("volumes", volume)),
-			clientv3.OpGet(n.key("copies", volume)+"/", clientv3.WithPrefix()),
-			clientv3.OpGet(n.key("alive")+"/", clientv3.WithPrefix())).Commit()
+		resp, err = ps.n.cli.Txn(ctx).Then(clientv3.OpGet(ps.n.key("volumes", volume)),
+			clientv3.OpGet(ps.n.key("copies", volume)+"/", clientv3.WithPrefix()),
+			clientv3.OpGet(ps.n.key("alive")+"/", clientv3.WithPrefix())).Commit()
 		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
 			break
 		}
@@ -104,7 +104,7 @@ func (n *Node) Role(ctx context.Context, volume string) (Role, error) {
 	}
 	r := Role{Placed: true, Replicas: max(rec.Spec.Replicas, 1), Primary: rec.Primary, Term: rec.Term,
 		PrimaryAPI: alive[rec.Primary].API, PrimaryNBD: alive[rec.Primary].NBD}
-	me := n.cfg.NodeName
+	me := ps.n.cfg.NodeName
 	if rec.Primary == me && rec.State == volumeActive {
 		for _, node := range rec.InSync {
 			if node != me {

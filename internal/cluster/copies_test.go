@@ -22,12 +22,12 @@ func TestMarkOutOfSync(t *testing.T) {
 	}
 	nodes := map[string]*Node{"n1": tc.first, "n2": n2}
 	prim, other := nodes[p.Primary], nodes[p.Copies[1].Node]
-	role, err := prim.Role(ctx, "web01")
+	role, err := prim.Primaries().Role(ctx, "web01")
 	if err != nil || !role.IsPrimary(prim.Name()) || len(role.Targets) != 1 || role.Targets[0].Node != other.Name() ||
 		role.Targets[0].Instance != other.Instance() || role.Targets[0].Term != 1 || role.Term != 1 {
 		t.Fatalf("primary's role %+v, %v", role, err)
 	}
-	if r, _ := other.Role(ctx, "web01"); r.IsPrimary(other.Name()) || r.CopyTerm != 1 || len(r.Targets) != 0 {
+	if r, _ := other.Primaries().Role(ctx, "web01"); r.IsPrimary(other.Name()) || r.CopyTerm != 1 || len(r.Targets) != 0 {
 		t.Fatalf("copy's role %+v", r)
 	}
 	cause := errors.New("connection refused")
@@ -53,7 +53,7 @@ func TestMarkOutOfSync(t *testing.T) {
 			t.Errorf("copy %+v, want %s", c, want)
 		}
 	}
-	if role, _ := prim.Role(ctx, "web01"); len(role.Targets) != 0 {
+	if role, _ := prim.Primaries().Role(ctx, "web01"); len(role.Targets) != 0 {
 		t.Fatalf("still writing the degraded copy: %+v", role.Targets)
 	}
 	// A primary without its session acknowledges nothing that needs a
