@@ -104,29 +104,29 @@ func (o Ops) applyUnclone(ctx context.Context, volume string, op Op) error {
 // node's lease. A name placed meanwhile is ErrVolumeExists. A clone of a
 // tenant (spec.Tenant) is charged to its usage in the same Txn, as
 // CreateCharged does: charge.Admit refuses past a quota.
-func (n *Node) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, localUID string, copies []string, charge Charge) (Placement, error) {
-	s := n.session()
-	if s == nil || !n.up.Load() {
+func (vs Volumes) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, localUID string, copies []string, charge Charge) (Placement, error) {
+	s := vs.n.session()
+	if s == nil || !vs.n.up.Load() {
 		return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, ErrNoSession)
 	}
-	me := n.cfg.NodeName
+	me := vs.n.cfg.NodeName
 	rec := volumeRecord{UID: uid, Spec: spec, IdempotencyKey: key, Copies: copies, Primary: me, Term: 1,
 		InSync: copies, CreatedAt: time.Now().UTC()}
-	vk := n.key("volumes", spec.Name)
+	vk := vs.n.key("volumes", spec.Name)
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(vk), "=", 0),
-		clientv3.Compare(clientv3.LeaseValue(n.key("alive", me)), "=", s.Lease())}
+		clientv3.Compare(clientv3.LeaseValue(vs.n.key("alive", me)), "=", s.Lease())}
 	for _, c := range copies {
 		if c != me {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(n.key("copies", spec.Name, c)), ">", 0))
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(vs.n.key("copies", spec.Name, c)), ">", 0))
 		}
 	}
 	mine := copyRecord{State: CopyInSync, LocalUID: localUID, Term: 1, UpdatedAt: time.Now().UTC()}
 	var resp *clientv3.TxnResponse
 	for {
-		cmps, ops := cmps, []clientv3.Op{clientv3.OpPut(n.key("copies", spec.Name, me), mustJSON(mine))}
+		cmps, ops := cmps, []clientv3.Op{clientv3.OpPut(vs.n.key("copies", spec.Name, me), mustJSON(mine))}
 		var urev int64
 		if spec.Tenant != "" {
-			used, rev, err := n.readUsage(ctx, spec.Tenant)
+			used, rev, err := vs.readUsage(ctx, spec.Tenant)
 			if err != nil {
 				return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, err)
 			}
@@ -137,11 +137,11 @@ func (n *Node) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, lo
 			}
 			add := charge.Add
 			rec.Charge, urev = &add, rev
-			cmps = append(cmps, n.usageUnchanged(spec.Tenant, rev))
-			ops = append(ops, clientv3.OpPut(n.usageKey(spec.Tenant), mustJSON(used.plus(add))))
+			cmps = append(cmps, vs.usageUnchanged(spec.Tenant, rev))
+			ops = append(ops, clientv3.OpPut(vs.usageKey(spec.Tenant), mustJSON(used.plus(add))))
 		}
 		var err error
-		resp, err = n.cli.Txn(ctx).If(cmps...).Then(append(ops, clientv3.OpPut(vk, mustJSON(rec)))...).Commit()
+		resp, err = vs.n.cli.Txn(ctx).If(cmps...).Then(append(ops, clientv3.OpPut(vk, mustJSON(rec)))...).Commit()
 		if err != nil {
 			return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, err)
 		}
@@ -150,7 +150,7 @@ func (n *Node) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, lo
 		}
 		// The tenant's usage changed meanwhile (another create): admit
 		// again on the new one; anything else refuses below.
-		if _, rev, err := n.readUsage(ctx, spec.Tenant); err != nil || rev == urev {
+		if _, rev, err := vs.readUsage(ctx, spec.Tenant); err != nil || rev == urev {
 			break
 		}
 	}
@@ -158,8 +158,8 @@ func (n *Node) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, lo
 		return Placement{}, fmt.Errorf("place clone %q: the name was placed meanwhile, a copy's record is missing, "+
 			"or this node lost its lease: %w", spec.Name, ErrVolumeExists)
 	}
-	n.log.Info("clone placed", "volume", spec.Name, "copies", copies, "primary", me, "term", 1)
-	p, ok, err := n.Placement(ctx, spec.Name)
+	vs.n.log.Info("clone placed", "volume", spec.Name, "copies", copies, "primary", me, "term", 1)
+	p, ok, err := vs.Placement(ctx, spec.Name)
 	if err != nil || !ok {
 		return toPlacement(spec.Name, rec, nil), nil
 	}

@@ -237,7 +237,7 @@ func (cs Copies) MarkDiverged(volume, node string, term uint64, cause error) err
 // rebuild's progress as it goes. A failed copy is ErrCopyFailed.
 func (cs Copies) WaitCopyInSync(ctx context.Context, volume, node string, progress func(Progress)) error {
 	for {
-		p, ok, err := cs.n.Placement(ctx, volume)
+		p, ok, err := cs.n.Volumes().Placement(ctx, volume)
 		if err == nil && !ok {
 			err = fmt.Errorf("volume %q: %w", volume, ErrVolumeNotFound)
 		}

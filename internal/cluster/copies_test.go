@@ -16,7 +16,7 @@ func TestMarkOutOfSync(t *testing.T) {
 	n2 := tc.join(t, tc.config(t, "n2"), newMemStore())
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
-	p, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "web01", Capacity: 1 << 30, Replicas: 2}, "", never)
+	p, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "web01", Capacity: 1 << 30, Replicas: 2}, "", never)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestMarkOutOfSync(t *testing.T) {
 	if err := prim.Copies().MarkOutOfSync("web01", other.Name(), 1, cause); err != nil {
 		t.Fatalf("again (a concurrent request): %v", err)
 	}
-	got, _, _ := prim.Placement(ctx, "web01")
+	got, _, _ := prim.Volumes().Placement(ctx, "web01")
 	for _, c := range got.Copies {
 		want := CopyInSync
 		if c.Node == other.Name() {

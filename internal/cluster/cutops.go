@@ -15,14 +15,14 @@ import (
 // etcd, as the primary at term holding its lease, after every in-sync copy
 // changed its disks at one cut: a copy made or rebuilt later, and a resync
 // that conforms a diverged copy, follow the spec.
-func (n *Node) UpdateDisks(ctx context.Context, volume string, term uint64, capacity int64, disks []api.DiskSpec) error {
-	s := n.session()
-	if s == nil || !n.up.Load() {
+func (vs Volumes) UpdateDisks(ctx context.Context, volume string, term uint64, capacity int64, disks []api.DiskSpec) error {
+	s := vs.n.session()
+	if s == nil || !vs.n.up.Load() {
 		return fmt.Errorf("record the disks of %q: %w", volume, ErrNoSession)
 	}
 	var err error
 	for range 3 { // the record may change meanwhile (a copy recorded out of sync)
-		if err = n.updateDisks(ctx, s.Lease(), volume, term, capacity, disks); !errors.Is(err, errChanged) {
+		if err = vs.updateDisks(ctx, s.Lease(), volume, term, capacity, disks); !errors.Is(err, errChanged) {
 			return err
 		}
 	}
@@ -31,10 +31,10 @@ func (n *Node) UpdateDisks(ctx context.Context, volume string, term uint64, capa
 
 var errChanged = errors.New("the volume record changed meanwhile, or this node lost its lease")
 
-func (n *Node) updateDisks(ctx context.Context, lease clientv3.LeaseID, volume string, term uint64, capacity int64,
+func (vs Volumes) updateDisks(ctx context.Context, lease clientv3.LeaseID, volume string, term uint64, capacity int64,
 	disks []api.DiskSpec) error {
-	vk, ak := n.key("volumes", volume), n.key("alive", n.cfg.NodeName)
-	resp, err := n.cli.Get(ctx, vk)
+	vk, ak := vs.n.key("volumes", volume), vs.n.key("alive", vs.n.cfg.NodeName)
+	resp, err := vs.n.cli.Get(ctx, vk)
 	if err != nil {
 		return fmt.Errorf("record the disks of %q: %w", volume, err)
 	}
@@ -45,13 +45,13 @@ func (n *Node) updateDisks(ctx context.Context, lease clientv3.LeaseID, volume s
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
 		return err
 	}
-	if rec.Primary != n.cfg.NodeName || rec.Term != term {
+	if rec.Primary != vs.n.cfg.NodeName || rec.Term != term {
 		return fmt.Errorf("record the disks of %q: this node is not the primary at term %d (primary %s, term %d): %w",
 			volume, term, rec.Primary, rec.Term, ErrNotPrimary)
 	}
 	rec.Spec.Disks = append([]api.DiskSpec{}, disks...)
 	rec.Spec.Capacity = max(rec.Spec.Capacity, capacity)
-	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", resp.Kvs[0].ModRevision),
+	put, err := vs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", resp.Kvs[0].ModRevision),
 		clientv3.Compare(clientv3.LeaseValue(ak), "=", lease)).
 		Then(clientv3.OpPut(vk, mustJSON(rec))).Commit()
 	if err != nil {

@@ -30,7 +30,7 @@ func TestChangesAtTheCut(t *testing.T) {
 	tc.join(t, tc.config(t, "n4"), refusingStore{stores["n4"]})
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
-	p, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 3,
+	p, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 3,
 		Disks: []api.DiskSpec{{Name: "root", Size: 1 << 20}}}, "", never)
 	if err != nil {
 		t.Fatal(err)
@@ -84,16 +84,16 @@ func TestChangesAtTheCut(t *testing.T) {
 	}
 
 	disks := []api.DiskSpec{{Name: "root", Size: 2 << 20}, {Name: "data", Size: 1 << 20}}
-	if err := n3.UpdateDisks(ctx, "v", 1, 2<<30, disks); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
+	if err := n3.Volumes().UpdateDisks(ctx, "v", 1, 2<<30, disks); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
 		t.Fatalf("disks recorded by a node that is not the primary: %v", err)
 	}
-	if err := n2.UpdateDisks(ctx, "v", 2, 2<<30, disks); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
+	if err := n2.Volumes().UpdateDisks(ctx, "v", 2, 2<<30, disks); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
 		t.Fatalf("disks recorded at another term: %v", err)
 	}
 	if r := tc.first.record(t, "v"); len(r.Spec.Disks) != 1 || r.Spec.Capacity != 1<<30 {
 		t.Fatalf("spec after refused updates: %+v", r.Spec)
 	}
-	if err := n2.UpdateDisks(ctx, "v", 1, 2<<30, disks); err != nil {
+	if err := n2.Volumes().UpdateDisks(ctx, "v", 1, 2<<30, disks); err != nil {
 		t.Fatal(err)
 	}
 	r := tc.first.record(t, "v")

@@ -52,8 +52,8 @@ type Move struct {
 // then the most free bytes, then the name). A copy with nowhere to go is
 // ErrNotEnoughNodes naming the volume and why each node is not eligible; a
 // volume of one copy is ErrNotSupported (it has no copy to hand over to).
-func (n *Node) PlanDrain(ctx context.Context, node string) ([]Move, error) {
-	nodes, err := n.Nodes(ctx)
+func (vs Volumes) PlanDrain(ctx context.Context, node string) ([]Move, error) {
+	nodes, err := vs.n.Nodes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +65,7 @@ func (n *Node) PlanDrain(ctx context.Context, node string) ([]Move, error) {
 		return nil, fmt.Errorf("drain %s: the node is down (its copies are rebuilt elsewhere after --rebuild-after); "+
 			"a drain needs it up: %w", node, ErrNotEnoughNodes)
 	}
-	pls, err := n.Placements(ctx)
+	pls, err := vs.Placements(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -191,9 +191,9 @@ func (n *Node) Undrain(ctx context.Context, node string) (bool, error) {
 }
 
 // readVolume reads volumes/<volume> with its revision.
-func (n *Node) readVolume(ctx context.Context, volume string) (volumeRecord, int64, error) {
-	vk := n.key("volumes", volume)
-	resp, err := n.cli.Get(ctx, vk)
+func (vs Volumes) readVolume(ctx context.Context, volume string) (volumeRecord, int64, error) {
+	vk := vs.n.key("volumes", volume)
+	resp, err := vs.n.cli.Get(ctx, vk)
 	if err != nil {
 		return volumeRecord{}, 0, err
 	}
@@ -212,9 +212,9 @@ func (n *Node) readVolume(ctx context.Context, volume string) (volumeRecord, int
 // volume's primary rebuilds it whole, as for ReplaceCopy. The volume has a
 // copy more than its replicas until the drained one is removed. Adding a
 // copy placed already is no error.
-func (n *Node) AddCopy(ctx context.Context, volume, to, reason string) error {
+func (vs Volumes) AddCopy(ctx context.Context, volume, to, reason string) error {
 	for {
-		rec, rev, err := n.readVolume(ctx, volume)
+		rec, rev, err := vs.readVolume(ctx, volume)
 		if err != nil {
 			return fmt.Errorf("add a copy of %q on %s: %w", volume, to, err)
 		}
@@ -225,16 +225,16 @@ func (n *Node) AddCopy(ctx context.Context, volume, to, reason string) error {
 			return fmt.Errorf("add a copy of %q on %s: the volume is being deleted: %w", volume, to, ErrVolumeNotFound)
 		}
 		rec.Copies = append(slices.Clone(rec.Copies), to)
-		vk, ck := n.key("volumes", volume), n.key("copies", volume, to)
+		vk, ck := vs.n.key("volumes", volume), vs.n.key("copies", volume, to)
 		c := copyRecord{State: CopyRebuilding, Reason: reason, UpdatedAt: time.Now().UTC()}
-		resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev),
+		resp, err := vs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev),
 			clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
 			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
 		if err != nil {
 			return fmt.Errorf("add a copy of %q on %s: %w", volume, to, err)
 		}
 		if resp.Succeeded {
-			n.log.Info("copy added; its primary rebuilds it", "volume", volume, "copy", to, "reason", reason)
+			vs.n.log.Info("copy added; its primary rebuilds it", "volume", volume, "copy", to, "reason", reason)
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
@@ -250,9 +250,9 @@ func (n *Node) AddCopy(ctx context.Context, volume, to, reason string) error {
 // not be the primary, and the in-sync set without it must still hold the
 // primary. The primary stops writing the copy when it sees it gone (its Sets forget
 // it); node deletes it (RemovedCopy then clears the record).
-func (n *Node) RemoveCopy(ctx context.Context, volume, node string) error {
+func (vs Volumes) RemoveCopy(ctx context.Context, volume, node string) error {
 	for {
-		rec, rev, err := n.readVolume(ctx, volume)
+		rec, rev, err := vs.readVolume(ctx, volume)
 		if err != nil {
 			return fmt.Errorf("remove the copy of %q on %s: %w", volume, node, err)
 		}
@@ -266,8 +266,8 @@ func (n *Node) RemoveCopy(ctx context.Context, volume, node string) error {
 		if !slices.Contains(inSync, rec.Primary) {
 			return fmt.Errorf("remove the copy of %q on %s: the primary %s is out of sync: %w", volume, node, rec.Primary, ErrDegraded)
 		}
-		ck := n.key("copies", volume, node)
-		cresp, err := n.cli.Get(ctx, ck)
+		ck := vs.n.key("copies", volume, node)
+		cresp, err := vs.n.cli.Get(ctx, ck)
 		if err != nil {
 			return fmt.Errorf("remove the copy of %q on %s: %w", volume, node, err)
 		}
@@ -281,14 +281,14 @@ func (n *Node) RemoveCopy(ctx context.Context, volume, node string) error {
 		if !slices.Contains(rec.Removing, node) {
 			rec.Removing = append(slices.Clone(rec.Removing), node)
 		}
-		vk := n.key("volumes", volume)
-		resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).
+		vk := vs.n.key("volumes", volume)
+		resp, err := vs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).
 			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
 		if err != nil {
 			return fmt.Errorf("remove the copy of %q on %s: %w", volume, node, err)
 		}
 		if resp.Succeeded {
-			n.log.Info("copy taken out of the placement (drain)", "volume", volume, "copy", node)
+			vs.n.log.Info("copy taken out of the placement (drain)", "volume", volume, "copy", node)
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
@@ -300,8 +300,8 @@ func (n *Node) RemoveCopy(ctx context.Context, volume, node string) error {
 
 // RemovingUID is the local UID of this node's copy of volume that is
 // being removed (CopyRemoving), or "" when there is none.
-func (n *Node) RemovingUID(ctx context.Context, volume string) (string, error) {
-	resp, err := n.cli.Get(ctx, n.key("copies", volume, n.cfg.NodeName))
+func (vs Volumes) RemovingUID(ctx context.Context, volume string) (string, error) {
+	resp, err := vs.n.cli.Get(ctx, vs.n.key("copies", volume, vs.n.cfg.NodeName))
 	if err != nil {
 		return "", err
 	}
@@ -317,14 +317,14 @@ func (n *Node) RemovingUID(ctx context.Context, volume string) (string, error) {
 
 // RemovedCopy records that this node deleted its removed copy of volume:
 // the copy key goes, and the node leaves the record's Removing list.
-func (n *Node) RemovedCopy(ctx context.Context, volume string) error {
-	me := n.cfg.NodeName
+func (vs Volumes) RemovedCopy(ctx context.Context, volume string) error {
+	me := vs.n.cfg.NodeName
 	for {
-		rec, rev, err := n.readVolume(ctx, volume)
+		rec, rev, err := vs.readVolume(ctx, volume)
 		if err != nil {
 			return err
 		}
-		ck, vk := n.key("copies", volume, me), n.key("volumes", volume)
+		ck, vk := vs.n.key("copies", volume, me), vs.n.key("volumes", volume)
 		ops := []clientv3.Op{}
 		if !slices.Contains(rec.Copies, me) {
 			ops = append(ops, clientv3.OpDelete(ck))
@@ -336,7 +336,7 @@ func (n *Node) RemovedCopy(ctx context.Context, volume string) error {
 		if len(ops) == 0 {
 			return nil
 		}
-		resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).Then(ops...).Commit()
+		resp, err := vs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).Then(ops...).Commit()
 		if err != nil {
 			return err
 		}
@@ -361,7 +361,7 @@ func (n *Node) finishRemoval(ctx context.Context, key, value []byte) {
 		return
 	}
 	name := lastSegment(string(key))
-	uid, err := n.RemovingUID(ctx, name)
+	uid, err := n.Volumes().RemovingUID(ctx, name)
 	if err != nil {
 		return
 	}
@@ -371,7 +371,7 @@ func (n *Node) finishRemoval(ctx context.Context, key, value []byte) {
 			return
 		}
 	}
-	if err := n.RemovedCopy(ctx, name); err != nil {
+	if err := n.Volumes().RemovedCopy(ctx, name); err != nil {
 		n.log.Warn("record a removed copy", "volume", name, "err", err)
 	}
 }

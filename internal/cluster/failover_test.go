@@ -49,7 +49,7 @@ func TestFailover(t *testing.T) {
 	never := func(bool, string) bool { return false }
 	for _, spec := range []api.VolumeSpec{{Name: "two", Capacity: 1 << 30, Replicas: 2},
 		{Name: "three", Capacity: 1 << 30, Replicas: 3}, {Name: "stale", Capacity: 1 << 30, Replicas: 2}} {
-		p, _, err := tc.first.CreateVolume(ctx, spec, "", never)
+		p, _, err := tc.first.Volumes().CreateVolume(ctx, spec, "", never)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +91,7 @@ func TestFailover(t *testing.T) {
 	if pr, err := n3.Primaries().HoldPrimary(ctx, "two"); err != nil || pr.Term != 2 || !n3.Holds(pr) {
 		t.Fatalf("n3 holds two: %+v %v", pr, err)
 	}
-	pl, _, err := tc.first.Placement(ctx, "two")
+	pl, _, err := tc.first.Volumes().Placement(ctx, "two")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestFailoverBehindCopiesFollow(t *testing.T) {
 	tc.join(t, tc.config(t, "n4"), stores["n4"])
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
-	p, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 3}, "", never)
+	p, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 3}, "", never)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestFailoverBehindCopiesFollow(t *testing.T) {
 	if err := n3.Copies().MarkInSync("v", "n2", 2); err != nil {
 		t.Fatal(err)
 	}
-	pl, _, err := tc.first.Placement(ctx, "v")
+	pl, _, err := tc.first.Volumes().Placement(ctx, "v")
 	if err != nil {
 		t.Fatal(err)
 	}

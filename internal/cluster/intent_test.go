@@ -106,7 +106,7 @@ func TestIntentRecord(t *testing.T) {
 	n3 := tc.join(t, tc.config(t, "n3"), stores["n3"])
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
-	if _, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2,
+	if _, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2,
 		Disks: []api.DiskSpec{{Name: "root", Size: 1 << 20}}}, "", never); err != nil {
 		t.Fatal(err)
 	}

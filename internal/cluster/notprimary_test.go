@@ -18,7 +18,7 @@ func TestNotPrimaryAtTerm(t *testing.T) {
 	tc.join(t, tc.config(t, "n3"), newMemStore())
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
-	p, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2}, "", never)
+	p, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2}, "", never)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestNotPrimaryAtTerm(t *testing.T) {
 			return prim.Copies().SetCopyState("v", other.Name(), 2, CopyResyncing, "", &Progress{})
 		}},
 		{"UpdateDisks by a copy", func() error {
-			return other.UpdateDisks(ctx, "v", 1, 1<<30, []api.DiskSpec{{Name: "root", Size: 1 << 20}})
+			return other.Volumes().UpdateDisks(ctx, "v", 1, 1<<30, []api.DiskSpec{{Name: "root", Size: 1 << 20}})
 		}},
 		{"ReplaceCopy at another term", func() error {
 			_, err := prim.Copies().ReplaceCopy(ctx, "v", other.Name(), 2)

@@ -22,7 +22,7 @@ func TestWatchPrimary(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	never := func(bool, string) bool { return false }
-	if p, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "two", Capacity: 1 << 30, Replicas: 2}, "", never); err != nil || p.Primary != "n2" {
+	if p, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "two", Capacity: 1 << 30, Replicas: 2}, "", never); err != nil || p.Primary != "n2" {
 		t.Fatalf("placed %+v, %v: want primary n2", p, err)
 	}
 	if _, err := n2.Primaries().HoldPrimary(ctx, "two"); err != nil {

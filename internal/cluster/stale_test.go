@@ -75,7 +75,7 @@ func TestCollectStale(t *testing.T) {
 	n2 := tc.join(t, tc.config(t, "n2"), stores["n2"])
 	tc.join(t, tc.config(t, "n3"), stores["n3"])
 	ctx := context.Background()
-	if _, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "two", Capacity: 1 << 30, Replicas: 2}, "",
+	if _, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "two", Capacity: 1 << 30, Replicas: 2}, "",
 		func(bool, string) bool { return false }); err != nil {
 		t.Fatal(err)
 	}

@@ -135,7 +135,7 @@ func TestHandOverUnknownOutcome(t *testing.T) {
 	n1 := tc.first
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
-	p, _, err := n1.CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2}, "", never)
+	p, _, err := n1.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2}, "", never)
 	if err != nil || p.Primary != "n2" {
 		t.Fatalf("create: %+v, %v; want n2 the primary", p, err)
 	}

@@ -132,7 +132,7 @@ func (r *Volumes) applyAtCut(ctx context.Context, volume string, cs *cutState, o
 	for _, d := range disks {
 		specs = append(specs, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}
-	if err := r.node.UpdateDisks(ctx, volume, cs.role.Term, capacity, specs); err != nil {
+	if err := r.node.Volumes().UpdateDisks(ctx, volume, cs.role.Term, capacity, specs); err != nil {
 		return intentOpen(err)
 	}
 	return nil
@@ -226,7 +226,7 @@ func (r *Volumes) RemoveDisk(ctx context.Context, volume, disk string, force boo
 // return), then on every in-sync copy (applyAtCut, a copy that fails it is
 // recorded diverged, and conformed by its resync), under an intent
 // recorded before the change here. The caller has recorded the change in
-// the volume's spec in etcd (cluster.Node.UpdateSpec).
+// the volume's spec in etcd (cluster.Volumes.UpdateSpec).
 func (r *Volumes) Update(ctx context.Context, volume string, u api.VolumeUpdate) (pool.VolumeInfo, error) {
 	v, err := r.pool.Volume(volume)
 	if err != nil {

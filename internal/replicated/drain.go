@@ -31,7 +31,7 @@ const maxDrainRounds = 5
 // volumes the drain moves.
 func (r *Volumes) PrepareDrain(ctx context.Context) (int, error) {
 	me := r.node.Name()
-	moves, err := r.node.PlanDrain(ctx, me)
+	moves, err := r.node.Volumes().PlanDrain(ctx, me)
 	if err != nil {
 		return 0, err
 	}
@@ -53,7 +53,7 @@ func (r *Volumes) Undrain(ctx context.Context, node string) (bool, error) {
 func (r *Volumes) Drain(ctx context.Context, j *job.Job) error {
 	me := r.node.Name()
 	for round := 0; ; round++ {
-		moves, err := r.node.PlanDrain(ctx, me)
+		moves, err := r.node.Volumes().PlanDrain(ctx, me)
 		if err != nil {
 			return err
 		}
@@ -97,7 +97,7 @@ func (r *Volumes) Drain(ctx context.Context, j *job.Job) error {
 // its primary, or leaves the placement, and deletes its copy.
 func (r *Volumes) move(ctx context.Context, m cluster.Move, j *job.Job) error {
 	me := r.node.Name()
-	p, ok, err := r.node.Placement(ctx, m.Volume)
+	p, ok, err := r.node.Volumes().Placement(ctx, m.Volume)
 	if err != nil {
 		return err
 	}
@@ -110,7 +110,7 @@ func (r *Volumes) move(ctx context.Context, m cluster.Move, j *job.Job) error {
 	}
 	j.AddTotal(total)
 	var reported int64
-	if err := r.node.AddCopy(ctx, m.Volume, m.To, "moves the copy on "+me+" (drain)"); err != nil {
+	if err := r.node.Volumes().AddCopy(ctx, m.Volume, m.To, "moves the copy on "+me+" (drain)"); err != nil {
 		return err
 	}
 	r.log.Info("drain: copy placed; waiting for its rebuild", "volume", m.Volume, "to", m.To)
@@ -126,7 +126,7 @@ func (r *Volumes) move(ctx context.Context, m cluster.Move, j *job.Job) error {
 	j.Add(total - reported)
 	// The primary may have changed since the plan (a failover).
 	for attempt := 0; ; attempt++ {
-		p, ok, err = r.node.Placement(ctx, m.Volume)
+		p, ok, err = r.node.Volumes().Placement(ctx, m.Volume)
 		if err != nil {
 			return err
 		}
@@ -134,7 +134,7 @@ func (r *Volumes) move(ctx context.Context, m cluster.Move, j *job.Job) error {
 			return fmt.Errorf("volume %q: %w", m.Volume, cluster.ErrVolumeNotFound)
 		}
 		if p.Primary != me {
-			err = r.node.RemoveCopy(ctx, m.Volume, me)
+			err = r.node.Volumes().RemoveCopy(ctx, m.Volume, me)
 		} else {
 			var to string
 			if to, err = r.HandOver(ctx, m.Volume); err == nil {
@@ -261,7 +261,7 @@ const copyLeftWait = 3 * resyncInterval
 // attachments live on with its primary, in etcd), and then clears the
 // removal from etcd.
 func (r *Volumes) removeLocal(ctx context.Context, volume string) error {
-	uid, err := r.node.RemovingUID(ctx, volume)
+	uid, err := r.node.Volumes().RemovingUID(ctx, volume)
 	if err != nil {
 		return err
 	}
@@ -291,7 +291,7 @@ func (r *Volumes) removeLocal(ctx context.Context, volume string) error {
 			r.log.Info("drain: copy deleted here", "volume", volume)
 		}
 	}
-	return r.node.RemovedCopy(ctx, volume)
+	return r.node.Volumes().RemovedCopy(ctx, volume)
 }
 
 // forgetRemoved stops the Sets of volume (this node is its primary, p its

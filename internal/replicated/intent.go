@@ -232,7 +232,7 @@ func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, 
 	for _, d := range info.Disks {
 		specs = append(specs, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}
-	if err := r.node.UpdateDisks(ctx, volume, term, info.Capacity, specs); err != nil {
+	if err := r.node.Volumes().UpdateDisks(ctx, volume, term, info.Capacity, specs); err != nil {
 		return err
 	}
 	return r.node.Ops().SettledIntent(ctx, volume, term, in, nil)
@@ -249,7 +249,7 @@ func (r *Volumes) undoIntent(ctx context.Context, volume string, in cluster.Inte
 		if op.Kind != cluster.OpClone {
 			continue
 		}
-		if p, ok, err := r.node.Placement(ctx, op.Name); err != nil {
+		if p, ok, err := r.node.Volumes().Placement(ctx, op.Name); err != nil {
 			return err
 		} else if ok {
 			placed[op.Name] = p.UID
@@ -296,7 +296,7 @@ func (r *Volumes) undoIntent(ctx context.Context, volume string, in cluster.Inte
 			}
 		}
 	}
-	p, _, err := r.node.Placement(ctx, volume)
+	p, _, err := r.node.Volumes().Placement(ctx, volume)
 	if err != nil {
 		return err
 	}

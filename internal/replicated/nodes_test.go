@@ -167,7 +167,7 @@ func placeVolume(t *testing.T, nodes map[string]*testNode, volume string) (*test
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
 	spec := api.VolumeSpec{Name: volume, Capacity: 4 << 20, Replicas: 2, Disks: []api.DiskSpec{{Name: "d0", Size: 4 << 20}}}
-	p, _, err := nodes["n1"].node.CreateVolume(ctx, spec, "", never)
+	p, _, err := nodes["n1"].node.Volumes().CreateVolume(ctx, spec, "", never)
 	if err != nil {
 		t.Fatal(err)
 	}

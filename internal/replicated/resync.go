@@ -45,7 +45,7 @@ func (r *Volumes) resyncLoop(ctx context.Context) {
 			continue
 		}
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		pls, err := r.node.Placements(lctx)
+		pls, err := r.node.Volumes().Placements(lctx)
 		cancel()
 		if err != nil {
 			continue

@@ -21,7 +21,7 @@ func TestResyncStartNotRecorded(t *testing.T) {
 	}
 	sets := newReplicaSets(prim.node, prim.pool, quietLogger(), newReplMetrics(), cluster.Config{}, nil)
 	state := func() string {
-		p, _, err := prim.node.Placement(ctx, "r")
+		p, _, err := prim.node.Volumes().Placement(ctx, "r")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -33,7 +33,7 @@ func TestResyncStartNotRecorded(t *testing.T) {
 		t.Fatalf("no copy on %s: %+v", other, p)
 		return ""
 	}
-	p, _, err := prim.node.Placement(ctx, "r")
+	p, _, err := prim.node.Volumes().Placement(ctx, "r")
 	if err != nil {
 		t.Fatal(err)
 	}
