@@ -141,55 +141,6 @@ func (vs Volumes) PlanDrain(ctx context.Context, node string) ([]Move, error) {
 	return moves, nil
 }
 
-// SetDrain records node as draining or drained (DrainRunning, DrainDone):
-// placement skips it from then on.
-func (n *Node) SetDrain(ctx context.Context, node, state string) error {
-	k := n.key("drained", node)
-	rec := drainRecord{State: state, Since: time.Now().UTC()}
-	if resp, err := n.cli.Get(ctx, k); err == nil && len(resp.Kvs) > 0 {
-		var have drainRecord
-		if json.Unmarshal(resp.Kvs[0].Value, &have) == nil && !have.Since.IsZero() {
-			rec.Since = have.Since
-		}
-	}
-	mk := n.key("members", node)
-	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(mk), ">", 0)).
-		Then(clientv3.OpPut(k, mustJSON(rec))).Commit()
-	if err != nil {
-		return fmt.Errorf("mark node %s %s: %w", node, state, err)
-	}
-	if !resp.Succeeded {
-		return fmt.Errorf("mark node %s %s: no such node in the cluster: %w", node, state, ErrNodeNotFound)
-	}
-	return nil
-}
-
-// Drained reports node's drain state: "" when it is not drained.
-func (n *Node) Drained(ctx context.Context, node string) (string, error) {
-	resp, err := n.cli.Get(ctx, n.key("drained", node))
-	if err != nil {
-		return "", fmt.Errorf("drain state of %s: %w", node, err)
-	}
-	if len(resp.Kvs) == 0 {
-		return "", nil
-	}
-	var rec drainRecord
-	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
-		return "", fmt.Errorf("etcd key %s: %w", resp.Kvs[0].Key, err)
-	}
-	return rec.State, nil
-}
-
-// Undrain clears node's drain mark: placement may use it again. The
-// copies moved away stay where they are. It reports whether it was marked.
-func (n *Node) Undrain(ctx context.Context, node string) (bool, error) {
-	resp, err := n.cli.Delete(ctx, n.key("drained", node))
-	if err != nil {
-		return false, fmt.Errorf("undrain %s: %w", node, err)
-	}
-	return resp.Deleted > 0, nil
-}
-
 // readVolume reads volumes/<volume> with its revision.
 func (vs Volumes) readVolume(ctx context.Context, volume string) (volumeRecord, int64, error) {
 	vk := vs.n.key("volumes", volume)
@@ -347,31 +298,5 @@ func (vs Volumes) RemovedCopy(ctx context.Context, volume string) error {
 			return err
 		}
 		sleep(ctx, 20*time.Millisecond)
-	}
-}
-
-// finishRemoval deletes this node's copy of a volume that a drain took out
-// of the placement and that is still here (the drain job stopped, or the
-// node restarted, before it deleted it): reconcile calls it on each full
-// read of the placements. A copy still attached is left, and logged.
-func (n *Node) finishRemoval(ctx context.Context, key, value []byte) {
-	var rec volumeRecord
-	me := n.cfg.NodeName
-	if json.Unmarshal(value, &rec) != nil || !slices.Contains(rec.Removing, me) || slices.Contains(rec.Copies, me) {
-		return
-	}
-	name := lastSegment(string(key))
-	uid, err := n.Volumes().RemovingUID(ctx, name)
-	if err != nil {
-		return
-	}
-	if uid != "" {
-		if err := n.store.DeleteCopy(ctx, name, uid); err != nil {
-			n.log.Warn("delete a copy a drain removed", "volume", name, "err", err)
-			return
-		}
-	}
-	if err := n.Volumes().RemovedCopy(ctx, name); err != nil {
-		n.log.Warn("record a removed copy", "volume", name, "err", err)
 	}
 }

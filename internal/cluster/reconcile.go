@@ -24,7 +24,7 @@ func (cs Copies) reconcile(ctx context.Context) {
 		}
 		for _, kv := range resp.Kvs {
 			cs.apply(ctx, kv.Key, kv.Value)
-			cs.n.finishRemoval(ctx, kv.Key, kv.Value)
+			cs.finishRemoval(ctx, kv.Key, kv.Value)
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		for wr := range cs.n.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
@@ -165,3 +165,29 @@ func (cs Copies) followTerm(ctx context.Context, name string, rec volumeRecord, 
 
 // copyTerm is the term a copy follows (0: none yet).
 func copyTerm(c copyRecord) uint64 { return c.Term }
+
+// finishRemoval deletes this node's copy of a volume that a drain took out
+// of the placement and that is still here (the drain job stopped, or the
+// node restarted, before it deleted it): reconcile calls it on each full
+// read of the placements. A copy still attached is left, and logged.
+func (cs Copies) finishRemoval(ctx context.Context, key, value []byte) {
+	var rec volumeRecord
+	me := cs.n.cfg.NodeName
+	if json.Unmarshal(value, &rec) != nil || !slices.Contains(rec.Removing, me) || slices.Contains(rec.Copies, me) {
+		return
+	}
+	name := lastSegment(string(key))
+	uid, err := cs.n.Volumes().RemovingUID(ctx, name)
+	if err != nil {
+		return
+	}
+	if uid != "" {
+		if err := cs.n.store.DeleteCopy(ctx, name, uid); err != nil {
+			cs.n.log.Warn("delete a copy a drain removed", "volume", name, "err", err)
+			return
+		}
+	}
+	if err := cs.n.Volumes().RemovedCopy(ctx, name); err != nil {
+		cs.n.log.Warn("record a removed copy", "volume", name, "err", err)
+	}
+}
