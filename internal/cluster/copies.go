@@ -51,9 +51,12 @@ func (cs Copies) markOutOfSync(volume, node string, term uint64, cause error, wh
 	vk, ck, ak := cs.n.key("volumes", volume), cs.n.key("copies", volume, node), cs.n.key("alive", cs.n.cfg.NodeName)
 	// transient: an etcd error worth another try while this node holds
 	// its lease and the deadline allows (the copy's node was the etcd
-	// leader: "leader changed" while etcd elects another). A Txn whose
-	// outcome is unknown is safe to try again: the next round reads the
-	// record and finds the copy out of the in-sync set if it went through.
+	// leader: "leader changed" while etcd elects another). commit tries
+	// again what etcd surely did not apply; its ErrUnknownOutcome, and any
+	// other error, is tried again here: the next round reads the record
+	// and finds the copy out of the in-sync set if the write went through,
+	// and a write that applies late cannot apply after another round's
+	// write, which changed the record's revision it compares.
 	transient := func() bool {
 		if ctx.Err() != nil || !cs.n.up.Load() {
 			return false
@@ -91,9 +94,10 @@ func (cs Copies) markOutOfSync(volume, node string, term uint64, cause error, wh
 		}
 		c.State, c.Reason, c.UpdatedAt = CopyDegraded, cause.Error(), time.Now().UTC()
 		c.Whole = c.Whole || whole
-		put, err := cs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
-			clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
-			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
+		put, err := cs.n.commit(ctx, txnSpec{
+			If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
+				clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())},
+			Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))}})
 		if err != nil {
 			if transient() {
 				continue
@@ -150,9 +154,13 @@ func (cs Copies) MarkInSync(volume, node string, term uint64) error {
 		_ = json.Unmarshal(ckvs[0].Value, &c)
 	}
 	c.State, c.Reason, c.Progress, c.Whole, c.UpdatedAt = CopyInSync, "", nil, false, time.Now().UTC()
-	put, err := cs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
-		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
-		Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
+	// An unknown outcome is ErrUnknownOutcome, an error like any other to
+	// the caller: replica.Rejoin records the copy out of sync again on
+	// any error of this commit, as if it had been applied.
+	put, err := cs.n.commit(ctx, txnSpec{
+		If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
+			clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())},
+		Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))}})
 	if err != nil {
 		return fmt.Errorf("mark copy %s of %q in sync: %w", node, volume, err)
 	}
@@ -209,9 +217,13 @@ func (cs Copies) SetCopyState(volume, node string, term uint64, state, reason st
 		return fmt.Errorf("record the state of copy %s of %q: the copy is in sync, not out of sync", node, volume)
 	}
 	c.State, c.Reason, c.Progress, c.UpdatedAt = state, reason, p, time.Now().UTC()
-	put, err := cs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
-		clientv3.Compare(clientv3.ModRevision(ck), "=", ckvs[0].ModRevision)).
-		Then(clientv3.OpPut(ck, mustJSON(c))).Commit()
+	// The state of an out-of-sync copy is a report: after an unknown
+	// outcome (ErrUnknownOutcome) the copy shows the old state or this
+	// one, and the next report, or MarkInSync, writes over it.
+	put, err := cs.n.commit(ctx, txnSpec{
+		If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
+			clientv3.Compare(clientv3.ModRevision(ck), "=", ckvs[0].ModRevision)},
+		Then: []clientv3.Op{clientv3.OpPut(ck, mustJSON(c))}})
 	if err != nil {
 		return fmt.Errorf("record the state of copy %s of %q: %w", node, volume, err)
 	}

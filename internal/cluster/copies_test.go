@@ -3,9 +3,12 @@ package cluster
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc"
 )
 
 // TestMarkOutOfSync: only the primary, at its term and holding its lease,
@@ -61,5 +64,57 @@ func TestMarkOutOfSync(t *testing.T) {
 	_ = prim.Close()
 	if err := prim.Copies().MarkOutOfSync("web01", other.Name(), 1, cause); !errors.Is(err, ErrNoSession) {
 		t.Fatalf("after the session ended: %v", err)
+	}
+}
+
+// TestMarkInSyncTxnPolicy (issue 29): MarkInSync commits through the one
+// policy for etcd transactions: a try that etcd surely did not apply (no
+// leader) is made again and succeeds; a try applied with its answer lost
+// is ErrUnknownOutcome, never a plain failure, and etcd shows it applied.
+func TestMarkInSyncTxnPolicy(t *testing.T) {
+	tc := startCluster(t)
+	fault := &txnFault{}
+	cfg := tc.config(t, "n2")
+	cfg.EtcdDialOptions = []grpc.DialOption{fault.option()}
+	st := newMemStore()
+	st.free = 90 << 30 // placed first: the primary
+	n2 := tc.join(t, cfg, st)
+	ctx := context.Background()
+	never := func(bool, string) bool { return false }
+	p, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2}, "", never)
+	if err != nil || p.Primary != "n2" {
+		t.Fatalf("create: %+v, %v; want n2 the primary", p, err)
+	}
+	ck := n2.key("copies", "v", "n1")
+	inSync := func() bool { return slices.Contains(tc.first.record(t, "v").InSync, "n1") }
+	for _, c := range []struct {
+		name    string
+		applied bool
+		err     error
+		want    error // nil: MarkInSync succeeds
+	}{
+		{"not applied, no leader: tried again", false, rpctypes.ErrGRPCNoLeader, nil},
+		{"applied, answer lost: unknown", true, nil, ErrUnknownOutcome},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := n2.Copies().MarkOutOfSync("v", "n1", 1, errors.New("test: copy cut off")); err != nil {
+				t.Fatal(err)
+			}
+			if inSync() {
+				t.Fatal("n1 still in sync")
+			}
+			hits := fault.hit()
+			fault.armPut(ck, c.applied, c.err)
+			err := n2.Copies().MarkInSync("v", "n1", 1)
+			if fault.hit() != hits+1 {
+				t.Fatalf("the fault did not fire: %v", err)
+			}
+			if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
+				t.Fatalf("MarkInSync: %v, want %v", err, c.want)
+			}
+			if !inSync() {
+				t.Fatalf("n1 not in sync after MarkInSync (%v)", err)
+			}
+		})
 	}
 }

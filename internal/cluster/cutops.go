@@ -51,9 +51,13 @@ func (vs Volumes) updateDisks(ctx context.Context, lease clientv3.LeaseID, volum
 	}
 	rec.Spec.Disks = append([]api.DiskSpec{}, disks...)
 	rec.Spec.Capacity = max(rec.Spec.Capacity, capacity)
-	put, err := vs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", resp.Kvs[0].ModRevision),
-		clientv3.Compare(clientv3.LeaseValue(ak), "=", lease)).
-		Then(clientv3.OpPut(vk, mustJSON(rec))).Commit()
+	// An unknown outcome (ErrUnknownOutcome) is an error to the caller:
+	// the change at the cut keeps its intent open, and settling it records
+	// the same disks again (writing them twice is no change).
+	put, err := vs.n.commit(ctx, txnSpec{
+		If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", resp.Kvs[0].ModRevision),
+			clientv3.Compare(clientv3.LeaseValue(ak), "=", lease)},
+		Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(rec))}})
 	if err != nil {
 		return fmt.Errorf("record the disks of %q: %w", volume, err)
 	}

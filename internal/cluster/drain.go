@@ -178,9 +178,12 @@ func (vs Volumes) AddCopy(ctx context.Context, volume, to, reason string) error 
 		rec.Copies = append(slices.Clone(rec.Copies), to)
 		vk, ck := vs.n.key("volumes", volume), vs.n.key("copies", volume, to)
 		c := copyRecord{State: CopyRebuilding, Reason: reason, UpdatedAt: time.Now().UTC()}
-		resp, err := vs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev),
-			clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
-			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
+		// An unknown outcome (ErrUnknownOutcome) fails the drain; run
+		// again, it finds the copy added (no error) or adds it.
+		resp, err := vs.n.commit(ctx, txnSpec{
+			If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", rev),
+				clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)},
+			Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))}})
 		if err != nil {
 			return fmt.Errorf("add a copy of %q on %s: %w", volume, to, err)
 		}
@@ -233,8 +236,11 @@ func (vs Volumes) RemoveCopy(ctx context.Context, volume, node string) error {
 			rec.Removing = append(slices.Clone(rec.Removing), node)
 		}
 		vk := vs.n.key("volumes", volume)
-		resp, err := vs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).
-			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
+		// An unknown outcome (ErrUnknownOutcome) fails the drain; run
+		// again, it finds the copy out of the placement (no error) or
+		// takes it out.
+		resp, err := vs.n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", rev)},
+			Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))}})
 		if err != nil {
 			return fmt.Errorf("remove the copy of %q on %s: %w", volume, node, err)
 		}

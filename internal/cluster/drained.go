@@ -25,8 +25,10 @@ func (n *Node) SetDrain(ctx context.Context, node, state string) error {
 		}
 	}
 	mk := n.key("members", node)
-	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(mk), ">", 0)).
-		Then(clientv3.OpPut(k, mustJSON(rec))).Commit()
+	// An unknown outcome (ErrUnknownOutcome) fails the drain with the mark
+	// set or not; setting it again is no change.
+	resp, err := n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(mk), ">", 0)},
+		Then: []clientv3.Op{clientv3.OpPut(k, mustJSON(rec))}})
 	if err != nil {
 		return fmt.Errorf("mark node %s %s: %w", node, state, err)
 	}

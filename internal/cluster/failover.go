@@ -340,9 +340,14 @@ func (ps Primaries) PublishAttachments(volume string, state []byte) error {
 	if err != nil {
 		return fmt.Errorf("publish attachments: %w", err)
 	}
-	put, err := ps.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(pk), "=", pr.Lease),
-		clientv3.Compare(clientv3.Value(pk), "=", mustJSON(primaryRecord{Node: ps.n.cfg.NodeName, Term: pr.Term}))).
-		Then(clientv3.OpPut(ak, string(sealed))).Commit()
+	// An unknown outcome (ErrUnknownOutcome) refuses the change, which
+	// then never takes effect here, though etcd may hold its state: a
+	// successor adopts attachments a step ahead of the old primary's, as
+	// when the old primary fails between this write and the change.
+	put, err := ps.n.commit(ctx, txnSpec{
+		If: []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(pk), "=", pr.Lease),
+			clientv3.Compare(clientv3.Value(pk), "=", mustJSON(primaryRecord{Node: ps.n.cfg.NodeName, Term: pr.Term}))},
+		Then: []clientv3.Op{clientv3.OpPut(ak, string(sealed))}})
 	if err != nil {
 		return fmt.Errorf("publish attachments: %w", err)
 	}

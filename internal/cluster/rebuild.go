@@ -86,10 +86,14 @@ func (cs Copies) ReplaceCopy(ctx context.Context, volume, gone string, term uint
 	rec.Copies = slices.Clone(rec.Copies)
 	rec.Copies[slices.Index(rec.Copies, gone)] = next
 	c := copyRecord{State: CopyRebuilding, Reason: "replaces the copy on " + gone, UpdatedAt: time.Now().UTC()}
-	put, err := cs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", resp.Kvs[0].ModRevision),
-		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
-		Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpDelete(cs.n.key("copies", volume, gone)),
-			clientv3.OpPut(cs.n.key("copies", volume, next), mustJSON(c))).Commit()
+	// After an unknown outcome (ErrUnknownOutcome, an error to the caller)
+	// the copy is replaced or not; the rebuild loop looks at the placement
+	// again, and ReplaceCopy refuses a copy that is no longer placed.
+	put, err := cs.n.commit(ctx, txnSpec{
+		If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", resp.Kvs[0].ModRevision),
+			clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())},
+		Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpDelete(cs.n.key("copies", volume, gone)),
+			clientv3.OpPut(cs.n.key("copies", volume, next), mustJSON(c))}})
 	if err != nil {
 		return "", fmt.Errorf("replace copy %s of %q: %w", gone, volume, err)
 	}

@@ -65,21 +65,31 @@ func TestClassifyTxn(t *testing.T) {
 	}
 }
 
-// txnFault fails the next etcd Txn that deletes the armed key, as when the
-// connection to etcd is lost: after the request went through (applied) or
-// before it was sent. It is the etcd client's interceptor (Config.
-// EtcdDialOptions).
+// txnFault fails the next etcd Txn that deletes the armed key (armPut:
+// that puts it), as when the connection to etcd is lost: after the request
+// went through (applied) or before it was sent; armPut may give another
+// error. It is the etcd client's interceptor (Config.EtcdDialOptions).
 type txnFault struct {
 	mu      sync.Mutex
 	key     string
+	put     bool
 	applied bool
+	err     error
 	hits    int
 }
 
 func (f *txnFault) arm(key string, applied bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.key, f.applied = key, applied
+	f.key, f.put, f.applied, f.err = key, false, applied, nil
+}
+
+// armPut fails the next Txn that puts key with err (nil: the connection
+// lost).
+func (f *txnFault) armPut(key string, applied bool, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.key, f.put, f.applied, f.err = key, true, applied, err
 }
 
 func (f *txnFault) hit() int { f.mu.Lock(); defer f.mu.Unlock(); return f.hits }
@@ -88,8 +98,9 @@ func (f *txnFault) option() grpc.DialOption {
 	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		f.mu.Lock()
-		fire := f.key != "" && method == "/etcdserverpb.KV/Txn" && txnDeletes(req, f.key)
-		applied := f.applied
+		fire := f.key != "" && method == "/etcdserverpb.KV/Txn" &&
+			(f.put && txnPuts(req, f.key) || !f.put && txnDeletes(req, f.key))
+		applied, ferr := f.applied, f.err
 		if fire {
 			f.key = ""
 			f.hits++
@@ -103,7 +114,21 @@ func (f *txnFault) option() grpc.DialOption {
 				return err
 			}
 		}
+		if ferr != nil {
+			return ferr
+		}
 		return status.Error(codes.Unavailable, "injected: the connection to etcd was lost")
+	})
+}
+
+func txnPuts(req any, key string) bool {
+	r, ok := req.(*pb.TxnRequest)
+	if !ok {
+		return false
+	}
+	return slices.ContainsFunc(r.Success, func(op *pb.RequestOp) bool {
+		p := op.GetRequestPut()
+		return p != nil && string(p.Key) == key
 	})
 }
 
