@@ -18,7 +18,10 @@ import (
 )
 
 // Cluster is what the API needs of the node's cluster membership
-// (cluster.Node). Server.Cluster is nil on a single node.
+// (cluster.Node, NodeCluster): the node's name and the nodes, the volumes'
+// placements and the tenants' use (cluster.Volumes), and the role of this
+// node for a volume (cluster.Primaries).
+// Server.Cluster is nil on a single node.
 type Cluster interface {
 	Name() string
 	Nodes(ctx context.Context) ([]cluster.NodeInfo, error)
@@ -42,7 +45,19 @@ type Cluster interface {
 	Role(ctx context.Context, volume string) (cluster.Role, error)
 }
 
-var _ Cluster = (*cluster.Node)(nil)
+// NodeCluster is node as the API sees it (Cluster).
+func NodeCluster(node *cluster.Node) Cluster {
+	return nodeCluster{node, node.Volumes(), node.Primaries()}
+}
+
+// nodeCluster serves Cluster from the node and the families of its keys.
+type nodeCluster struct {
+	*cluster.Node
+	cluster.Volumes
+	cluster.Primaries
+}
+
+var _ Cluster = nodeCluster{}
 
 // errSingleNode refuses replicas above 1 without a cluster.
 func errSingleNode(replicas int) error {
@@ -491,7 +506,7 @@ func (s *Server) replicatedClone(r *http.Request, source, tenant string) (bool, 
 // returns what to call when it is done: kept says whether the snapshot was
 // made (else the count is given back). On a cluster, the snapshots of a
 // placed volume are counted in etcd, cluster-wide, as its creation was
-// (cluster.Node.ChargeSnapshots); elsewhere in this node's pool.
+// (cluster.Volumes.ChargeSnapshots); elsewhere in this node's pool.
 func (s *Server) reserveSnapshot(ctx context.Context, v *pool.Volume) (func(kept bool), error) {
 	tenant := v.Tenant()
 	if s.Cluster == nil || tenant == "" || s.Auth == nil {

@@ -22,27 +22,27 @@ import (
 // attachment through which the clone's primary (the source's) writes it at
 // term 1, and its copy record. A failure after the clone was made deletes
 // it again: a copy that answers an error leaves nothing behind.
-func (n *Node) applyClone(ctx context.Context, volume string, op Op) error {
+func (o Ops) applyClone(ctx context.Context, volume string, op Op) error {
 	if op.Name == "" || op.UID == "" {
 		return fmt.Errorf("clone of %q: operation without a name or UID", volume)
 	}
-	uid, err := n.store.CloneCopy(ctx, volume, op)
+	uid, err := o.n.store.CloneCopy(ctx, volume, op)
 	if err != nil {
 		return err
 	}
 	undo := func(cause error) error {
-		if derr := n.store.DeleteCopy(context.WithoutCancel(ctx), op.Name, uid); derr != nil {
-			n.log.Error("delete a clone whose copy could not be recorded", "volume", op.Name, "err", derr)
+		if derr := o.n.store.DeleteCopy(context.WithoutCancel(ctx), op.Name, uid); derr != nil {
+			o.n.log.Error("delete a clone whose copy could not be recorded", "volume", op.Name, "err", derr)
 		}
 		return cause
 	}
-	err = n.store.AttachForPrimary(ctx, op.Name, op.Primary, 1)
+	err = o.n.store.AttachForPrimary(ctx, op.Name, op.Primary, 1)
 	if err != nil {
 		return undo(fmt.Errorf("clone %s: attach for the primary: %w", op.Name, err))
 	}
 	c := copyRecord{State: CopyInSync, LocalUID: uid, Term: 1, UpdatedAt: time.Now().UTC()}
-	ck, vk := n.key("copies", op.Name, n.cfg.NodeName), n.key("volumes", op.Name)
-	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0),
+	ck, vk := o.n.key("copies", op.Name, o.n.cfg.NodeName), o.n.key("volumes", op.Name)
+	resp, err := o.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
 		Then(clientv3.OpPut(ck, mustJSON(c))).Commit()
 	switch {
@@ -61,9 +61,9 @@ func (n *Node) applyClone(ctx context.Context, volume string, op Op) error {
 // left alone. Without a copy record (the primary's own clone: its record
 // is written when the clone is placed) the local volume op.Name goes if it
 // is a clone of volume (Store.DeleteUnplacedClone).
-func (n *Node) applyUnclone(ctx context.Context, volume string, op Op) error {
-	ck, vk := n.key("copies", op.Name, n.cfg.NodeName), n.key("volumes", op.Name)
-	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit()
+func (o Ops) applyUnclone(ctx context.Context, volume string, op Op) error {
+	ck, vk := o.n.key("copies", op.Name, o.n.cfg.NodeName), o.n.key("volumes", op.Name)
+	resp, err := o.n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit()
 	if err != nil {
 		return fmt.Errorf("undo clone %s: %w", op.Name, err)
 	}
@@ -76,7 +76,7 @@ func (n *Node) applyUnclone(ctx context.Context, volume string, op Op) error {
 	}
 	ckv := resp.Responses[1].GetResponseRange().Kvs
 	if len(ckv) == 0 {
-		if err := n.store.DeleteUnplacedClone(ctx, volume, op.Name); err != nil {
+		if err := o.n.store.DeleteUnplacedClone(ctx, volume, op.Name); err != nil {
 			return fmt.Errorf("undo clone %s: %w", op.Name, err)
 		}
 		return nil
@@ -86,11 +86,11 @@ func (n *Node) applyUnclone(ctx context.Context, volume string, op Op) error {
 		return fmt.Errorf("etcd key %s: %w", ck, err)
 	}
 	if c.LocalUID != "" {
-		if err := n.store.DeleteCopy(ctx, op.Name, c.LocalUID); err != nil {
+		if err := o.n.store.DeleteCopy(ctx, op.Name, c.LocalUID); err != nil {
 			return fmt.Errorf("undo clone %s: %w", op.Name, err)
 		}
 	}
-	if _, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0)).
+	if _, err := o.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0)).
 		Then(clientv3.OpDelete(ck)).Commit(); err != nil {
 		return fmt.Errorf("undo clone %s: remove the copy record: %w", op.Name, err)
 	}
@@ -104,29 +104,29 @@ func (n *Node) applyUnclone(ctx context.Context, volume string, op Op) error {
 // node's lease. A name placed meanwhile is ErrVolumeExists. A clone of a
 // tenant (spec.Tenant) is charged to its usage in the same Txn, as
 // CreateCharged does: charge.Admit refuses past a quota.
-func (n *Node) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, localUID string, copies []string, charge Charge) (Placement, error) {
-	s := n.session()
-	if s == nil || !n.up.Load() {
+func (vs Volumes) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, localUID string, copies []string, charge Charge) (Placement, error) {
+	s := vs.n.session()
+	if s == nil || !vs.n.up.Load() {
 		return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, ErrNoSession)
 	}
-	me := n.cfg.NodeName
+	me := vs.n.cfg.NodeName
 	rec := volumeRecord{UID: uid, Spec: spec, IdempotencyKey: key, Copies: copies, Primary: me, Term: 1,
 		InSync: copies, CreatedAt: time.Now().UTC()}
-	vk := n.key("volumes", spec.Name)
+	vk := vs.n.key("volumes", spec.Name)
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(vk), "=", 0),
-		clientv3.Compare(clientv3.LeaseValue(n.key("alive", me)), "=", s.Lease())}
+		clientv3.Compare(clientv3.LeaseValue(vs.n.key("alive", me)), "=", s.Lease())}
 	for _, c := range copies {
 		if c != me {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(n.key("copies", spec.Name, c)), ">", 0))
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(vs.n.key("copies", spec.Name, c)), ">", 0))
 		}
 	}
 	mine := copyRecord{State: CopyInSync, LocalUID: localUID, Term: 1, UpdatedAt: time.Now().UTC()}
 	var resp *clientv3.TxnResponse
 	for {
-		cmps, ops := cmps, []clientv3.Op{clientv3.OpPut(n.key("copies", spec.Name, me), mustJSON(mine))}
+		cmps, ops := cmps, []clientv3.Op{clientv3.OpPut(vs.n.key("copies", spec.Name, me), mustJSON(mine))}
 		var urev int64
 		if spec.Tenant != "" {
-			used, rev, err := n.readUsage(ctx, spec.Tenant)
+			used, rev, err := vs.readUsage(ctx, spec.Tenant)
 			if err != nil {
 				return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, err)
 			}
@@ -137,11 +137,11 @@ func (n *Node) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, lo
 			}
 			add := charge.Add
 			rec.Charge, urev = &add, rev
-			cmps = append(cmps, n.usageUnchanged(spec.Tenant, rev))
-			ops = append(ops, clientv3.OpPut(n.usageKey(spec.Tenant), mustJSON(used.plus(add))))
+			cmps = append(cmps, vs.usageUnchanged(spec.Tenant, rev))
+			ops = append(ops, clientv3.OpPut(vs.usageKey(spec.Tenant), mustJSON(used.plus(add))))
 		}
 		var err error
-		resp, err = n.cli.Txn(ctx).If(cmps...).Then(append(ops, clientv3.OpPut(vk, mustJSON(rec)))...).Commit()
+		resp, err = vs.n.cli.Txn(ctx).If(cmps...).Then(append(ops, clientv3.OpPut(vk, mustJSON(rec)))...).Commit()
 		if err != nil {
 			return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, err)
 		}
@@ -150,7 +150,7 @@ func (n *Node) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, lo
 		}
 		// The tenant's usage changed meanwhile (another create): admit
 		// again on the new one; anything else refuses below.
-		if _, rev, err := n.readUsage(ctx, spec.Tenant); err != nil || rev == urev {
+		if _, rev, err := vs.readUsage(ctx, spec.Tenant); err != nil || rev == urev {
 			break
 		}
 	}
@@ -158,8 +158,8 @@ func (n *Node) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key, lo
 		return Placement{}, fmt.Errorf("place clone %q: the name was placed meanwhile, a copy's record is missing, "+
 			"or this node lost its lease: %w", spec.Name, ErrVolumeExists)
 	}
-	n.log.Info("clone placed", "volume", spec.Name, "copies", copies, "primary", me, "term", 1)
-	p, ok, err := n.Placement(ctx, spec.Name)
+	vs.n.log.Info("clone placed", "volume", spec.Name, "copies", copies, "primary", me, "term", 1)
+	p, ok, err := vs.Placement(ctx, spec.Name)
 	if err != nil || !ok {
 		return toPlacement(spec.Name, rec, nil), nil
 	}

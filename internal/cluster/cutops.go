@@ -11,29 +11,18 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 )
 
-// MarkDiverged takes copy node out of the volume's in-sync set, as the
-// primary at term, and records that its resync must copy it whole: an
-// operation at the cut (a rollback, a disk change) failed on it, so it may
-// differ from the primary anywhere, which no dirty bitmap says. Like
-// MarkOutOfSync it holds only while this node is that primary with its
-// lease; when it fails the caller must not let I/O go on as if the copy
-// were in sync.
-func (n *Node) MarkDiverged(volume, node string, term uint64, cause error) error {
-	return n.markOutOfSync(volume, node, term, cause, true)
-}
-
 // UpdateDisks records the volume's disk set (and capacity) in its spec in
 // etcd, as the primary at term holding its lease, after every in-sync copy
 // changed its disks at one cut: a copy made or rebuilt later, and a resync
 // that conforms a diverged copy, follow the spec.
-func (n *Node) UpdateDisks(ctx context.Context, volume string, term uint64, capacity int64, disks []api.DiskSpec) error {
-	s := n.session()
-	if s == nil || !n.up.Load() {
+func (vs Volumes) UpdateDisks(ctx context.Context, volume string, term uint64, capacity int64, disks []api.DiskSpec) error {
+	s := vs.n.session()
+	if s == nil || !vs.n.up.Load() {
 		return fmt.Errorf("record the disks of %q: %w", volume, ErrNoSession)
 	}
 	var err error
 	for range 3 { // the record may change meanwhile (a copy recorded out of sync)
-		if err = n.updateDisks(ctx, s.Lease(), volume, term, capacity, disks); !errors.Is(err, errChanged) {
+		if err = vs.updateDisks(ctx, s.Lease(), volume, term, capacity, disks); !errors.Is(err, errChanged) {
 			return err
 		}
 	}
@@ -42,10 +31,10 @@ func (n *Node) UpdateDisks(ctx context.Context, volume string, term uint64, capa
 
 var errChanged = errors.New("the volume record changed meanwhile, or this node lost its lease")
 
-func (n *Node) updateDisks(ctx context.Context, lease clientv3.LeaseID, volume string, term uint64, capacity int64,
+func (vs Volumes) updateDisks(ctx context.Context, lease clientv3.LeaseID, volume string, term uint64, capacity int64,
 	disks []api.DiskSpec) error {
-	vk, ak := n.key("volumes", volume), n.key("alive", n.cfg.NodeName)
-	resp, err := n.cli.Get(ctx, vk)
+	vk, ak := vs.n.key("volumes", volume), vs.n.key("alive", vs.n.cfg.NodeName)
+	resp, err := vs.n.cli.Get(ctx, vk)
 	if err != nil {
 		return fmt.Errorf("record the disks of %q: %w", volume, err)
 	}
@@ -56,15 +45,19 @@ func (n *Node) updateDisks(ctx context.Context, lease clientv3.LeaseID, volume s
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
 		return err
 	}
-	if rec.Primary != n.cfg.NodeName || rec.Term != term {
+	if rec.Primary != vs.n.cfg.NodeName || rec.Term != term {
 		return fmt.Errorf("record the disks of %q: this node is not the primary at term %d (primary %s, term %d): %w",
 			volume, term, rec.Primary, rec.Term, ErrNotPrimary)
 	}
 	rec.Spec.Disks = append([]api.DiskSpec{}, disks...)
 	rec.Spec.Capacity = max(rec.Spec.Capacity, capacity)
-	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", resp.Kvs[0].ModRevision),
-		clientv3.Compare(clientv3.LeaseValue(ak), "=", lease)).
-		Then(clientv3.OpPut(vk, mustJSON(rec))).Commit()
+	// An unknown outcome (ErrUnknownOutcome) is an error to the caller:
+	// the change at the cut keeps its intent open, and settling it records
+	// the same disks again (writing them twice is no change).
+	put, err := vs.n.commit(ctx, txnSpec{
+		If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", resp.Kvs[0].ModRevision),
+			clientv3.Compare(clientv3.LeaseValue(ak), "=", lease)},
+		Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(rec))}})
 	if err != nil {
 		return fmt.Errorf("record the disks of %q: %w", volume, err)
 	}

@@ -30,7 +30,7 @@ func TestChangesAtTheCut(t *testing.T) {
 	tc.join(t, tc.config(t, "n4"), refusingStore{stores["n4"]})
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
-	p, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 3,
+	p, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 3,
 		Disks: []api.DiskSpec{{Name: "root", Size: 1 << 20}}}, "", never)
 	if err != nil {
 		t.Fatal(err)
@@ -38,11 +38,11 @@ func TestChangesAtTheCut(t *testing.T) {
 	if p.Primary != "n2" || len(p.Copies) != 3 {
 		t.Fatalf("placed %+v: want primary n2, three copies", p)
 	}
-	if _, err := n2.HoldPrimary(ctx, "v"); err != nil {
+	if _, err := n2.Primaries().HoldPrimary(ctx, "v"); err != nil {
 		t.Fatal(err)
 	}
 
-	each, err := n2.RunOpEach(ctx, "v", 1, Op{Kind: OpGrowDisk, Name: "root", Nodes: []string{"n3", "n4"}})
+	each, err := n2.Ops().RunOpEach(ctx, "v", 1, Op{Kind: OpGrowDisk, Name: "root", Nodes: []string{"n3", "n4"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,26 +51,26 @@ func TestChangesAtTheCut(t *testing.T) {
 	}
 	// An operation sent at a term that is not the primary's is refused by
 	// every copy.
-	late, err := n2.RunOpEach(ctx, "v", 7, Op{Kind: OpGrowDisk, Name: "root", Nodes: []string{"n3"}})
+	late, err := n2.Ops().RunOpEach(ctx, "v", 7, Op{Kind: OpGrowDisk, Name: "root", Nodes: []string{"n3"}})
 	if err != nil || late["n3"] == nil {
 		t.Fatalf("an operation at term 7: %v %v; want refused", late, err)
 	}
 
-	if err := n3.MarkDiverged("v", "n4", 1, errors.New("test")); err == nil {
+	if err := n3.Copies().MarkDiverged("v", "n4", 1, errors.New("test")); err == nil {
 		t.Fatal("a copy that is not the primary recorded another diverged")
 	}
-	if err := n2.MarkDiverged("v", "n4", 1, each["n4"]); err != nil {
+	if err := n2.Copies().MarkDiverged("v", "n4", 1, each["n4"]); err != nil {
 		t.Fatal(err)
 	}
 	// n3 left the in-sync set earlier (a failed write), then failed a
 	// change at the cut: whole too.
-	if err := n2.MarkOutOfSync("v", "n3", 1, errors.New("test: write failed")); err != nil {
+	if err := n2.Copies().MarkOutOfSync("v", "n3", 1, errors.New("test: write failed")); err != nil {
 		t.Fatal(err)
 	}
-	if err := n2.MarkDiverged("v", "n3", 1, errors.New("test: rollback failed")); err != nil {
+	if err := n2.Copies().MarkDiverged("v", "n3", 1, errors.New("test: rollback failed")); err != nil {
 		t.Fatal(err)
 	}
-	role, err := n2.Role(ctx, "v")
+	role, err := n2.Primaries().Role(ctx, "v")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,16 +84,16 @@ func TestChangesAtTheCut(t *testing.T) {
 	}
 
 	disks := []api.DiskSpec{{Name: "root", Size: 2 << 20}, {Name: "data", Size: 1 << 20}}
-	if err := n3.UpdateDisks(ctx, "v", 1, 2<<30, disks); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
+	if err := n3.Volumes().UpdateDisks(ctx, "v", 1, 2<<30, disks); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
 		t.Fatalf("disks recorded by a node that is not the primary: %v", err)
 	}
-	if err := n2.UpdateDisks(ctx, "v", 2, 2<<30, disks); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
+	if err := n2.Volumes().UpdateDisks(ctx, "v", 2, 2<<30, disks); !errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoSession) {
 		t.Fatalf("disks recorded at another term: %v", err)
 	}
 	if r := tc.first.record(t, "v"); len(r.Spec.Disks) != 1 || r.Spec.Capacity != 1<<30 {
 		t.Fatalf("spec after refused updates: %+v", r.Spec)
 	}
-	if err := n2.UpdateDisks(ctx, "v", 1, 2<<30, disks); err != nil {
+	if err := n2.Volumes().UpdateDisks(ctx, "v", 1, 2<<30, disks); err != nil {
 		t.Fatal(err)
 	}
 	r := tc.first.record(t, "v")

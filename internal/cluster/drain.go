@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -53,8 +52,8 @@ type Move struct {
 // then the most free bytes, then the name). A copy with nowhere to go is
 // ErrNotEnoughNodes naming the volume and why each node is not eligible; a
 // volume of one copy is ErrNotSupported (it has no copy to hand over to).
-func (n *Node) PlanDrain(ctx context.Context, node string) ([]Move, error) {
-	nodes, err := n.Nodes(ctx)
+func (vs Volumes) PlanDrain(ctx context.Context, node string) ([]Move, error) {
+	nodes, err := vs.n.Nodes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +65,7 @@ func (n *Node) PlanDrain(ctx context.Context, node string) ([]Move, error) {
 		return nil, fmt.Errorf("drain %s: the node is down (its copies are rebuilt elsewhere after --rebuild-after); "+
 			"a drain needs it up: %w", node, ErrNotEnoughNodes)
 	}
-	pls, err := n.Placements(ctx)
+	pls, err := vs.Placements(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -142,59 +141,10 @@ func (n *Node) PlanDrain(ctx context.Context, node string) ([]Move, error) {
 	return moves, nil
 }
 
-// SetDrain records node as draining or drained (DrainRunning, DrainDone):
-// placement skips it from then on.
-func (n *Node) SetDrain(ctx context.Context, node, state string) error {
-	k := n.key("drained", node)
-	rec := drainRecord{State: state, Since: time.Now().UTC()}
-	if resp, err := n.cli.Get(ctx, k); err == nil && len(resp.Kvs) > 0 {
-		var have drainRecord
-		if json.Unmarshal(resp.Kvs[0].Value, &have) == nil && !have.Since.IsZero() {
-			rec.Since = have.Since
-		}
-	}
-	mk := n.key("members", node)
-	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(mk), ">", 0)).
-		Then(clientv3.OpPut(k, mustJSON(rec))).Commit()
-	if err != nil {
-		return fmt.Errorf("mark node %s %s: %w", node, state, err)
-	}
-	if !resp.Succeeded {
-		return fmt.Errorf("mark node %s %s: no such node in the cluster: %w", node, state, ErrNodeNotFound)
-	}
-	return nil
-}
-
-// Drained reports node's drain state: "" when it is not drained.
-func (n *Node) Drained(ctx context.Context, node string) (string, error) {
-	resp, err := n.cli.Get(ctx, n.key("drained", node))
-	if err != nil {
-		return "", fmt.Errorf("drain state of %s: %w", node, err)
-	}
-	if len(resp.Kvs) == 0 {
-		return "", nil
-	}
-	var rec drainRecord
-	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
-		return "", fmt.Errorf("etcd key %s: %w", resp.Kvs[0].Key, err)
-	}
-	return rec.State, nil
-}
-
-// Undrain clears node's drain mark: placement may use it again. The
-// copies moved away stay where they are. It reports whether it was marked.
-func (n *Node) Undrain(ctx context.Context, node string) (bool, error) {
-	resp, err := n.cli.Delete(ctx, n.key("drained", node))
-	if err != nil {
-		return false, fmt.Errorf("undrain %s: %w", node, err)
-	}
-	return resp.Deleted > 0, nil
-}
-
 // readVolume reads volumes/<volume> with its revision.
-func (n *Node) readVolume(ctx context.Context, volume string) (volumeRecord, int64, error) {
-	vk := n.key("volumes", volume)
-	resp, err := n.cli.Get(ctx, vk)
+func (vs Volumes) readVolume(ctx context.Context, volume string) (volumeRecord, int64, error) {
+	vk := vs.n.key("volumes", volume)
+	resp, err := vs.n.cli.Get(ctx, vk)
 	if err != nil {
 		return volumeRecord{}, 0, err
 	}
@@ -213,9 +163,9 @@ func (n *Node) readVolume(ctx context.Context, volume string) (volumeRecord, int
 // volume's primary rebuilds it whole, as for ReplaceCopy. The volume has a
 // copy more than its replicas until the drained one is removed. Adding a
 // copy placed already is no error.
-func (n *Node) AddCopy(ctx context.Context, volume, to, reason string) error {
+func (vs Volumes) AddCopy(ctx context.Context, volume, to, reason string) error {
 	for {
-		rec, rev, err := n.readVolume(ctx, volume)
+		rec, rev, err := vs.readVolume(ctx, volume)
 		if err != nil {
 			return fmt.Errorf("add a copy of %q on %s: %w", volume, to, err)
 		}
@@ -226,16 +176,19 @@ func (n *Node) AddCopy(ctx context.Context, volume, to, reason string) error {
 			return fmt.Errorf("add a copy of %q on %s: the volume is being deleted: %w", volume, to, ErrVolumeNotFound)
 		}
 		rec.Copies = append(slices.Clone(rec.Copies), to)
-		vk, ck := n.key("volumes", volume), n.key("copies", volume, to)
+		vk, ck := vs.n.key("volumes", volume), vs.n.key("copies", volume, to)
 		c := copyRecord{State: CopyRebuilding, Reason: reason, UpdatedAt: time.Now().UTC()}
-		resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev),
-			clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
-			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
+		// An unknown outcome (ErrUnknownOutcome) fails the drain; run
+		// again, it finds the copy added (no error) or adds it.
+		resp, err := vs.n.commit(ctx, txnSpec{
+			If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", rev),
+				clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)},
+			Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))}})
 		if err != nil {
 			return fmt.Errorf("add a copy of %q on %s: %w", volume, to, err)
 		}
 		if resp.Succeeded {
-			n.log.Info("copy added; its primary rebuilds it", "volume", volume, "copy", to, "reason", reason)
+			vs.n.log.Info("copy added; its primary rebuilds it", "volume", volume, "copy", to, "reason", reason)
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
@@ -245,140 +198,15 @@ func (n *Node) AddCopy(ctx context.Context, volume, to, reason string) error {
 	}
 }
 
-// WaitCopyInSync waits until the copy of volume on node is in sync
-// (rebuilt and back in the in-sync set), calling progress with the
-// rebuild's progress as it goes. A failed copy is ErrCopyFailed.
-func (n *Node) WaitCopyInSync(ctx context.Context, volume, node string, progress func(Progress)) error {
-	for {
-		p, ok, err := n.Placement(ctx, volume)
-		if err == nil && !ok {
-			err = fmt.Errorf("volume %q: %w", volume, ErrVolumeNotFound)
-		}
-		if err != nil {
-			return err
-		}
-		i := slices.IndexFunc(p.Copies, func(c CopyInfo) bool { return c.Node == node })
-		if i < 0 {
-			return fmt.Errorf("copy of %q on %s: no longer placed", volume, node)
-		}
-		c := p.Copies[i]
-		switch {
-		case c.State == CopyInSync:
-			return nil
-		case c.State == CopyFailed:
-			return fmt.Errorf("copy of %q on %s: %s: %w", volume, node, c.Reason, ErrCopyFailed)
-		case c.Progress != nil && progress != nil:
-			progress(*c.Progress)
-		}
-		sleep(ctx, 500*time.Millisecond)
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-	}
-}
-
-// HandOver makes another in-sync copy of volume its primary, as this node,
-// the primary at term holding its lease: one Txn that compares the volume
-// record's revision, primary/<volume> held by this node at term under its
-// lease, the new primary's copy record and alive key, and then writes
-// term+1 with the new primary, takes this node's copy out of the placement
-// (recorded CopyRemoving: this node deletes it) and deletes
-// primary/<volume>, which the new primary takes within an election round.
-// The new primary is an in-sync copy that has followed term (its token is
-// of term), up; of several, the first by name. The caller has stopped every
-// change of the volume here (the disks' Sets frozen) and retires them when
-// HandOver returns nil, so no change is applied here after the new term.
-//
-// When the commit's outcome is unknown, HandOver reads etcd until it knows
-// (settleHandOver): nil when the hand-over was applied; ErrNotPrimary when
-// the volume moved on otherwise; an error wrapping neither ErrNotPrimary
-// nor ErrUnknownOutcome only when this node is still the primary at term
-// and the hand-over can no longer be applied; ErrUnknownOutcome when ctx
-// ended first. On ErrNotPrimary and ErrUnknownOutcome the caller must act
-// as on nil: this node may no longer be the primary.
-func (n *Node) HandOver(ctx context.Context, volume string, term uint64) (string, uint64, error) {
-	s := n.session()
-	if s == nil || !n.up.Load() {
-		return "", 0, fmt.Errorf("hand over %q: %w", volume, ErrNoSession)
-	}
-	me := n.cfg.NodeName
-	view, err := n.readView(ctx, volume)
-	if err != nil {
-		return "", 0, fmt.Errorf("hand over %q: %w", volume, err)
-	}
-	e, ok := view.volumes[volume]
-	if !ok {
-		return "", 0, fmt.Errorf("hand over %q: %w", volume, ErrVolumeNotFound)
-	}
-	rec := e.rec
-	if rec.Primary != me || rec.Term != term || rec.State != volumeActive {
-		return "", 0, fmt.Errorf("hand over %q: this node is not its primary at term %d (primary %s, term %d): %w",
-			volume, term, rec.Primary, rec.Term, ErrNotPrimary)
-	}
-	var to string
-	for _, c := range slices.Sorted(slices.Values(rec.InSync)) {
-		cr, ok := view.copies[volume][c]
-		if c != me && ok && cr.State == CopyInSync && cr.LocalUID != "" && copyTerm(cr) == term && view.alive[c] {
-			to = c
-			break
-		}
-	}
-	if to == "" {
-		return "", 0, fmt.Errorf("hand over %q: no other copy is in sync at term %d and up (in sync: %s): %w",
-			volume, term, strings.Join(rec.InSync, ", "), ErrDegraded)
-	}
-	mine := view.copies[volume][me]
-	next := rec
-	next.Primary, next.Term = to, term+1
-	next.InSync = slices.DeleteFunc(slices.Clone(rec.InSync), func(c string) bool { return c == me })
-	next.Copies = slices.DeleteFunc(slices.Clone(rec.Copies), func(c string) bool { return c == me })
-	if !slices.Contains(next.Removing, me) {
-		next.Removing = append(slices.Clone(rec.Removing), me)
-	}
-	rc := copyRecord{State: CopyRemoving, Reason: fmt.Sprintf("drained: handed over to %s at term %d", to, next.Term),
-		LocalUID: mine.LocalUID, UpdatedAt: time.Now().UTC()}
-	vk, pk, ck := n.key("volumes", volume), n.key("primary", volume), n.key("copies", volume, me)
-	tk, tak := n.key("copies", volume, to), n.key("alive", to)
-	tresp, err := n.cli.Get(ctx, tk)
-	if err != nil || len(tresp.Kvs) == 0 {
-		return "", 0, fmt.Errorf("hand over %q: read the copy on %s: %v", volume, to, err)
-	}
-	resp, err := n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
-		clientv3.Compare(clientv3.LeaseValue(pk), "=", s.Lease()),
-		clientv3.Compare(clientv3.Value(pk), "=", mustJSON(primaryRecord{Node: me, Term: term})),
-		clientv3.Compare(clientv3.ModRevision(tk), "=", tresp.Kvs[0].ModRevision),
-		clientv3.Compare(clientv3.CreateRevision(tak), ">", 0)},
-		Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(next)), clientv3.OpDelete(pk), clientv3.OpPut(ck, mustJSON(rc))}})
-	if errors.Is(err, ErrUnknownOutcome) {
-		n.log.Warn("hand-over: its transaction has an unknown outcome; reading etcd until it is known", "volume", volume,
-			"to", to, "term", next.Term, "err", err)
-		err = n.settleHandOver(ctx, volume, me, to, term, e.modRev)
-		if err == nil {
-			n.log.Warn("primary handed over: this node is drained", "volume", volume, "to", to, "term", next.Term)
-			return to, next.Term, nil
-		}
-		return "", 0, fmt.Errorf("hand over %q to %s: %w", volume, to, err)
-	}
-	if err != nil {
-		return "", 0, fmt.Errorf("hand over %q to %s: %w", volume, to, err)
-	}
-	if !resp.Succeeded {
-		return "", 0, fmt.Errorf("hand over %q to %s: the volume, its primary key or the copy changed meanwhile: %w",
-			volume, to, ErrNotReady)
-	}
-	n.log.Warn("primary handed over: this node is drained", "volume", volume, "to", to, "term", next.Term)
-	return to, next.Term, nil
-}
-
 // RemoveCopy takes node's copy of volume out of its placement, for a drain:
 // one Txn comparing the volume record's revision that drops node from the
 // copies and the in-sync set and records its copy CopyRemoving. node must
 // not be the primary, and the in-sync set without it must still hold the
 // primary. The primary stops writing the copy when it sees it gone (its Sets forget
 // it); node deletes it (RemovedCopy then clears the record).
-func (n *Node) RemoveCopy(ctx context.Context, volume, node string) error {
+func (vs Volumes) RemoveCopy(ctx context.Context, volume, node string) error {
 	for {
-		rec, rev, err := n.readVolume(ctx, volume)
+		rec, rev, err := vs.readVolume(ctx, volume)
 		if err != nil {
 			return fmt.Errorf("remove the copy of %q on %s: %w", volume, node, err)
 		}
@@ -392,8 +220,8 @@ func (n *Node) RemoveCopy(ctx context.Context, volume, node string) error {
 		if !slices.Contains(inSync, rec.Primary) {
 			return fmt.Errorf("remove the copy of %q on %s: the primary %s is out of sync: %w", volume, node, rec.Primary, ErrDegraded)
 		}
-		ck := n.key("copies", volume, node)
-		cresp, err := n.cli.Get(ctx, ck)
+		ck := vs.n.key("copies", volume, node)
+		cresp, err := vs.n.cli.Get(ctx, ck)
 		if err != nil {
 			return fmt.Errorf("remove the copy of %q on %s: %w", volume, node, err)
 		}
@@ -407,14 +235,17 @@ func (n *Node) RemoveCopy(ctx context.Context, volume, node string) error {
 		if !slices.Contains(rec.Removing, node) {
 			rec.Removing = append(slices.Clone(rec.Removing), node)
 		}
-		vk := n.key("volumes", volume)
-		resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).
-			Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))).Commit()
+		vk := vs.n.key("volumes", volume)
+		// An unknown outcome (ErrUnknownOutcome) fails the drain; run
+		// again, it finds the copy out of the placement (no error) or
+		// takes it out.
+		resp, err := vs.n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", rev)},
+			Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpPut(ck, mustJSON(c))}})
 		if err != nil {
 			return fmt.Errorf("remove the copy of %q on %s: %w", volume, node, err)
 		}
 		if resp.Succeeded {
-			n.log.Info("copy taken out of the placement (drain)", "volume", volume, "copy", node)
+			vs.n.log.Info("copy taken out of the placement (drain)", "volume", volume, "copy", node)
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
@@ -426,8 +257,8 @@ func (n *Node) RemoveCopy(ctx context.Context, volume, node string) error {
 
 // RemovingUID is the local UID of this node's copy of volume that is
 // being removed (CopyRemoving), or "" when there is none.
-func (n *Node) RemovingUID(ctx context.Context, volume string) (string, error) {
-	resp, err := n.cli.Get(ctx, n.key("copies", volume, n.cfg.NodeName))
+func (vs Volumes) RemovingUID(ctx context.Context, volume string) (string, error) {
+	resp, err := vs.n.cli.Get(ctx, vs.n.key("copies", volume, vs.n.cfg.NodeName))
 	if err != nil {
 		return "", err
 	}
@@ -443,14 +274,14 @@ func (n *Node) RemovingUID(ctx context.Context, volume string) (string, error) {
 
 // RemovedCopy records that this node deleted its removed copy of volume:
 // the copy key goes, and the node leaves the record's Removing list.
-func (n *Node) RemovedCopy(ctx context.Context, volume string) error {
-	me := n.cfg.NodeName
+func (vs Volumes) RemovedCopy(ctx context.Context, volume string) error {
+	me := vs.n.cfg.NodeName
 	for {
-		rec, rev, err := n.readVolume(ctx, volume)
+		rec, rev, err := vs.readVolume(ctx, volume)
 		if err != nil {
 			return err
 		}
-		ck, vk := n.key("copies", volume, me), n.key("volumes", volume)
+		ck, vk := vs.n.key("copies", volume, me), vs.n.key("volumes", volume)
 		ops := []clientv3.Op{}
 		if !slices.Contains(rec.Copies, me) {
 			ops = append(ops, clientv3.OpDelete(ck))
@@ -462,7 +293,7 @@ func (n *Node) RemovedCopy(ctx context.Context, volume string) error {
 		if len(ops) == 0 {
 			return nil
 		}
-		resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).Then(ops...).Commit()
+		resp, err := vs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).Then(ops...).Commit()
 		if err != nil {
 			return err
 		}
@@ -473,31 +304,5 @@ func (n *Node) RemovedCopy(ctx context.Context, volume string) error {
 			return err
 		}
 		sleep(ctx, 20*time.Millisecond)
-	}
-}
-
-// finishRemoval deletes this node's copy of a volume that a drain took out
-// of the placement and that is still here (the drain job stopped, or the
-// node restarted, before it deleted it): reconcile calls it on each full
-// read of the placements. A copy still attached is left, and logged.
-func (n *Node) finishRemoval(ctx context.Context, key, value []byte) {
-	var rec volumeRecord
-	me := n.cfg.NodeName
-	if json.Unmarshal(value, &rec) != nil || !slices.Contains(rec.Removing, me) || slices.Contains(rec.Copies, me) {
-		return
-	}
-	name := lastSegment(string(key))
-	uid, err := n.RemovingUID(ctx, name)
-	if err != nil {
-		return
-	}
-	if uid != "" {
-		if err := n.store.DeleteCopy(ctx, name, uid); err != nil {
-			n.log.Warn("delete a copy a drain removed", "volume", name, "err", err)
-			return
-		}
-	}
-	if err := n.RemovedCopy(ctx, name); err != nil {
-		n.log.Warn("record a removed copy", "volume", name, "err", err)
 	}
 }

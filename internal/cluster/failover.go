@@ -47,7 +47,7 @@ const electInterval = 500 * time.Millisecond
 // taken over its attachments; a client tries again.
 var ErrNotReady = errors.New("the new primary is taking over")
 
-func (n *Node) elect(ctx context.Context) {
+func (ps Primaries) elect(ctx context.Context) {
 	t := time.NewTicker(electInterval)
 	defer t.Stop()
 	for {
@@ -56,8 +56,8 @@ func (n *Node) elect(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := n.electOnce(ctx); err != nil && ctx.Err() == nil {
-			n.log.Debug("election round", "err", err)
+		if err := ps.electOnce(ctx); err != nil && ctx.Err() == nil {
+			ps.n.log.Debug("election round", "err", err)
 		}
 	}
 }
@@ -77,15 +77,15 @@ type volumeEntry struct {
 	modRev int64
 }
 
-func (n *Node) readView(ctx context.Context, volume string) (clusterView, error) {
-	vk, pk, ck, ak := n.key("volumes")+"/", n.key("primary")+"/", n.key("copies")+"/", n.key("attach")+"/"
+func (ps Primaries) readView(ctx context.Context, volume string) (clusterView, error) {
+	vk, pk, ck, ak := ps.n.key("volumes")+"/", ps.n.key("primary")+"/", ps.n.key("copies")+"/", ps.n.key("attach")+"/"
 	opts := []clientv3.OpOption{clientv3.WithPrefix()}
 	if volume != "" {
-		vk, pk, ck, ak = n.key("volumes", volume), n.key("primary", volume), n.key("copies", volume)+"/", n.key("attach", volume)
+		vk, pk, ck, ak = ps.n.key("volumes", volume), ps.n.key("primary", volume), ps.n.key("copies", volume)+"/", ps.n.key("attach", volume)
 		opts = nil
 	}
-	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk, opts...), clientv3.OpGet(pk, opts...),
-		clientv3.OpGet(n.key("alive")+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+	resp, err := ps.n.cli.Txn(ctx).Then(clientv3.OpGet(vk, opts...), clientv3.OpGet(pk, opts...),
+		clientv3.OpGet(ps.n.key("alive")+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(ck, clientv3.WithPrefix()), clientv3.OpGet(ak, opts...)).Commit()
 	if err != nil {
 		return clusterView{}, err
@@ -110,7 +110,7 @@ func (n *Node) readView(ctx context.Context, volume string) (clusterView, error)
 	}
 	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
 		// copies/<volume>/<node>
-		k := string(kv.Key)[len(n.key("copies"))+1:]
+		k := string(kv.Key)[len(ps.n.key("copies"))+1:]
 		vol, node := k[:max(len(k)-len(lastSegment(k))-1, 0)], lastSegment(k)
 		var c copyRecord
 		if json.Unmarshal(kv.Value, &c) == nil {
@@ -126,16 +126,16 @@ func (n *Node) readView(ctx context.Context, volume string) (clusterView, error)
 	return v, nil
 }
 
-func (n *Node) electOnce(ctx context.Context) error {
-	s := n.session()
-	if s == nil || !n.up.Load() {
+func (ps Primaries) electOnce(ctx context.Context) error {
+	s := ps.n.session()
+	if s == nil || !ps.n.up.Load() {
 		return nil
 	}
-	view, err := n.readView(ctx, "")
+	view, err := ps.readView(ctx, "")
 	if err != nil {
 		return err
 	}
-	me := n.cfg.NodeName
+	me := ps.n.cfg.NodeName
 	var errs error
 	for name, e := range view.volumes {
 		rec := e.rec
@@ -150,11 +150,11 @@ func (n *Node) electOnce(ctx context.Context) error {
 		}
 		switch {
 		case rec.Primary == me:
-			if _, err := n.takePrimary(ctx, name, e); err != nil {
+			if _, err := ps.takePrimary(ctx, name, e); err != nil {
 				errs = errors.Join(errs, err)
 			}
 		case !view.alive[rec.Primary]:
-			if err := n.promote(ctx, name, e, view.attached[name]); err != nil {
+			if err := ps.promote(ctx, name, e, view.attached[name]); err != nil {
 				errs = errors.Join(errs, err)
 			}
 		}
@@ -164,25 +164,25 @@ func (n *Node) electOnce(ctx context.Context) error {
 
 // takePrimary creates primary/<volume> for this node, the volume's primary,
 // at its term, under this node's lease. It reports whether it did.
-func (n *Node) takePrimary(ctx context.Context, volume string, e volumeEntry) (bool, error) {
-	s := n.session()
+func (ps Primaries) takePrimary(ctx context.Context, volume string, e volumeEntry) (bool, error) {
+	s := ps.n.session()
 	if s == nil {
 		return false, ErrNoSession
 	}
-	vk, pk, ak := n.key("volumes", volume), n.key("primary", volume), n.key("alive", n.cfg.NodeName)
+	vk, pk, ak := ps.n.key("volumes", volume), ps.n.key("primary", volume), ps.n.key("alive", ps.n.cfg.NodeName)
 	// An unknown outcome is an error: the caller reads the view again
 	// (HoldPrimaryKey, the next election round) and finds the key held
 	// if it was applied.
-	resp, err := n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
+	resp, err := ps.n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
 		clientv3.Compare(clientv3.CreateRevision(pk), "=", 0),
 		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())},
-		Then: []clientv3.Op{clientv3.OpPut(pk, mustJSON(primaryRecord{Node: n.cfg.NodeName, Term: e.rec.Term}),
+		Then: []clientv3.Op{clientv3.OpPut(pk, mustJSON(primaryRecord{Node: ps.n.cfg.NodeName, Term: e.rec.Term}),
 			clientv3.WithLease(s.Lease()))}})
 	if err != nil {
 		return false, fmt.Errorf("take primary of %q: %w", volume, err)
 	}
 	if resp.Succeeded {
-		n.log.Info("primary of the volume", "volume", volume, "term", e.rec.Term)
+		ps.n.log.Info("primary of the volume", "volume", volume, "term", e.rec.Term)
 	}
 	return resp.Succeeded, nil
 }
@@ -190,23 +190,23 @@ func (n *Node) takePrimary(ctx context.Context, volume string, e volumeEntry) (b
 // promote makes this node, an in-sync copy, the volume's primary at term+1
 // in place of the primary that is down, and takes over the volume's
 // attachments (attached: their state as the old primary published it).
-func (n *Node) promote(ctx context.Context, volume string, e volumeEntry, attached []byte) error {
-	s := n.session()
+func (ps Primaries) promote(ctx context.Context, volume string, e volumeEntry, attached []byte) error {
+	s := ps.n.session()
 	if s == nil {
 		return ErrNoSession
 	}
-	me, old := n.cfg.NodeName, e.rec.Primary
+	me, old := ps.n.cfg.NodeName, e.rec.Primary
 	rec := e.rec
 	rec.Primary, rec.Term = me, e.rec.Term+1
 	rec.InSync = slices.DeleteFunc(slices.Clone(e.rec.InSync), func(s string) bool { return s == old })
-	vk, pk := n.key("volumes", volume), n.key("primary", volume)
-	ak, oak, ock := n.key("alive", me), n.key("alive", old), n.key("copies", volume, old)
+	vk, pk := ps.n.key("volumes", volume), ps.n.key("primary", volume)
+	ak, oak, ock := ps.n.key("alive", me), ps.n.key("alive", old), ps.n.key("copies", volume, old)
 	// Whole: the old primary may have applied writes it never
 	// acknowledged, which no in-sync copy has; its dirty bitmaps (of its
 	// copies) do not say where. Its resync by this node copies it whole.
 	oc := copyRecord{State: CopyDegraded, Reason: fmt.Sprintf("was primary at term %d and went down: failed over to %s at term %d",
 		e.rec.Term, me, rec.Term), Whole: true, UpdatedAt: time.Now().UTC()}
-	cur, err := n.cli.Get(ctx, ock)
+	cur, err := ps.n.cli.Get(ctx, ock)
 	if err != nil {
 		return err
 	}
@@ -221,7 +221,7 @@ func (n *Node) promote(ctx context.Context, volume string, e volumeEntry, attach
 	// holds primary/<volume> at the new term, the next election round
 	// skips the volume, and HoldPrimary takes over the attachments at the
 	// first open.
-	resp, err := n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
+	resp, err := ps.n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", e.modRev),
 		clientv3.Compare(clientv3.CreateRevision(pk), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(oak), "=", 0),
 		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())},
@@ -233,27 +233,27 @@ func (n *Node) promote(ctx context.Context, volume string, e volumeEntry, attach
 	if !resp.Succeeded {
 		return nil // another copy won, or the record changed: the next round looks again
 	}
-	n.failovers.Add(1)
-	n.log.Warn("promoted to primary: the old primary is down", "volume", volume, "old", old, "term", rec.Term,
+	ps.n.failovers.Add(1)
+	ps.n.log.Warn("promoted to primary: the old primary is down", "volume", volume, "old", old, "term", rec.Term,
 		"inSync", rec.InSync)
-	if err := n.adopt(ctx, volume, rec.Term, attached); err != nil {
-		n.log.Error("take over the attachments (tried again at the next open)", "volume", volume, "err", err)
+	if err := ps.adopt(ctx, volume, rec.Term, attached); err != nil {
+		ps.n.log.Error("take over the attachments (tried again at the next open)", "volume", volume, "err", err)
 	}
-	n.log.Info("serving as primary", "volume", volume, "term", rec.Term, "took", time.Since(start))
+	ps.n.log.Info("serving as primary", "volume", volume, "term", rec.Term, "took", time.Since(start))
 	return nil
 }
 
 // adopt makes this node's copy take the volume's attachments (their state as
 // published in etcd) at term, once per term.
-func (n *Node) adopt(ctx context.Context, volume string, term uint64, state []byte) error {
-	n.adoptMu.Lock()
-	defer n.adoptMu.Unlock()
-	if n.adopted[volume] == term {
+func (ps Primaries) adopt(ctx context.Context, volume string, term uint64, state []byte) error {
+	ps.n.adoptMu.Lock()
+	defer ps.n.adoptMu.Unlock()
+	if ps.n.adopted[volume] == term {
 		return nil
 	}
-	ak := n.key("attach", volume)
+	ak := ps.n.key("attach", volume)
 	if state == nil {
-		resp, err := n.cli.Get(ctx, ak)
+		resp, err := ps.n.cli.Get(ctx, ak)
 		if err != nil {
 			return err
 		}
@@ -262,14 +262,14 @@ func (n *Node) adopt(ctx context.Context, volume string, term uint64, state []by
 		}
 	}
 	// The old primary sealed them (secrets.go): their tokens open disks.
-	plain, err := n.keys.unseal(ak, state)
+	plain, err := ps.n.keys.unseal(ak, state)
 	if err != nil {
 		return fmt.Errorf("attachments of %q: %w", volume, err)
 	}
-	if err := n.store.AdoptAttachments(ctx, volume, plain); err != nil {
+	if err := ps.n.store.AdoptAttachments(ctx, volume, plain); err != nil {
 		return err
 	}
-	n.adopted[volume] = term
+	ps.n.adopted[volume] = term
 	return nil
 }
 
@@ -281,16 +281,28 @@ type Primacy struct {
 	Lease clientv3.LeaseID
 }
 
+// Primaries is the node's part in the primary/<volume> keys and what hangs
+// on them: the election of a new primary when one is gone (elect, promote),
+// this node's primacy of a volume it serves (HoldPrimary, HoldPrimaryKey),
+// the attachments a primary publishes and its successor adopts, the hand-over
+// of a drain (HandOver), the watch of who is the primary (WatchPrimary), and
+// what this node is for a volume (Role). Get it with Node.Primaries; it
+// shares the node's etcd client, session and logger.
+type Primaries struct{ n *Node }
+
+// Primaries is this node's access to the primary/ keys.
+func (n *Node) Primaries() Primaries { return Primaries{n} }
+
 // HoldPrimary returns this node's primacy of volume: primary/<volume> held
 // at the volume's term under this node's current lease (taken now if the
 // node is the primary and the key is absent), with the volume's attachments
 // taken over at that term. ErrNotPrimary when another node is the primary.
-func (n *Node) HoldPrimary(ctx context.Context, volume string) (Primacy, error) {
-	pr, err := n.HoldPrimaryKey(ctx, volume)
+func (ps Primaries) HoldPrimary(ctx context.Context, volume string) (Primacy, error) {
+	pr, err := ps.HoldPrimaryKey(ctx, volume)
 	if err != nil {
 		return pr, err
 	}
-	if err := n.adopt(ctx, volume, pr.Term, nil); err != nil {
+	if err := ps.adopt(ctx, volume, pr.Term, nil); err != nil {
 		return Primacy{}, fmt.Errorf("volume %q: %w: %w", volume, ErrNotReady, err)
 	}
 	return pr, nil
@@ -301,10 +313,10 @@ func (n *Node) HoldPrimary(ctx context.Context, volume string) (Primacy, error) 
 // volume's attachment state to attach/<volume>, as the primary holding its
 // lease, before the change takes effect; anywhere else (a copy's own
 // attachments for its primary, a volume of one copy) it does nothing.
-func (n *Node) PublishAttachments(volume string, state []byte) error {
-	ctx, cancel := context.WithTimeout(context.Background(), n.leaseTTL())
+func (ps Primaries) PublishAttachments(volume string, state []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), ps.n.leaseTTL())
 	defer cancel()
-	resp, err := n.cli.Get(ctx, n.key("volumes", volume))
+	resp, err := ps.n.cli.Get(ctx, ps.n.key("volumes", volume))
 	if err != nil {
 		return fmt.Errorf("publish attachments: %w", err)
 	}
@@ -315,22 +327,27 @@ func (n *Node) PublishAttachments(volume string, state []byte) error {
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
 		return err
 	}
-	if rec.Primary != n.cfg.NodeName || max(rec.Spec.Replicas, 1) <= 1 {
+	if rec.Primary != ps.n.cfg.NodeName || max(rec.Spec.Replicas, 1) <= 1 {
 		return nil
 	}
-	pr, err := n.HoldPrimaryKey(ctx, volume)
+	pr, err := ps.HoldPrimaryKey(ctx, volume)
 	if err != nil {
 		return err
 	}
-	pk, ak := n.key("primary", volume), n.key("attach", volume)
+	pk, ak := ps.n.key("primary", volume), ps.n.key("attach", volume)
 	// The state holds the attachments' tokens: etcd gets it sealed.
-	sealed, err := n.keys.seal(ak, state)
+	sealed, err := ps.n.keys.seal(ak, state)
 	if err != nil {
 		return fmt.Errorf("publish attachments: %w", err)
 	}
-	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(pk), "=", pr.Lease),
-		clientv3.Compare(clientv3.Value(pk), "=", mustJSON(primaryRecord{Node: n.cfg.NodeName, Term: pr.Term}))).
-		Then(clientv3.OpPut(ak, string(sealed))).Commit()
+	// An unknown outcome (ErrUnknownOutcome) refuses the change, which
+	// then never takes effect here, though etcd may hold its state: a
+	// successor adopts attachments a step ahead of the old primary's, as
+	// when the old primary fails between this write and the change.
+	put, err := ps.n.commit(ctx, txnSpec{
+		If: []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(pk), "=", pr.Lease),
+			clientv3.Compare(clientv3.Value(pk), "=", mustJSON(primaryRecord{Node: ps.n.cfg.NodeName, Term: pr.Term}))},
+		Then: []clientv3.Op{clientv3.OpPut(ak, string(sealed))}})
 	if err != nil {
 		return fmt.Errorf("publish attachments: %w", err)
 	}
@@ -342,13 +359,13 @@ func (n *Node) PublishAttachments(volume string, state []byte) error {
 
 // HoldPrimaryKey is HoldPrimary without taking over the attachments (the
 // attachments hook runs under the volume's attachment lock).
-func (n *Node) HoldPrimaryKey(ctx context.Context, volume string) (Primacy, error) {
-	s := n.session()
-	if s == nil || !n.up.Load() {
+func (ps Primaries) HoldPrimaryKey(ctx context.Context, volume string) (Primacy, error) {
+	s := ps.n.session()
+	if s == nil || !ps.n.up.Load() {
 		return Primacy{}, fmt.Errorf("primary of %q: %w", volume, ErrNoSession)
 	}
 	for range 3 {
-		view, err := n.readView(ctx, volume)
+		view, err := ps.readView(ctx, volume)
 		if err != nil {
 			return Primacy{}, err
 		}
@@ -356,17 +373,17 @@ func (n *Node) HoldPrimaryKey(ctx context.Context, volume string) (Primacy, erro
 		if !ok {
 			return Primacy{}, fmt.Errorf("primary of %q: %w", volume, ErrVolumeNotFound)
 		}
-		if e.rec.Primary != n.cfg.NodeName {
+		if e.rec.Primary != ps.n.cfg.NodeName {
 			return Primacy{}, fmt.Errorf("volume %q: primary is %s: %w", volume, e.rec.Primary, ErrNotPrimary)
 		}
 		p, held := view.primary[volume]
 		if !held {
-			if _, err := n.takePrimary(ctx, volume, e); err != nil {
+			if _, err := ps.takePrimary(ctx, volume, e); err != nil {
 				return Primacy{}, err
 			}
 			continue
 		}
-		if p.Node != n.cfg.NodeName || p.Term != e.rec.Term {
+		if p.Node != ps.n.cfg.NodeName || p.Term != e.rec.Term {
 			return Primacy{}, fmt.Errorf("volume %q: primary/%s holds %s at term %d: %w", volume, volume, p.Node, p.Term, ErrNotPrimary)
 		}
 		if p.lease != s.Lease() {

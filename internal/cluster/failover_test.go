@@ -49,30 +49,30 @@ func TestFailover(t *testing.T) {
 	never := func(bool, string) bool { return false }
 	for _, spec := range []api.VolumeSpec{{Name: "two", Capacity: 1 << 30, Replicas: 2},
 		{Name: "three", Capacity: 1 << 30, Replicas: 3}, {Name: "stale", Capacity: 1 << 30, Replicas: 2}} {
-		p, _, err := tc.first.CreateVolume(ctx, spec, "", never)
+		p, _, err := tc.first.Volumes().CreateVolume(ctx, spec, "", never)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if p.Primary != "n2" || p.Term != 1 {
 			t.Fatalf("%s placed %+v: want primary n2 at term 1", spec.Name, p)
 		}
-		pr, err := n2.HoldPrimary(ctx, spec.Name)
+		pr, err := n2.Primaries().HoldPrimary(ctx, spec.Name)
 		if err != nil || pr.Term != 1 {
 			t.Fatalf("n2 holds %s: %+v %v", spec.Name, pr, err)
 		}
-		if _, err := n3.HoldPrimary(ctx, spec.Name); !errors.Is(err, ErrNotPrimary) {
+		if _, err := n3.Primaries().HoldPrimary(ctx, spec.Name); !errors.Is(err, ErrNotPrimary) {
 			t.Fatalf("n3 holds %s: %v, want ErrNotPrimary", spec.Name, err)
 		}
 	}
 	state := []byte(`{"kind":"Attachments","version":1,"epoch":3}`)
-	if err := n2.PublishAttachments("two", state); err != nil {
+	if err := n2.Primaries().PublishAttachments("two", state); err != nil {
 		t.Fatal(err)
 	}
-	if err := n3.PublishAttachments("two", []byte("{}")); err != nil {
+	if err := n3.Primaries().PublishAttachments("two", []byte("{}")); err != nil {
 		t.Fatal(err) // not the primary: nothing published, no error
 	}
 	// "stale": n3 misses writes from now on.
-	if err := n2.MarkOutOfSync("stale", "n3", 1, errors.New("test: copy cut off")); err != nil {
+	if err := n2.Copies().MarkOutOfSync("stale", "n3", 1, errors.New("test: copy cut off")); err != nil {
 		t.Fatal(err)
 	}
 
@@ -88,10 +88,10 @@ func TestFailover(t *testing.T) {
 	if adopted != string(state) {
 		t.Fatalf("n3 adopted %q, want the state n2 published", adopted)
 	}
-	if pr, err := n3.HoldPrimary(ctx, "two"); err != nil || pr.Term != 2 || !n3.Holds(pr) {
+	if pr, err := n3.Primaries().HoldPrimary(ctx, "two"); err != nil || pr.Term != 2 || !n3.Holds(pr) {
 		t.Fatalf("n3 holds two: %+v %v", pr, err)
 	}
-	pl, _, err := tc.first.Placement(ctx, "two")
+	pl, _, err := tc.first.Volumes().Placement(ctx, "two")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,10 +111,10 @@ func TestFailover(t *testing.T) {
 		t.Fatalf("three promoted to %s", three.Primary)
 	}
 	waitFor(t, "the other copy to follow term 2", func() bool {
-		r, err := np.Role(ctx, "three")
+		r, err := np.Primaries().Role(ctx, "three")
 		return err == nil && len(r.Targets) == 1 && r.Targets[0].Term == 2
 	})
-	r, _ := np.Role(ctx, "three")
+	r, _ := np.Primaries().Role(ctx, "three")
 	if tgt := r.Targets[0]; tgt.Instance == "" || !stores[tgt.Node].hasAttached("three", np.Name(), 2) {
 		t.Fatalf("target %+v: want its instance, and its attachment for %s at term 2", tgt, np.Name())
 	}
@@ -144,18 +144,18 @@ func TestFailoverBehindCopiesFollow(t *testing.T) {
 	tc.join(t, tc.config(t, "n4"), stores["n4"])
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
-	p, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 3}, "", never)
+	p, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 3}, "", never)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p.Primary != "n2" || len(p.Copies) != 3 {
 		t.Fatalf("placed %+v: want primary n2, three copies", p)
 	}
-	if _, err := n2.HoldPrimary(ctx, "v"); err != nil {
+	if _, err := n2.Primaries().HoldPrimary(ctx, "v"); err != nil {
 		t.Fatal(err)
 	}
 	// n4 falls behind under n2 (its bitmap would be n2's).
-	if err := n2.MarkOutOfSync("v", "n4", 1, errors.New("test: copy cut off")); err != nil {
+	if err := n2.Copies().MarkOutOfSync("v", "n4", 1, errors.New("test: copy cut off")); err != nil {
 		t.Fatal(err)
 	}
 	_ = n2.Close()
@@ -165,7 +165,7 @@ func TestFailoverBehindCopiesFollow(t *testing.T) {
 	}
 	// n4 (up all along) follows term 2 while out of sync, and is whole.
 	behind := func(node string) (Target, bool) {
-		r, err := n3.Role(ctx, "v")
+		r, err := n3.Primaries().Role(ctx, "v")
 		if err != nil {
 			return Target{}, false
 		}
@@ -189,10 +189,10 @@ func TestFailoverBehindCopiesFollow(t *testing.T) {
 	if b, _ := behind("n2"); !b.Whole || !stores["n2"].hasAttached("v", "n3", 2) {
 		t.Fatalf("n2 behind once back: %+v; want whole, attached for n3 at term 2", b)
 	}
-	if err := n3.MarkInSync("v", "n2", 2); err != nil {
+	if err := n3.Copies().MarkInSync("v", "n2", 2); err != nil {
 		t.Fatal(err)
 	}
-	pl, _, err := tc.first.Placement(ctx, "v")
+	pl, _, err := tc.first.Volumes().Placement(ctx, "v")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -144,22 +144,22 @@ var ErrIntentPending = errors.New("an earlier change at the cut of the volume is
 // one Txn that needs primary/<volume> held by this node at that term under
 // its current lease, and no intent recorded. It returns the intent as
 // recorded (EndIntent takes it).
-func (n *Node) BeginIntent(ctx context.Context, volume string, term uint64, ops []Op, nodes []string) (Intent, error) {
-	s := n.session()
-	if s == nil || !n.up.Load() {
+func (o Ops) BeginIntent(ctx context.Context, volume string, term uint64, ops []Op, nodes []string) (Intent, error) {
+	s := o.n.session()
+	if s == nil || !o.n.up.Load() {
 		return Intent{}, fmt.Errorf("record the intent on %q: %w", volume, ErrNoSession)
 	}
-	me := n.cfg.NodeName
+	me := o.n.cfg.NodeName
 	in := Intent{ID: newID(), Primary: me, Term: term, Nodes: slices.Clone(nodes), CreatedAt: time.Now().UTC()}
 	for _, op := range ops {
 		op.Primary, op.Term = me, term
 		in.Ops = append(in.Ops, op)
 	}
-	pk, ik := n.key("primary", volume), n.key("intents", volume)
+	pk, ik := o.n.key("primary", volume), o.n.key("intents", volume)
 	// An unknown outcome is ErrUnknownOutcome: the intent may be recorded
 	// all the same, and is then settled as one this process did not begin
 	// (settleFirst).
-	resp, err := n.commit(ctx, txnSpec{If: n.primaryHeld(pk, term, s.Lease()),
+	resp, err := o.n.commit(ctx, txnSpec{If: o.primaryHeld(pk, term, s.Lease()),
 		Then: []clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ik), "=", 0)},
 			[]clientv3.Op{clientv3.OpPut(ik, mustJSON(in))}, []clientv3.Op{clientv3.OpGet(ik)})}})
 	if err != nil {
@@ -184,9 +184,9 @@ func (n *Node) BeginIntent(ctx context.Context, volume string, term uint64, ops 
 
 // primaryHeld are the compares that hold while this node is the volume's
 // primary at term under lease.
-func (n *Node) primaryHeld(pk string, term uint64, lease clientv3.LeaseID) []clientv3.Cmp {
+func (o Ops) primaryHeld(pk string, term uint64, lease clientv3.LeaseID) []clientv3.Cmp {
 	return []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(pk), "=", lease),
-		clientv3.Compare(clientv3.Value(pk), "=", mustJSON(primaryRecord{Node: n.cfg.NodeName, Term: term}))}
+		clientv3.Compare(clientv3.Value(pk), "=", mustJSON(primaryRecord{Node: o.n.cfg.NodeName, Term: term}))}
 }
 
 func intentKinds(in Intent) string {
@@ -204,27 +204,27 @@ func intentKinds(in Intent) string {
 // was recorded diverged), as the primary at term holding its lease. When it
 // fails the record stays and the next primary finishes the change again,
 // which changes nothing.
-func (n *Node) EndIntent(ctx context.Context, volume string, term uint64, in Intent) error {
-	return n.SettledIntent(ctx, volume, term, in, nil)
+func (o Ops) EndIntent(ctx context.Context, volume string, term uint64, in Intent) error {
+	return o.SettledIntent(ctx, volume, term, in, nil)
 }
 
 // SettledIntent records the outcome of settling in, as the primary at term
 // holding its lease: the record goes when pending is empty; otherwise it
 // stays, settled, with the nodes that still hold a part of it.
-func (n *Node) SettledIntent(ctx context.Context, volume string, term uint64, in Intent, pending []string) error {
-	s := n.session()
-	if s == nil || !n.up.Load() {
+func (o Ops) SettledIntent(ctx context.Context, volume string, term uint64, in Intent, pending []string) error {
+	s := o.n.session()
+	if s == nil || !o.n.up.Load() {
 		return fmt.Errorf("settle the intent on %q: %w", volume, ErrNoSession)
 	}
-	ik := n.key("intents", volume)
+	ik := o.n.key("intents", volume)
 	op := clientv3.OpDelete(ik)
 	if len(pending) > 0 {
 		in.Pending, in.Settled = slices.Clone(pending), true
 		op = clientv3.OpPut(ik, mustJSON(in))
 	}
-	cmps := append(n.primaryHeld(n.key("primary", volume), term, s.Lease()),
+	cmps := append(o.primaryHeld(o.n.key("primary", volume), term, s.Lease()),
 		clientv3.Compare(clientv3.ModRevision(ik), "=", in.rev))
-	resp, err := n.commit(ctx, txnSpec{If: cmps, Then: []clientv3.Op{op}})
+	resp, err := o.n.commit(ctx, txnSpec{If: cmps, Then: []clientv3.Op{op}})
 	if err != nil {
 		return fmt.Errorf("settle the intent on %q: %w", volume, err)
 	}
@@ -236,8 +236,8 @@ func (n *Node) SettledIntent(ctx context.Context, volume string, term uint64, in
 }
 
 // VolumeIntent reads the volume's intent, if any.
-func (n *Node) VolumeIntent(ctx context.Context, volume string) (Intent, bool, error) {
-	resp, err := n.cli.Get(ctx, n.key("intents", volume))
+func (o Ops) VolumeIntent(ctx context.Context, volume string) (Intent, bool, error) {
+	resp, err := o.n.cli.Get(ctx, o.n.key("intents", volume))
 	if err != nil {
 		return Intent{}, false, fmt.Errorf("read the intent on %q: %w", volume, err)
 	}
@@ -253,8 +253,8 @@ func (n *Node) VolumeIntent(ctx context.Context, volume string) (Intent, bool, e
 }
 
 // Intents lists the recorded intents by volume.
-func (n *Node) Intents(ctx context.Context) (map[string]Intent, error) {
-	resp, err := n.cli.Get(ctx, n.key("intents")+"/", clientv3.WithPrefix())
+func (o Ops) Intents(ctx context.Context) (map[string]Intent, error) {
+	resp, err := o.n.cli.Get(ctx, o.n.key("intents")+"/", clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("read the intents: %w", err)
 	}
@@ -271,6 +271,6 @@ func (n *Node) Intents(ctx context.Context) (map[string]Intent, error) {
 
 // UndoClone deletes this node's part of clone op (OpClone of an intent on
 // volume) when the clone is not placed: as applyUnclone.
-func (n *Node) UndoClone(ctx context.Context, volume string, op Op) error {
-	return n.applyUnclone(ctx, volume, op)
+func (o Ops) UndoClone(ctx context.Context, volume string, op Op) error {
+	return o.applyUnclone(ctx, volume, op)
 }

@@ -106,86 +106,86 @@ func TestIntentRecord(t *testing.T) {
 	n3 := tc.join(t, tc.config(t, "n3"), stores["n3"])
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
-	if _, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2,
+	if _, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2,
 		Disks: []api.DiskSpec{{Name: "root", Size: 1 << 20}}}, "", never); err != nil {
 		t.Fatal(err)
 	}
-	pr, err := n2.HoldPrimaryKey(ctx, "v")
+	pr, err := n2.Primaries().HoldPrimaryKey(ctx, "v")
 	if err != nil {
 		t.Fatal(err)
 	}
 	grow := []Op{{Kind: OpGrowDisk, Name: "root", Disk: &api.DiskSpec{Name: "root", Size: 2 << 20}}}
-	if _, err := n3.BeginIntent(ctx, "v", pr.Term, grow, []string{"n2"}); !errors.Is(err, ErrNotPrimary) {
+	if _, err := n3.Ops().BeginIntent(ctx, "v", pr.Term, grow, []string{"n2"}); !errors.Is(err, ErrNotPrimary) {
 		t.Fatalf("intent by a copy: %v", err)
 	}
-	if _, err := n2.BeginIntent(ctx, "v", pr.Term+1, grow, []string{"n3"}); !errors.Is(err, ErrNotPrimary) {
+	if _, err := n2.Ops().BeginIntent(ctx, "v", pr.Term+1, grow, []string{"n3"}); !errors.Is(err, ErrNotPrimary) {
 		t.Fatalf("intent at another term: %v", err)
 	}
-	in, err := n2.BeginIntent(ctx, "v", pr.Term, grow, []string{"n3"})
+	in, err := n2.Ops().BeginIntent(ctx, "v", pr.Term, grow, []string{"n3"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n2.BeginIntent(ctx, "v", pr.Term, grow, []string{"n3"}); !errors.Is(err, ErrIntentPending) {
+	if _, err := n2.Ops().BeginIntent(ctx, "v", pr.Term, grow, []string{"n3"}); !errors.Is(err, ErrIntentPending) {
 		t.Fatalf("a second intent: %v", err)
 	}
-	got, ok, err := n3.VolumeIntent(ctx, "v")
+	got, ok, err := n3.Ops().VolumeIntent(ctx, "v")
 	if err != nil || !ok || got.ID != in.ID || got.Primary != "n2" || got.Ops[0].Term != pr.Term ||
 		!NeedsSettling(got, false) {
 		t.Fatalf("intent read %+v %v %v", got, ok, err)
 	}
-	if err := n2.EndIntent(ctx, "v", pr.Term, in); err != nil {
+	if err := n2.Ops().EndIntent(ctx, "v", pr.Term, in); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, _ := n3.VolumeIntent(ctx, "v"); ok {
+	if _, ok, _ := n3.Ops().VolumeIntent(ctx, "v"); ok {
 		t.Fatal("an ended intent is still recorded")
 	}
 
 	// Clones: the copy's made through the op, the primary's own in its
 	// store (its record comes with the placement, which never happens).
 	clone := Op{Kind: OpClone, Name: "c", UID: "uc", Nodes: []string{"n3"}}
-	in, err = n2.BeginIntent(ctx, "v", pr.Term, []Op{clone}, []string{"n3"})
+	in, err = n2.Ops().BeginIntent(ctx, "v", pr.Term, []Op{clone}, []string{"n3"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := stores["n2"].CloneCopy(ctx, "v", clone); err != nil {
 		t.Fatal(err)
 	}
-	if err := n2.RunOp(ctx, "v", pr.Term, clone); err != nil {
+	if err := n2.Ops().RunOp(ctx, "v", pr.Term, clone); err != nil {
 		t.Fatal(err)
 	}
 	// Undone on the primary; n3 does not answer (pending), then does.
-	if err := n2.UndoClone(ctx, "v", clone); err != nil {
+	if err := n2.Ops().UndoClone(ctx, "v", clone); err != nil {
 		t.Fatal(err)
 	}
 	if stores["n2"].has("c") || !stores["n3"].has("c") {
 		t.Fatal("the primary's undo: its own clone must go, the copy's stay")
 	}
-	if err := n2.SettledIntent(ctx, "v", pr.Term, in, []string{"n3"}); err != nil {
+	if err := n2.Ops().SettledIntent(ctx, "v", pr.Term, in, []string{"n3"}); err != nil {
 		t.Fatal(err)
 	}
-	all, err := n3.Intents(ctx)
+	all, err := n3.Ops().Intents(ctx)
 	if err != nil || !all["v"].Settled || !slices.Equal(all["v"].Pending, []string{"n3"}) || NeedsSettling(all["v"], false) {
 		t.Fatalf("intents %+v %v: want v settled, n3 pending", all, err)
 	}
-	if _, err := n2.BeginIntent(ctx, "v", pr.Term, grow, nil); !errors.Is(err, ErrIntentPending) {
+	if _, err := n2.Ops().BeginIntent(ctx, "v", pr.Term, grow, nil); !errors.Is(err, ErrIntentPending) {
 		t.Fatalf("an intent while one waits for its nodes: %v", err)
 	}
 	undo := clone
 	undo.Kind = OpUnclone
-	if err := n2.RunOp(ctx, "v", pr.Term, undo); err != nil {
+	if err := n2.Ops().RunOp(ctx, "v", pr.Term, undo); err != nil {
 		t.Fatal(err)
 	}
 	if stores["n3"].has("c") {
 		t.Fatal("the copy's clone survived the undo")
 	}
-	if err := n2.SettledIntent(ctx, "v", pr.Term, all["v"], nil); err != nil {
+	if err := n2.Ops().SettledIntent(ctx, "v", pr.Term, all["v"], nil); err != nil {
 		t.Fatal(err)
 	}
-	if all, _ := n3.Intents(ctx); len(all) != 0 {
+	if all, _ := n3.Ops().Intents(ctx); len(all) != 0 {
 		t.Fatalf("intents left: %+v", all)
 	}
 	// The name is free again: nothing of the undone clone blocks it.
-	if err := n2.RunOp(ctx, "v", pr.Term, Op{Kind: OpClone, Name: "c", UID: "uc2", Nodes: []string{"n3"}}); err != nil {
+	if err := n2.Ops().RunOp(ctx, "v", pr.Term, Op{Kind: OpClone, Name: "c", UID: "uc2", Nodes: []string{"n3"}}); err != nil {
 		t.Fatalf("a clone of the undone one's name: %v", err)
 	}
 }

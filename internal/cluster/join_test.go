@@ -234,7 +234,7 @@ func TestPlacement(t *testing.T) {
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
 	spec := api.VolumeSpec{Name: "web01", Capacity: 1 << 30, Replicas: 2}
-	p, created, err := tc.first.CreateVolume(ctx, spec, "", never)
+	p, created, err := tc.first.Volumes().CreateVolume(ctx, spec, "", never)
 	if err != nil || !created {
 		t.Fatalf("create: %v %v", created, err)
 	}
@@ -251,28 +251,28 @@ func TestPlacement(t *testing.T) {
 	if p.Copies[0].Node == p.Copies[1].Node {
 		t.Fatalf("two copies on one node: %+v", p)
 	}
-	if _, _, err := tc.first.CreateVolume(ctx, spec, "", never); !errors.Is(err, ErrVolumeExists) {
+	if _, _, err := tc.first.Volumes().CreateVolume(ctx, spec, "", never); !errors.Is(err, ErrVolumeExists) {
 		t.Fatalf("second create: %v", err)
 	}
 	big := api.VolumeSpec{Name: "big", Capacity: 1 << 30, Replicas: 4}
-	if _, _, err := tc.first.CreateVolume(ctx, big, "", never); !errors.Is(err, ErrNotEnoughNodes) {
+	if _, _, err := tc.first.Volumes().CreateVolume(ctx, big, "", never); !errors.Is(err, ErrNotEnoughNodes) {
 		t.Fatalf("replicas 4 of 3 nodes: %v", err)
 	}
-	if _, ok, _ := tc.first.Placement(ctx, "big"); ok {
+	if _, ok, _ := tc.first.Volumes().Placement(ctx, "big"); ok {
 		t.Fatal("a refused volume was recorded")
 	}
 	// A copy that cannot be made fails the create, and the other copies
 	// are removed.
 	stores["n2"].setFail(errors.New("disk on fire"))
 	all := api.VolumeSpec{Name: "all", Capacity: 1 << 30, Replicas: 3}
-	if _, _, err := tc.first.CreateVolume(ctx, all, "", never); !errors.Is(err, ErrCopyFailed) {
+	if _, _, err := tc.first.Volumes().CreateVolume(ctx, all, "", never); !errors.Is(err, ErrCopyFailed) {
 		t.Fatalf("create with a failing copy: %v", err)
 	}
-	if _, ok, _ := tc.first.Placement(ctx, "all"); ok || stores["n3"].has("all") {
+	if _, ok, _ := tc.first.Volumes().Placement(ctx, "all"); ok || stores["n3"].has("all") {
 		t.Fatal("a failed create left its placement or a copy")
 	}
 	stores["n2"].setFail(nil)
-	if err := tc.first.DeleteVolume(ctx, "web01"); err != nil {
+	if err := tc.first.Volumes().DeleteVolume(ctx, "web01"); err != nil {
 		t.Fatal(err)
 	}
 	for name, s := range stores {
@@ -280,10 +280,10 @@ func TestPlacement(t *testing.T) {
 			t.Fatalf("%s still holds web01", name)
 		}
 	}
-	if _, ok, _ := tc.first.Placement(ctx, "web01"); ok {
+	if _, ok, _ := tc.first.Volumes().Placement(ctx, "web01"); ok {
 		t.Fatal("placement left after delete")
 	}
-	if err := tc.first.DeleteVolume(ctx, "web01"); !errors.Is(err, ErrVolumeNotFound) {
+	if err := tc.first.Volumes().DeleteVolume(ctx, "web01"); !errors.Is(err, ErrVolumeNotFound) {
 		t.Fatalf("second delete: %v", err)
 	}
 }

@@ -73,7 +73,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descNodes, prometheus.GaugeValue, upN, "up")
 	ch <- prometheus.MustNewConstMetric(descNodes, prometheus.GaugeValue, downN, "down")
-	pls, err := c.n.Placements(ctx)
+	pls, err := c.n.Volumes().Placements(ctx)
 	if err != nil {
 		return
 	}

@@ -179,12 +179,12 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 	n.wg.Add(5)
 	go func() { defer n.wg.Done(); n.keepAlive(lctx) }()
 	go func() { defer n.wg.Done(); n.renewLease(lctx) }()
-	go func() { defer n.wg.Done(); n.elect(lctx) }()
+	go func() { defer n.wg.Done(); n.Primaries().elect(lctx) }()
 	go func() { defer n.wg.Done(); n.report(lctx) }()
-	go func() { defer n.wg.Done(); n.reconcile(lctx) }()
+	go func() { defer n.wg.Done(); n.Copies().reconcile(lctx) }()
 	n.wg.Add(2)
-	go func() { defer n.wg.Done(); n.runOps(lctx) }()
-	go func() { defer n.wg.Done(); n.collectStale(lctx) }()
+	go func() { defer n.wg.Done(); n.Ops().runOps(lctx) }()
+	go func() { defer n.wg.Done(); n.Copies().collectStale(lctx) }()
 	n.log.Info("joined the cluster", "cluster", cr.Name, "clusterID", cr.ID, "nodeID", id.NodeID,
 		"etcd", endpoints, "failureDomain", cfg.FailureDomain)
 	ok = true

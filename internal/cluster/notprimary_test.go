@@ -18,13 +18,13 @@ func TestNotPrimaryAtTerm(t *testing.T) {
 	tc.join(t, tc.config(t, "n3"), newMemStore())
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
-	p, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2}, "", never)
+	p, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2}, "", never)
 	if err != nil {
 		t.Fatal(err)
 	}
 	nodes := map[string]*Node{"n1": tc.first, "n2": n2}
 	prim, other := nodes[p.Primary], nodes[p.Copies[1].Node]
-	if err := prim.MarkOutOfSync("v", other.Name(), 1, errors.New("test: copy failed")); err != nil {
+	if err := prim.Copies().MarkOutOfSync("v", other.Name(), 1, errors.New("test: copy failed")); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -32,21 +32,21 @@ func TestNotPrimaryAtTerm(t *testing.T) {
 		call func() error
 	}{
 		{"MarkOutOfSync by a copy", func() error {
-			return other.MarkOutOfSync("v", prim.Name(), 1, errors.New("test"))
+			return other.Copies().MarkOutOfSync("v", prim.Name(), 1, errors.New("test"))
 		}},
 		{"MarkOutOfSync at another term", func() error {
-			return prim.MarkOutOfSync("v", other.Name(), 2, errors.New("test"))
+			return prim.Copies().MarkOutOfSync("v", other.Name(), 2, errors.New("test"))
 		}},
-		{"MarkInSync at another term", func() error { return prim.MarkInSync("v", other.Name(), 2) }},
-		{"MarkInSync by a copy", func() error { return other.MarkInSync("v", other.Name(), 1) }},
+		{"MarkInSync at another term", func() error { return prim.Copies().MarkInSync("v", other.Name(), 2) }},
+		{"MarkInSync by a copy", func() error { return other.Copies().MarkInSync("v", other.Name(), 1) }},
 		{"SetCopyState at another term", func() error {
-			return prim.SetCopyState("v", other.Name(), 2, CopyResyncing, "", &Progress{})
+			return prim.Copies().SetCopyState("v", other.Name(), 2, CopyResyncing, "", &Progress{})
 		}},
 		{"UpdateDisks by a copy", func() error {
-			return other.UpdateDisks(ctx, "v", 1, 1<<30, []api.DiskSpec{{Name: "root", Size: 1 << 20}})
+			return other.Volumes().UpdateDisks(ctx, "v", 1, 1<<30, []api.DiskSpec{{Name: "root", Size: 1 << 20}})
 		}},
 		{"ReplaceCopy at another term", func() error {
-			_, err := prim.ReplaceCopy(ctx, "v", other.Name(), 2)
+			_, err := prim.Copies().ReplaceCopy(ctx, "v", other.Name(), 2)
 			return err
 		}},
 	} {

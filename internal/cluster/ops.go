@@ -14,6 +14,17 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 )
 
+// Ops is the node's part in the ops/, opresults/ and intents/ keys: the
+// primary runs an operation on its in-sync copies (RunOp, RunOpEach) and
+// records the change at the cut it is making (BeginIntent, EndIntent,
+// SettledIntent); every node applies the operations sent to its copies and
+// answers them (runOps). Get it with Node.Ops; it shares the node's etcd
+// client, session and logger.
+type Ops struct{ n *Node }
+
+// Ops is this node's access to the ops/, opresults/ and intents/ keys.
+func (n *Node) Ops() Ops { return Ops{n} }
+
 // Operations a primary sends to its copies (Op.Kind): each copy applies it
 // with the same name and UID, while the primary holds the volume's I/O
 // gate, so every copy holds the same cut (docs/cluster.md).
@@ -69,8 +80,8 @@ type opResult struct {
 // RunOp sends op to the copies on nodes, as the primary of volume at term,
 // and waits until each applied it (or refused it: the errors are joined),
 // at most OpTimeout. The keys are removed afterwards.
-func (n *Node) RunOp(ctx context.Context, volume string, term uint64, op Op) error {
-	each, err := n.RunOpEach(ctx, volume, term, op)
+func (o Ops) RunOp(ctx context.Context, volume string, term uint64, op Op) error {
+	each, err := o.RunOpEach(ctx, volume, term, op)
 	if err != nil {
 		return err
 	}
@@ -90,27 +101,27 @@ func (n *Node) RunOp(ctx context.Context, volume string, term uint64, op Op) err
 // applied op, its refusal, or a copy that did not answer within OpTimeout.
 // err is set only when op could not be sent (every copy's outcome is then
 // unknown).
-func (n *Node) RunOpEach(ctx context.Context, volume string, term uint64, op Op) (map[string]error, error) {
+func (o Ops) RunOpEach(ctx context.Context, volume string, term uint64, op Op) (map[string]error, error) {
 	each := map[string]error{}
 	if len(op.Nodes) == 0 {
 		return each, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
+	ctx, cancel := context.WithTimeout(ctx, o.n.cfg.OpTimeout)
 	defer cancel()
-	op.Primary, op.Term = n.cfg.NodeName, term
+	op.Primary, op.Term = o.n.cfg.NodeName, term
 	id := newID()
-	ok, rk := n.key("ops", volume, id), n.key("opresults", volume, id)+"/"
+	ok, rk := o.n.key("ops", volume, id), o.n.key("opresults", volume, id)+"/"
 	defer func() {
 		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer dcancel()
-		_, _ = n.cli.Txn(dctx).Then(clientv3.OpDelete(ok), clientv3.OpDelete(rk, clientv3.WithPrefix())).Commit()
+		_, _ = o.n.cli.Txn(dctx).Then(clientv3.OpDelete(ok), clientv3.OpDelete(rk, clientv3.WithPrefix())).Commit()
 	}()
-	put, err := n.cli.Put(ctx, ok, mustJSON(op))
+	put, err := o.n.cli.Put(ctx, ok, mustJSON(op))
 	if err != nil {
 		return nil, fmt.Errorf("%s %q of %q on the copies: %w", op.Kind, op.Name, volume, err)
 	}
 	results := map[string]opResult{}
-	wch := n.cli.Watch(clientv3.WithRequireLeader(ctx), rk, clientv3.WithPrefix(), clientv3.WithRev(put.Header.Revision))
+	wch := o.n.cli.Watch(clientv3.WithRequireLeader(ctx), rk, clientv3.WithPrefix(), clientv3.WithRev(put.Header.Revision))
 wait:
 	for len(results) < len(op.Nodes) {
 		select {
@@ -148,25 +159,25 @@ wait:
 // runOps applies the operations sent to this node's copies: it reads the
 // pending ones, then follows new ones with a watch, and starts over when
 // the watch breaks.
-func (n *Node) runOps(ctx context.Context) {
-	prefix := n.key("ops") + "/"
+func (o Ops) runOps(ctx context.Context) {
+	prefix := o.n.key("ops") + "/"
 	for ctx.Err() == nil {
-		resp, err := n.cli.Get(ctx, prefix, clientv3.WithPrefix())
+		resp, err := o.n.cli.Get(ctx, prefix, clientv3.WithPrefix())
 		if err != nil {
 			sleep(ctx, time.Second)
 			continue
 		}
 		for _, kv := range resp.Kvs {
-			n.applyOp(ctx, string(kv.Key), kv.Value)
+			o.applyOp(ctx, string(kv.Key), kv.Value)
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		for wr := range n.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+		for wr := range o.n.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
 			if wr.Err() != nil {
 				break
 			}
 			for _, ev := range wr.Events {
 				if ev.Type == clientv3.EventTypePut {
-					n.applyOp(ctx, string(ev.Kv.Key), ev.Kv.Value)
+					o.applyOp(ctx, string(ev.Kv.Key), ev.Kv.Value)
 				}
 			}
 		}
@@ -177,22 +188,22 @@ func (n *Node) runOps(ctx context.Context) {
 
 // applyOp applies one operation to this node's copy, once, if it is for
 // this node and comes from the volume's primary at its current term.
-func (n *Node) applyOp(ctx context.Context, key string, value []byte) {
+func (o Ops) applyOp(ctx context.Context, key string, value []byte) {
 	var op Op
-	if json.Unmarshal(value, &op) != nil || !slices.Contains(op.Nodes, n.cfg.NodeName) {
+	if json.Unmarshal(value, &op) != nil || !slices.Contains(op.Nodes, o.n.cfg.NodeName) {
 		return
 	}
-	rest := strings.TrimPrefix(key, n.key("ops")+"/")
+	rest := strings.TrimPrefix(key, o.n.key("ops")+"/")
 	volume, id, ok := strings.Cut(rest, "/")
 	if !ok {
 		return
 	}
-	rk := n.key("opresults", volume, id, n.cfg.NodeName)
-	if r, err := n.cli.Get(ctx, rk); err != nil || len(r.Kvs) > 0 {
+	rk := o.n.key("opresults", volume, id, o.n.cfg.NodeName)
+	if r, err := o.n.cli.Get(ctx, rk); err != nil || len(r.Kvs) > 0 {
 		return // answered already
 	}
 	var res opResult
-	vr, err := n.cli.Get(ctx, n.key("volumes", volume))
+	vr, err := o.n.cli.Get(ctx, o.n.key("volumes", volume))
 	var rec volumeRecord
 	switch {
 	case err != nil:
@@ -206,22 +217,22 @@ func (n *Node) applyOp(ctx context.Context, key string, value []byte) {
 		var err error
 		switch op.Kind {
 		case OpClone:
-			err = n.applyClone(ctx, volume, op)
+			err = o.applyClone(ctx, volume, op)
 		case OpUnclone:
-			err = n.applyUnclone(ctx, volume, op)
+			err = o.applyUnclone(ctx, volume, op)
 		default:
-			err = n.store.ApplyOp(ctx, volume, op)
+			err = o.n.store.ApplyOp(ctx, volume, op)
 		}
 		if err != nil {
 			res.Error = err.Error()
 		}
 	}
 	if res.Error != "" {
-		n.log.Warn("operation from the primary refused", "volume", volume, "op", op.Kind, "name", op.Name, "err", res.Error)
+		o.n.log.Warn("operation from the primary refused", "volume", volume, "op", op.Kind, "name", op.Name, "err", res.Error)
 	} else {
-		n.log.Info("operation from the primary applied", "volume", volume, "op", op.Kind, "name", op.Name, "uid", op.UID)
+		o.n.log.Info("operation from the primary applied", "volume", volume, "op", op.Kind, "name", op.Name, "uid", op.UID)
 	}
-	if _, err := n.cli.Put(ctx, rk, mustJSON(res)); err != nil {
-		n.log.Warn("answer an operation", "volume", volume, "op", op.Kind, "err", err)
+	if _, err := o.n.cli.Put(ctx, rk, mustJSON(res)); err != nil {
+		o.n.log.Warn("answer an operation", "volume", volume, "op", op.Kind, "err", err)
 	}
 }

@@ -15,20 +15,17 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 )
 
-// NodeInfo is one member of the cluster, up or down.
-type NodeInfo struct {
-	Name          string
-	NodeID        string
-	API, NBD      string // empty while down
-	FailureDomain string
-	Up            bool
-	TotalBytes    int64 // as last reported; 0 while down
-	FreeBytes     int64
-	Volumes       int // copies placed on it
-	// Drain is DrainRunning or DrainDone while the node is drained
-	// (placement skips it), else "".
-	Drain string
-}
+// Volumes is the node's part in the volumes/<volume> records and what is
+// written with them in one Txn: a volume's placement (CreateVolume,
+// CreateCharged, PlaceClone, DeleteVolume), the reads of placements, the
+// changes of a placed volume's spec (UpdateSpec, UpdateDisks), a drain's
+// moves of copies (PlanDrain, AddCopy, RemoveCopy), and the tenants' use
+// (tenants/<tenant>/use) and snapshot charges (snapcharges/<volume>). Get it
+// with Node.Volumes; it shares the node's etcd client, session and logger.
+type Volumes struct{ n *Node }
+
+// Volumes is this node's access to the volumes/ records.
+func (n *Node) Volumes() Volumes { return Volumes{n} }
 
 // CopyInfo is one copy of a volume.
 type CopyInfo struct {
@@ -52,58 +49,6 @@ type Placement struct {
 	Deleting  bool
 	Spec      api.VolumeSpec
 	CreatedAt time.Time
-}
-
-// Nodes lists every member, sorted by name.
-func (n *Node) Nodes(ctx context.Context) ([]NodeInfo, error) {
-	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("members")+"/", clientv3.WithPrefix()),
-		clientv3.OpGet(n.key("alive")+"/", clientv3.WithPrefix()),
-		clientv3.OpGet(n.key("volumes")+"/", clientv3.WithPrefix()),
-		clientv3.OpGet(n.key("drained")+"/", clientv3.WithPrefix())).Commit()
-	if err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
-	}
-	byName := map[string]*NodeInfo{}
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		var m memberRecord
-		if json.Unmarshal(kv.Value, &m) != nil {
-			continue
-		}
-		name := lastSegment(string(kv.Key))
-		byName[name] = &NodeInfo{Name: name, NodeID: m.NodeID, FailureDomain: m.FailureDomain}
-	}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		var a aliveRecord
-		ni := byName[lastSegment(string(kv.Key))]
-		if ni == nil || json.Unmarshal(kv.Value, &a) != nil || a.NodeID != ni.NodeID {
-			continue
-		}
-		ni.Up, ni.API, ni.NBD, ni.TotalBytes, ni.FreeBytes = true, a.API, a.NBD, a.TotalBytes, a.FreeBytes
-		ni.FailureDomain = a.FailureDomain
-	}
-	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
-		var v volumeRecord
-		if json.Unmarshal(kv.Value, &v) != nil {
-			continue
-		}
-		for _, c := range v.Copies {
-			if ni := byName[c]; ni != nil {
-				ni.Volumes++
-			}
-		}
-	}
-	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
-		var d drainRecord
-		if ni := byName[lastSegment(string(kv.Key))]; ni != nil && json.Unmarshal(kv.Value, &d) == nil {
-			ni.Drain = d.State
-		}
-	}
-	out := make([]NodeInfo, 0, len(byName))
-	for _, ni := range byName {
-		out = append(out, *ni)
-	}
-	slices.SortFunc(out, func(a, b NodeInfo) int { return cmp.Compare(a.Name, b.Name) })
-	return out, nil
 }
 
 func lastSegment(k string) string { return k[strings.LastIndexByte(k, '/')+1:] }
@@ -175,8 +120,8 @@ func choose(nodes []NodeInfo, replicas int) ([]string, error) {
 
 // CreateVolume is CreateCharged without a charge, for volumes of no
 // tenant.
-func (n *Node) CreateVolume(ctx context.Context, spec api.VolumeSpec, key string, idempotent func(sameSpec bool, key string) bool) (Placement, bool, error) {
-	return n.CreateCharged(ctx, spec, key, idempotent, Charge{})
+func (vs Volumes) CreateVolume(ctx context.Context, spec api.VolumeSpec, key string, idempotent func(sameSpec bool, key string) bool) (Placement, bool, error) {
+	return vs.CreateCharged(ctx, spec, key, idempotent, Charge{})
 }
 
 // CreateCharged places spec on Replicas distinct nodes (1 when 0), records
@@ -191,35 +136,35 @@ func (n *Node) CreateVolume(ctx context.Context, spec api.VolumeSpec, key string
 // charge.Admit admitted: concurrent creates on any nodes cannot pass a
 // quota together (a Txn that lost reads the usage again and admits again).
 // The record keeps its charge, which its delete gives back.
-func (n *Node) CreateCharged(ctx context.Context, spec api.VolumeSpec, key string, idempotent func(sameSpec bool, key string) bool, charge Charge) (Placement, bool, error) {
+func (vs Volumes) CreateCharged(ctx context.Context, spec api.VolumeSpec, key string, idempotent func(sameSpec bool, key string) bool, charge Charge) (Placement, bool, error) {
 	if spec.Replicas == 0 {
 		spec.Replicas = 1
 	}
-	nodes, err := n.Nodes(ctx)
+	nodes, err := vs.n.Nodes(ctx)
 	if err != nil {
 		return Placement{}, false, err
 	}
 	picked, err := choose(nodes, spec.Replicas)
 	if err != nil {
-		n.placeFail.Add(1)
+		vs.n.placeFail.Add(1)
 		return Placement{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
 	}
 	rec := volumeRecord{UID: newID(), Spec: spec, IdempotencyKey: key, Copies: picked, Primary: picked[0], Term: 1,
 		InSync: picked, CreatedAt: time.Now().UTC()}
-	k := n.key("volumes", spec.Name)
+	k := vs.n.key("volumes", spec.Name)
 	var existing []byte // the record of the name, when it is placed already
 	created := false
 	for existing == nil && !created {
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0)}
 		ops := []clientv3.Op{}
 		if spec.Tenant != "" {
-			used, rev, err := n.readUsage(ctx, spec.Tenant)
+			used, rev, err := vs.readUsage(ctx, spec.Tenant)
 			if err != nil {
 				return Placement{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
 			}
 			// A name placed already is answered as such (a retry of an
 			// idempotent create is not refused by the quota it counts in).
-			if r, err := n.cli.Get(ctx, k); err != nil {
+			if r, err := vs.n.cli.Get(ctx, k); err != nil {
 				return Placement{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
 			} else if len(r.Kvs) > 0 {
 				existing = r.Kvs[0].Value
@@ -232,11 +177,11 @@ func (n *Node) CreateCharged(ctx context.Context, spec api.VolumeSpec, key strin
 			}
 			add := charge.Add
 			rec.Charge = &add
-			cmps = append(cmps, n.usageUnchanged(spec.Tenant, rev))
-			ops = append(ops, clientv3.OpPut(n.usageKey(spec.Tenant), mustJSON(used.plus(add))))
+			cmps = append(cmps, vs.usageUnchanged(spec.Tenant, rev))
+			ops = append(ops, clientv3.OpPut(vs.usageKey(spec.Tenant), mustJSON(used.plus(add))))
 		}
 		ops = append(ops, clientv3.OpPut(k, mustJSON(rec)))
-		resp, err := n.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(k)).Commit()
+		resp, err := vs.n.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(k)).Commit()
 		if err != nil {
 			return Placement{}, false, fmt.Errorf("create volume %q: record placement: %w", spec.Name, err)
 		}
@@ -259,31 +204,31 @@ func (n *Node) CreateCharged(ctx context.Context, spec api.VolumeSpec, key strin
 		}
 		rec = have
 	}
-	n.log.Info("volume placed", "volume", spec.Name, "copies", rec.Copies, "primary", rec.Primary, "term", rec.Term)
-	p, err := n.waitCopies(ctx, spec.Name, rec, func(c copyRecord) bool { return c.State == CopyInSync })
+	vs.n.log.Info("volume placed", "volume", spec.Name, "copies", rec.Copies, "primary", rec.Primary, "term", rec.Term)
+	p, err := vs.waitCopies(ctx, spec.Name, rec, func(c copyRecord) bool { return c.State == CopyInSync })
 	if err != nil {
-		n.placeFail.Add(1)
+		vs.n.placeFail.Add(1)
 		if created {
-			if derr := n.DeleteVolume(context.WithoutCancel(ctx), spec.Name); derr != nil {
-				n.log.Error("remove a volume whose creation failed", "volume", spec.Name, "err", derr)
+			if derr := vs.DeleteVolume(context.WithoutCancel(ctx), spec.Name); derr != nil {
+				vs.n.log.Error("remove a volume whose creation failed", "volume", spec.Name, "err", derr)
 			}
 		}
 		return Placement{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
 	}
-	n.placeOK.Add(1)
+	vs.n.placeOK.Add(1)
 	return p, created, nil
 }
 
 // waitCopies waits until every copy of rec satisfies done, or one failed,
 // or OpTimeout passes.
-func (n *Node) waitCopies(ctx context.Context, volume string, rec volumeRecord, done func(copyRecord) bool) (Placement, error) {
-	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
+func (vs Volumes) waitCopies(ctx context.Context, volume string, rec volumeRecord, done func(copyRecord) bool) (Placement, error) {
+	ctx, cancel := context.WithTimeout(ctx, vs.n.cfg.OpTimeout)
 	defer cancel()
-	prefix := n.key("copies", volume) + "/"
+	prefix := vs.n.key("copies", volume) + "/"
 	for {
-		resp, err := n.cli.Get(ctx, prefix, clientv3.WithPrefix())
+		resp, err := vs.n.cli.Get(ctx, prefix, clientv3.WithPrefix())
 		if err != nil {
-			return Placement{}, n.opError(ctx, err)
+			return Placement{}, vs.opError(ctx, err)
 		}
 		copies := map[string]copyRecord{}
 		for _, kv := range resp.Kvs {
@@ -306,18 +251,18 @@ func (n *Node) waitCopies(ctx context.Context, volume string, rec volumeRecord, 
 		if all {
 			return p, nil
 		}
-		wch := n.cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		wch := vs.n.cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 		select {
 		case <-wch:
 		case <-ctx.Done():
-			return p, n.opError(ctx, ctx.Err())
+			return p, vs.opError(ctx, ctx.Err())
 		}
 	}
 }
 
-func (n *Node) opError(ctx context.Context, err error) error {
+func (vs Volumes) opError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
-		return fmt.Errorf("%w within %s (--cluster-op-timeout): %v", ErrTimeout, n.cfg.OpTimeout, err)
+		return fmt.Errorf("%w within %s (--cluster-op-timeout): %v", ErrTimeout, vs.n.cfg.OpTimeout, err)
 	}
 	return err
 }
@@ -333,9 +278,9 @@ func toPlacement(volume string, rec volumeRecord, copies map[string]copyRecord) 
 }
 
 // Placement returns where volume is placed; false when it is not.
-func (n *Node) Placement(ctx context.Context, volume string) (Placement, bool, error) {
-	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("volumes", volume)),
-		clientv3.OpGet(n.key("copies", volume)+"/", clientv3.WithPrefix())).Commit()
+func (vs Volumes) Placement(ctx context.Context, volume string) (Placement, bool, error) {
+	resp, err := vs.n.cli.Txn(ctx).Then(clientv3.OpGet(vs.n.key("volumes", volume)),
+		clientv3.OpGet(vs.n.key("copies", volume)+"/", clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return Placement{}, false, fmt.Errorf("placement of %q: %w", volume, err)
 	}
@@ -361,9 +306,9 @@ func (n *Node) Placement(ctx context.Context, volume string) (Placement, bool, e
 // deleted its copy, then removes the placement. A copy that cannot be
 // deleted (attached) fails the call naming it; the volume stays marked and a
 // later call carries on.
-func (n *Node) DeleteVolume(ctx context.Context, volume string) error {
-	k := n.key("volumes", volume)
-	resp, err := n.cli.Get(ctx, k)
+func (vs Volumes) DeleteVolume(ctx context.Context, volume string) error {
+	k := vs.n.key("volumes", volume)
+	resp, err := vs.n.cli.Get(ctx, k)
 	if err != nil {
 		return fmt.Errorf("delete volume %q: %w", volume, err)
 	}
@@ -377,7 +322,7 @@ func (n *Node) DeleteVolume(ctx context.Context, volume string) error {
 	rec.State = volumeDeleting
 	// Put even when it is marked already: the copy nodes see the event and
 	// try again.
-	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
+	put, err := vs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
 		Then(clientv3.OpPut(k, mustJSON(rec))).Commit()
 	if err != nil {
 		return fmt.Errorf("delete volume %q: %w", volume, err)
@@ -385,30 +330,30 @@ func (n *Node) DeleteVolume(ctx context.Context, volume string) error {
 	if !put.Succeeded {
 		return fmt.Errorf("delete volume %q: changed meanwhile, retry", volume)
 	}
-	if _, err := n.waitCopiesGone(ctx, volume, rec); err != nil {
+	if _, err := vs.waitCopiesGone(ctx, volume, rec); err != nil {
 		return fmt.Errorf("delete volume %q: %w", volume, err)
 	}
-	if err := n.removeRecord(ctx, volume, rec); err != nil {
+	if err := vs.removeRecord(ctx, volume, rec); err != nil {
 		return fmt.Errorf("delete volume %q: %w", volume, err)
 	}
-	n.log.Info("volume deleted from the cluster", "volume", volume)
+	vs.n.log.Info("volume deleted from the cluster", "volume", volume)
 	return nil
 }
 
 // removeRecord removes the placement of volume and its copies' keys, and
 // gives the record's charge back to its tenant's usage in the same Txn.
-func (n *Node) removeRecord(ctx context.Context, volume string, rec volumeRecord) error {
-	k := n.key("volumes", volume)
+func (vs Volumes) removeRecord(ctx context.Context, volume string, rec volumeRecord) error {
+	k := vs.n.key("volumes", volume)
 	for {
-		ops := []clientv3.Op{clientv3.OpDelete(k), clientv3.OpDelete(n.key("copies", volume)+"/", clientv3.WithPrefix())}
+		ops := []clientv3.Op{clientv3.OpDelete(k), clientv3.OpDelete(vs.n.key("copies", volume)+"/", clientv3.WithPrefix())}
 		var cmps []clientv3.Cmp
 		if rec.Spec.Tenant != "" {
-			used, rev, err := n.readUsage(ctx, rec.Spec.Tenant)
+			used, rev, err := vs.readUsage(ctx, rec.Spec.Tenant)
 			if err != nil {
 				return err
 			}
 			// The snapshots counted for it go back with it.
-			snaps, srev, err := n.snapCharge(ctx, volume)
+			snaps, srev, err := vs.snapCharge(ctx, volume)
 			if err != nil {
 				return err
 			}
@@ -417,13 +362,13 @@ func (n *Node) removeRecord(ctx context.Context, volume string, rec volumeRecord
 				back = back.plus(*rec.Charge)
 			}
 			// Only a record still there gives its charge back, once.
-			cmps = append(cmps, n.usageUnchanged(rec.Spec.Tenant, rev),
+			cmps = append(cmps, vs.usageUnchanged(rec.Spec.Tenant, rev),
 				clientv3.Compare(clientv3.CreateRevision(k), ">", 0),
-				clientv3.Compare(clientv3.ModRevision(n.snapChargeKey(volume)), "=", srev))
-			ops = append(ops, clientv3.OpPut(n.usageKey(rec.Spec.Tenant), mustJSON(used.minus(back))),
-				clientv3.OpDelete(n.snapChargeKey(volume)))
+				clientv3.Compare(clientv3.ModRevision(vs.snapChargeKey(volume)), "=", srev))
+			ops = append(ops, clientv3.OpPut(vs.usageKey(rec.Spec.Tenant), mustJSON(used.minus(back))),
+				clientv3.OpDelete(vs.snapChargeKey(volume)))
 		}
-		resp, err := n.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(k)).Commit()
+		resp, err := vs.n.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(k)).Commit()
 		if err != nil {
 			return err
 		}
@@ -435,14 +380,14 @@ func (n *Node) removeRecord(ctx context.Context, volume string, rec volumeRecord
 
 // waitCopiesGone waits until no copy holds a local volume: every copy key is
 // gone or records nothing made.
-func (n *Node) waitCopiesGone(ctx context.Context, volume string, rec volumeRecord) (Placement, error) {
-	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
+func (vs Volumes) waitCopiesGone(ctx context.Context, volume string, rec volumeRecord) (Placement, error) {
+	ctx, cancel := context.WithTimeout(ctx, vs.n.cfg.OpTimeout)
 	defer cancel()
-	prefix := n.key("copies", volume) + "/"
+	prefix := vs.n.key("copies", volume) + "/"
 	for {
-		resp, err := n.cli.Get(ctx, prefix, clientv3.WithPrefix())
+		resp, err := vs.n.cli.Get(ctx, prefix, clientv3.WithPrefix())
 		if err != nil {
-			return Placement{}, n.opError(ctx, err)
+			return Placement{}, vs.opError(ctx, err)
 		}
 		var left []string
 		for _, kv := range resp.Kvs {
@@ -459,25 +404,25 @@ func (n *Node) waitCopiesGone(ctx context.Context, volume string, rec volumeReco
 		if len(left) == 0 {
 			return Placement{}, nil
 		}
-		wch := n.cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		wch := vs.n.cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 		select {
 		case <-wch:
 		case <-ctx.Done():
-			return Placement{}, fmt.Errorf("copies on %s not deleted: %w", strings.Join(left, ", "), n.opError(ctx, ctx.Err()))
+			return Placement{}, fmt.Errorf("copies on %s not deleted: %w", strings.Join(left, ", "), vs.opError(ctx, ctx.Err()))
 		}
 	}
 }
 
 // Placements returns every placed volume by name.
-func (n *Node) Placements(ctx context.Context) (map[string]Placement, error) {
-	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("volumes")+"/", clientv3.WithPrefix()),
-		clientv3.OpGet(n.key("copies")+"/", clientv3.WithPrefix())).Commit()
+func (vs Volumes) Placements(ctx context.Context) (map[string]Placement, error) {
+	resp, err := vs.n.cli.Txn(ctx).Then(clientv3.OpGet(vs.n.key("volumes")+"/", clientv3.WithPrefix()),
+		clientv3.OpGet(vs.n.key("copies")+"/", clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("list placements: %w", err)
 	}
 	copies := map[string]map[string]copyRecord{}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		rest := strings.TrimPrefix(string(kv.Key), n.key("copies")+"/")
+		rest := strings.TrimPrefix(string(kv.Key), vs.n.key("copies")+"/")
 		vol, node, ok := strings.Cut(rest, "/")
 		var c copyRecord
 		if !ok || json.Unmarshal(kv.Value, &c) != nil {

@@ -16,7 +16,7 @@ import (
 // meanwhile is unknown). Signals are coalesced: a reader that is behind
 // gets one for all. A reader reads the primary again with Role; a signal
 // without a change costs it only that.
-func (n *Node) WatchPrimary(ctx context.Context, volume string) <-chan struct{} {
+func (ps Primaries) WatchPrimary(ctx context.Context, volume string) <-chan struct{} {
 	out := make(chan struct{}, 1)
 	signal := func() {
 		select {
@@ -27,7 +27,7 @@ func (n *Node) WatchPrimary(ctx context.Context, volume string) <-chan struct{} 
 	go func() {
 		defer close(out)
 		for ctx.Err() == nil {
-			n.watchPrimaryOnce(ctx, volume, signal)
+			ps.watchPrimaryOnce(ctx, volume, signal)
 			sleep(ctx, 200*time.Millisecond)
 		}
 	}()
@@ -37,11 +37,11 @@ func (n *Node) WatchPrimary(ctx context.Context, volume string) <-chan struct{} 
 // watchPrimaryOnce watches the keys that name volume's primary until the
 // watch breaks or ctx ends, signalling once both watches are in place and
 // at each change.
-func (n *Node) watchPrimaryOnce(ctx context.Context, volume string, signal func()) {
+func (ps Primaries) watchPrimaryOnce(ctx context.Context, volume string, signal func()) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	vw := n.cli.Watch(wctx, n.key("volumes", volume), clientv3.WithCreatedNotify())
-	pw := n.cli.Watch(wctx, n.key("primary", volume), clientv3.WithCreatedNotify())
+	vw := ps.n.cli.Watch(wctx, ps.n.key("volumes", volume), clientv3.WithCreatedNotify())
+	pw := ps.n.cli.Watch(wctx, ps.n.key("primary", volume), clientv3.WithCreatedNotify())
 	created := 0
 	for {
 		var wr clientv3.WatchResponse

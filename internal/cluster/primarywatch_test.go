@@ -22,13 +22,13 @@ func TestWatchPrimary(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	never := func(bool, string) bool { return false }
-	if p, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "two", Capacity: 1 << 30, Replicas: 2}, "", never); err != nil || p.Primary != "n2" {
+	if p, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "two", Capacity: 1 << 30, Replicas: 2}, "", never); err != nil || p.Primary != "n2" {
 		t.Fatalf("placed %+v, %v: want primary n2", p, err)
 	}
-	if _, err := n2.HoldPrimary(ctx, "two"); err != nil {
+	if _, err := n2.Primaries().HoldPrimary(ctx, "two"); err != nil {
 		t.Fatal(err)
 	}
-	moves := tc.first.WatchPrimary(ctx, "two")
+	moves := tc.first.Primaries().WatchPrimary(ctx, "two")
 	next := func(what string) {
 		t.Helper()
 		select {
@@ -45,7 +45,7 @@ func TestWatchPrimary(t *testing.T) {
 	_ = n2.Close() // revokes its lease: primary/two vanishes, n3 is promoted
 	for {
 		next("the promotion")
-		r, err := tc.first.Role(ctx, "two")
+		r, err := tc.first.Primaries().Role(ctx, "two")
 		if err != nil {
 			t.Fatal(err)
 		}

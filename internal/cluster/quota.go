@@ -45,18 +45,18 @@ type Charge struct {
 	Admit func(used Usage) error
 }
 
-func (n *Node) usageKey(tenant string) string { return n.key("tenants", tenant, "use") }
+func (vs Volumes) usageKey(tenant string) string { return vs.n.key("tenants", tenant, "use") }
 
 // TenantUsage returns what tenant's placed volumes count.
-func (n *Node) TenantUsage(ctx context.Context, tenant string) (Usage, error) {
-	u, _, err := n.readUsage(ctx, tenant)
+func (vs Volumes) TenantUsage(ctx context.Context, tenant string) (Usage, error) {
+	u, _, err := vs.readUsage(ctx, tenant)
 	return u, err
 }
 
 // readUsage returns tenant's usage and its key's mod revision (0: none).
-func (n *Node) readUsage(ctx context.Context, tenant string) (Usage, int64, error) {
-	k := n.usageKey(tenant)
-	resp, err := n.cli.Get(ctx, k)
+func (vs Volumes) readUsage(ctx context.Context, tenant string) (Usage, int64, error) {
+	k := vs.usageKey(tenant)
+	resp, err := vs.n.cli.Get(ctx, k)
 	if err != nil {
 		return Usage{}, 0, fmt.Errorf("read %s: %w", k, err)
 	}
@@ -71,8 +71,8 @@ func (n *Node) readUsage(ctx context.Context, tenant string) (Usage, int64, erro
 }
 
 // usageUnchanged compares the usage key with the revision it was read at.
-func (n *Node) usageUnchanged(tenant string, rev int64) clientv3.Cmp {
-	k := n.usageKey(tenant)
+func (vs Volumes) usageUnchanged(tenant string, rev int64) clientv3.Cmp {
+	k := vs.usageKey(tenant)
 	if rev == 0 {
 		return clientv3.Compare(clientv3.CreateRevision(k), "=", 0)
 	}

@@ -57,14 +57,14 @@ func TestTenantQuotaRace(t *testing.T) {
 	const quota, tries = 5, 24
 	made := race(t, tries, []*Node{tc.first, n2}, func(n *Node, i int) error {
 		spec := api.VolumeSpec{Name: fmt.Sprintf("acme--v%02d", i), Capacity: 1 << 20, Tenant: "acme"}
-		_, _, err := n.CreateCharged(ctx, spec, "", never, quotaCharge(1<<20, quota, 1<<40))
+		_, _, err := n.Volumes().CreateCharged(ctx, spec, "", never, quotaCharge(1<<20, quota, 1<<40))
 		return err
 	})
-	ps, err := n2.Placements(ctx)
+	ps, err := n2.Volumes().Placements(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := tc.first.TenantUsage(ctx, "acme")
+	u, err := tc.first.Volumes().TenantUsage(ctx, "acme")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,13 +82,13 @@ func TestTenantQuotaRace(t *testing.T) {
 	// answered with the volume, not refused by the quota it counts in.
 	for name, p := range ps {
 		again := func(same bool, _ string) bool { return same }
-		_, created, err := n2.CreateCharged(ctx, p.Spec, "", again, quotaCharge(1<<20, quota, 1<<40))
+		_, created, err := n2.Volumes().CreateCharged(ctx, p.Spec, "", again, quotaCharge(1<<20, quota, 1<<40))
 		if err != nil || created {
 			t.Fatalf("idempotent retry of %s at the quota: created %v, %v", name, created, err)
 		}
 		break
 	}
-	if u, _ := tc.first.TenantUsage(ctx, "acme"); u.Volumes != quota {
+	if u, _ := tc.first.Volumes().TenantUsage(ctx, "acme"); u.Volumes != quota {
 		t.Fatalf("usage after an idempotent retry: %+v", u)
 	}
 	// A delete gives its charge back, in the Txn that removes the record.
@@ -97,36 +97,36 @@ func TestTenantQuotaRace(t *testing.T) {
 		one = name
 		break
 	}
-	if err := n2.DeleteVolume(ctx, one); err != nil {
+	if err := n2.Volumes().DeleteVolume(ctx, one); err != nil {
 		t.Fatal(err)
 	}
-	if u, _ := tc.first.TenantUsage(ctx, "acme"); u.Volumes != quota-1 || u.Capacity != (quota-1)<<20 {
+	if u, _ := tc.first.Volumes().TenantUsage(ctx, "acme"); u.Volumes != quota-1 || u.Capacity != (quota-1)<<20 {
 		t.Fatalf("usage after a delete: %+v", u)
 	}
 	// Capacity: one more volume fits by count but not by bytes.
 	big := api.VolumeSpec{Name: "acme--big", Capacity: 2 << 20, Tenant: "acme"}
-	if _, _, err := tc.first.CreateCharged(ctx, big, "", never, quotaCharge(2<<20, quota, (quota)<<20)); !errors.Is(err, errOverQuota) {
+	if _, _, err := tc.first.Volumes().CreateCharged(ctx, big, "", never, quotaCharge(2<<20, quota, (quota)<<20)); !errors.Is(err, errOverQuota) {
 		t.Fatalf("create over the capacity quota: %v", err)
 	}
-	if _, ok, _ := tc.first.Placement(ctx, "acme--big"); ok {
+	if _, ok, _ := tc.first.Volumes().Placement(ctx, "acme--big"); ok {
 		t.Fatal("a refused volume was recorded")
 	}
 	// A create whose copy fails is removed, and its charge with it.
 	stores["n2"].setFail(errors.New("disk on fire"))
 	all := api.VolumeSpec{Name: "acme--all", Capacity: 1 << 20, Tenant: "acme", Replicas: 2}
-	if _, _, err := tc.first.CreateCharged(ctx, all, "", never, quotaCharge(1<<20, quota, 1<<40)); !errors.Is(err, ErrCopyFailed) {
+	if _, _, err := tc.first.Volumes().CreateCharged(ctx, all, "", never, quotaCharge(1<<20, quota, 1<<40)); !errors.Is(err, ErrCopyFailed) {
 		t.Fatalf("create with a failing copy: %v", err)
 	}
-	if u, _ := tc.first.TenantUsage(ctx, "acme"); u.Volumes != quota-1 {
+	if u, _ := tc.first.Volumes().TenantUsage(ctx, "acme"); u.Volumes != quota-1 {
 		t.Fatalf("usage after a failed create: %+v, want %d volumes", u, quota-1)
 	}
 	// Another tenant's usage is its own; a volume of no tenant counts
 	// nowhere.
 	stores["n2"].setFail(nil)
-	if _, _, err := n2.CreateVolume(ctx, api.VolumeSpec{Name: "plain", Capacity: 1 << 20}, "", never); err != nil {
+	if _, _, err := n2.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "plain", Capacity: 1 << 20}, "", never); err != nil {
 		t.Fatal(err)
 	}
-	if u, _ := tc.first.TenantUsage(ctx, "other"); u != (Usage{}) {
+	if u, _ := tc.first.Volumes().TenantUsage(ctx, "other"); u != (Usage{}) {
 		t.Fatalf("usage of another tenant: %+v", u)
 	}
 }
@@ -144,7 +144,7 @@ func TestUpdateSpecQuotaRace(t *testing.T) {
 	const maxCap = 10 << 20
 	for _, name := range []string{"acme--a", "acme--b"} {
 		spec := api.VolumeSpec{Name: name, Capacity: 1 << 20, Tenant: "acme"}
-		if _, _, err := tc.first.CreateCharged(ctx, spec, "", never, quotaCharge(1<<20, 10, maxCap)); err != nil {
+		if _, _, err := tc.first.Volumes().CreateCharged(ctx, spec, "", never, quotaCharge(1<<20, 10, maxCap)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -166,23 +166,23 @@ func TestUpdateSpecQuotaRace(t *testing.T) {
 		// two volumes' grows race for the tenant's usage.
 		mu[i%2].Lock()
 		defer mu[i%2].Unlock()
-		p, _, err := n.Placement(ctx, name)
+		p, _, err := n.Volumes().Placement(ctx, name)
 		if err != nil {
 			return err
 		}
 		capacity := p.Spec.Capacity + 1<<20
 		ch := grow(1 << 20)
 		ch.Update = api.VolumeUpdate{Capacity: &capacity}
-		_, err = n.UpdateSpec(ctx, name, ch)
+		_, err = n.Volumes().UpdateSpec(ctx, name, ch)
 		return err
 	})
-	u, err := n2.TenantUsage(ctx, "acme")
+	u, err := n2.Volumes().TenantUsage(ctx, "acme")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var total int64
 	for _, name := range []string{"acme--a", "acme--b"} {
-		p, _, err := n2.Placement(ctx, name)
+		p, _, err := n2.Volumes().Placement(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -195,28 +195,28 @@ func TestUpdateSpecQuotaRace(t *testing.T) {
 	// Labels and a lower capacity need no quota; the usage follows the
 	// record's charge, and the undo of UpdateOf puts the spec back.
 	small := int64(1 << 20)
-	prev, err := tc.first.UpdateSpec(ctx, "acme--a", SpecChange{Charge: charge,
+	prev, err := tc.first.Volumes().UpdateSpec(ctx, "acme--a", SpecChange{Charge: charge,
 		Update: api.VolumeUpdate{Capacity: &small, Labels: map[string]string{"k": "v"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, _, _ := n2.Placement(ctx, "acme--a")
-	if u, _ := n2.TenantUsage(ctx, "acme"); p.Spec.Labels["k"] != "v" || u.Capacity != maxCap-prev.Capacity+small {
+	p, _, _ := n2.Volumes().Placement(ctx, "acme--a")
+	if u, _ := n2.Volumes().TenantUsage(ctx, "acme"); p.Spec.Labels["k"] != "v" || u.Capacity != maxCap-prev.Capacity+small {
 		t.Fatalf("after a shrink of the record: labels %v, usage %+v", p.Spec.Labels, u)
 	}
-	if _, err := tc.first.UpdateSpec(ctx, "acme--a", SpecChange{Charge: charge, Update: UpdateOf(prev)}); err != nil {
+	if _, err := tc.first.Volumes().UpdateSpec(ctx, "acme--a", SpecChange{Charge: charge, Update: UpdateOf(prev)}); err != nil {
 		t.Fatal(err)
 	}
-	p, _, _ = n2.Placement(ctx, "acme--a")
-	if u, _ := n2.TenantUsage(ctx, "acme"); p.Spec.Labels != nil || p.Spec.Capacity != prev.Capacity || u.Capacity != maxCap {
+	p, _, _ = n2.Volumes().Placement(ctx, "acme--a")
+	if u, _ := n2.Volumes().TenantUsage(ctx, "acme"); p.Spec.Labels != nil || p.Spec.Capacity != prev.Capacity || u.Capacity != maxCap {
 		t.Fatalf("after the undo: spec %+v, usage %+v", p.Spec, u)
 	}
 	for _, name := range []string{"acme--a", "acme--b"} {
-		if err := n2.DeleteVolume(ctx, name); err != nil {
+		if err := n2.Volumes().DeleteVolume(ctx, name); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if u, _ := n2.TenantUsage(ctx, "acme"); u != (Usage{}) {
+	if u, _ := n2.Volumes().TenantUsage(ctx, "acme"); u != (Usage{}) {
 		t.Fatalf("usage after deleting both: %+v, want none", u)
 	}
 }

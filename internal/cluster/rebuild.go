@@ -23,17 +23,17 @@ const CopyRebuilding = "rebuilding"
 // that rewrites the placement, drops gone's copy key and records the new
 // copy rebuilding. The new node makes its copy (reconcile) and the primary
 // rebuilds it. It returns the new node.
-func (n *Node) ReplaceCopy(ctx context.Context, volume, gone string, term uint64) (string, error) {
-	s := n.session()
-	if s == nil || !n.up.Load() {
+func (cs Copies) ReplaceCopy(ctx context.Context, volume, gone string, term uint64) (string, error) {
+	s := cs.n.session()
+	if s == nil || !cs.n.up.Load() {
 		return "", fmt.Errorf("replace copy %s of %q: %w", gone, volume, ErrNoSession)
 	}
-	nodes, err := n.Nodes(ctx)
+	nodes, err := cs.n.Nodes(ctx)
 	if err != nil {
 		return "", err
 	}
-	vk, ak := n.key("volumes", volume), n.key("alive", n.cfg.NodeName)
-	resp, err := n.cli.Get(ctx, vk)
+	vk, ak := cs.n.key("volumes", volume), cs.n.key("alive", cs.n.cfg.NodeName)
+	resp, err := cs.n.cli.Get(ctx, vk)
 	if err != nil {
 		return "", fmt.Errorf("replace copy %s of %q: %w", gone, volume, err)
 	}
@@ -44,7 +44,7 @@ func (n *Node) ReplaceCopy(ctx context.Context, volume, gone string, term uint64
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
 		return "", err
 	}
-	if rec.Primary != n.cfg.NodeName || rec.Term != term {
+	if rec.Primary != cs.n.cfg.NodeName || rec.Term != term {
 		return "", fmt.Errorf("replace copy %s of %q: this node is not the primary at term %d (primary %s, term %d): %w",
 			gone, volume, term, rec.Primary, rec.Term, ErrNotPrimary)
 	}
@@ -86,17 +86,21 @@ func (n *Node) ReplaceCopy(ctx context.Context, volume, gone string, term uint64
 	rec.Copies = slices.Clone(rec.Copies)
 	rec.Copies[slices.Index(rec.Copies, gone)] = next
 	c := copyRecord{State: CopyRebuilding, Reason: "replaces the copy on " + gone, UpdatedAt: time.Now().UTC()}
-	put, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", resp.Kvs[0].ModRevision),
-		clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())).
-		Then(clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpDelete(n.key("copies", volume, gone)),
-			clientv3.OpPut(n.key("copies", volume, next), mustJSON(c))).Commit()
+	// After an unknown outcome (ErrUnknownOutcome, an error to the caller)
+	// the copy is replaced or not; the rebuild loop looks at the placement
+	// again, and ReplaceCopy refuses a copy that is no longer placed.
+	put, err := cs.n.commit(ctx, txnSpec{
+		If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", resp.Kvs[0].ModRevision),
+			clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())},
+		Then: []clientv3.Op{clientv3.OpPut(vk, mustJSON(rec)), clientv3.OpDelete(cs.n.key("copies", volume, gone)),
+			clientv3.OpPut(cs.n.key("copies", volume, next), mustJSON(c))}})
 	if err != nil {
 		return "", fmt.Errorf("replace copy %s of %q: %w", gone, volume, err)
 	}
 	if !put.Succeeded {
 		return "", fmt.Errorf("replace copy %s of %q: the volume record changed meanwhile, or this node lost its lease", gone, volume)
 	}
-	n.log.Warn("copy replaced: its node was gone too long; the new copy is rebuilt", "volume", volume, "gone", gone,
+	cs.n.log.Warn("copy replaced: its node was gone too long; the new copy is rebuilt", "volume", volume, "gone", gone,
 		"new", next, "term", term)
 	return next, nil
 }

@@ -1,10 +1,12 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -133,4 +135,71 @@ func (n *Node) report(ctx context.Context) {
 			n.log.Warn("report free space to etcd", "err", err)
 		}
 	}
+}
+
+// NodeInfo is one member of the cluster, up or down.
+type NodeInfo struct {
+	Name          string
+	NodeID        string
+	API, NBD      string // empty while down
+	FailureDomain string
+	Up            bool
+	TotalBytes    int64 // as last reported; 0 while down
+	FreeBytes     int64
+	Volumes       int // copies placed on it
+	// Drain is DrainRunning or DrainDone while the node is drained
+	// (placement skips it), else "".
+	Drain string
+}
+
+// Nodes lists every member, sorted by name.
+func (n *Node) Nodes(ctx context.Context) ([]NodeInfo, error) {
+	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(n.key("members")+"/", clientv3.WithPrefix()),
+		clientv3.OpGet(n.key("alive")+"/", clientv3.WithPrefix()),
+		clientv3.OpGet(n.key("volumes")+"/", clientv3.WithPrefix()),
+		clientv3.OpGet(n.key("drained")+"/", clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	byName := map[string]*NodeInfo{}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		var m memberRecord
+		if json.Unmarshal(kv.Value, &m) != nil {
+			continue
+		}
+		name := lastSegment(string(kv.Key))
+		byName[name] = &NodeInfo{Name: name, NodeID: m.NodeID, FailureDomain: m.FailureDomain}
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		var a aliveRecord
+		ni := byName[lastSegment(string(kv.Key))]
+		if ni == nil || json.Unmarshal(kv.Value, &a) != nil || a.NodeID != ni.NodeID {
+			continue
+		}
+		ni.Up, ni.API, ni.NBD, ni.TotalBytes, ni.FreeBytes = true, a.API, a.NBD, a.TotalBytes, a.FreeBytes
+		ni.FailureDomain = a.FailureDomain
+	}
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		var v volumeRecord
+		if json.Unmarshal(kv.Value, &v) != nil {
+			continue
+		}
+		for _, c := range v.Copies {
+			if ni := byName[c]; ni != nil {
+				ni.Volumes++
+			}
+		}
+	}
+	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
+		var d drainRecord
+		if ni := byName[lastSegment(string(kv.Key))]; ni != nil && json.Unmarshal(kv.Value, &d) == nil {
+			ni.Drain = d.State
+		}
+	}
+	out := make([]NodeInfo, 0, len(byName))
+	for _, ni := range byName {
+		out = append(out, *ni)
+	}
+	slices.SortFunc(out, func(a, b NodeInfo) int { return cmp.Compare(a.Name, b.Name) })
+	return out, nil
 }

@@ -15,7 +15,7 @@ import (
 // as much; the removal of the volume's record gives them back
 // (removeRecord). docs/security.md, "Tenants on a cluster".
 
-func (n *Node) snapChargeKey(volume string) string { return n.key("snapcharges", volume) }
+func (vs Volumes) snapChargeKey(volume string) string { return vs.n.key("snapcharges", volume) }
 
 // ChargeSnapshots adds delta (one new snapshot: 1; one deleted: -1) to the
 // snapshots counted for volume and its tenant, in one Txn that needs the
@@ -24,10 +24,10 @@ func (n *Node) snapChargeKey(volume string) string { return n.key("snapcharges",
 // an error naming the quota). A volume without a tenant counts nothing.
 // The count never goes below zero: a snapshot made before it was counted
 // gives nothing back.
-func (n *Node) ChargeSnapshots(ctx context.Context, volume string, delta int64, admit func(Usage) error) error {
-	vk, sk := n.key("volumes", volume), n.snapChargeKey(volume)
+func (vs Volumes) ChargeSnapshots(ctx context.Context, volume string, delta int64, admit func(Usage) error) error {
+	vk, sk := vs.n.key("volumes", volume), vs.snapChargeKey(volume)
 	for {
-		resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(sk)).Commit()
+		resp, err := vs.n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(sk)).Commit()
 		if err != nil {
 			return fmt.Errorf("count snapshots of %q: %w", volume, err)
 		}
@@ -54,7 +54,7 @@ func (n *Node) ChargeSnapshots(ctx context.Context, volume string, delta int64, 
 		if d == 0 {
 			return nil
 		}
-		used, urev, err := n.readUsage(ctx, tenant)
+		used, urev, err := vs.readUsage(ctx, tenant)
 		if err != nil {
 			return fmt.Errorf("count snapshots of %q: %w", volume, err)
 		}
@@ -63,19 +63,19 @@ func (n *Node) ChargeSnapshots(ctx context.Context, volume string, delta int64, 
 				return fmt.Errorf("snapshot of %q: %w", volume, err)
 			}
 		}
-		cmps := []clientv3.Cmp{n.usageUnchanged(tenant, urev), clientv3.Compare(clientv3.ModRevision(vk), "=", vkv[0].ModRevision)}
+		cmps := []clientv3.Cmp{vs.usageUnchanged(tenant, urev), clientv3.Compare(clientv3.ModRevision(vk), "=", vkv[0].ModRevision)}
 		if srev == 0 {
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sk), "=", 0))
 		} else {
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(sk), "=", srev))
 		}
-		ops := []clientv3.Op{clientv3.OpPut(n.usageKey(tenant), mustJSON(used.plus(Usage{Snapshots: d})))}
+		ops := []clientv3.Op{clientv3.OpPut(vs.usageKey(tenant), mustJSON(used.plus(Usage{Snapshots: d})))}
 		if count+d == 0 {
 			ops = append(ops, clientv3.OpDelete(sk))
 		} else {
 			ops = append(ops, clientv3.OpPut(sk, strconv.FormatInt(count+d, 10)))
 		}
-		put, err := n.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		put, err := vs.n.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			return fmt.Errorf("count snapshots of %q: %w", volume, err)
 		}
@@ -88,9 +88,9 @@ func (n *Node) ChargeSnapshots(ctx context.Context, volume string, delta int64, 
 
 // snapCharge returns the snapshots counted for volume and the key's mod
 // revision (0: none).
-func (n *Node) snapCharge(ctx context.Context, volume string) (int64, int64, error) {
-	sk := n.snapChargeKey(volume)
-	resp, err := n.cli.Get(ctx, sk)
+func (vs Volumes) snapCharge(ctx context.Context, volume string) (int64, int64, error) {
+	sk := vs.snapChargeKey(volume)
+	resp, err := vs.n.cli.Get(ctx, sk)
 	if err != nil || len(resp.Kvs) == 0 {
 		return 0, 0, err
 	}

@@ -31,10 +31,10 @@ type SpecChange struct {
 // tenant's usage, in one Txn that needs the record and the usage as read.
 // It returns the spec before the change, for an undo. Only the spec
 // changes: the copies' manifests are their primary's to change, at the cut.
-func (n *Node) UpdateSpec(ctx context.Context, volume string, ch SpecChange) (api.VolumeSpec, error) {
-	vk := n.key("volumes", volume)
+func (vs Volumes) UpdateSpec(ctx context.Context, volume string, ch SpecChange) (api.VolumeSpec, error) {
+	vk := vs.n.key("volumes", volume)
 	for {
-		resp, err := n.cli.Get(ctx, vk)
+		resp, err := vs.n.cli.Get(ctx, vk)
 		if err != nil {
 			return api.VolumeSpec{}, fmt.Errorf("record the update of %q: %w", volume, err)
 		}
@@ -55,7 +55,7 @@ func (n *Node) UpdateSpec(ctx context.Context, volume string, ch SpecChange) (ap
 		if tenant := rec.Spec.Tenant; tenant != "" && rec.Charge != nil && ch.Charge != nil {
 			after := ch.Charge(rec.Spec)
 			delta := after.minus(*rec.Charge)
-			used, urev, err := n.readUsage(ctx, tenant)
+			used, urev, err := vs.readUsage(ctx, tenant)
 			if err != nil {
 				return api.VolumeSpec{}, fmt.Errorf("record the update of %q: %w", volume, err)
 			}
@@ -65,11 +65,11 @@ func (n *Node) UpdateSpec(ctx context.Context, volume string, ch SpecChange) (ap
 				}
 			}
 			rec.Charge = &after
-			cmps = append(cmps, n.usageUnchanged(tenant, urev))
-			ops = append(ops, clientv3.OpPut(n.usageKey(tenant), mustJSON(used.plus(delta))))
+			cmps = append(cmps, vs.usageUnchanged(tenant, urev))
+			ops = append(ops, clientv3.OpPut(vs.usageKey(tenant), mustJSON(used.plus(delta))))
 		}
 		ops = append(ops, clientv3.OpPut(vk, mustJSON(rec)))
-		put, err := n.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		put, err := vs.n.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			return api.VolumeSpec{}, fmt.Errorf("record the update of %q: %w", volume, err)
 		}

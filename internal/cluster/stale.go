@@ -94,22 +94,22 @@ func staleCopy(me string, lc LocalCopy, rec *volumeRecord, readErr error, copies
 }
 
 // collectStale runs the stale-copy check at start and every staleInterval.
-func (n *Node) collectStale(ctx context.Context) {
+func (cs Copies) collectStale(ctx context.Context) {
 	logged := map[string]string{} // the reason last logged, by volume
 	for ctx.Err() == nil {
-		n.collectStaleOnce(ctx, logged)
+		cs.collectStaleOnce(ctx, logged)
 		sleep(ctx, staleInterval)
 	}
 }
 
 // collectStaleOnce checks every local volume once; a verdict is logged when
 // it changed since the last check of that volume.
-func (n *Node) collectStaleOnce(ctx context.Context, logged map[string]string) {
-	me := n.cfg.NodeName
+func (cs Copies) collectStaleOnce(ctx context.Context, logged map[string]string) {
+	me := cs.n.cfg.NodeName
 	here := map[string]bool{}
-	for _, lc := range n.store.LocalCopies() {
+	for _, lc := range cs.n.store.LocalCopies() {
 		here[lc.Name] = true
-		rec, copies, rev, err := n.readStale(ctx, lc.Name)
+		rec, copies, rev, err := cs.readStale(ctx, lc.Name)
 		v := staleCopy(me, lc, rec, err, copies)
 		if !v.Delete {
 			if logged[lc.Name] != v.Reason {
@@ -121,26 +121,26 @@ func (n *Node) collectStaleOnce(ctx context.Context, logged map[string]string) {
 				if v.Retry || rec == nil {
 					level = slog.LevelInfo
 				}
-				n.log.Log(ctx, level, "local volume kept", "volume", lc.Name, "uid", lc.UID, "why", v.Reason)
+				cs.n.log.Log(ctx, level, "local volume kept", "volume", lc.Name, "uid", lc.UID, "why", v.Reason)
 			}
 			continue
 		}
-		if err := n.store.DeleteCopy(ctx, lc.Name, lc.UID); err != nil {
-			n.log.Warn("delete a stale copy; tried again later", "volume", lc.Name, "uid", lc.UID, "err", err)
+		if err := cs.n.store.DeleteCopy(ctx, lc.Name, lc.UID); err != nil {
+			cs.n.log.Warn("delete a stale copy; tried again later", "volume", lc.Name, "uid", lc.UID, "err", err)
 			continue
 		}
 		delete(logged, lc.Name)
 		delete(here, lc.Name)
-		n.log.Warn("stale copy deleted: its volume was placed on other nodes while this node was gone",
+		cs.n.log.Warn("stale copy deleted: its volume was placed on other nodes while this node was gone",
 			"volume", lc.Name, "uid", lc.UID, "disks", lc.Disks, "allocated", lc.Allocated, "why", v.Reason)
-		n.staleDeleted.Add(1)
+		cs.n.staleDeleted.Add(1)
 		// A copy key of this node left over (none after ReplaceCopy) goes
 		// too, if the record did not change meanwhile.
 		if _, ok := copies[me]; ok {
-			ck, vk := n.key("copies", lc.Name, me), n.key("volumes", lc.Name)
-			if _, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).
+			ck, vk := cs.n.key("copies", lc.Name, me), cs.n.key("volumes", lc.Name)
+			if _, err := cs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).
 				Then(clientv3.OpDelete(ck)).Commit(); err != nil {
-				n.log.Warn("remove the copy state of a stale copy", "volume", lc.Name, "err", err)
+				cs.n.log.Warn("remove the copy state of a stale copy", "volume", lc.Name, "err", err)
 			}
 		}
 	}
@@ -153,9 +153,9 @@ func (n *Node) collectStaleOnce(ctx context.Context, logged map[string]string) {
 
 // readStale reads a volume's record (nil when absent) and its copy records
 // in one etcd read, and the record's mod revision.
-func (n *Node) readStale(ctx context.Context, volume string) (*volumeRecord, map[string]copyRecord, int64, error) {
-	vk, cp := n.key("volumes", volume), n.key("copies", volume)+"/"
-	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(cp, clientv3.WithPrefix())).Commit()
+func (cs Copies) readStale(ctx context.Context, volume string) (*volumeRecord, map[string]copyRecord, int64, error) {
+	vk, cp := cs.n.key("volumes", volume), cs.n.key("copies", volume)+"/"
+	resp, err := cs.n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(cp, clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return nil, nil, 0, err
 	}

@@ -75,7 +75,7 @@ func TestCollectStale(t *testing.T) {
 	n2 := tc.join(t, tc.config(t, "n2"), stores["n2"])
 	tc.join(t, tc.config(t, "n3"), stores["n3"])
 	ctx := context.Background()
-	if _, _, err := tc.first.CreateVolume(ctx, api.VolumeSpec{Name: "two", Capacity: 1 << 30, Replicas: 2}, "",
+	if _, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "two", Capacity: 1 << 30, Replicas: 2}, "",
 		func(bool, string) bool { return false }); err != nil {
 		t.Fatal(err)
 	}
@@ -86,18 +86,18 @@ func TestCollectStale(t *testing.T) {
 
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	tc.first.collectStaleOnce(cancelled, map[string]string{})
+	tc.first.Copies().collectStaleOnce(cancelled, map[string]string{})
 	if !local.has("two") {
 		t.Fatal("the stale copy was deleted while etcd could not be read")
 	}
-	tc.first.collectStaleOnce(ctx, map[string]string{})
+	tc.first.Copies().collectStaleOnce(ctx, map[string]string{})
 	if local.has("two") {
 		t.Fatal("the stale copy of a volume placed on n2 and n3, both in sync, is still here")
 	}
 	if !local.has("mine") {
 		t.Fatal("a volume etcd does not know was deleted")
 	}
-	n2.collectStaleOnce(ctx, map[string]string{})
+	n2.Copies().collectStaleOnce(ctx, map[string]string{})
 	if !stores["n2"].has("two") {
 		t.Fatal("n2 deleted its placed copy")
 	}

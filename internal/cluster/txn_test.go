@@ -65,21 +65,31 @@ func TestClassifyTxn(t *testing.T) {
 	}
 }
 
-// txnFault fails the next etcd Txn that deletes the armed key, as when the
-// connection to etcd is lost: after the request went through (applied) or
-// before it was sent. It is the etcd client's interceptor (Config.
-// EtcdDialOptions).
+// txnFault fails the next etcd Txn that deletes the armed key (armPut:
+// that puts it), as when the connection to etcd is lost: after the request
+// went through (applied) or before it was sent; armPut may give another
+// error. It is the etcd client's interceptor (Config.EtcdDialOptions).
 type txnFault struct {
 	mu      sync.Mutex
 	key     string
+	put     bool
 	applied bool
+	err     error
 	hits    int
 }
 
 func (f *txnFault) arm(key string, applied bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.key, f.applied = key, applied
+	f.key, f.put, f.applied, f.err = key, false, applied, nil
+}
+
+// armPut fails the next Txn that puts key with err (nil: the connection
+// lost).
+func (f *txnFault) armPut(key string, applied bool, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.key, f.put, f.applied, f.err = key, true, applied, err
 }
 
 func (f *txnFault) hit() int { f.mu.Lock(); defer f.mu.Unlock(); return f.hits }
@@ -88,8 +98,9 @@ func (f *txnFault) option() grpc.DialOption {
 	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		f.mu.Lock()
-		fire := f.key != "" && method == "/etcdserverpb.KV/Txn" && txnDeletes(req, f.key)
-		applied := f.applied
+		fire := f.key != "" && method == "/etcdserverpb.KV/Txn" &&
+			(f.put && txnPuts(req, f.key) || !f.put && txnDeletes(req, f.key))
+		applied, ferr := f.applied, f.err
 		if fire {
 			f.key = ""
 			f.hits++
@@ -103,7 +114,21 @@ func (f *txnFault) option() grpc.DialOption {
 				return err
 			}
 		}
+		if ferr != nil {
+			return ferr
+		}
 		return status.Error(codes.Unavailable, "injected: the connection to etcd was lost")
+	})
+}
+
+func txnPuts(req any, key string) bool {
+	r, ok := req.(*pb.TxnRequest)
+	if !ok {
+		return false
+	}
+	return slices.ContainsFunc(r.Success, func(op *pb.RequestOp) bool {
+		p := op.GetRequestPut()
+		return p != nil && string(p.Key) == key
 	})
 }
 
@@ -135,15 +160,15 @@ func TestHandOverUnknownOutcome(t *testing.T) {
 	n1 := tc.first
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
-	p, _, err := n1.CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2}, "", never)
+	p, _, err := n1.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2}, "", never)
 	if err != nil || p.Primary != "n2" {
 		t.Fatalf("create: %+v, %v; want n2 the primary", p, err)
 	}
 	waitFor(t, "n2 holding primary/v with n1 in sync at term 1", func() bool {
-		if _, err := n2.HoldPrimaryKey(ctx, "v"); err != nil {
+		if _, err := n2.Primaries().HoldPrimaryKey(ctx, "v"); err != nil {
 			return false
 		}
-		r, err := n2.Role(ctx, "v")
+		r, err := n2.Primaries().Role(ctx, "v")
 		return err == nil && len(r.Targets) == 1 && r.Targets[0].Instance != "" && r.Targets[0].Term == 1
 	})
 	pk := n2.key("primary", "v")
@@ -157,7 +182,7 @@ func TestHandOverUnknownOutcome(t *testing.T) {
 	}
 	before := rev()
 	fault.arm(pk, false)
-	_, _, err = n2.HandOver(ctx, "v", 1)
+	_, _, err = n2.Primaries().HandOver(ctx, "v", 1)
 	if fault.hit() != 1 {
 		t.Fatalf("the fault did not fire: %v", err)
 	}
@@ -172,9 +197,9 @@ func TestHandOverUnknownOutcome(t *testing.T) {
 	}
 	t.Logf("refused: %v", err)
 
-	waitFor(t, "n2 holding primary/v", func() bool { _, err := n2.HoldPrimaryKey(ctx, "v"); return err == nil })
+	waitFor(t, "n2 holding primary/v", func() bool { _, err := n2.Primaries().HoldPrimaryKey(ctx, "v"); return err == nil })
 	fault.arm(pk, true)
-	to, term, err := n2.HandOver(ctx, "v", 1)
+	to, term, err := n2.Primaries().HandOver(ctx, "v", 1)
 	if fault.hit() != 2 {
 		t.Fatalf("the fault did not fire: %v", err)
 	}

@@ -2,7 +2,7 @@ package replica
 
 // Leave stops writing copy node through the Set, recording nothing: for a
 // copy its caller has recorded diverged (an operation of the primary at the
-// cut failed on it; cluster.Node.MarkDiverged), whose resync copies it
+// cut failed on it; cluster.Copies.MarkDiverged), whose resync copies it
 // whole (MarkWhole), so no bitmap need track what it misses until then.
 // Call it with the Set frozen (Freeze), so that no change is in flight.
 func (s *Set) Leave(node string) {

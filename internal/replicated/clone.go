@@ -32,7 +32,7 @@ func (r *Volumes) Clone(ctx context.Context, h *pool.CloneHold, req pool.CloneRe
 	defer h.Release()
 	volume := req.Source.Volume
 	what := "clone " + req.Source.String()
-	src, ok, err := r.node.Placement(ctx, volume)
+	src, ok, err := r.node.Volumes().Placement(ctx, volume)
 	if err != nil {
 		return nil, err
 	}
@@ -41,7 +41,7 @@ func (r *Volumes) Clone(ctx context.Context, h *pool.CloneHold, req pool.CloneRe
 	}
 	fresh := map[string]bool{}
 	for _, name := range req.Names {
-		_, placed, err := r.node.Placement(ctx, name)
+		_, placed, err := r.node.Volumes().Placement(ctx, name)
 		if err != nil {
 			return nil, err
 		}
@@ -114,7 +114,7 @@ func (r *Volumes) cloneAtCut(ctx context.Context, h *pool.CloneHold, volume, wha
 	uids := map[string]string{}
 	for _, op := range ops {
 		uids[op.Name] = op.UID
-		if err := r.node.RunOp(ctx, volume, cs.role.Term, op); err != nil {
+		if err := r.node.Ops().RunOp(ctx, volume, cs.role.Term, op); err != nil {
 			return nil, intentOpen(fmt.Errorf("%s to %s: a copy could not clone it; undone on every node: %w: %w", what,
 				op.Name, cluster.ErrCopyFailed, err))
 		}
@@ -135,7 +135,7 @@ func (r *Volumes) cloneAtCut(ctx context.Context, h *pool.CloneHold, volume, wha
 		if charge != nil {
 			ch = charge(spec)
 		}
-		if _, err := r.node.PlaceClone(ctx, spec, uid, req.Idempotency.Key, m.UID, copies, ch); err != nil {
+		if _, err := r.node.Volumes().PlaceClone(ctx, spec, uid, req.Idempotency.Key, m.UID, copies, ch); err != nil {
 			// The clones placed before this one stay: each is whole.
 			return nil, intentOpen(fmt.Errorf("%s to %s: undone on every node: %w", what, m.Name, err))
 		}

@@ -92,7 +92,7 @@ func (r *Volumes) forget(volume string, disks []string) {
 // but the copies' state is unknown to etcd, and the caller fails.
 func (r *Volumes) applyAtCut(ctx context.Context, volume string, cs *cutState, op cluster.Op, disks []pool.DiskInfo) error {
 	op.Nodes = cs.nodes
-	each, err := r.node.RunOpEach(ctx, volume, cs.role.Term, op)
+	each, err := r.node.Ops().RunOpEach(ctx, volume, cs.role.Term, op)
 	if err != nil {
 		each = map[string]error{}
 		for _, n := range cs.nodes {
@@ -107,7 +107,7 @@ func (r *Volumes) applyAtCut(ctx context.Context, volume string, cs *cutState, o
 		}
 		cause = fmt.Errorf("%s %s at the cut failed on this copy (it is copied whole by its resync): %w", op.Kind, op.Name, cause)
 		r.log.Warn("copy failed a change at the cut: recorded diverged", "volume", volume, "copy", n, "op", op.Kind, "err", cause)
-		if err := r.node.MarkDiverged(volume, n, cs.role.Term, cause); err != nil {
+		if err := r.node.Copies().MarkDiverged(volume, n, cs.role.Term, cause); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("record the copy on %s diverged: %w", n, err))
 		}
 		for _, e := range cs.sets {
@@ -132,7 +132,7 @@ func (r *Volumes) applyAtCut(ctx context.Context, volume string, cs *cutState, o
 	for _, d := range disks {
 		specs = append(specs, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}
-	if err := r.node.UpdateDisks(ctx, volume, cs.role.Term, capacity, specs); err != nil {
+	if err := r.node.Volumes().UpdateDisks(ctx, volume, cs.role.Term, capacity, specs); err != nil {
 		return intentOpen(err)
 	}
 	return nil
@@ -162,7 +162,7 @@ func (r *Volumes) Rollback(ctx context.Context, h *pool.Hold, volume, snapshot s
 			return err
 		}
 		check := cluster.Op{Kind: cluster.OpCheckSnapshot, Name: snapshot, UID: snap.UID, Nodes: cs.nodes}
-		each, err := r.node.RunOpEach(ctx, volume, cs.role.Term, check)
+		each, err := r.node.Ops().RunOpEach(ctx, volume, cs.role.Term, check)
 		if err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
@@ -226,7 +226,7 @@ func (r *Volumes) RemoveDisk(ctx context.Context, volume, disk string, force boo
 // return), then on every in-sync copy (applyAtCut, a copy that fails it is
 // recorded diverged, and conformed by its resync), under an intent
 // recorded before the change here. The caller has recorded the change in
-// the volume's spec in etcd (cluster.Node.UpdateSpec).
+// the volume's spec in etcd (cluster.Volumes.UpdateSpec).
 func (r *Volumes) Update(ctx context.Context, volume string, u api.VolumeUpdate) (pool.VolumeInfo, error) {
 	v, err := r.pool.Volume(volume)
 	if err != nil {
@@ -324,5 +324,5 @@ func (r *Volumes) conform(ctx context.Context, v *pool.Volume, node string, term
 	for _, d := range info.Disks {
 		op.Disks = append(op.Disks, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}
-	return r.node.RunOp(ctx, info.Name, term, op)
+	return r.node.Ops().RunOp(ctx, info.Name, term, op)
 }

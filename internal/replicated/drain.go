@@ -31,7 +31,7 @@ const maxDrainRounds = 5
 // volumes the drain moves.
 func (r *Volumes) PrepareDrain(ctx context.Context) (int, error) {
 	me := r.node.Name()
-	moves, err := r.node.PlanDrain(ctx, me)
+	moves, err := r.node.Volumes().PlanDrain(ctx, me)
 	if err != nil {
 		return 0, err
 	}
@@ -53,7 +53,7 @@ func (r *Volumes) Undrain(ctx context.Context, node string) (bool, error) {
 func (r *Volumes) Drain(ctx context.Context, j *job.Job) error {
 	me := r.node.Name()
 	for round := 0; ; round++ {
-		moves, err := r.node.PlanDrain(ctx, me)
+		moves, err := r.node.Volumes().PlanDrain(ctx, me)
 		if err != nil {
 			return err
 		}
@@ -97,7 +97,7 @@ func (r *Volumes) Drain(ctx context.Context, j *job.Job) error {
 // its primary, or leaves the placement, and deletes its copy.
 func (r *Volumes) move(ctx context.Context, m cluster.Move, j *job.Job) error {
 	me := r.node.Name()
-	p, ok, err := r.node.Placement(ctx, m.Volume)
+	p, ok, err := r.node.Volumes().Placement(ctx, m.Volume)
 	if err != nil {
 		return err
 	}
@@ -110,11 +110,11 @@ func (r *Volumes) move(ctx context.Context, m cluster.Move, j *job.Job) error {
 	}
 	j.AddTotal(total)
 	var reported int64
-	if err := r.node.AddCopy(ctx, m.Volume, m.To, "moves the copy on "+me+" (drain)"); err != nil {
+	if err := r.node.Volumes().AddCopy(ctx, m.Volume, m.To, "moves the copy on "+me+" (drain)"); err != nil {
 		return err
 	}
 	r.log.Info("drain: copy placed; waiting for its rebuild", "volume", m.Volume, "to", m.To)
-	err = r.node.WaitCopyInSync(ctx, m.Volume, m.To, func(pr cluster.Progress) {
+	err = r.node.Copies().WaitCopyInSync(ctx, m.Volume, m.To, func(pr cluster.Progress) {
 		if d := min(pr.DoneBytes, total) - reported; d > 0 {
 			j.Add(d)
 			reported += d
@@ -126,7 +126,7 @@ func (r *Volumes) move(ctx context.Context, m cluster.Move, j *job.Job) error {
 	j.Add(total - reported)
 	// The primary may have changed since the plan (a failover).
 	for attempt := 0; ; attempt++ {
-		p, ok, err = r.node.Placement(ctx, m.Volume)
+		p, ok, err = r.node.Volumes().Placement(ctx, m.Volume)
 		if err != nil {
 			return err
 		}
@@ -134,7 +134,7 @@ func (r *Volumes) move(ctx context.Context, m cluster.Move, j *job.Job) error {
 			return fmt.Errorf("volume %q: %w", m.Volume, cluster.ErrVolumeNotFound)
 		}
 		if p.Primary != me {
-			err = r.node.RemoveCopy(ctx, m.Volume, me)
+			err = r.node.Volumes().RemoveCopy(ctx, m.Volume, me)
 		} else {
 			var to string
 			if to, err = r.HandOver(ctx, m.Volume); err == nil {
@@ -162,7 +162,7 @@ func (r *Volumes) move(ctx context.Context, m cluster.Move, j *job.Job) error {
 }
 
 // HandOver hands volume, of which this node is the primary, over to an
-// in-sync copy on another node (cluster.Node.HandOver) with no change in
+// in-sync copy on another node (cluster.Primaries.HandOver) with no change in
 // flight: every disk's Set is frozen, the new primary recorded at the next
 // term, the Sets retired (each later request on this node is abandoned,
 // unapplied, and its client sends it again to the new primary), then the
@@ -177,7 +177,7 @@ func (r *Volumes) HandOver(ctx context.Context, volume string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	prim, err := r.node.HoldPrimaryKey(ctx, volume)
+	prim, err := r.node.Primaries().HoldPrimaryKey(ctx, volume)
 	if err != nil {
 		return "", err
 	}
@@ -207,7 +207,7 @@ func (r *Volumes) HandOver(ctx context.Context, volume string) (string, error) {
 		thaws = append(thaws, ent.set.Freeze())
 		sets = append(sets, ent.set)
 	}
-	to, term, err := r.node.HandOver(ctx, volume, prim.Term)
+	to, term, err := r.node.Primaries().HandOver(ctx, volume, prim.Term)
 	if err != nil && !errors.Is(err, cluster.ErrNotPrimary) && !errors.Is(err, cluster.ErrUnknownOutcome) {
 		// Not handed over, and this node is still the primary at
 		// prim.Term: the gates open and the Sets go on.
@@ -261,7 +261,7 @@ const copyLeftWait = 3 * resyncInterval
 // attachments live on with its primary, in etcd), and then clears the
 // removal from etcd.
 func (r *Volumes) removeLocal(ctx context.Context, volume string) error {
-	uid, err := r.node.RemovingUID(ctx, volume)
+	uid, err := r.node.Volumes().RemovingUID(ctx, volume)
 	if err != nil {
 		return err
 	}
@@ -291,7 +291,7 @@ func (r *Volumes) removeLocal(ctx context.Context, volume string) error {
 			r.log.Info("drain: copy deleted here", "volume", volume)
 		}
 	}
-	return r.node.RemovedCopy(ctx, volume)
+	return r.node.Volumes().RemovedCopy(ctx, volume)
 }
 
 // forgetRemoved stops the Sets of volume (this node is its primary, p its

@@ -45,7 +45,7 @@ func TestHandOverUnknownOutcome(t *testing.T) {
 		return prim, sets, ex, "/quiver/primary/" + volume
 	}
 	primaryOf := func(volume string) (string, uint64) {
-		p, _, err := nodes["n1"].node.Placement(ctx, volume)
+		p, _, err := nodes["n1"].node.Volumes().Placement(ctx, volume)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -26,11 +26,11 @@ import (
 // know: the open is signed as this node's hop (Node.SignHop), which the
 // primary refuses at once (nbd.Config.Forwarded), and this node's NBD server
 // holds the refusal from its client's open. Every disk follows the primary as soon
-// as etcd names another (Node.WatchPrimary): the requests in flight go to
+// as etcd names another (cluster.Primaries.WatchPrimary): the requests in flight go to
 // the new primary at once, not after the request timeout.
 func (e Exports) forward(ctx context.Context, name, volume string) (nbd.Export, error) {
 	resolve := func(ctx context.Context) (string, error) {
-		role, err := e.node.Role(ctx, volume)
+		role, err := e.node.Primaries().Role(ctx, volume)
 		if err != nil {
 			return "", err
 		}
@@ -45,7 +45,7 @@ func (e Exports) forward(ctx context.Context, name, volume string) (nbd.Export, 
 	d, err := forward.Open(ctx, name, resolve, forward.Options{Logger: e.log.With("volume", volume),
 		RequestTimeout: 2*e.node.LeaseTTL() + 10*time.Second,
 		Name:           e.node.SignHop,
-		Moves:          func(ctx context.Context) <-chan struct{} { return e.node.WatchPrimary(ctx, volume) }})
+		Moves:          func(ctx context.Context) <-chan struct{} { return e.node.Primaries().WatchPrimary(ctx, volume) }})
 	if err != nil {
 		return nbd.Export{}, fmt.Errorf("export %s: %w", nbd.RedactToken(name), err)
 	}
@@ -66,7 +66,7 @@ const targetWait = 10 * time.Second
 func followedRole(ctx context.Context, node *cluster.Node, volume string, term uint64) (cluster.Role, error) {
 	deadline := time.Now().Add(targetWait)
 	for {
-		role, err := node.Role(ctx, volume)
+		role, err := node.Primaries().Role(ctx, volume)
 		if err != nil {
 			return cluster.Role{}, err
 		}
@@ -84,7 +84,7 @@ func followedRole(ctx context.Context, node *cluster.Node, volume string, term u
 		}
 		if time.Now().After(deadline) {
 			for _, t := range late {
-				if err := node.MarkOutOfSync(volume, t.Node, term,
+				if err := node.Copies().MarkOutOfSync(volume, t.Node, term,
 					fmt.Errorf("copy did not follow term %d within %s", term, targetWait)); err != nil {
 					return cluster.Role{}, err
 				}

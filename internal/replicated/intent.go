@@ -14,7 +14,7 @@ import (
 
 // Intents of changes at the cut (docs/cluster.md, "Intents"): the primary
 // records the change in etcd before it changes its own copy
-// (cluster.Node.BeginIntent) and removes the record when every in-sync copy
+// (cluster.Ops.BeginIntent) and removes the record when every in-sync copy
 // applied it or was recorded diverged. A record left behind is settled by
 // the volume's primary of the moment before any Set of the volume is made
 // at its term (acquire), so before the volume serves a write: a change of
@@ -87,10 +87,10 @@ func (ih *intentsHere) add(id string) {
 func (r *Volumes) intended(ctx context.Context, volume string, cs *cutState, ops []cluster.Op, change func() error) error {
 	// primary/<volume>, which the intent's record compares, is taken here
 	// when absent (a volume no client opened since it was placed).
-	if _, err := r.node.HoldPrimaryKey(ctx, volume); err != nil {
+	if _, err := r.node.Primaries().HoldPrimaryKey(ctx, volume); err != nil {
 		return err
 	}
-	in, err := r.node.BeginIntent(ctx, volume, cs.role.Term, ops, cs.nodes)
+	in, err := r.node.Ops().BeginIntent(ctx, volume, cs.role.Term, ops, cs.nodes)
 	if errors.Is(err, cluster.ErrIntentPending) {
 		return fmt.Errorf("%w: %w", err, pool.ErrBusy)
 	}
@@ -125,7 +125,7 @@ func (r *Volumes) intended(ctx context.Context, volume string, cs *cutState, ops
 	// cut, finishing the change again (a rollback) would undo them.
 	var eerr error
 	for try := 0; try < 10; try++ {
-		if eerr = r.node.EndIntent(ctx, volume, cs.role.Term, in); eerr == nil || errors.Is(eerr, cluster.ErrNotPrimary) {
+		if eerr = r.node.Ops().EndIntent(ctx, volume, cs.role.Term, in); eerr == nil || errors.Is(eerr, cluster.ErrNotPrimary) {
 			break
 		}
 		time.Sleep(time.Second)
@@ -142,17 +142,17 @@ func (r *Volumes) intended(ctx context.Context, volume string, cs *cutState, ops
 // primary, or by an earlier process of this node, and this node is the
 // volume's primary: before a Set of the volume is made.
 func (r *Volumes) settleFirst(ctx context.Context, volume string) error {
-	in, ok, err := r.node.VolumeIntent(ctx, volume)
+	in, ok, err := r.node.Ops().VolumeIntent(ctx, volume)
 	if err != nil || !ok || !cluster.NeedsSettling(in, r.intents.owned(in.ID)) {
 		return err
 	}
 	mu := r.intents.lock(volume)
 	mu.Lock()
 	defer mu.Unlock()
-	if in, ok, err = r.node.VolumeIntent(ctx, volume); err != nil || !ok || !cluster.NeedsSettling(in, r.intents.owned(in.ID)) {
+	if in, ok, err = r.node.Ops().VolumeIntent(ctx, volume); err != nil || !ok || !cluster.NeedsSettling(in, r.intents.owned(in.ID)) {
 		return err
 	}
-	pr, err := r.node.HoldPrimaryKey(ctx, volume)
+	pr, err := r.node.Primaries().HoldPrimaryKey(ctx, volume)
 	if errors.Is(err, cluster.ErrNotPrimary) {
 		return nil // another node's to settle
 	}
@@ -169,7 +169,7 @@ func (r *Volumes) settleFirst(ctx context.Context, volume string) error {
 // it, the Sets still frozen, after its own change of the disks (which it
 // holds the pool's hold of) succeeded.
 func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, term uint64, atCut bool) error {
-	role, err := r.node.Role(ctx, volume)
+	role, err := r.node.Primaries().Role(ctx, volume)
 	if err != nil {
 		return err
 	}
@@ -181,7 +181,7 @@ func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, 
 		nodes = append(nodes, t.Node)
 	}
 	if len(in.Ops) == 0 {
-		return r.node.SettledIntent(ctx, volume, term, in, nil) // nothing to do: not written so
+		return r.node.Ops().SettledIntent(ctx, volume, term, in, nil) // nothing to do: not written so
 	}
 	how := cluster.SettleOf(in)
 	r.log.Warn("settling the intent of a change at the cut", "volume", volume, "intent", in.ID, "op", in.Ops[0].Kind,
@@ -205,19 +205,19 @@ func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, 
 		// this copy's again by its resync (conform, then whole).
 		r.log.Warn("the intent's change failed here: the copies are made this one's", "volume", volume, "err", lerr)
 		for _, n := range nodes {
-			if err := r.node.MarkDiverged(volume, n, term, fmt.Errorf("%s %s was left unfinished and failed on the "+
+			if err := r.node.Copies().MarkDiverged(volume, n, term, fmt.Errorf("%s %s was left unfinished and failed on the "+
 				"new primary: %w", op.Kind, op.Name, lerr)); err != nil {
 				return err
 			}
 		}
 	} else {
-		each, err := r.node.RunOpEach(ctx, volume, term, op)
+		each, err := r.node.Ops().RunOpEach(ctx, volume, term, op)
 		if err != nil {
 			return err
 		}
 		for _, n := range nodes {
 			if cause := each[n]; cause != nil {
-				if err := r.node.MarkDiverged(volume, n, term, fmt.Errorf("%s %s, left unfinished, failed on this copy "+
+				if err := r.node.Copies().MarkDiverged(volume, n, term, fmt.Errorf("%s %s, left unfinished, failed on this copy "+
 					"(it is copied whole by its resync): %w", op.Kind, op.Name, cause)); err != nil {
 					return err
 				}
@@ -229,10 +229,10 @@ func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, 
 	for _, d := range info.Disks {
 		specs = append(specs, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}
-	if err := r.node.UpdateDisks(ctx, volume, term, info.Capacity, specs); err != nil {
+	if err := r.node.Volumes().UpdateDisks(ctx, volume, term, info.Capacity, specs); err != nil {
 		return err
 	}
-	return r.node.SettledIntent(ctx, volume, term, in, nil)
+	return r.node.Ops().SettledIntent(ctx, volume, term, in, nil)
 }
 
 // undoIntent deletes the clones of in that are not placed, or its
@@ -246,7 +246,7 @@ func (r *Volumes) undoIntent(ctx context.Context, volume string, in cluster.Inte
 		if op.Kind != cluster.OpClone {
 			continue
 		}
-		if p, ok, err := r.node.Placement(ctx, op.Name); err != nil {
+		if p, ok, err := r.node.Volumes().Placement(ctx, op.Name); err != nil {
 			return err
 		} else if ok {
 			placed[op.Name] = p.UID
@@ -274,7 +274,7 @@ func (r *Volumes) undoIntent(ctx context.Context, volume string, in cluster.Inte
 		if here {
 			var err error
 			if undo.Kind == cluster.OpUnclone {
-				err = r.node.UndoClone(ctx, volume, undo)
+				err = r.node.Ops().UndoClone(ctx, volume, undo)
 			} else {
 				err = poolStore{r.pool}.ApplyOp(ctx, volume, undo)
 			}
@@ -283,7 +283,7 @@ func (r *Volumes) undoIntent(ctx context.Context, volume string, in cluster.Inte
 			}
 		}
 		undo.Nodes = ask
-		each, err := r.node.RunOpEach(ctx, volume, term, undo)
+		each, err := r.node.Ops().RunOpEach(ctx, volume, term, undo)
 		if err != nil {
 			return err
 		}
@@ -293,7 +293,7 @@ func (r *Volumes) undoIntent(ctx context.Context, volume string, in cluster.Inte
 			}
 		}
 	}
-	p, _, err := r.node.Placement(ctx, volume)
+	p, _, err := r.node.Volumes().Placement(ctx, volume)
 	if err != nil {
 		return err
 	}
@@ -305,14 +305,14 @@ func (r *Volumes) undoIntent(ctx context.Context, volume string, in cluster.Inte
 	if len(pending) > 0 {
 		r.log.Warn("change undone; nodes down keep their part until they are back", "volume", volume, "pending", pending)
 	}
-	return r.node.SettledIntent(ctx, volume, term, in, pending)
+	return r.node.Ops().SettledIntent(ctx, volume, term, in, pending)
 }
 
 // settleRound is one round of the resync loop for intents: each left
 // behind on a volume this node is the primary of is settled (settleFirst),
 // and an undone one asks its pending nodes again once they are up.
 func (r *Volumes) settleRound(ctx context.Context, pls map[string]cluster.Placement) {
-	all, err := r.node.Intents(ctx)
+	all, err := r.node.Ops().Intents(ctx)
 	if err != nil {
 		return
 	}

@@ -151,7 +151,7 @@ func startNodes(t *testing.T) map[string]*testNode {
 			t.Fatalf("join %s: %v", name, err)
 		}
 		t.Cleanup(func() { _ = node.Close() })
-		p.SetAttachmentsHook(node.PublishAttachments)
+		p.SetAttachmentsHook(node.Primaries().PublishAttachments)
 		exports.set(Exports{Exports: nbd.PoolExports{Pool: p}, node: node, log: log,
 			sets: newReplicaSets(node, p, log, newReplMetrics(), cluster.Config{}, nil), sessions: replica.NewSessions(), pool: p})
 		out[name] = &testNode{node: node, pool: p, fault: fault}
@@ -167,17 +167,17 @@ func placeVolume(t *testing.T, nodes map[string]*testNode, volume string) (*test
 	ctx := context.Background()
 	never := func(bool, string) bool { return false }
 	spec := api.VolumeSpec{Name: volume, Capacity: 4 << 20, Replicas: 2, Disks: []api.DiskSpec{{Name: "d0", Size: 4 << 20}}}
-	p, _, err := nodes["n1"].node.CreateVolume(ctx, spec, "", never)
+	p, _, err := nodes["n1"].node.Volumes().CreateVolume(ctx, spec, "", never)
 	if err != nil {
 		t.Fatal(err)
 	}
 	prim := nodes[p.Primary]
 	var other string
 	waitUntil(t, p.Primary+" holding "+volume+" with its copy in sync at term 1", func() bool {
-		if _, err := prim.node.HoldPrimary(ctx, volume); err != nil {
+		if _, err := prim.node.Primaries().HoldPrimary(ctx, volume); err != nil {
 			return false
 		}
-		r, err := prim.node.Role(ctx, volume)
+		r, err := prim.node.Primaries().Role(ctx, volume)
 		if err != nil || len(r.Targets) != 1 {
 			return false
 		}

@@ -78,7 +78,7 @@ func (e Exports) Open(ctx context.Context, name, peer string) (nbd.Export, error
 		return e.Exports.Open(ctx, name, peer)
 	}
 	volume, disk := ref.Volume, ref.Disk
-	role, err := e.node.Role(ctx, volume)
+	role, err := e.node.Primaries().Role(ctx, volume)
 	if err != nil {
 		// Without etcd this node cannot know whether it is the primary:
 		// refuse rather than write one copy.
@@ -105,7 +105,7 @@ func (e Exports) Open(ctx context.Context, name, peer string) (nbd.Export, error
 		// (failover.go). A copy is written by its primary only.
 		return e.forward(ctx, name, volume)
 	}
-	prim, err := e.node.HoldPrimary(ctx, volume)
+	prim, err := e.node.Primaries().HoldPrimary(ctx, volume)
 	if errors.Is(err, cluster.ErrNotPrimary) {
 		return e.forward(ctx, name, volume) // failed over since Role
 	}
@@ -341,8 +341,8 @@ func (r *Volumes) acquire(ctx context.Context, volume, disk string, role cluster
 	}
 	term := role.Term
 	set, err := replica.NewSet(ctx, size, copies, behind, replica.Options{
-		OutOfSync: func(node string, cause error) error { return r.node.MarkOutOfSync(volume, node, term, cause) },
-		Diverged:  func(node string, cause error) error { return r.node.MarkDiverged(volume, node, term, cause) },
+		OutOfSync: func(node string, cause error) error { return r.node.Copies().MarkOutOfSync(volume, node, term, cause) },
+		Diverged:  func(node string, cause error) error { return r.node.Copies().MarkDiverged(volume, node, term, cause) },
 		Bitmap: func(node string) (*replica.Bitmap, bool, error) {
 			return replica.OpenBitmap(fsys, replica.BitmapPath(uid, disk, node), size, replica.DefaultGranule)
 		},

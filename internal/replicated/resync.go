@@ -45,7 +45,7 @@ func (r *Volumes) resyncLoop(ctx context.Context) {
 			continue
 		}
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		pls, err := r.node.Placements(lctx)
+		pls, err := r.node.Volumes().Placements(lctx)
 		cancel()
 		if err != nil {
 			continue
@@ -137,7 +137,7 @@ func (r *Volumes) resync(ctx context.Context, volume, node string, p cluster.Pla
 	if rebuild {
 		state, what = cluster.CopyRebuilding, "rebuild"
 	}
-	role, err := r.node.Role(ctx, volume)
+	role, err := r.node.Primaries().Role(ctx, volume)
 	if err != nil || !role.IsPrimary(r.node.Name()) {
 		return fmt.Errorf("resync %s on %s: not the primary (%v)", volume, node, err)
 	}
@@ -174,7 +174,7 @@ func (r *Volumes) resync(ctx context.Context, volume, node string, p cluster.Pla
 		if !errors.Is(err, replica.ErrResync) {
 			reason = what + " stopped: " + reason
 		}
-		if serr := r.node.SetCopyState(volume, node, role.Term, after, reason, nil); serr != nil {
+		if serr := r.node.Copies().SetCopyState(volume, node, role.Term, after, reason, nil); serr != nil {
 			// The copy stays out of the in-sync set all the same; its
 			// record may still say resyncing until the next try.
 			r.log.Warn("record the stopped "+what, "volume", volume, "copy", node, "err", serr)
@@ -237,7 +237,7 @@ func (r *Volumes) resync(ctx context.Context, volume, node string, p cluster.Pla
 	// The start is a change of the copy's state, recorded as the primary
 	// at role.Term of an out-of-sync copy: when it cannot be, this node
 	// may no longer be that primary, and the copy is left as it is.
-	if err := r.node.SetCopyState(volume, node, role.Term, state, "", progress()); err != nil {
+	if err := r.node.Copies().SetCopyState(volume, node, role.Term, state, "", progress()); err != nil {
 		for _, x := range rs {
 			x.Abort(err)
 		}
@@ -250,7 +250,7 @@ func (r *Volumes) resync(ctx context.Context, volume, node string, p cluster.Pla
 		pr := progress()
 		// Progress is best effort: the copy goes back in sync only
 		// through Rejoin's own transaction.
-		if err := r.node.SetCopyState(volume, node, role.Term, state, "", pr); err != nil && !reportFailed {
+		if err := r.node.Copies().SetCopyState(volume, node, role.Term, state, "", pr); err != nil && !reportFailed {
 			reportFailed = true
 			r.log.Warn("record the progress of a "+what+" (logged once)", "volume", volume, "copy", node, "err", err)
 		}
@@ -298,7 +298,7 @@ func (r *Volumes) resync(ctx context.Context, volume, node string, p cluster.Pla
 		}
 		return fail(runErr)
 	}
-	if err := replica.Rejoin(rs, func() error { return r.node.MarkInSync(volume, node, role.Term) }); err != nil {
+	if err := replica.Rejoin(rs, func() error { return r.node.Copies().MarkInSync(volume, node, role.Term) }); err != nil {
 		if !errors.Is(err, replica.ErrBitmapLeft) {
 			return fail(err)
 		}
@@ -317,7 +317,7 @@ func (r *Volumes) replace(ctx context.Context, volume, gone string, p cluster.Pl
 	if err != nil {
 		return err
 	}
-	next, err := r.node.ReplaceCopy(ctx, volume, gone, p.Term)
+	next, err := r.node.Copies().ReplaceCopy(ctx, volume, gone, p.Term)
 	if err != nil {
 		return err
 	}
@@ -343,7 +343,7 @@ func (r *Volumes) replace(ctx context.Context, volume, gone string, p cluster.Pl
 // copyMade says whether node has made its copy of volume (its attachment
 // for the primary is recorded).
 func (r *Volumes) copyMade(ctx context.Context, volume, node string) bool {
-	role, err := r.node.Role(ctx, volume)
+	role, err := r.node.Primaries().Role(ctx, volume)
 	if err != nil {
 		return false
 	}

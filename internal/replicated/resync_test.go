@@ -16,12 +16,12 @@ func TestResyncStartNotRecorded(t *testing.T) {
 	nodes := startNodes(t)
 	ctx := context.Background()
 	prim, other := placeVolume(t, nodes, "r")
-	if err := prim.node.MarkOutOfSync("r", other, 1, errors.New("test: the copy failed a write")); err != nil {
+	if err := prim.node.Copies().MarkOutOfSync("r", other, 1, errors.New("test: the copy failed a write")); err != nil {
 		t.Fatal(err)
 	}
 	sets := newReplicaSets(prim.node, prim.pool, quietLogger(), newReplMetrics(), cluster.Config{}, nil)
 	state := func() string {
-		p, _, err := prim.node.Placement(ctx, "r")
+		p, _, err := prim.node.Volumes().Placement(ctx, "r")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -33,7 +33,7 @@ func TestResyncStartNotRecorded(t *testing.T) {
 		t.Fatalf("no copy on %s: %+v", other, p)
 		return ""
 	}
-	p, _, err := prim.node.Placement(ctx, "r")
+	p, _, err := prim.node.Volumes().Placement(ctx, "r")
 	if err != nil {
 		t.Fatal(err)
 	}

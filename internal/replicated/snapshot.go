@@ -44,9 +44,9 @@ func (r *Volumes) Snapshot(ctx context.Context, volume, name string, idem pool.I
 			}
 			r.crashPoint("snapshot:after-local")
 			op.UID = info.UID
-			if err := r.node.RunOp(ctx, volume, cs.role.Term, op); err != nil {
+			if err := r.node.Ops().RunOp(ctx, volume, cs.role.Term, op); err != nil {
 				undo := cluster.Op{Kind: cluster.OpDeleteSnapshot, Name: name, UID: info.UID, Nodes: cs.nodes}
-				uerr := errors.Join(v.DeleteSnapshot(context.Background(), name), r.node.RunOp(context.Background(), volume, cs.role.Term, undo))
+				uerr := errors.Join(v.DeleteSnapshot(context.Background(), name), r.node.Ops().RunOp(context.Background(), volume, cs.role.Term, undo))
 				if uerr != nil {
 					r.log.Error("undo a snapshot the copies did not all take", "volume", volume, "snapshot", name, "err", uerr)
 					return intentOpen(err)
@@ -75,7 +75,7 @@ func (r *Volumes) DeleteSnapshot(ctx context.Context, volume, name string) error
 	if err != nil {
 		return err
 	}
-	role, err := r.node.Role(ctx, volume)
+	role, err := r.node.Primaries().Role(ctx, volume)
 	if err != nil {
 		return err
 	}
@@ -86,13 +86,13 @@ func (r *Volumes) DeleteSnapshot(ctx context.Context, volume, name string) error
 	for _, t := range role.Targets {
 		nodes = append(nodes, t.Node)
 	}
-	return r.node.RunOp(ctx, volume, role.Term, cluster.Op{Kind: cluster.OpDeleteSnapshot, Name: name, UID: snap.UID, Nodes: nodes})
+	return r.node.Ops().RunOp(ctx, volume, role.Term, cluster.Op{Kind: cluster.OpDeleteSnapshot, Name: name, UID: snap.UID, Nodes: nodes})
 }
 
 // primaryRole reads this node's role for volume and refuses unless it is
 // the primary with every copy in sync.
 func (r *Volumes) primaryRole(ctx context.Context, volume, what string) (cluster.Role, error) {
-	role, err := r.node.Role(ctx, volume)
+	role, err := r.node.Primaries().Role(ctx, volume)
 	if err != nil {
 		return role, err
 	}

@@ -33,7 +33,7 @@ func join(ctx context.Context, cfg Config, p *pool.Pool, apiAddr net.Addr, nbdLn
 	}
 	// A replicated volume's attachments move with it on failover: the
 	// primary publishes each change before it takes effect.
-	p.SetAttachmentsHook(node.PublishAttachments)
+	p.SetAttachmentsHook(node.Primaries().PublishAttachments)
 	return node, nil
 }
 

@@ -265,7 +265,7 @@ func (n *node) joinCluster(ctx context.Context) error {
 	if err := n.store.Share(sctx, cn.TokenStore(), log); err != nil {
 		return err
 	}
-	h.Cluster = cn
+	h.Cluster = apiserver.NodeCluster(cn)
 	if h.Peers, err = peers(cfg, cn.Name()); err != nil {
 		return err
 	}
