@@ -8,6 +8,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 )
 
@@ -116,5 +117,54 @@ func TestMarkInSyncTxnPolicy(t *testing.T) {
 				t.Fatalf("n1 not in sync after MarkInSync (%v)", err)
 			}
 		})
+	}
+}
+
+// TestLateMarkInSyncCannotFollowDiverged: a MarkInSync whose outcome the
+// primary does not know may still be applied later. After the primary
+// records the copy diverged (replica.Rejoin's fallback), such a late put-back
+// must no longer apply: MarkDiverged rewrites the volume's record even when
+// the copy is out of the in-sync set already (MarkOutOfSync leaves it as it
+// is), so a transaction that compares the record's revision read before
+// fails.
+func TestLateMarkInSyncCannotFollowDiverged(t *testing.T) {
+	tc := startCluster(t)
+	n2 := tc.join(t, tc.config(t, "n2"), newMemStore())
+	ctx := context.Background()
+	never := func(bool, string) bool { return false }
+	p, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "web01", Capacity: 1 << 30, Replicas: 2}, "", never)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := map[string]*Node{"n1": tc.first, "n2": n2}
+	prim, other := nodes[p.Primary], nodes[p.Copies[1].Node]
+	cause := errors.New("connection refused")
+	if err := prim.Copies().MarkOutOfSync("web01", other.Name(), 1, cause); err != nil {
+		t.Fatal(err)
+	}
+	vk := prim.key("volumes", "web01")
+	rev := func() int64 {
+		resp, err := prim.cli.Get(ctx, vk)
+		if err != nil || len(resp.Kvs) == 0 {
+			t.Fatalf("read %s: %v", vk, err)
+		}
+		return resp.Kvs[0].ModRevision
+	}
+	// What a MarkInSync on its way compares: the record as it was read.
+	seen := rev()
+	if err := prim.Copies().MarkOutOfSync("web01", other.Name(), 1, cause); err != nil || rev() != seen {
+		t.Fatalf("MarkOutOfSync of a copy out of sync already: %v, the record rewritten: %v (the case Rejoin must not rely on)",
+			err, rev() != seen)
+	}
+	if err := prim.Copies().MarkDiverged("web01", other.Name(), 1, cause); err != nil {
+		t.Fatal(err)
+	}
+	if rev() == seen {
+		t.Fatal("MarkDiverged left the record's revision: a late MarkInSync comparing it would still apply")
+	}
+	late, err := prim.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", seen)).
+		Then(clientv3.OpPut(vk, "late put-back")).Commit()
+	if err != nil || late.Succeeded {
+		t.Fatalf("a late put-back comparing the record read before MarkDiverged applied: %v, %v", late, err)
 	}
 }

@@ -41,7 +41,7 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 // in-sync copy follows the new term; a copy out of sync is never promoted.
 func TestFailover(t *testing.T) {
 	tc := startCluster(t) // n1, with the etcd member: never the primary here
-	stores := map[string]*memStore{"n2": newMemStore(), "n3": newMemStore()}
+	stores := map[string]*memStore{"n1": tc.firstStore, "n2": newMemStore(), "n3": newMemStore()}
 	stores["n2"].free, stores["n3"].free = 90<<30, 80<<30
 	n2 := tc.join(t, tc.config(t, "n2"), stores["n2"])
 	n3 := tc.join(t, tc.config(t, "n3"), stores["n3"])

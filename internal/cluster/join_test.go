@@ -93,6 +93,8 @@ type testCluster struct {
 	endpoint string
 	token    string
 	first    *Node
+	// firstStore is first's store.
+	firstStore *memStore
 }
 
 func writeToken(t *testing.T, dir, token string) string {
@@ -114,7 +116,8 @@ func startCluster(t *testing.T) *testCluster {
 		InitialCluster: fmt.Sprintf("n1=http://127.0.0.1:%d", peer), EtcdClientURLs: []string{tc.endpoint},
 		StateDir: filepath.Join(dir, "n1"), APIAddr: "127.0.0.1:1", LeaseTTL: 2 * time.Second,
 		StartTimeout: 30 * time.Second, OpTimeout: 10 * time.Second, Logger: testLogger(t)}
-	n, err := Join(context.Background(), cfg, newMemStore())
+	tc.firstStore = newMemStore()
+	n, err := Join(context.Background(), cfg, tc.firstStore)
 	if err != nil {
 		t.Fatalf("first node: %v", err)
 	}
