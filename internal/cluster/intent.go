@@ -156,12 +156,21 @@ func (o Ops) BeginIntent(ctx context.Context, volume string, term uint64, ops []
 		in.Ops = append(in.Ops, op)
 	}
 	pk, ik := o.n.key("primary", volume), o.n.key("intents", volume)
-	// An unknown outcome is ErrUnknownOutcome: the intent may be recorded
-	// all the same, and is then settled as one this process did not begin
-	// (settleFirst).
-	resp, err := o.n.commit(ctx, txnSpec{If: o.primaryHeld(pk, term, s.Lease()),
+	spec := txnSpec{If: o.primaryHeld(pk, term, s.Lease()),
 		Then: []clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ik), "=", 0)},
-			[]clientv3.Op{clientv3.OpPut(ik, mustJSON(in))}, []clientv3.Op{clientv3.OpGet(ik)})}})
+			[]clientv3.Op{clientv3.OpPut(ik, mustJSON(in))}, []clientv3.Op{clientv3.OpGet(ik)})}}
+	// An unknown outcome is settled here, never left: the same Txn again
+	// (a write, so etcd orders it after the first, which has then been
+	// applied or dropped for good) either records the intent now or finds
+	// it recorded, by its ID, by the first. Left unknown, an intent
+	// recorded late would be finished by a later settle after writes had
+	// followed the cut (a rollback undoing them).
+	resp, err := o.n.commit(ctx, spec)
+	for errors.Is(err, ErrUnknownOutcome) && ctx.Err() == nil && o.n.up.Load() {
+		o.n.log.Warn("recording an intent: outcome unknown; trying again to learn it", "volume", volume, "intent", in.ID, "err", err)
+		sleep(ctx, 100*time.Millisecond)
+		resp, err = o.n.commit(ctx, spec)
+	}
 	if err != nil {
 		return Intent{}, fmt.Errorf("record the intent on %q: %w", volume, err)
 	}
@@ -172,8 +181,14 @@ func (o Ops) BeginIntent(ctx context.Context, volume string, term uint64, ops []
 	inner := resp.Responses[0].GetResponseTxn()
 	if !inner.Succeeded {
 		var have Intent
-		if kvs := inner.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		kvs := inner.Responses[0].GetResponseRange().Kvs
+		if len(kvs) > 0 {
 			_ = json.Unmarshal(kvs[0].Value, &have)
+		}
+		if have.ID == in.ID {
+			// Recorded by a try whose answer was lost.
+			in.rev = kvs[0].ModRevision
+			return in, nil
 		}
 		return Intent{}, fmt.Errorf("volume %q: intent %s (%s, by %s at term %d) is not settled yet: %w", volume,
 			have.ID, intentKinds(have), have.Primary, have.Term, ErrIntentPending)

@@ -3,8 +3,11 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
+
+	"google.golang.org/grpc"
 
 	"github.com/quiverstorage/quiver/internal/api"
 )
@@ -187,5 +190,55 @@ func TestIntentRecord(t *testing.T) {
 	// The name is free again: nothing of the undone clone blocks it.
 	if err := n2.Ops().RunOp(ctx, "v", pr.Term, Op{Kind: OpClone, Name: "c", UID: "uc2", Nodes: []string{"n3"}}); err != nil {
 		t.Fatalf("a clone of the undone one's name: %v", err)
+	}
+}
+
+// TestBeginIntentUnknownOutcome: an intent whose recording Txn has an unknown
+// outcome is never left unknown: BeginIntent learns it (the same Txn again)
+// and returns the intent recorded, by the first try (applied, its answer
+// lost) or by the second (the first never applied). Left unknown, the intent
+// could be recorded late and finished after writes followed the cut.
+func TestBeginIntentUnknownOutcome(t *testing.T) {
+	tc := startCluster(t)
+	fault := &txnFault{}
+	cfg := tc.config(t, "n2")
+	cfg.EtcdDialOptions = []grpc.DialOption{fault.option()}
+	st := newMemStore()
+	st.free = 90 << 30 // placed first: the primary
+	n2 := tc.join(t, cfg, st)
+	ctx := context.Background()
+	never := func(bool, string) bool { return false }
+	if _, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "v", Capacity: 1 << 30, Replicas: 2,
+		Disks: []api.DiskSpec{{Name: "root", Size: 1 << 20}}}, "", never); err != nil {
+		t.Fatal(err)
+	}
+	pr, err := n2.Primaries().HoldPrimaryKey(ctx, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	grow := []Op{{Kind: OpGrowDisk, Name: "root", Disk: &api.DiskSpec{Name: "root", Size: 2 << 20}}}
+	ik := n2.key("intents", "v")
+	for _, applied := range []bool{true, false} {
+		t.Run(fmt.Sprintf("first try applied: %v", applied), func(t *testing.T) {
+			hits := fault.hit()
+			fault.armPut(ik, applied, nil) // the connection lost: an unknown outcome
+			in, err := n2.Ops().BeginIntent(ctx, "v", pr.Term, grow, []string{"n1"})
+			if fault.hit() != hits+1 {
+				t.Fatalf("the fault did not fire: %v", err)
+			}
+			if err != nil {
+				t.Fatalf("BeginIntent after an unknown outcome: %v, want the intent recorded", err)
+			}
+			got, ok, err := tc.first.Ops().VolumeIntent(ctx, "v")
+			if err != nil || !ok || got.ID != in.ID {
+				t.Fatalf("intent in etcd %+v %v %v, want %s", got, ok, err, in.ID)
+			}
+			if err := n2.Ops().EndIntent(ctx, "v", pr.Term, in); err != nil {
+				t.Fatalf("end the intent: %v (its revision is the record's)", err)
+			}
+			if _, ok, _ := tc.first.Ops().VolumeIntent(ctx, "v"); ok {
+				t.Fatal("the intent is still recorded after its end")
+			}
+		})
 	}
 }

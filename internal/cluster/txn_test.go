@@ -127,6 +127,9 @@ func txnPuts(req any, key string) bool {
 		return false
 	}
 	return slices.ContainsFunc(r.Success, func(op *pb.RequestOp) bool {
+		if t := op.GetRequestTxn(); t != nil {
+			return txnPuts(t, key) // a Txn within the Txn (BeginIntent's)
+		}
 		p := op.GetRequestPut()
 		return p != nil && string(p.Key) == key
 	})
