@@ -98,7 +98,13 @@ type Set struct {
 	bitmaps   map[string]*Bitmap // copies out of sync
 	unflushed *Bitmap            // changed since the last flush began
 	flushing  map[*Bitmap]struct{}
-	closed    bool
+	// inflight are the changes not finished yet, by number: a change that
+	// a flush overtook on a copy is not made durable there by it, so its
+	// range stays known until it finishes (and is then marked in the
+	// unflushed changes again).
+	inflight   map[uint64][2]int64
+	nextChange uint64
+	closed     bool
 }
 
 // NewSet connects to the in-sync copies of a disk of size bytes and opens
@@ -116,7 +122,8 @@ func NewSet(ctx context.Context, size int64, inSync []Copy, behind []string, opt
 		opts.Ranges = NewRangeLock()
 	}
 	s := &Set{size: size, opts: opts, ranges: opts.Ranges, inSync: map[string]*conn{}, resync: map[string]*Resync{},
-		bitmaps: map[string]*Bitmap{}, unflushed: MemoryBitmap(size, opts.Granule), flushing: map[*Bitmap]struct{}{}}
+		bitmaps: map[string]*Bitmap{}, unflushed: MemoryBitmap(size, opts.Granule), flushing: map[*Bitmap]struct{}{},
+		inflight: map[uint64][2]int64{}}
 	for _, node := range behind {
 		// A copy out of sync without a bitmap for this disk has missed no
 		// change of it: every change since the copy left the in-sync set
@@ -289,6 +296,20 @@ func (s *Set) changeLocked(off, length int64, localFirst bool, local func() erro
 	var flushed *Bitmap
 	if length > 0 {
 		_ = s.unflushed.Mark(off, length) // in memory
+		// A flush that begins while this change is in flight may reach a
+		// copy before it (the connection is pipelined: NBD's FLUSH covers
+		// only what completed before it was sent), and end before it: the
+		// change stays in flight until it finishes, then is among the
+		// changes the next flush must cover.
+		id := s.nextChange
+		s.nextChange++
+		s.inflight[id] = [2]int64{off, length}
+		defer func() {
+			s.mu.Lock()
+			delete(s.inflight, id)
+			_ = s.unflushed.Mark(off, length)
+			s.mu.Unlock()
+		}()
 	} else {
 		// A flush makes durable what changed before it began.
 		flushed = s.unflushed
@@ -401,10 +422,14 @@ func (s *Set) drop(node string, cause error, off, length int64) error {
 	b = s.bitmaps[node]
 	c := s.inSync[node]
 	var unflushed []*Bitmap
+	var inflight [][2]int64
 	if c != nil {
 		unflushed = append(unflushed, s.unflushed)
 		for f := range s.flushing {
 			unflushed = append(unflushed, f)
+		}
+		for _, r := range s.inflight {
+			inflight = append(inflight, r)
 		}
 	}
 	s.mu.Unlock()
@@ -412,6 +437,11 @@ func (s *Set) drop(node string, cause error, off, length int64) error {
 		_ = opened.Close()
 	}
 	err := b.Mark(off, length)
+	for _, r := range inflight {
+		if err == nil {
+			err = b.Mark(r[0], r[1])
+		}
+	}
 	for _, u := range unflushed {
 		for _, r := range u.Ranges() {
 			if err == nil {

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -505,6 +507,78 @@ func TestCopyDivergesWhenItsBitmapFails(t *testing.T) {
 			}
 			if !errors.Is(err, ErrNotAcknowledged) {
 				t.Fatalf("write: %v, want ErrNotAcknowledged", err)
+			}
+		})
+	}
+}
+
+// heldDisk is a local disk whose writes at one offset wait until released:
+// a change still in flight on the primary while the rest goes on.
+type heldDisk struct {
+	pool.Disk
+	at      int64
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (d *heldDisk) WriteAt(p []byte, off int64, fua bool) error {
+	if off == d.at {
+		d.entered <- struct{}{}
+		<-d.release
+	}
+	return d.Disk.WriteAt(p, off, fua)
+}
+
+// TestFlushDoesNotCoverAChangeInFlight: a FLUSH that begins while a change
+// is in flight does not make that change durable on a copy (it may reach the
+// copy first: NBD's FLUSH covers only what completed before it was sent), so
+// a copy that fails after the FLUSH ended must have the change's range in its
+// bitmap, whether the change is still in flight when the copy fails or
+// finished (acknowledged) before.
+func TestFlushDoesNotCoverAChangeInFlight(t *testing.T) {
+	for _, finished := range []bool{false, true} {
+		t.Run(fmt.Sprintf("change finished before the copy fails: %v", finished), func(t *testing.T) {
+			_, local := openDisk(t)
+			copyFS := faultio.New(openFS(t))
+			copyPool, _ := openDiskWith(t, pool.Options{FS: copyFS})
+			px := serveCopy(t, copyPool)
+			s, err := NewSet(context.Background(), diskSize, []Copy{{Node: "b", Addr: px.ln.Addr().String(), Export: "vm/root"}},
+				nil, Options{Timeout: 5 * time.Second, OutOfSync: func(string, error) error { return nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			held := &heldDisk{Disk: local, at: 1 << 20, entered: make(chan struct{}), release: make(chan struct{})}
+			d := s.Disk(held)
+			inflight := make(chan error, 1)
+			go func() { inflight <- d.WriteAt(bytes.Repeat([]byte{1}, 4096), 1<<20, false) }()
+			<-held.entered
+			if err := d.Flush(); err != nil {
+				t.Fatalf("a flush while a change is in flight: %v", err)
+			}
+			if finished {
+				close(held.release)
+				if err := <-inflight; err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The copy fails: its pool is full.
+			copyFS.LimitWrites(0)
+			if err := d.WriteAt(bytes.Repeat([]byte{2}, 4096), 3<<20, false); err != nil {
+				t.Fatalf("a write the copy refuses: %v", err)
+			}
+			if !finished {
+				close(held.release)
+				if err := <-inflight; err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(s.InSync()) != 0 {
+				t.Fatalf("in sync: %v", s.InSync())
+			}
+			got := s.Bitmap("b").Ranges()
+			if !slices.Contains(got, [2]int64{1 << 20, 64 << 10}) {
+				t.Fatalf("bitmap %v lacks the change a flush overtook (granule at 1 MiB)", got)
 			}
 		})
 	}
