@@ -140,17 +140,36 @@ func StillPending(pending []string, answered map[string]error, placement []strin
 // settled; try again.
 var ErrIntentPending = errors.New("an earlier change at the cut of the volume is being settled")
 
-// BeginIntent records in as the volume's intent, as its primary at term:
-// one Txn that needs primary/<volume> held by this node at that term under
-// its current lease, and no intent recorded. It returns the intent as
-// recorded (EndIntent takes it).
+// ErrIntentLeft: an intent may be recorded (a Txn of unknown outcome that
+// could not be learnt, or one recorded while this node stopped being the
+// primary), and is left to the next primary to settle. Its caller must let
+// no write follow the cut on this node at this term.
+var ErrIntentLeft = errors.New("the intent may be recorded: it is left to the next primary to settle")
+
+// NewIntentID is a new intent's ID (BeginIntentAs).
+func NewIntentID() string { return newID() }
+
+// BeginIntent is BeginIntentAs with a new ID.
 func (o Ops) BeginIntent(ctx context.Context, volume string, term uint64, ops []Op, nodes []string) (Intent, error) {
+	return o.BeginIntentAs(ctx, volume, term, newID(), ops, nodes)
+}
+
+// BeginIntentAs records the intent id as the volume's, as its primary at
+// term: one Txn that needs primary/<volume> held by this node at that term
+// under its current lease, and no intent recorded. It returns the intent as
+// recorded (EndIntent takes it). The caller names id before, so that it
+// owns the intent while it is being recorded (a settlement on another
+// goroutine must not take it for an orphan). An unknown outcome is learnt,
+// for up to twice the lease TTL whatever ctx does; one that cannot be, and
+// an intent found recorded while this node is no longer the primary, are
+// ErrIntentLeft.
+func (o Ops) BeginIntentAs(ctx context.Context, volume string, term uint64, id string, ops []Op, nodes []string) (Intent, error) {
 	s := o.n.session()
 	if s == nil || !o.n.up.Load() {
 		return Intent{}, fmt.Errorf("record the intent on %q: %w", volume, ErrNoSession)
 	}
 	me := o.n.cfg.NodeName
-	in := Intent{ID: newID(), Primary: me, Term: term, Nodes: slices.Clone(nodes), CreatedAt: time.Now().UTC()}
+	in := Intent{ID: id, Primary: me, Term: term, Nodes: slices.Clone(nodes), CreatedAt: time.Now().UTC()}
 	for _, op := range ops {
 		op.Primary, op.Term = me, term
 		in.Ops = append(in.Ops, op)
@@ -158,7 +177,8 @@ func (o Ops) BeginIntent(ctx context.Context, volume string, term uint64, ops []
 	pk, ik := o.n.key("primary", volume), o.n.key("intents", volume)
 	spec := txnSpec{If: o.primaryHeld(pk, term, s.Lease()),
 		Then: []clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ik), "=", 0)},
-			[]clientv3.Op{clientv3.OpPut(ik, mustJSON(in))}, []clientv3.Op{clientv3.OpGet(ik)})}}
+			[]clientv3.Op{clientv3.OpPut(ik, mustJSON(in))}, []clientv3.Op{clientv3.OpGet(ik)})},
+		Else: []clientv3.Op{clientv3.OpGet(ik)}}
 	// An unknown outcome is settled here, never left: the same Txn again
 	// (a write, so etcd orders it after the first, which has then been
 	// applied or dropped for good) either records the intent now or finds
@@ -166,15 +186,33 @@ func (o Ops) BeginIntent(ctx context.Context, volume string, term uint64, ops []
 	// recorded late would be finished by a later settle after writes had
 	// followed the cut (a rollback undoing them).
 	resp, err := o.n.commit(ctx, spec)
-	for errors.Is(err, ErrUnknownOutcome) && ctx.Err() == nil && o.n.up.Load() {
-		o.n.log.Warn("recording an intent: outcome unknown; trying again to learn it", "volume", volume, "intent", in.ID, "err", err)
-		sleep(ctx, 100*time.Millisecond)
-		resp, err = o.n.commit(ctx, spec)
+	tried := errors.Is(err, ErrUnknownOutcome) // the intent may be recorded from here on
+	if tried {
+		// Only an answer tells: a later try that fails, however it
+		// fails, says nothing of the first.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*o.n.leaseTTL())
+		defer cancel()
+		for err != nil && lctx.Err() == nil {
+			o.n.log.Warn("recording an intent: outcome unknown; trying again to learn it", "volume", volume, "intent", in.ID,
+				"err", err)
+			sleep(lctx, 100*time.Millisecond)
+			resp, err = o.n.commit(lctx, spec)
+		}
+		if err != nil {
+			return Intent{}, fmt.Errorf("record the intent on %q: %w: %w", volume, ErrIntentLeft, err)
+		}
 	}
 	if err != nil {
 		return Intent{}, fmt.Errorf("record the intent on %q: %w", volume, err)
 	}
 	if !resp.Succeeded {
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; tried && len(kvs) > 0 {
+			var have Intent
+			if json.Unmarshal(kvs[0].Value, &have) == nil && have.ID == in.ID {
+				return Intent{}, fmt.Errorf("record the intent on %q: recorded, and this node is no longer the primary at term %d: %w: %w",
+					volume, term, ErrIntentLeft, ErrNotPrimary)
+			}
+		}
 		return Intent{}, fmt.Errorf("record the intent on %q: this node is not the primary at term %d under its lease: %w",
 			volume, term, ErrNotPrimary)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -241,4 +242,36 @@ func TestBeginIntentUnknownOutcome(t *testing.T) {
 			}
 		})
 	}
+	// The caller's context ends while the first try's outcome is unknown
+	// (applied, its answer lost; the retries' pause is 100 ms): the
+	// outcome is learnt all the same, on a context of its own. (Should the
+	// first try not even be sent in time, nothing is recorded and
+	// BeginIntent fails: also right.)
+	t.Run("the caller's context ends", func(t *testing.T) {
+		fault.armPut(ik, true, nil)
+		defer fault.disarm()
+		cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		in, err := n2.Ops().BeginIntent(cctx, "v", pr.Term, grow, []string{"n1"})
+		if err == nil {
+			defer func() { _ = n2.Ops().EndIntent(ctx, "v", pr.Term, in) }()
+		}
+		got, ok, _ := tc.first.Ops().VolumeIntent(ctx, "v")
+		switch {
+		case err == nil && (!ok || got.ID != in.ID):
+			t.Fatalf("BeginIntent succeeded but etcd holds %+v (%v)", got, ok)
+		case err != nil && ok:
+			t.Fatalf("BeginIntent: %v, and an intent is recorded (%s): an unknown outcome left unknown", err, got.ID)
+		}
+	})
+	// etcd never answers: after twice the lease, ErrIntentLeft (the caller
+	// abandons the term), never a plain error.
+	t.Run("never learnt", func(t *testing.T) {
+		fault.armSticky(ik)
+		defer fault.disarm()
+		_, err := n2.Ops().BeginIntent(ctx, "v", pr.Term, grow, []string{"n1"})
+		if !errors.Is(err, ErrIntentLeft) {
+			t.Fatalf("BeginIntent with etcd never answering: %v, want ErrIntentLeft", err)
+		}
+	})
 }

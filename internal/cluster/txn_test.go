@@ -76,6 +76,21 @@ type txnFault struct {
 	applied bool
 	err     error
 	hits    int
+	// sticky: the fault fires on every such Txn until disarmed.
+	sticky bool
+}
+
+// armSticky fails every Txn that puts key, not applied, until disarm.
+func (f *txnFault) armSticky(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.key, f.put, f.applied, f.err, f.sticky = key, true, false, nil, true
+}
+
+func (f *txnFault) disarm() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.key, f.sticky = "", false
 }
 
 func (f *txnFault) arm(key string, applied bool) {
@@ -102,7 +117,9 @@ func (f *txnFault) option() grpc.DialOption {
 			(f.put && txnPuts(req, f.key) || !f.put && txnDeletes(req, f.key))
 		applied, ferr := f.applied, f.err
 		if fire {
-			f.key = ""
+			if !f.sticky {
+				f.key = ""
+			}
 			f.hits++
 		}
 		f.mu.Unlock()

@@ -90,14 +90,6 @@ func (r *Volumes) intended(ctx context.Context, volume string, cs *cutState, ops
 	if _, err := r.node.Primaries().HoldPrimaryKey(ctx, volume); err != nil {
 		return err
 	}
-	in, err := r.node.Ops().BeginIntent(ctx, volume, cs.role.Term, ops, cs.nodes)
-	if errors.Is(err, cluster.ErrIntentPending) {
-		return fmt.Errorf("%w: %w", err, pool.ErrBusy)
-	}
-	if err != nil {
-		return err
-	}
-	r.intents.add(in.ID)
 	// abandon keeps the intent for the next primary: this node's handles
 	// of the volume at this term abandon every request from now on (as
 	// after a hand-over), so no write follows the cut here before the
@@ -109,6 +101,24 @@ func (r *Volumes) intended(ctx context.Context, volume string, cs *cutState, ops
 		}
 		r.log.Error(why+": this node's requests of the volume at this term are abandoned; the next primary settles "+
 			"its intent", "volume", volume, "term", cs.role.Term, "err", cause)
+	}
+	// The intent is this process's from before it is recorded: a
+	// settlement meanwhile (another disk's Set being made) must not take
+	// it for an orphan while its recording's outcome is being learnt.
+	id := cluster.NewIntentID()
+	r.intents.add(id)
+	in, err := r.node.Ops().BeginIntentAs(ctx, volume, cs.role.Term, id, ops, cs.nodes)
+	if errors.Is(err, cluster.ErrIntentLeft) {
+		r.intents.drop(id)
+		abandon("intent of unknown outcome", err)
+		return err
+	}
+	if err != nil {
+		r.intents.drop(id)
+		if errors.Is(err, cluster.ErrIntentPending) {
+			return fmt.Errorf("%w: %w", err, pool.ErrBusy)
+		}
+		return err
 	}
 	err = change()
 	if errors.Is(err, errIntentOpen) {
