@@ -122,12 +122,13 @@ type sessionGate struct {
 // NewSessions returns an empty table.
 func NewSessions() *Sessions { return &Sessions{m: map[string]*sessionGate{}} }
 
-// Begin opens the session of cred on its disk, fencing every older one;
-// a session that is not newer (an older or equal term and epoch: a replay,
-// or a request from a primary's older connection) is refused
-// (ErrSessionRefused).
-func (t *Sessions) Begin(cred Credential) (*Session, error) {
-	key := cred.Volume + "/" + cred.Disk
+// Begin opens the session of cred on its disk of the local copy copyUID,
+// fencing every older one; a session that is not newer (an older or equal
+// term and epoch: a replay, or a request from a primary's older connection)
+// is refused (ErrSessionRefused). Sessions are ordered per local copy: a
+// volume deleted and made again under its name starts again at term 1.
+func (t *Sessions) Begin(copyUID string, cred Credential) (*Session, error) {
+	key := copyUID + "/" + cred.Disk
 	t.mu.Lock()
 	g := t.m[key]
 	if g == nil {

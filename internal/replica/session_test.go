@@ -154,7 +154,7 @@ func TestSessionsFenceOlder(t *testing.T) {
 	cred := func(term, epoch uint64) Credential {
 		return Credential{Volume: "web01", Disk: "root", Primary: "n1", Term: term, Epoch: epoch}
 	}
-	old, err := tab.Begin(cred(2, 10))
+	old, err := tab.Begin("uid-1", cred(2, 10))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestSessionsFenceOlder(t *testing.T) {
 	<-disk.entered
 	began := make(chan *Session, 1)
 	go func() {
-		s, err := tab.Begin(cred(2, 11))
+		s, err := tab.Begin("uid-1", cred(2, 11))
 		if err != nil {
 			t.Error(err)
 		}
@@ -220,19 +220,24 @@ func TestSessionsFenceOlder(t *testing.T) {
 		"an older epoch":         cred(2, 9),
 		"an older term":          cred(1, 99),
 	} {
-		if _, err := tab.Begin(c); !errors.Is(err, ErrSessionRefused) {
+		if _, err := tab.Begin("uid-1", c); !errors.Is(err, ErrSessionRefused) {
 			t.Errorf("%s: %v, want ErrSessionRefused", name, err)
 		}
 	}
 	// A newer term fences the older term's session whatever its epoch.
-	if _, err := tab.Begin(cred(3, 1)); err != nil {
+	if _, err := tab.Begin("uid-1", cred(3, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if err := newer.Disk(disk).WriteAt([]byte{5}, 4, false); !errors.Is(err, ErrSessionFenced) {
 		t.Fatalf("the older term's session after a newer term's began: %v", err)
 	}
 	// Sessions of another disk are not touched.
-	if _, err := tab.Begin(Credential{Volume: "web01", Disk: "data", Primary: "n1", Term: 2, Epoch: 1}); err != nil {
+	if _, err := tab.Begin("uid-1", Credential{Volume: "web01", Disk: "data", Primary: "n1", Term: 2, Epoch: 1}); err != nil {
 		t.Fatalf("another disk: %v", err)
+	}
+	// The volume deleted and made again under its name (another local
+	// copy): its sessions start again at term 1.
+	if _, err := tab.Begin("uid-2", cred(1, 1)); err != nil {
+		t.Fatalf("a new copy of the same name at term 1: %v", err)
 	}
 }

@@ -170,13 +170,13 @@ func (e Exports) openSession(ctx context.Context, volume, disk, token string, ro
 	case role.CopyTerm != cred.Term:
 		return refuse(fmt.Errorf("%w: this copy follows term %d, not %d", replica.ErrSessionRefused, role.CopyTerm, cred.Term))
 	}
-	sess, err := e.sessions.Begin(cred)
-	if err != nil {
-		return refuse(err)
-	}
 	v, err := e.pool.Volume(volume)
 	if err != nil {
 		return nbd.Export{}, fmt.Errorf("export %s: %w", volume+"/"+disk, err)
+	}
+	sess, err := e.sessions.Begin(v.Info().UID, cred)
+	if err != nil {
+		return refuse(err)
 	}
 	// The copy's attachment for this term, made when it followed the
 	// term (cluster's followTerm): found again by its idempotency key.
