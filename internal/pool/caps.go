@@ -82,7 +82,11 @@ func (p *Pool) probeCaps() (storage.Caps, error) {
 			p.log.Warn("the probe of the pool's filesystem did not show a capability "+capsFile+" records: keeping it",
 				"capability", flag, "probe", found, "fs", probed.Filesystem, "probedAt", rec.ProbedAt, "err", perr)
 		})
-		if perr != nil {
+		switch {
+		case errors.Is(perr, storage.ErrNoSpace):
+			p.log.Warn("the pool's filesystem is full: opening with the capabilities "+capsFile+" records; free some space",
+				"unknown", flagNames(unknown), "fs", probed.Filesystem, "probedAt", rec.ProbedAt, "reflink", caps.Reflink, "err", perr)
+		case perr != nil:
 			p.log.Warn("the probe of the pool's filesystem could not tell every capability: "+capsFile+" stands in",
 				"unknown", flagNames(unknown), "fs", probed.Filesystem, "probedAt", rec.ProbedAt, "reflink", caps.Reflink, "err", perr)
 		}
