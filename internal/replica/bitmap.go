@@ -46,6 +46,10 @@ type Bitmap struct {
 	bits   []uint64
 	count  int
 	failed error // the first failed sync: final for the file
+	// refs counts the holders of an open file (Share): one Bitmap per
+	// file and process, so that no holder writes words of its own memory
+	// over bits another set (Mark writes whole words).
+	refs int
 }
 
 const (
@@ -65,7 +69,7 @@ func OpenBitmap(fsys storage.FS, rel string, size, granule int64) (b *Bitmap, cr
 		return nil, false, fmt.Errorf("bitmap %s: size %d, granule %d: %w", rel, size, granule, ErrBitmap)
 	}
 	n := (size + granule - 1) / granule
-	b = &Bitmap{fsys: fsys, rel: rel, size: size, granule: granule, bits: make([]uint64, (n+63)/64)}
+	b = &Bitmap{fsys: fsys, rel: rel, size: size, granule: granule, bits: make([]uint64, (n+63)/64), refs: 1}
 	f, err := fsys.OpenRegular(rel, os.O_RDWR)
 	if errors.Is(err, fs.ErrNotExist) {
 		if err := mkdirAll(fsys, path.Dir(rel)); err != nil {
@@ -232,11 +236,27 @@ func (b *Bitmap) Ranges() [][2]int64 {
 	return out
 }
 
-// Close closes the file; the bitmap stays on disk.
+// Share returns b for one more holder (each closes it once), if its file
+// is still open and it is for a disk of size bytes; otherwise nil.
+func (b *Bitmap) Share(size int64) *Bitmap {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.f == nil || b.size != size {
+		return nil
+	}
+	b.refs++
+	return b
+}
+
+// Close closes the file once its last holder closed it; the bitmap stays on
+// disk.
 func (b *Bitmap) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.f == nil {
+		return nil
+	}
+	if b.refs--; b.refs > 0 {
 		return nil
 	}
 	err := b.f.Close()
@@ -244,10 +264,16 @@ func (b *Bitmap) Close() error {
 	return err
 }
 
-// Remove closes and deletes the bitmap: the copy holds everything again.
-// The removal is durable when Remove returns nil.
+// Remove closes and deletes the bitmap, for every holder (their later
+// Marks fail): the copy holds everything again. The removal is durable when
+// Remove returns nil.
 func (b *Bitmap) Remove() error {
-	_ = b.Close()
+	b.mu.Lock()
+	if b.f != nil {
+		_ = b.f.Close()
+		b.f = nil
+	}
+	b.mu.Unlock()
 	if b.fsys == nil {
 		return nil
 	}

@@ -260,6 +260,12 @@ type Volumes struct {
 	rebuildAfter time.Duration
 	jobs         *job.Manager
 
+	// bitmaps are the dirty bitmaps open in this process, by pool path
+	// (openBitmap); an entry whose file closed is replaced when opened
+	// again.
+	bmu     sync.Mutex
+	bitmaps map[string]*replica.Bitmap
+
 	mu     sync.Mutex
 	ranges map[string]*replica.RangeLock
 	m      map[string]*setEntry
@@ -344,7 +350,7 @@ func (r *Volumes) acquire(ctx context.Context, volume, disk string, role cluster
 		OutOfSync: func(node string, cause error) error { return r.node.Copies().MarkOutOfSync(volume, node, term, cause) },
 		Diverged:  func(node string, cause error) error { return r.node.Copies().MarkDiverged(volume, node, term, cause) },
 		Bitmap: func(node string) (*replica.Bitmap, bool, error) {
-			return replica.OpenBitmap(fsys, replica.BitmapPath(uid, disk, node), size, replica.DefaultGranule)
+			return r.openBitmap(replica.BitmapPath(uid, disk, node), size)
 		},
 		Latency: r.metrics.observeLatency,
 		Ranges:  r.ranges[key],
@@ -355,6 +361,29 @@ func (r *Volumes) acquire(ctx context.Context, volume, disk string, role cluster
 	e := &setEntry{key: key, uid: uid, term: term, set: set, refs: 1}
 	r.m[key] = e
 	return e, nil
+}
+
+// openBitmap opens the dirty bitmap rel of a disk of size bytes, shared by
+// every Set of this process that tracks it (Sets of two terms of one disk
+// can live at once): a Mark writes whole words from its Bitmap's memory,
+// so two Bitmaps of one file would write over each other's bits.
+func (r *Volumes) openBitmap(rel string, size int64) (*replica.Bitmap, bool, error) {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	if b := r.bitmaps[rel]; b != nil {
+		if s := b.Share(size); s != nil {
+			return s, false, nil
+		}
+	}
+	b, created, err := replica.OpenBitmap(r.pool.FS(), rel, size, replica.DefaultGranule)
+	if err != nil {
+		return nil, false, err
+	}
+	if r.bitmaps == nil {
+		r.bitmaps = map[string]*replica.Bitmap{}
+	}
+	r.bitmaps[rel] = b
+	return b, created, nil
 }
 
 // release gives a Set back; the last user closes it (its bitmaps stay on
