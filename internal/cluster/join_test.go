@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -110,16 +111,25 @@ func startCluster(t *testing.T) *testCluster {
 	t.Helper()
 	dir := t.TempDir()
 	tc := &testCluster{dir: dir, token: "0123456789abcdef-secret"}
-	peer, client := freePort(t), freePort(t)
-	tc.endpoint = fmt.Sprintf("http://127.0.0.1:%d", client)
-	cfg := Config{NodeName: "n1", ClusterName: "alpha", TokenFile: writeToken(t, dir, tc.token),
-		InitialCluster: fmt.Sprintf("n1=http://127.0.0.1:%d", peer), EtcdClientURLs: []string{tc.endpoint},
-		StateDir: filepath.Join(dir, "n1"), APIAddr: "127.0.0.1:1", LeaseTTL: 2 * time.Second,
-		StartTimeout: 30 * time.Second, OpTimeout: 10 * time.Second, Logger: testLogger(t)}
-	tc.firstStore = newMemStore()
-	n, err := Join(context.Background(), cfg, tc.firstStore)
-	if err != nil {
-		t.Fatalf("first node: %v", err)
+	tokenFile := writeToken(t, dir, tc.token)
+	var n *Node
+	for try := 0; ; try++ {
+		// The ports were free a moment ago; another test package running
+		// meanwhile may have taken one: then again, with others.
+		peer, client := freePort(t), freePort(t)
+		tc.endpoint = fmt.Sprintf("http://127.0.0.1:%d", client)
+		cfg := Config{NodeName: "n1", ClusterName: "alpha", TokenFile: tokenFile,
+			InitialCluster: fmt.Sprintf("n1=http://127.0.0.1:%d", peer), EtcdClientURLs: []string{tc.endpoint},
+			StateDir: filepath.Join(dir, fmt.Sprintf("n1-%d", try)), APIAddr: "127.0.0.1:1", LeaseTTL: 2 * time.Second,
+			StartTimeout: 30 * time.Second, OpTimeout: 10 * time.Second, Logger: testLogger(t)}
+		tc.firstStore = newMemStore()
+		var err error
+		if n, err = Join(context.Background(), cfg, tc.firstStore); err == nil {
+			break
+		}
+		if try == 4 || !strings.Contains(err.Error(), "address already in use") {
+			t.Fatalf("first node: %v", err)
+		}
 	}
 	t.Cleanup(func() { _ = n.Close() })
 	tc.first = n

@@ -3,10 +3,12 @@ package replicated
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -147,6 +149,14 @@ func startNodes(t *testing.T) map[string]*testNode {
 			cfg.EtcdEndpoints = []string{"http://" + clientAddr}
 		}
 		node, err := cluster.Join(context.Background(), cfg, poolStore{p})
+		for try := 1; err != nil && name == "n1" && try < 5 && strings.Contains(err.Error(), "address already in use"); try++ {
+			// The ports were free a moment ago; another test package
+			// running meanwhile took one: again, with others.
+			peerAddr, clientAddr = freePort(t), freePort(t)
+			cfg.InitialCluster, cfg.EtcdClientURLs = "n1=http://"+peerAddr, []string{"http://" + clientAddr}
+			cfg.StateDir = filepath.Join(dir, fmt.Sprintf("%s-state-%d", name, try))
+			node, err = cluster.Join(context.Background(), cfg, poolStore{p})
+		}
 		if err != nil {
 			t.Fatalf("join %s: %v", name, err)
 		}
