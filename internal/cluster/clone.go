@@ -42,9 +42,13 @@ func (o Ops) applyClone(ctx context.Context, volume string, op Op) error {
 	}
 	c := copyRecord{State: CopyInSync, LocalUID: uid, Term: 1, UpdatedAt: time.Now().UTC()}
 	ck, vk := o.n.key("copies", op.Name, o.n.cfg.NodeName), o.n.key("volumes", op.Name)
-	resp, err := o.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0),
-		clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
-		Then(clientv3.OpPut(ck, mustJSON(c))).Commit()
+	// An unknown outcome (ErrUnknownOutcome) is undone like any error:
+	// the primary then fails the clone and unclones it on every copy,
+	// which deletes a copy record that was applied (and DeleteCopy of the
+	// copy undo deleted changes nothing).
+	resp, err := o.n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(vk), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)},
+		Then: []clientv3.Op{clientv3.OpPut(ck, mustJSON(c))}})
 	switch {
 	case err != nil:
 		return undo(fmt.Errorf("clone %s: record the copy: %w", op.Name, err))
@@ -63,7 +67,7 @@ func (o Ops) applyClone(ctx context.Context, volume string, op Op) error {
 // is a clone of volume (Store.DeleteUnplacedClone).
 func (o Ops) applyUnclone(ctx context.Context, volume string, op Op) error {
 	ck, vk := o.n.key("copies", op.Name, o.n.cfg.NodeName), o.n.key("volumes", op.Name)
-	resp, err := o.n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit()
+	resp, err := o.n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(ck)).Commit() // a read: changes nothing
 	if err != nil {
 		return fmt.Errorf("undo clone %s: %w", op.Name, err)
 	}
@@ -90,8 +94,10 @@ func (o Ops) applyUnclone(ctx context.Context, volume string, op Op) error {
 			return fmt.Errorf("undo clone %s: %w", op.Name, err)
 		}
 	}
-	if _, err := o.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(vk), "=", 0)).
-		Then(clientv3.OpDelete(ck)).Commit(); err != nil {
+	// A delete: after an unknown outcome (ErrUnknownOutcome, an error to
+	// the caller) the unclone again finds the record gone or deletes it.
+	if _, err := o.n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(vk), "=", 0)},
+		Then: []clientv3.Op{clientv3.OpDelete(ck)}}); err != nil {
 		return fmt.Errorf("undo clone %s: remove the copy record: %w", op.Name, err)
 	}
 	return nil
@@ -140,10 +146,21 @@ func (vs Volumes) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key,
 			cmps = append(cmps, vs.usageUnchanged(spec.Tenant, rev))
 			ops = append(ops, clientv3.OpPut(vs.usageKey(spec.Tenant), mustJSON(used.plus(add))))
 		}
+		// An unknown outcome is learnt (commitLearning): a try again
+		// finds the name placed, by this call if the record is ours (its
+		// UID), which is success, not ErrVolumeExists. Left unknown, it
+		// is ErrUnknownOutcome: the caller's undo leaves a placed clone
+		// alone (applyUnclone), and the user's retry with its idempotency
+		// key finds it.
 		var err error
-		resp, err = vs.n.cli.Txn(ctx).If(cmps...).Then(append(ops, clientv3.OpPut(vk, mustJSON(rec)))...).Commit()
+		var tried bool
+		resp, tried, err = vs.n.commitLearning(ctx, "place clone", txnSpec{If: cmps,
+			Then: append(ops, clientv3.OpPut(vk, mustJSON(rec))), Else: []clientv3.Op{clientv3.OpGet(vk)}})
 		if err != nil {
 			return Placement{}, fmt.Errorf("place clone %q: %w", spec.Name, err)
+		}
+		if !resp.Succeeded && tried && recordedUID(resp, uid) {
+			resp.Succeeded = true // placed by the try whose answer was lost
 		}
 		if resp.Succeeded || spec.Tenant == "" {
 			break
@@ -164,4 +181,15 @@ func (vs Volumes) PlaceClone(ctx context.Context, spec api.VolumeSpec, uid, key,
 		return toPlacement(spec.Name, rec, nil), nil
 	}
 	return p, nil
+}
+
+// recordedUID says whether the first response of resp (a Get of a volume
+// record) is a record of uid.
+func recordedUID(resp *clientv3.TxnResponse, uid string) bool {
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) == 0 {
+		return false
+	}
+	var rec volumeRecord
+	return json.Unmarshal(kvs[0].Value, &rec) == nil && rec.UID == uid
 }

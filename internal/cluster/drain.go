@@ -293,7 +293,13 @@ func (vs Volumes) RemovedCopy(ctx context.Context, volume string) error {
 		if len(ops) == 0 {
 			return nil
 		}
-		resp, err := vs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).Then(ops...).Commit()
+		// An unknown outcome (ErrUnknownOutcome) is an error to the
+		// caller, which records the removal again later (finishRemoval on
+		// reconcile's next full read): that round finds this node off the
+		// Removing list if this one applied, and deletes the copy key
+		// again, which changes nothing.
+		resp, err := vs.n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", rev)},
+			Then: ops})
 		if err != nil {
 			return err
 		}

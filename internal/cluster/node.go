@@ -166,7 +166,7 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 		}
 	}
 	if err := n.claimMember(ctx); err != nil {
-		if fresh {
+		if fresh && !errors.Is(err, ErrUnknownOutcome) {
 			_ = os.Remove(n.identityPath())
 		}
 		return nil, err
@@ -254,8 +254,12 @@ func (n *Node) checkCluster(ctx context.Context, token string, endpoints []strin
 	k := n.key("cluster")
 	cctx, cancel := context.WithTimeout(ctx, n.cfg.DialTimeout)
 	defer cancel()
-	resp, err := n.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(clientv3.OpPut(k, mustJSON(rec))).Else(clientv3.OpGet(k)).Commit()
+	// An unknown outcome (ErrUnknownOutcome) fails the join like an etcd
+	// that does not answer, and leaves nothing to settle: the next join's
+	// same Txn creates the record or reads it, and takes one this node
+	// wrote (its name and token verifier are this configuration's).
+	resp, err := n.commit(cctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0)},
+		Then: []clientv3.Op{clientv3.OpPut(k, mustJSON(rec))}, Else: []clientv3.Op{clientv3.OpGet(k)}})
 	if err != nil {
 		if ctx.Err() == nil {
 			return rec, fmt.Errorf("etcd at %v did not answer within %s (--etcd-dial-timeout): %v: %w",
@@ -287,8 +291,14 @@ func (n *Node) claimMember(ctx context.Context) error {
 	k := n.key("members", n.cfg.NodeName)
 	rec := memberRecord{NodeID: n.id.NodeID, PoolID: n.id.PoolID, FailureDomain: n.cfg.FailureDomain,
 		JoinedAt: time.Now().UTC()}
-	resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(clientv3.OpPut(k, mustJSON(rec))).Else(clientv3.OpGet(k)).Commit()
+	// An unknown outcome is learnt (commitLearning): the same Txn again
+	// creates the record or reads it, and one this node wrote carries its
+	// node id, which the check below takes as this node's. Left unknown,
+	// it is ErrUnknownOutcome, and Join keeps a fresh identity: the
+	// record may carry its node id.
+	resp, _, err := n.commitLearning(ctx, "register node", txnSpec{
+		If:   []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0)},
+		Then: []clientv3.Op{clientv3.OpPut(k, mustJSON(rec))}, Else: []clientv3.Op{clientv3.OpGet(k)}})
 	if err != nil {
 		return fmt.Errorf("register node %q: %w", n.cfg.NodeName, err)
 	}

@@ -114,6 +114,10 @@ func (o Ops) RunOpEach(ctx context.Context, volume string, term uint64, op Op) (
 	defer func() {
 		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer dcancel()
+		// Best effort, outside commit's policy on purpose: two deletes,
+		// which a second try would only repeat, that nothing waits on; a
+		// failure or an unknown outcome leaves the keys as they are, and a
+		// copy that answered already skips them (applyOp).
 		_, _ = o.n.cli.Txn(dctx).Then(clientv3.OpDelete(ok), clientv3.OpDelete(rk, clientv3.WithPrefix())).Commit()
 	}()
 	put, err := o.n.cli.Put(ctx, ok, mustJSON(op))

@@ -181,11 +181,17 @@ func (vs Volumes) CreateCharged(ctx context.Context, spec api.VolumeSpec, key st
 			ops = append(ops, clientv3.OpPut(vs.usageKey(spec.Tenant), mustJSON(used.plus(add))))
 		}
 		ops = append(ops, clientv3.OpPut(k, mustJSON(rec)))
-		resp, err := vs.n.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(k)).Commit()
+		// An unknown outcome is learnt (commitLearning): a try again
+		// finds the name placed, by this call if the record is ours (its
+		// UID), which is created, not ErrVolumeExists. Left unknown, it is
+		// ErrUnknownOutcome (503): the user's retry with its idempotency
+		// key takes the record if it was applied.
+		resp, tried, err := vs.n.commitLearning(ctx, "create volume", txnSpec{If: cmps, Then: ops,
+			Else: []clientv3.Op{clientv3.OpGet(k)}})
 		if err != nil {
 			return Placement{}, false, fmt.Errorf("create volume %q: record placement: %w", spec.Name, err)
 		}
-		created = resp.Succeeded
+		created = resp.Succeeded || (tried && recordedUID(resp, rec.UID))
 		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); !created && len(kvs) > 0 {
 			existing = kvs[0].Value
 		}
@@ -322,8 +328,11 @@ func (vs Volumes) DeleteVolume(ctx context.Context, volume string) error {
 	rec.State = volumeDeleting
 	// Put even when it is marked already: the copy nodes see the event and
 	// try again.
-	put, err := vs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
-		Then(clientv3.OpPut(k, mustJSON(rec))).Commit()
+	// An unknown outcome (ErrUnknownOutcome) is an error to the caller
+	// (503): the user's delete again marks the record again, which is
+	// what this Put does even when it is marked.
+	put, err := vs.n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)},
+		Then: []clientv3.Op{clientv3.OpPut(k, mustJSON(rec))}})
 	if err != nil {
 		return fmt.Errorf("delete volume %q: %w", volume, err)
 	}
@@ -368,7 +377,11 @@ func (vs Volumes) removeRecord(ctx context.Context, volume string, rec volumeRec
 			ops = append(ops, clientv3.OpPut(vs.usageKey(rec.Spec.Tenant), mustJSON(used.minus(back))),
 				clientv3.OpDelete(vs.snapChargeKey(volume)))
 		}
-		resp, err := vs.n.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(k)).Commit()
+		// An unknown outcome (ErrUnknownOutcome) is an error to the
+		// caller (503): the user's delete again finds the record gone
+		// (ErrVolumeNotFound: it was removed) or removes it; the compares
+		// give the charge back once.
+		resp, err := vs.n.commit(ctx, txnSpec{If: cmps, Then: ops, Else: []clientv3.Op{clientv3.OpGet(k)}})
 		if err != nil {
 			return err
 		}

@@ -150,8 +150,12 @@ func (cs Copies) followTerm(ctx context.Context, name string, rec volumeRecord, 
 		have.Whole = true
 	}
 	ck := cs.n.key("copies", name, me)
-	resp, err := cs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(ck), "=", modRev)).
-		Then(clientv3.OpPut(ck, mustJSON(have))).Commit()
+	// An unknown outcome (ErrUnknownOutcome) is logged like any error:
+	// if it did not apply, the copy record still names an older term and
+	// reconcile's next pass attaches again (which changes nothing) and
+	// records it; if it applied, that pass finds the term recorded.
+	resp, err := cs.n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(ck), "=", modRev)},
+		Then: []clientv3.Op{clientv3.OpPut(ck, mustJSON(have))}})
 	switch {
 	case err != nil:
 		cs.n.log.Warn("record copy state", "volume", name, "err", err)

@@ -30,8 +30,14 @@ func (n *Node) startSession(ctx context.Context) error {
 	deadline := time.Now().Add(n.cfg.LeaseTTL + 2*time.Second)
 	for {
 		usage := n.aliveRecord()
-		resp, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-			Then(clientv3.OpPut(k, mustJSON(usage), clientv3.WithLease(sess.Lease()))).Else(clientv3.OpGet(k)).Commit()
+		// An unknown outcome (ErrUnknownOutcome) fails the registration
+		// like any error and leaves nothing behind: the key would live
+		// under this session's lease, which Close revokes (or which
+		// expires), and the next registration waits a key of this node id
+		// out as it does a previous process's.
+		resp, err := n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0)},
+			Then: []clientv3.Op{clientv3.OpPut(k, mustJSON(usage), clientv3.WithLease(sess.Lease()))},
+			Else: []clientv3.Op{clientv3.OpGet(k)}})
 		if err != nil {
 			_ = sess.Close()
 			return fmt.Errorf("register node %q as up: %w", n.cfg.NodeName, err)
@@ -128,8 +134,11 @@ func (n *Node) report(ctx context.Context) {
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, n.cfg.ReportInterval)
-		_, err := n.cli.Txn(rctx).If(clientv3.Compare(clientv3.LeaseValue(k), "=", s.Lease())).
-			Then(clientv3.OpPut(k, mustJSON(n.aliveRecord()), clientv3.WithLease(s.Lease()))).Commit()
+		// A report: after an unknown outcome (ErrUnknownOutcome, logged)
+		// the record shows the old free space or this one, and the next
+		// report writes over it.
+		_, err := n.commit(rctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(k), "=", s.Lease())},
+			Then: []clientv3.Op{clientv3.OpPut(k, mustJSON(n.aliveRecord()), clientv3.WithLease(s.Lease()))}})
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			n.log.Warn("report free space to etcd", "err", err)

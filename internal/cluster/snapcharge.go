@@ -27,7 +27,7 @@ func (vs Volumes) snapChargeKey(volume string) string { return vs.n.key("snapcha
 func (vs Volumes) ChargeSnapshots(ctx context.Context, volume string, delta int64, admit func(Usage) error) error {
 	vk, sk := vs.n.key("volumes", volume), vs.snapChargeKey(volume)
 	for {
-		resp, err := vs.n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(sk)).Commit()
+		resp, err := vs.n.cli.Txn(ctx).Then(clientv3.OpGet(vk), clientv3.OpGet(sk)).Commit() // a read: changes nothing
 		if err != nil {
 			return fmt.Errorf("count snapshots of %q: %w", volume, err)
 		}
@@ -75,7 +75,10 @@ func (vs Volumes) ChargeSnapshots(ctx context.Context, volume string, delta int6
 		} else {
 			ops = append(ops, clientv3.OpPut(sk, strconv.FormatInt(count+d, 10)))
 		}
-		put, err := vs.n.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		// An unknown outcome (ErrUnknownOutcome) is an error to the
+		// caller (503), never a round again here: if it applied, another
+		// round would count the snapshot twice.
+		put, err := vs.n.commit(ctx, txnSpec{If: cmps, Then: ops})
 		if err != nil {
 			return fmt.Errorf("count snapshots of %q: %w", volume, err)
 		}

@@ -69,7 +69,13 @@ func (vs Volumes) UpdateSpec(ctx context.Context, volume string, ch SpecChange) 
 			ops = append(ops, clientv3.OpPut(vs.usageKey(tenant), mustJSON(used.plus(delta))))
 		}
 		ops = append(ops, clientv3.OpPut(vk, mustJSON(rec)))
-		put, err := vs.n.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		// An unknown outcome (ErrUnknownOutcome) is an error to the
+		// caller (503), never a round again here: if it applied, that
+		// round would return this change's spec as the one before it, and
+		// the caller's undo would keep the change. The user's update again
+		// sets the same spec, and changes the usage by nothing once the
+		// record's charge is the new spec's.
+		put, err := vs.n.commit(ctx, txnSpec{If: cmps, Then: ops})
 		if err != nil {
 			return api.VolumeSpec{}, fmt.Errorf("record the update of %q: %w", volume, err)
 		}

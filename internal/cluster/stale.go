@@ -138,8 +138,10 @@ func (cs Copies) collectStaleOnce(ctx context.Context, logged map[string]string)
 		// too, if the record did not change meanwhile.
 		if _, ok := copies[me]; ok {
 			ck, vk := cs.n.key("copies", lc.Name, me), cs.n.key("volumes", lc.Name)
-			if _, err := cs.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(vk), "=", rev)).
-				Then(clientv3.OpDelete(ck)).Commit(); err != nil {
+			// A delete: an unknown outcome (ErrUnknownOutcome) is logged;
+			// a key left is left as any failure leaves it.
+			if _, err := cs.n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", rev)},
+				Then: []clientv3.Op{clientv3.OpDelete(ck)}}); err != nil {
 				cs.n.log.Warn("remove the copy state of a stale copy", "volume", lc.Name, "err", err)
 			}
 		}

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"time"
@@ -41,11 +42,21 @@ func (t TokenStore) Commit(ctx context.Context, data []byte, version int64) (int
 	if version == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(k), "=", 0)
 	}
-	resp, err := t.n.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(k, string(data))).Commit()
+	// An unknown outcome is learnt (commitLearning): a try again fails
+	// its compare if the first applied, and reading data there then is
+	// this write (or one storing the very same document), not a change
+	// by another node, which the caller would make its change again on
+	// (a token added twice). Left unknown, it is ErrUnknownOutcome: the
+	// watch brings the document whichever it is.
+	resp, tried, err := t.n.commitLearning(ctx, "write "+k, txnSpec{If: []clientv3.Cmp{cmp},
+		Then: []clientv3.Op{clientv3.OpPut(k, string(data))}, Else: []clientv3.Op{clientv3.OpGet(k)}})
 	if err != nil {
 		return 0, false, fmt.Errorf("write %s: %w", k, err)
 	}
 	if !resp.Succeeded {
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); tried && len(kvs) > 0 && bytes.Equal(kvs[0].Value, data) {
+			return kvs[0].ModRevision, true, nil
+		}
 		return 0, false, nil
 	}
 	return resp.Header.Revision, true, nil

@@ -19,7 +19,8 @@ import (
 // says ErrUnknownOutcome when the transaction may have been applied. The
 // caller decides what an unknown outcome means for its change (read etcd
 // until it knows, or act as if it had been applied); it never takes it for
-// a refusal.
+// a refusal. Read-only Txns (only OpGets, no compares) change nothing
+// and stay plain Commits.
 
 // txnSpec is one etcd transaction: If the compares hold, Then, else Else.
 type txnSpec struct {
@@ -137,4 +138,32 @@ func (n *Node) commit(ctx context.Context, t txnSpec) (*clientv3.TxnResponse, er
 		case <-time.After(txnRetryPause):
 		}
 	}
+}
+
+// commitLearning is commit for a write whose unknown outcome the same
+// transaction again settles (BeginIntentAs's rule): a write, so etcd orders
+// the next try after the first, which by then has been applied or dropped
+// for good, and the caller recognizes its own write, by a value it wrote,
+// in what that try reads (its Else). After an unknown outcome it tries t
+// again, on a context of its own bounded by twice the lease TTL whatever
+// ctx does, until a try is answered; tried then says the first try's
+// outcome was unknown, so a failed compare may be the caller's own write.
+// When no try is answered the error is ErrUnknownOutcome: a later try that
+// fails, however it fails, says nothing of the first.
+func (n *Node) commitLearning(ctx context.Context, op string, t txnSpec) (resp *clientv3.TxnResponse, tried bool, err error) {
+	resp, err = n.commit(ctx, t)
+	if !errors.Is(err, ErrUnknownOutcome) {
+		return resp, false, err
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*n.leaseTTL())
+	defer cancel()
+	for err != nil && lctx.Err() == nil {
+		n.log.Warn("etcd transaction: outcome unknown; trying it again to learn it", "op", op, "err", err)
+		sleep(lctx, 100*time.Millisecond)
+		resp, err = n.commit(lctx, t)
+	}
+	if err != nil && !errors.Is(err, ErrUnknownOutcome) {
+		err = fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
+	}
+	return resp, true, err
 }
