@@ -503,3 +503,16 @@ type WhoAmI struct {
 	// 63, less the tenant's prefix (docs/security.md).
 	MaxVolumeName int `json:"maxVolumeName"`
 }
+
+// Primary is where a volume's disks are served now, the body of GET
+// /v1/volumes/{volume}/primary: the node and its NBD address (host:port).
+// A compute node's endpoint (`quiver endpoint`) connects there directly and
+// asks again when the connection breaks or Term changes. On a single node
+// Node is "local" and Term 0.
+type Primary struct {
+	Volume string `json:"volume"`
+	Node   string `json:"node"`
+	NBD    string `json:"nbd"`
+	TLS    bool   `json:"tls,omitempty"` // the node requires TLS on NBD
+	Term   uint64 `json:"term,omitempty"`
+}

@@ -60,6 +60,8 @@ var errorMapping = []struct {
 	{errWrongNode, http.StatusConflict, api.CodeWrongNode},
 	{cluster.ErrCopyMismatch, http.StatusConflict, api.CodeCopyMismatch},
 	{errUnavailable, http.StatusServiceUnavailable, api.CodeUnavailable},
+	{errNoPrimary, http.StatusServiceUnavailable, api.CodeUnavailable},
+	{errNoNBD, http.StatusUnprocessableEntity, api.CodeNotSupported},
 }
 
 // stagingPath matches the part of a file name in a message that lies in
@@ -95,6 +97,11 @@ var (
 	errMethod        = errors.New("method not allowed on this route")
 	// errUnavailable wraps a failure to reach the cluster's state (etcd).
 	errUnavailable = errors.New("cluster state unavailable")
+	// errNoPrimary: no node serves the volume now (a failover is under
+	// way); asking again later finds the new primary.
+	errNoPrimary = errors.New("ask again in a moment")
+	// errNoNBD: the node serves NBD on no TCP address.
+	errNoNBD = errors.New("NBD is not served over TCP")
 )
 
 // badRequest is a malformed request (body, query) that never reached the

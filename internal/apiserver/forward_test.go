@@ -45,7 +45,11 @@ func (f *fakeCluster) Nodes(context.Context) ([]cluster.NodeInfo, error) {
 	defer f.mu.Unlock()
 	var out []cluster.NodeInfo
 	for n, a := range f.addrs {
-		out = append(out, cluster.NodeInfo{Name: n, API: a, Up: a != ""})
+		ni := cluster.NodeInfo{Name: n, API: a, Up: a != ""}
+		if ni.Up {
+			ni.NBD = "nbd." + n + ":10809"
+		}
+		out = append(out, ni)
 	}
 	return out, nil
 }

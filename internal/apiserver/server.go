@@ -103,6 +103,7 @@ func (s *Server) routes() {
 		"POST /v1/volumes":                                  {s.createVolume, auth.ActWrite},
 		"GET /v1/volumes/{volume}":                          {s.getVolume, auth.ActRead},
 		"PATCH /v1/volumes/{volume}":                        {s.updateVolume, auth.ActWrite},
+		"GET /v1/volumes/{volume}/primary":                  {s.getPrimary, auth.ActRead},
 		"DELETE /v1/volumes/{volume}":                       {s.deleteVolume, auth.ActWrite},
 		"POST /v1/volumes/{volume}/disks":                   {s.addDisk, auth.ActWrite},
 		"PATCH /v1/volumes/{volume}/disks/{disk}":           {s.growDisk, auth.ActWrite},

@@ -83,13 +83,15 @@ var clusterTenantRoutes = map[string]bool{
 	"GET /v1/version": true,
 	// The tenant's own counts, quota and use (getPool), and its snapshots
 	// across its volumes (findSnapshots): from its placements in etcd.
-	"GET /v1/pool":                true,
-	"GET /v1/snapshots":           true,
-	"GET /v1/whoami":              true,
-	"GET /v1/volumes":             true,
-	"POST /v1/volumes":            true,
-	"GET /v1/volumes/{volume}":    true,
-	"DELETE /v1/volumes/{volume}": true,
+	"GET /v1/pool":             true,
+	"GET /v1/snapshots":        true,
+	"GET /v1/whoami":           true,
+	"GET /v1/volumes":          true,
+	"POST /v1/volumes":         true,
+	"GET /v1/volumes/{volume}": true,
+	// Where the volume is served: its placement and the nodes, in etcd.
+	"GET /v1/volumes/{volume}/primary": true,
+	"DELETE /v1/volumes/{volume}":      true,
 	// Capacity, labels and QoS: counted in etcd with the volume's charge
 	// (updateClusterVolume). Disks live within the capacity, which is what
 	// counts; both run on the primary, on every copy.

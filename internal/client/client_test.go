@@ -115,6 +115,11 @@ func TestRoutes(t *testing.T) {
 			want: recorded{Method: "GET", Path: "/v1/volumes/a%2Fb%20c"},
 		},
 		{
+			name: "primary",
+			call: func(c *Client) error { _, err := c.Primary(ctx, "web01"); return err },
+			want: recorded{Method: "GET", Path: "/v1/volumes/web01/primary"},
+		},
+		{
 			name: "update volume",
 			call: func(c *Client) error {
 				_, err := c.UpdateVolume(ctx, "web01", api.VolumeUpdate{Capacity: &size})

@@ -47,6 +47,19 @@ func (c *Client) GetVolume(ctx context.Context, name string) (api.Volume, error)
 	return v, err
 }
 
+// Primary returns where the volume's disks are served now (its primary
+// on a cluster). While a failover is under way it fails with
+// api.CodeUnavailable: ask again.
+func (c *Client) Primary(ctx context.Context, name string) (api.Primary, error) {
+	var pr api.Primary
+	p, err := segment("volume", name)
+	if err != nil {
+		return pr, err
+	}
+	err = c.do(ctx, http.MethodGet, "/volumes/"+p+"/primary", nil, nil, &pr)
+	return pr, err
+}
+
 // UpdateVolume grows the capacity and/or replaces the labels of a volume.
 func (c *Client) UpdateVolume(ctx context.Context, name string, update api.VolumeUpdate) (api.Volume, error) {
 	var v api.Volume
