@@ -70,6 +70,8 @@ func TestToError(t *testing.T) {
 		{"a drain sent to another node", fmt.Errorf("drain n1: %w", errWrongNode), http.StatusConflict, api.CodeWrongNode, ""},
 		{"a copy lacking a snapshot", fmt.Errorf("rollback: %w", cluster.ErrCopyMismatch), http.StatusConflict, api.CodeCopyMismatch, ""},
 		{"etcd unavailable", fmt.Errorf("%w: %w", errUnavailable, errors.New("context deadline exceeded")), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
+		{"no primary now", fmt.Errorf("volume \"v\" has no primary now: %w", errNoPrimary), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
+		{"no NBD over TCP", fmt.Errorf("volume \"v\": %w", errNoNBD), http.StatusUnprocessableEntity, api.CodeNotSupported, ""},
 		{"quota", fmt.Errorf("tenant %q: quota volumes is 3: %w", "acme", auth.ErrQuota), http.StatusForbidden, api.CodeQuota, ""},
 		{"forbidden", fmt.Errorf("a monitor token may not change volumes: %w", auth.ErrForbidden), http.StatusForbidden, api.CodeForbidden, ""},
 		{"invalid token spec", fmt.Errorf("role %q: %w", "root", auth.ErrInvalid), http.StatusBadRequest, api.CodeInvalid, ""},
