@@ -16,7 +16,7 @@ var layers = [][]string{
 	{"server"}, // wiring: builds the parts and runs them
 	{"apiserver", "csi", // transports and front ends: HTTP API, CSI, KubeVirt hooks
 		"kubevirt/hook", "kubevirt/webhook"},
-	{"replicated"}, // cluster domain: the replicated volume on a node
+	{"replicated", "endpoint"}, // cluster domain: the replicated volume on a node; the compute node's endpoint
 	{"forward"},    // NBD forwarding to the primary of the moment
 	{"nbd"},        // the NBD server
 	{"cluster", "replica", "auth", "metrics"},          // cluster state, replication protocol, tokens, metrics
