@@ -17,8 +17,8 @@ var layers = [][]string{
 	{"apiserver", "csi", // transports and front ends: HTTP API, CSI, KubeVirt hooks
 		"kubevirt/hook", "kubevirt/webhook"},
 	{"replicated", "endpoint"}, // cluster domain: the replicated volume on a node; the compute node's endpoint
-	{"forward"},    // NBD forwarding to the primary of the moment
-	{"nbd"},        // the NBD server
+	{"forward"},                // NBD forwarding to the primary of the moment
+	{"nbd"},                    // the NBD server
 	{"cluster", "replica", "auth", "metrics"},          // cluster state, replication protocol, tokens, metrics
 	{"pool", "job", "ova", "imageconv", "consistency"}, // the single node's domain
 	{"qos", "durable", "faultio", "storage/crashfs"},   // I/O budgets, durable metadata, storage twins
