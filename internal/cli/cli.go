@@ -158,7 +158,7 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 			root.AddCommand(c)
 		}
 	}
-	add("node", a.serverCommand(), a.nodeCommand(), a.poolCommand(), a.jobCommand(), a.csiCommand(), a.deviceAgentCommand(),
+	add("node", a.serverCommand(), a.nodeCommand(), a.poolCommand(), a.jobCommand(), a.csiCommand(), a.deviceAgentCommand(), a.endpointCommand(),
 		a.kubevirtHookCommand(), a.kubevirtWebhookCommand(), a.tokenCommand(), a.tenantCommand())
 	add("storage", a.volumeCommand(), a.diskCommand(), a.attachCommand())
 	add("data", a.snapshotCommand(), a.rollbackCommand(), a.cloneCommand())
@@ -203,6 +203,12 @@ func knownSubcommand(cmd *cobra.Command, args []string) error {
 
 // client builds the API client from the global flags.
 func (a *app) client() (*client.Client, error) {
+	return a.clientOf(a.server)
+}
+
+// clientOf builds an API client of the server at addr with the global
+// flags' token and TLS settings.
+func (a *app) clientOf(addr string) (*client.Client, error) {
 	var opts []client.Option
 	if a.tokenFile != "" {
 		token, err := readToken(a.tokenFile)
@@ -218,7 +224,7 @@ func (a *app) client() (*client.Client, error) {
 	if tc != nil {
 		opts = append(opts, client.WithTLSConfig(tc))
 	}
-	return client.New(serverURL(a.server), opts...)
+	return client.New(serverURL(addr), opts...)
 }
 
 // tlsConfig returns the client TLS configuration of --ca-file, --cert-file
