@@ -61,6 +61,8 @@ See docs/csi.md for deployment and StorageClass parameters.`,
 	f.StringVar(&cfg.StateDir, "state-dir", "/var/lib/quiver-csi", "node state: publication records and nbdfuse mount points")
 	f.StringVar(&cfg.DeviceAgent, "device-agent", "",
 		"unix socket of `quiver device-agent`, which holds Block-mode devices so they outlive this plugin (empty: this process holds them)")
+	f.StringVar(&cfg.QuiverEndpoint, "quiver-endpoint", "",
+		"control socket of this node's `quiver endpoint`: volumes reach QEMU through it, following their primary (required for Filesystem mode on a cluster)")
 	f.StringVar(&cfg.PoolDir, "pool-dir", "", "where this node sees the pool directory, if not at the server's path")
 	f.StringVar(&cfg.DriverName, "driver-name", csi.DefaultDriverName, "CSI driver name")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")

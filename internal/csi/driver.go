@@ -86,6 +86,15 @@ type Config struct {
 	// devices, so that they outlive this plugin; empty: the plugin holds
 	// them itself, and they end with its container.
 	DeviceAgent string
+	// QuiverEndpoint, if set, is the control socket of the compute node's
+	// endpoint (`quiver endpoint`): every volume staged on the node is
+	// published there and its disks reach QEMU through the endpoint's
+	// socket, which follows the volume's primary (Filesystem mode binds the
+	// socket's directory, Block mode's device is nbdfuse on the socket,
+	// held by the endpoint). Required for Filesystem mode of a volume on a
+	// cluster: binding one copy's files would bypass replication and
+	// fencing.
+	QuiverEndpoint string
 	// PoolDir is where this node sees the pool directory, when not at the
 	// path the server reports (a container mount, an NFS mount point);
 	// empty means the same path.

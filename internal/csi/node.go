@@ -16,6 +16,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/blockdev"
+	"github.com/quiverstorage/quiver/internal/endpoint"
 )
 
 // nodeService is the CSI node service. NodeStageVolume does the per-node
@@ -29,6 +30,8 @@ type nodeService struct {
 	state   *stateStore
 	mounter mount.Interface
 	block   blockdev.Devices
+	// ep is the node's endpoint (Config.QuiverEndpoint), nil without one.
+	ep *endpoint.Client
 }
 
 func newNodeService(d *Driver) (*nodeService, error) {
@@ -41,7 +44,12 @@ func newNodeService(d *Driver) (*nodeService, error) {
 	if d.cfg.DeviceAgent != "" {
 		block = blockdev.NewClient(d.cfg.DeviceAgent)
 	}
-	return &nodeService{d: d, state: st, mounter: m, block: block}, nil
+	var ep *endpoint.Client
+	if d.cfg.QuiverEndpoint != "" {
+		ep = endpoint.NewClient(d.cfg.QuiverEndpoint)
+		block = ep // the endpoint holds the devices, on its own sockets
+	}
+	return &nodeService{d: d, state: st, mounter: m, block: block, ep: ep}, nil
 }
 
 func (n *nodeService) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
@@ -121,7 +129,7 @@ func (n *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if kind == kindBlock {
 		err = n.stageBlock(ctx, rec, v, req.GetVolumeContext(), req.GetPublishContext())
 	} else {
-		err = n.stageFilesystem(ctx, rec, v)
+		err = n.stageFilesystem(ctx, rec, v, req.GetPublishContext())
 	}
 	if err != nil {
 		return nil, err
@@ -138,7 +146,23 @@ func (n *nodeService) stagedWhole(ctx context.Context, rec *stageRecord) (bool, 
 	return err == nil && mounted, nil
 }
 
-func (n *nodeService) stageFilesystem(ctx context.Context, rec *stageRecord, v api.Volume) error {
+func (n *nodeService) stageFilesystem(ctx context.Context, rec *stageRecord, v api.Volume, pubCtx map[string]string) error {
+	if onCluster(v) {
+		// A copy's directory is one node's files: a VM writing there
+		// would bypass synchronous replication and the single-writer
+		// fencing, and another node would see other files, or none.
+		if n.ep == nil {
+			return fmt.Errorf("volume %s is kept by a cluster (%d copies, primary %s): Filesystem mode would expose one copy's files "+
+				"and bypass replication and fencing, so this plugin needs the node's endpoint: run `quiver endpoint` on this node and "+
+				"start the plugin with --quiver-endpoint, or use volumeMode: Block: %w",
+				v.Name, len(v.Copies), v.Primary, ErrPrecondition)
+		}
+		pub, err := n.publishEndpoint(ctx, rec, v, pubCtx)
+		if err != nil {
+			return err
+		}
+		return n.bindStaging(rec, pub.Dir)
+	}
 	src, err := n.localPath(ctx, v.Path)
 	if err != nil {
 		return err
@@ -148,6 +172,11 @@ func (n *nodeService) stageFilesystem(ctx context.Context, rec *stageRecord, v a
 			"a local pool on this node or an NFS pool mounted everywhere, see --pool-dir; or use volumeMode: Block): %w",
 			v.Name, src, ErrPrecondition)
 	}
+	return n.bindStaging(rec, src)
+}
+
+// bindStaging binds src at the staging path, recorded first.
+func (n *nodeService) bindStaging(rec *stageRecord, src string) error {
 	if err := os.MkdirAll(rec.Staging, 0o750); err != nil {
 		return fmt.Errorf("staging path: %w", err)
 	}
@@ -159,6 +188,34 @@ func (n *nodeService) stageFilesystem(ctx context.Context, rec *stageRecord, v a
 		return fmt.Errorf("bind %s at %s: %w", src, rec.Staging, err)
 	}
 	return nil
+}
+
+// onCluster reports whether a volume is kept by a cluster's nodes.
+func onCluster(v api.Volume) bool { return v.Primary != "" || len(v.Copies) > 0 }
+
+// publishEndpoint publishes every disk of v at the node's endpoint with the
+// attachment of publish_context, recorded first (a crash leaves a record
+// that the next stage or unstage undoes).
+func (n *nodeService) publishEndpoint(ctx context.Context, rec *stageRecord, v api.Volume, pubCtx map[string]string) (endpoint.Published, error) {
+	token := pubCtx[PublishToken]
+	if token == "" {
+		return endpoint.Published{}, fmt.Errorf("volume %s: publish_context has no attachment token (%s): the endpoint needs the node's attachment: %w",
+			v.Name, PublishToken, ErrPrecondition)
+	}
+	pv := endpoint.Volume{Name: v.Name, Export: pubCtx[PublishExportVolume], Token: token}
+	for _, d := range v.Disks {
+		pv.Disks = append(pv.Disks, endpoint.Disk{Name: d.Name, Size: d.Size})
+	}
+	rec.Endpoint, rec.Attachment = true, pubCtx[PublishAttachment]
+	if err := n.state.save(rec); err != nil {
+		return endpoint.Published{}, err
+	}
+	pub, err := n.ep.Publish(ctx, pv)
+	if err != nil {
+		return endpoint.Published{}, fmt.Errorf("volume %s: publish at the node's endpoint: %w", v.Name, err)
+	}
+	n.d.log.Info("published at the endpoint", "volume", v.Name, "dir", pub.Dir)
+	return pub, nil
 }
 
 func (n *nodeService) stageBlock(ctx context.Context, rec *stageRecord, v api.Volume, volCtx, pubCtx map[string]string) error {
@@ -173,8 +230,14 @@ func (n *nodeService) stageBlock(ctx context.Context, rec *stageRecord, v api.Vo
 	if token := pubCtx[PublishToken]; token != "" {
 		export += "/" + token
 	}
-	uri, err := nbdURI(n.d.cfg.NBD, export)
-	if err != nil {
+	var uri string
+	if n.ep != nil {
+		pub, err := n.publishEndpoint(ctx, rec, v, pubCtx)
+		if err != nil {
+			return err
+		}
+		uri = (&url.URL{Scheme: "nbd+unix", Path: "/" + disk, RawQuery: url.Values{"socket": {pub.Socket}}.Encode()}).String()
+	} else if uri, err = nbdURI(n.d.cfg.NBD, export); err != nil {
 		return fmt.Errorf("%w: %w", err, ErrPrecondition)
 	}
 	if err := os.MkdirAll(rec.Staging, 0o750); err != nil {
@@ -189,6 +252,9 @@ func (n *nodeService) stageBlock(ctx context.Context, rec *stageRecord, v api.Vo
 	}
 	loop, pid, err := n.block.Attach(ctx, rec.FuseDir, disk, uri, rec.ReadOnly)
 	if err != nil {
+		if rec.Endpoint {
+			_ = n.ep.Unpublish(ctx, v.Name)
+		}
 		_ = n.state.remove(v.Name)
 		if errors.Is(err, blockdev.ErrNoTool) {
 			return fmt.Errorf("volume %s: %w: %w", v.Name, err, ErrPrecondition)
@@ -265,6 +331,14 @@ func (n *nodeService) unstage(ctx context.Context, rec *stageRecord) error {
 		n.d.log.Info("unstaged block volume", "volume", rec.Volume, "loop", rec.Loop)
 	} else if err := n.unmount(rec.Staging, false); err != nil {
 		return err
+	}
+	if rec.Endpoint {
+		if n.ep == nil {
+			return fmt.Errorf("volume %s was published at the node's endpoint, and this plugin has none (--quiver-endpoint): %w", rec.Volume, ErrPrecondition)
+		}
+		if err := n.ep.Unpublish(ctx, rec.Volume); err != nil {
+			return fmt.Errorf("volume %s: %w", rec.Volume, err)
+		}
 	}
 	return n.state.remove(rec.Volume)
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -83,18 +84,26 @@ func startPlugin(t *testing.T, s *server, nodeID string, withToken bool) *plugin
 	if testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
+	return servePlugin(t, cfg)
+}
+
+// servePlugin runs the plugin of cfg (its Endpoint a unix:// socket) until
+// the test ends.
+func servePlugin(t *testing.T, cfg Config) *plugin {
+	t.Helper()
+	sock := strings.TrimPrefix(cfg.Endpoint, "unix://")
 	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("unix", filepath.Join(dir, "csi.sock"))
+	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.ServeListener(ctx, ln) }()
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "csi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

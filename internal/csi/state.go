@@ -20,8 +20,12 @@ type stageRecord struct {
 	Staging string `json:"stagingPath"`
 	// ReadOnly: staged for reading only (a reader-only access mode).
 	ReadOnly bool `json:"readOnly,omitempty"`
-	// Filesystem mode: the volume directory bound at Staging.
+	// Filesystem mode: the volume directory bound at Staging (the
+	// endpoint's socket directory when Endpoint is set).
 	Source string `json:"source,omitempty"`
+	// Endpoint: the volume is published at the node's endpoint
+	// (Config.QuiverEndpoint), to be unpublished when unstaged.
+	Endpoint bool `json:"endpoint,omitempty"`
 	// Block mode: the disk exported, the attachment whose token opened
 	// it, the nbdfuse mount point and process, and the loop device.
 	Disk       string `json:"disk,omitempty"`

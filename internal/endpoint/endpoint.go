@@ -196,6 +196,13 @@ func (e *Endpoint) serve(v Volume) error {
 	if err := os.Chmod(filepath.Join(dir, ManifestName), 0o644); err != nil {
 		return fmt.Errorf("volume %s: manifest: %w", v.Name, err)
 	}
+	weak, err := placeholder(dir)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", v.Name, err)
+	}
+	if weak != nil {
+		e.log.Warn("the placeholder disk.img is not immutable: a VM started without quiver's KubeVirt hook could write it", "volume", v.Name, "err", weak)
+	}
 	sock := filepath.Join(dir, SocketName)
 	ln, err := nbd.ListenUnix(sock)
 	if err != nil {
@@ -243,6 +250,9 @@ func (e *Endpoint) Unpublish(ctx context.Context, name string) error {
 		return err
 	}
 	dir := e.Dir(name)
+	if err := removePlaceholder(dir); err != nil {
+		return fmt.Errorf("volume %s: %w", name, err)
+	}
 	for _, f := range []string{SocketName, ManifestName} {
 		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("volume %s: %w", name, err)

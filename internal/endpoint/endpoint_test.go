@@ -135,6 +135,13 @@ func openEndpoint(t *testing.T, root string, loc *Locator) *Endpoint {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
+	t.Cleanup(func() {
+		// Immutable placeholders would stop TempDir's removal.
+		dirs, _ := filepath.Glob(filepath.Join(root, "volumes", "*"))
+		for _, d := range dirs {
+			_ = removePlaceholder(d)
+		}
+	})
 	return e
 }
 
@@ -340,5 +347,36 @@ func TestPublishRefusesBadInput(t *testing.T) {
 		if len(ents) != 0 {
 			t.Errorf("%s/ holds %d entries after bad input, want none", d, len(ents))
 		}
+	}
+}
+
+// TestPlaceholder: a published volume's directory holds an empty disk.img
+// that cannot be written (immutable: a VM started without the hook fails
+// rather than write a local file), and unpublishing removes it.
+func TestPlaceholder(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("FS_IMMUTABLE_FL needs root")
+	}
+	sn := startStorageNode(t)
+	f := startFakeAPI(t, sn.addr)
+	e := openEndpoint(t, t.TempDir(), locator(t, f.url))
+	pub, err := e.Publish(context.Background(), vmVolume(sn.token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(pub.Dir, PlaceholderName)
+	fi, err := os.Stat(path)
+	if err != nil || fi.Size() != 0 {
+		t.Fatalf("placeholder: %v %v", fi, err)
+	}
+	if w, err := os.OpenFile(path, os.O_WRONLY, 0); err == nil {
+		w.Close()
+		t.Fatal("root opened the placeholder for writing: it is not immutable")
+	}
+	if err := e.Unpublish(context.Background(), "vm"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(pub.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("directory after unpublish: %v", err)
 	}
 }
