@@ -89,6 +89,11 @@ func Open(cfg Config) (*Endpoint, error) {
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = time.Second
 	}
+	if cfg.Forward.MaxPause <= 0 {
+		// A VM waits while there is no primary: look for the promoted
+		// one often (the look-ups of a volume's disks are shared).
+		cfg.Forward.MaxPause = 200 * time.Millisecond
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}

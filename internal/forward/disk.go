@@ -29,6 +29,11 @@ type Options struct {
 	RetryFor time.Duration
 	// DialTimeout bounds one connection attempt (default 3 s).
 	DialTimeout time.Duration
+	// MaxPause bounds the pause between two attempts to find and reach a
+	// primary while there is none (default 1 s; it starts at 50 ms and
+	// doubles). A shorter one finds a promoted primary sooner for more
+	// look-ups during a failover.
+	MaxPause time.Duration
 	// Dial makes the TCP connection (default: net.Dialer).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Moves, when set, follows the volume's primary: it returns a channel
@@ -96,6 +101,9 @@ func Open(ctx context.Context, export string, resolve Resolver, opts Options) (*
 	}
 	if opts.DialTimeout <= 0 {
 		opts.DialTimeout = 3 * time.Second
+	}
+	if opts.MaxPause <= 0 {
+		opts.MaxPause = time.Second
 	}
 	if opts.Dial == nil {
 		var nd net.Dialer
@@ -180,7 +188,7 @@ func (d *Disk) conn(ctx context.Context, deadline time.Time) (*nbdclient.Conn, e
 		case <-d.moved:
 		case <-time.After(pause):
 		}
-		pause = min(2*pause, time.Second)
+		pause = min(2*pause, d.opts.MaxPause)
 	}
 }
 

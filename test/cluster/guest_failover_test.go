@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,7 +58,7 @@ var guestConsoleTrouble = []string{"I/O error", "WRITE ERROR", "guestwriter: I/O
 func TestFailoverGuest(t *testing.T) {
 	cycles := envCount(t, "QUIVER_GUEST_FAILOVERS", 2)
 	testfs.RequireTool(t, "qemu-system-x86_64")
-	k, initrd := buildWriterGuest(t)
+	k, initrd := buildWriterGuest(t, guestDisks)
 	c := startCluster(t)
 	c.waitNodes(c.nodes[0], "n1 n2 n3 up", allUp("n1", "n2", "n3"))
 	ctx := context.Background()
@@ -85,7 +86,10 @@ func TestFailoverGuest(t *testing.T) {
 	// retry (connect gives up after 3 s) in QEMU's namespace lets QEMU
 	// try the next address in time (docs/cluster.md).
 	run(t, "ip", "netns", "exec", c.net.Hub, "sysctl", "-q", "-w", "net.ipv4.tcp_syn_retries=1")
-	vm := startGuestVM(t, c, k, initrd, servers, att.Token)
+	vm := startGuestVM(t, c, k, initrd, guestDisks, func(d string) map[string]any {
+		return map[string]any{"server": map[string]string{"type": "inet", "host": servers[d], "port": "10809"},
+			"export": "guest/" + d + "/" + att.Token}
+	})
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	err = vm.WaitConsole(wctx, "guestwriter: start")
 	cancel()
@@ -199,8 +203,9 @@ func otherCopy(v api.Volume) string {
 }
 
 // buildWriterGuest builds the test/migration guest: testguest's virtio-blk
-// kernel and an initramfs whose /init runs the guest writer on every disk.
-func buildWriterGuest(t *testing.T) (*testguest.Kernel, string) {
+// kernel and an initramfs whose /init runs the guest writer on every disk
+// of disks (the guest's device names, in the order it numbers them).
+func buildWriterGuest(t *testing.T, disks []string) (*testguest.Kernel, string) {
 	t.Helper()
 	dir := t.TempDir()
 	gw, err := testguest.GoProgram("github.com/quiverstorage/quiver/test/migration/guestwriter", dir, "guestwriter")
@@ -210,7 +215,7 @@ func buildWriterGuest(t *testing.T) (*testguest.Kernel, string) {
 		k, err = testguest.Build(testguest.VirtioBlk, initrd, fmt.Sprintf(`guestwriter /dev/%s
 echo "init: guestwriter exited with status $?"
 while :; do sleep 3600; done
-`, strings.Join(guestDisks, " /dev/")), gw)
+`, strings.Join(disks, " /dev/")), gw)
 		if err == nil {
 			return k, initrd
 		}
@@ -225,6 +230,7 @@ while :; do sleep 3600; done
 // guestVM is QEMU in the hub namespace with QMP on a unix socket.
 type guestVM struct {
 	*testguest.VM
+	disks []string
 	out *testserver.LogBuffer
 	qmp *testguest.QMP
 }
@@ -284,28 +290,31 @@ func (c *cluster) qemuConns(t *testing.T) string {
 
 // startGuestVM boots the guest with each disk of volume "guest" on QEMU's
 // NBD client, connected to servers[disk] port 10809 with reconnect-delay.
-func startGuestVM(t *testing.T, c *cluster, k *testguest.Kernel, initrd string, servers map[string]string, token string) *guestVM {
+// startGuestVM starts QEMU in the hub namespace with a virtio-blk disk for
+// each of disks, each an NBD blockdev whose server and export source(d)
+// gives, with reconnect-delay.
+func startGuestVM(t *testing.T, c *cluster, k *testguest.Kernel, initrd string, disks []string, source func(d string) map[string]any) *guestVM {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "qgf") // short: a unix socket path
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	vm := &guestVM{out: &testserver.LogBuffer{}}
+	vm := &guestVM{out: &testserver.LogBuffer{}, disks: disks}
 	console, qmpPath := filepath.Join(dir, "console"), filepath.Join(dir, "qmp")
 	args := append([]string{"netns", "exec", c.net.Hub, "qemu-system-x86_64"}, testguest.QEMUArgs(k, initrd, console)...)
 	args = append(args, "-qmp", "unix:"+qmpPath+",server=on,wait=off")
-	for _, d := range guestDisks {
-		b, err := json.Marshal(map[string]any{
+	for _, d := range disks {
+		bd := map[string]any{
 			"driver":    "nbd",
 			"node-name": "disk-" + d,
-			"server":    map[string]string{"type": "inet", "host": servers[d], "port": "10809"},
-			"export":    "guest/" + d + "/" + token,
 			// A request on a broken connection waits up to
 			// reconnect-delay seconds for a new one before it fails
 			// (QEMU's default is 0: at once).
 			"reconnect-delay": reconnectDelay(t),
-		})
+		}
+		maps.Copy(bd, source(d))
+		b, err := json.Marshal(bd)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -374,8 +383,8 @@ func (vm *guestVM) writes(t *testing.T) map[string]diskStats {
 			out[d] = e.Stats
 		}
 	}
-	if len(out) != len(guestDisks) {
-		t.Fatalf("query-blockstats names %d of the %d disks: %+v", len(out), len(guestDisks), list)
+	if len(out) != len(vm.disks) {
+		t.Fatalf("query-blockstats names %d of the %d disks: %+v", len(out), len(vm.disks), list)
 	}
 	return out
 }
