@@ -231,8 +231,8 @@ while :; do sleep 3600; done
 type guestVM struct {
 	*testguest.VM
 	disks []string
-	out *testserver.LogBuffer
-	qmp *testguest.QMP
+	out   *testserver.LogBuffer
+	qmp   *testguest.QMP
 }
 
 // nodesName makes the host name quiver-nbd, in the hub namespace only,
