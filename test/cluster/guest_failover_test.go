@@ -292,8 +292,8 @@ func (c *cluster) qemuConns(t *testing.T) string {
 // NBD client, connected to servers[disk] port 10809 with reconnect-delay.
 // startGuestVM starts QEMU in the hub namespace with a virtio-blk disk for
 // each of disks, each an NBD blockdev whose server and export source(d)
-// gives, with reconnect-delay.
-func startGuestVM(t *testing.T, c *cluster, k *testguest.Kernel, initrd string, disks []string, source func(d string) map[string]any) *guestVM {
+// gives, with reconnect-delay; extra are more QEMU arguments.
+func startGuestVM(t *testing.T, c *cluster, k *testguest.Kernel, initrd string, disks []string, source func(d string) map[string]any, extra ...string) *guestVM {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "qgf") // short: a unix socket path
 	if err != nil {
@@ -320,6 +320,7 @@ func startGuestVM(t *testing.T, c *cluster, k *testguest.Kernel, initrd string, 
 		}
 		args = append(args, "-blockdev", string(b), "-device", "virtio-blk-pci,drive=disk-"+d+",id="+d)
 	}
+	args = append(args, extra...)
 	cmd := exec.Command("ip", args...)
 	cmd.Stdout, cmd.Stderr = vm.out, vm.out
 	if vm.VM, err = testguest.StartVM(cmd, console); err != nil {
