@@ -100,10 +100,11 @@ func (ep *endpointDir) source(disk string) *libvirtxml.DomainDiskSource {
 	}}
 }
 
-// networkDriver turns a file disk's driver into one QEMU's nbd driver
-// takes: raw (the endpoint serves the disks' bytes), and no io mode
-// (native and io_uring are modes of file-posix; libvirt refuses them on a
-// network disk). cache, discard, error policies and iothread stay.
+// networkDriver turns a file disk's driver into one for QEMU's nbd driver:
+// raw (the endpoint serves the disks' bytes), and no io mode (native and
+// io_uring are modes of QEMU's file driver, which an NBD disk does not
+// use). cache (libvirt gives QEMU's nbd node cache.direct for "none"),
+// discard, error policies and iothread stay.
 func networkDriver(d *libvirtxml.DomainDiskDriver) {
 	if d == nil {
 		return
