@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -21,6 +22,12 @@ const (
 	// AnnotationDiskBus is the bus of every extra disk: virtio (default)
 	// or sata.
 	AnnotationDiskBus = "quiver.io/extra-disk-bus"
+	// AnnotationReconnectDelay is how long, in whole seconds, QEMU holds a
+	// disk's requests while it reconnects to the compute node's NBD
+	// endpoint (default DefaultReconnectDelay). It must be longer than a
+	// failover of the volume's primary (docs/cluster.md, "QEMU guests
+	// through a failover").
+	AnnotationReconnectDelay = "quiver.io/reconnect-delay"
 	// AnnotationHookSidecars is KubeVirt's own key for the list of hook
 	// sidecars of a VMI.
 	AnnotationHookSidecars = "hooks.kubevirt.io/hookSidecars"
@@ -31,6 +38,16 @@ const (
 	BusVirtio = "virtio"
 	BusSATA   = "sata"
 )
+
+// DefaultReconnectDelay is QEMU's reconnect-delay, in seconds, for disks
+// served by the compute node's endpoint: twice the 30 s docs/cluster.md
+// asks for with the default lease, so a failover with an etcd election
+// fits too.
+const DefaultReconnectDelay = 60
+
+// MaxReconnectDelay bounds AnnotationReconnectDelay: an hour of held
+// requests is already far past any guest's I/O timeout.
+const MaxReconnectDelay = 3600
 
 // PrimaryDisk is the disk KubeVirt boots from a Filesystem PVC: disk.img.
 const PrimaryDisk = "disk"
@@ -105,4 +122,18 @@ func ParseBus(value string) (string, error) {
 		return BusSATA, nil
 	}
 	return "", fmt.Errorf("annotation %s=%q: want %s or %s: %w", AnnotationDiskBus, value, BusVirtio, BusSATA, ErrInvalid)
+}
+
+// ParseReconnectDelay checks an AnnotationReconnectDelay value; "" is
+// DefaultReconnectDelay.
+func ParseReconnectDelay(value string) (uint, error) {
+	if value == "" {
+		return DefaultReconnectDelay, nil
+	}
+	n, err := strconv.ParseUint(value, 10, 32)
+	if err != nil || n < 1 || n > MaxReconnectDelay {
+		return 0, fmt.Errorf("annotation %s=%q: want whole seconds from 1 to %d (default %d): %w",
+			AnnotationReconnectDelay, value, MaxReconnectDelay, DefaultReconnectDelay, ErrInvalid)
+	}
+	return uint(n), nil
 }

@@ -8,7 +8,9 @@
 // initramfs) lists its virtio disks with their serials and writes a marker
 // naming the serial to the first sector of each, then powers off. Read back
 // through quiver's NBD export of each disk, every marker must be on the
-// disk its serial names.
+// disk its serial names. TestLibvirtEndpointEveryDisk does the same with
+// the volume served by a compute node's endpoint (internal/endpoint): the
+// hook gives QEMU every disk on the endpoint's NBD socket.
 //
 // Run it with
 //

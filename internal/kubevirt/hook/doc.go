@@ -8,7 +8,14 @@
 // missing, a name or target used twice, a domain it cannot parse) is an
 // error, so the VM does not start rather than boot with a disk missing.
 //
+// When the directory of a volume's disk.img is the compute node's endpoint
+// (internal/endpoint: a quiver-endpoint.json beside an nbd.sock and an empty
+// placeholder disk.img), every disk of the volume, the primary included, is
+// an NBD disk on that socket instead (<disk type='network'>, export = disk
+// name, QEMU's reconnect-delay set), with or without the annotation.
+// KubeVirt's XML is edited in place, never re-encoded (rewrite.go).
+//
 // It serves the Info service and Callbacks v1alpha3 and v1alpha2 (hookapi).
 //
-// Imports from quiver: kubevirt, kubevirt/hookapi/info, kubevirt/hookapi/v1alpha2, kubevirt/hookapi/v1alpha3.
+// Imports from quiver: endpoint (its manifest's type and names), kubevirt, kubevirt/hookapi/info, kubevirt/hookapi/v1alpha2, kubevirt/hookapi/v1alpha3.
 package hook

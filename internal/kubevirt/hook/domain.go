@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -39,56 +38,98 @@ type Options struct {
 
 // AddDisks returns domainXML with the extra disks the VMI's annotations name
 // added, or an error naming the cause; it never returns a domain with some
-// of the named disks missing. A VMI without the annotation gets the domain
-// back unchanged, byte for byte.
+// of the named disks missing.
+//
+// A volume whose disk.img lies in a directory of the compute node's
+// endpoint (a quiver-endpoint.json beside it, internal/endpoint) gets every
+// disk through the endpoint's NBD socket: its primary disk is rewritten to
+// the socket's export "disk", and its extra disks are NBD disks too. That
+// holds with or without the annotation: disk.img is then an empty
+// placeholder that QEMU must never be given.
+//
+// A VMI without the annotation and without an endpoint volume gets the
+// domain back unchanged, byte for byte.
 func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) {
-	value, ok := vmi.Metadata.Annotations[kubevirt.AnnotationExtraDisks]
-	if !ok {
-		return domainXML, nil
-	}
-	extra, err := kubevirt.ParseExtraDisks(value)
-	if err != nil {
-		return nil, err
-	}
-	bus, err := kubevirt.ParseBus(vmi.Metadata.Annotations[kubevirt.AnnotationDiskBus])
-	if err != nil {
-		return nil, err
+	value, annotated := vmi.Metadata.Annotations[kubevirt.AnnotationExtraDisks]
+	extra := kubevirt.ExtraDisks{}
+	bus := kubevirt.BusVirtio
+	if annotated {
+		var err error
+		if extra, err = kubevirt.ParseExtraDisks(value); err != nil {
+			return nil, err
+		}
+		if bus, err = kubevirt.ParseBus(vmi.Metadata.Annotations[kubevirt.AnnotationDiskBus]); err != nil {
+			return nil, err
+		}
 	}
 	var dom libvirtxml.Domain
 	if err := dom.Unmarshal(string(domainXML)); err != nil {
+		if !annotated {
+			// Nothing says the VMI is quiver's, and libvirt refuses
+			// the domain anyway.
+			return domainXML, nil
+		}
 		return nil, fmt.Errorf("domain XML: %v: %w", err, kubevirt.ErrInvalid)
 	}
 	if dom.Devices == nil {
+		if !annotated {
+			return domainXML, nil
+		}
 		return nil, fmt.Errorf("domain XML: no <devices>: %w", kubevirt.ErrInvalid)
-	}
-	targets, serials, err := usedNames(dom.Devices.Disks)
-	if err != nil {
-		return nil, err
 	}
 	volumes := map[string]kubevirt.Volume{}
 	for _, v := range vmi.Spec.Volumes {
 		volumes[v.Name] = v
 	}
+	endpoints, err := findEndpoints(dom.Devices.Disks, vmi, opts)
+	if err != nil {
+		return nil, err
+	}
+	if !annotated && len(endpoints) == 0 {
+		return domainXML, nil
+	}
+	targets, serials, err := usedNames(dom.Devices.Disks)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for name, disks := range extra {
+		if (opts.Volume == "" || name == opts.Volume) && len(disks) > 0 {
+			names = append(names, name)
+		}
+	}
+	for name := range endpoints {
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
 	var added []libvirtxml.DomainDisk
-	for _, name := range slices.Sorted(maps.Keys(extra)) {
-		if opts.Volume != "" && name != opts.Volume {
-			continue
-		}
-		if len(extra[name]) == 0 {
-			continue
-		}
-		vol, ok := volumes[name]
-		if !ok || vol.ClaimName() == "" {
-			return nil, fmt.Errorf("annotation %s names volume %q, which is not a PVC or DataVolume volume of the VMI: %w",
-				kubevirt.AnnotationExtraDisks, name, kubevirt.ErrInvalid)
+	var rewrites []primaryRewrite
+	for _, name := range names {
+		if len(extra[name]) > 0 {
+			vol, ok := volumes[name]
+			if !ok || vol.ClaimName() == "" {
+				return nil, fmt.Errorf("annotation %s names volume %q, which is not a PVC or DataVolume volume of the VMI: %w",
+					kubevirt.AnnotationExtraDisks, name, kubevirt.ErrInvalid)
+			}
 		}
 		primary, err := primaryDisk(dom.Devices.Disks, name)
 		if err != nil {
 			return nil, err
 		}
 		dir := path.Dir(primary.Source.File.File)
+		ep := endpoints[name]
+		if ep != nil {
+			rewrites = append(rewrites, primaryRewrite{alias: primary.Alias.Name, source: ep.source(kubevirt.PrimaryDisk)})
+		}
 		for _, disk := range extra[name] {
-			if err := checkFile(opts.Root, dir, disk, name); err != nil {
+			if ep != nil {
+				err = ep.check(disk)
+			} else {
+				err = checkFile(opts.Root, dir, disk, name)
+			}
+			if err != nil {
 				return nil, err
 			}
 			if other, dup := serials[disk]; dup {
@@ -96,6 +137,10 @@ func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) 
 					name, disk, disk, other, kubevirt.ErrDuplicate)
 			}
 			d := extraDisk(primary, dir, disk, bus)
+			if ep != nil {
+				d.Source = ep.source(disk)
+				networkDriver(d.Driver)
+			}
 			d.Target.Dev, err = nextTarget(targets, bus)
 			if err != nil {
 				return nil, err
@@ -105,10 +150,49 @@ func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) 
 			added = append(added, d)
 		}
 	}
-	if len(added) == 0 {
-		return domainXML, nil
+	out := domainXML
+	if len(rewrites) > 0 {
+		if out, err = rewritePrimaries(out, rewrites); err != nil {
+			return nil, err
+		}
 	}
-	return insertDisks(domainXML, added)
+	if len(added) == 0 {
+		return out, nil
+	}
+	return insertDisks(out, added)
+}
+
+// findEndpoints returns, by KubeVirt volume, the PVC volumes of the VMI
+// (only opts.Volume when set) whose disk.img lies in an endpoint's
+// directory. A volume whose domain disk is not a disk.img file is left to
+// the annotation's checks.
+func findEndpoints(disks []libvirtxml.DomainDisk, vmi kubevirt.VMI, opts Options) (map[string]*endpointDir, error) {
+	out := map[string]*endpointDir{}
+	var delay uint
+	for _, v := range vmi.Spec.Volumes {
+		if v.ClaimName() == "" || (opts.Volume != "" && v.Name != opts.Volume) {
+			continue
+		}
+		d, err := primaryDisk(disks, v.Name)
+		if err != nil {
+			continue
+		}
+		ep, err := findEndpoint(opts.Root, path.Dir(d.Source.File.File), v.Name)
+		if err != nil {
+			return nil, err
+		}
+		if ep == nil {
+			continue
+		}
+		if delay == 0 {
+			if delay, err = kubevirt.ParseReconnectDelay(vmi.Metadata.Annotations[kubevirt.AnnotationReconnectDelay]); err != nil {
+				return nil, err
+			}
+		}
+		ep.delay = delay
+		out[v.Name] = ep
+	}
+	return out, nil
 }
 
 // insertDisks returns the document with the disks inserted after its last
