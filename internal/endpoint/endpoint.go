@@ -255,7 +255,7 @@ func (e *Endpoint) Unpublish(ctx context.Context, name string) error {
 		return err
 	}
 	dir := e.Dir(name)
-	if err := removePlaceholder(dir); err != nil {
+	if err := RemovePlaceholder(dir); err != nil {
 		return fmt.Errorf("volume %s: %w", name, err)
 	}
 	for _, f := range []string{SocketName, ManifestName} {

@@ -139,7 +139,7 @@ func openEndpoint(t *testing.T, root string, loc *Locator) *Endpoint {
 		// Immutable placeholders would stop TempDir's removal.
 		dirs, _ := filepath.Glob(filepath.Join(root, "volumes", "*"))
 		for _, d := range dirs {
-			_ = removePlaceholder(d)
+			_ = RemovePlaceholder(d)
 		}
 	})
 	return e

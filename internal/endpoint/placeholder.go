@@ -46,9 +46,11 @@ func placeholder(dir string) (weak error, err error) {
 	return nil, nil
 }
 
-// removePlaceholder clears the immutable flag of dir's disk.img and
-// removes it.
-func removePlaceholder(dir string) error {
+// RemovePlaceholder clears the immutable flag of dir's disk.img and
+// removes it: Unpublish does, and so must whoever removes a volume's
+// directory by hand (or `chattr -i`), since not even root can unlink an
+// immutable file.
+func RemovePlaceholder(dir string) error {
 	path := dir + "/" + PlaceholderName
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if errors.Is(err, fs.ErrNotExist) {

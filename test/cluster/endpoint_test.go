@@ -50,6 +50,11 @@ func (c *cluster) startEndpoint(t *testing.T, dir string, nodes ...*node) *endpo
 	go func() { _ = p.cmd.Wait(); close(p.exited) }()
 	t.Cleanup(func() {
 		p.stop(syscall.SIGKILL)
+		// Its immutable placeholders would stop the removal of dir.
+		vols, _ := filepath.Glob(filepath.Join(dir, "ep", "volumes", "*"))
+		for _, v := range vols {
+			_ = endpoint.RemovePlaceholder(v)
+		}
 		if t.Failed() {
 			t.Logf("--- endpoint log ---\n%s", testserver.Tail(p.log.String(), 80))
 		}

@@ -76,6 +76,11 @@ func TestLibvirtEndpointEveryDisk(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		ep.Close()
+		// Its immutable placeholder would stop the removal of work.
+		vols, _ := filepath.Glob(filepath.Join(work, "endpoint", "volumes", "*"))
+		for _, v := range vols {
+			_ = endpoint.RemovePlaceholder(v)
+		}
 		if t.Failed() {
 			t.Logf("endpoint log:\n%s", testserver.Tail(epLog.String(), 60))
 		}
@@ -88,10 +93,10 @@ func TestLibvirtEndpointEveryDisk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The CSI node plugin's part: the placeholder KubeVirt needs, and the
-	// directory bound at the PVC's path in the pod.
-	if err := os.WriteFile(filepath.Join(published.Dir, "disk.img"), nil, 0o644); err != nil {
-		t.Fatal(err)
+	// The endpoint made the placeholder KubeVirt needs; the CSI node
+	// plugin's part is to bind the directory at the PVC's path in the pod.
+	if fi, err := os.Stat(filepath.Join(published.Dir, endpoint.PlaceholderName)); err != nil || fi.Size() != 0 {
+		t.Fatalf("the endpoint's placeholder: %v %v", fi, err)
 	}
 	pvc := filepath.Join(work, "vmi-disks", "rootdisk")
 	if err := os.MkdirAll(pvc, 0o755); err != nil {
