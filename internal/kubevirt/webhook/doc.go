@@ -2,8 +2,10 @@
 // For a VirtualMachineInstance (or a VirtualMachine's template) whose PVC is
 // a quiver volume in Filesystem mode, it names the volume's other disks in
 // the quiver.io/extra-disks annotation and adds the quiver hook sidecar to
-// hooks.kubevirt.io/hookSidecars, so an ordinary VM with one PVC boots with
-// every disk of its volume. A Block-mode quiver PVC with several disks gets
+// hooks.kubevirt.io/hookSidecars (for a one-disk volume too: on a compute
+// node whose endpoint serves the volume, the hook gives QEMU the disks on
+// the endpoint's socket), so an ordinary VM with one PVC boots with every
+// disk of its volume. A Block-mode quiver PVC with several disks gets
 // an admission warning: only its primary disk reaches the VM.
 //
 // It learns a PVC's volume from Kubernetes (claims.go: the PVC, its PV, or

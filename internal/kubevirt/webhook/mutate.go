@@ -144,14 +144,18 @@ func (w *Webhook) annotate(ctx context.Context, namespace string, annotations ma
 			owner[d] = v.Name
 			names = append(names, d)
 		}
-		if len(names) == 0 {
-			continue
-		}
+		// Every Filesystem-mode quiver PVC gets the hook, a one-disk volume
+		// too: on a compute node whose endpoint serves the volume the PVC
+		// holds only the endpoint's socket and an empty placeholder
+		// disk.img, and the hook gives QEMU the disk on the socket (it
+		// leaves the domain unchanged for a volume not served that way).
 		if podVolumes[claim] {
 			return nil, nil, fmt.Errorf("volume %s: its PVC %s has the name of a volume of the VM, and the hook sidecar mounts the PVC as a pod volume of that name; rename the VM's volume: %w",
 				v.Name, claim, ErrDenied)
 		}
-		extra[v.Name] = names
+		if len(names) > 0 {
+			extra[v.Name] = names
+		}
 		sidecars = append(sidecars, sidecar{
 			Image: w.cfg.Image, ImagePullPolicy: w.cfg.ImagePullPolicy,
 			Command: []string{"quiver"}, Args: []string{sidecarCommand, "--volume", v.Name},

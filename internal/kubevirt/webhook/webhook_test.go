@@ -136,8 +136,11 @@ func TestWebhook(t *testing.T) {
 			sidecars: []any{jsonValue(t, userSidecar), ourSidecar("rootdisk", "vm1-disks")}},
 		{name: "VM with another driver's PVC is left unchanged",
 			body: review(KindVM, "CREATE", vm(`{"spec":{"volumes":[`+pvc("rootdisk", "ceph-root")+`]}}`))},
-		{name: "VMI with a one-disk quiver PVC is left unchanged",
-			body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "single")))},
+		// The hook gives QEMU the disk on the endpoint's socket when the
+		// compute node's endpoint serves the volume; no extra disks.
+		{name: "VMI with a one-disk quiver PVC gets the hook only",
+			body:    review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "single"))),
+			annPath: []string{"metadata", "annotations"}, sidecars: []any{ourSidecar("rootdisk", "single")}},
 		{name: "VMI with a PVC that does not exist yet is left unchanged",
 			body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "nosuch")))},
 		{name: "VMI with two quiver PVCs", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-disks"), pvc("more", "vm1-more"),
