@@ -230,25 +230,33 @@ func (n *nodeService) stageBlock(ctx context.Context, rec *stageRecord, v api.Vo
 	if token := pubCtx[PublishToken]; token != "" {
 		export += "/" + token
 	}
-	var uri string
 	if n.ep != nil {
-		pub, err := n.publishEndpoint(ctx, rec, v, pubCtx)
-		if err != nil {
-			return err
-		}
-		uri = (&url.URL{Scheme: "nbd+unix", Path: "/" + disk, RawQuery: url.Values{"socket": {pub.Socket}}.Encode()}).String()
-	} else if uri, err = nbdURI(n.d.cfg.NBD, export); err != nil {
-		return fmt.Errorf("%w: %w", err, ErrPrecondition)
+		// Every disk, as one device: the KubeVirt hook gives QEMU each
+		// disk as a slice of it (endpoint.SlotSize apart).
+		disk = endpoint.DisksExport
 	}
 	if err := os.MkdirAll(rec.Staging, 0o750); err != nil {
 		return fmt.Errorf("staging path: %w", err)
 	}
 	rec.Disk, rec.Attachment = disk, pubCtx[PublishAttachment]
 	rec.FuseDir = filepath.Join(n.state.fuseRoot(), v.Name)
-	// Record the intent first: a crash during attach leaves a record that
-	// the next stage or unstage cleans up.
-	if err := n.state.save(rec); err != nil {
-		return err
+	var uri string
+	if n.ep != nil {
+		// publishEndpoint records the intent first.
+		pub, err := n.publishEndpoint(ctx, rec, v, pubCtx)
+		if err != nil {
+			return err
+		}
+		uri = (&url.URL{Scheme: "nbd+unix", Path: "/" + disk, RawQuery: url.Values{"socket": {pub.Socket}}.Encode()}).String()
+	} else {
+		if uri, err = nbdURI(n.d.cfg.NBD, export); err != nil {
+			return fmt.Errorf("%w: %w", err, ErrPrecondition)
+		}
+		// Record the intent first: a crash during attach leaves a
+		// record that the next stage or unstage cleans up.
+		if err := n.state.save(rec); err != nil {
+			return err
+		}
 	}
 	loop, pid, err := n.block.Attach(ctx, rec.FuseDir, disk, uri, rec.ReadOnly)
 	if err != nil {
@@ -508,11 +516,11 @@ func (n *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVo
 	}
 	total, used := v.Capacity, int64(0)
 	for _, d := range v.Disks {
-		if rec.Kind == kindBlock.String() && d.Name != rec.Disk {
+		if rec.Kind == kindBlock.String() && d.Name != rec.Disk && rec.Disk != endpoint.DisksExport {
 			continue
 		}
 		used += d.Allocated
-		if rec.Kind == kindBlock.String() {
+		if rec.Kind == kindBlock.String() && rec.Disk != endpoint.DisksExport {
 			total = d.Size
 		}
 	}

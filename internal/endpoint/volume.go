@@ -102,6 +102,8 @@ func (e *exports) List(context.Context) ([]nbd.ExportInfo, error) {
 		out = append(out, nbd.ExportInfo{Name: d.Name,
 			Description: fmt.Sprintf("disk %s of volume %s (%d bytes)", d.Name, e.vol.Name, d.Size)})
 	}
+	out = append(out, nbd.ExportInfo{Name: DisksExport,
+		Description: fmt.Sprintf("every disk of volume %s as one device, disk i at i*%d", e.vol.Name, SlotSize)})
 	return out, nil
 }
 
@@ -109,20 +111,54 @@ func (e *exports) List(context.Context) ([]nbd.ExportInfo, error) {
 // names only the disk ("" is the volume's first disk), the endpoint adds
 // the volume and the token.
 func (e *exports) Open(ctx context.Context, name, peer string) (nbd.Export, error) {
+	if name == DisksExport {
+		return e.openAll(ctx)
+	}
 	if name == "" {
 		name = e.vol.Disks[0].Name
 	}
 	if !slices.ContainsFunc(e.vol.Disks, func(d Disk) bool { return d.Name == name }) {
 		return nbd.Export{}, fmt.Errorf("volume %s has no disk %q published here: %w", e.vol.Name, name, pool.ErrDiskNotFound)
 	}
-	opts := e.opts
-	opts.Logger = e.log
-	opts.Moves = e.moves
-	d, err := forward.Open(ctx, e.vol.Export+"/"+name+"/"+e.vol.Token, e.primaryAddr, opts)
+	d, err := e.openDisk(ctx, name)
 	if err != nil {
 		return nbd.Export{}, err
 	}
 	return nbd.Export{Disk: d, Description: fmt.Sprintf("disk %s of volume %s", name, e.vol.Name)}, nil
+}
+
+// openDisk connects to the volume's primary for one disk.
+func (e *exports) openDisk(ctx context.Context, name string) (*forward.Disk, error) {
+	opts := e.opts
+	opts.Logger = e.log
+	opts.Moves = e.moves
+	return forward.Open(ctx, e.vol.Export+"/"+name+"/"+e.vol.Token, e.primaryAddr, opts)
+}
+
+// openAll opens every disk, as the one device of DisksExport.
+func (e *exports) openAll(ctx context.Context) (nbd.Export, error) {
+	var disks []pool.Disk
+	for _, d := range e.vol.Disks {
+		if d.Size > SlotSize {
+			closeAll(disks)
+			return nbd.Export{}, fmt.Errorf("volume %s: disk %s is larger than %d bytes, a disk's room in the device of every disk: %w",
+				e.vol.Name, d.Name, SlotSize, pool.ErrInvalid)
+		}
+		fd, err := e.openDisk(ctx, d.Name)
+		if err != nil {
+			closeAll(disks)
+			return nbd.Export{}, err
+		}
+		disks = append(disks, fd)
+	}
+	return nbd.Export{Disk: newConcatDisk(disks),
+		Description: fmt.Sprintf("every disk of volume %s, disk i at i*%d", e.vol.Name, SlotSize)}, nil
+}
+
+func closeAll(disks []pool.Disk) {
+	for _, d := range disks {
+		d.Close()
+	}
 }
 
 // primaryAddr is the forward.Resolver: the primary's NBD address.

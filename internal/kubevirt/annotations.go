@@ -28,6 +28,13 @@ const (
 	// failover of the volume's primary (docs/cluster.md, "QEMU guests
 	// through a failover").
 	AnnotationReconnectDelay = "quiver.io/reconnect-delay"
+	// AnnotationBlockDisks lays out, per Block-mode KubeVirt volume, the
+	// quiver volume's disks in the one block device the PVC is (the
+	// compute node's endpoint serves disk i at i*endpoint.SlotSize), as a
+	// JSON object of ordered disks with their sizes:
+	// {"rootdisk":[{"name":"disk","size":10737418240},{"name":"data","size":1073741824}]}.
+	// The hook gives QEMU each disk as a slice of the device.
+	AnnotationBlockDisks = "quiver.io/block-disks"
 	// AnnotationHookSidecars is KubeVirt's own key for the list of hook
 	// sidecars of a VMI.
 	AnnotationHookSidecars = "hooks.kubevirt.io/hookSidecars"
@@ -136,4 +143,70 @@ func ParseReconnectDelay(value string) (uint, error) {
 			AnnotationReconnectDelay, value, MaxReconnectDelay, DefaultReconnectDelay, ErrInvalid)
 	}
 	return uint(n), nil
+}
+
+// BlockDisk is one disk of a Block-mode volume's layout, in slot order.
+type BlockDisk struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+}
+
+// BlockDisks maps a KubeVirt volume name to its quiver volume's disks, disk
+// i in slot i of the PVC's device (AnnotationBlockDisks).
+type BlockDisks map[string][]BlockDisk
+
+// maxBlockDisks bounds the disks of one Block-mode volume.
+const maxBlockDisks = 256
+
+// ParseBlockDisks decodes and checks an AnnotationBlockDisks value: every
+// disk name is a DNS label of at most MaxSerial bytes (it becomes the
+// disk's serial), appears once in the whole annotation, and has a positive
+// size.
+func ParseBlockDisks(value string) (BlockDisks, error) {
+	var out BlockDisks
+	dec := json.NewDecoder(strings.NewReader(value))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&out); err != nil {
+		return nil, fmt.Errorf("annotation %s: want a JSON object of volume name to disks, e.g. {\"rootdisk\":[{\"name\":\"disk\",\"size\":1073741824}]}: %v: %w",
+			AnnotationBlockDisks, err, ErrInvalid)
+	}
+	seen := map[string]string{}
+	for _, vol := range slices.Sorted(maps.Keys(out)) {
+		if len(validation.IsDNS1123Label(vol)) != 0 {
+			return nil, fmt.Errorf("annotation %s: volume name %q: must be a DNS label: %w", AnnotationBlockDisks, vol, ErrInvalid)
+		}
+		if len(out[vol]) == 0 || len(out[vol]) > maxBlockDisks {
+			return nil, fmt.Errorf("annotation %s, volume %s: %d disks, want 1 to %d: %w", AnnotationBlockDisks, vol, len(out[vol]), maxBlockDisks, ErrInvalid)
+		}
+		for _, d := range out[vol] {
+			if len(validation.IsDNS1123Label(d.Name)) != 0 || len(d.Name) > MaxSerial {
+				return nil, fmt.Errorf("annotation %s, volume %s: disk name %q: must be a DNS label of at most %d bytes: %w",
+					AnnotationBlockDisks, vol, d.Name, MaxSerial, ErrInvalid)
+			}
+			if d.Size <= 0 {
+				return nil, fmt.Errorf("annotation %s, volume %s: disk %s: size %d: %w", AnnotationBlockDisks, vol, d.Name, d.Size, ErrInvalid)
+			}
+			if other, dup := seen[d.Name]; dup {
+				return nil, fmt.Errorf("annotation %s: disk %q named for volume %s and for volume %s (a disk's name is its serial, unique in the guest): %w",
+					AnnotationBlockDisks, d.Name, other, vol, ErrDuplicate)
+			}
+			seen[d.Name] = vol
+		}
+	}
+	return out, nil
+}
+
+// Format encodes b as an AnnotationBlockDisks value.
+func (b BlockDisks) Format() string {
+	out, err := json.Marshal(map[string][]BlockDisk(b))
+	if err != nil {
+		panic(err) // strings and numbers always encode
+	}
+	return string(out)
+}
+
+// Boot is the index of the disk KubeVirt's domain disk of the volume
+// becomes: the disk named PrimaryDisk, else the first.
+func Boot(disks []BlockDisk) int {
+	return max(slices.IndexFunc(disks, func(d BlockDisk) bool { return d.Name == PrimaryDisk }), 0)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -50,13 +51,23 @@ type Options struct {
 // A VMI without the annotation and without an endpoint volume gets the
 // domain back unchanged, byte for byte.
 func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) {
-	value, annotated := vmi.Metadata.Annotations[kubevirt.AnnotationExtraDisks]
+	value, hasExtra := vmi.Metadata.Annotations[kubevirt.AnnotationExtraDisks]
+	blockValue, hasBlock := vmi.Metadata.Annotations[kubevirt.AnnotationBlockDisks]
+	annotated := hasExtra || hasBlock
 	extra := kubevirt.ExtraDisks{}
+	blocks := kubevirt.BlockDisks{}
 	bus := kubevirt.BusVirtio
 	if annotated {
 		var err error
-		if extra, err = kubevirt.ParseExtraDisks(value); err != nil {
-			return nil, err
+		if hasExtra {
+			if extra, err = kubevirt.ParseExtraDisks(value); err != nil {
+				return nil, err
+			}
+		}
+		if hasBlock {
+			if blocks, err = kubevirt.ParseBlockDisks(blockValue); err != nil {
+				return nil, err
+			}
 		}
 		if bus, err = kubevirt.ParseBus(vmi.Metadata.Annotations[kubevirt.AnnotationDiskBus]); err != nil {
 			return nil, err
@@ -93,6 +104,12 @@ func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) 
 		return nil, err
 	}
 	var names []string
+	for name := range blocks {
+		if _, both := extra[name]; both {
+			return nil, fmt.Errorf("volume %s is named by both annotations %s and %s: %w",
+				name, kubevirt.AnnotationExtraDisks, kubevirt.AnnotationBlockDisks, kubevirt.ErrInvalid)
+		}
+	}
 	for name, disks := range extra {
 		if (opts.Volume == "" || name == opts.Volume) && len(disks) > 0 {
 			names = append(names, name)
@@ -149,6 +166,26 @@ func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) 
 			serials[disk] = d.Target.Dev
 			added = append(added, d)
 		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(blocks)) {
+		if opts.Volume != "" && name != opts.Volume {
+			continue
+		}
+		if vol, ok := volumes[name]; !ok || vol.ClaimName() == "" {
+			return nil, fmt.Errorf("annotation %s names volume %q, which is not a PVC or DataVolume volume of the VMI: %w",
+				kubevirt.AnnotationBlockDisks, name, kubevirt.ErrInvalid)
+		}
+		primary, err := blockPrimary(dom.Devices.Disks, name)
+		if err != nil {
+			return nil, err
+		}
+		bv := blockVolume{name: name, dev: primary.Source.Block.Dev, primary: primary, disks: blocks[name]}
+		rw, disks, err := bv.blockDisks(bus, targets, serials)
+		if err != nil {
+			return nil, err
+		}
+		rewrites = append(rewrites, rw)
+		added = append(added, disks...)
 	}
 	out := domainXML
 	if len(rewrites) > 0 {

@@ -30,9 +30,13 @@ import (
 // element stay byte for byte.
 
 // primaryRewrite is the new <source> of the disk whose alias is alias.
+// With block set the disk stays a block disk (its type and driver as
+// written) and gets <shareable/> after its source: the slices of one
+// device are opened by several of QEMU's nodes, which must share writes.
 type primaryRewrite struct {
 	alias  string
 	source *libvirtxml.DomainDiskSource
+	block  bool
 }
 
 // edit replaces doc[from:to] with text.
@@ -47,6 +51,7 @@ type diskTags struct {
 	start, source, driver [2]int // driver[1] == 0: no <driver>
 	sourceIndent          string
 	alias                 string
+	shareable             bool // has <shareable/>
 }
 
 // rewritePrimaries applies rewrites to the document; every disk of
@@ -63,18 +68,28 @@ func rewritePrimaries(doc []byte, rewrites []primaryRewrite) ([]byte, error) {
 			return nil, fmt.Errorf("domain XML: no disk with alias %s and a <source>: %w", rw.alias, kubevirt.ErrInvalid)
 		}
 		d := disks[i]
-		tag, err := setAttr(doc[d.start[0]:d.start[1]], "type", "network")
-		if err != nil {
-			return nil, err
+		if !rw.block {
+			tag, err := setAttr(doc[d.start[0]:d.start[1]], "type", "network")
+			if err != nil {
+				return nil, err
+			}
+			edits = append(edits, edit{d.start[0], d.start[1], tag})
 		}
-		edits = append(edits, edit{d.start[0], d.start[1], tag})
 		var src bytes.Buffer
 		enc := xml.NewEncoder(&src)
 		enc.Indent(d.sourceIndent, "  ")
 		if err := enc.EncodeElement(rw.source, xml.StartElement{Name: xml.Name{Local: "source"}}); err != nil {
 			return nil, fmt.Errorf("domain XML: encode the source of %s: %v: %w", rw.alias, err, kubevirt.ErrInvalid)
 		}
-		edits = append(edits, edit{d.source[0], d.source[1], bytes.TrimLeft(src.Bytes(), " \t")})
+		text := bytes.TrimLeft(src.Bytes(), " \t")
+		if rw.block {
+			if !d.shareable {
+				text = append(text, "\n"+d.sourceIndent+"<shareable/>"...)
+			}
+			edits = append(edits, edit{d.source[0], d.source[1], text})
+			continue
+		}
+		edits = append(edits, edit{d.source[0], d.source[1], text})
 		if d.driver[1] != 0 {
 			tag := doc[d.driver[0]:d.driver[1]]
 			if tag, err = setAttr(tag, "type", "raw"); err == nil {
@@ -130,6 +145,8 @@ func scanDisks(doc []byte) ([]diskTags, error) {
 				if strings.Trim(cur.sourceIndent, " \t") != "" {
 					cur.sourceIndent = ""
 				}
+			case cur != nil && depth == 4 && tok.Name.Local == "shareable":
+				cur.shareable = true
 			case cur != nil && depth == 4 && tok.Name.Local == "driver":
 				cur.driver = [2]int{off, end}
 			case cur != nil && depth == 4 && tok.Name.Local == "alias":
