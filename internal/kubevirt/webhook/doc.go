@@ -5,8 +5,11 @@
 // hooks.kubevirt.io/hookSidecars (for a one-disk volume too: on a compute
 // node whose endpoint serves the volume, the hook gives QEMU the disks on
 // the endpoint's socket), so an ordinary VM with one PVC boots with every
-// disk of its volume. A Block-mode quiver PVC with several disks gets
-// an admission warning: only its primary disk reaches the VM.
+// disk of its volume. A Block-mode quiver PVC is one device holding every
+// disk of its volume (the compute node's endpoint serves disk i at
+// i*endpoint.SlotSize): the webhook lays them out in the
+// quiver.io/block-disks annotation, and the hook gives QEMU each disk as a
+// slice of the device.
 //
 // It learns a PVC's volume from Kubernetes (claims.go: the PVC, its PV, or
 // its StorageClass while unbound) and the volume's disks from the quiver API

@@ -92,6 +92,7 @@ type sidecarPVC struct {
 // quiver's and its own sidecar entries in hookSidecars.
 func (w *Webhook) annotate(ctx context.Context, namespace string, annotations map[string]string, volumes []kubevirt.Volume) (map[string]string, []string, error) {
 	extra := kubevirt.ExtraDisks{}
+	blocks := kubevirt.BlockDisks{}
 	var sidecars []sidecar
 	var warnings []string
 	owner := map[string]string{} // disk name -> volume, for serial clashes
@@ -114,16 +115,30 @@ func (w *Webhook) annotate(ctx context.Context, namespace string, annotations ma
 		if c.Driver != w.cfg.Driver {
 			continue
 		}
+		if c.Block {
+			layout, warning, err := w.blockLayout(ctx, c, v.Name, owner)
+			if err != nil {
+				return nil, nil, fmt.Errorf("volume %s (PVC %s): %w", v.Name, claim, err)
+			}
+			if warning != "" {
+				warnings = append(warnings, warning)
+			}
+			if layout == nil {
+				continue
+			}
+			// The PVC is one block device holding every disk; the
+			// hook gives QEMU each as a slice of it. A Block PVC
+			// cannot be mounted in the sidecar: it needs none.
+			blocks[v.Name] = layout
+			sidecars = append(sidecars, sidecar{
+				Image: w.cfg.Image, ImagePullPolicy: w.cfg.ImagePullPolicy,
+				Command: []string{"quiver"}, Args: []string{sidecarCommand, "--volume", v.Name},
+			})
+			continue
+		}
 		disks, err := w.disks(ctx, c)
 		if err != nil {
 			return nil, nil, fmt.Errorf("volume %s (PVC %s): %w", v.Name, claim, err)
-		}
-		if c.Block {
-			if len(disks) > 1 {
-				warnings = append(warnings, fmt.Sprintf("quiver: volume %s (PVC %s) is Block mode: the VM gets only its primary disk %s; disks %s are not attached (extra disks need a Filesystem-mode PVC, see docs/kubevirt.md)",
-					v.Name, claim, disks[0], strings.Join(disks[1:], ", ")))
-			}
-			continue
 		}
 		if !slices.Contains(disks, kubevirt.PrimaryDisk) {
 			return nil, nil, fmt.Errorf("volume %s (PVC %s): the quiver volume has no disk named %q (it has %s); KubeVirt boots disk.img from a Filesystem PVC and would create one: name the primary disk %q (StorageClass disks: %s=...): %w",
@@ -172,6 +187,11 @@ func (w *Webhook) annotate(ctx context.Context, namespace string, annotations ma
 	} else {
 		delete(out, kubevirt.AnnotationExtraDisks)
 	}
+	if len(blocks) > 0 {
+		out[kubevirt.AnnotationBlockDisks] = blocks.Format()
+	} else {
+		delete(out, kubevirt.AnnotationBlockDisks)
+	}
 	list, err := mergeSidecars(annotations[kubevirt.AnnotationHookSidecars], sidecars)
 	if err != nil {
 		return nil, nil, err
@@ -203,6 +223,39 @@ func (w *Webhook) disks(ctx context.Context, c Claim) ([]string, error) {
 		names = append(names, d.Name)
 	}
 	return names, nil
+}
+
+// blockLayout lays out a Block-mode quiver PVC's disks in its one device:
+// the volume's disks in its order, slot i for disk i (the compute node's
+// endpoint serves them so). An unbound claim has no sizes yet: it gets a
+// warning and no layout (the VMI's admission, once bound, lays it out).
+// Disk names are serials: unique across the VMI (owner).
+func (w *Webhook) blockLayout(ctx context.Context, c Claim, volume string, owner map[string]string) ([]kubevirt.BlockDisk, string, error) {
+	if c.Volume == "" {
+		return nil, fmt.Sprintf("quiver: volume %s is a Block-mode PVC not bound yet: its disks are laid out when the VMI is admitted", volume), nil
+	}
+	v, err := w.cfg.Volumes.GetVolume(ctx, c.Volume)
+	if err != nil {
+		return nil, "", fmt.Errorf("quiver volume %s: %v: %w", c.Volume, err, ErrLookup)
+	}
+	if len(v.Disks) == 0 {
+		return nil, "", fmt.Errorf("quiver volume %s has no disk: %w", c.Volume, ErrDenied)
+	}
+	var layout []kubevirt.BlockDisk
+	for _, d := range v.Disks {
+		if d.Name != kubevirt.PrimaryDisk {
+			if err := kubevirt.CheckDiskName(d.Name); err != nil {
+				return nil, "", fmt.Errorf("%v: %w", err, ErrDenied)
+			}
+		}
+		if other, dup := owner[d.Name]; dup && d.Name != kubevirt.PrimaryDisk {
+			return nil, "", fmt.Errorf("disk %q is in the quiver volumes of both volume %s and volume %s; a disk's name is its serial in the guest and must be unique: %w",
+				d.Name, other, volume, ErrDenied)
+		}
+		owner[d.Name] = volume
+		layout = append(layout, kubevirt.BlockDisk{Name: d.Name, Size: d.Size})
+	}
+	return layout, "", nil
 }
 
 // mergeSidecars replaces the webhook's own entries of a hookSidecars list

@@ -43,8 +43,8 @@ func (f fakeVolumes) GetVolume(_ context.Context, name string) (api.Volume, erro
 		return api.Volume{}, fmt.Errorf("volume %s: not found", name)
 	}
 	v := api.Volume{Name: name}
-	for _, d := range disks {
-		v.Disks = append(v.Disks, api.Disk{Name: d})
+	for i, d := range disks {
+		v.Disks = append(v.Disks, api.Disk{Name: d, Size: int64(i+1) << 30})
 	}
 	return v, nil
 }
@@ -55,17 +55,18 @@ func testWebhook() *Webhook {
 	return New(Config{
 		Image: image,
 		Claims: fakeClaims{
-			"vms/vm1-disks":    {Driver: DefaultDriver, Volume: "pvc-1"},
-			"vms/vm1-more":     {Driver: DefaultDriver, Volume: "pvc-2"},
-			"vms/vm1-clash":    {Driver: DefaultDriver, Volume: "pvc-3"},
-			"vms/vm1-block":    {Driver: DefaultDriver, Volume: "pvc-1", Block: true},
-			"vms/vm1-noprim":   {Driver: DefaultDriver, Volume: "pvc-4"},
-			"vms/vm1-pending":  {Driver: DefaultDriver, ClassDisks: []string{"disk", "scratch"}},
-			"vms/vm1-broken":   {Driver: DefaultDriver, Volume: "broken"},
-			"vms/ceph-root":    {Driver: "rbd.csi.ceph.com", Volume: "0001-abc"},
-			"vms/single":       {Driver: DefaultDriver, Volume: "pvc-5"},
-			"vms/rootdisk":     {Driver: DefaultDriver, Volume: "pvc-7"},
-			"vms/vm1-longname": {Driver: DefaultDriver, Volume: "pvc-6"},
+			"vms/vm1-disks":         {Driver: DefaultDriver, Volume: "pvc-1"},
+			"vms/vm1-more":          {Driver: DefaultDriver, Volume: "pvc-2"},
+			"vms/vm1-clash":         {Driver: DefaultDriver, Volume: "pvc-3"},
+			"vms/vm1-block":         {Driver: DefaultDriver, Volume: "pvc-1", Block: true},
+			"vms/vm1-block-pending": {Driver: DefaultDriver, Block: true},
+			"vms/vm1-noprim":        {Driver: DefaultDriver, Volume: "pvc-4"},
+			"vms/vm1-pending":       {Driver: DefaultDriver, ClassDisks: []string{"disk", "scratch"}},
+			"vms/vm1-broken":        {Driver: DefaultDriver, Volume: "broken"},
+			"vms/ceph-root":         {Driver: "rbd.csi.ceph.com", Volume: "0001-abc"},
+			"vms/single":            {Driver: DefaultDriver, Volume: "pvc-5"},
+			"vms/rootdisk":          {Driver: DefaultDriver, Volume: "pvc-7"},
+			"vms/vm1-longname":      {Driver: DefaultDriver, Volume: "pvc-6"},
 		},
 		Volumes: fakeVolumes{
 			"pvc-1": {"disk", "data", "logs"},
@@ -121,6 +122,7 @@ func TestWebhook(t *testing.T) {
 		extra    map[string][]string
 		sidecars []any
 		warning  string
+		blocks   string // the block-disks annotation wanted, "" none
 	}{
 		{name: "VMI with a quiver PVC", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-disks"))),
 			annPath: []string{"metadata", "annotations"}, extra: map[string][]string{"rootdisk": {"data", "logs"}},
@@ -150,8 +152,13 @@ func TestWebhook(t *testing.T) {
 		{name: "VMI with an unbound quiver PVC: disks from the StorageClass", body: review(KindVMI, "CREATE", vmi("", `{"name":"rootdisk","dataVolume":{"name":"vm1-pending"}}`)),
 			annPath: []string{"metadata", "annotations"}, extra: map[string][]string{"rootdisk": {"scratch"}},
 			sidecars: []any{ourSidecar("rootdisk", "vm1-pending")}},
-		{name: "Block-mode quiver PVC gets a warning", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-block"))),
-			warning: "Block mode: the VM gets only its primary disk disk; disks data, logs are not attached"},
+		{name: "Block-mode quiver PVC: every disk laid out in its device, and the hook", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-block"))),
+			annPath: []string{"metadata", "annotations"},
+			blocks:  `{"rootdisk":[{"name":"disk","size":1073741824},{"name":"data","size":2147483648},{"name":"logs","size":3221225472}]}`,
+			sidecars: []any{map[string]any{"image": image, "imagePullPolicy": "IfNotPresent", "command": []any{"quiver"},
+				"args": []any{"kubevirt-hook", "--volume", "rootdisk"}}}},
+		{name: "unbound Block-mode quiver PVC gets a warning", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-block-pending"))),
+			warning: "Block-mode PVC not bound yet"},
 		{name: "stale quiver annotations are removed", body: review(KindVMI, "CREATE", vmi(`,"annotations":{"quiver.io/extra-disks":"{\"rootdisk\":[\"old\"]}","hooks.kubevirt.io/hookSidecars":"[{\"image\":\"q\",\"args\":[\"kubevirt-hook\"]}]"}`,
 			pvc("rootdisk", "ceph-root"))),
 			annPath: []string{"metadata", "annotations"}},
@@ -236,6 +243,11 @@ func TestWebhook(t *testing.T) {
 			patched := applyPatch(t, req.Request.Object.Raw, resp.Patch)
 			ann := lookup(t, patched, tc.annPath)
 			checkAnnotations(t, ann, tc.extra, tc.sidecars)
+			if m, _ := ann.(map[string]any); m[kubevirt.AnnotationBlockDisks] != nil || tc.blocks != "" {
+				if got, _ := m[kubevirt.AnnotationBlockDisks].(string); got != tc.blocks {
+					t.Errorf("%s = %q, want %q", kubevirt.AnnotationBlockDisks, got, tc.blocks)
+				}
+			}
 
 			// Admitting the patched object again changes nothing.
 			req.Request.Object.Raw = patched
