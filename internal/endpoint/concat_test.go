@@ -32,7 +32,7 @@ func (m *memDisk) WriteAt(p []byte, off int64, fua bool) error {
 	copy(m.b[off:], p)
 	return nil
 }
-func (m *memDisk) Flush() error                        { m.flushes++; return nil }
+func (m *memDisk) Flush() error                         { m.flushes++; return nil }
 func (m *memDisk) Trim(off, length int64, f bool) error { clear(m.b[off : off+length]); return nil }
 func (m *memDisk) Zero(off, length int64, _ pool.ZeroFlags) error {
 	clear(m.b[off : off+length])
