@@ -295,16 +295,7 @@ func (c *cluster) qemuConns(t *testing.T) string {
 // gives, with reconnect-delay; extra are more QEMU arguments.
 func startGuestVM(t *testing.T, c *cluster, k *testguest.Kernel, initrd string, disks []string, source func(d string) map[string]any, extra ...string) *guestVM {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "qgf") // short: a unix socket path
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	vm := &guestVM{out: &testserver.LogBuffer{}, disks: disks}
-	console, qmpPath := filepath.Join(dir, "console"), filepath.Join(dir, "qmp")
-	args := append([]string{"netns", "exec", c.net.Hub, "qemu-system-x86_64"}, testguest.QEMUArgs(k, initrd, console)...)
-	args = append(args, "-qmp", "unix:"+qmpPath+",server=on,wait=off")
-	for _, d := range disks {
+	return startGuestVMRaw(t, c, k, initrd, disks, func(_ int, d string) []string {
 		bd := map[string]any{
 			"driver":    "nbd",
 			"node-name": "disk-" + d,
@@ -314,11 +305,38 @@ func startGuestVM(t *testing.T, c *cluster, k *testguest.Kernel, initrd string, 
 			"reconnect-delay": reconnectDelay(t),
 		}
 		maps.Copy(bd, source(d))
-		b, err := json.Marshal(bd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		args = append(args, "-blockdev", string(b), "-device", "virtio-blk-pci,drive=disk-"+d+",id="+d)
+		return []string{"-blockdev", jsonArg(t, bd), "-device", "virtio-blk-pci,drive=disk-" + d + ",id=" + d}
+	}, extra...)
+}
+
+// jsonArg is v in JSON, for a QEMU argument.
+func jsonArg(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// startGuestVMRaw starts QEMU in the hub namespace with the arguments
+// drive(i, d) gives for each of disks (a block node named "disk-"+d, which
+// query-blockstats reports); extra are more QEMU arguments.
+func startGuestVMRaw(t *testing.T, c *cluster, k *testguest.Kernel, initrd string, disks []string, drive func(i int, d string) []string, extra ...string) *guestVM {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "qgf") // short: a unix socket path
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	vm := &guestVM{out: &testserver.LogBuffer{}, disks: disks}
+	console, qmpPath := filepath.Join(dir, "console"), filepath.Join(dir, "qmp")
+	args := append([]string{"netns", "exec", c.net.Hub, "qemu-system-x86_64"}, testguest.QEMUArgs(k, initrd, console)...)
+	args = append(args, "-qmp", "unix:"+qmpPath+",server=on,wait=off")
+	for i, d := range disks {
+		args = append(args, drive(i, d)...)
 	}
 	args = append(args, extra...)
 	cmd := exec.Command("ip", args...)
