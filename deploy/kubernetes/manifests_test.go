@@ -198,7 +198,7 @@ func TestManifestsAgree(t *testing.T) {
 		case *appsv1.DaemonSet:
 			for _, c := range obj.Spec.Template.Spec.Containers {
 				containers[c.Name] = true
-				if c.Name == "quiver-csi" || c.Name == "device-agent" {
+				if c.Name == "quiver-csi" || c.Name == "endpoint" {
 					for _, a := range c.Args {
 						if k, v, ok := strings.Cut(a, "="); ok {
 							flags[c.Name+" "+k] = v
@@ -209,18 +209,21 @@ func TestManifestsAgree(t *testing.T) {
 		}
 	}
 	for _, c := range []string{"quiver-csi", "csi-provisioner", "csi-attacher", "csi-snapshotter", "csi-resizer",
-		"node-driver-registrar", "liveness-probe", "device-agent"} {
+		"node-driver-registrar", "liveness-probe", "endpoint"} {
 		if !containers[c] {
 			t.Errorf("no container %s", c)
 		}
 	}
-	// The node plugin asks the device agent on its socket, and the agent
-	// makes FUSE mounts only under the plugin's state directory.
-	if sock := flags["quiver-csi --device-agent"]; sock == "" || sock != flags["device-agent --socket"] {
-		t.Errorf("node plugin --device-agent %q and device agent --socket %q differ", sock, flags["device-agent --socket"])
+	// The node plugin asks the endpoint on its control socket, and the
+	// endpoint makes FUSE mounts only under the plugin's state directory.
+	if sock := flags["quiver-csi --quiver-endpoint"]; sock == "" || sock != flags["endpoint --control"] {
+		t.Errorf("node plugin --quiver-endpoint %q and endpoint --control %q differ", sock, flags["endpoint --control"])
 	}
-	if root, state := flags["device-agent --root"], flags["quiver-csi --state-dir"]; root != state+"/fuse" {
-		t.Errorf("device agent --root %q is not the node plugin's --state-dir %q + /fuse", root, state)
+	if root, state := flags["endpoint --fuse-root"], flags["quiver-csi --state-dir"]; root != state+"/fuse" {
+		t.Errorf("endpoint --fuse-root %q is not the node plugin's --state-dir %q + /fuse", root, state)
+	}
+	if flags["endpoint --root"] == "" || flags["endpoint --servers"] == "" {
+		t.Errorf("endpoint: --root %q, --servers %q: want both", flags["endpoint --root"], flags["endpoint --servers"])
 	}
 	mig, ten := classes["quiver-vm-migratable"], classes["quiver-tenant"]
 	if mig == nil || ten == nil {

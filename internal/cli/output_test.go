@@ -372,31 +372,34 @@ func TestManPages(t *testing.T) {
 	}
 }
 
-// TestSystemdUnitFlags: every flag the systemd unit passes exists, so the
-// unit does not rot as flags change.
+// TestSystemdUnitFlags: every flag the systemd units pass exists, so the
+// units do not rot as flags change.
 func TestSystemdUnitFlags(t *testing.T) {
-	unit, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", "quiver.service"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &app{env: Env{Getenv: func(string) string { return "" }}}
-	server, _, err := a.rootCommand().Find([]string{"server"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	_, exec, _ := strings.Cut(string(unit), "ExecStart=")
-	exec, _, _ = strings.Cut(exec, "ExecReload=")
-	for _, word := range strings.Fields(exec) {
-		if name, ok := strings.CutPrefix(word, "--"); ok {
-			n++
-			if server.Flags().Lookup(name) == nil && server.InheritedFlags().Lookup(name) == nil {
-				t.Errorf("the unit passes --%s, which quiver server does not have", name)
+	for unitFile, command := range map[string]string{"quiver.service": "server", "quiver-endpoint.service": "endpoint"} {
+		unit, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", unitFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := &app{env: Env{Getenv: func(string) string { return "" }}}
+		cmd, _, err := a.rootCommand().Find([]string{command})
+		if err != nil || cmd.Name() != command {
+			t.Fatalf("quiver %s: %v", command, err)
+		}
+		n := 0
+		_, exec, _ := strings.Cut(string(unit), "ExecStart=")
+		exec, _, _ = strings.Cut(exec, "\nK")
+		exec, _, _ = strings.Cut(exec, "ExecReload=")
+		for _, word := range strings.Fields(exec) {
+			if name, ok := strings.CutPrefix(word, "--"); ok {
+				n++
+				if cmd.Flags().Lookup(name) == nil && cmd.InheritedFlags().Lookup(name) == nil {
+					t.Errorf("%s passes --%s, which quiver %s does not have", unitFile, name, command)
+				}
 			}
 		}
-	}
-	if n < 5 {
-		t.Fatalf("found %d flags in the unit", n)
+		if n < 5 {
+			t.Fatalf("%s: found %d flags", unitFile, n)
+		}
 	}
 }
 
