@@ -80,9 +80,14 @@ type rig struct {
 	pub              map[string]string // publish_context of ControllerPublishVolume
 	stateDir, socket string
 	staging, target  string
+	// endpoint, when set, is the control socket of `quiver endpoint`,
+	// which the plugin is told of (--quiver-endpoint) instead of an agent.
+	endpoint string
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t *testing.T) *rig { return newRigWith(t, testserver.Options{}) }
+
+func newRigWith(t *testing.T, o testserver.Options) *rig {
 	t.Helper()
 	testfs.RequireRoot(t)
 	for _, tool := range []string{"nbdfuse", "losetup", "fusermount3"} {
@@ -91,7 +96,7 @@ func newRig(t *testing.T) *rig {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		testfs.SkipOrFail(t, "no /dev/fuse: %v", err)
 	}
-	srv := testserver.StartT(t, quiverBin, testserver.Options{})
+	srv := testserver.StartT(t, quiverBin, o)
 	ctx := t.Context()
 	if _, err := srv.API.CreateVolume(ctx, api.VolumeSpec{Name: "vm", Capacity: 64 << 20,
 		Disks: []api.DiskSpec{{Name: "root", Size: 64 << 20}}}); err != nil {
@@ -119,7 +124,10 @@ func (r *rig) startNode(t *testing.T, ownPIDNamespace bool, agent bool) *node {
 	sock := filepath.Join(t.TempDir(), "csi.sock")
 	args := []string{"csi", "--mode", "node", "--node-id", "node-a", "--endpoint", "unix://" + sock,
 		"--server", "http://" + r.srv.APIAddr, "--nbd", "unix://" + r.srv.Socket, "--state-dir", r.stateDir}
-	if agent {
+	switch {
+	case agent && r.endpoint != "":
+		args = append(args, "--quiver-endpoint", r.endpoint)
+	case agent:
 		args = append(args, "--device-agent", r.socket)
 	}
 	p := start(t, ownPIDNamespace, args...)
@@ -275,6 +283,73 @@ func TestPluginRestartUnderGuestWrites(t *testing.T) {
 	}
 	if out, _ := exec.Command("losetup", "--noheadings", "--output", "BACK-FILE", before.Loop).Output(); strings.Contains(string(out), r.stateDir) {
 		t.Fatalf("%s still backs onto the FUSE file after unstage: %s", before.Loop, out)
+	}
+}
+
+// TestPluginRestartWithEndpoint is acceptance 4 of issue 30 for the CSI
+// node plugin: with the node's endpoint (`quiver endpoint`), a Block-mode
+// volume's device is nbdfuse on the endpoint's socket (its export of every
+// disk, disk 0 at offset 0), held by the endpoint. A QEMU guest writes
+// through it while the plugin is killed with its whole PID namespace and
+// started again: the guest sees no I/O error and reads back every record,
+// the device stays the same, and the restarted plugin unstages it, which
+// unpublishes the volume at the endpoint.
+func TestPluginRestartWithEndpoint(t *testing.T) {
+	r := newRigWith(t, testserver.Options{NBDTCP: true})
+	testfs.RequireTool(t, "qemu-system-x86_64")
+	k, initrd := buildGuest(t)
+	dir := t.TempDir()
+	r.endpoint = filepath.Join(dir, "endpoint.sock")
+	ep := start(t, false, "endpoint", "--servers", "http://"+r.srv.APIAddr, "--control", r.endpoint,
+		"--root", filepath.Join(dir, "endpoint"), "--fuse-root", filepath.Join(r.stateDir, "fuse"))
+	waitSocket(t, r.endpoint, ep)
+
+	n := r.startNode(t, true, true)
+	r.publish(t, n)
+	before := r.record(t)
+	sock := filepath.Join(dir, "endpoint", "volumes", "vm", "nbd.sock")
+	if _, err := os.Stat(sock); err != nil {
+		t.Fatalf("the endpoint serves no socket for the volume: %v", err)
+	}
+
+	g := startGuest(t, k, initrd, r.target)
+	g.waitConsole(t, "guest: rec 50")
+	n.kill()
+	if !isAlive(before.PID) {
+		t.Fatalf("nbdfuse (pid %d) died with the plugin although the endpoint holds it", before.PID)
+	}
+	n = r.startNode(t, true, true)
+	r.publish(t, n)
+	if after := r.record(t); after != before {
+		t.Fatalf("the restarted plugin staged the volume again: %+v, was %+v", after, before)
+	}
+	g.waitConsole(t, "guest: verified")
+	console := g.ConsoleText()
+	if strings.Contains(console, "write error") || strings.Contains(console, "mismatch") ||
+		!strings.Contains(console, fmt.Sprintf("guest: verified %d records, 0 bad", records)) {
+		t.Fatalf("the guest saw I/O errors or lost records:\n%s", testserver.Tail(console, 40))
+	}
+	g.wait(t)
+	// Every record is on the volume's disk, through the storage node.
+	img, err := os.ReadFile(filepath.Join(r.srv.Pool, "volumes", "vm", "disks", "root.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range records {
+		if want := fmt.Sprintf("rec %08d", i); string(img[i*512:i*512+12]) != want {
+			t.Fatalf("record %d on the disk: %q, want %q", i, img[i*512:i*512+12], want)
+		}
+	}
+	r.unpublish(t, n)
+	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the endpoint still serves the volume after unstage: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for isAlive(before.PID) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nbdfuse (pid %d) still runs after unstage", before.PID)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
