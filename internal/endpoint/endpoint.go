@@ -35,6 +35,10 @@ type Manifest struct {
 	Disks  []Disk `json:"disks"`
 }
 
+// MaxVolumes bounds the volumes one endpoint serves: each is a socket, a
+// server and its goroutines (a compute node runs far fewer VMs).
+const MaxVolumes = 4096
+
 // Config configures an Endpoint.
 type Config struct {
 	// Root holds the endpoint's state (state/<volume>.json) and the
@@ -169,6 +173,8 @@ func (e *Endpoint) Publish(ctx context.Context, v Volume) (Published, error) {
 		}
 		e.log.Info("publication replaced", "volume", v.Name)
 		e.stop(s)
+	} else if len(e.vols) >= MaxVolumes {
+		return Published{}, fmt.Errorf("volume %s: this endpoint already serves %d volumes, its most: %w", v.Name, MaxVolumes, ErrInvalid)
 	}
 	if err := durable.WriteJSONPath(e.statePath(v.Name), v); err != nil {
 		return Published{}, fmt.Errorf("record the publication of %s: %w", v.Name, err)
