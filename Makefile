@@ -89,7 +89,11 @@ bench: build
 # case alternating between servers; DIR (must not exist) on the filesystem
 # to measure, e.g. a mounted XFS (default: a new directory in /tmp).
 # BASE=<git rev>: also quiver built at that revision, in the same rounds
-# (A/B). See test/bench/nbd.sh.
+# (A/B). Over TCP also the compute node's endpoint (issue 30): fio on the
+# unix socket of `quiver endpoint`, forwarding to the same quiver, against
+# fio straight to quiver; the report ends with its ratios and a verdict
+# against acceptance 6. KINDS, TRANSPORTS, CASES from the environment pick
+# a subset. See test/bench/nbd.sh.
 bench-nbd:
 	RUNTIME="$(RUNTIME)" ROUNDS="$(ROUNDS)" DIR="$(DIR)" BASE="$(BASE)" test/bench/nbd.sh
 

@@ -34,6 +34,26 @@
 # nbds:// URI; set beside tcp, the same cases run plain and over TLS in one
 # run (make bench-nbd-tls).
 #
+# KINDS has endpoint by default: the compute node's endpoint (issue 30),
+# `quiver endpoint` serving quiver's disk on its unix socket and forwarding
+# every request to quiver over TCP loopback, as a VM's QEMU reaches a
+# cluster's primary through it. It runs in the tcp transport only (not at
+# all without it), in the rows of quiver's direct TCP runs, the path it is
+# measured against (QEMU straight to the primary); its CPU is quiver's plus
+# the endpoint's (nbdrun -hop), fio's reported apart. Both
+# present the token of one attachment (made for it), so every quiver run
+# then connects with that token. The report ends with the endpoint against
+# quiver direct: latency at QD1 (mean, p99) and CPU per request, ratios
+# endpoint/direct and a verdict against acceptance 6 (at most 1.15x at QD1,
+# 1.10x CPU per request at QD32). Just that comparison:
+#   KINDS="quiver endpoint" TRANSPORTS=tcp RAW=0 \
+#     CASES="randread 4k 1,randwrite 4k 1,randread 4k 32,randwrite 4k 32" make bench-nbd ROUNDS=5
+#
+# KINDS may add proxy: nbdkit's nbd plugin as the hop instead of the
+# endpoint (on a unix socket, forwarding to quiver over TCP with the same
+# token), what one NBD-parsing hop in C costs on the machine: the reference
+# for the endpoint's cost over direct.
+#
 # KINDS may add null: nbdkit's null plugin, a server that does no I/O, the
 # floor of an NBD round trip on the machine (for QD1 latency).
 #
@@ -48,7 +68,7 @@ ROUNDS=${ROUNDS:-3}
 WORK=${2:-${DIR:-}}
 WORK=${WORK:-$(mktemp -u /tmp/quiver-bench-nbd.XXXXXX)}
 BASE=${BASE:-}
-KINDS=${KINDS:-quiver nbdkit qemu-nbd}
+KINDS=${KINDS:-quiver endpoint nbdkit qemu-nbd}
 TRANSPORTS=${TRANSPORTS:-unix tcp}
 RAW=${RAW:-1}
 PORT=${PORT:-20811}
@@ -64,7 +84,14 @@ done
 mkdir "$WORK"
 SIZE=$((1 << 30))
 SERVERS=() # background processes to stop at the end
+declare -A PID URI IMGOF HOP
 cleanup() {
+	# The endpoint's publication holds an immutable placeholder file
+	# (disk.img, for KubeVirt) that only its unpublication removes.
+	if [ -n "${HOP[endpoint]:-}" ]; then
+		curl -sf --unix-socket "$WORK/ep.sock" -X DELETE http://endpoint/v1/volumes/bench >/dev/null 2>&1 ||
+			chattr -i "$WORK"/ep/volumes/*/disk.img 2>/dev/null || true
+	fi
 	for p in "${SERVERS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	rm -rf "$WORK"
@@ -93,7 +120,6 @@ if [[ " $TRANSPORTS " == *" tls "* ]]; then
 	TLSFLAGS=(--nbd-tls-cert "$PKI/server-cert.pem" --nbd-tls-key "$PKI/server-key.pem" --nbd-tls on)
 fi
 RESULTS="$WORK/results.tsv"
-declare -A PID URI IMGOF
 QUIVERS=()
 if [[ " $KINDS " == *" quiver "* ]]; then QUIVERS+=(quiver); fi
 if [ -n "$BASE" ]; then
@@ -139,6 +165,44 @@ for q in "${QUIVERS[@]}"; do
 	i=$((i + 1))
 done
 rm -f "$WORK/random.bin"
+if [[ " $TRANSPORTS " != *" tcp "* ]]; then
+	KINDS=" $KINDS "
+	KINDS=${KINDS/ endpoint / } # measured against quiver over TCP only
+	KINDS=${KINDS/ proxy / }
+fi
+if [[ " $KINDS " == *" endpoint "* || " $KINDS " == *" proxy "* ]]; then
+	[[ " ${QUIVERS[*]} " == *" quiver "* ]] || { echo "KINDS with endpoint or proxy needs quiver: they forward to it" >&2; exit 1; }
+	# One attachment for the endpoint and quiver's direct runs alike: the
+	# same export name with the same token on both paths, one writer.
+	api=http://127.0.0.1:$((PORT + 10))
+	token=$(QUIVER_SERVER=$api "$WORK/quiver" attach create bench bench-node -o json |
+		sed -n 's/^ *"token": *"\([^"]*\)".*/\1/p')
+	[ -n "$token" ] || { echo "no attachment token for the endpoint" >&2; exit 1; }
+fi
+if [[ " $KINDS " == *" proxy "* ]]; then
+	nbdkit --exit-with-parent -f -U "$WORK/proxy.sock" nbd uri="nbd://127.0.0.1:$PORT/bench/disk/$token" &
+	HOP[proxy]=$!
+	SERVERS+=($!)
+	PID[proxy]=${PID[quiver]}
+	URI[proxy/tcp]="nbd+unix:///?socket=$WORK/proxy.sock"
+fi
+if [[ " $KINDS " == *" endpoint "* ]]; then
+	"$WORK/quiver" endpoint --servers "$api" --root "$WORK/ep" --control "$WORK/ep.sock" \
+		--fuse-root "$WORK/fuse" --log-level warn &
+	HOP[endpoint]=$!
+	SERVERS+=($!)
+	PID[endpoint]=${PID[quiver]}
+	for _ in $(seq 200); do curl -sf --unix-socket "$WORK/ep.sock" http://endpoint/v1/volumes >/dev/null 2>&1 && break; sleep 0.05; done
+	pub=$(curl -sSf --unix-socket "$WORK/ep.sock" -X PUT -H 'Content-Type: application/json' \
+		-d "{\"name\":\"bench\",\"token\":\"$token\",\"disks\":[{\"name\":\"disk\",\"size\":$SIZE}]}" \
+		http://endpoint/v1/volumes/bench)
+	epsock=$(sed -n 's/.*"socket": *"\([^"]*\)".*/\1/p' <<<"$pub")
+	[ -n "$epsock" ] || { echo "the endpoint's publication answered $pub" >&2; exit 1; }
+	URI[endpoint/tcp]="nbd+unix:///disk?socket=$epsock"
+fi
+if [ -n "${token:-}" ]; then
+	for tr in unix tcp tls; do URI[quiver/$tr]="${URI[quiver/$tr]}/$token"; done
+fi
 sync
 IMG=${IMGOF[${QUIVERS[0]}]}
 
@@ -218,6 +282,8 @@ for tr in $TRANSPORTS; do
 			n=${#kinds[@]}
 			for j in $(seq 0 $((n - 1))); do
 				kind=${kinds[$(((j + round - 1) % n))]}
+				# The hops are measured against quiver over TCP only.
+				[[ "$kind" = endpoint || "$kind" = proxy ]] && [ "$tr" != tcp ] && continue
 				# Every run starts with the files in the page cache:
 				# qemu-nbd's O_DIRECT writes evict them, which would
 				# penalise whoever runs next.
@@ -227,7 +293,7 @@ for tr in $TRANSPORTS; do
 						-rw "$1" -bs "$2" -qd "$3" -runtime "$RUNTIME"
 				else
 					HOME=$([ "$tr" = tls ] && echo "$WORK/home" || echo "$HOME") \
-						"$NBDRUN" run -out "$RESULTS" -kind "$kind" -transport "$tr" -pid "${PID[$kind]}" \
+						"$NBDRUN" run -out "$RESULTS" -kind "$kind" -transport "$tr" -pid "${PID[$kind]}" -hop "${HOP[$kind]:-0}" \
 						-target "${URI[$kind/$tr]}" -rw "$1" -bs "$2" -qd "$3" -runtime "$RUNTIME"
 				fi
 			done
@@ -239,5 +305,6 @@ done
 echo
 echo "fio $(fio --version), nbdkit $(nbdkit --version | cut -d' ' -f2), $(qemu-nbd --version | head -1), $(nproc) cores," \
 	"file on $(findmnt -n -o FSTYPE --target "$WORK"), quiver $(git -C "$ROOT" describe --always --dirty)${BASE:+ and $BASE}${ALT:+ (quiver+${ALT%%:*}: ${ALT#*:})}," \
+	"${HOP[endpoint]:+endpoint: fio on the unix socket of quiver endpoint, forwarding to quiver over TCP loopback,}" \
 	"${RUNTIME}s per run, $ROUNDS rounds, load average $LOAD_START at the start and $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 "$NBDRUN" report "$RESULTS"

@@ -7,10 +7,14 @@
 //
 // run drives one fio job (the nbd engine for an nbd URI, psync at queue depth
 // 1 and io_uring otherwise for a file) and appends one line to -out: fio's
-// IOPS, bytes per second, requests and latency percentiles, and the server
-// process's CPU time and context switches over the run (-pid may list
+// IOPS, bytes per second, requests, mean latency and latency percentiles,
+// and the server process's CPU time and context switches over the run (-pid may list
 // several processes, comma-separated, e.g. the nodes of a cluster: their
-// sums). CPU time is utime +
+// sums). -hop names a process on the path between fio and the server (the
+// compute node's endpoint, which serves fio on a unix socket and forwards
+// every request to the server over TCP): its CPU time and context switches
+// count in the server's, as part of what the path costs, and its CPU time is
+// recorded apart as well. CPU time is utime +
 // stime of /proc/PID/stat (every thread, exited ones included) read before
 // fio starts and after it exits. The client's CPU time is fio's own
 // (usr_cpu + sys_cpu of its job): on loopback the kernel runs the receiving
@@ -28,7 +32,10 @@
 //
 // report prints markdown tables of every case: the median of the runs and
 // their range (min-max), server CPU per request first, and the ratio of
-// the -ref kind (default quiver) over each other kind.
+// the -ref kind (default quiver) over each other kind; with runs of the
+// endpoint kind (and of the proxy kind, nbdkit in its place), the endpoint
+// against the -ref kind, direct: latency at QD1, CPU per request, ratios
+// endpoint/direct and a verdict against issue 30's goals (endpoint.go).
 //
 // Imports from quiver: nothing.
 package main
@@ -43,6 +50,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -78,6 +86,8 @@ type result struct {
 	ClientCPU               float64 // fio's CPU seconds (user + system) over the run
 	Switches                int64   // server context switches over the run
 	P50, P99                float64 // total latency percentiles, microseconds (fio)
+	Mean                    float64 // mean total latency, microseconds (fio); 0 in results from before it was recorded
+	HopCPU                  float64 // the -hop process's CPU seconds over the run, included in CPU; 0 without one
 }
 
 func (r result) key() string {
@@ -89,6 +99,7 @@ func run(args []string) error {
 	var r result
 	out := fs.String("out", "", "results file to append to")
 	pidList := fs.String("pid", "", "server processes to measure, comma-separated (none: the raw file)")
+	hop := fs.Int("hop", 0, "a process between fio and the server (the endpoint): counted in the server's CPU and switches, and recorded apart")
 	target := fs.String("target", "", "nbd URI or file")
 	runtime := fs.Int("runtime", 10, "seconds")
 	size := fs.String("size", "1g", "bytes of the target fio uses")
@@ -123,13 +134,24 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	var before procSample
+	if *hop < 0 || slices.Contains(pids, *hop) {
+		return fmt.Errorf("-hop %d: want a process id not in -pid", *hop)
+	}
+	if *hop > 0 {
+		pids = append(pids, *hop)
+	}
+	var before, hopBefore procSample
 	var sws []*switchCounter
 	for _, pid := range pids {
 		sws = append(sws, newSwitchCounter(pid))
 	}
 	if before, err = readProcs(pids); err != nil {
 		return err
+	}
+	if *hop > 0 {
+		if hopBefore, err = readProc(*hop); err != nil {
+			return err
+		}
 	}
 	cmd := exec.Command("fio", fioArgs...)
 	var stdout, stderr bytes.Buffer
@@ -162,6 +184,13 @@ poll:
 			return err
 		}
 		r.CPU = after.cpu - before.cpu
+		if *hop > 0 {
+			hopAfter, err := readProc(*hop)
+			if err != nil {
+				return err
+			}
+			r.HopCPU = hopAfter.cpu - hopBefore.cpu
+		}
 		for _, sw := range sws {
 			sw.poll()
 			r.Switches += sw.total()
@@ -174,14 +203,18 @@ poll:
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(f, "%s\t%s\t%.0f\t%.0f\t%d\t%.4f\t%d\t%.1f\t%.1f\t%.4f\n", r.Kind, r.key(),
-		r.IOPS, r.BW, r.Requests, r.CPU, r.Switches, r.P50, r.P99, r.ClientCPU)
+	fmt.Fprintf(f, "%s\t%s\t%.0f\t%.0f\t%d\t%.4f\t%d\t%.1f\t%.1f\t%.4f\t%.1f\t%.4f\n", r.Kind, r.key(),
+		r.IOPS, r.BW, r.Requests, r.CPU, r.Switches, r.P50, r.P99, r.ClientCPU, r.Mean, r.HopCPU)
 	if err := f.Close(); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "%-14s %-4s %-9s %-2s QD%-2d %8.0f IOPS %6.0f MB/s %7.1f us CPU/req %5.2f cs/req p50 %.1f p99 %.1f us, client %.1f us CPU/req\n",
-		r.Kind, r.Transport, r.RW, r.BS, r.QD, r.IOPS, r.BW/1e6, perReq(r.CPU*1e6, r.Requests),
-		perReq(float64(r.Switches), r.Requests), r.P50, r.P99, perReq(r.ClientCPU*1e6, r.Requests))
+	hopNote := ""
+	if *hop > 0 {
+		hopNote = fmt.Sprintf(" (%.1f in -hop)", perReq(r.HopCPU*1e6, r.Requests))
+	}
+	fmt.Fprintf(os.Stderr, "%-14s %-4s %-9s %-2s QD%-2d %8.0f IOPS %6.0f MB/s %7.1f us CPU/req%s %5.2f cs/req mean %.1f p50 %.1f p99 %.1f us, client %.1f us CPU/req\n",
+		r.Kind, r.Transport, r.RW, r.BS, r.QD, r.IOPS, r.BW/1e6, perReq(r.CPU*1e6, r.Requests), hopNote,
+		perReq(float64(r.Switches), r.Requests), r.Mean, r.P50, r.P99, perReq(r.ClientCPU*1e6, r.Requests))
 	return nil
 }
 
@@ -213,6 +246,7 @@ func parseFio(out []byte, r *result) error {
 		IOPS     float64 `json:"iops"`
 		TotalIOs int64   `json:"total_ios"`
 		Lat      struct {
+			Mean       float64            `json:"mean"`
 			Percentile map[string]float64 `json:"percentile"`
 		} `json:"lat_ns"`
 	}
@@ -243,6 +277,7 @@ func parseFio(out []byte, r *result) error {
 	r.ClientCPU = (job.UsrCPU + job.SysCPU) / 100 * job.Runtime / 1e3
 	r.P50 = s.Lat.Percentile["50.000000"] / 1e3
 	r.P99 = s.Lat.Percentile["99.000000"] / 1e3
+	r.Mean = s.Lat.Mean / 1e3
 	return nil
 }
 

@@ -55,12 +55,16 @@ func report(args []string) error {
 		return r.CPU * 1e6 / mib, r.Kind != rawKind && mib > 0
 	}, "%.0f", false)
 	qd1 := rs.only(func(r result) bool { return r.QD == 1 })
+	qd1.table("Latency mean at QD1 (µs, fio)", func(r result) (float64, bool) {
+		return r.Mean, r.Mean > 0
+	}, "%.1f", true)
 	qd1.table("Latency p50 at QD1 (µs, fio, submission to completion; raw file: psync)", func(r result) (float64, bool) {
 		return r.P50, true
 	}, "%.1f", true)
 	qd1.table("Latency p99 at QD1 (µs)", func(r result) (float64, bool) {
 		return r.P99, true
 	}, "%.1f", true)
+	rs.endpoint(os.Stdout)
 	return nil
 }
 
@@ -226,11 +230,13 @@ func bsBytes(bs string) int64 {
 
 func parseLine(line string) (result, error) {
 	f := strings.Split(line, "\t")
-	if len(f) != 12 && len(f) != 13 { // the 13th, the client's CPU, came later
-		return result{}, fmt.Errorf("%d fields, want 13", len(f))
+	// The 13th field, the client's CPU, came later, and the 14th and
+	// 15th (mean latency, the hop's CPU) later still.
+	if len(f) < 12 || len(f) > 15 {
+		return result{}, fmt.Errorf("%d fields, want 15", len(f))
 	}
 	var r result
-	var errs [9]error
+	var errs [11]error
 	r.Kind, r.Transport, r.RW, r.BS = f[0], f[1], f[2], f[3]
 	r.QD, errs[0] = strconv.Atoi(f[4])
 	r.IOPS, errs[1] = strconv.ParseFloat(f[5], 64)
@@ -240,8 +246,14 @@ func parseLine(line string) (result, error) {
 	r.Switches, errs[5] = strconv.ParseInt(f[9], 10, 64)
 	r.P50, errs[6] = strconv.ParseFloat(f[10], 64)
 	r.P99, errs[7] = strconv.ParseFloat(f[11], 64)
-	if len(f) == 13 {
+	if len(f) >= 13 {
 		r.ClientCPU, errs[8] = strconv.ParseFloat(f[12], 64)
+	}
+	if len(f) >= 14 {
+		r.Mean, errs[9] = strconv.ParseFloat(f[13], 64)
+	}
+	if len(f) >= 15 {
+		r.HopCPU, errs[10] = strconv.ParseFloat(f[14], 64)
 	}
 	for _, err := range errs {
 		if err != nil {
