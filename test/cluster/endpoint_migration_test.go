@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -44,8 +45,8 @@ func TestEndpointMigration(t *testing.T) {
 	c := startCluster(t)
 	c.waitNodes(c.nodes[0], "n1 n2 n3 up", allUp("n1", "n2", "n3"))
 	ctx := context.Background()
-	spec := api.VolumeSpec{Name: "mig", Capacity: int64(len(endpointDisks)) * guestDiskSize, Replicas: 2}
-	for _, d := range endpointDisks {
+	spec := api.VolumeSpec{Name: "mig", Capacity: int64(len(volumeDisks)) * guestDiskSize, Replicas: 2}
+	for _, d := range volumeDisks {
 		spec.Disks = append(spec.Disks, api.DiskSpec{Name: d, Size: guestDiskSize})
 	}
 	v, err := c.nodes[0].api().CreateVolume(ctx, spec)
@@ -84,7 +85,8 @@ func TestEndpointMigration(t *testing.T) {
 			t.Fatal(err)
 		}
 		return func(d string) map[string]any {
-			return map[string]any{"server": map[string]string{"type": "unix", "path": pub.Socket}, "export": d}
+			i := slices.Index(endpointDisks, d)
+			return map[string]any{"server": map[string]string{"type": "unix", "path": pub.Socket}, "export": volumeDisks[i]}
 		}
 	}
 	src := nodes[0]
@@ -156,7 +158,7 @@ func TestEndpointMigration(t *testing.T) {
 	final := c.waitVolume(t, c.nodes[0], "mig", "both copies in sync", bothInSync)
 	fp := c.byName(final.Primary)
 	for di, d := range endpointDisks {
-		img, err := os.ReadFile(filepath.Join(fp.pool, "volumes", "mig", "disks", d+".img"))
+		img, err := os.ReadFile(filepath.Join(fp.pool, "volumes", "mig", "disks", volumeDisks[di]+".img"))
 		if err != nil {
 			t.Fatal(err)
 		}

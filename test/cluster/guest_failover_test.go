@@ -212,7 +212,8 @@ func buildWriterGuest(t *testing.T, disks []string) (*testguest.Kernel, string) 
 	if err == nil {
 		initrd := filepath.Join(dir, "initramfs.cpio")
 		var k *testguest.Kernel
-		k, err = testguest.Build(testguest.VirtioBlk, initrd, fmt.Sprintf(`guestwriter /dev/%s
+		k, err = testguest.Build(testguest.VirtioBlk, initrd, fmt.Sprintf(`for b in /sys/block/vd*; do echo "guest: serial ${b##*/}=$(cat $b/serial 2>/dev/null)"; done
+guestwriter /dev/%s
 echo "init: guestwriter exited with status $?"
 while :; do sleep 3600; done
 `, strings.Join(disks, " /dev/")), gw)
