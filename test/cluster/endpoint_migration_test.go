@@ -41,23 +41,9 @@ type computeNode struct {
 func TestEndpointMigration(t *testing.T) {
 	migrations := envCount(t, "QUIVER_ENDPOINT_MIGRATIONS", 10)
 	testfs.RequireTool(t, "qemu-system-x86_64")
-	k, initrd := buildWriterGuest(t, endpointDisks)
-	c := startCluster(t)
-	c.waitNodes(c.nodes[0], "n1 n2 n3 up", allUp("n1", "n2", "n3"))
+	c, k, initrd, v := startEndpointRig(t, "mig")
 	ctx := context.Background()
-	spec := api.VolumeSpec{Name: "mig", Capacity: int64(len(volumeDisks)) * guestDiskSize, Replicas: 2}
-	for _, d := range volumeDisks {
-		spec.Disks = append(spec.Disks, api.DiskSpec{Name: d, Size: guestDiskSize})
-	}
-	v, err := c.nodes[0].api().CreateVolume(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := os.MkdirTemp("", "qem") // short: unix socket paths
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
+	root := shortTempDir(t, "qem")
 	var nodes [2]*computeNode
 	for i := range nodes {
 		cn := &computeNode{name: fmt.Sprintf("compute-%d", i+1), dir: filepath.Join(root, fmt.Sprint(i+1))}
@@ -72,18 +58,8 @@ func TestEndpointMigration(t *testing.T) {
 	// it returns the disks' QEMU sources there.
 	publish := func(cn *computeNode) func(d string) map[string]any {
 		t.Helper()
-		var err error
-		if cn.att, err = c.nodes[0].api().Attach(ctx, "mig", api.AttachmentSpec{Node: cn.name}); err != nil {
-			t.Fatal(err)
-		}
-		pv := endpoint.Volume{Name: "mig", Token: cn.att.Token}
-		for _, d := range v.Disks {
-			pv.Disks = append(pv.Disks, endpoint.Disk{Name: d.Name, Size: d.Size})
-		}
-		pub, err := cn.ctl.Publish(ctx, pv)
-		if err != nil {
-			t.Fatal(err)
-		}
+		var pub endpoint.Published
+		cn.att, pub = c.publishAt(t, cn.ctl, v, cn.name)
 		return func(d string) map[string]any {
 			i := slices.Index(endpointDisks, d)
 			return map[string]any{"server": map[string]string{"type": "unix", "path": pub.Socket}, "export": volumeDisks[i]}
@@ -91,12 +67,7 @@ func TestEndpointMigration(t *testing.T) {
 	}
 	src := nodes[0]
 	vm := startGuestVM(t, c, k, initrd, endpointDisks, publish(src))
-	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	err = vm.WaitConsole(wctx, "guestwriter: start")
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	vm.waitStarted(t)
 	completed := map[string]int64{} // writes completed by the QEMUs that ended
 	var downtimes []string
 	for i := range migrations {
