@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,29 +51,15 @@ made 0600: whoever can reach it can map any NBD export it has a URI for.
 			if err := os.MkdirAll(root, 0o700); err != nil {
 				return fmt.Errorf("--root: %w", err)
 			}
-			if c, err := net.DialTimeout("unix", socket, time.Second); err == nil {
-				c.Close()
-				return fmt.Errorf("%s: another device agent is serving there", socket)
-			}
-			if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
-				return err
-			}
-			ln, err := server.ListenUnix(socket, "") // 0600
+			ln, err := listenControl(socket, "device agent")
 			if err != nil {
 				return err
 			}
 			agent := &blockdev.Agent{Root: root, Devices: blockdev.NewNbdfuseLoop(mount.New("")), Log: log}
-			srv := &http.Server{Handler: agent.Handler(), ReadHeaderTimeout: 10 * time.Second}
 			log.Info("device agent serving", "socket", socket, "root", root)
-			errc := make(chan error, 1)
-			go func() { errc <- srv.Serve(ln) }()
-			select {
-			case err := <-errc:
-				return err
-			case <-cmd.Context().Done():
-			}
-			log.Info("device agent stopping; the devices it holds keep running")
-			return srv.Close()
+			return serveControl(cmd.Context(), ln, agent.Handler(), func() {
+				log.Info("device agent stopping; the devices it holds keep running")
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -80,4 +67,32 @@ made 0600: whoever can reach it can map any NBD export it has a URI for.
 	f.StringVar(&root, "root", "/var/lib/quiver-csi/fuse", "the only directory under which FUSE mount points are made: the plugin's --state-dir/fuse")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
+}
+
+// listenControl listens on the unix socket of a node-local service (0600),
+// refusing a socket another one of who serves already.
+func listenControl(socket, who string) (net.Listener, error) {
+	if c, err := net.DialTimeout("unix", socket, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: another %s is serving there", socket, who)
+	}
+	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+		return nil, err
+	}
+	return server.ListenUnix(socket, "") // 0600
+}
+
+// serveControl serves h on ln until ctx ends (then stopping is called and
+// the server closed) or serving fails.
+func serveControl(ctx context.Context, ln net.Listener, h http.Handler, stopping func()) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	stopping()
+	return srv.Close()
 }

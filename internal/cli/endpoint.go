@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,7 +16,6 @@ import (
 	"github.com/quiverstorage/quiver/internal/client"
 	"github.com/quiverstorage/quiver/internal/endpoint"
 	"github.com/quiverstorage/quiver/internal/nbd"
-	"github.com/quiverstorage/quiver/internal/server"
 )
 
 func (a *app) endpointCommand() *cobra.Command {
@@ -79,10 +76,11 @@ socket is made 0600; the token of --token-file needs to read volumes.`,
 			if len(nodes) == 0 {
 				return errors.New("--servers: name at least one storage node's API")
 			}
-			if c, err := net.DialTimeout("unix", control, time.Second); err == nil {
-				c.Close()
-				return fmt.Errorf("%s: another endpoint is serving there", control)
+			ln, err := listenControl(control, "endpoint")
+			if err != nil {
+				return err
 			}
+			defer ln.Close()
 			if err := os.MkdirAll(fuseRoot, 0o700); err != nil {
 				return fmt.Errorf("--fuse-root: %w", err)
 			}
@@ -93,25 +91,11 @@ socket is made 0600; the token of --token-file needs to read volumes.`,
 				return err
 			}
 			defer e.Close()
-			if err := os.MkdirAll(filepath.Dir(control), 0o755); err != nil {
-				return err
-			}
-			ln, err := server.ListenUnix(control, "") // 0600
-			if err != nil {
-				return err
-			}
 			agent := &blockdev.Agent{Root: fuseRoot, Devices: blockdev.NewNbdfuseLoop(mount.New("")), Log: log}
-			srv := &http.Server{Handler: e.Handler(agent), ReadHeaderTimeout: 10 * time.Second}
 			log.Info("endpoint serving", "control", control, "root", root, "servers", len(nodes), "volumes", len(e.List()))
-			errc := make(chan error, 1)
-			go func() { errc <- srv.Serve(ln) }()
-			select {
-			case err := <-errc:
-				return err
-			case <-cmd.Context().Done():
-			}
-			log.Info("endpoint stopping; publications stay recorded and the block devices keep running")
-			return srv.Close()
+			return serveControl(cmd.Context(), ln, e.Handler(agent), func() {
+				log.Info("endpoint stopping; publications stay recorded and the block devices keep running")
+			})
 		},
 	}
 	f := cmd.Flags()
