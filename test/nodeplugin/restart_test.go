@@ -252,23 +252,7 @@ func TestPluginRestartUnderGuestWrites(t *testing.T) {
 
 	g := startGuest(t, k, initrd, r.target)
 	g.waitConsole(t, "guest: rec 50")
-	n.kill()
-	if !isAlive(before.PID) {
-		t.Fatalf("nbdfuse (pid %d) died with the plugin although the device agent holds it", before.PID)
-	}
-	t.Logf("plugin killed with its namespace while the guest writes; nbdfuse %d lives on", before.PID)
-	n = r.startNode(t, true, true)
-	r.publish(t, n)
-	if after := r.record(t); after != before {
-		t.Fatalf("the restarted plugin staged the volume again: %+v, was %+v", after, before)
-	}
-	g.waitConsole(t, "guest: verified")
-	console := g.ConsoleText()
-	if strings.Contains(console, "write error") || strings.Contains(console, "mismatch") ||
-		!strings.Contains(console, fmt.Sprintf("guest: verified %d records, 0 bad", records)) {
-		t.Fatalf("the guest saw I/O errors or lost records:\n%s", testserver.Tail(console, 40))
-	}
-	g.wait(t)
+	n = r.restartUnderGuest(t, n, g, before, "the device agent")
 	if strings.Contains(agent.log.String(), "msg=detached") {
 		t.Fatalf("the agent detached the device during the restart:\n%s", agent.log.String())
 	}
@@ -314,22 +298,7 @@ func TestPluginRestartWithEndpoint(t *testing.T) {
 
 	g := startGuest(t, k, initrd, r.target)
 	g.waitConsole(t, "guest: rec 50")
-	n.kill()
-	if !isAlive(before.PID) {
-		t.Fatalf("nbdfuse (pid %d) died with the plugin although the endpoint holds it", before.PID)
-	}
-	n = r.startNode(t, true, true)
-	r.publish(t, n)
-	if after := r.record(t); after != before {
-		t.Fatalf("the restarted plugin staged the volume again: %+v, was %+v", after, before)
-	}
-	g.waitConsole(t, "guest: verified")
-	console := g.ConsoleText()
-	if strings.Contains(console, "write error") || strings.Contains(console, "mismatch") ||
-		!strings.Contains(console, fmt.Sprintf("guest: verified %d records, 0 bad", records)) {
-		t.Fatalf("the guest saw I/O errors or lost records:\n%s", testserver.Tail(console, 40))
-	}
-	g.wait(t)
+	n = r.restartUnderGuest(t, n, g, before, "the endpoint")
 	// Every record is on the volume's disk, through the storage node.
 	img, err := os.ReadFile(filepath.Join(r.srv.Pool, "volumes", "vm", "disks", "root.img"))
 	if err != nil {
@@ -351,6 +320,33 @@ func TestPluginRestartWithEndpoint(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// restartUnderGuest kills the node plugin n with its namespace while the
+// guest g writes through the device before, held by holder, starts it
+// again and repeats kubelet's calls: nbdfuse must live on, the staging
+// stay the same, and the guest verify every record without an error. It
+// returns the restarted plugin.
+func (r *rig) restartUnderGuest(t *testing.T, n *node, g *guest, before staged, holder string) *node {
+	t.Helper()
+	n.kill()
+	if !isAlive(before.PID) {
+		t.Fatalf("nbdfuse (pid %d) died with the plugin although %s holds it", before.PID, holder)
+	}
+	t.Logf("plugin killed with its namespace while the guest writes; nbdfuse %d lives on", before.PID)
+	n = r.startNode(t, true, true)
+	r.publish(t, n)
+	if after := r.record(t); after != before {
+		t.Fatalf("the restarted plugin staged the volume again: %+v, was %+v", after, before)
+	}
+	g.waitConsole(t, "guest: verified")
+	console := g.ConsoleText()
+	if strings.Contains(console, "write error") || strings.Contains(console, "mismatch") ||
+		!strings.Contains(console, fmt.Sprintf("guest: verified %d records, 0 bad", records)) {
+		t.Fatalf("the guest saw I/O errors or lost records:\n%s", testserver.Tail(console, 40))
+	}
+	g.wait(t)
+	return n
 }
 
 func isAlive(pid int) bool {
