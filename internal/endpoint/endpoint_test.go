@@ -380,3 +380,25 @@ func TestPlaceholder(t *testing.T) {
 		t.Fatalf("directory after unpublish: %v", err)
 	}
 }
+
+// TestUnknownVolumeRefusedAtOnce: when the storage nodes answer that the
+// volume is unknown (deleted while published), a client's open on the
+// socket is refused at once, not after forward's retries (90 s).
+func TestUnknownVolumeRefusedAtOnce(t *testing.T) {
+	sn := startStorageNode(t)
+	f := startFakeAPI(t, sn.addr)
+	e := openEndpoint(t, t.TempDir(), locator(t, f.url))
+	v := vmVolume(sn.token)
+	v.Name = "gone" // the fake API knows only vm
+	pub, err := e.Publish(context.Background(), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := dialSocket(t, pub.Socket, "disk"); !errors.Is(err, nbdclient.ErrRefused) {
+		t.Fatalf("open of an unknown volume's disk: %v, want a refusal", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the refusal took %v", took)
+	}
+}

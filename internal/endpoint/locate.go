@@ -121,3 +121,10 @@ func (r *resolver) invalidate() {
 	r.at = time.Time{}
 	r.mu.Unlock()
 }
+
+// final tells an answer that will not change by asking again (the volume
+// is unknown, the token refused, NBD not served over TCP) from one that
+// will (no primary during a failover, a node that could not be asked).
+func final(err error) bool {
+	return answered(err) && client.Code(err) != api.CodeUnavailable && client.Code(err) != api.CodeInternal
+}

@@ -165,6 +165,12 @@ func closeAll(disks []pool.Disk) {
 func (e *exports) primaryAddr(ctx context.Context) (string, error) {
 	pr, err := e.resolve.primary(ctx)
 	if err != nil {
+		if final(err) {
+			// The storage nodes' word (the volume is gone, the token
+			// may not read it): no primary will come, the client's
+			// open is refused now rather than after forward's RetryFor.
+			return "", fmt.Errorf("volume %s: %w: %w", e.vol.Name, err, pool.ErrInvalid)
+		}
 		return "", err
 	}
 	if pr.TLS {

@@ -14,7 +14,10 @@ import (
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
-// Resolver returns the NBD address of the volume's primary now.
+// Resolver returns the NBD address of the volume's primary now. An error
+// that wraps ErrRefused or pool.ErrInvalid is final (no primary will come:
+// the volume is unknown, the caller may not see it); any other is tried
+// again until RetryFor.
 type Resolver func(ctx context.Context) (addr string, err error)
 
 // Options configure a Disk.
@@ -175,9 +178,9 @@ func (d *Disk) conn(ctx context.Context, deadline time.Time) (*nbdclient.Conn, e
 			if c, err = d.dial(ctx, addr); err == nil {
 				return c, nil
 			}
-			if errors.Is(err, ErrRefused) || errors.Is(err, pool.ErrInvalid) {
-				return nil, err // the primary's word: final
-			}
+		}
+		if errors.Is(err, ErrRefused) || errors.Is(err, pool.ErrInvalid) {
+			return nil, err // the primary's word, or the resolver's: final
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return nil, fmt.Errorf("no primary answered for %s: %w", d.shown, err)
