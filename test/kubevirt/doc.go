@@ -11,6 +11,18 @@
 // disk its serial names. TestLibvirtEndpointEveryDisk does the same with
 // the volume served by a compute node's endpoint (internal/endpoint): the
 // hook gives QEMU every disk on the endpoint's NBD socket.
+// TestLibvirtEndpointBlock does it for a Block-mode PVC: the PVC's device
+// is the endpoint's @disks export (nbdfuse and a loop device, made by the
+// endpoint's device agent) and the hook gives QEMU each disk as a
+// shareable <slices> of it.
+//
+// TestLiveMigrationEveryDisk live-migrates the hook's domain between two
+// libvirtd (network and mount namespaces of their own) sharing the
+// volume's disks directory; TestLiveMigrationEndpoints migrates it there
+// and back endpointMigrations times between two compute nodes, each with
+// its own endpoint and attachment bound at the same PVC path, and checks
+// the attachments' handover (the source fenced once the destination
+// writes, then detached).
 //
 // Run it with
 //
@@ -18,7 +30,9 @@
 //
 // It needs root, libvirtd, virtlogd and virsh (Debian:
 // libvirt-daemon-system, libvirt-clients), qemu-system-x86_64, qemu-img,
-// busybox-static and what internal/testguest needs to fetch the kernel.
+// busybox-static and what internal/testguest needs to fetch the kernel;
+// the Block-mode test nbdfuse (libnbd-bin), losetup and /dev/fuse; the
+// migration tests ip, unshare and nsenter.
 // Without them it skips, except when CI is set: there it fails. The test
 // starts virtlogd and libvirtd itself when no libvirtd answers on
 // qemu:///system, and stops them (by PID) when it ends.

@@ -386,7 +386,8 @@ func waitShutOff(ctx context.Context, name string) error {
 	}
 }
 
-// readNBD reads a disk's first 4 KiB through quiver's NBD unix socket.
+// readNBD reads a disk's first 8 KiB (sectors 0 to 15) through quiver's
+// NBD unix socket.
 func readNBD(t *testing.T, ctx context.Context, srv *testserver.Process, export string) []byte {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "disk.raw")
@@ -398,7 +399,7 @@ func readNBD(t *testing.T, ctx context.Context, srv *testserver.Process, export 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b[:4096]
+	return b[:goOffset]
 }
 
 func copyFile(from, to string) error {

@@ -187,6 +187,7 @@ type privateLibvirt struct {
 	name   string
 	dir    string // its directories: run, lib, etc, log, cache
 	uri    string // its unix socket, reachable from the test's namespace
+	pid    int    // libvirtd's, in its namespaces
 	exited chan struct{}
 }
 
@@ -279,6 +280,7 @@ func startPrivateLibvirt(t *testing.T, work, name, ns string) *privateLibvirt {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start libvirtd in %s: %v", ns, err)
 	}
+	d.pid = cmd.Process.Pid
 	go func() { _ = cmd.Wait(); close(d.exited) }()
 	t.Cleanup(func() {
 		stopDaemon(cmd.Process, d.exited)
