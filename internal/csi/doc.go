@@ -19,5 +19,5 @@
 // server: everything it knows of a volume it learns through the API. Only
 // internal/cli imports it.
 //
-// Imports from quiver: api, blockdev, client, durable, quantity, tlscert.
+// Imports from quiver: api, blockdev, client, durable, endpoint, quantity, tlscert.
 package csi

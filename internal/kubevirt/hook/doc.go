@@ -17,5 +17,9 @@
 //
 // It serves the Info service and Callbacks v1alpha3 and v1alpha2 (hookapi).
 //
-// Imports from quiver: endpoint (its manifest's type and names), kubevirt, kubevirt/hookapi/info, kubevirt/hookapi/v1alpha2, kubevirt/hookapi/v1alpha3.
+// It reads the endpoint's manifest and its layout of Block-mode disks
+// (endpoint.Manifest, SlotSize).
+//
+// Imports from quiver: endpoint, kubevirt, kubevirt/hookapi/info, kubevirt/hookapi/v1alpha2,
+// kubevirt/hookapi/v1alpha3.
 package hook
