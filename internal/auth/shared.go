@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"time"
 )
 
 // Backend keeps the store's state where every node of a cluster reads it
@@ -26,8 +28,16 @@ type Backend interface {
 }
 
 // maxSharedRetries bounds how often a change is made again on a newer
-// state after another node committed first.
-const maxSharedRetries = 8
+// state after another node committed first; between tries a loser pauses
+// a random moment that grows with the tries (retryPause), so that a node
+// whose commits keep losing to another's burst gets its turn.
+const maxSharedRetries = 16
+
+// retryPause is the pause before try attempt+1 of a change that lost:
+// up to (attempt+1) ms, at random.
+func retryPause(attempt int) time.Duration {
+	return time.Duration(rand.Int64N(int64(attempt+1) * int64(time.Millisecond)))
+}
 
 // Share moves the store to b, for a cluster node: when b holds no state
 // yet, this node's (its tokens.json, as loaded) is stored there first;
@@ -156,5 +166,6 @@ func (s *Store) update(fn func(f *storeFile) error) error {
 		if attempt >= maxSharedRetries {
 			return fmt.Errorf("shared token store: changed by other nodes %d times meanwhile; try again", attempt+1)
 		}
+		time.Sleep(retryPause(attempt))
 	}
 }
