@@ -172,7 +172,11 @@ func (d *Disk) conn(ctx context.Context, deadline time.Time) (*nbdclient.Conn, e
 		if c, err := d.current(); c != nil || err != nil {
 			return c, err // made meanwhile, or closed
 		}
-		addr, err := d.resolve(ctx)
+		// A look-up that does not answer (etcd without a leader, an API
+		// that hangs) is bounded like a request, so that RetryFor holds.
+		rctx, cancel := context.WithTimeout(ctx, d.opts.RequestTimeout)
+		addr, err := d.resolve(rctx)
+		cancel()
 		if err == nil {
 			var c *nbdclient.Conn
 			if c, err = d.dial(ctx, addr); err == nil {

@@ -203,3 +203,38 @@ func TestGivesUp(t *testing.T) {
 		t.Fatalf("write with no primary: %v, want ErrAbandon", err)
 	}
 }
+
+// TestResolverThatHangs: a look-up of the primary that never answers (an
+// etcd without a leader, an API that hangs) is bounded like a request, so
+// that the request is tried again and, with no primary, abandoned after
+// RetryFor instead of waiting forever.
+func TestResolverThatHangs(t *testing.T) {
+	s := &store{data: make([]byte, 1<<20)}
+	a := startPrimary(t, s)
+	var hang atomic.Bool
+	resolve := func(ctx context.Context) (string, error) {
+		if hang.Load() {
+			<-ctx.Done() // answers only when given up on
+			return "", ctx.Err()
+		}
+		return a.addr, nil
+	}
+	d, err := Open(context.Background(), "vol/disk", resolve,
+		Options{RequestTimeout: 200 * time.Millisecond, RetryFor: time.Second, DialTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	hang.Store(true)
+	a.stop()
+	done := make(chan error, 1)
+	go func() { done <- d.WriteAt(make([]byte, 512), 0, false) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, nbd.ErrAbandon) {
+			t.Fatalf("write with a hanging look-up: %v, want ErrAbandon", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a write whose look-up hangs was still waiting after 10 s (RetryFor is 1 s)")
+	}
+}
