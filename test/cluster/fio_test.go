@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"syscall"
 	"sync"
 	"time"
 )
@@ -59,6 +60,14 @@ func (f *fioVerifier) run() {
 		cmd := exec.Command("ip", f.args...)
 		var out strings.Builder
 		cmd.Stdout, cmd.Stderr = &out, &out
+		// fio forks a process per job. Killing only the first leaves the
+		// jobs orphaned, waiting on it forever and holding the output
+		// pipe, so Wait never returned (a CI run hung 21 minutes in
+		// TestFailoverKill): fio runs in a process group of its own, which
+		// halt kills whole, and Wait gives up on the pipe 10 s after fio
+		// ended.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.WaitDelay = 10 * time.Second
 		f.mu.Lock()
 		select {
 		case <-f.stop: // halted: start no more
@@ -147,7 +156,7 @@ func (f *fioVerifier) halt() ([]fioSegment, error) {
 	f.mu.Lock()
 	close(f.stop)
 	if f.cmd != nil {
-		_ = f.cmd.Process.Kill()
+		_ = syscall.Kill(-f.cmd.Process.Pid, syscall.SIGKILL) // the group: fio and its jobs
 	}
 	f.mu.Unlock()
 	<-f.done
