@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
-	"syscall"
 	"sync"
+	"syscall"
 	"time"
 )
 
