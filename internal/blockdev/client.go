@@ -25,6 +25,15 @@ var _ Devices = (*Client)(nil)
 
 // NewClient returns a client of the agent listening on socket.
 func NewClient(socket string) *Client {
+	// Attach waits for nbdfuse to connect (up to startTimeout) and for
+	// losetup; the caller's context bounds it too.
+	return &Client{socket: socket, http: UnixHTTP(socket, startTimeout+time.Minute)}
+}
+
+// UnixHTTP is an HTTP client of a node-local service's unix socket (the
+// device agent's, the endpoint's): every request goes to socket, whatever
+// its URL's host; timeout bounds a request.
+func UnixHTTP(socket string, timeout time.Duration) *http.Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -32,9 +41,7 @@ func NewClient(socket string) *Client {
 		},
 		MaxIdleConns: 2,
 	}
-	// Attach waits for nbdfuse to connect (up to startTimeout) and for
-	// losetup; the caller's context bounds it too.
-	return &Client{socket: socket, http: &http.Client{Transport: tr, Timeout: startTimeout + time.Minute}}
+	return &http.Client{Transport: tr, Timeout: timeout}
 }
 
 func (c *Client) call(ctx context.Context, op string, r Request) (Reply, error) {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"time"
@@ -30,14 +29,7 @@ type Client struct {
 // NewClient returns a client of the endpoint whose control socket is
 // socket.
 func NewClient(socket string) *Client {
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		},
-		MaxIdleConns: 2,
-	}
-	return &Client{socket: socket, http: &http.Client{Transport: tr, Timeout: time.Minute}, Client: blockdev.NewClient(socket)}
+	return &Client{socket: socket, http: blockdev.UnixHTTP(socket, time.Minute), Client: blockdev.NewClient(socket)}
 }
 
 // Publish asks the endpoint to serve v's disks and returns where.
