@@ -72,7 +72,6 @@ type served struct {
 	vol Volume
 	srv *nbd.Server
 	ln  net.Listener
-	dir string
 }
 
 // Published says where a publication is served.
@@ -187,7 +186,8 @@ func (e *Endpoint) Publish(ctx context.Context, v Volume) (Published, error) {
 }
 
 func (e *Endpoint) published(s *served) Published {
-	return Published{Dir: s.dir, Socket: filepath.Join(s.dir, SocketName)}
+	dir := e.Dir(s.vol.Name)
+	return Published{Dir: dir, Socket: filepath.Join(dir, SocketName)}
 }
 
 // serve makes v's directory, manifest and socket and serves it. e.mu is
@@ -228,7 +228,7 @@ func (e *Endpoint) serve(v Volume) error {
 	cfg := e.cfg.NBD
 	cfg.Logger = e.log.With("volume", v.Name)
 	srv := nbd.NewServer(ex, cfg)
-	s := &served{vol: v, srv: srv, ln: ln, dir: dir}
+	s := &served{vol: v, srv: srv, ln: ln}
 	e.vols[v.Name] = s
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, nbd.ErrServerClosed) {

@@ -115,13 +115,6 @@ func (r *resolver) primary(ctx context.Context) (api.Primary, error) {
 	}
 }
 
-// invalidate makes the next question go to the storage nodes.
-func (r *resolver) invalidate() {
-	r.mu.Lock()
-	r.at = time.Time{}
-	r.mu.Unlock()
-}
-
 // final tells an answer that will not change by asking again (the volume
 // is unknown, the token refused, NBD not served over TCP) from one that
 // will (no primary during a failover, a node that could not be asked).
