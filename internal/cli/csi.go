@@ -5,14 +5,16 @@ import (
 	"log/slog"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/quiverstorage/quiver/internal/csi"
 	"github.com/quiverstorage/quiver/internal/nbd"
+	"github.com/quiverstorage/quiver/internal/pluginreg"
 )
 
 func (a *app) csiCommand() *cobra.Command {
 	cfg := csi.Config{}
-	var mode, logLevel string
+	var mode, logLevel, regDir, kubeletEndpoint string
 	cmd := &cobra.Command{
 		Use:   "csi",
 		Short: "Run the CSI plugin (identity, controller and node services) for Kubernetes",
@@ -50,7 +52,28 @@ See docs/csi.md for deployment and StorageClass parameters.`,
 			if err != nil {
 				return err
 			}
-			return d.Serve(cmd.Context())
+			if regDir == "" {
+				return d.Serve(cmd.Context())
+			}
+			if cfg.Mode == csi.ModeController {
+				return fmt.Errorf("--registration-dir registers a node plugin with the kubelet: it needs --mode node or all")
+			}
+			if kubeletEndpoint == "" {
+				if kubeletEndpoint, err = csi.SocketPath(cfg.Endpoint); err != nil {
+					return err
+				}
+			}
+			reg, err := pluginreg.New(pluginreg.Config{Dir: regDir, DriverName: cfg.DriverName, Endpoint: kubeletEndpoint,
+				Logger: cfg.Logger})
+			if err != nil {
+				return err
+			}
+			// Both end together: a plugin the kubelet cannot reach, or a
+			// registration without a plugin behind it, helps no one.
+			g, ctx := errgroup.WithContext(cmd.Context())
+			g.Go(func() error { return d.Serve(ctx) })
+			g.Go(func() error { return reg.Serve(ctx) })
+			return g.Wait()
 		},
 	}
 	f := cmd.Flags()
@@ -65,6 +88,10 @@ See docs/csi.md for deployment and StorageClass parameters.`,
 		"control socket of this node's `quiver endpoint`: volumes reach QEMU through it, following their primary (required for Filesystem mode on a cluster)")
 	f.StringVar(&cfg.PoolDir, "pool-dir", "", "where this node sees the pool directory, if not at the server's path")
 	f.StringVar(&cfg.DriverName, "driver-name", csi.DefaultDriverName, "CSI driver name")
+	f.StringVar(&regDir, "registration-dir", "",
+		"register the node plugin with the kubelet through this directory (the kubelet's "+pluginreg.DefaultDir+" as this process sees it; empty: do not register)")
+	f.StringVar(&kubeletEndpoint, "kubelet-endpoint", "",
+		"the CSI socket's path as the kubelet sees it on the host, when it differs from --endpoint's (for example /var/lib/kubelet/plugins/csi.quiver.io/csi.sock)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

@@ -288,7 +288,7 @@ func (d *Driver) topology(ctx context.Context, c *client.Client) (*csi.Topology,
 // Serve listens on the configured endpoint and serves until ctx ends, then
 // stops gracefully.
 func (d *Driver) Serve(ctx context.Context) error {
-	path, err := socketPath(d.cfg.Endpoint)
+	path, err := SocketPath(d.cfg.Endpoint)
 	if err != nil {
 		return err
 	}
@@ -352,8 +352,8 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	return resp, nil
 }
 
-// socketPath accepts unix:///path, unix:/path or a bare absolute path.
-func socketPath(endpoint string) (string, error) {
+// SocketPath is the path of a CSI endpoint. It accepts unix:///path, unix:/path or a bare absolute path.
+func SocketPath(endpoint string) (string, error) {
 	if strings.HasPrefix(endpoint, "/") {
 		return endpoint, nil
 	}
