@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: man all build run test test-race test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm proto clean mutate-syncs
+.PHONY: man all build run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm proto clean mutate-syncs
 
 all: build
 
@@ -51,6 +51,15 @@ test: lint
 	$(GOTEST) -count=1 -run 'TestHotPathAllocations' ./internal/nbd/  # sync.Pool drops items under -race
 
 test-race: test
+
+# The end-to-end test on a real one-node Kubernetes built here (test/k8s,
+# docs/k8s-e2e.md): builds the Kubernetes binaries, CoreDNS and the CSI
+# sidecars into a cache by version (tens of minutes cold on 2 cores; nothing
+# the second time), the images, and runs it. `make test` runs it only when
+# the binaries are already cached.
+e2e-k8s:
+	scripts/e2e-bins >/dev/null
+	QUIVER_E2E_K8S=1 $(GOTEST) -count=1 -timeout 60m -v ./test/k8s/
 
 # The mutation check of docs/durability.md: every sync point switched off in
 # turn must make a durability test fail.
