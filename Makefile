@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: man all build run test test-race test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm proto clean mutate-syncs
+.PHONY: man all build image run test test-race test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm proto clean mutate-syncs
 
 all: build
 
@@ -17,6 +17,31 @@ LDFLAGS ?= -X github.com/quiverstorage/quiver/internal/buildinfo.Version=$(VERSI
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/quiver
+
+# The quiver image (docs/image.md): a Debian root filesystem made by
+# mmdebstrap (build/image/rootfs.sh, cached by its package list) and a static
+# quiver, assembled without a daemon by the Go program in build/image (a
+# module of its own) into a docker-archive tarball, IMAGE_TAR, tagged
+# IMAGE:VERSION. Its times are the commit's: the assembly from the same
+# inputs gives the same image ID. Load it with `podman load -i` (or docker
+# load, ctr images import).
+IMAGE             ?= quiver
+IMAGE_TAR         ?= bin/quiver-image-$(VERSION).tar
+IMAGE_SOURCE      ?= https://github.com/quiverstorage/quiver
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+image:
+	@mkdir -p bin/image
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/image/quiver ./cmd/quiver
+	build/image/rootfs.sh bin/image/rootfs.tar
+	$(GO) build -C build/image -trimpath -o $(CURDIR)/bin/image/assemble .
+	bin/image/assemble -base bin/image/rootfs.tar -add bin/image/quiver:/usr/bin/quiver \
+		-entrypoint /usr/bin/quiver -created $(SOURCE_DATE_EPOCH) \
+		-label org.opencontainers.image.version=$(VERSION) \
+		-label org.opencontainers.image.revision=$(COMMIT) \
+		-label org.opencontainers.image.source=$(IMAGE_SOURCE) \
+		-tag $(IMAGE):$(VERSION) -o $(IMAGE_TAR)
+	@echo "$(IMAGE):$(VERSION) in $(IMAGE_TAR)"
 
 # Man pages of every command, generated from the command tree, in man/.
 man: build
