@@ -24,18 +24,20 @@ build:
 # module of its own) into a docker-archive tarball, IMAGE_TAR, tagged
 # IMAGE:VERSION. Its times are the commit's: the assembly from the same
 # inputs gives the same image ID. Load it with `podman load -i` (or docker
-# load, ctr images import).
+# load, ctr images import). IMAGE_WORK holds the parts: the static quiver,
+# the root filesystem and the assembling program.
 IMAGE             ?= quiver
 IMAGE_TAR         ?= bin/quiver-image-$(VERSION).tar
+IMAGE_WORK        ?= bin/image
 IMAGE_SOURCE      ?= https://github.com/quiverstorage/quiver
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
 image:
-	@mkdir -p bin/image
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/image/quiver ./cmd/quiver
-	build/image/rootfs.sh bin/image/rootfs.tar
-	$(GO) build -C build/image -trimpath -o $(CURDIR)/bin/image/assemble .
-	bin/image/assemble -base bin/image/rootfs.tar -add bin/image/quiver:/usr/bin/quiver \
+	@mkdir -p $(IMAGE_WORK) $(dir $(IMAGE_TAR))
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(IMAGE_WORK)/quiver ./cmd/quiver
+	build/image/rootfs.sh $(IMAGE_WORK)/rootfs.tar
+	$(GO) build -C build/image -trimpath -o $(abspath $(IMAGE_WORK))/assemble .
+	$(IMAGE_WORK)/assemble -base $(IMAGE_WORK)/rootfs.tar -add $(IMAGE_WORK)/quiver:/usr/bin/quiver \
 		-entrypoint /usr/bin/quiver -created $(SOURCE_DATE_EPOCH) \
 		-label org.opencontainers.image.version=$(VERSION) \
 		-label org.opencontainers.image.revision=$(COMMIT) \
