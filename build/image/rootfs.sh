@@ -56,21 +56,26 @@ args=(
 	"$SUITE" - "$MIRROR"
 )
 
-key=$(printf '%s\n' "$SUITE" "$ARCH" "${args[@]}" | sha256sum | cut -c1-16)
+SOURCE_DATE_EPOCH=$(git -C "$here" log -1 --format=%ct -- rootfs.sh 2>/dev/null || true)
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
+key=$(printf '%s\n' "$SOURCE_DATE_EPOCH" "$SUITE" "$ARCH" "${args[@]}" | sha256sum | cut -c1-16)
 cached="$cache/rootfs-$SUITE-$ARCH-$key.tar"
 if [ ! -s "$cached" ]; then
 	mkdir -p "$cache"
-	SOURCE_DATE_EPOCH=$(git -C "$here" log -1 --format=%ct -- rootfs.sh 2>/dev/null || true)
-	export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
 	echo "rootfs: mmdebstrap $SUITE ($ARCH, $PACKAGES) into $cached" >&2
 	start=$(date +%s)
-	if ! mmdebstrap --quiet "${args[@]}" >"$cached.tmp" 2>"$cached.log"; then
-		tail -n 40 "$cached.log" >&2
-		rm -f "$cached.tmp"
-		echo "rootfs: mmdebstrap failed; its log: $cached.log" >&2
+	# A temporary file of its own: two builds at once (a test and make
+	# image) each write theirs, and the rename is atomic.
+	tmp=$(mktemp "$cached.XXXXXX")
+	if ! mmdebstrap --quiet "${args[@]}" >"$tmp" 2>"$tmp.log"; then
+		tail -n 40 "$tmp.log" >&2
+		echo "rootfs: mmdebstrap failed; its log: $tmp.log" >&2
+		rm -f "$tmp"
 		exit 1
 	fi
-	mv "$cached.tmp" "$cached"
+	chmod 0644 "$tmp"
+	mv "$tmp" "$cached"
+	rm -f "$tmp.log"
 	echo "rootfs: built in $(($(date +%s) - start)) s" >&2
 fi
 ln -f "$cached" "$out" 2>/dev/null || cp "$cached" "$out"
