@@ -90,6 +90,7 @@ test-short:
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) vet -C build/image ./...  # a module of its own: ./... does not reach it
 
 # Every fuzz target (func FuzzXxx in a _test.go file), one after the other,
 # each for FUZZTIME. Crashers land in the package's testdata/fuzz/<FuzzXxx>/.
