@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # rootfs.sh OUT: the Debian root filesystem of the quiver image, as a tarball
-# made by mmdebstrap (no daemon, no container engine), copied to OUT.
+# made by mmdebstrap (no daemon, no container engine), linked or copied to
+# OUT.
 #
-# The tarball is cached by the whole mmdebstrap command line (suite, mirror,
-# architecture, variant, package list, hooks) under
+# SOURCE_DATE_EPOCH is the time of the last commit of this file: the same
+# script gives the same file times, whatever quiver commit builds it. The
+# tarball is cached by that time and the whole mmdebstrap command line
+# (suite, mirror, architecture, variant, package list, hooks) under
 # ${QUIVER_IMAGE_CACHE:-~/.cache/quiver-e2e/image}, so a second `make image`
-# does not download Debian again. SOURCE_DATE_EPOCH is the time of the last
-# commit of this file: the same script gives the same file times, whatever
-# quiver commit builds it. What stays unreproducible: the mirror moves (point
+# does not download Debian again. What stays unreproducible: the mirror moves (point
 # MIRROR at a snapshot.debian.org URL to pin it). docs/image.md.
 set -euo pipefail
 out=${1:?usage: rootfs.sh OUT}
