@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: man all build run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm proto clean mutate-syncs
+.PHONY: man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm proto clean mutate-syncs
 
 all: build
 
@@ -17,6 +17,33 @@ LDFLAGS ?= -X github.com/quiverstorage/quiver/internal/buildinfo.Version=$(VERSI
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/quiver
+
+# The quiver image (docs/image.md): a Debian root filesystem made by
+# mmdebstrap (build/image/rootfs.sh, cached by its package list) and a static
+# quiver, assembled without a daemon by the Go program in build/image (a
+# module of its own) into a docker-archive tarball, IMAGE_TAR, tagged
+# IMAGE:VERSION. Its times are the commit's: the assembly from the same
+# inputs gives the same image ID. Load it with `podman load -i` (or docker
+# load, ctr images import). IMAGE_WORK holds the parts: the static quiver,
+# the root filesystem and the assembling program.
+IMAGE             ?= quiver
+IMAGE_TAR         ?= bin/quiver-image-$(VERSION).tar
+IMAGE_WORK        ?= bin/image
+IMAGE_SOURCE      ?= https://github.com/quiverstorage/quiver
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+image:
+	@mkdir -p $(IMAGE_WORK) $(dir $(IMAGE_TAR))
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(IMAGE_WORK)/quiver ./cmd/quiver
+	build/image/rootfs.sh $(IMAGE_WORK)/rootfs.tar
+	$(GO) build -C build/image -trimpath -o $(abspath $(IMAGE_WORK))/assemble .
+	$(IMAGE_WORK)/assemble -base $(IMAGE_WORK)/rootfs.tar -add $(IMAGE_WORK)/quiver:/usr/bin/quiver \
+		-entrypoint /usr/bin/quiver -created $(SOURCE_DATE_EPOCH) \
+		-label org.opencontainers.image.version=$(VERSION) \
+		-label org.opencontainers.image.revision=$(COMMIT) \
+		-label org.opencontainers.image.source=$(IMAGE_SOURCE) \
+		-tag $(IMAGE):$(VERSION) -o $(IMAGE_TAR)
+	@echo "$(IMAGE):$(VERSION) in $(IMAGE_TAR)"
 
 # Man pages of every command, generated from the command tree, in man/.
 man: build
@@ -72,6 +99,7 @@ test-short:
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) vet -C build/image ./...  # a module of its own: ./... does not reach it
 
 # Every fuzz target (func FuzzXxx in a _test.go file), one after the other,
 # each for FUZZTIME. Crashers land in the package's testdata/fuzz/<FuzzXxx>/.
