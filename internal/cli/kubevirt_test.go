@@ -1,0 +1,93 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/kubevirt/webhook"
+	"github.com/quiverstorage/quiver/internal/tlscert/certtest"
+)
+
+// execute runs a command line for at most 10 s (a command that should have
+// been refused but serves is stopped, and the test fails on its exit code).
+func execute(args ...string) result {
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	code := Execute(ctx, args, Env{Stdout: &stdout, Stderr: &stderr})
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// TestKubevirtHookDropsRootFlags: the hook sidecar never calls the quiver
+// API, so the root's API and output flags are not in its help, and giving
+// one is a usage error naming it (before the command starts: no socket is
+// made), in either position.
+func TestKubevirtHookDropsRootFlags(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "hook.sock")
+	for _, args := range [][]string{
+		{"kubevirt-hook", "--socket", socket, "--server", "http://x:7480"},
+		{"--token-file", "/t", "kubevirt-hook", "--socket", socket},
+		{"kubevirt-hook", "--socket", socket, "--ca-file", "/ca"},
+		{"kubevirt-hook", "--socket", socket, "--cert-file", "/c"},
+		{"kubevirt-hook", "--socket", socket, "--key-file", "/k"},
+		{"kubevirt-hook", "--socket", socket, "-o", "json"},
+	} {
+		got := execute(args...)
+		name := ""
+		for _, a := range args {
+			if strings.HasPrefix(a, "-") && a != "--socket" {
+				name = strings.TrimLeft(a, "-")
+			}
+		}
+		if name == "o" {
+			name = "output"
+		}
+		if got.code != ExitError || !strings.Contains(got.stderr, "quiver kubevirt-hook does not use --"+name) {
+			t.Errorf("%v: exit %d, stderr %q", args, got.code, got.stderr)
+		}
+	}
+	help := execute("kubevirt-hook", "--help")
+	for _, flag := range []string{"--server", "--token-file", "--ca-file", "--cert-file", "--key-file", "--output"} {
+		if strings.Contains(help.stdout, flag) {
+			t.Errorf("kubevirt-hook --help lists %s:\n%s", flag, help.stdout)
+		}
+	}
+	if !strings.Contains(help.stdout, "--socket") || !strings.Contains(help.stdout, "--volume") {
+		t.Errorf("kubevirt-hook --help lacks its own flags:\n%s", help.stdout)
+	}
+	// Other commands keep them.
+	if help := execute("kubevirt-webhook", "--help"); !strings.Contains(help.stdout, "--server") {
+		t.Errorf("kubevirt-webhook lost --server:\n%s", help.stdout)
+	}
+}
+
+// TestKubevirtWebhookCAFlags: --webhook-config and --webhook-ca-file go
+// together, and a serving certificate that does not chain to the CA is
+// refused before the configuration is touched (the API address has no
+// listener: a request would end in another error), as is a CA file that
+// holds no CA.
+func TestKubevirtWebhookCAFlags(t *testing.T) {
+	got := execute("kubevirt-webhook", "--sidecar-image", "quiver:dev", "--webhook-config", "quiver-kubevirt")
+	if got.code != ExitError || !strings.Contains(got.stderr, "--webhook-config and --webhook-ca-file: give both") {
+		t.Errorf("config without CA: exit %d, stderr %q", got.code, got.stderr)
+	}
+	dir := t.TempDir()
+	ca, other := certtest.NewCA(t, "webhook-ca"), certtest.NewCA(t, "other-ca")
+	caFile := filepath.Join(dir, "ca.crt")
+	certtest.WriteFile(t, caFile, ca.PEM)
+	cert, key := other.Server(t, false, "quiver-kubevirt-webhook.quiver.svc").Write(t, dir)
+	_, err := ensureCABundle(t.Context(), &webhook.Kube{Server: "http://127.0.0.1:1"}, "quiver-kubevirt", caFile, cert, key)
+	if err == nil || !strings.Contains(err.Error(), "does not chain to --webhook-ca-file") {
+		t.Errorf("certificate of another CA: %v", err)
+	}
+	leafDir := t.TempDir()
+	leafCert, leafKey := ca.Server(t, false, "w.q.svc").Write(t, leafDir)
+	_, err = ensureCABundle(t.Context(), &webhook.Kube{Server: "http://127.0.0.1:1"}, "quiver-kubevirt", leafCert, leafCert, leafKey)
+	if err == nil || !strings.Contains(err.Error(), "not a CA") {
+		t.Errorf("a leaf as CA: %v", err)
+	}
+}
