@@ -3,10 +3,13 @@ package cli
 import (
 	"bytes"
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/quiverstorage/quiver/internal/kubevirt/webhook"
 	"github.com/quiverstorage/quiver/internal/tlscert/certtest"
@@ -89,5 +92,60 @@ func TestKubevirtWebhookCAFlags(t *testing.T) {
 	_, err = ensureCABundle(t.Context(), &webhook.Kube{Server: "http://127.0.0.1:1"}, "quiver-kubevirt", leafCert, leafCert, leafKey)
 	if err == nil || !strings.Contains(err.Error(), "not a CA") {
 		t.Errorf("a leaf as CA: %v", err)
+	}
+}
+
+// TestDeployFlags: every flag the Kubernetes manifests and the Helm chart's
+// templates pass to a quiver command exists, so they do not rot as flags
+// change. Both write a command's arguments as "- <command>" followed by
+// "- --flag[=value]" lines; the scan reads those.
+func TestDeployFlags(t *testing.T) {
+	files, _ := filepath.Glob("../../deploy/kubernetes/*.yaml")
+	templates, _ := filepath.Glob("../../deploy/helm/quiver/templates/*.yaml")
+	files = append(files, templates...)
+	if len(files) < 10 {
+		t.Fatalf("found %d manifests and templates", len(files))
+	}
+	a := &app{env: Env{Getenv: func(string) string { return "" }}}
+	root := a.rootCommand()
+	seen := map[string]int{}
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cmd *cobra.Command
+		for line := range strings.SplitSeq(string(data), "\n") {
+			item, ok := strings.CutPrefix(strings.TrimSpace(line), "- ")
+			if !ok {
+				if !strings.HasPrefix(strings.TrimSpace(line), "#") && !strings.HasPrefix(strings.TrimSpace(line), "{{") {
+					cmd = nil
+				}
+				continue
+			}
+			if flag, isFlag := strings.CutPrefix(item, "--"); isFlag && cmd != nil {
+				name, _, _ := strings.Cut(flag, "=")
+				if cmd.Flags().Lookup(name) == nil && cmd.InheritedFlags().Lookup(name) == nil {
+					t.Errorf("%s passes --%s, which quiver %s does not have", filepath.Base(file), name, cmd.Name())
+				}
+				seen[cmd.Name()]++
+				continue
+			}
+			switch item {
+			case "server", "csi", "endpoint", "kubevirt-webhook":
+				c, _, err := root.Find([]string{item})
+				if err != nil {
+					t.Fatal(err)
+				}
+				cmd = c
+			default:
+				cmd = nil
+			}
+		}
+	}
+	for _, c := range []string{"server", "csi", "endpoint", "kubevirt-webhook"} {
+		if seen[c] < 3 {
+			t.Errorf("found %d flags of quiver %s in the manifests and templates", seen[c], c)
+		}
 	}
 }
