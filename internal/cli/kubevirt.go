@@ -16,6 +16,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/kubevirt/hook"
 	"github.com/quiverstorage/quiver/internal/kubevirt/webhook"
+	"github.com/quiverstorage/quiver/internal/tlscert"
 )
 
 func newLogger(a *app, level string) (*slog.Logger, error) {
@@ -58,6 +59,31 @@ docs/kubevirt.md.`,
 	return cmd
 }
 
+// watchCertificate reads the serving certificate again whenever its files
+// change, every interval, until ctx ends. A failed read (a renewal half
+// written) keeps the current one and is logged.
+func watchCertificate(ctx context.Context, pair *tlscert.Pair, every time.Duration, log *slog.Logger) {
+	if every <= 0 {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		tried, err := pair.ReloadIfChanged()
+		switch {
+		case err != nil:
+			log.Warn("serving certificate not reloaded; the previous one stays", "files", pair.Files(), "err", err)
+		case tried:
+			log.Info("serving certificate reloaded", "files", pair.Files())
+		}
+	}
+}
+
 // ensureCABundle checks that the serving certificate chains to the CA of
 // caFile, then writes that CA into the webhook configuration.
 func ensureCABundle(ctx context.Context, kube *webhook.Kube, config, caFile, certFile, keyFile string) (int, error) {
@@ -94,6 +120,7 @@ func ensureCABundle(ctx context.Context, kube *webhook.Kube, config, caFile, cer
 func (a *app) kubevirtWebhookCommand() *cobra.Command {
 	cfg := webhook.Config{}
 	var listen, certFile, keyFile, logLevel, kubeconfig, webhookConfig, webhookCAFile string
+	var tlsWatch time.Duration
 	cmd := &cobra.Command{
 		Use:   "kubevirt-webhook",
 		Short: "Run the mutating admission webhook that adds the hook sidecar to VMs with quiver PVCs",
@@ -147,8 +174,23 @@ after checking that the serving certificate chains to that CA.`,
 				_ = srv.Shutdown(ctx)
 			})
 			defer stop()
+			// The certificate is read again when its files change (a
+			// Secret volume's update, cert-manager's renewal): new
+			// connections get the new one.
+			pair, err := tlscert.Load(certFile, keyFile)
+			if err != nil {
+				return fmt.Errorf("--tls-cert, --tls-key: %w", err)
+			}
+			srv.TLSConfig = tlscert.ServerConfig(pair, nil, tls.NoClientCert)
+			watchCtx, stopWatch := context.WithCancel(cmd.Context())
+			watched := make(chan struct{})
+			go func() {
+				defer close(watched)
+				watchCertificate(watchCtx, pair, tlsWatch, log)
+			}()
+			defer func() { stopWatch(); <-watched }()
 			log.Info("serving KubeVirt admission webhook", "listen", listen)
-			if err := srv.ListenAndServeTLS(certFile, keyFile); !errors.Is(err, http.ErrServerClosed) {
+			if err := srv.ListenAndServeTLS("", ""); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil
@@ -158,6 +200,7 @@ after checking that the serving certificate chains to that CA.`,
 	f.StringVar(&listen, "listen", ":8443", "HTTPS address")
 	f.StringVar(&certFile, "tls-cert", "/etc/quiver-webhook/tls.crt", "serving certificate (PEM)")
 	f.StringVar(&keyFile, "tls-key", "/etc/quiver-webhook/tls.key", "its private key (PEM)")
+	f.DurationVar(&tlsWatch, "tls-watch-interval", 10*time.Second, "how often the certificate files are checked for a change (read again when they change)")
 	f.StringVar(&cfg.Image, "sidecar-image", "", "image of the hook sidecar: a quiver image")
 	f.StringVar(&cfg.ImagePullPolicy, "sidecar-pull-policy", "IfNotPresent", "imagePullPolicy of the sidecar")
 	f.StringVar(&cfg.Driver, "driver-name", webhook.DefaultDriver, "CSI driver whose PVCs are quiver volumes")

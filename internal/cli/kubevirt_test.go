@@ -3,6 +3,10 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -146,6 +150,87 @@ func TestDeployFlags(t *testing.T) {
 	for _, c := range []string{"server", "csi", "endpoint", "kubevirt-webhook"} {
 		if seen[c] < 3 {
 			t.Errorf("found %d flags of quiver %s in the manifests and templates", seen[c], c)
+		}
+	}
+}
+
+// TestKubevirtWebhookReloadsCertificate: the webhook, started with a
+// kubeconfig outside a cluster, serves its certificate, and once the files
+// are replaced (renamed over, as a Secret volume's update does) serves the
+// new one to new connections without a restart. A renewal by cert-manager
+// works so.
+func TestKubevirtWebhookReloadsCertificate(t *testing.T) {
+	dir := t.TempDir()
+	ca := certtest.NewCA(t, "webhook-ca")
+	first := ca.Server(t, false, "127.0.0.1")
+	cert, key := first.Write(t, dir)
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	certtest.WriteFile(t, kubeconfig, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\n"+
+		"users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan result, 1)
+	go func() {
+		var stdout, stderr bytes.Buffer
+		code := Execute(ctx, []string{"kubevirt-webhook", "--server", "http://127.0.0.1:1", "--sidecar-image", "quiver:dev",
+			"--kubeconfig", kubeconfig, "--listen", addr, "--tls-cert", cert, "--tls-key", key, "--tls-watch-interval", "20ms"},
+			Env{Stdout: &stdout, Stderr: &stderr})
+		done <- result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+	}()
+	defer func() {
+		cancel()
+		if r := <-done; r.code != ExitOK && r.code != ExitInterrupted {
+			t.Errorf("webhook exit %d: %s", r.code, r.stderr)
+		}
+	}()
+	served := func() *x509.Certificate {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true})
+			if err != nil {
+				continue
+			}
+			peer := c.ConnectionState().PeerCertificates[0]
+			c.Close()
+			return peer
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("webhook ended: exit %d: %s", r.code, r.stderr)
+		default:
+		}
+		t.Fatal("webhook does not serve TLS")
+		return nil
+	}
+	serial := func(p certtest.Pair) string {
+		block, _ := pem.Decode(p.Cert)
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.SerialNumber.String()
+	}
+	if got := served().SerialNumber.String(); got != serial(first) {
+		t.Fatalf("serves certificate %s, want the first %s", got, serial(first))
+	}
+	second := ca.Server(t, false, "127.0.0.1")
+	newDir := t.TempDir()
+	newCert, newKey := second.Write(t, newDir)
+	for from, to := range map[string]string{newKey: key, newCert: cert} {
+		if err := os.Rename(from, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if served().SerialNumber.String() == serial(second) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the renewed certificate is not served 10 s after the files changed")
 		}
 	}
 }
