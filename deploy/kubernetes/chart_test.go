@@ -104,6 +104,7 @@ var valueSets = map[string][]string{
 	"webhook off":  {"webhook.enabled=false"},
 	"cert-manager": {"webhook.certManager.enabled=true"},
 	"own secrets":  {"token.existingSecret=site-token", "webhook.existingSecret=site-webhook-tls"},
+	"host network": {"storage.node.hostNetwork=true", "storage.node.address=http://192.0.2.7:7480", "storage.node.nbdAddress=192.0.2.7:10809"},
 }
 
 // TestChartLint: helm lint --strict passes with every value set.
@@ -456,6 +457,20 @@ func TestChartExternalStorage(t *testing.T) {
 	}
 }
 
+// TestChartStorageHostNetwork: the storage node on the node's network,
+// with the address the components use given.
+func TestChartStorageHostNetwork(t *testing.T) {
+	objs := render(t, valueSets["host network"]...)
+	sts := named[*appsv1.StatefulSet](objs, release+"-storage")
+	if sts == nil || !sts.Spec.Template.Spec.HostNetwork || sts.Spec.Template.Spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Fatalf("storage node not on the host network with cluster DNS")
+	}
+	checkAddresses(t, objs, "http://192.0.2.7:7480", "192.0.2.7:10809")
+	if named[*appsv1.StatefulSet](render(t), release+"-storage").Spec.Template.Spec.HostNetwork {
+		t.Error("storage node on the host network by default")
+	}
+}
+
 // TestChartWebhookOff: no webhook object at all.
 func TestChartWebhookOff(t *testing.T) {
 	objs := render(t, valueSets["webhook off"]...)
@@ -603,6 +618,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{[]string{"storageClasses[0].name=a", "storageClasses[0].volumeBindingMode=Later"}, `storageClasses[0] (a): volumeBindingMode "Later": want Immediate or WaitForFirstConsumer`},
 		{[]string{"storageClasses[0].name=a", "storageClasses[1].name=a"}, `storageClasses[1]: name "a" is used twice`},
 		{[]string{"storageClasses[1].name=b"}, `storageClasses[0]: want a map`},
+		{[]string{"storage.node.address=http://192.0.2.7:7480"}, "storage.node: set both address and nbdAddress, or neither"},
+		{[]string{"storage.node.address=192.0.2.7", "storage.node.nbdAddress=192.0.2.7:10809"}, `storage.node.address "192.0.2.7": want http://host:port`},
 	} {
 		_, stderr, err := runHelm(t, templateArgs(tc.set)...)
 		if err == nil || !strings.Contains(stderr, tc.want) {

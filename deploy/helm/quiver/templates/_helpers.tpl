@@ -40,7 +40,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{/* The quiver API's URL as pods reach it. */}}
 {{- define "quiver.apiAddress" -}}
 {{- include "quiver.validate" . -}}
-{{- if .Values.storage.node.enabled -}}
+{{- if .Values.storage.node.address -}}
+{{- .Values.storage.node.address -}}
+{{- else if .Values.storage.node.enabled -}}
 {{- printf "http://%s.%s.svc:%v" (include "quiver.fullname" .) .Release.Namespace .Values.storage.node.apiPort -}}
 {{- else -}}
 {{- .Values.storage.external.address -}}
@@ -50,7 +52,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{/* The NBD server's host:port as nodes reach it. */}}
 {{- define "quiver.nbdAddress" -}}
 {{- include "quiver.validate" . -}}
-{{- if .Values.storage.node.enabled -}}
+{{- if .Values.storage.node.nbdAddress -}}
+{{- .Values.storage.node.nbdAddress -}}
+{{- else if .Values.storage.node.enabled -}}
 {{- printf "%s.%s.svc:%v" (include "quiver.fullname" .) .Release.Namespace .Values.storage.node.nbdPort -}}
 {{- else if .Values.storage.external.nbdAddress -}}
 {{- .Values.storage.external.nbdAddress -}}
@@ -86,6 +90,12 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- if not (or $s.node.enabled $s.external.address) -}}
 {{- fail "storage: set storage.node.enabled=true (a storage node run by the chart) or storage.external.address (the URL of a quiver API, e.g. http://10.0.0.5:7480)" -}}
+{{- end -}}
+{{- if and $s.node.enabled (or $s.node.address $s.node.nbdAddress) (not (and $s.node.address $s.node.nbdAddress)) -}}
+{{- fail "storage.node: set both address and nbdAddress, or neither (the Service's name)" -}}
+{{- end -}}
+{{- if and $s.node.address (not (regexMatch "^https?://[^/]+$" $s.node.address)) -}}
+{{- fail (printf "storage.node.address %q: want http://host:port or https://host:port" $s.node.address) -}}
 {{- end -}}
 {{- if $s.external.address -}}
 {{- if not (regexMatch "^https?://[^/]+$" $s.external.address) -}}
