@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm proto clean mutate-syncs
+.PHONY: helm man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm proto clean mutate-syncs
 
 all: build
 
@@ -187,6 +187,12 @@ proto:
 			--go_out=. --go_opt=paths=source_relative \
 			--go-grpc_out=. --go-grpc_opt=paths=source_relative $$f || exit 1; \
 	done
+
+# The Helm CLI, built from helm.sh/helm/v4 at the version build/helm/go.mod
+# pins into $QUIVER_E2E_CACHE (default ~/.cache/quiver-e2e)/helm-<version>/,
+# only when absent; prints its path. The chart's tests and make e2e-k8s use it.
+helm:
+	@GO=$(GO) scripts/helm
 
 clean:
 	rm -rf bin

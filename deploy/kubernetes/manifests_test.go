@@ -52,6 +52,9 @@ var kinds = map[string]func() any{
 	"storage.k8s.io/v1/CSIDriver":                     func() any { return &storagev1.CSIDriver{} },
 	"storage.k8s.io/v1/StorageClass":                  func() any { return &storagev1.StorageClass{} },
 	"snapshot.storage.k8s.io/v1/VolumeSnapshotClass":  func() any { return &snapv1.VolumeSnapshotClass{} },
+	"apps/v1/StatefulSet":                             func() any { return &appsv1.StatefulSet{} },
+	"cert-manager.io/v1/Issuer":                       func() any { return &cmIssuer{} },
+	"cert-manager.io/v1/Certificate":                  func() any { return &cmCertificate{} },
 	"kubevirt.io/v1/VirtualMachine":                   func() any { return &virtualMachine{} },
 	"cdi.kubevirt.io/v1beta1/DataVolume":              func() any { return &dataVolume{} },
 }
@@ -78,26 +81,35 @@ func decodeAll(t *testing.T) []object {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-		for i := 0; ; i++ {
-			doc, err := r.Read()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("%s: %v", file, err)
-			}
-			if len(bytes.TrimSpace(stripComments(doc))) == 0 {
-				continue
-			}
-			o, err := decode(doc)
-			if err != nil {
-				t.Errorf("%s document %d: %v", file, i+1, err)
-				continue
-			}
-			o.file = file
-			out = append(out, o)
+		out = append(out, decodeStream(t, file, data)...)
+	}
+	return out
+}
+
+// decodeStream decodes every document of a YAML stream (a file, or what
+// helm template prints), strictly; file names it in errors.
+func decodeStream(t *testing.T, file string, data []byte) []object {
+	t.Helper()
+	var out []object
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for i := 0; ; i++ {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
 		}
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
+			continue
+		}
+		o, err := decode(doc)
+		if err != nil {
+			t.Errorf("%s document %d: %v", file, i+1, err)
+			continue
+		}
+		o.file = file
+		out = append(out, o)
 	}
 	return out
 }
@@ -135,6 +147,14 @@ func stripComments(doc []byte) []byte {
 	return bytes.Join(out, []byte("\n"))
 }
 
+// chartOnly are the kinds only the Helm chart makes: the storage node and
+// cert-manager's objects.
+var chartOnly = map[string]bool{
+	"apps/v1/StatefulSet":            true,
+	"cert-manager.io/v1/Issuer":      true,
+	"cert-manager.io/v1/Certificate": true,
+}
+
 func TestManifestsDecodeStrictly(t *testing.T) {
 	objs := decodeAll(t)
 	var seen []string
@@ -142,7 +162,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		seen = append(seen, o.kind)
 	}
 	for kind := range kinds {
-		if !slices.Contains(seen, kind) {
+		if !slices.Contains(seen, kind) && !chartOnly[kind] {
 			t.Errorf("no manifest of kind %s", kind)
 		}
 	}
@@ -166,14 +186,28 @@ func TestStrictDecodingRefuses(t *testing.T) {
 	}
 }
 
-// TestManifestsAgree checks what ties the manifests to the plugin: the
-// driver name, StorageClass parameters the plugin accepts, the two classes'
-// binding modes, the sidecars, and the DataVolumes' classes.
+// TestManifestsAgree checks what ties the manifests to the plugin (checkAgree)
+// and the examples' DataVolumes and VMs to the classes.
 func TestManifestsAgree(t *testing.T) {
+	objs := decodeAll(t)
+	classes := checkAgree(t, objs)
+	mig := classes["quiver-vm-migratable"]
+	if mig == nil {
+		t.Fatal("no class quiver-vm-migratable")
+	}
+	checkExamples(t, objs, classes, mig)
+}
+
+// checkAgree checks what ties a set of objects (the manifests, or the Helm
+// chart's) to the plugin: the driver name, StorageClass parameters the
+// plugin accepts, the two classes' binding modes, the sidecars, and the
+// node plugin's and endpoint's shared paths. It returns the classes.
+func checkAgree(t *testing.T, objs []object) map[string]*storagev1.StorageClass {
+	t.Helper()
 	classes := map[string]*storagev1.StorageClass{}
 	containers := map[string]bool{}
 	flags := map[string]string{} // "<container> --flag" -> value
-	for _, o := range decodeAll(t) {
+	for _, o := range objs {
 		switch obj := o.obj.(type) {
 		case *storagev1.CSIDriver:
 			if obj.Name != csi.DefaultDriverName || obj.Spec.AttachRequired == nil || !*obj.Spec.AttachRequired {
@@ -236,13 +270,20 @@ func TestManifestsAgree(t *testing.T) {
 	if ten.VolumeBindingMode == nil || *ten.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
 		t.Errorf("quiver-tenant: want WaitForFirstConsumer")
 	}
+	return classes
+}
+
+// checkExamples: the example VMs' and DataVolumes' claims are on the
+// classes, as the webhook would annotate them.
+func checkExamples(t *testing.T, objs []object, classes map[string]*storagev1.StorageClass, mig *storagev1.StorageClass) {
+	t.Helper()
 	claims := map[string]*corev1.PersistentVolumeClaim{}
-	for _, o := range decodeAll(t) {
+	for _, o := range objs {
 		if pvc, ok := o.obj.(*corev1.PersistentVolumeClaim); ok {
 			claims[pvc.Name] = pvc
 		}
 	}
-	for _, o := range decodeAll(t) {
+	for _, o := range objs {
 		switch obj := o.obj.(type) {
 		case *virtualMachine:
 			checkExtraDisks(t, obj, claims, classes)
@@ -381,4 +422,38 @@ type dataVolumeSpec struct {
 		Resources        corev1.VolumeResourceRequirements   `json:"resources,omitempty"`
 		StorageClassName *string                             `json:"storageClassName,omitempty"`
 	} `json:"storage,omitempty"`
+}
+
+// The subset of cert-manager.io/v1 Issuer and Certificate the chart writes,
+// with the upstream JSON names.
+type cmIssuer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		SelfSigned *struct{} `json:"selfSigned,omitempty"`
+		CA         *struct {
+			SecretName string `json:"secretName"`
+		} `json:"ca,omitempty"`
+	} `json:"spec"`
+}
+
+type cmCertificate struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		IsCA       bool     `json:"isCA,omitempty"`
+		CommonName string   `json:"commonName,omitempty"`
+		SecretName string   `json:"secretName"`
+		Duration   string   `json:"duration,omitempty"`
+		DNSNames   []string `json:"dnsNames,omitempty"`
+		PrivateKey *struct {
+			Algorithm string `json:"algorithm,omitempty"`
+			Size      int    `json:"size,omitempty"`
+		} `json:"privateKey,omitempty"`
+		IssuerRef struct {
+			Name  string `json:"name"`
+			Kind  string `json:"kind,omitempty"`
+			Group string `json:"group,omitempty"`
+		} `json:"issuerRef"`
+	} `json:"spec"`
 }

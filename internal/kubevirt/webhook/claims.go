@@ -2,15 +2,10 @@ package webhook
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -40,46 +35,10 @@ type Claims interface {
 // ErrClaimNotFound: the PVC does not exist (yet).
 var ErrClaimNotFound = errors.New("claim not found")
 
-// KubeClaims reads PVCs, PVs and StorageClasses from the Kubernetes API with
-// plain HTTP requests (client-go is not a dependency of quiver).
-type KubeClaims struct {
-	// Server is the API server's URL, e.g. https://kubernetes.default.svc.
-	Server string
-	// Token is the bearer token (the service account's).
-	Token string
-	// HTTP is the client; its TLS config trusts the cluster's CA.
-	HTTP *http.Client
-}
-
-var _ Claims = (*KubeClaims)(nil)
-
-// Where a pod finds its service account.
-const (
-	serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
-	inClusterServer   = "https://kubernetes.default.svc"
-)
-
-// InClusterClaims builds KubeClaims from the pod's service account.
-func InClusterClaims() (*KubeClaims, error) {
-	token, err := os.ReadFile(serviceAccountDir + "/token")
-	if err != nil {
-		return nil, fmt.Errorf("service account token: %w", err)
-	}
-	ca, err := os.ReadFile(serviceAccountDir + "/ca.crt")
-	if err != nil {
-		return nil, fmt.Errorf("service account CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(ca) {
-		return nil, fmt.Errorf("service account CA: no certificate in %s/ca.crt", serviceAccountDir)
-	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	return &KubeClaims{Server: inClusterServer, Token: strings.TrimSpace(string(token)), HTTP: &http.Client{Transport: tr}}, nil
-}
+var _ Claims = (*Kube)(nil)
 
 // Claim reads the PVC, then its PV when bound, else its StorageClass.
-func (k *KubeClaims) Claim(ctx context.Context, namespace, name string) (Claim, error) {
+func (k *Kube) Claim(ctx context.Context, namespace, name string) (Claim, error) {
 	var pvc corev1.PersistentVolumeClaim
 	if err := k.get(ctx, "/api/v1/namespaces/"+url.PathEscape(namespace)+"/persistentvolumeclaims/"+url.PathEscape(name), &pvc); err != nil {
 		return Claim{}, fmt.Errorf("PVC %s/%s: %w", namespace, name, err)
@@ -123,33 +82,11 @@ func diskNames(param string) []string {
 	return names
 }
 
-func (k *KubeClaims) get(ctx context.Context, path string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(k.Server, "/")+path, nil)
-	if err != nil {
-		return err
-	}
-	if k.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+k.Token)
-	}
-	req.Header.Set("Accept", "application/json")
-	hc := k.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return err
-	}
-	switch {
-	case resp.StatusCode == http.StatusNotFound:
+// get reads one object of a claim; ErrClaimNotFound when there is none.
+func (k *Kube) get(ctx context.Context, path string, out any) error {
+	err := k.do(ctx, http.MethodGet, path, "", nil, out)
+	if errors.Is(err, errNotFound) {
 		return ErrClaimNotFound
-	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("kubernetes API %s: %s: %s", path, resp.Status, strings.TrimSpace(string(body)))
 	}
-	return json.Unmarshal(body, out)
+	return err
 }

@@ -3,14 +3,16 @@ package webhook
 import (
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"reflect"
+	"strings"
 	"testing"
 )
 
-// TestKubeClaims reads claims from a fake Kubernetes API: bound (the PV's
-// CSI driver and handle), unbound (the StorageClass's provisioner and
-// disks), Block mode, missing, and an API error.
+// TestKubeClaims reads claims from a fake Kubernetes API over TLS, with a
+// kubeconfig (its CA and token, through client-go's HTTP client): bound
+// (the PV's CSI driver and handle), unbound (the StorageClass's provisioner
+// and disks), Block mode, missing, an API error, and a request without the
+// token.
 func TestKubeClaims(t *testing.T) {
 	objects := map[string]string{
 		"/api/v1/namespaces/vms/persistentvolumeclaims/bound": `{"spec":{"volumeName":"pv-1","volumeMode":"Filesystem"}}`,
@@ -21,24 +23,13 @@ func TestKubeClaims(t *testing.T) {
 		"/api/v1/namespaces/vms/persistentvolumeclaims/nfs":   `{"spec":{"volumeName":"pv-nfs"}}`,
 		"/api/v1/persistentvolumes/pv-nfs":                    `{"spec":{"nfs":{"server":"x","path":"/"}}}`,
 	}
-	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer sa-token" {
-			http.Error(w, "unauthorized", http.StatusUnauthorized)
-			return
-		}
-		if r.URL.Path == "/api/v1/namespaces/vms/persistentvolumeclaims/error" {
-			http.Error(w, "etcd down", http.StatusInternalServerError)
-			return
-		}
-		body, ok := objects[r.URL.Path]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		w.Write([]byte(body))
-	}))
-	defer api.Close()
-	k := &KubeClaims{Server: api.URL, Token: "sa-token"}
+	api := newFakeAPI(t, "sa-token", objects)
+	api.status["/api/v1/namespaces/vms/persistentvolumeclaims/error"] = http.StatusInternalServerError
+	k, err := NewKube(api.kubeconfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := &Kube{Server: api.URL, HTTP: api.Client()} // no token
 	cases := map[string]struct {
 		want Claim
 		err  error
@@ -57,5 +48,8 @@ func TestKubeClaims(t *testing.T) {
 	}
 	if _, err := k.Claim(t.Context(), "vms", "error"); err == nil || errors.Is(err, ErrClaimNotFound) {
 		t.Errorf("API error: %v", err)
+	}
+	if _, err := wrong.Claim(t.Context(), "vms", "bound"); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("without the token: %v, want a 401 error", err)
 	}
 }

@@ -12,8 +12,10 @@
 // slice of the device.
 //
 // It learns a PVC's volume from Kubernetes (claims.go: the PVC, its PV, or
-// its StorageClass while unbound) and the volume's disks from the quiver API
-// (internal/client). It decodes only the fields it needs of KubeVirt's
+// its StorageClass while unbound, read with kube.go's client: in-cluster or
+// a kubeconfig) and the volume's disks from the quiver API
+// (internal/client); when told to, it writes its CA into its own
+// MutatingWebhookConfiguration (cabundle.go). It decodes only the fields it needs of KubeVirt's
 // objects and answers with a JSON Patch.
 //
 // Imports from quiver: api, client, kubevirt.
