@@ -571,7 +571,7 @@ func TestChartOwnSecrets(t *testing.T) {
 func TestChartImages(t *testing.T) {
 	set := []string{"image.repository=reg.test/quiver", "image.tag=t-quiver", "image.pullPolicy=Never", "sidecars.pullPolicy=Always"}
 	want := map[string]bool{"reg.test/quiver:t-quiver": false}
-	for _, s := range []string{"provisioner", "attacher", "snapshotter", "resizer", "nodeDriverRegistrar", "livenessProbe"} {
+	for _, s := range []string{"provisioner", "attacher", "snapshotter", "resizer", "livenessProbe"} {
 		set = append(set, "sidecars."+s+".image=reg.test/"+s, "sidecars."+s+".tag=t-"+s)
 		want["reg.test/"+s+":t-"+s] = false
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -232,6 +233,9 @@ func checkAgree(t *testing.T, objs []object) map[string]*storagev1.StorageClass 
 		case *appsv1.DaemonSet:
 			for _, c := range obj.Spec.Template.Spec.Containers {
 				containers[c.Name] = true
+				if c.Name == "quiver-csi" {
+					checkRegistration(t, obj.Spec.Template.Spec, c)
+				}
 				if c.Name == "quiver-csi" || c.Name == "endpoint" {
 					for _, a := range c.Args {
 						if k, v, ok := strings.Cut(a, "="); ok {
@@ -243,7 +247,7 @@ func checkAgree(t *testing.T, objs []object) map[string]*storagev1.StorageClass 
 		}
 	}
 	for _, c := range []string{"quiver-csi", "csi-provisioner", "csi-attacher", "csi-snapshotter", "csi-resizer",
-		"node-driver-registrar", "liveness-probe", "endpoint"} {
+		"liveness-probe", "endpoint"} {
 		if !containers[c] {
 			t.Errorf("no container %s", c)
 		}
@@ -456,4 +460,46 @@ type cmCertificate struct {
 			Group string `json:"group,omitempty"`
 		} `json:"issuerRef"`
 	} `json:"spec"`
+}
+
+// checkRegistration: the node plugin registers itself with the kubelet
+// (internal/pluginreg): --registration-dir is where the host's
+// <kubelet>/plugins_registry is mounted, and --kubelet-endpoint is the host
+// path of the socket that --endpoint serves in the container.
+func checkRegistration(t *testing.T, pod corev1.PodSpec, c corev1.Container) {
+	t.Helper()
+	flags := map[string]string{}
+	for _, a := range c.Args {
+		if k, v, ok := strings.Cut(a, "="); ok {
+			flags[k] = v
+		}
+	}
+	// hostPathAt is the host directory mounted at dir in the container.
+	hostPathAt := func(dir string) string {
+		for _, m := range c.VolumeMounts {
+			if m.MountPath != dir {
+				continue
+			}
+			for _, v := range pod.Volumes {
+				if v.Name == m.Name && v.HostPath != nil {
+					return v.HostPath.Path
+				}
+			}
+		}
+		return ""
+	}
+	reg := hostPathAt(flags["--registration-dir"])
+	if flags["--registration-dir"] == "" || !strings.HasSuffix(reg, "/plugins_registry") {
+		t.Errorf("node plugin: --registration-dir %q is not the host's kubelet plugins_registry (mounted from %q)",
+			flags["--registration-dir"], reg)
+	}
+	sock := strings.TrimPrefix(flags["--endpoint"], "unix://")
+	host := hostPathAt(path.Dir(sock))
+	if host == "" || flags["--kubelet-endpoint"] != host+"/"+path.Base(sock) {
+		t.Errorf("node plugin: --kubelet-endpoint %q, want the host path of --endpoint %q: %q/%s",
+			flags["--kubelet-endpoint"], flags["--endpoint"], host, path.Base(sock))
+	}
+	if kubelet := strings.TrimSuffix(reg, "/plugins_registry"); !strings.HasPrefix(host, kubelet+"/plugins/") {
+		t.Errorf("node plugin: its socket %q is not under the kubelet's plugins directory %q", host, kubelet+"/plugins/")
+	}
 }
