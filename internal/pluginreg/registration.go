@@ -36,8 +36,9 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 
-	mu     sync.Mutex
-	status *registerapi.RegistrationStatus // the kubelet's last word, nil before it spoke
+	mu      sync.Mutex
+	status  *registerapi.RegistrationStatus // the kubelet's last word, nil before it spoke
+	refused chan struct{}                   // closed when the kubelet refuses the plugin
 }
 
 // New checks cfg and returns a server. It does not listen yet.
@@ -55,7 +56,7 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, log: log}, nil
+	return &Server{cfg: cfg, log: log, refused: make(chan struct{})}, nil
 }
 
 // SocketPath is where the registration socket lives.
@@ -78,7 +79,10 @@ func (s *Server) Registered() (bool, error) {
 }
 
 // Serve listens on SocketPath and serves until ctx ends, then removes the
-// socket (which unregisters the plugin).
+// socket (which unregisters the plugin). If the kubelet refuses the plugin
+// (its NodeGetInfo failed: the quiver API was not reachable yet, say), Serve
+// returns ErrRefused: the kubelet asks again only for a new socket, so the
+// process should exit and be restarted, as the registrar sidecar does.
 func (s *Server) Serve(ctx context.Context) error {
 	path := s.SocketPath()
 	if err := os.MkdirAll(s.cfg.Dir, 0o750); err != nil {
@@ -111,6 +115,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 		return err
 	case <-ctx.Done():
+	case <-s.refused:
 	}
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()
@@ -118,6 +123,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	case <-stopped:
 	case <-time.After(5 * time.Second):
 		srv.Stop()
+	}
+	if _, err := s.Registered(); err != nil {
+		return err
 	}
 	return nil
 }
@@ -142,11 +150,18 @@ func (v *service) GetInfo(context.Context, *registerapi.InfoRequest) (*registera
 func (v *service) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
 	v.s.mu.Lock()
 	v.s.status = st
+	if !st.PluginRegistered {
+		select {
+		case <-v.s.refused:
+		default:
+			close(v.s.refused)
+		}
+	}
 	v.s.mu.Unlock()
 	if st.PluginRegistered {
 		v.s.log.Info("registered with the kubelet", "driver", v.s.cfg.DriverName)
 	} else {
-		v.s.log.Error("the kubelet refused the plugin: no volume of this driver can mount on this node until it is fixed",
+		v.s.log.Error("the kubelet refused the plugin; stopping so that a restart registers it again",
 			"driver", v.s.cfg.DriverName, "err", st.Error)
 	}
 	return &registerapi.RegistrationStatusResponse{}, nil

@@ -72,12 +72,6 @@ func TestRegistration(t *testing.T) {
 	if ok, err := s.Registered(); ok || err != nil {
 		t.Fatalf("before the kubelet's answer: Registered() = %v, %v", ok, err)
 	}
-	if _, err := c.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: false, Error: "version 1.0.0 not supported"}); err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := s.Registered(); ok || !errors.Is(err, ErrRefused) {
-		t.Fatalf("after a refusal: Registered() = %v, %v; want ErrRefused", ok, err)
-	}
 	if _, err := c.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +84,38 @@ func TestRegistration(t *testing.T) {
 	}
 	if _, err := os.Lstat(path); !os.IsNotExist(err) {
 		t.Fatalf("socket left after stop: %v", err)
+	}
+}
+
+// A refusal ends Serve with ErrRefused and removes the socket: the kubelet
+// asks again only for a new socket, so the process must restart.
+func TestRefusalEndsServe(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, DriverName: "csi.quiver.io", Endpoint: "/csi/csi.sock"}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(context.Background()) }()
+	c := kubelet(t, s.SocketPath())
+	if _, err := c.NotifyRegistrationStatus(context.Background(), &registerapi.RegistrationStatus{PluginRegistered: false,
+		Error: "NodeGetInfo: deadline exceeded"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrRefused) {
+			t.Fatalf("Serve after a refusal = %v, want ErrRefused", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve goes on after the kubelet refused the plugin")
+	}
+	if ok, err := s.Registered(); ok || !errors.Is(err, ErrRefused) {
+		t.Fatalf("after a refusal: Registered() = %v, %v; want ErrRefused", ok, err)
+	}
+	if _, err := os.Lstat(s.SocketPath()); !os.IsNotExist(err) {
+		t.Fatalf("socket left after a refusal: %v", err)
 	}
 }
 
