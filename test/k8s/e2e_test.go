@@ -1,6 +1,7 @@
 package k8stest
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +28,209 @@ func TestKubernetes(t *testing.T) {
 	t.Logf("Kubernetes up in %v", time.Since(start).Round(time.Second))
 	k.importImages(images)
 	k.addons()
+	k.install()
+	if _, err := k.kubectl("create", "namespace", appNS); err != nil {
+		t.Fatal(err)
+	}
+
+	// A Filesystem PVC and a Block PVC, bound and written by pods.
+	k.apply(pvc("fs", "Filesystem", "1Gi", "") + "---\n" + pvc("blk", "Block", "1Gi", ""))
+	k.apply(writerPod("fs-writer", "fs", "Filesystem", false) + "---\n" + writerPod("blk-writer", "blk", "Block", false))
+	fsSum := k.logLine("fs-writer", "WROTE", 3*time.Minute)[0]
+	blkSum := k.logLine("blk-writer", "WROTE", 3*time.Minute)[0]
+	t.Logf("written: Filesystem PVC %s, Block PVC %s", fsSum[:12], blkSum[:12])
+
+	// A VolumeSnapshot of the Filesystem PVC, then a PVC from it and a
+	// clone of the PVC itself: both hold what the pod wrote.
+	k.apply(fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: fs-snap, namespace: %s}
+spec:
+  volumeSnapshotClassName: %s
+  source: {persistentVolumeClaimName: fs}
+`, appNS, snapClass))
+	k.waitFor("the VolumeSnapshot ready", 2*time.Minute, func() error {
+		if got := k.jsonpath(appNS, "volumesnapshot/fs-snap", "{.status.readyToUse}"); got != "true" {
+			return fmt.Errorf("readyToUse=%q", got)
+		}
+		return nil
+	})
+	k.apply(pvc("fs-restore", "Filesystem", "1Gi", "VolumeSnapshot/fs-snap") + "---\n" + pvc("fs-clone", "Filesystem", "1Gi", "PersistentVolumeClaim/fs"))
+	k.apply(writerPod("restore-reader", "fs-restore", "Filesystem", true) + "---\n" + writerPod("clone-reader", "fs-clone", "Filesystem", true))
+	for _, pod := range []string{"restore-reader", "clone-reader"} {
+		if got := k.logLine(pod, "READ", 3*time.Minute); got[0] != fsSum {
+			t.Errorf("%s read %s, want what fs-writer wrote, %s", pod, got[0], fsSum)
+		}
+	}
+
+	// Expansion: the Filesystem PVC grows to 2Gi; its disk with it.
+	if _, err := k.kubectl("-n", appNS, "patch", "pvc", "fs", "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}`); err != nil {
+		t.Fatal(err)
+	}
+	k.waitFor("the PVC expanded", 2*time.Minute, func() error {
+		if got := k.jsonpath(appNS, "pvc/fs", "{.status.capacity.storage}"); got != "2Gi" {
+			return fmt.Errorf("capacity %q", got)
+		}
+		return nil
+	})
+	out, err := k.kubectl("-n", appNS, "exec", "fs-writer", "--", "stat", "-c", "%s", fsDiskPath)
+	if err != nil || strings.TrimSpace(string(out)) != "2147483648" {
+		t.Errorf("after expansion the disk is %q bytes (%v), want 2147483648", out, err)
+	}
+
+	k.webhook()
+	k.rollNodePlugin()
+	k.deleteAll()
+}
+
+// webhook: with KubeVirt's kinds known to the API server, a
+// VirtualMachineInstance naming a quiver PVC is admitted with quiver's hook
+// sidecar added, and one the webhook must refuse is refused with its reason.
+func (k *kube) webhook() {
+	k.t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot(k.t), "test", "k8s", "testdata", "kubevirt-crds.yaml"))
+	must(k.t, err, "KubeVirt CRDs")
+	k.apply(string(b))
+	k.waitFor("the KubeVirt CRDs established", time.Minute, func() error {
+		_, err := k.kubectl("wait", "--for=condition=Established", "--timeout=1s",
+			"crd/virtualmachineinstances.kubevirt.io", "crd/virtualmachines.kubevirt.io")
+		return err
+	})
+	vmi := func(name, annotations string) string {
+		return fmt.Sprintf(`apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata:
+  name: %s
+  namespace: %s
+  annotations: {%s}
+spec:
+  domain:
+    devices:
+      disks: [{name: root, disk: {bus: virtio}}]
+    resources: {requests: {memory: 128Mi}}
+  volumes:
+  - name: root
+    persistentVolumeClaim: {claimName: fs}
+`, name, appNS, annotations)
+	}
+	k.apply(vmi("vm-good", ""))
+	got := k.jsonpath(appNS, "vmi/vm-good", `{.metadata.annotations.hooks\.kubevirt\.io/hookSidecars}`)
+	if !strings.Contains(got, "quiver") {
+		k.t.Errorf("the admitted VMI has no quiver hook sidecar: hookSidecars = %q", got)
+	}
+	out, err := k.kubectlIn([]byte(vmi("vm-bad", `hooks.kubevirt.io/hookSidecars: "not json"`)), "apply", "-f", "-")
+	if err == nil || !strings.Contains(err.Error(), "not a JSON list of sidecars") {
+		k.t.Errorf("a VMI with a malformed hookSidecars annotation: %v %s, want refused by the webhook with its reason", err, out)
+	}
+	if _, err := k.kubectl("-n", appNS, "get", "vmi", "vm-bad"); err == nil {
+		k.t.Errorf("the refused VMI exists")
+	}
+	if _, err := k.kubectl("-n", appNS, "delete", "vmi", "vm-good"); err != nil {
+		k.t.Error(err)
+	}
+}
+
+// rollNodePlugin rolls the CSI node plugin's DaemonSet while a pod writes
+// its Block PVC with direct I/O: the endpoint holds the device, so the pod
+// sees no I/O error and goes on writing after the roll.
+func (k *kube) rollNodePlugin() {
+	k.t.Helper()
+	script := fmt.Sprintf(`i=0
+while true; do
+  if ! dd if=/dev/urandom of=%s bs=64k count=16 seek=$((i %% 128)) oflag=direct conv=notrunc status=none; then
+    echo "IOERROR at $i"
+  fi
+  i=$((i+1))
+  echo "WRITES $i"
+  sleep 0.2
+done`, blockDevice)
+	k.apply(fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: blk-roller, namespace: %s}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: w
+    image: %s
+    imagePullPolicy: Never
+    command: ["sh", "-c", %q]
+    volumeDevices: [{name: v, devicePath: %s}]
+  volumes:
+  - name: v
+    persistentVolumeClaim: {claimName: blk}
+`, appNS, quiverImage, script, blockDevice))
+	// The Block PVC is RWO: the first writer goes first.
+	if _, err := k.kubectl("-n", appNS, "delete", "pod", "blk-writer", "--wait=true"); err != nil {
+		k.t.Fatal(err)
+	}
+	writes := func() int {
+		out, _ := k.kubectl("-n", appNS, "logs", "blk-roller")
+		n := 0
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(line, "IOERROR") {
+				k.t.Errorf("blk-roller: %s", line)
+			}
+			fmt.Sscanf(line, "WRITES %d", &n)
+		}
+		return n
+	}
+	k.waitFor("blk-roller writing", 3*time.Minute, func() error {
+		if n := writes(); n < 5 {
+			return fmt.Errorf("%d writes", n)
+		}
+		return nil
+	})
+	before, _ := k.kubectl("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/component=csi-node", "-o", "name")
+	if _, err := k.kubectl("-n", namespace, "rollout", "restart", "daemonset/"+release+"-csi-node"); err != nil {
+		k.t.Fatal(err)
+	}
+	if _, err := k.kubectl("-n", namespace, "rollout", "status", "daemonset/"+release+"-csi-node", "--timeout=3m"); err != nil {
+		k.t.Fatal(err)
+	}
+	after, _ := k.kubectl("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/component=csi-node", "-o", "name")
+	if string(before) == string(after) {
+		k.t.Errorf("the node plugin's pod is the same after the roll: %s", after)
+	}
+	n0 := writes()
+	k.waitFor("writes after the roll", time.Minute, func() error {
+		if n := writes(); n < n0+10 {
+			return fmt.Errorf("%d writes, %d at the roll's end", n, n0)
+		}
+		return nil
+	})
+	k.t.Logf("node plugin rolled (%s -> %s) under %d writes of the Block PVC, no I/O error", strings.TrimSpace(string(before)),
+		strings.TrimSpace(string(after)), writes())
+}
+
+// deleteAll deletes the pods, snapshots and PVCs: quiver then holds no
+// volume and the node no mount, device or publication of them.
+func (k *kube) deleteAll() {
+	k.t.Helper()
+	for _, kind := range []string{"pods", "volumesnapshots", "pvc"} {
+		if _, err := k.kubectl("-n", appNS, "delete", kind, "--all", "--wait=true", "--timeout=3m"); err != nil {
+			k.t.Fatal(err)
+		}
+	}
+	k.waitFor("every PersistentVolume gone", 3*time.Minute, func() error {
+		if out, _ := k.kubectl("get", "pv", "-o", "name"); len(out) > 0 {
+			return fmt.Errorf("left: %s", out)
+		}
+		if out, _ := k.kubectl("get", "volumesnapshotcontents", "-o", "name"); len(out) > 0 {
+			return fmt.Errorf("left: %s", out)
+		}
+		return nil
+	})
+	out, err := k.kubectl("-n", namespace, "exec", "statefulset/"+release+"-storage", "--", "quiver", "--server", "http://127.0.0.1:7480",
+		"--token-file", "/etc/quiver/token", "volume", "list", "-o", "json")
+	if err != nil || strings.TrimSpace(string(out)) != "[]" {
+		k.t.Errorf("quiver's volumes after every PVC is deleted: %s (%v), want none", out, err)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(line, k.KubeletDir+"/") && (strings.Contains(line, "/pvc-") || strings.Contains(line, "fuse")) {
+			k.t.Errorf("a mount left on the node: %s", line)
+		}
+	}
 }
 
 // addons installs the cluster's DNS and the CSI snapshot CRDs and

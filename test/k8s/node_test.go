@@ -41,6 +41,8 @@ type kube struct {
 	ctrSock    string // containerd's socket
 	KubeletDir string
 	procs      []*proc
+	helmBin    string
+	shared     []string // the shared bind mounts teardown unmounts
 	// netnsBefore: the cni-* namespaces that were there before containerd
 	// started (another run's), which teardown leaves alone.
 	netnsBefore map[string]bool
@@ -63,6 +65,18 @@ func startKube(t *testing.T, bins map[string]string) *kube {
 		}
 	}
 	t.Cleanup(k.teardown)
+	// The CSI node plugin's mounts reach the kubelet and the pods only
+	// through shared mounts (its mountPropagation: Bidirectional of the
+	// kubelet's, the state and the endpoint's directories, all under
+	// these); / here is private, as it is on a host without systemd.
+	for _, dir := range []string{k.work, k.run} {
+		for _, args := range [][]string{{"--bind", dir, dir}, {"--make-rshared", dir}} {
+			if out, err := exec.Command("mount", args...).CombinedOutput(); err != nil {
+				t.Fatalf("mount %v: %v: %s", args, err, out)
+			}
+		}
+		k.shared = append(k.shared, dir)
+	}
 	k.network()
 
 	var err error
@@ -114,7 +128,9 @@ func startKube(t *testing.T, bins map[string]string) *kube {
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file", saPub, "--service-account-signing-key-file", saKey,
 		"--service-cluster-ip-range", serviceCIDR, "--authorization-mode", "Node,RBAC",
-		"--allow-privileged=true", "--enable-aggregator-routing=true")
+		"--allow-privileged=true", "--enable-aggregator-routing=true",
+		// The node's name resolves nowhere: reach kubelets by address.
+		"--kubelet-preferred-address-types=InternalIP")
 	k.waitFor("the API server", 3*time.Minute, func() error {
 		_, err := k.kubectl("get", "--raw", "/readyz")
 		return err
@@ -226,14 +242,6 @@ func (k *kube) startKubelet(kubeconfig, cert, key string) {
 	k.KubeletDir = filepath.Join(k.work, "kubelet")
 	if err := os.MkdirAll(k.KubeletDir, 0o750); err != nil {
 		k.t.Fatal(err)
-	}
-	// The CSI node plugin's mounts reach the kubelet and the pods only
-	// through a shared mount (its mountPropagation: Bidirectional); / here
-	// is private.
-	for _, args := range [][]string{{"--bind", k.KubeletDir, k.KubeletDir}, {"--make-rshared", k.KubeletDir}} {
-		if out, err := exec.Command("mount", args...).CombinedOutput(); err != nil {
-			k.t.Fatalf("mount %v: %v: %s", args, err, out)
-		}
 	}
 	resolv := filepath.Join(k.work, "resolv.conf")
 	if err := os.WriteFile(resolv, []byte("nameserver "+nodeIP+"\n"), 0o644); err != nil {
@@ -451,9 +459,9 @@ func (k *kube) teardown() {
 	if k.ctrSock != "" {
 		_ = exec.Command("pkill", "-KILL", "-f", "containerd-shim-runc-v2 .*-address "+k.ctrSock).Run()
 	}
-	if k.KubeletDir != "" {
-		if out, err := exec.Command("umount", "-R", "-l", k.KubeletDir).CombinedOutput(); err != nil {
-			k.t.Logf("umount %s: %v: %s", k.KubeletDir, err, out)
+	for _, dir := range k.shared {
+		if out, err := exec.Command("umount", "-R", "-l", dir).CombinedOutput(); err != nil {
+			k.t.Logf("umount %s: %v: %s", dir, err, out)
 		}
 	}
 	// The pods' network namespaces that this run's containerd made (cni-*)
