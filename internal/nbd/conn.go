@@ -35,8 +35,12 @@ type conn struct {
 	tlsOut *bufio.Writer
 	tlsTr  *tlsTransport // the socket under the TLS connection (tls.go)
 	bigReq bool          // the last request read was a READ or WRITE above ioBatchBytes (moreBuffered); reader only
-	r      *bufio.Reader
-	log    *slog.Logger
+	// lateRead: a read of the socket began after Shutdown did (reader
+	// only). Requests received before are served, as in flight; those
+	// that may come from a later read get ESHUTDOWN (readRequest).
+	lateRead bool
+	r        *bufio.Reader
+	log      *slog.Logger
 	// peer is the key the connection is counted under (connlimit.Peer).
 	peer string
 	// handshakeDeadline ends negotiation (Config.HandshakeTimeout).
@@ -313,7 +317,7 @@ func (c *conn) readRequest() (*request, error) {
 		req.release()
 		return nil, errDisconnect
 	}
-	if c.srv.closing.Load() {
+	if c.srv.closing.Load() && c.lateRead {
 		req.errno, req.msg = errShutdown, errShuttingDown.Error()
 	} else {
 		req.errno, req.msg = c.validate(req)

@@ -166,10 +166,13 @@ type connReader struct{ c *conn }
 // randread QD32 over TCP (perf), against about 1000 cheap yields a second.
 func (r connReader) Read(p []byte) (int, error) {
 	c := r.c
-	if c.snd.blocking {
-		if c.srv.closing.Load() {
+	if c.srv != nil && c.srv.closing.Load() {
+		if c.snd.blocking {
 			return 0, errStopped
 		}
+		c.lateRead = true
+	}
+	if c.snd.blocking {
 		if now := time.Now(); c.queued.Load() != 0 || now.Sub(c.yielded) >= yieldEvery {
 			c.yielded = now
 			runtime.Gosched()
