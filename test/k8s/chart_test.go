@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -55,6 +56,16 @@ func (k *kube) chartValues() []string {
 	}
 }
 
+// extraValues are more --set values from QUIVER_E2E_SET (comma-separated
+// key=value, as helm's --set takes them): how a check is seen to fail, by
+// installing a broken chart (docs/k8s-e2e.md).
+func extraValues() []string {
+	if v := os.Getenv("QUIVER_E2E_SET"); v != "" {
+		return []string{v}
+	}
+	return nil
+}
+
 // install labels the node for the storage node and installs the chart,
 // waiting for every workload to be ready.
 func (k *kube) install() {
@@ -64,7 +75,7 @@ func (k *kube) install() {
 	}
 	args := []string{"install", release, filepath.Join(repoRoot(k.t), "deploy", "helm", "quiver"),
 		"-n", namespace, "--create-namespace", "--wait", "--timeout", "5m"}
-	for _, v := range k.chartValues() {
+	for _, v := range append(k.chartValues(), extraValues()...) {
 		args = append(args, "--set", v)
 	}
 	start := time.Now()

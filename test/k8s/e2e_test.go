@@ -1,6 +1,7 @@
 package k8stest
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -222,8 +223,19 @@ func (k *kube) deleteAll() {
 	})
 	out, err := k.kubectl("-n", namespace, "exec", "statefulset/"+release+"-storage", "--", "quiver", "--server", "http://127.0.0.1:7480",
 		"--token-file", "/etc/quiver/token", "volume", "list", "-o", "json")
-	if err != nil || strings.TrimSpace(string(out)) != "[]" {
+	var list struct {
+		Items []struct {
+			Name string `json:"name"`
+		} `json:"items"`
+	}
+	if err != nil || json.Unmarshal(out, &list) != nil || len(list.Items) != 0 {
 		k.t.Errorf("quiver's volumes after every PVC is deleted: %s (%v), want none", out, err)
+	}
+	// The pool's directory holds no volume either (the server's view
+	// above could miss a directory it failed to remove).
+	entries, _ := os.ReadDir(filepath.Join(k.work, "pool", "volumes"))
+	for _, e := range entries {
+		k.t.Errorf("left in the pool: volumes/%s", e.Name())
 	}
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, line := range strings.Split(string(mounts), "\n") {
