@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/quiverstorage/quiver/internal/endpoint"
 )
 
 // The node's network: everything runs in a network namespace of the test's
@@ -475,6 +477,14 @@ func (k *kube) teardown() {
 	}
 	_ = exec.Command("ip", "netns", "del", k.ns).Run()
 	if os.Getenv("QUIVER_E2E_KEEP") == "" {
+		// A volume the endpoint still published when the test stopped
+		// keeps its immutable placeholder, which not even root unlinks.
+		dirs, _ := filepath.Glob(filepath.Join(k.work, "endpoint", "volumes", "*"))
+		for _, dir := range dirs {
+			if err := endpoint.RemovePlaceholder(dir); err != nil {
+				k.t.Log(err)
+			}
+		}
 		_ = os.RemoveAll(k.run)
 		if err := os.RemoveAll(k.work); err != nil {
 			k.t.Logf("remove %s: %v", k.work, err)
