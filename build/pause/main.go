@@ -3,6 +3,8 @@
 // of the pod, it reaps the orphans a shared PID namespace hands it and ends
 // on SIGINT or SIGTERM. There is no registry to pull registry.k8s.io/pause
 // from, so the test builds this one into an image of that name.
+//
+// Imports from quiver: nothing.
 package main
 
 import (

@@ -6,5 +6,5 @@
 // its default install is what these manifests install. It has no code of
 // its own.
 //
-// Imports from quiver: csi, kubevirt, kubevirt/webhook (in tests).
+// Imports from quiver: nothing.
 package manifests

@@ -11,5 +11,5 @@
 // It also imports internal/cluster, for the type of `quiver server`'s cluster
 // flags only.
 //
-// Imports from quiver: api, blockdev, buildinfo, client, cluster, csi, durable, imageconv, kubevirt/hook, kubevirt/webhook, nbd, ova, quantity, server, tlscert.
+// Imports from quiver: api, blockdev, buildinfo, client, cluster, csi, durable, imageconv, kubevirt/hook, kubevirt/webhook, nbd, ova, pluginreg, quantity, server, tlscert.
 package cli

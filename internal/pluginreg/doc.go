@@ -13,4 +13,6 @@
 // Serving it in the node plugin itself spares a sidecar image (the
 // registrar's module cannot be fetched by version from the Go module proxy)
 // and ties registration to the process that answers CSI calls.
+//
+// Imports from quiver: nothing.
 package pluginreg

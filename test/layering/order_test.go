@@ -11,10 +11,10 @@ import (
 // own, never one of its own layer or above. A package missing here fails the
 // test: place it.
 var layers = [][]string{
-	{"cmd/quiver"},
+	{"cmd/quiver", "build/pause"},
 	{"cli"},    // the command line: client and server sides
 	{"server"}, // wiring: builds the parts and runs them
-	{"apiserver", "csi", // transports and front ends: HTTP API, CSI, KubeVirt hooks
+	{"apiserver", "csi", "pluginreg", // transports and front ends: HTTP API, CSI, kubelet registration, KubeVirt hooks
 		"kubevirt/hook", "kubevirt/webhook"},
 	{"replicated", "endpoint"}, // cluster domain: the replicated volume on a node; the compute node's endpoint
 	{"forward"},                // NBD forwarding to the primary of the moment
