@@ -58,7 +58,7 @@ func (m rateMode) check(t *testing.T, what string, got, limit float64, over time
 func TestRWIOPSLimitAcrossDisks(t *testing.T) {
 	testfs.RequireTool(t, "fio")
 	m := mode()
-	s := startServer(t)
+	s := startServer(t, "--metrics-per-disk") // to see both disks busy before measuring
 	s.createVolume(t, "vm", &api.QoS{RWIOPS: 500}, disk("root", 256*miB), disk("data", 256*miB))
 	dir := t.TempDir()
 	var runs []*fioRun
