@@ -116,7 +116,10 @@ fuzz:
 		done; \
 	done
 
-# Benchmarks measure and print; they never assert. Needs root (loop mounts).
+# Benchmarks measure and print; they never assert. The storage core's need
+# root (loop mounts); those of scale (nbdinfo --list of 1,000 exports,
+# /metrics of 500 volumes, docs/benchmarks.md) need nbdinfo (and nbdkit
+# for its side of the listing).
 bench: build
 	cd test/bench && QUIVER_BENCH=1 $(GO) test -count=1 -timeout 60m -run Benchmark -v .
 

@@ -17,14 +17,21 @@ import (
 )
 
 // Series of the server's /metrics that `volume stats` reads (see
-// docs/qos-metrics.md); test/qos checks them against a live server.
+// docs/qos-metrics.md); test/qos checks them against a live server. The
+// volume's are always there; its disks' only when the server runs with
+// --metrics-per-disk.
 const (
-	metricRequests  = "quiver_disk_requests_total"
-	metricBytes     = "quiver_disk_bytes_total"
-	metricLatSum    = "quiver_disk_request_duration_seconds_sum"
-	metricLatCount  = "quiver_disk_request_duration_seconds_count"
-	metricInFlight  = "quiver_disk_requests_in_flight"
-	metricThrottled = "quiver_qos_throttled_seconds_total"
+	metricVolRequests = "quiver_volume_requests_total"
+	metricVolBytes    = "quiver_volume_bytes_total"
+	metricVolSeconds  = "quiver_volume_request_seconds_total"
+	metricVolInFlight = "quiver_volume_requests_in_flight"
+	metricThrottled   = "quiver_qos_throttled_seconds_total"
+
+	metricRequests = "quiver_disk_requests_total"
+	metricBytes    = "quiver_disk_bytes_total"
+	metricLatSum   = "quiver_disk_request_duration_seconds_sum"
+	metricLatCount = "quiver_disk_request_duration_seconds_count"
+	metricInFlight = "quiver_disk_requests_in_flight"
 )
 
 // writeOps are the operations QoS counts as writes; flush is not limited
@@ -66,9 +73,11 @@ func (a *app) volumeStatsCommand() *cobra.Command {
 		Use:   "stats NAME [--interval 1s] [--count N]",
 		Short: "Show live I/O rates of a volume's disks, from the server's metrics",
 		Long: `Show what the disks of a volume do: every interval, scrape the server's
-/metrics and print per-disk and total read and write IOPS, MB/s (10^6 bytes),
-mean latency, requests in flight and the share of the requests' time spent
-waiting for QoS tokens (THROTTLED).
+/metrics and print the volume's read and write IOPS, MB/s (10^6 bytes), mean
+latency, requests in flight and the share of the requests' time spent waiting
+for QoS tokens (THROTTLED: QoS has one budget per volume, so only the total
+shows it). Each disk gets a line of its own when the server exports metrics
+per disk (quiver server --metrics-per-disk).
 
 Write IOPS count trims and zeroes too, as QoS does; flushes are left out. On a
 terminal the table is redrawn in place; otherwise (or with -o json, one object
@@ -183,7 +192,8 @@ type counters struct {
 	inFlight, throttled float64
 }
 
-// diskCounters collects the series of volume's disks from a scrape.
+// diskCounters collects the per-disk series of volume's disks from a
+// scrape (none unless the server runs with --metrics-per-disk).
 func diskCounters(m client.Metrics, volume string) map[string]*counters {
 	out := map[string]*counters{}
 	disk := func(l map[string]string) *counters {
@@ -194,15 +204,6 @@ func diskCounters(m client.Metrics, volume string) map[string]*counters {
 		}
 		return c
 	}
-	op := func(l map[string]string) *series {
-		c := disk(l)
-		s, ok := c.byOp[l["op"]]
-		if !ok {
-			s = &series{}
-			c.byOp[l["op"]] = s
-		}
-		return s
-	}
 	match := map[string]string{"volume": volume}
 	for name, field := range map[string]func(*series) *float64{
 		metricRequests: func(s *series) *float64 { return &s.ops },
@@ -211,16 +212,48 @@ func diskCounters(m client.Metrics, volume string) map[string]*counters {
 		metricLatCount: func(s *series) *float64 { return &s.latCount },
 	} {
 		for _, s := range m.Samples(name, match) {
-			*field(op(s.Labels)) += s.Value
+			if s.Labels["disk"] != "" {
+				*field(disk(s.Labels).op(s.Labels["op"])) += s.Value
+			}
 		}
 	}
 	for _, s := range m.Samples(metricInFlight, match) {
-		disk(s.Labels).inFlight += s.Value
-	}
-	for _, s := range m.Samples(metricThrottled, match) {
-		disk(s.Labels).throttled += s.Value
+		if s.Labels["disk"] != "" {
+			disk(s.Labels).inFlight += s.Value
+		}
 	}
 	return out
+}
+
+// volumeCounters collects the series of the whole volume from a scrape.
+func volumeCounters(m client.Metrics, volume string) *counters {
+	c := &counters{byOp: map[string]*series{}}
+	match := map[string]string{"volume": volume}
+	for name, field := range map[string]func(*series) *float64{
+		metricVolRequests: func(s *series) *float64 { return &s.ops },
+		metricVolBytes:    func(s *series) *float64 { return &s.bytes },
+		metricVolSeconds:  func(s *series) *float64 { return &s.latSum },
+	} {
+		for _, s := range m.Samples(name, match) {
+			*field(c.op(s.Labels["op"])) += s.Value
+		}
+	}
+	for _, s := range c.byOp {
+		s.latCount = s.ops
+	}
+	c.inFlight = m.Sum(metricVolInFlight, match)
+	c.throttled = m.Sum(metricThrottled, match)
+	return c
+}
+
+// op returns the series of one operation, made on first use.
+func (c *counters) op(name string) *series {
+	s, ok := c.byOp[name]
+	if !ok {
+		s = &series{}
+		c.byOp[name] = s
+	}
+	return s
 }
 
 // delta is how much a counter grew; a counter that went down was reset (the
@@ -232,25 +265,12 @@ func delta(cur, prev float64) float64 {
 	return cur - prev
 }
 
-// totals are the increases of one disk, or of several, over an interval.
+// totals are the increases of one disk, or of the whole volume, over an
+// interval.
 type totals struct {
 	readOps, writeOps, readBytes, writeBytes float64
 	readLat, readLatN, writeLat, writeLatN   float64
 	allLat, throttled, inFlight              float64
-}
-
-func (t *totals) add(o totals) {
-	t.readOps += o.readOps
-	t.writeOps += o.writeOps
-	t.readBytes += o.readBytes
-	t.writeBytes += o.writeBytes
-	t.readLat += o.readLat
-	t.readLatN += o.readLatN
-	t.writeLat += o.writeLat
-	t.writeLatN += o.writeLatN
-	t.allLat += o.allLat
-	t.throttled += o.throttled
-	t.inFlight += o.inFlight
 }
 
 // diff is what a disk did between two scrapes; prev is nil when the disk
@@ -300,10 +320,16 @@ func (t totals) rates(disk string, dt time.Duration) diskStats {
 	return s
 }
 
-// computeStats turns two scrapes dt apart into the rates of v's disks: its
-// disks in order, then any other disk the metrics name (one just removed).
+// computeStats turns two scrapes dt apart into the rates of v: the whole
+// volume's and, when the server exports metrics per disk, its disks' in
+// order, then any other disk the metrics name (one just removed).
 func computeStats(v api.Volume, prev, cur client.Metrics, dt time.Duration) volumeStats {
+	s := volumeStats{Volume: v.Name, Interval: dt.Seconds(), QoS: v.QoS, Disks: []diskStats{}}
+	s.Total = diff(volumeCounters(cur, v.Name), volumeCounters(prev, v.Name)).rates("total", dt)
 	before, after := diskCounters(prev, v.Name), diskCounters(cur, v.Name)
+	if len(after) == 0 {
+		return s
+	}
 	var names []string
 	for _, d := range v.Disks {
 		names = append(names, d.Name)
@@ -313,17 +339,13 @@ func computeStats(v api.Volume, prev, cur client.Metrics, dt time.Duration) volu
 			names = append(names, d)
 		}
 	}
-	s := volumeStats{Volume: v.Name, Interval: dt.Seconds(), QoS: v.QoS, Disks: []diskStats{}}
-	var all totals
 	for _, name := range names {
 		var t totals
 		if c := after[name]; c != nil {
 			t = diff(c, before[name])
 		}
-		all.add(t)
 		s.Disks = append(s.Disks, t.rates(name, dt))
 	}
-	s.Total = all.rates("total", dt)
 	return s
 }
 

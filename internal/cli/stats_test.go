@@ -14,12 +14,44 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 )
 
-// statsScrape is /metrics after n steps of a known workload on web01/root:
-// per step 1000 reads of 4096 bytes (0.5 s of latency in all), 200 writes
-// (2 MB, 1.8 s), 100 trims (0.2 s), 10 flushes (0.5 s) and 1.5 s waiting
-// for QoS tokens. web01/data stays idle and db/root, another volume, is
-// busy.
-func statsScrape(n float64) string {
+// statsScrape is /metrics of a server run with --metrics-per-disk after n
+// steps of a known workload on web01/root: per step 1000 reads of 4096
+// bytes (0.5 s of latency in all), 200 writes (2 MB, 1.8 s), 100 trims
+// (0.2 s), 10 flushes (0.5 s) and 1.5 s waiting for QoS tokens. web01/data
+// stays idle and db/root, another volume, is busy.
+func statsScrape(n float64) string { return statsVolumeScrape(n) + statsDiskScrape(n) }
+
+// statsVolumeScrape is the per-volume part of statsScrape: all a server
+// exports by default.
+func statsVolumeScrape(n float64) string {
+	var b strings.Builder
+	series := func(typ, name string, lines ...string) {
+		fmt.Fprintf(&b, "# TYPE %s %s\n", name, typ)
+		for _, l := range lines {
+			b.WriteString(l + "\n")
+		}
+	}
+	l := func(name, op string, v float64) string {
+		if op == "" {
+			return fmt.Sprintf(`%s{volume="web01"} %g`, name, v)
+		}
+		return fmt.Sprintf(`%s{op=%q,volume="web01"} %g`, name, op, v)
+	}
+	series("counter", metricVolRequests,
+		l(metricVolRequests, "read", 1000*n), l(metricVolRequests, "write", 200*n),
+		l(metricVolRequests, "trim", 100*n), l(metricVolRequests, "flush", 10*n),
+		fmt.Sprintf(`%s{op="read",volume="db"} %g`, metricVolRequests, 7777*n))
+	series("counter", metricVolBytes, l(metricVolBytes, "read", 4096*1000*n), l(metricVolBytes, "write", 2e6*n))
+	series("counter", metricVolSeconds, l(metricVolSeconds, "read", 0.5*n), l(metricVolSeconds, "write", 1.8*n),
+		l(metricVolSeconds, "trim", 0.2*n), l(metricVolSeconds, "flush", 0.5*n))
+	series("gauge", metricVolInFlight, l(metricVolInFlight, "", 4))
+	series("counter", metricThrottled, l(metricThrottled, "", 1.5*n))
+	series("gauge", "quiver_nbd_connections", "quiver_nbd_connections 2")
+	return b.String()
+}
+
+// statsDiskScrape is the per-disk part of statsScrape.
+func statsDiskScrape(n float64) string {
 	var b strings.Builder
 	series := func(typ, name string, lines ...string) {
 		fmt.Fprintf(&b, "# TYPE %s %s\n", name, typ)
@@ -53,8 +85,6 @@ func statsScrape(n float64) string {
 	}
 	series("histogram", h, hist...)
 	series("gauge", metricInFlight, l(metricInFlight, "root", "", 4), l(metricInFlight, "data", "", 0))
-	series("counter", metricThrottled, l(metricThrottled, "root", "", 1.5*n), l(metricThrottled, "data", "", 0))
-	series("gauge", "quiver_nbd_connections", "quiver_nbd_connections 2")
 	return b.String()
 }
 
@@ -93,11 +123,12 @@ func runStats(t *testing.T, url string, redraw bool, args ...string) result {
 
 // statsWant is the table of one interval of statsScrape: 500 reads and 150
 // writes (write + trim) a second, 2.048 MB/s read, 1 MB/s written, mean
-// latencies 0.5 ms and 2 s / 300, throttled 1.5 s of 3 s.
+// latencies 0.5 ms and 2 s / 300, throttled 1.5 s of 3 s (for the whole
+// volume: QoS has one budget per volume).
 func statsWant(at time.Time) string {
 	return "web01   qos rw-iops=500   2.0s to " + at.Local().Format("15:04:05") + "\n" +
 		"DISK    READ IOPS   WRITE IOPS   READ MB/S   WRITE MB/S   READ LAT   WRITE LAT   IN FLIGHT   THROTTLED\n" +
-		"root    500         150          2.0         1.0          500µs      6.7ms       4           50%\n" +
+		"root    500         150          2.0         1.0          500µs      6.7ms       4           0%\n" +
 		"data    0           0            0.0         0.0          -          -           0           0%\n" +
 		"total   500         150          2.0         1.0          500µs      6.7ms       4           50%\n"
 }
@@ -124,6 +155,19 @@ func TestVolumeStatsTables(t *testing.T) {
 				t.Fatalf("%d scrapes, want 3: %v", n, f.requests)
 			}
 		})
+	}
+}
+
+// TestVolumeStatsPerVolume: from a server that exports metrics per volume
+// only (the default), the table has the volume's line alone.
+func TestVolumeStatsPerVolume(t *testing.T) {
+	_, url := statsAPI(t, statsVolumeScrape(0), statsVolumeScrape(1))
+	got := runStats(t, url, false, "web01", "--interval", "1ms", "--count", "1")
+	want := "web01   qos rw-iops=500   2.0s to " + testNow.Add(4*time.Second).Local().Format("15:04:05") + "\n" +
+		"DISK    READ IOPS   WRITE IOPS   READ MB/S   WRITE MB/S   READ LAT   WRITE LAT   IN FLIGHT   THROTTLED\n" +
+		"total   500         150          2.0         1.0          500µs      6.7ms       4           50%\n"
+	if got.code != 0 || got.stdout != want {
+		t.Fatalf("exit %d, stderr %q, stdout:\n%q\nwant:\n%q", got.code, got.stderr, got.stdout, want)
 	}
 }
 

@@ -11,16 +11,20 @@ import (
 	"github.com/quiverstorage/quiver/internal/qos"
 )
 
-// opStats are the resolved collectors of one operation on one disk.
+// opStats are the resolved collectors of one operation of one volume, or
+// of one disk (Options.PerDisk). bytes is nil for the operations that move
+// no data (flush, trim, zero).
 type opStats struct {
 	count   prometheus.Counter
 	bytes   prometheus.Counter
-	latency prometheus.Observer
+	seconds prometheus.Counter  // volume only: the sum of the latencies
+	latency prometheus.Observer // disk only: the histogram
 }
 
 // Disk wraps a disk handle: each request first waits for QoS tokens (without
 // holding the volume's I/O gate, which the inner handle takes), then runs,
-// and is counted and timed. It offers each capability of the inner handle
+// and is counted and timed under its volume (and its disk with
+// Options.PerDisk). It offers each capability of the inner handle
 // (pool.Capabilities) through its own, which counts requests; on a volume
 // with QoS limits they refuse every request (pool.ErrWouldBlock), which then
 // waits for its tokens the ordinary way.
@@ -29,10 +33,13 @@ type Disk struct {
 	caps      pool.Capabilities // the inner handle's
 	m         *Metrics
 	lim       *qos.Limiter
-	stats     [len(ops)]opStats // indexed like ops: no map lookup per request
+	vol       [len(ops)]opStats // indexed like ops: no map lookup per request
 	inflight  prometheus.Gauge
 	throttled prometheus.Counter
 	fenced    prometheus.Counter
+	perDisk   bool
+	disk      [len(ops)]opStats // with Options.PerDisk
+	diskIn    prometheus.Gauge  // with Options.PerDisk
 }
 
 var (
@@ -40,20 +47,32 @@ var (
 	_ pool.DataReader = (*Disk)(nil)
 )
 
-// Wrap returns d counted under (volume, disk) and limited by lim (nil: no
-// limit).
+// movesData reports whether op reads or writes data (bytes are counted).
+func movesData(op opIndex) bool { return op == iRead || op == iWrite }
+
+// Wrap returns d counted under volume (and disk, with Options.PerDisk) and
+// limited by lim (nil: no limit).
 func (m *Metrics) Wrap(d pool.Disk, volume, disk string, lim *qos.Limiter) *Disk {
-	w := &Disk{inner: d, caps: d.Capabilities(), m: m, lim: lim}
+	w := &Disk{inner: d, caps: d.Capabilities(), m: m, lim: lim, perDisk: m.diskOps != nil}
 	for i, op := range ops {
-		w.stats[i] = opStats{
-			count:   m.ops.WithLabelValues(volume, disk, op),
-			bytes:   m.bytes.WithLabelValues(volume, disk, op),
-			latency: m.latency.WithLabelValues(volume, disk, op),
+		w.vol[i] = opStats{count: m.volOps.WithLabelValues(volume, op), seconds: m.volSeconds.WithLabelValues(volume, op)}
+		if movesData(opIndex(i)) {
+			w.vol[i].bytes = m.volBytes.WithLabelValues(volume, op)
+		}
+		if w.perDisk {
+			w.disk[i] = opStats{count: m.diskOps.WithLabelValues(volume, disk, op),
+				latency: m.diskLatency.WithLabelValues(volume, disk, op)}
+			if movesData(opIndex(i)) {
+				w.disk[i].bytes = m.diskBytes.WithLabelValues(volume, disk, op)
+			}
 		}
 	}
-	w.inflight = m.inflight.WithLabelValues(volume, disk)
-	w.throttled = m.throttled.WithLabelValues(volume, disk)
-	w.fenced = m.fenced.WithLabelValues(volume, disk)
+	w.inflight = m.volInflight.WithLabelValues(volume)
+	w.throttled = m.throttled.WithLabelValues(volume)
+	w.fenced = m.fenced.WithLabelValues(volume)
+	if w.perDisk {
+		w.diskIn = m.diskInflight.WithLabelValues(volume, disk)
+	}
 	return w
 }
 
@@ -90,7 +109,7 @@ func (d *Disk) Capabilities() pool.Capabilities {
 // admit waits for QoS tokens and starts accounting a request.
 func (d *Disk) admit(kind qos.Op, bytes int64) (time.Time, error) {
 	start := time.Now()
-	d.inflight.Inc()
+	d.enter()
 	if d.lim != nil {
 		waited, err := d.lim.Wait(context.Background(), kind, bytes)
 		if waited > 0 {
@@ -103,9 +122,24 @@ func (d *Disk) admit(kind qos.Op, bytes int64) (time.Time, error) {
 	return start, nil
 }
 
+// enter and leave count a request in flight.
+func (d *Disk) enter() {
+	d.inflight.Inc()
+	if d.perDisk {
+		d.diskIn.Inc()
+	}
+}
+
+func (d *Disk) leave() {
+	d.inflight.Dec()
+	if d.perDisk {
+		d.diskIn.Dec()
+	}
+}
+
 // done finishes accounting a request.
 func (d *Disk) done(op opIndex, start time.Time, bytes int64, err error) error {
-	d.inflight.Dec()
+	d.leave()
 	if err != nil {
 		kind := errorKind(err)
 		d.m.errors.WithLabelValues(kind).Inc()
@@ -119,12 +153,22 @@ func (d *Disk) done(op opIndex, start time.Time, bytes int64, err error) error {
 
 // count counts a request that succeeded.
 func (d *Disk) count(op opIndex, start time.Time, bytes int64) error {
-	s := d.stats[op]
-	s.count.Inc()
-	if bytes > 0 {
-		s.bytes.Add(float64(bytes))
+	took := time.Since(start).Seconds()
+	v := &d.vol[op]
+	v.count.Inc()
+	if bytes > 0 && v.bytes != nil {
+		v.bytes.Add(float64(bytes))
 	}
-	s.latency.Observe(time.Since(start).Seconds())
+	v.seconds.Add(took)
+	d.m.latency[op].Observe(took)
+	if d.perDisk {
+		s := &d.disk[op]
+		s.count.Inc()
+		if bytes > 0 && s.bytes != nil {
+			s.bytes.Add(float64(bytes))
+		}
+		s.latency.Observe(took)
+	}
 	return nil
 }
 
@@ -188,7 +232,7 @@ func (d *Disk) WriteAt(p []byte, off int64, fua bool) error {
 // Flush counts a flush; flushes are not limited.
 func (d *Disk) Flush() error {
 	start := time.Now()
-	d.inflight.Inc()
+	d.enter()
 	return d.done(iFlush, start, 0, d.inner.Flush())
 }
 

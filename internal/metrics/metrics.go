@@ -11,17 +11,43 @@ import (
 )
 
 // Metrics holds quiver's collectors in their own registry.
+//
+// The data path is counted per volume (one VM) by default: a few series a
+// volume, whatever its disks, plus one node-wide latency histogram by
+// operation. Options.PerDisk adds the per-disk series, latency histograms
+// included (about a hundred series a disk).
 type Metrics struct {
-	reg       *prometheus.Registry
-	ops       *prometheus.CounterVec
-	bytes     *prometheus.CounterVec
-	latency   *prometheus.HistogramVec
-	inflight  *prometheus.GaugeVec
-	throttled *prometheus.CounterVec
-	errors    *prometheus.CounterVec
-	fenced    *prometheus.CounterVec
-	conns     prometheus.Gauge
+	reg *prometheus.Registry
+
+	// Per volume.
+	volOps      *prometheus.CounterVec
+	volBytes    *prometheus.CounterVec
+	volSeconds  *prometheus.CounterVec
+	volInflight *prometheus.GaugeVec
+	throttled   *prometheus.CounterVec
+	fenced      *prometheus.CounterVec
+	// Node-wide, by operation, resolved once: no lookup per request.
+	latency [len(ops)]prometheus.Observer
+
+	// Per disk, only with Options.PerDisk (nil otherwise).
+	diskOps      *prometheus.CounterVec
+	diskBytes    *prometheus.CounterVec
+	diskLatency  *prometheus.HistogramVec
+	diskInflight *prometheus.GaugeVec
+
+	errors *prometheus.CounterVec
+	conns  prometheus.Gauge
 	limits
+}
+
+// Options choose what Metrics exports beyond its defaults.
+type Options struct {
+	// PerDisk also exports the data path's series per disk:
+	// quiver_disk_requests_total, quiver_disk_bytes_total,
+	// quiver_disk_request_duration_seconds (a histogram: 18 series per
+	// operation) and quiver_disk_requests_in_flight. Off by default: on a
+	// node of many VMs they are most of /metrics.
+	PerDisk bool
 }
 
 // Operation label values.
@@ -49,32 +75,57 @@ const (
 // Register adds collectors of other parts (the cluster's) to the registry.
 func (m *Metrics) Register(cs ...prometheus.Collector) { m.reg.MustRegister(cs...) }
 
-// New registers every collector, including one that reads the pool's state
-// (capacities, allocation, snapshots, free space) at scrape time.
-func New(p *pool.Pool) *Metrics {
+// latencyBuckets are the upper bounds of the latency histograms: 25 µs to
+// 0.6 s.
+var latencyBuckets = prometheus.ExponentialBuckets(25e-6, 2.5, 15)
+
+// New registers every collector with the default Options.
+func New(p *pool.Pool) *Metrics { return NewWith(p, Options{}) }
+
+// NewWith registers every collector, including one that reads the pool's
+// state (capacities, allocation, snapshots, free space) at scrape time.
+func NewWith(p *pool.Pool, opts Options) *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
-		ops: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_disk_requests_total",
-			Help: "Requests completed by the data path, by volume, disk and operation."}, []string{"volume", "disk", "op"}),
-		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_disk_bytes_total",
-			Help: "Bytes read or written by the data path."}, []string{"volume", "disk", "op"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "quiver_disk_request_duration_seconds",
-			Help:    "Time from admission (including QoS waits) to completion of a request.",
-			Buckets: prometheus.ExponentialBuckets(25e-6, 2.5, 15)}, []string{"volume", "disk", "op"}),
-		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "quiver_disk_requests_in_flight",
-			Help: "Requests being executed or waiting for QoS tokens."}, []string{"volume", "disk"}),
+		volOps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_volume_requests_total",
+			Help: "Requests completed by the data path, by volume (all its disks) and operation."}, []string{"volume", "op"}),
+		volBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_volume_bytes_total",
+			Help: "Bytes read or written by the data path, by volume (all its disks)."}, []string{"volume", "op"}),
+		volSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_volume_request_seconds_total",
+			Help: "Sum of the requests' times from admission (including QoS waits) to completion, by volume and operation: " +
+				"divided by quiver_volume_requests_total, the mean latency."}, []string{"volume", "op"}),
+		volInflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "quiver_volume_requests_in_flight",
+			Help: "Requests being executed or waiting for QoS tokens, by volume."}, []string{"volume"}),
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_qos_throttled_seconds_total",
-			Help: "Time requests waited for QoS tokens."}, []string{"volume", "disk"}),
+			Help: "Time requests waited for QoS tokens, by volume (one budget for all its disks)."}, []string{"volume"}),
+		fenced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_fenced_writes_total",
+			Help: "Writes, trims and zeroes refused because their attachment lost the writer role or was detached."}, []string{"volume"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_errors_total",
 			Help: "Failed data-path requests by kind."}, []string{"kind"}),
-		fenced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_fenced_writes_total",
-			Help: "Writes, trims and zeroes refused because their attachment lost the writer role or was detached."}, []string{"volume", "disk"}),
 		conns: prometheus.NewGauge(prometheus.GaugeOpts{Name: "quiver_nbd_connections",
 			Help: "Open NBD connections."}),
 		limits: newLimits(),
 	}
-	m.reg.MustRegister(m.ops, m.bytes, m.latency, m.inflight, m.throttled, m.errors, m.fenced, m.conns,
+	latency := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "quiver_request_duration_seconds",
+		Help:    "Time from admission (including QoS waits) to completion of a request, every volume of the node.",
+		Buckets: latencyBuckets}, []string{"op"})
+	for i, op := range ops {
+		m.latency[i] = latency.WithLabelValues(op)
+	}
+	m.reg.MustRegister(m.volOps, m.volBytes, m.volSeconds, m.volInflight, m.throttled, m.fenced, latency, m.errors, m.conns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if opts.PerDisk {
+		m.diskOps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_disk_requests_total",
+			Help: "Requests completed by the data path, by volume, disk and operation."}, []string{"volume", "disk", "op"})
+		m.diskBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_disk_bytes_total",
+			Help: "Bytes read or written by the data path."}, []string{"volume", "disk", "op"})
+		m.diskLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "quiver_disk_request_duration_seconds",
+			Help:    "Time from admission (including QoS waits) to completion of a request.",
+			Buckets: latencyBuckets}, []string{"volume", "disk", "op"})
+		m.diskInflight = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "quiver_disk_requests_in_flight",
+			Help: "Requests being executed or waiting for QoS tokens."}, []string{"volume", "disk"})
+		m.reg.MustRegister(m.diskOps, m.diskBytes, m.diskLatency, m.diskInflight)
+	}
 	m.reg.MustRegister(m.limits.collectors()...)
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "quiver_io_uring",
 		Help: "1 when the NBD readers' batches of small reads and writes go through io_uring, 0 when they take one system call each (the start-up log says why)."},

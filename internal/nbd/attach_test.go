@@ -83,17 +83,15 @@ func TestFencingOverNBD(t *testing.T) {
 	if got := dst.readAt(0, 4096); !bytes.Equal(got, pattern(10, 0, 4096)) {
 		t.Fatal("a fenced write reached the disk")
 	}
-	// Each refused write and zero is counted, per disk.
+	// Each refused write and zero is counted under the volume.
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	got, err := client.ParseMetrics(rec.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, disk := range []string{"root", "data"} {
-		if n := got.Sum("quiver_fenced_writes_total", map[string]string{"volume": testVolume, "disk": disk}); n != 2 {
-			t.Errorf("quiver_fenced_writes_total{disk=%q} = %v, want 2", disk, n)
-		}
+	if n := got.Sum("quiver_fenced_writes_total", map[string]string{"volume": testVolume}); n != 4 {
+		t.Errorf("quiver_fenced_writes_total = %v, want 4 (a write and a zero on each of two disks)", n)
 	}
 	if n := got.Sum("quiver_volume_writer_epoch", map[string]string{"volume": testVolume}); n != 2 {
 		t.Errorf("quiver_volume_writer_epoch = %v, want 2", n)

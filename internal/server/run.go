@@ -163,7 +163,7 @@ func (n *node) openPool(ctx context.Context) error {
 		return fmt.Errorf("listen %s: %w (a read-only pool has no admin token to make)", cfg.APIAddr, ErrInsecure)
 	}
 	n.jobs = newJobs(p, log)
-	n.metrics = metrics.New(p)
+	n.metrics = metrics.NewWith(p, metrics.Options{PerDisk: cfg.MetricsPerDisk})
 	return nil
 }
 

@@ -61,6 +61,10 @@ type Config struct {
 	// certificates, established ones keep theirs.
 	Reload <-chan struct{}
 	Pprof  bool // serve /debug/pprof/ on the API port (behind the same auth)
+	// MetricsPerDisk also exports the data path's metrics per disk, latency
+	// histograms included (metrics.Options.PerDisk); by default they are
+	// per volume.
+	MetricsPerDisk bool
 	// MaxOvercommit refuses what would provision more than this many times
 	// the pool's size (apiserver.Server.MaxOvercommit); 0: no limit.
 	MaxOvercommit float64

@@ -141,7 +141,7 @@ func TestBenchCluster(t *testing.T) {
 		"disk %d MiB on %s, load average %s at the start and %s at the end\n", runtime.NumCPU(), fioVersion(), gitDescribe(),
 		secs, rounds, size/mib, fsType(c.dir), load, readLoad())
 	b.Write(report)
-	fmt.Fprintf(&b, "\nInside the primary, medians of the runs: writes to its own image (quiver_disk_request_duration_seconds, "+
+	fmt.Fprintf(&b, "\nInside the primary, medians of the runs: writes to its own image (quiver_volume_request_seconds_total, "+
 		"below the replication), their mean time and mean number in flight (their time summed over the run's wall time); "+
 		"the copy's answers to forwarded writes and flushes (quiver_cluster_replication_latency_seconds), the same:\n\n")
 	fmt.Fprintf(&b, "| case | volume | local writes | mean µs | in flight | copy answers | mean µs | in flight |\n|---|---|---|---|---|---|---|---|\n")
@@ -256,23 +256,23 @@ func (c *cluster) profile(t *testing.T, dir, name string, secs int, nodes ...*no
 // totals at a moment.
 type insideRun struct {
 	at                   time.Time
-	writes, writeSeconds float64 // quiver_disk_request_duration_seconds of op write: count, sum
+	writes, writeSeconds float64 // quiver_volume_requests_total, quiver_volume_request_seconds_total of op write
 	copies, copySeconds  float64 // quiver_cluster_replication_latency_seconds: count, sum
 	wall                 float64 // seconds (deltas only)
 	replicated           bool    // copies, copySeconds are this volume's (the metric is the node's)
 }
 
-// inside reads the totals of volume's disk "disk" on its primary nd.
+// inside reads the totals of volume (of one disk) on its primary nd.
 func (c *cluster) inside(t *testing.T, nd *node, volume string) insideRun {
 	t.Helper()
 	m, err := metricsOf(c, nd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	match := map[string]string{"volume": volume, "disk": "disk", "op": "write"}
+	match := map[string]string{"volume": volume, "op": "write"}
 	return insideRun{at: time.Now(),
-		writes:       m.Sum("quiver_disk_request_duration_seconds_count", match),
-		writeSeconds: m.Sum("quiver_disk_request_duration_seconds_sum", match),
+		writes:       m.Sum("quiver_volume_requests_total", match),
+		writeSeconds: m.Sum("quiver_volume_request_seconds_total", match),
 		copies:       m.Sum("quiver_cluster_replication_latency_seconds_count", nil),
 		copySeconds:  m.Sum("quiver_cluster_replication_latency_seconds_sum", nil)}
 }

@@ -82,8 +82,8 @@ func TestMetricNamesOfPromQL(t *testing.T) {
 		expr string
 		want []string
 	}{
-		{`sum by (disk, op) (rate(quiver_disk_requests_total{volume="$volume", op!="flush"}[$__rate_interval]))`,
-			[]string{"quiver_disk_requests_total"}},
+		{`sum by (op) (rate(quiver_volume_requests_total{volume="$volume", op!="flush"}[$__rate_interval]))`,
+			[]string{"quiver_volume_requests_total"}},
 		{`histogram_quantile(0.99, sum by (le) (rate(a_bucket{x=~"a|b"}[5m])))`, []string{"a_bucket"}},
 		{`sum(rate(a_sum[1m])) / on (instance) group_left sum(b) or vector(0)`, []string{"a_sum", "b"}},
 		{`label_values(quiver_volume_capacity_bytes{instance=~"$instance"}, volume)`,
@@ -98,7 +98,7 @@ func TestMetricNamesOfPromQL(t *testing.T) {
 
 // TestDashboardQueriesExposedMetrics decodes the Grafana dashboard and
 // checks that every metric its panels and variables query is one a live
-// server exposes, after a workload that makes every series exist (reads,
+// server of the default flags (no --metrics-per-disk) exposes, after a workload that makes every series exist (reads,
 // writes, trims, zeroes, flushes, a snapshot, a failed request).
 func TestDashboardQueriesExposedMetrics(t *testing.T) {
 	testfs.RequireTool(t, "qemu-io")

@@ -135,7 +135,7 @@ func waitBusy(t *testing.T, s *server, volume string, disks ...string) {
 // like any other, so it is expected, not tolerated.
 func TestMetricsCountTheWorkload(t *testing.T) {
 	testfs.RequireTool(t, "qemu-io")
-	s := startServer(t)
+	s := startServer(t, "--metrics-per-disk")
 	v := s.createVolume(t, "vm", &api.QoS{RWIOPS: 100_000, RWMBytes: 10_000},
 		disk("root", 64*miB), disk("data", 32*miB))
 	workload := []struct {
@@ -181,6 +181,19 @@ func TestMetricsCountTheWorkload(t *testing.T) {
 			t.Errorf("latency histogram of %s holds %v requests, want %v", op, n, want.ops[op])
 		}
 	}
+	// The volume's series count the same requests: its other disk is idle.
+	vol := newCounts()
+	for _, op := range ops {
+		match := map[string]string{"volume": "vm", "op": op}
+		vol.ops[op] = m.Sum("quiver_volume_requests_total", match)
+		vol.bytes[op] = m.Sum("quiver_volume_bytes_total", match)
+		if n := m.Sum("quiver_request_duration_seconds_count", map[string]string{"op": op}); n != want.ops[op] {
+			t.Errorf("the node's latency histogram of %s holds %v requests, want %v", op, n, want.ops[op])
+		}
+	}
+	if !vol.equal(want) {
+		t.Errorf("metrics of the volume vm:%s\nwant (what qemu sent):%s", vol, want)
+	}
 	if got := scraped(m, "vm", "data"); !got.equal(newCounts()) {
 		t.Errorf("metrics of the idle disk vm/data:%s, want none", got)
 	}
@@ -194,6 +207,7 @@ func TestMetricsCountTheWorkload(t *testing.T) {
 		{"quiver_volume_capacity_bytes", map[string]string{"volume": "vm"}, float64(v.Capacity)},
 		{"quiver_volume_snapshots", map[string]string{"volume": "vm"}, 0},
 		{"quiver_disk_requests_in_flight", map[string]string{"volume": "vm"}, 0},
+		{"quiver_volume_requests_in_flight", map[string]string{"volume": "vm"}, 0},
 		{"quiver_nbd_connections", nil, 0},
 		{"quiver_pool_volumes", nil, 1},
 		{"quiver_errors_total", nil, 0},
@@ -226,7 +240,7 @@ func TestMetricsCountTheWorkload(t *testing.T) {
 // same counted path as a client's.
 func TestMetricsServerFlushOfAbandonedConnection(t *testing.T) {
 	testfs.RequireTool(t, "qemu-io")
-	s := startServer(t)
+	s := startServer(t, "--metrics-per-disk")
 	s.createVolume(t, "vm", nil, disk("root", 16*miB))
 	q := startSession(t, s.uri("vm", "root"), "writeback")
 	q.do(t, "write -P 0x66 0 4k", "wrote 4096/4096")
@@ -252,7 +266,7 @@ func TestMetricsServerFlushOfAbandonedConnection(t *testing.T) {
 // volume would close the connection instead.)
 func TestMetricsErrorsByKind(t *testing.T) {
 	testfs.RequireTool(t, "qemu-io")
-	s := startServer(t)
+	s := startServer(t, "--metrics-per-disk")
 	s.createVolume(t, "vm", nil, disk("root", 16*miB))
 	q := startSession(t, s.uri("vm", "root"), "writethrough")
 	q.do(t, "write -P 0x66 0 4k", "wrote 4096/4096")
@@ -286,7 +300,7 @@ func TestMetricsErrorsByKind(t *testing.T) {
 // to QoS once.
 func TestMetricsCountSparseReads(t *testing.T) {
 	testfs.RequireTool(t, "qemu-io")
-	s := startServer(t)
+	s := startServer(t, "--metrics-per-disk")
 	s.createVolume(t, "vm", nil, disk("root", 16*miB))
 	_, reqs := qemuIO(t, s.uri("vm", "root"), "writethrough",
 		"write -P 0x11 0 4k",

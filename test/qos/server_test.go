@@ -11,7 +11,8 @@ import (
 )
 
 // server is one `quiver server` process on a temporary pool, serving the API
-// on a free loopback port and NBD on a unix socket only; t.Cleanup stops it
+// on a free loopback port and NBD on a unix socket only, with the flags of
+// args (e.g. --metrics-per-disk); t.Cleanup stops it
 // with SIGTERM and fails the test unless it exits cleanly, without a data
 // race or a panic in its log.
 type server struct {
@@ -21,9 +22,9 @@ type server struct {
 	socket string
 }
 
-func startServer(t *testing.T) *server {
+func startServer(t *testing.T, args ...string) *server {
 	t.Helper()
-	p := testserver.StartT(t, quiverBin, testserver.Options{})
+	p := testserver.StartT(t, quiverBin, testserver.Options{Args: args})
 	return &server{Process: p, api: p.API, apiURL: "http://" + p.APIAddr, socket: p.Socket}
 }
 

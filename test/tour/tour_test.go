@@ -108,7 +108,7 @@ func TestREADMETour(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the tour stopped at a failing command (the last one printed above): %v", err)
 	}
-	for _, want := range []string{"web01", "legacy01", "quiver_disk_requests_total"} {
+	for _, want := range []string{"web01", "legacy01", "quiver_volume_requests_total"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the tour's output lacks %q", want)
 		}
