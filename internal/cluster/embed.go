@@ -79,17 +79,29 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 			}
 			return e, eps, nil
 		case err := <-e.Err():
-			e.Close()
+			closeUnready(e)
 			return nil, nil, fmt.Errorf("embedded etcd member %q: %w", c.NodeName, err)
 		case <-tick.C:
 			c.Logger.Info("still waiting for the etcd peers of --initial-cluster", "initialCluster", c.InitialCluster)
 		case <-timeout.C:
-			e.Close()
+			closeUnready(e)
 			return nil, nil, fmt.Errorf("embedded etcd member %q not ready within %s (are the peers of --initial-cluster %s up and reachable?): %w",
 				c.NodeName, c.StartTimeout, c.InitialCluster, ErrUnreachable)
 		case <-ctx.Done():
-			e.Close()
-			return nil, nil, ctx.Err()
+			closeUnready(e)
+			return nil, nil, fmt.Errorf("embedded etcd member %q stopped while waiting for the peers of --initial-cluster: %w",
+				c.NodeName, context.Cause(ctx))
 		}
 	}
+}
+
+// closeUnready closes a member that may not be ready. etcd's Close waits
+// for the client listeners' servers, which start only once the member is
+// ready or its server stops, and stops the server only after that wait:
+// a member still waiting for a quorum would block Close for ever. Stopping
+// the server first (HardStop: no leadership to hand over before a quorum)
+// ends that wait; Close then stops the rest.
+func closeUnready(e *embed.Etcd) {
+	e.Server.HardStop()
+	e.Close()
 }
