@@ -31,8 +31,8 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 	var clientURLs []url.URL
 	for _, raw := range c.EtcdClientURLs {
 		u, err := url.Parse(raw)
-		if err != nil || u.Scheme != "http" || u.Host == "" {
-			return nil, nil, fmt.Errorf("--etcd-listen-client %q: want http://HOST:PORT: %w", raw, ErrConfig)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, nil, fmt.Errorf("--etcd-listen-client %q: want http://HOST:PORT or https://HOST:PORT: %w", raw, ErrConfig)
 		}
 		clientURLs = append(clientURLs, *u)
 	}
@@ -53,6 +53,7 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 	// the same peers refuse each other.
 	cfg.InitialClusterToken = "quiver-" + c.ClusterName
 	cfg.ClusterState = embed.ClusterStateFlagNew // ignored once the data directory holds a member
+	c.memberTLS(cfg)
 	zc := zap.NewProductionConfig()
 	zc.Level, zc.OutputPaths, zc.ErrorOutputPaths, zc.Sampling = level, []string{"stderr"}, []string{"stderr"}, nil
 	lg, err := zc.Build()

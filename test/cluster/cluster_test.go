@@ -111,7 +111,10 @@ func startClusterWith(t *testing.T, tweak func(i int, nd *node)) *cluster {
 	for _, nd := range c.nodes {
 		nd.args = []string{"--cluster-name", "alpha", "--initial-cluster", strings.Join(initial, ","),
 			"--nbd-listen", nd.ip + ":10809",
-			"--etcd-listen-client", fmt.Sprintf("http://%s:2379,http://127.0.0.1:2379", nd.ip)}
+			"--etcd-listen-client", fmt.Sprintf("http://%s:2379,http://127.0.0.1:2379", nd.ip),
+			// Plaintext etcd between the namespaces (a node refuses it
+			// beyond loopback without this).
+			"--etcd-insecure"}
 	}
 	for i, nd := range c.nodes {
 		if tweak != nil {
