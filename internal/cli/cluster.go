@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/storage"
@@ -105,7 +106,7 @@ func parseCertNodes(values []string) ([]certNode, error) {
 		if !ok || list == "" {
 			return nil, fmt.Errorf("--node %q: want NAME=HOST[,HOST...]", v)
 		}
-		if !isDNSLabel(name) {
+		if len(validation.IsDNS1123Label(name)) > 0 {
 			return nil, fmt.Errorf("--node %q: the name %q must be a DNS label (the node's --node-name)", v, name)
 		}
 		if seen[name] {
@@ -123,19 +124,6 @@ func parseCertNodes(values []string) ([]certNode, error) {
 		out = append(out, n)
 	}
 	return out, nil
-}
-
-// isDNSLabel reports whether s is an RFC 1123 label, as node names are.
-func isDNSLabel(s string) bool {
-	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
-		return false
-	}
-	for _, r := range s {
-		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
-			return false
-		}
-	}
-	return true
 }
 
 // loopbackHosts are in every node's certificate: a node's client reaches
