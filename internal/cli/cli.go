@@ -158,7 +158,7 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 			root.AddCommand(c)
 		}
 	}
-	add("node", a.serverCommand(), a.nodeCommand(), a.poolCommand(), a.jobCommand(), a.csiCommand(), a.deviceAgentCommand(), a.endpointCommand(),
+	add("node", a.serverCommand(), a.clusterCommand(), a.nodeCommand(), a.poolCommand(), a.jobCommand(), a.csiCommand(), a.deviceAgentCommand(), a.endpointCommand(),
 		a.kubevirtHookCommand(), a.kubevirtWebhookCommand(), a.tokenCommand(), a.tenantCommand())
 	add("storage", a.volumeCommand(), a.diskCommand(), a.attachCommand())
 	add("data", a.snapshotCommand(), a.rollbackCommand(), a.cloneCommand())

@@ -72,7 +72,11 @@ member inside the node (the easy three-node setup), --etcd-endpoints uses an
 external etcd. Every node of a cluster needs --node-name (unique) and the
 cluster's --cluster-token-file. The server exits at start, naming the
 conflict, when etcd does not answer, when etcd holds another cluster, when
-the token is wrong, and when the node name is taken. Volumes then take
+the token is wrong, and when the node name is taken. etcd beyond loopback
+needs TLS: --etcd-cert, --etcd-key and --etcd-ca (quiver cluster certs makes
+them) make every etcd URL https, the node's client present its certificate
+and the embedded member require one of that CA from its clients and peers;
+plaintext etcd beyond loopback is refused unless --etcd-insecure. Volumes then take
 --replicas N: their copies go on N distinct nodes. Without cluster flags the
 server is a single node and refuses replicas above 1.
 
@@ -230,6 +234,15 @@ func addClusterFlags(f *pflag.FlagSet, c *cluster.Config) {
 		"run an etcd member in this node: every member as NAME=PEER-URL, comma-separated (this node's NAME is --node-name)")
 	f.StringSliceVar(&c.EtcdClientURLs, "etcd-listen-client", []string{"http://127.0.0.1:2379"},
 		"client URLs the embedded etcd member serves (other nodes' --etcd-endpoints may use them)")
+	f.StringVar(&c.EtcdCertFile, "etcd-cert", "",
+		"PEM certificate of this node for etcd: its client presents it, the embedded member serves and peers with it (every etcd URL is then https)")
+	f.StringVar(&c.EtcdKeyFile, "etcd-key", "", "the PEM key of --etcd-cert")
+	f.StringVar(&c.EtcdCAFile, "etcd-ca", "",
+		"PEM CA file: the etcd servers' certificates must come from it, and the embedded member requires one of it from every client and peer")
+	f.StringVar(&c.EtcdUsername, "etcd-username", "", "user name for an external etcd with authentication on")
+	f.StringVar(&c.EtcdPasswordFile, "etcd-password-file", "", "file holding the password of --etcd-username")
+	f.BoolVar(&c.EtcdInsecure, "etcd-insecure", false,
+		"accept etcd in plaintext beyond loopback (refused otherwise: anyone who reaches it could read and change the cluster's state)")
 	f.StringVar(&c.EtcdDataDir, "etcd-data-dir", "", "data directory of the embedded etcd member (default POOL/cluster/etcd)")
 	f.StringVar(&c.Prefix, "etcd-prefix", "/quiver/", "etcd key prefix of the cluster (one cluster per prefix)")
 	f.StringVar(&c.FailureDomain, "failure-domain", "", "this node's failure domain (zone or rack): copies of a volume go to different ones")

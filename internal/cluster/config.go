@@ -25,6 +25,18 @@ type Config struct {
 	// (--etcd-listen-client; default http://127.0.0.1:2379).
 	EtcdClientURLs []string
 	EtcdDataDir    string // embedded member's data (default <StateDir>/etcd)
+	// EtcdCertFile, EtcdKeyFile and EtcdCAFile (--etcd-cert, --etcd-key,
+	// --etcd-ca) put etcd on TLS (etcdsec.go): the node's client presents
+	// the certificate and trusts the CA, and the embedded member serves
+	// its client and peer URLs with the certificate and requires one of
+	// the CA from every client and peer. Every etcd URL is then https.
+	EtcdCertFile, EtcdKeyFile, EtcdCAFile string
+	// EtcdUsername and EtcdPasswordFile log the client in to an external
+	// etcd with authentication on.
+	EtcdUsername, EtcdPasswordFile string
+	// EtcdInsecure (--etcd-insecure) accepts plaintext etcd beyond
+	// loopback, which is refused otherwise.
+	EtcdInsecure bool
 	// StateDir holds the node's identity (node.json); the server sets it to
 	// <pool>/cluster.
 	StateDir      string
@@ -92,7 +104,8 @@ func (c *Config) defaults() {
 	}
 }
 
-// validate checks the flags that need no etcd, and returns the token.
+// validate checks the flags that need no etcd, and returns the token. With
+// TLS it makes the etcd URLs https (secureEtcd).
 func (c *Config) validate() (string, error) {
 	for flag, v := range map[string]string{"--node-name": c.NodeName, "--cluster-name": c.ClusterName} {
 		if v == "" {
@@ -107,6 +120,9 @@ func (c *Config) validate() (string, error) {
 	}
 	if (len(c.EtcdEndpoints) > 0) == (c.InitialCluster != "") {
 		return "", fmt.Errorf("give exactly one of --etcd-endpoints (external etcd) and --initial-cluster (embedded etcd): %w", ErrConfig)
+	}
+	if err := c.secureEtcd(); err != nil {
+		return "", err
 	}
 	if c.InitialCluster != "" {
 		if _, err := c.peerURL(); err != nil {
@@ -133,7 +149,7 @@ func (c *Config) peerURL() (*url.URL, error) {
 		}
 		u, err := url.Parse(raw)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("--initial-cluster item %q: want NAME=http://HOST:PORT: %w", item, ErrConfig)
+			return nil, fmt.Errorf("--initial-cluster item %q: want NAME=http://HOST:PORT or NAME=https://HOST:PORT: %w", item, ErrConfig)
 		}
 		if name == c.NodeName {
 			found = u

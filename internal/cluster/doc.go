@@ -21,9 +21,10 @@
 // own, and etcd never sees a data byte.
 //
 // It imports the wire types (the volume spec it records), durable (the
-// node's identity file) and the etcd client and server; the transports
+// node's identity file), tlscert (its etcd client's TLS) and the etcd client
+// and server; the transports
 // (apiserver) and the server wiring import it, and the domain below (pool)
 // never does.
 //
-// Imports from quiver: api, durable, storage.
+// Imports from quiver: api, durable, storage, tlscert.
 package cluster

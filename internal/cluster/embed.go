@@ -31,8 +31,8 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 	var clientURLs []url.URL
 	for _, raw := range c.EtcdClientURLs {
 		u, err := url.Parse(raw)
-		if err != nil || u.Scheme != "http" || u.Host == "" {
-			return nil, nil, fmt.Errorf("--etcd-listen-client %q: want http://HOST:PORT: %w", raw, ErrConfig)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, nil, fmt.Errorf("--etcd-listen-client %q: want http://HOST:PORT or https://HOST:PORT: %w", raw, ErrConfig)
 		}
 		clientURLs = append(clientURLs, *u)
 	}
@@ -53,6 +53,7 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 	// the same peers refuse each other.
 	cfg.InitialClusterToken = "quiver-" + c.ClusterName
 	cfg.ClusterState = embed.ClusterStateFlagNew // ignored once the data directory holds a member
+	c.memberTLS(cfg)
 	zc := zap.NewProductionConfig()
 	zc.Level, zc.OutputPaths, zc.ErrorOutputPaths, zc.Sampling = level, []string{"stderr"}, []string{"stderr"}, nil
 	lg, err := zc.Build()
@@ -79,17 +80,29 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 			}
 			return e, eps, nil
 		case err := <-e.Err():
-			e.Close()
+			closeUnready(e)
 			return nil, nil, fmt.Errorf("embedded etcd member %q: %w", c.NodeName, err)
 		case <-tick.C:
 			c.Logger.Info("still waiting for the etcd peers of --initial-cluster", "initialCluster", c.InitialCluster)
 		case <-timeout.C:
-			e.Close()
+			closeUnready(e)
 			return nil, nil, fmt.Errorf("embedded etcd member %q not ready within %s (are the peers of --initial-cluster %s up and reachable?): %w",
 				c.NodeName, c.StartTimeout, c.InitialCluster, ErrUnreachable)
 		case <-ctx.Done():
-			e.Close()
-			return nil, nil, ctx.Err()
+			closeUnready(e)
+			return nil, nil, fmt.Errorf("embedded etcd member %q stopped while waiting for the peers of --initial-cluster: %w",
+				c.NodeName, context.Cause(ctx))
 		}
 	}
+}
+
+// closeUnready closes a member that may not be ready. etcd's Close waits
+// for the client listeners' servers, which start only once the member is
+// ready or its server stops, and stops the server only after that wait:
+// a member still waiting for a quorum would block Close for ever. Stopping
+// the server first (HardStop: no leadership to hand over before a quorum)
+// ends that wait; Close then stops the rest.
+func closeUnready(e *embed.Etcd) {
+	e.Server.HardStop()
+	e.Close()
 }

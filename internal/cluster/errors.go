@@ -8,6 +8,9 @@ var (
 	// ErrConfig is a flag combination that cannot work (a node name missing
 	// from --initial-cluster, a short token).
 	ErrConfig = errors.New("bad cluster configuration")
+	// ErrPlaintextEtcd: etcd beyond loopback without TLS, and no
+	// --etcd-insecure. It comes with ErrConfig.
+	ErrPlaintextEtcd = errors.New("plaintext etcd beyond loopback")
 	// ErrUnreachable: etcd did not answer in time.
 	ErrUnreachable = errors.New("etcd unreachable")
 	// ErrOtherCluster: etcd, or this node's pool, belongs to another

@@ -134,15 +134,22 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	endpoints := cfg.EtcdEndpoints
+	endpoints := n.cfg.EtcdEndpoints
 	if cfg.InitialCluster != "" {
 		n.etcd, n.etcdLog, endpoints, err = startEmbedded(ctx, &n.cfg)
 		if err != nil {
 			return nil, err
 		}
 	}
-	n.cli, err = clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: cfg.DialTimeout,
-		Logger: zap.NewNop(), Context: ctx, DialOptions: cfg.EtcdDialOptions})
+	ccfg := clientv3.Config{Endpoints: endpoints, DialTimeout: cfg.DialTimeout, Username: n.cfg.EtcdUsername,
+		Logger: zap.NewNop(), Context: ctx, DialOptions: cfg.EtcdDialOptions}
+	if ccfg.TLS, err = n.cfg.clientTLS(endpoints); err != nil {
+		return nil, err
+	}
+	if ccfg.Password, err = n.cfg.etcdPassword(); err != nil {
+		return nil, err
+	}
+	n.cli, err = clientv3.New(ccfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)
 	}

@@ -2,9 +2,11 @@
 // key read from files and reloaded in place (Pair, for certificate
 // rotation without dropping established connections), the server-side
 // tls.Config built on it (with optional or required client certificates),
-// and the client-side tls.Config that trusts a CA file and may present a
-// client certificate. The transports (nbd through server, the API server,
-// the client and the CSI driver) use it; it knows nothing of them.
+// the client-side tls.Config that trusts a CA file and may present a
+// client certificate, and Authority, the CA that issues the certificates
+// of a cluster's etcd (quiver cluster certs). The transports (nbd through
+// server, the API server, the client and the CSI driver) and the cluster's
+// etcd client use it; it knows nothing of them.
 //
 // Imports from quiver: nothing.
 package tlscert

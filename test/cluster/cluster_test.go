@@ -41,7 +41,10 @@ type cluster struct {
 	net    *network
 	dir    string
 	tokens map[string]string // token files by content
-	nodes  []*node
+	// certs holds the etcd certificates (etcdtls_test.go; "" in
+	// plaintext).
+	certs string
+	nodes []*node
 }
 
 func (c *cluster) tokenFile(token string) string {
@@ -101,17 +104,20 @@ func startCluster(t *testing.T) *cluster { return startClusterWith(t, nil) }
 // i) before it starts: more flags, another pool.
 func startClusterWith(t *testing.T, tweak func(i int, nd *node)) *cluster {
 	c := &cluster{t: t, net: newNetwork(t), dir: t.TempDir(), tokens: map[string]string{}}
+	c.makeEtcdCerts()
+	scheme := c.etcdScheme()
 	var initial []string
 	for i, domain := range []string{"zone-a", "zone-a", "zone-b"} {
 		nd := &node{name: fmt.Sprintf("n%d", i+1), domain: domain, pool: filepath.Join(c.dir, fmt.Sprintf("pool%d", i+1))}
 		nd.ns, nd.ip = c.net.AddNode(i + 1)
-		initial = append(initial, fmt.Sprintf("%s=http://%s:2380", nd.name, nd.ip))
+		initial = append(initial, fmt.Sprintf("%s=%s://%s:2380", nd.name, scheme, nd.ip))
 		c.nodes = append(c.nodes, nd)
 	}
 	for _, nd := range c.nodes {
 		nd.args = []string{"--cluster-name", "alpha", "--initial-cluster", strings.Join(initial, ","),
 			"--nbd-listen", nd.ip + ":10809",
-			"--etcd-listen-client", fmt.Sprintf("http://%s:2379,http://127.0.0.1:2379", nd.ip)}
+			"--etcd-listen-client", fmt.Sprintf("%s://%s:2379,%[1]s://127.0.0.1:2379", scheme, nd.ip)}
+		nd.args = append(nd.args, c.etcdFlags(nd.name)...)
 	}
 	for i, nd := range c.nodes {
 		if tweak != nil {
@@ -322,21 +328,32 @@ func copyNodes(v api.Volume) []string {
 // must exit non-zero at start with a message naming the conflict, and the
 // cluster must keep its three members, all up.
 func joinRefused(t *testing.T, c *cluster) {
-	ns, ip := c.net.AddNode(4)
-	etcd := "http://" + c.nodes[0].ip + ":2379"
-	for _, tc := range []struct {
+	ns, ip := c.net.AddNode(spareNode)
+	etcd := c.etcdURL(c.nodes[0])
+	n4 := c.etcdFlags("n4")
+	type refusal struct {
 		name string
 		args []string
 		want string
-	}{
-		{"etcd unreachable", []string{"--node-name", "n4", "--etcd-endpoints", "http://" + subnet + "99:2379",
+	}
+	cases := []refusal{
+		{"etcd unreachable", []string{"--node-name", "n4", "--etcd-endpoints", c.etcdScheme() + "://" + subnet + "99:2379",
 			"--etcd-dial-timeout", "2s"}, "did not answer within 2s"},
 		{"a taken node name", []string{"--node-name", "n1", "--etcd-endpoints", etcd}, `node name "n1" is taken`},
 		{"another cluster", []string{"--node-name", "n4", "--cluster-name", "beta", "--etcd-endpoints", etcd},
 			`holds cluster "alpha", not "beta"`},
 		{"a wrong token", []string{"--node-name", "n4", "--etcd-endpoints", etcd,
 			"--cluster-token-file", c.tokenFile("not-the-cluster-token-0123")}, "is not the cluster's"},
-	} {
+	}
+	for i := range cases {
+		cases[i].args = append(cases[i].args, n4...)
+	}
+	if c.certs != "" {
+		// The members' client URLs without TLS.
+		cases = append(cases, refusal{"plaintext etcd", []string{"--node-name", "n4", "--etcd-endpoints", "http://" + c.nodes[0].ip + ":2379"},
+			"etcd in plaintext beyond loopback"})
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			nd := &node{name: "n4", ns: ns, ip: ip, pool: filepath.Join(c.dir, "pool4-"+strings.ReplaceAll(tc.name, " ", "-")),
 				args: append([]string{"--cluster-name", "alpha"}, tc.args...)}

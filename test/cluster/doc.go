@@ -2,7 +2,8 @@
 // (docs/cluster.md). Every storage node is its own `quiver server` process
 // in its own network namespace, joined to the others by a veth pair to a
 // bridge in a hub namespace of the test's own; each runs an embedded etcd
-// member. The test talks to the nodes from the hub namespace (its API
+// member, over TLS with client certificates that `quiver cluster certs`
+// makes (QUIVER_ETCD_PLAINTEXT=1: plaintext with --etcd-insecure). The test talks to the nodes from the hub namespace (its API
 // connections are made there) and runs the CLI there too.
 //
 //   - TestCluster: three nodes in two failure domains: node list (API and
@@ -13,7 +14,8 @@
 //   - TestJoinRefused: a fourth node that is refused at start, exiting
 //     non-zero with a message naming the conflict, while the cluster keeps
 //     its three members: etcd unreachable, a taken node name, a node of
-//     another cluster, a wrong cluster token.
+//     another cluster, a wrong cluster token, plaintext etcd beyond
+//     loopback.
 //   - TestFailoverKill, TestFailoverPartition, TestFailoverQEMUClient: failover
 //     (issue 15, acceptance 1 and 2, and QEMU's NBD client through a
 //     failover): SIGKILL of the primary, the other copy or the etcd leader,
@@ -56,5 +58,5 @@
 // QUIVER_GUEST_RECONNECT_DELAY the guest's QEMU reconnect-delay.
 //
 // Imports from quiver: api, client, consistency, csi, forward, replica,
-// testfs, testguest, testserver, test/migration/record.
+// testfs, testguest, testserver, tlscert, test/migration/record.
 package clustertest

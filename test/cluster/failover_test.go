@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"slices"
 	"sort"
@@ -38,14 +36,11 @@ func envCount(t *testing.T, env string, def int) int {
 // (maintenance/status of etcd's JSON gateway).
 func (c *cluster) etcdLeader(t *testing.T) *node {
 	t.Helper()
-	hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return c.net.Dial(ctx, network, addr)
-		}}}
+	hc := c.etcdHTTP(3 * time.Second)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		for _, nd := range c.nodes {
-			resp, err := hc.Post("http://"+nd.ip+":2379/v3/maintenance/status", "application/json", bytes.NewReader([]byte("{}")))
+			resp, err := hc.Post(c.etcdURL(nd)+"/v3/maintenance/status", "application/json", bytes.NewReader([]byte("{}")))
 			if err != nil {
 				continue
 			}

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -200,14 +199,11 @@ func TestForwardedPartition(t *testing.T) {
 // through the JSON gateway of the leader of the moment).
 func (c *cluster) moveEtcdLeader(t *testing.T, to *node) {
 	t.Helper()
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return c.net.Dial(ctx, network, addr)
-		}}}
+	hc := c.etcdHTTP(10 * time.Second)
 	post := func(nd *node, path string, in, out any) {
 		t.Helper()
 		body, _ := json.Marshal(in)
-		resp, err := hc.Post("http://"+nd.ip+":2379"+path, "application/json", bytes.NewReader(body))
+		resp, err := hc.Post(c.etcdURL(nd)+path, "application/json", bytes.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}

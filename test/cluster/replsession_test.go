@@ -214,7 +214,7 @@ func poolAttachments(t *testing.T, nd *node, volume string) []poolAttachment {
 // client port.
 func (c *cluster) etcdDump(t *testing.T) map[string]string {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.nodes[0].ip + ":2379"}, DialTimeout: 10 * time.Second,
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.etcdURL(c.nodes[0])}, DialTimeout: 10 * time.Second, TLS: c.etcdTLS(),
 		Logger: zap.NewNop(), DialOptions: []grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return c.net.Dial(ctx, "tcp", addr)
 		})}})

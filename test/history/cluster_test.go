@@ -77,7 +77,10 @@ func startCluster(t *testing.T) *cluster {
 			"--cluster-name", "alpha", "--initial-cluster", strings.Join(initial, ","),
 			"--etcd-data-dir", nd.etcd, "--nbd-listen", nd.ip + ":10809",
 			"--failure-domain", fmt.Sprintf("zone-%d", i),
-			"--etcd-listen-client", fmt.Sprintf("http://%s:2379,http://127.0.0.1:2379", nd.ip)}
+			"--etcd-listen-client", fmt.Sprintf("http://%s:2379,http://127.0.0.1:2379", nd.ip),
+			// Plaintext etcd between the namespaces (a node refuses it
+			// beyond loopback without this).
+			"--etcd-insecure"}
 		c.spawn(nd)
 	}
 	for _, nd := range c.nodes {
