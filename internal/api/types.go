@@ -156,6 +156,43 @@ type Node struct {
 	Drain string `json:"drain,omitempty"`
 }
 
+// NodeAdd is the body of POST /v1/nodes: a node to add to the cluster's
+// embedded etcd (docs/cluster.md, "Adding and removing nodes").
+type NodeAdd struct {
+	Name string `json:"name"`
+	// PeerURLs are the URLs the new node's etcd member listens on for its
+	// peers (its --initial-cluster entry), e.g. https://10.0.0.14:2380.
+	PeerURLs []string `json:"peerURLs"`
+}
+
+// NodeAdded answers POST /v1/nodes: the etcd member added (a learner until
+// the new node has caught up and promoted itself) and the flags the new
+// node starts with, besides its own (--cluster-name, --node-name, its
+// certificates).
+type NodeAdded struct {
+	Name     string   `json:"name"`
+	MemberID string   `json:"memberID"` // etcd's member ID, hex
+	PeerURLs []string `json:"peerURLs"`
+	// InitialCluster is the new node's --initial-cluster.
+	InitialCluster string `json:"initialCluster"`
+	// InitialClusterState is its --initial-cluster-state: "existing".
+	InitialClusterState string `json:"initialClusterState"`
+	// Flags are both, as arguments of quiver server.
+	Flags []string `json:"flags"`
+}
+
+// NodeRemoved answers DELETE /v1/nodes/{node}: the node's records are
+// gone, its identity is refused from now on, and its etcd member is
+// removed.
+type NodeRemoved struct {
+	Name   string `json:"name"`
+	NodeID string `json:"nodeID,omitempty"`
+	// MemberID is the etcd member removed, hex ("" when it had none).
+	MemberID string `json:"memberID,omitempty"`
+	// EtcdMembers is how many voting etcd members are left.
+	EtcdMembers int `json:"etcdMembers"`
+}
+
 // Drain states (Node.Drain).
 const (
 	NodeDraining = "draining" // a drain job moves its copies away
@@ -415,6 +452,8 @@ const (
 	CodeDegraded       = "Degraded"         // 409: a copy is out of sync; wait for its resync
 	CodeWrongNode      = "WrongNode"        // 409: ask another node (the message names it and its address)
 	CodeCopyMismatch   = "CopyMismatch"     // 409: a copy lacks what the operation needs (the message names it)
+	CodeNodeInUse      = "NodeInUse"        // 409: the node to remove is not drained or holds a copy
+	CodeQuorum         = "Quorum"           // 409: removing the node's etcd member would risk etcd's quorum
 	CodeInternal       = "Internal"         // 500
 	CodeForbidden      = "Forbidden"        // 403: the token's role does not allow it
 	CodeQuota          = "QuotaExceeded"    // 403: a tenant quota would be exceeded (the message names it)

@@ -53,6 +53,9 @@ type Server struct {
 	// Drainer drains this node (`quiver node drain`); nil on a single
 	// node.
 	Drainer Drainer
+	// Membership adds and removes nodes (`quiver node add`, `quiver node
+	// remove`); nil on a single node.
+	Membership Membership
 	// Peers, when set (before serving), carries the requests that must
 	// run on a volume's primary to it (forward.go); nil on a single node.
 	Peers *Peers
@@ -124,6 +127,8 @@ func (s *Server) routes() {
 		"GET /v1/nodes":                                     {s.listNodes, auth.ActNode},
 		"POST /v1/nodes/{node}/drain":                       {s.drainNode, auth.ActAdmin},
 		"DELETE /v1/nodes/{node}/drain":                     {s.undrainNode, auth.ActAdmin},
+		"POST /v1/nodes":                                    {s.addNode, auth.ActAdmin},
+		"DELETE /v1/nodes/{node}":                           {s.removeNode, auth.ActAdmin},
 		"GET /v1/jobs":                                      {s.listJobs, auth.ActRead},
 		"GET /v1/jobs/{id}":                                 {s.getJob, auth.ActRead},
 		"DELETE /v1/jobs/{id}":                              {s.cancelJob, auth.ActWrite},

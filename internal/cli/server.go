@@ -232,6 +232,8 @@ func addClusterFlags(f *pflag.FlagSet, c *cluster.Config) {
 	f.StringSliceVar(&c.EtcdEndpoints, "etcd-endpoints", nil, "client URLs of an external etcd cluster (comma-separated)")
 	f.StringVar(&c.InitialCluster, "initial-cluster", "",
 		"run an etcd member in this node: every member as NAME=PEER-URL, comma-separated (this node's NAME is --node-name)")
+	f.StringVar(&c.InitialClusterState, "initial-cluster-state", "new",
+		"new: the members of --initial-cluster start a new cluster; existing: this node's member joins a running one (quiver node add prints the flags)")
 	f.StringSliceVar(&c.EtcdClientURLs, "etcd-listen-client", []string{"http://127.0.0.1:2379"},
 		"client URLs the embedded etcd member serves (other nodes' --etcd-endpoints may use them)")
 	f.StringVar(&c.EtcdCertFile, "etcd-cert", "",

@@ -35,3 +35,24 @@ func (c *Client) Undrain(ctx context.Context, node string) (api.Node, error) {
 	err = c.do(ctx, http.MethodDelete, "/nodes/"+p+"/drain", nil, nil, &n)
 	return n, err
 }
+
+// AddNode adds an etcd member for the new node name (its peer URLs) and
+// returns the flags the new node starts with (docs/cluster.md, "Adding and
+// removing nodes").
+func (c *Client) AddNode(ctx context.Context, name string, peerURLs []string) (api.NodeAdded, error) {
+	var out api.NodeAdded
+	err := c.do(ctx, http.MethodPost, "/nodes", nil, api.NodeAdd{Name: name, PeerURLs: peerURLs}, &out)
+	return out, err
+}
+
+// RemoveNode removes node from the cluster: it must be drained and hold no
+// copy. Send it to another node than the one removed.
+func (c *Client) RemoveNode(ctx context.Context, node string) (api.NodeRemoved, error) {
+	var out api.NodeRemoved
+	p, err := segment("node", node)
+	if err != nil {
+		return out, err
+	}
+	err = c.do(ctx, http.MethodDelete, "/nodes/"+p, nil, nil, &out)
+	return out, err
+}

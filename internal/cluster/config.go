@@ -21,6 +21,11 @@ type Config struct {
 	// InitialCluster (--initial-cluster n1=http://a:2380,n2=...) starts an
 	// embedded etcd member named NodeName with the peer URL given for it.
 	InitialCluster string
+	// InitialClusterState (--initial-cluster-state) is "new" (or ""):
+	// the members of InitialCluster bootstrap a new etcd cluster, or
+	// ClusterStateExisting: this node's member joins a running one, which
+	// `quiver node add` added it to (membership.go).
+	InitialClusterState string
 	// EtcdClientURLs are the client URLs the embedded member listens on
 	// (--etcd-listen-client; default http://127.0.0.1:2379).
 	EtcdClientURLs []string
@@ -120,6 +125,16 @@ func (c *Config) validate() (string, error) {
 	}
 	if (len(c.EtcdEndpoints) > 0) == (c.InitialCluster != "") {
 		return "", fmt.Errorf("give exactly one of --etcd-endpoints (external etcd) and --initial-cluster (embedded etcd): %w", ErrConfig)
+	}
+	switch c.InitialClusterState {
+	case "", "new":
+	case ClusterStateExisting:
+		if c.InitialCluster == "" {
+			return "", fmt.Errorf("--initial-cluster-state existing joins an embedded etcd member to a running cluster: "+
+				"it needs --initial-cluster (quiver node add prints both): %w", ErrConfig)
+		}
+	default:
+		return "", fmt.Errorf("--initial-cluster-state %q: want new or existing: %w", c.InitialClusterState, ErrConfig)
 	}
 	if err := c.secureEtcd(); err != nil {
 		return "", err

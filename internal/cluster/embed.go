@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -52,7 +53,11 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 	// etcd's cluster token makes the members of two quiver clusters with
 	// the same peers refuse each other.
 	cfg.InitialClusterToken = "quiver-" + c.ClusterName
-	cfg.ClusterState = embed.ClusterStateFlagNew // ignored once the data directory holds a member
+	// Ignored once the data directory holds a member.
+	cfg.ClusterState = embed.ClusterStateFlagNew
+	if c.InitialClusterState == ClusterStateExisting {
+		cfg.ClusterState = embed.ClusterStateFlagExisting
+	}
 	c.memberTLS(cfg)
 	zc := zap.NewProductionConfig()
 	zc.Level, zc.OutputPaths, zc.ErrorOutputPaths, zc.Sampling = level, []string{"stderr"}, []string{"stderr"}, nil
@@ -63,6 +68,11 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
+		if cfg.ClusterState == embed.ClusterStateFlagExisting {
+			return nil, nil, fmt.Errorf("start embedded etcd member %q (data %s) in the running cluster of --initial-cluster: %w; "+
+				"was it added first (quiver node add %s --peer-url %s), and is --initial-cluster what that printed?",
+				c.NodeName, dir, err, c.NodeName, peer)
+		}
 		return nil, nil, fmt.Errorf("start embedded etcd member %q (data %s): %w", c.NodeName, dir, err)
 	}
 	c.Logger.Info("embedded etcd member started; waiting for a quorum of --initial-cluster",
@@ -74,12 +84,28 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 	for {
 		select {
 		case <-e.Server.ReadyNotify():
+			if err := promoteSelf(ctx, c, e, timeout.C); err != nil {
+				closeUnready(e)
+				return nil, nil, err
+			}
 			eps := make([]string, len(clientURLs))
 			for i, u := range clientURLs {
 				eps[i] = u.String()
 			}
 			return e, eps, nil
+		case <-e.Server.StopNotify():
+			// etcd stops a member by itself before it is ready only when
+			// its peers answer that it was removed from the cluster.
+			closeUnready(e)
+			return nil, nil, errRemovedMember(c, dir)
 		case err := <-e.Err():
+			select {
+			case <-e.Server.StoppingNotify():
+				// Its servers fail because the member stops: removed.
+				closeUnready(e)
+				return nil, nil, errRemovedMember(c, dir)
+			default:
+			}
 			closeUnready(e)
 			return nil, nil, fmt.Errorf("embedded etcd member %q: %w", c.NodeName, err)
 		case <-tick.C:
@@ -94,6 +120,54 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 				c.NodeName, context.Cause(ctx))
 		}
 	}
+}
+
+// errRemovedMember: the member stopped by itself before it was ready,
+// which etcd does only when its peers answer that it was removed.
+func errRemovedMember(c *Config, dir string) error {
+	return fmt.Errorf("embedded etcd member %q (data %s) stopped: its peers refuse it, as they refuse a member "+
+		"removed from the cluster (quiver node remove); a removed node cannot join again: start it on a new pool "+
+		"and etcd data directory, and add it with quiver node add %s: %w", c.NodeName, dir, c.NodeName, ErrNodeRemoved)
+}
+
+// errNotYetApplied: the promotion is committed, and this member has not
+// applied it yet.
+var errNotYetApplied = errors.New("promoted; not applied here yet")
+
+// promoteSelf makes this node's member, when it is a learner (a node that
+// `quiver node add` added), a voting member once it has caught up with the
+// leader: etcd refuses the promotion until then (ErrLearnerNotReady), so it
+// is tried again every half second until timeout or ctx ends. The node's
+// client talks to its own member, which serves clients only once promoted.
+func promoteSelf(ctx context.Context, c *Config, e *embed.Etcd, timeout <-chan time.Time) error {
+	id := uint64(e.Server.MemberID())
+	var last error
+	logged := time.Now()
+	for e.Server.IsLearner() {
+		if last == nil || !errors.Is(last, errNotYetApplied) {
+			if _, err := e.Server.PromoteMember(ctx, id); err != nil {
+				last = err
+			} else {
+				// Promoted: this member serves clients once it has
+				// applied its promotion too.
+				c.Logger.Info("embedded etcd member promoted from learner to voting member", "member", c.NodeName)
+				last = errNotYetApplied
+			}
+		}
+		if time.Since(logged) > 10*time.Second {
+			c.Logger.Info("waiting for the embedded etcd learner to catch up before its promotion", "member", c.NodeName, "err", last)
+			logged = time.Now()
+		}
+		select {
+		case <-time.After(500 * time.Millisecond):
+		case <-timeout:
+			return fmt.Errorf("embedded etcd member %q: still a learner after --etcd-start-timeout %s (last refusal: %v): "+
+				"is the leader reachable? %w", c.NodeName, c.StartTimeout, last, ErrUnreachable)
+		case <-ctx.Done():
+			return fmt.Errorf("embedded etcd member %q stopped while waiting for its promotion: %w", c.NodeName, context.Cause(ctx))
+		}
+	}
+	return nil
 }
 
 // closeUnready closes a member that may not be ready. etcd's Close waits

@@ -52,4 +52,19 @@ var (
 	// ErrCopyMismatch: a copy lacks what the operation needs (the
 	// snapshot a rollback goes to); nothing was changed.
 	ErrCopyMismatch = errors.New("a copy does not match the primary")
+	// ErrInvalidMember: a node name or peer URL given to add a node
+	// breaks its rule (the message names it).
+	ErrInvalidMember = errors.New("invalid node to add")
+	// ErrMemberPending: an etcd member added for a new node has not
+	// joined yet; etcd takes one learner at a time.
+	ErrMemberPending = errors.New("an added node has not joined yet")
+	// ErrNodeInUse: the node to remove is not drained or still holds a
+	// copy; nothing was changed.
+	ErrNodeInUse = errors.New("node not drained")
+	// ErrQuorum: removing the node's etcd member would leave too few
+	// members, or too few of them up, for a safe quorum.
+	ErrQuorum = errors.New("etcd quorum at risk")
+	// ErrNodeRemoved: this node was removed from the cluster (quiver
+	// node remove); its pool cannot join again.
+	ErrNodeRemoved = errors.New("node removed from the cluster")
 )

@@ -108,6 +108,11 @@ type Node struct {
 	// is signed for one instance of its copy node (replica.Credential),
 	// so a credential seen once does not open a session after a restart.
 	instance string
+	// done closes when the node is removed while it runs (membership.go);
+	// failErr says why.
+	done     chan struct{}
+	failOnce sync.Once
+	failErr  error
 }
 
 // Join starts the embedded etcd member (with InitialCluster) or connects to
@@ -123,7 +128,8 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), store: store, started: time.Now().UTC(),
-		adopted: map[string]uint64{}, keys: deriveKeys(token, cfg.ClusterName), instance: newID()}
+		adopted: map[string]uint64{}, keys: deriveKeys(token, cfg.ClusterName), instance: newID(),
+		done: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
@@ -172,6 +178,12 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 			return nil, fmt.Errorf("write node identity: %w", err)
 		}
 	}
+	if !fresh {
+		// A removed node's pool: refused before it registers again.
+		if err := n.checkNotRemoved(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if err := n.claimMember(ctx); err != nil {
 		if fresh && !errors.Is(err, ErrUnknownOutcome) {
 			_ = os.Remove(n.identityPath())
@@ -189,7 +201,8 @@ func Join(ctx context.Context, cfg Config, store Store) (*Node, error) {
 	go func() { defer n.wg.Done(); n.Primaries().elect(lctx) }()
 	go func() { defer n.wg.Done(); n.report(lctx) }()
 	go func() { defer n.wg.Done(); n.Copies().reconcile(lctx) }()
-	n.wg.Add(2)
+	n.wg.Add(3)
+	go func() { defer n.wg.Done(); n.watchRemoval(lctx) }()
 	go func() { defer n.wg.Done(); n.Ops().runOps(lctx) }()
 	go func() { defer n.wg.Done(); n.Copies().collectStale(lctx) }()
 	n.log.Info("joined the cluster", "cluster", cr.Name, "clusterID", cr.ID, "nodeID", id.NodeID,

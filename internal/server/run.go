@@ -17,6 +17,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/apiserver"
 	"github.com/quiverstorage/quiver/internal/auth"
+	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/connlimit"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/metrics"
@@ -73,6 +74,9 @@ type node struct {
 
 	handler *apiserver.Server
 	exports nbd.Exports
+	// member is the node's cluster membership (nil on a single node):
+	// the server stops when it ends (the node was removed).
+	member *cluster.Node
 
 	// undo is what close undoes, last first: what the phases opened.
 	undo []func()
@@ -258,6 +262,7 @@ func (n *node) joinCluster(ctx context.Context) error {
 		return err
 	}
 	n.onClose(func() { _ = cn.Close() })
+	n.member = cn
 	// Tokens and tenants live in etcd, the same on every node
 	// (docs/security.md, "Tenants on a cluster").
 	sctx, scancel := context.WithCancel(context.Background())
@@ -283,6 +288,7 @@ func (n *node) joinCluster(ctx context.Context) error {
 	n.cfg.NBD.Forwarded = cn.OpenHop
 	h.Replicated = vols
 	h.Drainer = vols
+	h.Membership = cn
 	return nil
 }
 
@@ -332,11 +338,19 @@ func (n *node) serve(ctx context.Context) error {
 	var failed error
 	tick, stopWatch := n.tls.watch(cfg.TLS.WatchInterval)
 	defer stopWatch()
+	var removed <-chan struct{}
+	if n.member != nil {
+		removed = n.member.Done()
+	}
 wait:
 	for {
 		select {
 		case failed = <-errc:
 			log.Error("a listener failed; shutting down", "err", failed)
+			break wait
+		case <-removed:
+			failed = n.member.Err()
+			log.Error("this node left the cluster; shutting down", "err", failed)
 			break wait
 		case <-cfg.Reload:
 			n.tls.reload(log)

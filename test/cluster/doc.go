@@ -45,6 +45,10 @@
 //     the same time on every node (medians logged, docs/cluster.md), and a
 //     client forwarded by the node without a copy is acknowledged again on
 //     every disk within L + 3 s of a cut of the primary (its link down).
+//   - TestNodesInAndOut: three nodes grow to five with quiver node add and
+//     shrink back to three with quiver node remove --drain, with writers on
+//     two replicated volumes throughout (issue 32, acceptance 2); a removed
+//     node stops and is refused when it starts again.
 //   - TestBenchCluster: the cluster benchmark (acceptance 8, make
 //     bench-cluster); it runs only with QUIVER_BENCH=1.
 //

@@ -22,7 +22,11 @@ func etcdPlaintext() bool { return os.Getenv("QUIVER_ETCD_PLAINTEXT") == "1" }
 // spareNode is the node number joinRefused starts beside the three.
 const spareNode = 4
 
-// makeEtcdCerts runs `quiver cluster certs` for nodes n1 to n4 (their
+// lastNode is the highest node number with certificates: TestNodesInAndOut
+// grows the cluster to n5.
+const lastNode = 5
+
+// makeEtcdCerts runs `quiver cluster certs` for nodes n1 to n5 (their
 // addresses in the test's network) into c.certs.
 func (c *cluster) makeEtcdCerts() {
 	c.t.Helper()
@@ -31,7 +35,7 @@ func (c *cluster) makeEtcdCerts() {
 	}
 	c.certs = filepath.Join(c.dir, "etcd-certs")
 	args := []string{"cluster", "certs", "--out", c.certs}
-	for i := 1; i <= spareNode; i++ {
+	for i := 1; i <= lastNode; i++ {
 		args = append(args, "--node", fmt.Sprintf("n%d=%s%d", i, subnet, 10+i))
 	}
 	if out, err := exec.Command(quiverBin, args...).CombinedOutput(); err != nil {

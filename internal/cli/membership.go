@@ -1,0 +1,146 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/client"
+)
+
+func (a *app) nodeAddCommand() *cobra.Command {
+	var peers []string
+	cmd := &cobra.Command{
+		Use:   "add NAME --peer-url URL",
+		Short: "Add a new node's etcd member to the cluster and print the flags it starts with",
+		Long: `Adds an etcd member for the new node NAME, whose embedded member will listen for its peers on
+--peer-url, as a learner (it counts for no quorum yet), and prints the --initial-cluster and
+--initial-cluster-state existing flags to start the new node with, besides its own (--cluster-name,
+--node-name NAME, --cluster-token-file, its etcd certificates). Once started, the node catches up with etcd,
+promotes its member to a voting one and registers. Any node with an embedded member takes the request. A node
+of a cluster on external etcd (--etcd-endpoints) needs no member: start it and it registers itself.`,
+		Example:           `  quiver node add n4 --peer-url https://10.0.0.14:2380`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			added, err := c.AddNode(cmd.Context(), args[0], peers)
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), added, nodeAddedTable(added))
+		},
+	}
+	cmd.Flags().StringSliceVar(&peers, "peer-url", nil, "URL the new node's etcd member listens on for its peers (its --initial-cluster entry)")
+	return cmd
+}
+
+func nodeAddedTable(n api.NodeAdded) func(io.Writer) error {
+	return func(w io.Writer) error {
+		t := newTable(w, "NAME", "MEMBER", "PEER-URLS", "STATE")
+		t.row(n.Name, n.MemberID, strings.Join(n.PeerURLs, ","), "learner, not started")
+		if err := t.flush(); err != nil {
+			return err
+		}
+		_, err := fmt.Fprintf(w, "\nStart %s with its own flags and:\n  %s %q %s %s\n", n.Name, n.Flags[0], n.Flags[1], n.Flags[2], n.Flags[3])
+		return err
+	}
+}
+
+func (a *app) nodeRemoveCommand() *cobra.Command {
+	var drain bool
+	cmd := &cobra.Command{
+		Use:   "remove NODE",
+		Short: "Remove a drained node from the cluster: its records and its etcd member",
+		Long: `Removes NODE from the cluster: it must be drained and hold no copy (with --drain, NODE is drained
+first, as quiver node drain does, on NODE's own API). Its records are forgotten, its identity is refused if it
+starts again (a machine comes back on a new pool, through quiver node add), and its etcd member is removed,
+refused when that would leave fewer than 3 etcd members or fewer members up than their quorum. A removed node
+that is running stops. Send the request to another node than NODE.`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if drain {
+				if err := a.drainFirst(cmd.Context(), c, args[0]); err != nil {
+					return err
+				}
+			}
+			rm, err := c.RemoveNode(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), rm, nodeRemovedTable(rm))
+		},
+	}
+	cmd.Flags().BoolVar(&drain, "drain", false, "drain the node first (a job on the node itself), then remove it")
+	return cmd
+}
+
+// drainFirst drains node through its own API, found in the node list of c,
+// unless it is drained already.
+func (a *app) drainFirst(ctx context.Context, c *client.Client, node string) error {
+	nodes, err := c.ListNodes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if n.Name != node {
+			continue
+		}
+		if n.Drain == api.NodeDrained && n.Volumes == 0 {
+			return nil
+		}
+		if n.State != api.NodeUp || n.Address == "" {
+			return fmt.Errorf("drain %s before its removal: the node is down, and a drain runs on the node itself; "+
+				"wait for --rebuild-after to rebuild its copies elsewhere, or bring it up", node)
+		}
+		addr := n.Address
+		if strings.HasPrefix(serverURL(a.server), "https://") {
+			addr = "https://" + addr
+		}
+		nc, err := a.clientOf(addr)
+		if err != nil {
+			return err
+		}
+		job, err := nc.StartDrain(ctx, node)
+		if err != nil {
+			return err
+		}
+		final, err := a.wait(ctx, nc, job)
+		if err != nil {
+			return fmt.Errorf("drain %s before its removal: %w", node, err)
+		}
+		if a.forPeople() {
+			_, _ = fmt.Fprintf(a.env.Stderr, "node %s drained: %d volume(s) moved\n", node, final.ItemsDone)
+		}
+		return nil
+	}
+	return fmt.Errorf("node %s: no such node in the cluster (quiver node list)", node)
+}
+
+func nodeRemovedTable(n api.NodeRemoved) func(io.Writer) error {
+	return func(w io.Writer) error {
+		t := newTable(w, "NAME", "NODE-ID", "MEMBER", "ETCD-MEMBERS-LEFT")
+		member := n.MemberID
+		if member == "" {
+			member = none
+		}
+		id := n.NodeID
+		if id == "" {
+			id = none
+		}
+		t.row(n.Name, id, member, fmt.Sprint(n.EtcdMembers))
+		return t.flush()
+	}
+}
