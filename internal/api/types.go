@@ -203,6 +203,12 @@ const (
 // every operation refused with CodeBroken.
 const VolumeBroken = "broken"
 
+// VolumeDeleting is the State of a cluster volume being deleted whose
+// copies are not all gone yet (a copy's node is down): listed, and
+// refused for attach, snapshot, clone and a new volume of its name with
+// CodeDeleting; it goes by itself when the last copy is gone.
+const VolumeDeleting = "deleting"
+
 // Writer is a volume's single-writer state. Epoch grows by one each time the
 // writer role moves; Attachment is the attachment holding it ("" for none,
 // "implicit" for tokenless loopback connections).
@@ -454,6 +460,7 @@ const (
 	CodeCopyMismatch   = "CopyMismatch"     // 409: a copy lacks what the operation needs (the message names it)
 	CodeNodeInUse      = "NodeInUse"        // 409: the node to remove is not drained or holds a copy
 	CodeQuorum         = "Quorum"           // 409: removing the node's etcd member would risk etcd's quorum
+	CodeDeleting       = "Deleting"         // 409: the volume is being deleted (the message names the copies left)
 	CodeInternal       = "Internal"         // 500
 	CodeForbidden      = "Forbidden"        // 403: the token's role does not allow it
 	CodeQuota          = "QuotaExceeded"    // 403: a tenant quota would be exceeded (the message names it)

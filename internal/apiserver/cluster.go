@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
@@ -242,7 +243,9 @@ func (s *Server) listClusterVolumes(w http.ResponseWriter, r *http.Request, matc
 	p := principalOf(r)
 	out := api.List[api.Volume]{Items: []api.Volume{}}
 	for _, pl := range ps {
-		if pl.Spec.Tenant == "" || !p.Sees(pl.Spec.Tenant) || pl.Deleting || (match != nil && !match(pl.Spec.Labels)) {
+		// A volume being deleted is listed, in state deleting, until its
+		// last copy is gone.
+		if pl.Spec.Tenant == "" || !p.Sees(pl.Spec.Tenant) || (match != nil && !match(pl.Spec.Labels)) {
 			continue
 		}
 		out.Items = append(out.Items, viewOf(r).volume(s.clusterVolume(pl)))
@@ -279,6 +282,22 @@ func withPlacement(v *api.Volume, p cluster.Placement) {
 		}
 		v.Copies = append(v.Copies, ac)
 	}
+	if p.Deleting {
+		v.State = api.VolumeDeleting
+	}
+}
+
+// refuseDeleting refuses a change of a volume being deleted.
+func refuseDeleting(p cluster.Placement) error {
+	var left []string
+	for _, c := range p.Copies {
+		if c.State != "" {
+			left = append(left, c.Node)
+		}
+	}
+	return fmt.Errorf("volume %q is being deleted (copies left on %s): it takes no attachment, snapshot, clone or other change, "+
+		"and its name no new volume, until its last copy is gone (a copy's node that is down deletes it when it is back): %w",
+		p.Volume, strings.Join(left, ", "), cluster.ErrVolumeDeleting)
 }
 
 // getClusterVolume answers GET of a volume in a cluster: any node answers
@@ -327,6 +346,14 @@ func (s *Server) deleteClusterVolume(w http.ResponseWriter, r *http.Request, rec
 			name, len(v.Snapshots()), pool.ErrHasSnapshots)
 	}
 	err = s.Cluster.DeleteVolume(r.Context(), name)
+	if errors.Is(err, cluster.ErrDeletePending) {
+		// Accepted: the volume is deleting, and its copies' nodes finish
+		// the delete by themselves.
+		out := s.clusterVolume(pl)
+		out.State, out.Reason = api.VolumeDeleting, err.Error()
+		writeJSON(w, http.StatusAccepted, viewOf(r).volume(out))
+		return nil
+	}
 	if errors.Is(err, cluster.ErrVolumeNotFound) {
 		// Not placed: a volume of this node alone, if any.
 		err = s.pool.DeleteWith(r.Context(), name, pool.DeleteOptions{Recursive: recursive})
@@ -341,20 +368,44 @@ func (s *Server) deleteClusterVolume(w http.ResponseWriter, r *http.Request, rec
 // annotate adds the placements to a list of this node's volumes; a list
 // without them is still right about this node, so an etcd failure is
 // logged, not returned.
-func (s *Server) annotate(r *http.Request, vols []api.Volume) {
+// It returns the placements (nil without).
+func (s *Server) annotate(r *http.Request, vols []api.Volume) map[string]cluster.Placement {
 	if s.Cluster == nil {
-		return
+		return nil
 	}
 	ps, err := s.Cluster.Placements(r.Context())
 	if err != nil {
 		s.log.Warn("list placements", "err", err)
-		return
+		return nil
 	}
 	for i := range vols {
 		if p, ok := ps[vols[i].Name]; ok {
 			withPlacement(&vols[i], p)
 		}
 	}
+	return ps
+}
+
+// placedElsewhere are the placed volumes (ps) that the caller sees and
+// match selects but this node holds no copy of (not in here): with them a
+// list of this node's volumes is the cluster's, whichever node is asked.
+// A volume being deleted is among them, in state deleting, until its last
+// copy is gone.
+func (s *Server) placedElsewhere(r *http.Request, ps map[string]cluster.Placement, here []api.Volume,
+	match func(map[string]string) bool) []api.Volume {
+	held := map[string]bool{}
+	for _, v := range here {
+		held[v.Name] = true
+	}
+	p := principalOf(r)
+	var out []api.Volume
+	for name, pl := range ps {
+		if held[name] || !p.Sees(pl.Spec.Tenant) || (match != nil && !match(pl.Spec.Labels)) {
+			continue
+		}
+		out = append(out, s.clusterVolume(pl))
+	}
+	return out
 }
 
 // What a route may do to a volume with more than one copy.
@@ -409,6 +460,9 @@ func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, 
 			return h(w, r) // this node's alone, or absent: the handler answers
 		}
 		name := pl.Volume
+		if pl.Deleting && r.Method != http.MethodGet && r.Method != http.MethodDelete {
+			return refuseDeleting(pl) // a detach, or a snapshot's delete, goes on
+		}
 		if g == onACopy {
 			if _, err := s.pool.Volume(name); err == nil {
 				return h(w, r) // this node's copy answers

@@ -49,6 +49,8 @@ var errorMapping = []struct {
 	{pool.ErrNoSpace, http.StatusInsufficientStorage, api.CodeNoSpace},
 	{cluster.ErrNotEnoughNodes, http.StatusUnprocessableEntity, api.CodeNotEnoughNodes},
 	{cluster.ErrVolumeExists, http.StatusConflict, api.CodeConflict},
+	{cluster.ErrVolumeDeleting, http.StatusConflict, api.CodeDeleting},
+	{cluster.ErrDeleteRefused, http.StatusConflict, api.CodeInUse},
 	{cluster.ErrVolumeNotFound, http.StatusNotFound, api.CodeNotFound},
 	{cluster.ErrTimeout, http.StatusServiceUnavailable, api.CodeUnavailable},
 	{cluster.ErrNoSession, http.StatusServiceUnavailable, api.CodeUnavailable},

@@ -52,6 +52,8 @@ func TestToError(t *testing.T) {
 		{"no space", fmt.Errorf("%w: write: no space left on device", pool.ErrNoSpace), http.StatusInsufficientStorage, api.CodeNoSpace, ""},
 		{"not enough nodes", fmt.Errorf("create volume %q: %w", "web", cluster.ErrNotEnoughNodes), http.StatusUnprocessableEntity, api.CodeNotEnoughNodes, ""},
 		{"placed already", fmt.Errorf("volume %q: %w", "web", cluster.ErrVolumeExists), http.StatusConflict, api.CodeConflict, ""},
+		{"deleting", fmt.Errorf("volume %q is being deleted: %w", "web", cluster.ErrVolumeDeleting), http.StatusConflict, api.CodeDeleting, ""},
+		{"delete refused", fmt.Errorf("delete volume %q: %w", "web", cluster.ErrDeleteRefused), http.StatusConflict, api.CodeInUse, ""},
 		{"not placed", fmt.Errorf("volume %q: %w", "web", cluster.ErrVolumeNotFound), http.StatusNotFound, api.CodeNotFound, ""},
 		{"copies late", fmt.Errorf("create volume %q: %w", "web", cluster.ErrTimeout), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"no session", fmt.Errorf("create: %w", cluster.ErrNoSession), http.StatusServiceUnavailable, api.CodeUnavailable, ""},

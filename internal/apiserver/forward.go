@@ -384,6 +384,9 @@ func (s *Server) cloneOnPrimary(h func(http.ResponseWriter, *http.Request) error
 		if err != nil || !placed { // a name no volume has: the handler answers
 			return h(w, r)
 		}
+		if pl.Deleting {
+			return refuseDeleting(pl)
+		}
 		if done, err := s.toPrimary(w, r, pl.Volume); done {
 			return err
 		}

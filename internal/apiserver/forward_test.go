@@ -35,6 +35,8 @@ type fakeCluster struct {
 	// listed: Placements lists the volumes of prim (else none, as the
 	// hop's tests want of an admin's list).
 	listed bool
+	// deleting: the volumes whose placement is being deleted.
+	deleting map[string]bool
 }
 
 var _ Cluster = (*fakeCluster)(nil)
@@ -73,8 +75,9 @@ func (f *fakeCluster) Placement(_ context.Context, v string) (cluster.Placement,
 	return f.placement(v, p), ok, nil
 }
 func (f *fakeCluster) placement(v, primary string) cluster.Placement {
-	pl := cluster.Placement{Volume: v, Replicas: 2, Primary: primary, Term: 1,
-		Spec: api.VolumeSpec{Disks: []api.DiskSpec{{Name: "root", Size: 8 * mib}}}}
+	pl := cluster.Placement{Volume: v, Replicas: 2, Primary: primary, Term: 1, Deleting: f.deleting[v],
+		Copies: []cluster.CopyInfo{{Node: primary, State: cluster.CopyInSync}},
+		Spec:   api.VolumeSpec{Disks: []api.DiskSpec{{Name: "root", Size: 8 * mib}}}}
 	if t, _, found := strings.Cut(v, pool.TenantSeparator); found {
 		pl.Spec.Tenant = t // the tenant etcd's record carries
 	}

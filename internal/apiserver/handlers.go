@@ -1,9 +1,11 @@
 package apiserver
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -101,7 +103,9 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
 	for _, v := range vols {
 		out.Items = append(out.Items, volumeToAPI(v))
 	}
-	s.annotate(r, out.Items)
+	ps := s.annotate(r, out.Items)
+	out.Items = append(out.Items, s.placedElsewhere(r, ps, out.Items, match)...)
+	slices.SortFunc(out.Items, func(a, b api.Volume) int { return cmp.Compare(a.Name, b.Name) })
 	for i := range out.Items {
 		out.Items[i] = viewOf(r).volume(out.Items[i])
 	}

@@ -28,6 +28,17 @@ var (
 	ErrVolumeExists = errors.New("volume already exists in the cluster")
 	// ErrVolumeNotFound: no volume of that name is placed.
 	ErrVolumeNotFound = errors.New("volume not found in the cluster")
+	// ErrVolumeDeleting: the volume is being deleted (a copy's node was
+	// out of reach): it takes no attachment, snapshot or clone, and its
+	// name no new volume, until its last copy is gone.
+	ErrVolumeDeleting = errors.New("volume is being deleted")
+	// ErrDeletePending: a delete marked the volume deleting but could not
+	// reach every copy (its node is down, or it could not delete it); the
+	// node finishes it when it can (reconcile).
+	ErrDeletePending = errors.New("delete pending")
+	// ErrDeleteRefused: the primary's copy refused to go (a client has it
+	// attached); no copy was deleted and the volume is active again.
+	ErrDeleteRefused = errors.New("delete refused")
 	// ErrCopyFailed: a node could not make or delete its copy.
 	ErrCopyFailed = errors.New("copy failed")
 	// ErrTimeout: the copies did not report in time.

@@ -203,6 +203,10 @@ func (vs Volumes) CreateCharged(ctx context.Context, spec api.VolumeSpec, key st
 		if err := json.Unmarshal(existing, &have); err != nil {
 			return Placement{}, false, fmt.Errorf("etcd key %s: %w", k, err)
 		}
+		if have.State == volumeDeleting {
+			return Placement{}, false, fmt.Errorf("volume %q is being deleted: the name is free once its last copy is gone (copies on %s; "+
+				"a copy whose node is down goes when the node is back): %w", spec.Name, strings.Join(have.Copies, ", "), ErrVolumeDeleting)
+		}
 		same := have.State == volumeActive && reflect.DeepEqual(have.Spec, spec)
 		if !idempotent(same, have.IdempotencyKey) {
 			return Placement{}, false, fmt.Errorf("volume %q is placed already on %s: %w", spec.Name,
@@ -306,124 +310,6 @@ func (vs Volumes) Placement(ctx context.Context, volume string) (Placement, bool
 		}
 	}
 	return toPlacement(volume, rec, copies), true, nil
-}
-
-// DeleteVolume marks the volume deleting, waits until every copy node has
-// deleted its copy, then removes the placement. A copy that cannot be
-// deleted (attached) fails the call naming it; the volume stays marked and a
-// later call carries on.
-func (vs Volumes) DeleteVolume(ctx context.Context, volume string) error {
-	k := vs.n.key("volumes", volume)
-	resp, err := vs.n.cli.Get(ctx, k)
-	if err != nil {
-		return fmt.Errorf("delete volume %q: %w", volume, err)
-	}
-	if len(resp.Kvs) == 0 {
-		return fmt.Errorf("volume %q: %w", volume, ErrVolumeNotFound)
-	}
-	var rec volumeRecord
-	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
-		return fmt.Errorf("etcd key %s: %w", k, err)
-	}
-	rec.State = volumeDeleting
-	// Put even when it is marked already: the copy nodes see the event and
-	// try again.
-	// An unknown outcome (ErrUnknownOutcome) is an error to the caller
-	// (503): the user's delete again marks the record again, which is
-	// what this Put does even when it is marked.
-	put, err := vs.n.commit(ctx, txnSpec{If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)},
-		Then: []clientv3.Op{clientv3.OpPut(k, mustJSON(rec))}})
-	if err != nil {
-		return fmt.Errorf("delete volume %q: %w", volume, err)
-	}
-	if !put.Succeeded {
-		return fmt.Errorf("delete volume %q: changed meanwhile, retry", volume)
-	}
-	if _, err := vs.waitCopiesGone(ctx, volume, rec); err != nil {
-		return fmt.Errorf("delete volume %q: %w", volume, err)
-	}
-	if err := vs.removeRecord(ctx, volume, rec); err != nil {
-		return fmt.Errorf("delete volume %q: %w", volume, err)
-	}
-	vs.n.log.Info("volume deleted from the cluster", "volume", volume)
-	return nil
-}
-
-// removeRecord removes the placement of volume and its copies' keys, and
-// gives the record's charge back to its tenant's usage in the same Txn.
-func (vs Volumes) removeRecord(ctx context.Context, volume string, rec volumeRecord) error {
-	k := vs.n.key("volumes", volume)
-	for {
-		ops := []clientv3.Op{clientv3.OpDelete(k), clientv3.OpDelete(vs.n.key("copies", volume)+"/", clientv3.WithPrefix())}
-		var cmps []clientv3.Cmp
-		if rec.Spec.Tenant != "" {
-			used, rev, err := vs.readUsage(ctx, rec.Spec.Tenant)
-			if err != nil {
-				return err
-			}
-			// The snapshots counted for it go back with it.
-			snaps, srev, err := vs.snapCharge(ctx, volume)
-			if err != nil {
-				return err
-			}
-			back := Usage{Snapshots: snaps}
-			if rec.Charge != nil {
-				back = back.plus(*rec.Charge)
-			}
-			// Only a record still there gives its charge back, once.
-			cmps = append(cmps, vs.usageUnchanged(rec.Spec.Tenant, rev),
-				clientv3.Compare(clientv3.CreateRevision(k), ">", 0),
-				clientv3.Compare(clientv3.ModRevision(vs.snapChargeKey(volume)), "=", srev))
-			ops = append(ops, clientv3.OpPut(vs.usageKey(rec.Spec.Tenant), mustJSON(used.minus(back))),
-				clientv3.OpDelete(vs.snapChargeKey(volume)))
-		}
-		// An unknown outcome (ErrUnknownOutcome) is an error to the
-		// caller (503): the user's delete again finds the record gone
-		// (ErrVolumeNotFound: it was removed) or removes it; the compares
-		// give the charge back once.
-		resp, err := vs.n.commit(ctx, txnSpec{If: cmps, Then: ops, Else: []clientv3.Op{clientv3.OpGet(k)}})
-		if err != nil {
-			return err
-		}
-		if resp.Succeeded || len(resp.Responses[0].GetResponseRange().Kvs) == 0 {
-			return nil // removed now, or by another delete meanwhile
-		}
-	}
-}
-
-// waitCopiesGone waits until no copy holds a local volume: every copy key is
-// gone or records nothing made.
-func (vs Volumes) waitCopiesGone(ctx context.Context, volume string, rec volumeRecord) (Placement, error) {
-	ctx, cancel := context.WithTimeout(ctx, vs.n.cfg.OpTimeout)
-	defer cancel()
-	prefix := vs.n.key("copies", volume) + "/"
-	for {
-		resp, err := vs.n.cli.Get(ctx, prefix, clientv3.WithPrefix())
-		if err != nil {
-			return Placement{}, vs.opError(ctx, err)
-		}
-		var left []string
-		for _, kv := range resp.Kvs {
-			var c copyRecord
-			if json.Unmarshal(kv.Value, &c) != nil || c.LocalUID == "" {
-				continue
-			}
-			node := lastSegment(string(kv.Key))
-			if c.State == copyDeleteFailed {
-				return Placement{}, fmt.Errorf("copy on node %s not deleted: %s: %w", node, c.Reason, ErrCopyFailed)
-			}
-			left = append(left, node)
-		}
-		if len(left) == 0 {
-			return Placement{}, nil
-		}
-		wch := vs.n.cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-		select {
-		case <-wch:
-		case <-ctx.Done():
-			return Placement{}, fmt.Errorf("copies on %s not deleted: %w", strings.Join(left, ", "), vs.opError(ctx, ctx.Err()))
-		}
-	}
 }
 
 // Placements returns every placed volume by name.

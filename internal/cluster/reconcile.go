@@ -23,7 +23,7 @@ func (cs Copies) reconcile(ctx context.Context) {
 			continue
 		}
 		for _, kv := range resp.Kvs {
-			cs.apply(ctx, kv.Key, kv.Value)
+			cs.apply(ctx, kv.Key, kv.Value, kv.ModRevision)
 			cs.finishRemoval(ctx, kv.Key, kv.Value)
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
@@ -34,7 +34,7 @@ func (cs Copies) reconcile(ctx context.Context) {
 			}
 			for _, ev := range wr.Events {
 				if ev.Type == clientv3.EventTypePut {
-					cs.apply(ctx, ev.Kv.Key, ev.Kv.Value)
+					cs.apply(ctx, ev.Kv.Key, ev.Kv.Value, ev.Kv.ModRevision)
 				}
 			}
 		}
@@ -50,8 +50,9 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// apply brings this node's copy of one volume in line with its record.
-func (cs Copies) apply(ctx context.Context, key, value []byte) {
+// apply brings this node's copy of one volume in line with its record (at
+// mod revision modRev).
+func (cs Copies) apply(ctx context.Context, key, value []byte, modRev int64) {
 	var rec volumeRecord
 	if json.Unmarshal(value, &rec) != nil || !slices.Contains(rec.Copies, cs.n.cfg.NodeName) {
 		return
@@ -99,21 +100,7 @@ func (cs Copies) apply(ctx context.Context, key, value []byte) {
 		}
 		cs.putCopy(ctx, ck, c)
 	case volumeDeleting:
-		if !exists {
-			return
-		}
-		if have.LocalUID != "" {
-			if err := cs.n.store.DeleteCopy(ctx, name, have.LocalUID); err != nil {
-				cs.n.log.Error("delete a copy", "volume", name, "err", err)
-				have.State, have.Reason, have.UpdatedAt = copyDeleteFailed, err.Error(), time.Now().UTC()
-				cs.putCopy(ctx, ck, have)
-				return
-			}
-			cs.n.log.Info("copy deleted", "volume", name)
-		}
-		if _, err := cs.n.cli.Delete(ctx, ck); err != nil {
-			cs.n.log.Warn("remove copy state", "volume", name, "err", err)
-		}
+		cs.deleteCopy(ctx, name, rec, modRev, have, exists)
 	}
 }
 

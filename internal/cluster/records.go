@@ -59,6 +59,9 @@ type volumeRecord struct {
 	Term           uint64         `json:"term"`
 	InSync         []string       `json:"inSync"`
 	State          string         `json:"state,omitempty"`
+	// Refused is why the primary's copy refused the last delete (which
+	// put the volume back to active).
+	Refused string `json:"refused,omitempty"`
 	// Removing are the nodes whose copies left the placement (a drain)
 	// and that have not deleted them yet (drain.go).
 	Removing []string `json:"removing,omitempty"`

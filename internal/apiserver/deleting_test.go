@@ -1,0 +1,53 @@
+package apiserver
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+// TestDeletingVolume (issue 32, "Deletes that keep their promise"): a
+// volume being deleted, held on node b only, is listed through node a in
+// state deleting (never vanished while a copy remains), its GET says so,
+// and an attach, a snapshot and a clone of it are refused with Deleting
+// and a message naming the copy left; a detach is not refused.
+func TestDeletingVolume(t *testing.T) {
+	_, _, aURL, fa, fb := hopNodes(t, "the-cluster-key-0123456789")
+	for _, f := range []*fakeCluster{fa, fb} {
+		f.mu.Lock()
+		f.listed, f.deleting = true, map[string]bool{"v": true}
+		f.mu.Unlock()
+	}
+	c := &apiClient{t: t, base: aURL}
+	status, body := c.do("GET", "/v1/volumes", nil)
+	var l api.List[api.Volume]
+	if status != http.StatusOK || json.Unmarshal(body, &l) != nil {
+		t.Fatalf("list through a: %d %s", status, body)
+	}
+	if len(l.Items) != 1 || l.Items[0].Name != "v" || l.Items[0].State != api.VolumeDeleting {
+		t.Fatalf("list through a: %s; want v, deleting", body)
+	}
+	status, body = c.do("GET", "/v1/volumes/v", nil)
+	var v api.Volume
+	if status != http.StatusOK || json.Unmarshal(body, &v) != nil || v.State != api.VolumeDeleting {
+		t.Fatalf("get through a: %d %s; want state deleting", status, body)
+	}
+	for _, req := range []struct {
+		method, path string
+		body         any
+	}{
+		{"POST", "/v1/volumes/v/attachments", api.AttachmentSpec{Node: "worker-1"}},
+		{"POST", "/v1/volumes/v/snapshots", api.SnapshotSpec{Name: "s1"}},
+		{"POST", "/v1/clones", api.CloneSpec{Source: api.Source{Volume: "v"}, Names: []string{"w"}}},
+	} {
+		status, body := c.do(req.method, req.path, req.body)
+		if status != http.StatusConflict || errCode(t, body) != api.CodeDeleting {
+			t.Errorf("%s %s of a deleting volume: %d %s; want 409 Deleting", req.method, req.path, status, body)
+		}
+	}
+	if status, body := c.do("DELETE", "/v1/volumes/v/attachments/a1", nil); errCode(t, body) == api.CodeDeleting {
+		t.Errorf("a detach of a deleting volume: %d %s; want it carried on", status, body)
+	}
+}
