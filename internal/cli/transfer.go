@@ -95,7 +95,7 @@ removed: nothing is left behind. Needs qemu-img on this machine.`,
 			if err := a.importInto(ctx, c, v.Name, node, todo); err != nil {
 				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 				defer cancel()
-				if derr := c.DeleteVolume(cctx, v.Name, client.Recursive()); derr != nil {
+				if _, derr := c.DeleteVolume(cctx, v.Name, client.Recursive()); derr != nil {
 					return fmt.Errorf("import %s: %w; removing the half-made volume failed too (%v): run `quiver volume delete %s --recursive`",
 						v.Name, err, derr, v.Name)
 				}

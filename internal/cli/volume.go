@@ -151,7 +151,8 @@ a refusal and fails at the end, naming every volume it could not delete.`,
 			var failed []string
 			var first error
 			for _, name := range names {
-				if err := c.DeleteVolume(cmd.Context(), name, opts...); err != nil {
+				pending, err := c.DeleteVolume(cmd.Context(), name, opts...)
+				if err != nil {
 					if cmd.Context().Err() != nil {
 						return errInterrupted
 					}
@@ -162,6 +163,15 @@ a refusal and fails at the end, naming every volume it could not delete.`,
 					failed = append(failed, name)
 					if first == nil {
 						first = err
+					}
+					continue
+				}
+				if pending != nil {
+					// Not an error: nothing more for the admin to do, but the
+					// volume is not gone yet and the name not free.
+					if err := a.printDone(cmd.OutOrStdout(), "volume %s is deleting: %s; its nodes finish the delete when they are back, and the name stays taken until then",
+						name, pending.Reason); err != nil {
+						return err
 					}
 					continue
 				}

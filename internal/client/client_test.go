@@ -129,7 +129,7 @@ func TestRoutes(t *testing.T) {
 		},
 		{
 			name:   "delete volume",
-			call:   func(c *Client) error { return c.DeleteVolume(ctx, "web01") },
+			call:   func(c *Client) error { _, err := c.DeleteVolume(ctx, "web01"); return err },
 			status: http.StatusNoContent,
 			want:   recorded{Method: "DELETE", Path: "/v1/volumes/web01"},
 		},
@@ -263,6 +263,22 @@ func TestDecodesAnswers(t *testing.T) {
 	}
 	if len(vols) != 1 || vols[0].Name != "web01" || vols[0].Disks[0].Size != 512 || vols[0].Snapshots != 2 {
 		t.Fatalf("volumes = %+v", vols)
+	}
+}
+
+// TestDeletePending: a delete answered 204 is done (no volume returned); one
+// answered 202 is pending, and the volume in state deleting comes back with
+// its reason, so that the CLI does not say "deleted".
+func TestDeletePending(t *testing.T) {
+	_, c := newFake(t, cannedResponse{status: http.StatusNoContent},
+		cannedResponse{status: http.StatusAccepted, body: `{"name":"web01","state":"deleting","reason":"the copy on n3 is left"}`})
+	v, err := c.DeleteVolume(context.Background(), "web01")
+	if err != nil || v != nil {
+		t.Fatalf("finished delete: %+v, %v; want nil, nil", v, err)
+	}
+	v, err = c.DeleteVolume(context.Background(), "web01")
+	if err != nil || v == nil || v.State != api.VolumeDeleting || v.Reason != "the copy on n3 is left" {
+		t.Fatalf("pending delete: %+v, %v; want the deleting volume", v, err)
 	}
 }
 

@@ -72,13 +72,24 @@ func (c *Client) UpdateVolume(ctx context.Context, name string, update api.Volum
 }
 
 // DeleteVolume deletes a volume with its disks. A volume with snapshots is
-// refused (IsHasSnapshots) unless opts include Recursive.
-func (c *Client) DeleteVolume(ctx context.Context, name string, opts ...CallOption) error {
+// refused (IsHasSnapshots) unless opts include Recursive. On a cluster, a
+// delete that could not reach every copy's node yet is accepted: the volume
+// is then returned, in state deleting (Reason says which copies are left),
+// and its nodes finish the delete by themselves; a finished delete returns
+// nil.
+func (c *Client) DeleteVolume(ctx context.Context, name string, opts ...CallOption) (*api.Volume, error) {
 	p, err := segment("volume", name)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return c.do(ctx, http.MethodDelete, "/volumes/"+p, nil, nil, nil, opts...)
+	var v api.Volume
+	if err := c.do(ctx, http.MethodDelete, "/volumes/"+p, nil, nil, &v, opts...); err != nil {
+		return nil, err
+	}
+	if v.Name == "" {
+		return nil, nil
+	}
+	return &v, nil
 }
 
 // AddDisk adds a disk to a volume and returns the volume. A disk of that

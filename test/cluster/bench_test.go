@@ -189,7 +189,7 @@ func (c *cluster) benchVolume(t *testing.T, name string, replicas int, size int6
 		if on == "" || v.Primary == on || try == 20 {
 			break
 		}
-		if err := c.nodes[0].api().DeleteVolume(ctx, name); err != nil {
+		if _, err := c.nodes[0].api().DeleteVolume(ctx, name); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -209,7 +209,7 @@ func TestReplicatedClone(t *testing.T) {
 		copyStates(t, prim, "cl-live", api.CopyInSync)
 
 		// Deleted through the cluster, the clone goes from both nodes.
-		if err := prim.api().DeleteVolume(ctx, "cl-snap"); err != nil {
+		if _, err := prim.api().DeleteVolume(ctx, "cl-snap"); err != nil {
 			t.Fatal(err)
 		}
 		for _, nd := range []*node{prim, cp} {

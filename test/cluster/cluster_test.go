@@ -300,7 +300,7 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("delete removes every copy", func(t *testing.T) {
-		if err := n3.api().DeleteVolume(ctx, "web01"); err != nil {
+		if _, err := n3.api().DeleteVolume(ctx, "web01"); err != nil {
 			t.Fatal(err)
 		}
 		for _, nd := range c.nodes {
@@ -490,7 +490,7 @@ func replicatedWrites(t *testing.T, c *cluster) {
 	if err := prim.api().Detach(ctx, "rep", att.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.nodes[0].api().DeleteVolume(ctx, "rep"); err != nil {
+	if _, err := c.nodes[0].api().DeleteVolume(ctx, "rep"); err != nil {
 		t.Fatal(err)
 	}
 	for _, nd := range []*node{prim, cp} {

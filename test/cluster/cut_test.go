@@ -219,7 +219,7 @@ func TestReplicatedCut(t *testing.T) {
 			if err != nil || len(made) != 1 || made[0].Primary != prim.name || len(made[0].Copies) != len(copies) {
 				t.Errorf("clone of a replicated volume through %s, not its primary: %+v, %v", nd.name, made, err)
 			}
-			if err := nd.api().DeleteVolume(ctx, name); err != nil {
+			if _, err := nd.api().DeleteVolume(ctx, name); err != nil {
 				t.Errorf("delete %s: %v", name, err)
 			}
 		}

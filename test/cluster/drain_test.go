@@ -55,7 +55,7 @@ func TestDrain(t *testing.T) {
 	if v, err := c.nodes[0].api().GetVolume(ctx, "wide"); err != nil || len(v.Copies) != 3 {
 		t.Fatalf("refused drain changed volume wide: %+v (%v)", v, err)
 	}
-	if err := c.nodes[0].api().DeleteVolume(ctx, "wide"); err != nil {
+	if _, err := c.nodes[0].api().DeleteVolume(ctx, "wide"); err != nil {
 		t.Fatal(err)
 	}
 	// Refused: sent to another node than the one drained.
@@ -83,7 +83,7 @@ func TestDrain(t *testing.T) {
 	if client.Code(err) != api.CodeNotEnoughNodes || !strings.Contains(err.Error(), "drained, so not used: "+prim.name) {
 		t.Fatalf("replicas=3 with a node drained: %v, want %s naming the drained node", err, api.CodeNotEnoughNodes)
 	}
-	if err := c.nodes[2].api().DeleteVolume(ctx, "after"); err != nil {
+	if _, err := c.nodes[2].api().DeleteVolume(ctx, "after"); err != nil {
 		t.Fatal(err)
 	}
 	out := c.cli(c.nodes[2], "node", "undrain", prim.name)

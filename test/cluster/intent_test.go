@@ -282,7 +282,7 @@ func TestCutIntent(t *testing.T) {
 		if got := agree(prim, cp, "ic"); got["d0"] != src["d0"] || got["d1"] != src["d1"] {
 			t.Error("the new clone is not the source")
 		}
-		if err := prim.api().DeleteVolume(ctx, "ic"); err != nil {
+		if _, err := prim.api().DeleteVolume(ctx, "ic"); err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("clone subtest: %v", time.Since(start).Round(time.Millisecond))

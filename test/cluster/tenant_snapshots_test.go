@@ -165,7 +165,7 @@ func TestClusterTenantSnapshots(t *testing.T) {
 	}
 	// A deleted snapshot gives its count back: a clone of the unreplicated
 	// volume, through a node that does not hold it, once web2 is gone.
-	if err := as[cp.name].DeleteVolume(ctx, "web2"); err != nil {
+	if _, err := as[cp.name].DeleteVolume(ctx, "web2"); err != nil {
 		t.Fatal(err)
 	}
 	if err := as[spare.name].DeleteSnapshot(ctx, "db", "s1"); err != nil {
@@ -191,7 +191,7 @@ func TestClusterTenantSnapshots(t *testing.T) {
 		t.Fatalf("a's use: %+v, want 2 snapshots, 3 volumes", u)
 	}
 	// Deleting a volume with its snapshots gives both back.
-	if err := as[spare.name].DeleteVolume(ctx, "db2", client.Recursive()); err != nil {
+	if _, err := as[spare.name].DeleteVolume(ctx, "db2", client.Recursive()); err != nil {
 		t.Fatal(err)
 	}
 	if u := usedOf(t, admin, "a"); u.Snapshots != 1 || u.Volumes != 2 {

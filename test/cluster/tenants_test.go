@@ -59,7 +59,7 @@ func TestClusterTenants(t *testing.T) {
 			if _, err := bs[nd.name].Attach(ctx, name, api.AttachmentSpec{Node: "w1"}); client.Code(err) != api.CodeNotFound {
 				t.Errorf("b attaches %s on %s: %v, want NotFound", name, nd.name, err)
 			}
-			if err := bs[nd.name].DeleteVolume(ctx, name); client.Code(err) != api.CodeNotFound {
+			if _, err := bs[nd.name].DeleteVolume(ctx, name); client.Code(err) != api.CodeNotFound {
 				t.Errorf("b deletes %s on %s: %v, want NotFound", name, nd.name, err)
 			}
 		}
@@ -106,7 +106,7 @@ func TestClusterTenants(t *testing.T) {
 	if _, err := as["n3"].CreateVolume(ctx, api.VolumeSpec{Name: "x", Capacity: 1 << 20}); client.Code(err) != api.CodeQuota {
 		t.Fatalf("third volume through n3: %v, want %s", err, api.CodeQuota)
 	}
-	if err := as["n3"].DeleteVolume(ctx, "db"); err != nil {
+	if _, err := as["n3"].DeleteVolume(ctx, "db"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := as["n2"].CreateVolume(ctx, api.VolumeSpec{Name: "huge", Capacity: 3 << 20}); client.Code(err) != api.CodeQuota {

@@ -143,7 +143,7 @@ func TestClusterVolumeUpdate(t *testing.T) {
 		t.Errorf("vm to 3 MiB beside one's 1.75 MiB: %v, want %s", err, api.CodeQuota)
 	}
 	for _, name := range []string{"vm", "one"} {
-		if err := as["n3"].DeleteVolume(ctx, name); err != nil {
+		if _, err := as["n3"].DeleteVolume(ctx, name); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -305,7 +305,10 @@ func (w *worker) deleteSnapshot(vol string, cur *volState) *op {
 
 func (w *worker) deleteVolume(vol string) *op {
 	return &op{kind: "delete", desc: "delete " + vol, alts: map[string]*volState{vol: nil},
-		call: func(ctx context.Context, c *client.Client) error { return c.DeleteVolume(ctx, vol, client.Recursive()) }}
+		call: func(ctx context.Context, c *client.Client) error {
+			_, err := c.DeleteVolume(ctx, vol, client.Recursive())
+			return err
+		}}
 }
 
 func (w *worker) addDisk(vol string, cur *volState) *op {

@@ -116,7 +116,7 @@ func guestPausesOnFullPool(t *testing.T, mnt string, k *testguest.Kernel, initrd
 
 	// Free the space and continue: QEMU retries the failed write, and the
 	// guest finishes without ever seeing an error.
-	if err := srv.API.DeleteVolume(ctx, "filler"); err != nil {
+	if _, err := srv.API.DeleteVolume(ctx, "filler"); err != nil {
 		t.Fatal(err)
 	}
 	deleted := time.Now()

@@ -68,7 +68,7 @@ func TestExportsFollowTheAPI(t *testing.T) {
 	// touched it.
 	qemuIO(t, s.URI("w/root"), true, "read -P 0x21 0 1M", "read -P 0x22 15M 1M")
 
-	if err := s.api.DeleteVolume(ctx, "w"); err != nil {
+	if _, err := s.api.DeleteVolume(ctx, "w"); err != nil {
 		t.Fatal(err)
 	}
 	wantList(t, s, "v/root", "v@r/root")

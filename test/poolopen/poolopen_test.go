@@ -147,7 +147,7 @@ func TestQuarantinedVolume(t *testing.T) {
 	if states["bad"] != api.VolumeBroken || states["good"] != "" || len(states) != 2 {
 		t.Fatalf("states %v: want bad broken, good healthy", states)
 	}
-	if err := srv.API.DeleteVolume(ctx, "bad"); client.Code(err) != api.CodeBroken {
+	if _, err := srv.API.DeleteVolume(ctx, "bad"); client.Code(err) != api.CodeBroken {
 		t.Fatalf("delete of a broken volume: %v, want code %s", err, api.CodeBroken)
 	}
 	if _, err := srv.API.CreateSnapshot(ctx, "good", "s1"); err != nil {

@@ -236,7 +236,7 @@ func (l *lane) deleteVolume(ctx context.Context, v string) error {
 		l.done()
 	}
 	l.begin(&pendingOp{what: "delete volume " + v, delVolume: v})
-	if err := l.mc.api.DeleteVolume(ctx, v, client.Recursive()); err != nil {
+	if _, err := l.mc.api.DeleteVolume(ctx, v, client.Recursive()); err != nil {
 		return fmt.Errorf("delete volume %s: %w", v, err)
 	}
 	delete(l.model.vols, v)

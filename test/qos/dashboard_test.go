@@ -121,7 +121,7 @@ func TestDashboardQueriesExposedMetrics(t *testing.T) {
 	s.createVolume(t, "doomed", nil, disk("root", 16*miB))
 	q := startSession(t, s.uri("doomed", "root"), "writeback")
 	q.do(t, "write 0 4k", "wrote 4096/4096")
-	if err := s.api.DeleteVolume(t.Context(), "doomed"); err != nil {
+	if _, err := s.api.DeleteVolume(t.Context(), "doomed"); err != nil {
 		t.Fatal(err)
 	}
 	q.do(t, "write 0 4k", "write failed")

@@ -411,9 +411,9 @@ func TestTenancyMatrix(t *testing.T) {
 		{"detach", func() error { return notFound(a.Detach(ctx, "vb", bAtt.ID)) }},
 		{"detach with attach token", func() error { return notFound(aAttach.Detach(ctx, "vb", bAtt.ID)) }},
 		{"take the writer role", func() error { _, err := a.TransferWriter(ctx, "vb", bAtt.ID); return notFound(err) }},
-		{"delete", func() error { return notFound(a.DeleteVolume(ctx, "vb")) }},
-		{"delete recursive", func() error { return notFound(a.DeleteVolume(ctx, "vb", client.Recursive())) }},
-		{"delete by pool name", func() error { return notFound(a.DeleteVolume(ctx, "b--vb", client.Recursive())) }},
+		{"delete", func() error { _, err := a.DeleteVolume(ctx, "vb"); return notFound(err) }},
+		{"delete recursive", func() error { return notFound(deleteErr(a.DeleteVolume(ctx, "vb", client.Recursive()))) }},
+		{"delete by pool name", func() error { return notFound(deleteErr(a.DeleteVolume(ctx, "b--vb", client.Recursive()))) }},
 		{"change QoS", func() error {
 			_, err := a.UpdateVolume(ctx, "vb", api.VolumeUpdate{QoS: &api.QoS{RWIOPS: 1}})
 			return notFound(err)
@@ -459,7 +459,7 @@ func TestTenancyMatrix(t *testing.T) {
 
 		// a's attach token: attachments and exports only.
 		{"attach token creates a volume", func() error { _, err := aAttach.CreateVolume(ctx, volume1("new")); return forbidden(err) }},
-		{"attach token deletes its tenant's volume", func() error { return forbidden(aAttach.DeleteVolume(ctx, "va")) }},
+		{"attach token deletes its tenant's volume", func() error { return forbidden(deleteErr(aAttach.DeleteVolume(ctx, "va"))) }},
 		{"attach token snapshots", func() error { _, err := aAttach.CreateSnapshot(ctx, "va", "x"); return forbidden(err) }},
 		{"attach token clones", func() error {
 			_, err := aAttach.Clone(ctx, api.CloneSpec{Source: api.Source{Volume: "va"}, Names: []string{"copy"}})
@@ -476,7 +476,7 @@ func TestTenancyMatrix(t *testing.T) {
 
 		// Monitor tokens change nothing, their tenant's volumes included.
 		{"monitor creates", func() error { _, err := aMon.CreateVolume(ctx, volume1("new")); return forbidden(err) }},
-		{"monitor deletes", func() error { return forbidden(aMon.DeleteVolume(ctx, "va")) }},
+		{"monitor deletes", func() error { return forbidden(deleteErr(aMon.DeleteVolume(ctx, "va"))) }},
 		{"monitor snapshots", func() error { _, err := aMon.CreateSnapshot(ctx, "va", "x"); return forbidden(err) }},
 		{"monitor attaches", func() error { _, err := aMon.Attach(ctx, "va", api.AttachmentSpec{Node: "n"}); return forbidden(err) }},
 		{"monitor changes QoS", func() error {
@@ -484,7 +484,7 @@ func TestTenancyMatrix(t *testing.T) {
 			return forbidden(err)
 		}},
 		{"monitor reads b's volume", func() error { _, err := aMon.GetVolume(ctx, "vb"); return notFound(err) }},
-		{"node monitor deletes", func() error { return forbidden(n.as["/monitor"].DeleteVolume(ctx, "b--vb")) }},
+		{"node monitor deletes", func() error { return forbidden(deleteErr(n.as["/monitor"].DeleteVolume(ctx, "b--vb"))) }},
 		{"node monitor detaches", func() error { return forbidden(n.as["/monitor"].Detach(ctx, "b--vb", bAtt.ID)) }},
 		{"node monitor creates a token", func() error {
 			_, err := n.as["/monitor"].CreateToken(ctx, api.TokenSpec{Role: "admin"})
@@ -600,9 +600,9 @@ func TestTenancyMatrix(t *testing.T) {
 			_, err := certA.UpdateVolume(ctx, "vb", api.VolumeUpdate{QoS: &api.QoS{RWIOPS: 1}})
 			return notFound(err)
 		}},
-		{"api cert tenant deletes b's volume", func() error { return notFound(certA.DeleteVolume(ctx, "vb", client.Recursive())) }},
+		{"api cert tenant deletes b's volume", func() error { return notFound(deleteErr(certA.DeleteVolume(ctx, "vb", client.Recursive()))) }},
 		{"api cert tenant deletes by pool name", func() error {
-			return notFound(certA.DeleteVolume(ctx, "b--vb", client.Recursive()))
+			return notFound(deleteErr(certA.DeleteVolume(ctx, "b--vb", client.Recursive())))
 		}},
 		{"api cert tenant creates in b", func() error {
 			s := volume1("intruder")
@@ -615,14 +615,14 @@ func TestTenancyMatrix(t *testing.T) {
 			return forbidden(err)
 		}},
 		{"api cert attach creates", func() error { _, err := certAAttach.CreateVolume(ctx, volume1("new")); return forbidden(err) }},
-		{"api cert attach deletes its tenant's volume", func() error { return forbidden(certAAttach.DeleteVolume(ctx, "va")) }},
+		{"api cert attach deletes its tenant's volume", func() error { return forbidden(deleteErr(certAAttach.DeleteVolume(ctx, "va"))) }},
 		{"api cert attach snapshots", func() error { _, err := certAAttach.CreateSnapshot(ctx, "va", "x"); return forbidden(err) }},
 		{"api cert attach attaches b's volume", func() error {
 			_, err := certAAttach.Attach(ctx, "vb", api.AttachmentSpec{Node: "thief"})
 			return notFound(err)
 		}},
 		{"api cert monitor creates", func() error { _, err := certAMon.CreateVolume(ctx, volume1("new")); return forbidden(err) }},
-		{"api cert monitor deletes", func() error { return forbidden(certAMon.DeleteVolume(ctx, "va")) }},
+		{"api cert monitor deletes", func() error { return forbidden(deleteErr(certAMon.DeleteVolume(ctx, "va"))) }},
 		{"api cert monitor snapshots", func() error { _, err := certAMon.CreateSnapshot(ctx, "va", "x"); return forbidden(err) }},
 		{"api cert monitor attaches", func() error {
 			_, err := certAMon.Attach(ctx, "va", api.AttachmentSpec{Node: "n"})
@@ -645,7 +645,7 @@ func TestTenancyMatrix(t *testing.T) {
 			return nil
 		}},
 		{"api cert of no token deletes", func() error {
-			if err := n.certAs["cert:none"].DeleteVolume(ctx, "b--vb", client.Recursive()); !client.IsUnauthorized(err) {
+			if _, err := n.certAs["cert:none"].DeleteVolume(ctx, "b--vb", client.Recursive()); !client.IsUnauthorized(err) {
 				return fmt.Errorf("want 401, got %v", err)
 			}
 			return nil
@@ -1161,3 +1161,6 @@ func TestListByCertificate(t *testing.T) {
 		t.Errorf("LIST without TLS: %v", err)
 	}
 }
+
+// deleteErr is the error of a DeleteVolume call.
+func deleteErr(_ *api.Volume, err error) error { return err }
