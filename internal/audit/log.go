@@ -64,6 +64,7 @@ type Log struct {
 	size   int64
 	seq    int64 // the last event's
 	failed bool  // the current file had a failed write or fsync
+	closed bool
 }
 
 // Open opens the log in fsys (the pool's root), making audit/ and the
@@ -143,6 +144,9 @@ func (l *Log) Append(ev api.Event) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.closed {
+		return fmt.Errorf("audit log: %w", fs.ErrClosed)
+	}
 	ev.Seq = l.seq + 1
 	line, err := json.Marshal(ev)
 	if err != nil {
@@ -267,10 +271,11 @@ func (l *Log) readFile(name string) ([]api.Event, int64, error) {
 	}
 }
 
-// Close closes the current file.
+// Close closes the current file; Append fails from then on.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.closed = true
 	if l.f == nil {
 		return nil
 	}
