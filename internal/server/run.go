@@ -283,6 +283,9 @@ func (n *node) joinCluster(ctx context.Context) error {
 	if err := n.store.Share(sctx, cn.TokenStore(), log); err != nil {
 		return err
 	}
+	if err := n.shareAdminToken(sctx, cn.TokenStore()); err != nil {
+		return fmt.Errorf("admin token: %w", err)
+	}
 	h.Cluster = apiserver.NodeCluster(cn)
 	if h.Peers, err = peers(cfg, cn.Name()); err != nil {
 		return err
