@@ -562,3 +562,39 @@ type Primary struct {
 	TLS    bool   `json:"tls,omitempty"` // the node requires TLS on NBD
 	Term   uint64 `json:"term,omitempty"`
 }
+
+// Event is one line of a node's audit log (`quiver events`, GET /v1/events):
+// a request that changed or tried to change something, or one refused for
+// its credential. It never holds a request's body, only the names of what
+// the request acted on.
+type Event struct {
+	// Seq numbers the node's events from 1, in the order they were
+	// written; ?after=SEQ reads those after it.
+	Seq  int64     `json:"seq"`
+	Time time.Time `json:"time"`
+	Who  EventWho  `json:"who"`
+	// Method and Route are the request's method and the route's pattern
+	// ("DELETE /v1/volumes/{volume}"); Route is empty for a request that
+	// matched none.
+	Method string `json:"method"`
+	Route  string `json:"route,omitempty"`
+	// Names are the route's names (volume, disk, snapshot, id, node,
+	// tenant) and, for a create, the name of what it makes ("name").
+	Names map[string]string `json:"names,omitempty"`
+	// Status is the HTTP status answered; Code the error's code when it
+	// was an error.
+	Status int    `json:"status"`
+	Code   string `json:"code,omitempty"`
+}
+
+// EventWho is who a request acted for: never a secret.
+type EventWho struct {
+	TokenID string `json:"tokenId,omitempty"`
+	Role    string `json:"role,omitempty"`
+	Tenant  string `json:"tenant,omitempty"`
+	// Cert is the subject of the client certificate a TLS handshake
+	// verified, when the client presented one.
+	Cert string `json:"cert,omitempty"`
+	// Remote is the client's address; "local" for the unix socket.
+	Remote string `json:"remote,omitempty"`
+}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/audit"
 	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
@@ -59,6 +60,9 @@ type Server struct {
 	// Peers, when set (before serving), carries the requests that must
 	// run on a volume's primary to it (forward.go); nil on a single node.
 	Peers *Peers
+	// Audit, when set (before serving), records every change asked and
+	// every refused credential (audit.go); nil: none recorded.
+	Audit *audit.Log
 
 	pool  *pool.Pool
 	jobs  *job.Manager
@@ -132,6 +136,7 @@ func (s *Server) routes() {
 		"GET /v1/jobs":                                      {s.listJobs, auth.ActRead},
 		"GET /v1/jobs/{id}":                                 {s.getJob, auth.ActRead},
 		"DELETE /v1/jobs/{id}":                              {s.cancelJob, auth.ActWrite},
+		"GET /v1/events":                                    {s.listEvents, auth.ActRead},
 		"GET /v1/tokens":                                    {s.listTokens, auth.ActAdmin},
 		"POST /v1/tokens":                                   {s.createToken, auth.ActAdmin},
 		"DELETE /v1/tokens/{id}":                            {s.revokeToken, auth.ActAdmin},
@@ -189,13 +194,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.probe(w, r) || s.serveHop(w, r) {
 		return
 	}
+	w, record := s.audited(w, r, remoteOf(r))
 	p, err := s.authenticate(r)
 	if err != nil {
 		s.writeError(w, r, err)
+		record(nil)
 		return
 	}
 	s.watchRevocation(r, p)
 	s.route(w, withPrincipal(r, p))
+	record(&p)
 }
 
 // Local returns the API without the token check, for a unix socket whose
@@ -204,7 +212,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) Local() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !s.probe(w, r) {
+			w, record := s.audited(w, r, "local")
 			s.route(w, withPrincipal(r, auth.Anonymous))
+			record(&auth.Anonymous)
 		}
 	})
 }
@@ -266,6 +276,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) error {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
 	r.Body = io.NopCloser(bytes.NewReader(data))
+	noteBody(w, data)
 	return nil
 }
 
@@ -290,6 +301,7 @@ func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.H
 
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	status, e := toError(err)
+	noteCode(w, e.Code)
 	if status >= 500 {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	} else {

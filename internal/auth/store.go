@@ -466,6 +466,12 @@ func (s *Store) Authenticate(secret string) (Principal, error) {
 	return Principal{TokenID: t.ID, Tenant: t.Tenant, Role: t.Role}, nil
 }
 
+// IsAdmin reports whether secret is the secret of an admin token.
+func (s *Store) IsAdmin(secret string) bool {
+	p, err := s.Authenticate(secret)
+	return err == nil && p.Role == RoleAdmin
+}
+
 // AuthenticateCertificate returns the principal a client certificate (its
 // DER encoding, verified by the TLS handshake) acts for: that of its
 // certificate token. ErrUnauthenticated when it has none.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strconv"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
 )
@@ -55,3 +57,29 @@ func IsForbidden(err error) bool { return Code(err) == api.CodeForbidden }
 
 // IsQuota reports whether err is a refusal by a tenant's quota.
 func IsQuota(err error) bool { return Code(err) == api.CodeQuota }
+
+// EventQuery selects audit events: numbered after After, at or after Since
+// (zero: any), the last Limit of them (0: the server's bound).
+type EventQuery struct {
+	After int64
+	Since time.Time
+	Limit int
+}
+
+// ListEvents reads the node's audit log, oldest first: every change asked
+// and every refused credential (a tenant's token reads its tenant's).
+func (c *Client) ListEvents(ctx context.Context, q EventQuery) ([]api.Event, error) {
+	v := url.Values{}
+	if q.After > 0 {
+		v.Set("after", strconv.FormatInt(q.After, 10))
+	}
+	if !q.Since.IsZero() {
+		v.Set("since", q.Since.UTC().Format(time.RFC3339Nano))
+	}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	var list api.List[api.Event]
+	err := c.do(ctx, http.MethodGet, "/events", v, nil, &list)
+	return list.Items, err
+}

@@ -90,3 +90,63 @@ func (t TokenStore) Watch(ctx context.Context, fn func([]byte, int64)) {
 		sleep(ctx, 200*time.Millisecond)
 	}
 }
+
+// The cluster's admin credential (docs/cluster.md, "Admin token"): the
+// secret of the admin token that the node whose token store became the
+// cluster's made at its first start, kept in etcd under "auth/admin",
+// sealed (secrets.go), so that every node started without --token-file
+// writes the same one to its pool's admin.token. etcd's clients read
+// nothing they could use.
+
+func (t TokenStore) adminKey() string { return t.n.key("auth", "admin") }
+
+// AdminSecret returns the cluster's admin secret; "" when none is stored.
+func (t TokenStore) AdminSecret(ctx context.Context) (string, error) {
+	k := t.adminKey()
+	resp, err := t.n.cli.Get(ctx, k)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", k, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", nil
+	}
+	plain, err := t.n.keys.unseal(k, resp.Kvs[0].Value)
+	if err != nil {
+		return "", err
+	}
+	return string(plain), nil
+}
+
+// StoreAdminSecret stores secret as the cluster's admin secret unless one
+// is stored already, in one Txn; it returns the one stored (this or the
+// other), durable in etcd when it returns.
+func (t TokenStore) StoreAdminSecret(ctx context.Context, secret string) (string, error) {
+	k := t.adminKey()
+	sealed, err := t.n.keys.seal(k, []byte(secret))
+	if err != nil {
+		return "", err
+	}
+	resp, _, err := t.n.commitLearning(ctx, "write "+k, txnSpec{
+		If:   []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0)},
+		Then: []clientv3.Op{clientv3.OpPut(k, string(sealed))}})
+	if err != nil {
+		return "", fmt.Errorf("write %s: %w", k, err)
+	}
+	if resp.Succeeded {
+		return secret, nil
+	}
+	return t.AdminSecret(ctx)
+}
+
+// WatchAdminSecret calls fn with the cluster's admin secret as soon as one
+// is stored (at once when it is already), reading it each second, until
+// ctx ends or fn returns true.
+func (t TokenStore) WatchAdminSecret(ctx context.Context, fn func(secret string) bool) {
+	for ctx.Err() == nil {
+		s, err := t.AdminSecret(ctx)
+		if err == nil && s != "" && fn(s) {
+			return
+		}
+		sleep(ctx, time.Second)
+	}
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/apiserver"
+	"github.com/quiverstorage/quiver/internal/audit"
 	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/connlimit"
@@ -66,6 +67,7 @@ type node struct {
 
 	pool    *pool.Pool
 	store   *auth.Store
+	audit   *audit.Log // nil on a read-only pool
 	jobs    *job.Manager
 	metrics *metrics.Metrics
 
@@ -166,6 +168,16 @@ func (n *node) openPool(ctx context.Context) error {
 	if cfg.RequireToken && n.token == "" && p.ReadOnly() && len(store.List()) == 0 {
 		return fmt.Errorf("listen %s: %w (a read-only pool has no admin token to make)", cfg.APIAddr, ErrInsecure)
 	}
+	if !p.ReadOnly() {
+		// Every change asked of the API, and every refused credential
+		// (docs/security.md, "Audit log").
+		al, err := audit.Open(p.FS(), audit.Options{})
+		if err != nil {
+			return err
+		}
+		n.audit = al
+		n.onClose(func() { _ = al.Close() })
+	}
 	n.jobs = newJobs(p, log)
 	n.metrics = metrics.NewWith(p, metrics.Options{PerDisk: cfg.MetricsPerDisk})
 	return nil
@@ -235,6 +247,7 @@ func (n *node) buildAPI() {
 	h.BodyTimeout = cfg.API.BodyTimeout
 	h.Auth, h.RequireToken = n.store, cfg.RequireToken
 	h.MaxOvercommit = cfg.MaxOvercommit
+	h.Audit = n.audit
 	endpoint := apiserver.NBDEndpoint{Socket: cfg.NBDSocket, TLS: n.cfg.NBD.TLS != nil && n.cfg.NBD.RequireTLS}
 	for _, l := range n.nbdLns {
 		if l.Addr().Network() == "tcp" {
@@ -269,6 +282,9 @@ func (n *node) joinCluster(ctx context.Context) error {
 	n.onClose(scancel)
 	if err := n.store.Share(sctx, cn.TokenStore(), log); err != nil {
 		return err
+	}
+	if err := n.shareAdminToken(sctx, cn.TokenStore()); err != nil {
+		return fmt.Errorf("admin token: %w", err)
 	}
 	h.Cluster = apiserver.NodeCluster(cn)
 	if h.Peers, err = peers(cfg, cn.Name()); err != nil {

@@ -32,6 +32,9 @@ type node struct {
 	// tls, when set, is how the test's clients reach the node's API over
 	// HTTPS (a node started with --tls-cert).
 	tls *tls.Config
+	// poolToken starts the node without --token-file: its admin token is
+	// the one in its pool's admin.token (made at first start).
+	poolToken bool
 }
 
 func (n *node) api() *client.Client { return n.proc.API }
@@ -70,8 +73,12 @@ func (c *cluster) spawn(nd *node) {
 	if nd.domain != "" {
 		args = append(args, "--failure-domain", nd.domain)
 	}
-	p, err := testserver.Spawn(quiverBin, testserver.Options{Pool: nd.pool, Token: apiToken, Args: args,
-		Wrap: []string{"ip", "netns", "exec", nd.ns}, Dial: c.net.Dial, TLS: nd.tls})
+	token := apiToken
+	if nd.poolToken {
+		token = ""
+	}
+	p, err := testserver.Spawn(quiverBin, testserver.Options{Pool: nd.pool, Token: token, AdminTokenFromPool: nd.poolToken,
+		Args: args, Wrap: []string{"ip", "netns", "exec", nd.ns}, Dial: c.net.Dial, TLS: nd.tls})
 	if err != nil {
 		t.Fatal(err)
 	}
