@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -73,6 +75,9 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 				"was it added first (quiver node add %s --peer-url %s), and is --initial-cluster what that printed?",
 				c.NodeName, dir, err, c.NodeName, peer)
 		}
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, nil, fmt.Errorf("start embedded etcd member %q (data %s): %w (%s)", c.NodeName, dir, err, addrInUseHint(err, peer, clientURLs))
+		}
 		return nil, nil, fmt.Errorf("start embedded etcd member %q (data %s): %w", c.NodeName, dir, err)
 	}
 	c.Logger.Info("embedded etcd member started; waiting for a quorum of --initial-cluster",
@@ -120,6 +125,30 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 				c.NodeName, context.Cause(ctx))
 		}
 	}
+}
+
+// addrInUseHint says which flag gives the address that etcd could not
+// listen on (err is EADDRINUSE): this node's peer URL in --initial-cluster,
+// or a URL of --etcd-listen-client; both when the address matches neither
+// as given (a name that resolved to it).
+func addrInUseHint(err error, peer *url.URL, clients []url.URL) string {
+	var op *net.OpError
+	addr := ""
+	if errors.As(err, &op) && op.Addr != nil {
+		addr = op.Addr.String()
+	}
+	const client = "is another etcd, or another node on this machine, using it? give this node other client URLs with --etcd-listen-client"
+	const peerHint = "is another etcd, or another node on this machine, using it? give this node another peer URL in --initial-cluster, the same on every node"
+	if addr == peer.Host {
+		return peerHint
+	}
+	for _, u := range clients {
+		if addr == u.Host {
+			return client
+		}
+	}
+	return "is another etcd, or another node on this machine, using it? give this node other client URLs with --etcd-listen-client, " +
+		"or another peer URL in --initial-cluster (the same on every node)"
 }
 
 // errRemovedMember: the member stopped by itself before it was ready,

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -53,6 +56,51 @@ func TestMemberWithoutQuorumStops(t *testing.T) {
 			case <-time.After(time.Minute):
 				t.Fatal("the join still runs a minute later: the member's Close hangs")
 			}
+		})
+	}
+}
+
+// TestMemberPortInUse starts a member whose client or peer port another
+// process holds (a second node on one machine with the first one's
+// ports): the join is refused with EADDRINUSE, and its message names the
+// flag that gives that address.
+func TestMemberPortInUse(t *testing.T) {
+	for _, c := range []struct {
+		name, flag string
+		peer       bool // hold the peer port, else the client port
+	}{
+		{"client port", "--etcd-listen-client", false},
+		{"peer port", "--initial-cluster", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			held, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Close()
+			peerPort, clientPort := freePort(t), freePort(t)
+			if c.peer {
+				peerPort = held.Addr().(*net.TCPAddr).Port
+			} else {
+				clientPort = held.Addr().(*net.TCPAddr).Port
+			}
+			dir := t.TempDir()
+			cfg := Config{NodeName: "n1", ClusterName: "alpha", TokenFile: writeToken(t, dir, "0123456789abcdef-secret"),
+				InitialCluster: fmt.Sprintf("n1=http://127.0.0.1:%d", peerPort),
+				EtcdClientURLs: []string{fmt.Sprintf("http://127.0.0.1:%d", clientPort)},
+				StateDir:       filepath.Join(dir, "n1"), StartTimeout: time.Minute, Logger: testLogger(t)}
+			n, err := Join(context.Background(), cfg, newMemStore())
+			if err == nil {
+				_ = n.Close()
+				t.Fatal("the join succeeded with its port held by another listener")
+			}
+			if !errors.Is(err, syscall.EADDRINUSE) {
+				t.Fatalf("join: %v, want EADDRINUSE", err)
+			}
+			if !strings.Contains(err.Error(), c.flag) {
+				t.Fatalf("join: %v: the message does not name %s", err, c.flag)
+			}
+			t.Logf("refused: %v", err)
 		})
 	}
 }
