@@ -75,7 +75,7 @@ func (f *fakeCluster) Placement(_ context.Context, v string) (cluster.Placement,
 	return f.placement(v, p), ok, nil
 }
 func (f *fakeCluster) placement(v, primary string) cluster.Placement {
-	pl := cluster.Placement{Volume: v, Replicas: 2, Primary: primary, Term: 1, Deleting: f.deleting[v],
+	pl := cluster.Placement{Volume: v, UID: "cluster-uid-of-" + v, Replicas: 2, Primary: primary, Term: 1, Deleting: f.deleting[v],
 		Copies: []cluster.CopyInfo{{Node: primary, State: cluster.CopyInSync}},
 		Spec:   api.VolumeSpec{Disks: []api.DiskSpec{{Name: "root", Size: 8 * mib}}}}
 	if t, _, found := strings.Cut(v, pool.TenantSeparator); found {
