@@ -283,6 +283,11 @@ func withPlacement(v *api.Volume, p cluster.Placement) {
 	v.Copies = make([]api.Copy, 0, len(p.Copies))
 	for _, c := range p.Copies {
 		ac := api.Copy{Node: c.Node, State: c.State, Reason: c.Reason}
+		if p.Deleting && c.State == "" {
+			// Its record went with it: this copy is deleted, not
+			// being made.
+			ac.State = api.CopyDeleted
+		}
 		if c.Progress != nil {
 			pct := c.Progress.Percent()
 			ac.Progress, ac.DoneBytes, ac.TotalBytes = &pct, c.Progress.DoneBytes, c.Progress.TotalBytes
