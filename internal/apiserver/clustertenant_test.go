@@ -86,3 +86,56 @@ func TestClusterTenantFindsSnapshots(t *testing.T) {
 			info.Volumes, info.ProvisionedBytes, info.Tenant)
 	}
 }
+
+// TestClusterAdminFindsSnapshots (issue 32, "One view from every node"):
+// an admin's GET /v1/snapshots through either node lists the snapshots of
+// every placed volume (the one only b holds asked of its primary, a
+// tenant's by its pool name) and of the asked node's own volume that is
+// not placed; ?name= narrows it.
+func TestClusterAdminFindsSnapshots(t *testing.T) {
+	a, b, aURL, fa, fb := hopNodes(t, "the-cluster-key-0123456789")
+	ctx := context.Background()
+	mk := func(s *Server, name, tenant, snap string) {
+		t.Helper()
+		if _, _, err := s.pool.Create(ctx, pool.VolumeSpec{Name: name, Tenant: tenant, Capacity: 8 * mib,
+			Disks: []pool.DiskSpec{{Name: "root", Size: 8 * mib}}}); err != nil {
+			t.Fatal(err)
+		}
+		v, err := s.pool.Volume(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := v.CreateSnapshot(ctx, snap, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk(b, "t--w", "t", "s1") // placed, only b holds it
+	mk(a, "x", "", "s2")     // placed, a holds it
+	mk(a, "own", "", "s1")   // a's own, not placed
+	for _, f := range []*fakeCluster{fa, fb} {
+		f.mu.Lock()
+		f.prim["t--w"], f.prim["x"] = "b", "a"
+		f.listed = true
+		f.mu.Unlock()
+	}
+	c := &apiClient{t: t, base: aURL}
+	find := func(query string) []string {
+		t.Helper()
+		status, body := c.do("GET", "/v1/snapshots"+query, nil)
+		var l api.List[api.Snapshot]
+		if status != http.StatusOK || json.Unmarshal(body, &l) != nil {
+			t.Fatalf("the admin's GET /v1/snapshots%s through a: %d %s", query, status, body)
+		}
+		var out []string
+		for _, s := range l.Items {
+			out = append(out, s.Volume+"@"+s.Name)
+		}
+		return out
+	}
+	if got, want := find(""), []string{"own@s1", "t--w@s1", "x@s2"}; !slices.Equal(got, want) {
+		t.Errorf("the admin's snapshots through a: %v, want %v", got, want)
+	}
+	if got, want := find("?name=s1"), []string{"own@s1", "t--w@s1"}; !slices.Equal(got, want) {
+		t.Errorf("the admin's snapshots named s1 through a: %v, want %v", got, want)
+	}
+}
