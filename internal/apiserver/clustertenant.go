@@ -20,23 +20,31 @@ import (
 // that are not placed); its attachments and pool are the node's own.
 
 // tenantPlacements returns the placements the caller sees (a tenant: its
-// own) whose labels match (nil: all), sorted by name; none being deleted.
-func (s *Server) tenantPlacements(r *http.Request, match func(map[string]string) bool) ([]cluster.Placement, error) {
+// own) whose labels match (nil: all), sorted by name; with those being
+// deleted when deleting says so.
+func (s *Server) tenantPlacements(r *http.Request, match func(map[string]string) bool, deleting bool) ([]cluster.Placement, error) {
 	ps, err := s.Cluster.Placements(r.Context())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUnavailable, err)
 	}
-	return seenPlacements(r, ps, match), nil
+	return seenPlacements(r, ps, match, deleting), nil
 }
 
 // seenPlacements are the placements of ps that the caller sees (a
-// tenant: its own) whose labels match (nil: all), sorted by name; none
-// being deleted.
-func seenPlacements(r *http.Request, ps map[string]cluster.Placement, match func(map[string]string) bool) []cluster.Placement {
+// tenant: its own) whose labels match (nil: all), sorted by name; with
+// those being deleted when deleting says so.
+//
+// The snapshot and attachment lists leave a deleting volume out: it takes
+// no attachment, clone or rollback, its snapshots go with its copies, and
+// its primary's node is often the one down that keeps it deleting, so
+// asking it would fail the whole list (503) until that node is back. The
+// pool's counts keep it: it holds its space, and counts in its tenant's
+// use, until its last copy is gone, and the volume list shows it.
+func seenPlacements(r *http.Request, ps map[string]cluster.Placement, match func(map[string]string) bool, deleting bool) []cluster.Placement {
 	p := principalOf(r)
 	var out []cluster.Placement
 	for _, pl := range ps {
-		if !p.Sees(pl.Spec.Tenant) || pl.Deleting || (match != nil && !match(pl.Spec.Labels)) {
+		if !p.Sees(pl.Spec.Tenant) || (pl.Deleting && !deleting) || (match != nil && !match(pl.Spec.Labels)) {
 			continue
 		}
 		out = append(out, pl)
@@ -58,7 +66,7 @@ func (s *Server) findClusterSnapshots(w http.ResponseWriter, r *http.Request, ma
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUnavailable, err)
 	}
-	pls := seenPlacements(r, ps, match)
+	pls := seenPlacements(r, ps, match, false)
 	var apis map[string]string // node -> API address, of the nodes up; read once when needed
 	out := api.List[api.Snapshot]{Items: []api.Snapshot{}}
 	for _, pl := range pls {
@@ -156,7 +164,7 @@ func peerList[T any](s *Server, r *http.Request, pl cluster.Placement, addr, wha
 // down or not answering fails the whole list (503) rather than leave a
 // volume's attachments out.
 func (s *Server) findClusterAttachments(w http.ResponseWriter, r *http.Request, match func(map[string]string) bool) error {
-	pls, err := s.tenantPlacements(r, match)
+	pls, err := s.tenantPlacements(r, match, false)
 	if err != nil {
 		return err
 	}
@@ -190,9 +198,10 @@ func (s *Server) findClusterAttachments(w http.ResponseWriter, r *http.Request, 
 }
 
 // tenantPoolCounts are the volume count and the provisioned bytes (the sum
-// of the disks' sizes) of the caller's tenant's placed volumes.
+// of the disks' sizes) of the caller's tenant's placed volumes, those
+// being deleted among them, as its volume list and its use count them.
 func (s *Server) tenantPoolCounts(r *http.Request) (volumes int, provisioned int64, err error) {
-	pls, err := s.tenantPlacements(r, nil)
+	pls, err := s.tenantPlacements(r, nil, true)
 	if err != nil {
 		return 0, 0, err
 	}
