@@ -118,12 +118,19 @@ const (
 	// CopyResyncing: a degraded copy being brought back by its primary
 	// (Copy.Progress says how far).
 	CopyResyncing = "resyncing"
+	// CopyDeleted: a copy of a volume being deleted (VolumeDeleting) that
+	// its node has deleted; the volume goes once its other copies have.
+	CopyDeleted = "deleted"
 )
 
 // Copy is one node's copy of a volume.
 type Copy struct {
-	Node   string `json:"node"`
-	State  string `json:"state"` // CopyInSync, CopyDegraded, CopyResyncing, CopyFailed, or "" while being made
+	Node string `json:"node"`
+	// State is CopyInSync, CopyDegraded, CopyResyncing, CopyFailed,
+	// CopyDeleted, a word of the cluster's own for a copy being moved
+	// ("rebuilding", "removing") or not deleted ("delete-failed"), or ""
+	// while its node makes it.
+	State  string `json:"state"`
 	Reason string `json:"reason,omitempty"`
 	// Progress is a resync's, in percent of the bytes to copy, with those
 	// bytes (CopyResyncing only).

@@ -255,7 +255,8 @@ func (s *Server) listClusterVolumes(w http.ResponseWriter, r *http.Request, matc
 	return nil
 }
 
-// clusterVolume is a placed volume: this node's copy, with the placement.
+// clusterVolume is a placed volume: this node's copy, with the placement
+// (withPlacement), so the same volume whichever node is asked.
 func (s *Server) clusterVolume(p cluster.Placement) api.Volume {
 	var out api.Volume
 	if v, err := s.pool.Volume(p.Volume); err == nil {
@@ -271,11 +272,22 @@ func (s *Server) clusterVolume(p cluster.Placement) api.Volume {
 	return out
 }
 
+// withPlacement adds the placement p to v, a copy of it or its record:
+// the UID is the cluster's, which every node answers, never a copy's
+// local one (each node's copy has its own).
 func withPlacement(v *api.Volume, p cluster.Placement) {
+	if p.UID != "" {
+		v.UID = p.UID
+	}
 	v.Replicas, v.Primary, v.Term = max(p.Replicas, 1), p.Primary, p.Term
 	v.Copies = make([]api.Copy, 0, len(p.Copies))
 	for _, c := range p.Copies {
 		ac := api.Copy{Node: c.Node, State: c.State, Reason: c.Reason}
+		if p.Deleting && c.State == "" {
+			// Its record went with it: this copy is deleted, not
+			// being made.
+			ac.State = api.CopyDeleted
+		}
 		if c.Progress != nil {
 			pct := c.Progress.Percent()
 			ac.Progress, ac.DoneBytes, ac.TotalBytes = &pct, c.Progress.DoneBytes, c.Progress.TotalBytes

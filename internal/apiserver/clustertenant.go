@@ -12,43 +12,61 @@ import (
 	"github.com/quiverstorage/quiver/internal/cluster"
 )
 
-// A tenant's cross-volume reads on a cluster node (docs/security.md,
-// "Tenants on a cluster"): GET /v1/snapshots, GET /v1/attachments and
-// GET /v1/pool answer from
-// the tenant's placements in etcd, the same on every node, as its volume
-// list does; a node-wide caller keeps the node's own answer.
+// Cross-volume reads on a cluster node (docs/security.md, "Tenants on a
+// cluster"): a tenant's GET /v1/snapshots, GET /v1/attachments and GET
+// /v1/pool answer from the tenant's placements in etcd, the same on every
+// node, as its volume list does. A node-wide caller's GET /v1/snapshots is
+// the cluster's too (every placed volume's, and this node's own volumes
+// that are not placed); its attachments and pool are the node's own.
 
-// tenantPlacements returns the placements the caller's tenant sees whose
-// labels match (nil: all), sorted by name; none being deleted.
-func (s *Server) tenantPlacements(r *http.Request, match func(map[string]string) bool) ([]cluster.Placement, error) {
+// tenantPlacements returns the placements the caller sees (a tenant: its
+// own) whose labels match (nil: all), sorted by name; with those being
+// deleted when deleting says so.
+func (s *Server) tenantPlacements(r *http.Request, match func(map[string]string) bool, deleting bool) ([]cluster.Placement, error) {
 	ps, err := s.Cluster.Placements(r.Context())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUnavailable, err)
 	}
+	return seenPlacements(r, ps, match, deleting), nil
+}
+
+// seenPlacements are the placements of ps that the caller sees (a
+// tenant: its own) whose labels match (nil: all), sorted by name; with
+// those being deleted when deleting says so.
+//
+// The snapshot and attachment lists leave a deleting volume out: it takes
+// no attachment, clone or rollback, its snapshots go with its copies, and
+// its primary's node is often the one down that keeps it deleting, so
+// asking it would fail the whole list (503) until that node is back. The
+// pool's counts keep it: it holds its space, and counts in its tenant's
+// use, until its last copy is gone, and the volume list shows it.
+func seenPlacements(r *http.Request, ps map[string]cluster.Placement, match func(map[string]string) bool, deleting bool) []cluster.Placement {
 	p := principalOf(r)
 	var out []cluster.Placement
 	for _, pl := range ps {
-		if pl.Spec.Tenant == "" || !p.Sees(pl.Spec.Tenant) || pl.Deleting || (match != nil && !match(pl.Spec.Labels)) {
+		if !p.Sees(pl.Spec.Tenant) || (pl.Deleting && !deleting) || (match != nil && !match(pl.Spec.Labels)) {
 			continue
 		}
 		out = append(out, pl)
 	}
 	slices.SortFunc(out, func(a, b cluster.Placement) int { return cmp.Compare(a.Volume, b.Volume) })
-	return out, nil
+	return out
 }
 
-// findClusterSnapshots answers a tenant's GET /v1/snapshots on a cluster
-// node: the snapshots of each of its placed volumes matching match (named
+// findClusterSnapshots answers GET /v1/snapshots on a cluster node: the
+// snapshots of each placed volume the caller sees matching match (named
 // name, when given), read from this node's copy, else asked of the
 // volume's primary (one hop per such volume, for the caller: the primary
-// serves it through the tenant's checks). A primary down or not answering
-// fails the whole list (503): a list missing a volume's snapshots would
-// let a CSI name check pass wrongly.
+// serves it through the caller's checks); for a node-wide caller, with
+// those of this node's volumes that are not placed. A primary down or not
+// answering fails the whole list (503): a list missing a volume's
+// snapshots would let a CSI name check pass wrongly.
 func (s *Server) findClusterSnapshots(w http.ResponseWriter, r *http.Request, match func(map[string]string) bool, name string) error {
-	pls, err := s.tenantPlacements(r, match)
+	ps, err := s.Cluster.Placements(r.Context())
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", errUnavailable, err)
 	}
+	pls := seenPlacements(r, ps, match, false)
 	var apis map[string]string // node -> API address, of the nodes up; read once when needed
 	out := api.List[api.Snapshot]{Items: []api.Snapshot{}}
 	for _, pl := range pls {
@@ -72,6 +90,15 @@ func (s *Server) findClusterSnapshots(w http.ResponseWriter, r *http.Request, ma
 				out.Items = append(out.Items, sn)
 			}
 		}
+	}
+	if principalOf(r).Tenant == "" {
+		// This node's own volumes, made before it joined the cluster.
+		for _, sn := range s.pool.FindSnapshots(match, name) {
+			if _, placed := ps[sn.Volume]; !placed {
+				out.Items = append(out.Items, viewOf(r).snapshot(snapshotToAPI(sn)))
+			}
+		}
+		slices.SortStableFunc(out.Items, func(a, b api.Snapshot) int { return cmp.Compare(a.Volume, b.Volume) })
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -137,7 +164,7 @@ func peerList[T any](s *Server, r *http.Request, pl cluster.Placement, addr, wha
 // down or not answering fails the whole list (503) rather than leave a
 // volume's attachments out.
 func (s *Server) findClusterAttachments(w http.ResponseWriter, r *http.Request, match func(map[string]string) bool) error {
-	pls, err := s.tenantPlacements(r, match)
+	pls, err := s.tenantPlacements(r, match, false)
 	if err != nil {
 		return err
 	}
@@ -171,9 +198,10 @@ func (s *Server) findClusterAttachments(w http.ResponseWriter, r *http.Request, 
 }
 
 // tenantPoolCounts are the volume count and the provisioned bytes (the sum
-// of the disks' sizes) of the caller's tenant's placed volumes.
+// of the disks' sizes) of the caller's tenant's placed volumes, those
+// being deleted among them, as its volume list and its use count them.
 func (s *Server) tenantPoolCounts(r *http.Request) (volumes int, provisioned int64, err error) {
-	pls, err := s.tenantPlacements(r, nil)
+	pls, err := s.tenantPlacements(r, nil, true)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -3,9 +3,11 @@ package apiserver
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"testing"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/cluster"
 )
 
 // TestDeletingVolume (issue 32, "Deletes that keep their promise"): a
@@ -49,5 +51,43 @@ func TestDeletingVolume(t *testing.T) {
 	}
 	if status, body := c.do("DELETE", "/v1/volumes/v/attachments/a1", nil); errCode(t, body) == api.CodeDeleting {
 		t.Errorf("a detach of a deleting volume: %d %s; want it carried on", status, body)
+	}
+}
+
+// TestDeletingCopyStates (issue 32, "volume get shows the real state
+// words"): the copy of a deleting volume that its node deleted (its record
+// gone with it) is answered deleted, not "" (which says being made); the
+// copy left keeps its state, and a copy of an active volume without a
+// record is still "" (its node is making it).
+func TestDeletingCopyStates(t *testing.T) {
+	_, _, aURL, fa, _ := hopNodes(t, "the-cluster-key-0123456789")
+	fa.mu.Lock()
+	fa.deleting = map[string]bool{"v": true}
+	fa.copies = map[string][]cluster.CopyInfo{
+		"v": {{Node: "b"}, {Node: "c", State: cluster.CopyInSync}},
+		"w": {{Node: "b", State: cluster.CopyInSync}, {Node: "c"}},
+	}
+	fa.prim["w"] = "b"
+	fa.mu.Unlock()
+	c := &apiClient{t: t, base: aURL}
+	for _, tc := range []struct {
+		volume string
+		want   []string // each copy's state, in order
+	}{
+		{"v", []string{api.CopyDeleted, api.CopyInSync}},
+		{"w", []string{api.CopyInSync, ""}},
+	} {
+		status, body := c.do("GET", "/v1/volumes/"+tc.volume, nil)
+		var v api.Volume
+		if status != http.StatusOK || json.Unmarshal(body, &v) != nil {
+			t.Fatalf("get %s through a: %d %s", tc.volume, status, body)
+		}
+		var got []string
+		for _, cp := range v.Copies {
+			got = append(got, cp.State)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("get %s through a: copy states %q, want %q", tc.volume, got, tc.want)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,9 @@ type fakeCluster struct {
 	listed bool
 	// deleting: the volumes whose placement is being deleted.
 	deleting map[string]bool
+	// copies: the copies of a volume as etcd records them (else its
+	// primary's, in sync).
+	copies map[string][]cluster.CopyInfo
 }
 
 var _ Cluster = (*fakeCluster)(nil)
@@ -75,9 +79,12 @@ func (f *fakeCluster) Placement(_ context.Context, v string) (cluster.Placement,
 	return f.placement(v, p), ok, nil
 }
 func (f *fakeCluster) placement(v, primary string) cluster.Placement {
-	pl := cluster.Placement{Volume: v, Replicas: 2, Primary: primary, Term: 1, Deleting: f.deleting[v],
+	pl := cluster.Placement{Volume: v, UID: "cluster-uid-of-" + v, Replicas: 2, Primary: primary, Term: 1, Deleting: f.deleting[v],
 		Copies: []cluster.CopyInfo{{Node: primary, State: cluster.CopyInSync}},
 		Spec:   api.VolumeSpec{Disks: []api.DiskSpec{{Name: "root", Size: 8 * mib}}}}
+	if cs, ok := f.copies[v]; ok {
+		pl.Copies = slices.Clone(cs)
+	}
 	if t, _, found := strings.Cut(v, pool.TenantSeparator); found {
 		pl.Spec.Tenant = t // the tenant etcd's record carries
 	}

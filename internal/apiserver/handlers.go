@@ -373,7 +373,7 @@ func (s *Server) findSnapshots(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	if s.Cluster != nil && principalOf(r).Tenant != "" {
+	if s.Cluster != nil {
 		return s.findClusterSnapshots(w, r, match, name)
 	}
 	snaps := s.pool.FindSnapshots(match, name)

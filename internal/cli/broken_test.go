@@ -55,3 +55,26 @@ func TestPoolInit(t *testing.T) {
 		t.Fatalf("init over other files: exit %d, stderr %q", got.code, got.stderr)
 	}
 }
+
+// TestVolumeGetDeleting: `volume get` of a volume being deleted says so,
+// with each copy's state as the server words it (a copy its node deleted
+// is "deleted", never "being made").
+func TestVolumeGetDeleting(t *testing.T) {
+	f, url := newFakeAPI(t)
+	v := testVolumes[0]
+	v.State, v.Primary, v.Term, v.Replicas = api.VolumeDeleting, "n1", 2, 2
+	v.Copies = []api.Copy{{Node: "n1", State: api.CopyDeleted}, {Node: "n2", State: api.CopyInSync}}
+	f.reply("GET /v1/volumes/web01", 200, v)
+	got := run(t, context.Background(), url, nil, "volume", "get", "web01")
+	if got.code != 0 {
+		t.Fatalf("exit %d, stderr %q", got.code, got.stderr)
+	}
+	for _, want := range []string{"State:", "deleting", "n1 (primary, deleted), n2 (in-sync); term 2"} {
+		if !strings.Contains(got.stdout, want) {
+			t.Errorf("volume get of a deleting volume lacks %q:\n%s", want, got.stdout)
+		}
+	}
+	if strings.Contains(got.stdout, "being made") {
+		t.Errorf("volume get of a deleting volume says a copy is being made:\n%s", got.stdout)
+	}
+}

@@ -301,6 +301,9 @@ func (a *app) volumeDetail(v api.Volume) func(io.Writer) error {
 			return f.flush()
 		}
 		f.add("UID", v.UID)
+		if v.State == api.VolumeDeleting {
+			f.add("State", "deleting (not usable: its copies' nodes finish the delete; the name is taken until the last copy is gone)")
+		}
 		f.add("Capacity", fmt.Sprintf("%s (%s in disks)", quantity.Format(v.Capacity), quantity.Format(diskTotal(v.Disks))))
 		f.add("Labels", formatLabels(v.Labels))
 		f.add("QoS", formatQoS(v.QoS))
