@@ -351,11 +351,23 @@ func (s *Server) deleteClusterVolume(w http.ResponseWriter, r *http.Request, rec
 		return nil
 	}
 	name := pl.Volume
-	if v, err := s.pool.Volume(name); err == nil && !recursive && len(v.Snapshots()) > 0 {
+	v, err := s.pool.Volume(name)
+	if err == nil && !recursive && len(v.Snapshots()) > 0 {
 		// The copy here has snapshots: refuse before any copy goes, as on
-		// a single node (replicated volumes take no snapshots yet).
+		// a single node.
 		return fmt.Errorf("delete volume %q: it has %d snapshots; delete them first, or delete them with it (quiver volume delete --recursive): %w",
 			name, len(v.Snapshots()), pool.ErrHasSnapshots)
+	}
+	if err != nil && !recursive {
+		// Only a node holding a copy can count the volume's snapshots, and
+		// every copy's node deletes its copy whole: without this, a plain
+		// delete asked of a node without a copy took the snapshots too.
+		// The primary answers it instead.
+		if carried, err := s.toPrimary(w, r, name); carried {
+			return err
+		}
+		return fmt.Errorf("delete volume %q: this node holds no copy of it and its primary cannot be asked whether it has snapshots; "+
+			"ask a node that holds a copy, or delete its snapshots with it (quiver volume delete --recursive): %w", name, errUnavailable)
 	}
 	err = s.Cluster.DeleteVolume(r.Context(), name)
 	if errors.Is(err, cluster.ErrDeletePending) {

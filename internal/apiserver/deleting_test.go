@@ -91,3 +91,35 @@ func TestDeletingCopyStates(t *testing.T) {
 		}
 	}
 }
+
+// TestDeleteAsksTheCopysNode (issue 32, found by the one-view helper in
+// passing): a plain delete asked of node a, which holds no copy of v, is
+// carried to v's primary b, whose copy has a snapshot: it is refused
+// HasSnapshots, the cluster is never asked to delete, and b keeps v and its
+// snapshot. Before, a went straight to the cluster delete, and every copy's
+// node deleted its copy with its snapshots.
+func TestDeleteAsksTheCopysNode(t *testing.T) {
+	_, b, aURL, fa, fb := hopNodes(t, "the-cluster-key-0123456789")
+	v, err := b.pool.Volume("v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.CreateSnapshot(t.Context(), "s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	c := &apiClient{t: t, base: aURL}
+	status, body := c.do("DELETE", "/v1/volumes/v", nil)
+	if status != http.StatusConflict || errCode(t, body) != api.CodeHasSnapshots {
+		t.Errorf("plain delete through a of a volume whose copy on b has a snapshot: %d %s; want 409 HasSnapshots", status, body)
+	}
+	for _, f := range []*fakeCluster{fa, fb} {
+		f.mu.Lock()
+		if len(f.deleted) != 0 {
+			t.Errorf("node %s asked the cluster to delete %v", f.name, f.deleted)
+		}
+		f.mu.Unlock()
+	}
+	if v, err := b.pool.Volume("v"); err != nil || len(v.Snapshots()) != 1 {
+		t.Errorf("b's copy after the refused delete: %v, %v; want v with its snapshot", v, err)
+	}
+}

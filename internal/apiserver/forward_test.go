@@ -41,6 +41,8 @@ type fakeCluster struct {
 	// copies: the copies of a volume as etcd records them (else its
 	// primary's, in sync).
 	copies map[string][]cluster.CopyInfo
+	// deleted: the volumes DeleteVolume was asked to delete.
+	deleted []string
 }
 
 var _ Cluster = (*fakeCluster)(nil)
@@ -62,7 +64,12 @@ func (f *fakeCluster) Nodes(context.Context) ([]cluster.NodeInfo, error) {
 func (f *fakeCluster) CreateCharged(context.Context, api.VolumeSpec, string, func(bool, string) bool, cluster.Charge) (cluster.Placement, bool, error) {
 	return cluster.Placement{}, false, cluster.ErrNotSupported
 }
-func (f *fakeCluster) DeleteVolume(context.Context, string) error { return cluster.ErrNotSupported }
+func (f *fakeCluster) DeleteVolume(_ context.Context, v string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.deleted = append(f.deleted, v)
+	return cluster.ErrNotSupported
+}
 func (f *fakeCluster) TenantUsage(context.Context, string) (cluster.Usage, error) {
 	return cluster.Usage{}, nil
 }
