@@ -126,7 +126,7 @@ func nodeTable(nodes []api.Node) func(io.Writer) error {
 }
 
 // formatCopies says where a volume's copies are: "n1 (primary, in-sync),
-// n2 (in-sync); term 1".
+// n2 (resyncing 45% of 12Mi); term 2".
 func formatCopies(v api.Volume) string {
 	parts := make([]string, 0, len(v.Copies))
 	for _, c := range v.Copies {
@@ -139,7 +139,9 @@ func formatCopies(v api.Volume) string {
 			state = "being made"
 		}
 		if c.Progress != nil {
-			state += fmt.Sprintf(" %.0f%%", *c.Progress)
+			// The total is what the resync copies: the changed regions,
+			// or the whole copy.
+			state += fmt.Sprintf(" %.0f%% of %s", *c.Progress, quantity.Format(c.TotalBytes))
 		}
 		if c.Reason != "" {
 			state += ": " + c.Reason

@@ -94,6 +94,10 @@ func (cs Copies) markOutOfSync(volume, node string, term uint64, cause error, wh
 		}
 		c.State, c.Reason, c.UpdatedAt = CopyDegraded, cause.Error(), time.Now().UTC()
 		c.Whole = c.Whole || whole
+		if whole {
+			// Diverged: its activity logs no longer say where it differs.
+			c.WasPrimary, c.Activity = 0, nil
+		}
 		put, err := cs.n.commit(ctx, txnSpec{
 			If: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", kvs[0].ModRevision),
 				clientv3.Compare(clientv3.LeaseValue(ak), "=", s.Lease())},
@@ -154,6 +158,7 @@ func (cs Copies) MarkInSync(volume, node string, term uint64) error {
 		_ = json.Unmarshal(ckvs[0].Value, &c)
 	}
 	c.State, c.Reason, c.Progress, c.Whole, c.UpdatedAt = CopyInSync, "", nil, false, time.Now().UTC()
+	c.WasPrimary, c.Activity = 0, nil
 	// An unknown outcome is ErrUnknownOutcome, an error like any other to
 	// the caller: replica.Rejoin records the copy out of sync again on
 	// any error of this commit, as if it had been applied.

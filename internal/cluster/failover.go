@@ -201,11 +201,13 @@ func (ps Primaries) promote(ctx context.Context, volume string, e volumeEntry, a
 	rec.InSync = slices.DeleteFunc(slices.Clone(e.rec.InSync), func(s string) bool { return s == old })
 	vk, pk := ps.n.key("volumes", volume), ps.n.key("primary", volume)
 	ak, oak, ock := ps.n.key("alive", me), ps.n.key("alive", old), ps.n.key("copies", volume, old)
-	// Whole: the old primary may have applied writes it never
-	// acknowledged, which no in-sync copy has; its dirty bitmaps (of its
-	// copies) do not say where. Its resync by this node copies it whole.
+	// Whole, WasPrimary: the old primary may have applied writes it never
+	// acknowledged, which no in-sync copy has. Its activity logs of its
+	// term say where (it publishes them when it follows this term); this
+	// node's dirty bitmaps, made with the copy out of sync from this term
+	// on, say what it misses. Without the logs its resync copies it whole.
 	oc := copyRecord{State: CopyDegraded, Reason: fmt.Sprintf("was primary at term %d and went down: failed over to %s at term %d",
-		e.rec.Term, me, rec.Term), Whole: true, UpdatedAt: time.Now().UTC()}
+		e.rec.Term, me, rec.Term), Whole: true, WasPrimary: e.rec.Term, UpdatedAt: time.Now().UTC()}
 	cur, err := ps.n.cli.Get(ctx, ock)
 	if err != nil {
 		return err

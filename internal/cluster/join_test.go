@@ -301,6 +301,8 @@ func TestPlacement(t *testing.T) {
 	}
 }
 
+func (s *memStore) ActivityOf(volume, uid string, term uint64) *CopyActivity { return nil }
+
 func (s *memStore) AttachForPrimary(_ context.Context, volume, primary string, term uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -63,6 +63,11 @@ type Store interface {
 	// LocalCopies lists the volumes in the pool, for the stale-copy check
 	// (stale.go).
 	LocalCopies() []LocalCopy
+	// ActivityOf reads the activity logs of this node's copy of volume
+	// (local UID uid) that it wrote as the primary at term: nil when there
+	// is none it can vouch for; a disk whose log is missing, damaged,
+	// untrusted or of another term is left out.
+	ActivityOf(volume, uid string, term uint64) *CopyActivity
 }
 
 // identity is <StateDir>/node.json: which cluster and node this pool is.

@@ -130,11 +130,18 @@ func (cs Copies) followTerm(ctx context.Context, name string, rec volumeRecord, 
 		return
 	}
 	have.Term, have.UpdatedAt = rec.Term, time.Now().UTC()
-	if behind {
+	switch {
+	case behind && have.WasPrimary != 0 && have.WasPrimary+1 == rec.Term:
+		// The old primary, back under the primary promoted in its place:
+		// what it may hold that the new primary lacks is in its activity
+		// logs of its term, read now that the attachment for the new
+		// primary fenced every older writer here.
+		have.Activity = cs.n.store.ActivityOf(name, have.LocalUID, have.WasPrimary)
+	case behind:
 		// What the copy missed under the older terms' primaries is in
 		// their dirty bitmaps, which the new primary does not have: its
 		// resync copies the copy whole.
-		have.Whole = true
+		have.Whole, have.WasPrimary, have.Activity = true, 0, nil
 	}
 	ck := cs.n.key("copies", name, me)
 	// An unknown outcome (ErrUnknownOutcome) is logged like any error:

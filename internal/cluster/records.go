@@ -97,8 +97,31 @@ type copyRecord struct {
 	// the primary, and went down with writes in flight that it never
 	// acknowledged): its resync copies every granule, not only the dirty
 	// ones. Cleared when it is back in sync.
-	Whole     bool      `json:"whole,omitempty"`
-	UpdatedAt time.Time `json:"updatedAt"`
+	Whole bool `json:"whole,omitempty"`
+	// WasPrimary is the term at which the copy's node was the primary and
+	// went down (set by the promotion that followed, with Whole): what it
+	// may hold that the new primary lacks is in its activity logs of that
+	// term, and what it misses is in the new primary's dirty bitmaps, if
+	// the new primary is the one promoted then (term WasPrimary+1).
+	// Cleared when the copy is recorded diverged, follows a later term, or
+	// is back in sync.
+	WasPrimary uint64 `json:"wasPrimary,omitempty"`
+	// Activity is the copy node's activity logs of term WasPrimary, which
+	// it publishes when it follows the new primary's term (after its
+	// attachment for that primary fenced every older writer).
+	Activity  *CopyActivity `json:"activity,omitempty"`
+	UpdatedAt time.Time     `json:"updatedAt"`
+}
+
+// CopyActivity is what an old primary's activity logs say (replica's
+// ActivityLog): per disk, the extents (of Extent bytes, by index) in which
+// it may differ from the copies it wrote at Term. A disk whose log is
+// missing, damaged, untrusted or of another term is not listed: its resync
+// is whole.
+type CopyActivity struct {
+	Term   uint64             `json:"term"`
+	Extent int64              `json:"extent"`
+	Disks  map[string][]int64 `json:"disks"`
 }
 
 // verifier is what etcd holds instead of the cluster token.

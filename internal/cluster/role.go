@@ -24,6 +24,25 @@ type Target struct {
 	// target whose term is older than the volume's has not followed the
 	// new primary yet, and refuses its sessions until it has.
 	Term uint64
+	// WasPrimary and Activity: the copy is an old primary's, which was the
+	// primary at term WasPrimary, with its activity logs of that term
+	// (copyRecord.WasPrimary, copyRecord.Activity).
+	WasPrimary uint64
+	Activity   *CopyActivity
+}
+
+// ActivityFor returns the activity logs by which a resync of this
+// out-of-sync copy by the primary at term may copy, besides the primary's
+// dirty bitmaps, only the regions the copy's node had writes active in,
+// instead of the whole copy: only for an old primary's copy whose logs are
+// of its term, resynced by the primary promoted in its place (whose bitmaps
+// track the copy from its first write). nil: copy it whole.
+func (t Target) ActivityFor(term uint64) *CopyActivity {
+	if !t.Whole || t.WasPrimary == 0 || t.WasPrimary+1 != term || t.Activity == nil || t.Activity.Term != t.WasPrimary ||
+		t.Activity.Extent <= 0 {
+		return nil
+	}
+	return t.Activity
 }
 
 // Role is what this node is for one volume.
@@ -115,7 +134,8 @@ func (ps Primaries) Role(ctx context.Context, volume string) (Role, error) {
 		for _, node := range rec.Copies {
 			if node != me && !slices.Contains(rec.InSync, node) {
 				r.Behind = append(r.Behind, Target{Node: node, NBD: alive[node].NBD, Instance: alive[node].Instance,
-					State: copies[node].State, Term: copyTerm(copies[node]), Whole: copies[node].Whole})
+					State: copies[node].State, Term: copyTerm(copies[node]), Whole: copies[node].Whole,
+					WasPrimary: copies[node].WasPrimary, Activity: copies[node].Activity})
 			}
 		}
 	}

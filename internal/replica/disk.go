@@ -65,14 +65,20 @@ type Options struct {
 	// it (nil: a lock of the Set's own, right when it is the disk's one
 	// Set).
 	Ranges *RangeLock
+	// Activity is the disk's activity log (nil: none), one holder's share
+	// of it that the Set closes: every change is recorded in it before it
+	// is applied anywhere, and ends in it when it returned.
+	Activity *ActivityLog
 }
 
 // Set is the primary's replication state of one disk, shared by every
 // handle of the disk (Disk): the connections to the in-sync copies, the
 // dirty bitmaps of the copies out of sync, and the resyncs running.
 //
-// A change (WRITE, TRIM, WRITE_ZEROES) holds its byte range (RangeLock) and
-// the Set's gate shared. It is first marked, durably, in the bitmap of
+// A change (WRITE, TRIM, WRITE_ZEROES) holds its byte range (RangeLock),
+// is recorded in the disk's activity log (Options.Activity: durable before
+// anything is applied; nothing to write for an extent already active), and
+// holds the Set's gate shared. It is first marked, durably, in the bitmap of
 // every copy not in sync (write-ahead): behind, being resynced (Resync), or
 // leaving the in-sync set; then applied locally and on every in-sync and
 // resyncing copy at once; it returns when all answered. A copy in sync that
@@ -167,7 +173,13 @@ func (s *Set) openBitmap(node string) (*Bitmap, bool, error) {
 // MarkWhole marks every granule dirty for a new copy (a rebuild), tracked
 // as out of sync from now on if it was not: a resync then copies it whole
 // (holes as zeroes that may trim, so only allocated ranges move data).
-func (s *Set) MarkWhole(node string) error {
+func (s *Set) MarkWhole(node string) error { return s.MarkRanges(node, [][2]int64{{0, s.size}}) }
+
+// MarkRanges marks ranges dirty for a copy out of sync, tracked as out of
+// sync from now on if it was not: an old primary's copy coming back, whose
+// activity log (Activity.Ranges) says where it may differ beyond what the
+// bitmap holds. Durable when it returns nil.
+func (s *Set) MarkRanges(node string, ranges [][2]int64) error {
 	s.gate.Lock() // no change in flight: each later one sees the bitmap
 	defer s.gate.Unlock()
 	s.mu.Lock()
@@ -186,7 +198,12 @@ func (s *Set) MarkWhole(node string) error {
 		s.bitmaps[node] = b
 		s.mu.Unlock()
 	}
-	return b.MarkAll()
+	for _, r := range ranges {
+		if err := b.Mark(r[0], r[1]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Forget drops the bitmap of a copy that was replaced by another node's
@@ -251,6 +268,9 @@ func (s *Set) Close() {
 	for _, b := range bs {
 		_ = b.Close()
 	}
+	if s.opts.Activity != nil {
+		_ = s.opts.Activity.Close()
+	}
 }
 
 // Disk returns a handle that writes through the Set: local is this
@@ -259,19 +279,43 @@ func (s *Set) Disk(local pool.Disk) *Disk { return &Disk{local: local, set: s} }
 
 // change applies one change of [off, off+length) (length 0: a flush)
 // locally and on every copy written to, as the Set's comment says.
-func (s *Set) change(off, length int64, local func() error, remote func(*conn) error, read func([]byte, int64) error) error {
+// flush flushes the local disk (for the activity log).
+func (s *Set) change(off, length int64, local func() error, remote func(*conn) error, read func([]byte, int64) error,
+	flush func() error) error {
 	if length > 0 {
 		r := s.ranges.lock(off, length)
 		defer s.ranges.unlock(r)
 	}
-	return s.changeLocked(off, length, false, local, remote, read)
+	return s.changeLocked(off, length, false, local, remote, read, flush)
 }
 
 // changeLocked is change with the range held by the caller. With
 // localFirst the local change runs alone first, and the copies get the
 // change only when it succeeded.
 func (s *Set) changeLocked(off, length int64, localFirst bool, local func() error, remote func(*conn) error,
-	read func([]byte, int64) error) error {
+	read func([]byte, int64) error, flush func() error) (err error) {
+	if al := s.opts.Activity; al != nil {
+		if length > 0 {
+			held, aerr := al.Begin(off, length, flush)
+			if aerr != nil {
+				return fmt.Errorf("%w: recording the change in the activity log: %w", ErrNotAcknowledged, aerr)
+			}
+			if held {
+				// A change that failed anywhere pins its extents.
+				defer func() { al.End(off, length, err == nil) }()
+			}
+		} else {
+			lflush := local
+			local = func() error {
+				gen := al.FlushBegin()
+				err := lflush()
+				if err == nil {
+					al.Flushed(gen)
+				}
+				return err
+			}
+		}
+	}
 	s.gate.RLock()
 	defer s.gate.RUnlock()
 	s.mu.Lock()
@@ -561,32 +605,57 @@ func (d *Disk) Capabilities() pool.Capabilities { return pool.Capabilities{} }
 // WriteAt writes p locally and on every in-sync copy.
 func (d *Disk) WriteAt(p []byte, off int64, fua bool) error {
 	return d.set.change(off, int64(len(p)), func() error { return d.local.WriteAt(p, off, fua) },
-		func(c *conn) error { return c.write(p, off, fua) }, d.local.ReadAt)
+		func(c *conn) error { return c.write(p, off, fua) }, d.local.ReadAt, d.local.Flush)
 }
 
 // Flush makes every acknowledged write durable locally and on every in-sync
 // copy.
 func (d *Disk) Flush() error {
-	return d.set.change(0, 0, d.local.Flush, (*conn).flush, nil)
+	return d.set.change(0, 0, d.local.Flush, (*conn).flush, nil, nil)
 }
 
 func (d *Disk) Trim(off, length int64, fua bool) error {
-	return d.set.change(off, length, func() error { return d.local.Trim(off, length, fua) },
-		func(c *conn) error { return c.trim(off, length, fua) }, d.local.ReadAt)
+	return d.spans(off, length, func(off, length int64) error {
+		return d.set.change(off, length, func() error { return d.local.Trim(off, length, fua) },
+			func(c *conn) error { return c.trim(off, length, fua) }, d.local.ReadAt, d.local.Flush)
+	})
 }
 
 // Zero zeroes locally and on the copies. A fast zero the local disk cannot
 // do is not sent: the client falls back to writing zeros.
 func (d *Disk) Zero(off, length int64, flags pool.ZeroFlags) error {
 	mayTrim, fua := flags&pool.ZeroMayTrim != 0, flags&pool.ZeroFUA != 0
-	if flags&pool.ZeroFast != 0 {
-		r := d.set.ranges.lock(off, length)
-		defer d.set.ranges.unlock(r)
-		return d.set.changeLocked(off, length, true, func() error { return d.local.Zero(off, length, flags) },
-			func(c *conn) error { return c.zero(off, length, mayTrim, fua) }, d.local.ReadAt)
+	return d.spans(off, length, func(off, length int64) error {
+		if flags&pool.ZeroFast != 0 {
+			r := d.set.ranges.lock(off, length)
+			defer d.set.ranges.unlock(r)
+			return d.set.changeLocked(off, length, true, func() error { return d.local.Zero(off, length, flags) },
+				func(c *conn) error { return c.zero(off, length, mayTrim, fua) }, d.local.ReadAt, d.local.Flush)
+		}
+		return d.set.change(off, length, func() error { return d.local.Zero(off, length, flags) },
+			func(c *conn) error { return c.zero(off, length, mayTrim, fua) }, d.local.ReadAt, d.local.Flush)
+	})
+}
+
+// spans applies a TRIM or WRITE_ZEROES longer than the activity log's span
+// (ActivityLog.Span) as changes of at most that span, in order, each
+// recorded in the log before it is applied; the first that fails ends it
+// (NBD allows a failed TRIM or WRITE_ZEROES to have changed part of its
+// range).
+func (d *Disk) spans(off, length int64, fn func(off, length int64) error) error {
+	al := d.set.opts.Activity
+	if al == nil || length <= al.Span() {
+		return fn(off, length)
 	}
-	return d.set.change(off, length, func() error { return d.local.Zero(off, length, flags) },
-		func(c *conn) error { return c.zero(off, length, mayTrim, fua) }, d.local.ReadAt)
+	span := al.Span()
+	for length > 0 {
+		n := min(length, span-off%span)
+		if err := fn(off, n); err != nil {
+			return err
+		}
+		off, length = off+n, length-n
+	}
+	return nil
 }
 
 // Close closes the local handle (and the Set, for a handle from Open).

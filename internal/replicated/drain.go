@@ -288,6 +288,9 @@ func (r *Volumes) removeLocal(ctx context.Context, volume string) error {
 			if err := r.pool.FS().RemoveAll(replica.BitmapDir(uid)); err != nil {
 				r.log.Warn("remove the dirty bitmaps of a removed copy", "volume", volume, "err", err)
 			}
+			if err := r.pool.FS().RemoveAll(replica.ActivityDir(uid)); err != nil {
+				r.log.Warn("remove the activity logs of a removed copy", "volume", volume, "err", err)
+			}
 			r.log.Info("drain: copy deleted here", "volume", volume)
 		}
 	}

@@ -234,6 +234,16 @@ func (r *Volumes) settle(ctx context.Context, volume string, in cluster.Intent, 
 			}
 		}
 	}
+	for _, b := range role.Behind {
+		if b.Node == in.Primary && b.Node != r.node.Name() && b.WasPrimary != 0 {
+			// The intent's primary changed its own disks at the cut,
+			// which no activity log records: its resync is whole.
+			if err := r.node.Copies().MarkDiverged(volume, b.Node, term, fmt.Errorf("%s %s was left unfinished by it "+
+				"as the primary: it is copied whole by its resync", op.Kind, op.Name)); err != nil {
+				return err
+			}
+		}
+	}
 	info := v.Info()
 	specs := make([]api.DiskSpec, 0, len(info.Disks))
 	for _, d := range info.Disks {

@@ -265,6 +265,9 @@ type Volumes struct {
 	// again.
 	bmu     sync.Mutex
 	bitmaps map[string]*replica.Bitmap
+	// activity are the activity logs open in this process, by pool path
+	// (openActivity), the same way.
+	activity map[string]*replica.ActivityLog
 
 	mu     sync.Mutex
 	ranges map[string]*replica.RangeLock
@@ -346,16 +349,22 @@ func (r *Volumes) acquire(ctx context.Context, volume, disk string, role cluster
 		behind = append(behind, b.Node)
 	}
 	term := role.Term
+	al, err := r.openActivity(replica.ActivityPath(uid, disk), term)
+	if err != nil {
+		return nil, err
+	}
 	set, err := replica.NewSet(ctx, size, copies, behind, replica.Options{
 		OutOfSync: func(node string, cause error) error { return r.node.Copies().MarkOutOfSync(volume, node, term, cause) },
 		Diverged:  func(node string, cause error) error { return r.node.Copies().MarkDiverged(volume, node, term, cause) },
 		Bitmap: func(node string) (*replica.Bitmap, bool, error) {
 			return r.openBitmap(replica.BitmapPath(uid, disk, node), size)
 		},
-		Latency: r.metrics.observeLatency,
-		Ranges:  r.ranges[key],
+		Latency:  r.metrics.observeLatency,
+		Ranges:   r.ranges[key],
+		Activity: al,
 	})
 	if err != nil {
+		_ = al.Close()
 		return nil, err
 	}
 	e := &setEntry{key: key, uid: uid, term: term, set: set, refs: 1}
@@ -384,6 +393,37 @@ func (r *Volumes) openBitmap(rel string, size int64) (*replica.Bitmap, bool, err
 	}
 	r.bitmaps[rel] = b
 	return b, created, nil
+}
+
+// openActivity opens the activity log rel of a disk for its primary at
+// term, shared by every Set of this process that writes the disk (Sets of
+// two terms of one disk can live at once; a later term's moves the log to
+// its term, replica.ActivityLog.Advance). The process keeps it open once
+// opened (one file per replicated disk it was the primary of): opened
+// again from its file at the same term, a log pins every extent it holds,
+// as after a crash, so a Set made again when a client comes back must find
+// the log in memory, with what it knows of each extent.
+func (r *Volumes) openActivity(rel string, term uint64) (*replica.ActivityLog, error) {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	if l := r.activity[rel]; l != nil {
+		if s := l.Share(); s != nil {
+			if err := s.Advance(max(term, s.Term())); err != nil {
+				_ = s.Close()
+				return nil, err
+			}
+			return s, nil
+		}
+	}
+	l, err := replica.OpenActivityLog(r.pool.FS(), rel, term, 0, 0)
+	if err != nil {
+		return nil, err
+	}
+	if r.activity == nil {
+		r.activity = map[string]*replica.ActivityLog{}
+	}
+	r.activity[rel] = l
+	return l.Share(), nil
 }
 
 // release gives a Set back; the last user closes it (its bitmaps stay on

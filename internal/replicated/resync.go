@@ -189,6 +189,22 @@ func (r *Volumes) resync(ctx context.Context, volume, node string, p cluster.Pla
 			return fail(err)
 		}
 	}
+	// An old primary's copy, back under the primary promoted in its
+	// place: this node's bitmaps hold every change since, its activity
+	// logs where it may hold what this node lacks.
+	activity := target.ActivityFor(role.Term)
+	if rebuild {
+		activity = nil
+	}
+	from := "dirty bitmap"
+	switch {
+	case rebuild:
+		from = "whole copy"
+	case target.Whole && activity != nil:
+		from = "dirty bitmap and the old primary's activity log"
+	case target.Whole:
+		from = "whole copy"
+	}
 	var rs []*replica.Resync
 	var total int64
 	var locals []pool.Disk
@@ -209,13 +225,8 @@ func (r *Volumes) resync(ctx context.Context, volume, node string, p cluster.Pla
 			return fail(err)
 		}
 		defer r.release(ent)
-		if rebuild || target.Whole {
-			// A rebuild's new copy, or one whose missed changes this
-			// node's bitmaps do not hold (it was a primary that went
-			// down, or fell behind under another primary): copied whole.
-			if err := ent.set.MarkWhole(node); err != nil {
-				return fail(err)
-			}
+		if err := markBeyondBitmap(ent.set, node, d.Name, local.Size(), rebuild || target.Whole, activity); err != nil {
+			return fail(err)
 		}
 		x, err := ent.set.BeginResync(ctx, r.copyOf(volume, d.Name, role.Term, target))
 		if err != nil {
@@ -243,7 +254,7 @@ func (r *Volumes) resync(ctx context.Context, volume, node string, p cluster.Pla
 		}
 		return fail(fmt.Errorf("record the %s started: %w", what, err))
 	}
-	r.log.Info(what+" started", "volume", volume, "copy", node, "bytes", total)
+	r.log.Info(what+" started", "volume", volume, "copy", node, "bytes", total, "from", from)
 	var reported int64
 	var reportFailed bool
 	report := func() {
@@ -306,8 +317,28 @@ func (r *Volumes) resync(ctx context.Context, volume, node string, p cluster.Pla
 	}
 	r.metrics.resyncs.WithLabelValues("ok").Inc()
 	r.log.Info("copy "+what+" done: back in sync", "volume", volume, "copy", node, "copiedBytes", total,
-		"dataBytes", sent, "took", time.Since(start).Round(time.Millisecond))
+		"dataBytes", sent, "from", from, "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// markBeyondBitmap marks in the bitmap of copy node what its resync must
+// copy besides the changes the bitmap holds: nothing for a copy that only
+// fell behind under this primary; for a copy that is not whole-known
+// (whole: a rebuild's new copy, a diverged copy, or one that fell behind
+// under an older primary), every granule, unless it is an old primary's
+// whose activity log of disk this node trusts (activity, from
+// cluster.Target.ActivityFor), then the extents that log holds.
+func markBeyondBitmap(set *replica.Set, node, disk string, size int64, whole bool, activity *cluster.CopyActivity) error {
+	if !whole {
+		return nil
+	}
+	if activity != nil {
+		if extents, ok := activity.Disks[disk]; ok {
+			a := replica.Activity{Term: activity.Term, Extent: activity.Extent, Extents: extents}
+			return set.MarkRanges(node, a.Ranges(size))
+		}
+	}
+	return set.MarkWhole(node)
 }
 
 // replace moves the copy of a node gone longer than rebuildAfter to another

@@ -69,8 +69,9 @@ func (s poolStore) DeleteCopy(ctx context.Context, name, uid string) error {
 		err = nil
 	}
 	if err == nil {
-		// The dirty bitmaps of the copy's primary days go with it.
-		err = s.p.FS().RemoveAll(replica.BitmapDir(uid))
+		// The dirty bitmaps and activity logs of the copy's primary days
+		// go with it.
+		err = errors.Join(s.p.FS().RemoveAll(replica.BitmapDir(uid)), s.p.FS().RemoveAll(replica.ActivityDir(uid)))
 	}
 	return err
 }
@@ -145,6 +146,30 @@ func (s poolStore) AttachForPrimary(ctx context.Context, volume, primary string,
 	// every older term's attachment (term fencing at the copy).
 	_, err = v.Transfer(a.ID)
 	return err
+}
+
+// ActivityOf reads the activity logs (replica.ActivityLog) of this node's
+// copy of volume, local UID uid, written as its primary at term: a disk's
+// log is listed only when it is there, readable, trusted and of that term,
+// with one extent size for all.
+func (s poolStore) ActivityOf(volume, uid string, term uint64) *cluster.CopyActivity {
+	v, err := s.p.Volume(volume)
+	if err != nil || v.Info().UID != uid {
+		return nil
+	}
+	out := &cluster.CopyActivity{Term: term, Disks: map[string][]int64{}}
+	for _, d := range v.Info().Disks {
+		a, err := replica.ReadActivity(s.p.FS(), replica.ActivityPath(uid, d.Name))
+		if err != nil || a.Untrusted || a.Term != term || (out.Extent != 0 && a.Extent != out.Extent) {
+			continue
+		}
+		out.Extent = a.Extent
+		out.Disks[d.Name] = append([]int64{}, a.Extents...)
+	}
+	if len(out.Disks) == 0 {
+		return nil
+	}
+	return out
 }
 
 // replicaAttachment names the attachment a copy makes for primary at term.
