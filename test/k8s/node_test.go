@@ -57,8 +57,19 @@ type proc struct {
 	log  string
 }
 
+// kubeOptions change the node startKube makes.
+type kubeOptions struct {
+	// podPIDNamespace runs containerd, its shims and so every pod in a PID
+	// namespace of the test's own (with its own /proc), whose PID 1 is
+	// containerd: a hostPID pod that enters its node's namespaces through
+	// /proc/1/ns (KubeVirt's virt-handler) must be able to open them, and
+	// this machine's own PID 1 holds a capability (CAP_SYS_RESOURCE) no
+	// process here has, so the kernel lets no one open its namespaces.
+	podPIDNamespace bool
+}
+
 // startKube brings the cluster up and registers its teardown.
-func startKube(t *testing.T, bins map[string]string) *kube {
+func startKube(t *testing.T, bins map[string]string, opts ...kubeOptions) *kube {
 	id := fmt.Sprintf("%x", time.Now().UnixNano()&0xffffff)
 	k := &kube{t: t, bins: bins, ns: "qe2e-" + id, work: filepath.Join("/var/tmp", "qe2e-"+id), run: "/run/qe2e-" + id}
 	for _, d := range []string{k.work, k.run, filepath.Join(k.work, "logs"), filepath.Join(k.work, "pki"), filepath.Join(k.work, "cni")} {
@@ -93,6 +104,13 @@ func startKube(t *testing.T, bins map[string]string) *kube {
 		t.Fatal(err)
 	}
 	kubeletClientCert, kubeletClientKey, err := k.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The aggregation layer's proxy client: extension API servers
+	// (KubeVirt's virt-api) trust the requests it forwards by this
+	// certificate's name.
+	proxyClientCert, proxyClientKey, err := k.pki.issue("front-proxy-client", "front-proxy-client", nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +149,10 @@ func startKube(t *testing.T, bins map[string]string) *kube {
 		"--service-account-key-file", saPub, "--service-account-signing-key-file", saKey,
 		"--service-cluster-ip-range", serviceCIDR, "--authorization-mode", "Node,RBAC",
 		"--allow-privileged=true", "--enable-aggregator-routing=true",
+		"--requestheader-client-ca-file", k.pki.CAFile, "--requestheader-allowed-names", "front-proxy-client",
+		"--requestheader-username-headers", "X-Remote-User", "--requestheader-group-headers", "X-Remote-Group",
+		"--requestheader-extra-headers-prefix", "X-Remote-Extra-",
+		"--proxy-client-cert-file", proxyClientCert, "--proxy-client-key-file", proxyClientKey,
 		// The node's name resolves nowhere: reach kubelets by address.
 		"--kubelet-preferred-address-types=InternalIP")
 	k.waitFor("the API server", 3*time.Minute, func() error {
@@ -146,7 +168,11 @@ func startKube(t *testing.T, bins map[string]string) *kube {
 		"--authentication-kubeconfig", schedConfig, "--authorization-kubeconfig", schedConfig,
 		"--leader-elect=false", "--bind-address", "127.0.0.1")
 
-	k.startContainerd()
+	var o kubeOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	k.startContainerd(o.podPIDNamespace)
 	k.startKubelet(kubeletConfig, kubeletCert, kubeletKey)
 	k.startProxy(proxyConfig)
 	k.waitFor("the node Ready", 3*time.Minute, func() error {
@@ -186,7 +212,7 @@ func (k *kube) network() {
 	}
 }
 
-func (k *kube) startContainerd() {
+func (k *kube) startContainerd(ownPIDNamespace bool) {
 	k.t.Helper()
 	k.ctrSock = filepath.Join(k.run, "containerd.sock")
 	cni := filepath.Join(k.work, "cni")
@@ -232,7 +258,14 @@ state = %q
 			}
 		}
 	}
-	k.start("containerd", "containerd", "--config", path)
+	argv := []string{"containerd", "--config", path}
+	if ownPIDNamespace {
+		// A mount namespace of its own for the new /proc only: its mounts
+		// keep their propagation, so the shared directories of the test
+		// stay shared with the kubelet's.
+		argv = append([]string{"unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "unchanged", "--mount-proc", "--"}, argv...)
+	}
+	k.start("containerd", argv...)
 	k.waitFor("containerd", time.Minute, func() error {
 		_, err := k.ctr("version")
 		return err
