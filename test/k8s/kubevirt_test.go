@@ -5,7 +5,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +51,15 @@ func TestKubeVirt(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(dir, "kubevirt-operator.yaml"))
 	must(t, err, "operator manifest")
 	k.apply(string(b))
+	// The kubelet serves device plugins in /var/lib/kubelet/device-plugins
+	// whatever its root directory; virt-handler finds them under its
+	// mount of the kubelet's root, so they are bound there.
+	plugins := filepath.Join(k.KubeletDir, "device-plugins")
+	must(t, os.MkdirAll(plugins, 0o755), "device-plugins")
+	if out, err := exec.Command("mount", "--bind", "/var/lib/kubelet/device-plugins", plugins).CombinedOutput(); err != nil {
+		t.Fatalf("bind the kubelet's device plugins: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", plugins).Run() })
 	k.apply(k.kubeVirtCR())
 	k.waitFor("KubeVirt deployed", 10*time.Minute, func() error {
 		if got := k.jsonpath("kubevirt", "kv/kubevirt", "{.status.phase}"); got != "Deployed" {
@@ -173,18 +185,32 @@ spec:
 	if _, err := k.kubectl("-n", appNS, "delete", "pod", "vm-loader", "--wait=true"); err != nil {
 		k.t.Fatal(err)
 	}
+	// KubeVirt asks for a node labelled with the VMI's machine type, and its
+	// labeller lists Debian QEMU's versioned names only (pc-q35-10.0, not
+	// the alias q35): the newest q35 the node has.
+	machine := ""
+	labels, _ := k.kubectl("get", "node", nodeName, "-o", "jsonpath={.metadata.labels}")
+	for _, m := range regexp.MustCompile(`machine-type\.node\.kubevirt\.io/(pc-q35-[0-9.]+)"`).FindAllStringSubmatch(string(labels), -1) {
+		if machine == "" || versionLess(machine, m[1]) {
+			machine = m[1]
+		}
+	}
+	if machine == "" {
+		k.t.Fatalf("no q35 machine type among the node's labels: %s", labels)
+	}
 	k.apply(fmt.Sprintf(`apiVersion: kubevirt.io/v1
 kind: VirtualMachineInstance
 metadata: {name: vm, namespace: %s}
 spec:
   domain:
+    machine: {type: %s}
     devices:
       disks: [{name: root, disk: {bus: virtio}}]
     resources: {requests: {memory: 256Mi}}
   volumes:
   - name: root
     persistentVolumeClaim: {claimName: vm}
-`, appNS))
+`, appNS, machine))
 	deadline := time.Now().Add(10 * time.Minute)
 	for time.Now().Before(deadline) {
 		out, _ := k.kubectl("-n", appNS, "get", "vmi,pods", "-o", "wide")
@@ -242,4 +268,18 @@ func extlinuxDisk(path, kernel, initrd string) error {
 		return err
 	}
 	return run("extlinux", "--install", mnt)
+}
+
+// versionLess compares machine type names by their dotted version numbers
+// (pc-q35-9.2 before pc-q35-10.0).
+func versionLess(a, b string) bool {
+	num := func(s string) []int {
+		var out []int
+		for _, f := range strings.Split(s[strings.LastIndex(s, "-")+1:], ".") {
+			n, _ := strconv.Atoi(f)
+			out = append(out, n)
+		}
+		return out
+	}
+	return slices.Compare(num(a), num(b)) < 0
 }
