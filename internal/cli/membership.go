@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -49,7 +50,16 @@ func nodeAddedTable(n api.NodeAdded) func(io.Writer) error {
 		if err := t.flush(); err != nil {
 			return err
 		}
-		_, err := fmt.Fprintf(w, "\nStart %s with its own flags and:\n  %s %q %s %s\n", n.Name, n.Flags[0], n.Flags[1], n.Flags[2], n.Flags[3])
+		// Flags alternate a flag and its value; values are quoted for a
+		// shell. Whatever the server sent, nothing here indexes past it.
+		args := make([]string, len(n.Flags))
+		for i, f := range n.Flags {
+			if i%2 == 1 {
+				f = strconv.Quote(f)
+			}
+			args[i] = f
+		}
+		_, err := fmt.Fprintf(w, "\nStart %s with its own flags and:\n  %s\n", n.Name, strings.Join(args, " "))
 		return err
 	}
 }
