@@ -384,6 +384,11 @@ type PoolInfo struct {
 	ReadOnly bool `json:"readOnly,omitempty"`
 	// Broken counts the volumes quarantined at start-up.
 	Broken int `json:"broken,omitempty"`
+	// Cluster is the name of the cluster the answering node belongs to,
+	// empty on a single node: on a cluster every volume is kept by the
+	// cluster's nodes (replicated, fenced), and its disks reach a VM
+	// through the compute node's endpoint, never as a copy's files.
+	Cluster string `json:"cluster,omitempty"`
 	// Tenant is set for a tenant's token: its quota and its use (on a
 	// cluster, counted cluster-wide). Volumes and ProvisionedBytes are
 	// then the tenant's own (docs/security.md, "Tenants").

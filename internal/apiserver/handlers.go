@@ -29,6 +29,9 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 		TotalBytes: info.TotalBytes, FreeBytes: info.FreeBytes, ProvisionedBytes: s.provisioned(),
 		Volumes: info.Volumes, CreatedAt: info.CreatedAt,
 		ChunkSize: info.ChunkSize, ReadOnly: info.ReadOnly, Broken: info.Broken}
+	if s.Cluster != nil {
+		out.Cluster = s.Cluster.Name()
+	}
 	if t := principalOf(r).Tenant; t != "" {
 		if err := s.tenantPool(r, t, &out); err != nil {
 			return err

@@ -54,7 +54,7 @@ docs/kubevirt.md.`,
 	dropRootFlags(cmd, "server", "token-file", "ca-file", "cert-file", "key-file", "output")
 	f := cmd.Flags()
 	f.StringVar(&cfg.Socket, "socket", filepath.Join(hook.SocketDir, "quiver.sock"), "unix socket to serve on")
-	f.StringVar(&cfg.Options.Volume, "volume", "", "only this KubeVirt volume (the webhook runs one sidecar per quiver PVC)")
+	f.StringVar(&cfg.Options.Volume, "volume", "", "only this KubeVirt volume (default: every volume the quiver annotations name; the webhook runs one sidecar for all)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

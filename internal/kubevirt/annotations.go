@@ -35,6 +35,16 @@ const (
 	// {"rootdisk":[{"name":"disk","size":10737418240},{"name":"data","size":1073741824}]}.
 	// The hook gives QEMU each disk as a slice of the device.
 	AnnotationBlockDisks = "quiver.io/block-disks"
+	// AnnotationEndpointDisks names, per Filesystem-mode KubeVirt volume
+	// served by the compute node's endpoint, every disk of the quiver
+	// volume in order, PrimaryDisk among them, as a JSON object:
+	// {"rootdisk":["disk","data"]}. The PVC's directory then holds the
+	// endpoint's socket (endpoint.SocketName) and an empty placeholder
+	// disk.img; the hook gives QEMU each disk as the socket's NBD export of
+	// that name and never the placeholder. The webhook sets it for a volume
+	// kept by a cluster, the only kind the CSI node plugin stages at the
+	// endpoint in Filesystem mode.
+	AnnotationEndpointDisks = "quiver.io/endpoint-disks"
 	// AnnotationHookSidecars is KubeVirt's own key for the list of hook
 	// sidecars of a VMI.
 	AnnotationHookSidecars = "hooks.kubevirt.io/hookSidecars"
@@ -72,30 +82,74 @@ type ExtraDisks map[string][]string
 // disk, and appears once in the whole annotation (it becomes the disk's
 // serial, which must be unique in the guest).
 func ParseExtraDisks(value string) (ExtraDisks, error) {
-	var extra ExtraDisks
+	return parseDiskLists(AnnotationExtraDisks, value, false)
+}
+
+// EndpointDisks maps a KubeVirt volume name to every disk of its quiver
+// volume, PrimaryDisk included, served by the compute node's endpoint
+// (AnnotationEndpointDisks).
+type EndpointDisks map[string][]string
+
+// ParseEndpointDisks decodes and checks an AnnotationEndpointDisks value:
+// each volume lists PrimaryDisk once and at most maxBlockDisks disks, every
+// other name passes CheckDiskName, and no name appears twice in the whole
+// annotation (the primary's aside: each volume's is the disk KubeVirt made).
+func ParseEndpointDisks(value string) (EndpointDisks, error) {
+	lists, err := parseDiskLists(AnnotationEndpointDisks, value, true)
+	if err != nil {
+		return nil, err
+	}
+	for _, vol := range slices.Sorted(maps.Keys(lists)) {
+		if n := len(lists[vol]); n > maxBlockDisks {
+			return nil, fmt.Errorf("annotation %s, volume %s: %d disks, want at most %d: %w", AnnotationEndpointDisks, vol, n, maxBlockDisks, ErrInvalid)
+		}
+		if !slices.Contains(lists[vol], PrimaryDisk) {
+			return nil, fmt.Errorf("annotation %s, volume %s: lists no disk %q, the disk KubeVirt boots (disk.img is only the endpoint's placeholder): %w",
+				AnnotationEndpointDisks, vol, PrimaryDisk, ErrMissingDisk)
+		}
+	}
+	return EndpointDisks(lists), nil
+}
+
+// Format encodes e as an AnnotationEndpointDisks value (keys sorted).
+func (e EndpointDisks) Format() string { return ExtraDisks(e).Format() }
+
+// parseDiskLists decodes an annotation of volume name to disk names and
+// checks the names: DNS labels (volumes) and CheckDiskName (disks), each
+// disk once in the whole annotation. withPrimary admits PrimaryDisk once
+// per volume.
+func parseDiskLists(key, value string, withPrimary bool) (ExtraDisks, error) {
+	var lists ExtraDisks
 	dec := json.NewDecoder(strings.NewReader(value))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&extra); err != nil {
+	if err := dec.Decode(&lists); err != nil {
 		return nil, fmt.Errorf("annotation %s: want a JSON object of volume name to disk names, e.g. {\"rootdisk\":[\"data\"]}: %v: %w",
-			AnnotationExtraDisks, err, ErrInvalid)
+			key, err, ErrInvalid)
 	}
 	seen := map[string]string{}
-	for _, vol := range slices.Sorted(maps.Keys(extra)) {
+	for _, vol := range slices.Sorted(maps.Keys(lists)) {
 		if len(validation.IsDNS1123Label(vol)) != 0 {
-			return nil, fmt.Errorf("annotation %s: volume name %q: must be a DNS label: %w", AnnotationExtraDisks, vol, ErrInvalid)
+			return nil, fmt.Errorf("annotation %s: volume name %q: must be a DNS label: %w", key, vol, ErrInvalid)
 		}
-		for _, d := range extra[vol] {
+		primaries := 0
+		for _, d := range lists[vol] {
+			if withPrimary && d == PrimaryDisk {
+				if primaries++; primaries > 1 {
+					return nil, fmt.Errorf("annotation %s, volume %s: disk %q listed twice: %w", key, vol, d, ErrDuplicate)
+				}
+				continue
+			}
 			if err := CheckDiskName(d); err != nil {
-				return nil, fmt.Errorf("annotation %s, volume %s: %w", AnnotationExtraDisks, vol, err)
+				return nil, fmt.Errorf("annotation %s, volume %s: %w", key, vol, err)
 			}
 			if other, dup := seen[d]; dup {
 				return nil, fmt.Errorf("annotation %s: disk %q named for volume %s and for volume %s (a disk's name is its serial, unique in the guest): %w",
-					AnnotationExtraDisks, d, other, vol, ErrDuplicate)
+					key, d, other, vol, ErrDuplicate)
 			}
 			seen[d] = vol
 		}
 	}
-	return extra, nil
+	return lists, nil
 }
 
 // CheckDiskName checks one extra disk's name.

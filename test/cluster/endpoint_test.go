@@ -125,7 +125,7 @@ func TestEndpointGuest(t *testing.T) {
 	// through the KubeVirt hook with the webhook's annotation: QEMU gets
 	// every disk as libvirt makes the hook's NBD disks.
 	drives := qemuDrives(t, throughHook(t, launcherDomain(filePVCDisk(pub.Dir)),
-		map[string]string{kubevirt.AnnotationExtraDisks: `{"rootdisk":["data","logs"]}`}))
+		map[string]string{kubevirt.AnnotationEndpointDisks: `{"rootdisk":["disk","data","logs"]}`}))
 	vm := startGuestVMRaw(t, c, k, initrd, endpointDisks, func(_ int, d string) []string { return drives[d] })
 	vm.waitStarted(t)
 	checkSerials(t, vm)

@@ -219,6 +219,14 @@ spec:
 		for _, p := range strings.Fields(string(pods)) {
 			if log, err := k.kubectl("-n", appNS, "logs", p, "-c", "guest-console-log"); err == nil && strings.Contains(string(log), "GUEST-DONE") {
 				k.t.Logf("guest console:\n%s", log)
+				// Every disk of the volume, found by serial, written
+				// and read back; disk.img is the one without a serial
+				// (KubeVirt gives its own disk none).
+				for _, serial := range []string{"data", "logs"} {
+					if !regexp.MustCompile(`GUEST-DISK vd[a-z]+ serial=` + serial + ` sectors=[0-9]+ quiver-guest ` + serial).Match(log) {
+						k.t.Errorf("the guest did not write and read back its disk %s (serial %s)", serial, serial)
+					}
+				}
 				return
 			}
 		}

@@ -113,7 +113,7 @@ func TestLibvirtEndpointEveryDisk(t *testing.T) {
 
 	name := fmt.Sprintf("quiver-kubevirt-ep-%d", os.Getpid())
 	console := filepath.Join(work, "console.log")
-	domainXML := callHook(t, ctx, []byte(kubevirtDomain(name, kernel, initrd, console, filepath.Join(pvc, "disk.img"))), []byte(vmiJSON))
+	domainXML := callHook(t, ctx, []byte(kubevirtDomain(name, kernel, initrd, console, filepath.Join(pvc, "disk.img"))), []byte(endpointVMIJSON))
 	sock := filepath.Join(pvc, endpoint.SocketName)
 	for _, d := range disks {
 		want := fmt.Sprintf(`<source protocol="nbd" name="%s">`, d)

@@ -222,6 +222,12 @@ const vmiJSON = `{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance",
 "spec":{"domain":{"devices":{"disks":[{"name":"rootdisk","disk":{"bus":"virtio"}}]}},
 "volumes":[{"name":"rootdisk","persistentVolumeClaim":{"claimName":"vm1-disks"}}]}}`
 
+// endpointVMIJSON is vmiJSON as the webhook annotates it when the volume is
+// a cluster's: the PVC's directory is the compute node's endpoint, and every
+// disk, disk.img's too, reaches QEMU on its socket.
+var endpointVMIJSON = strings.Replace(vmiJSON, `"quiver.io/extra-disks":"{\"rootdisk\":[\"data\",\"logs\"]}"`,
+	`"quiver.io/endpoint-disks":"{\"rootdisk\":[\"disk\",\"data\",\"logs\"]}"`, 1)
+
 // kubevirtDomain is a domain of the shape KubeVirt's converter writes for
 // a VMI with one Filesystem PVC (internal/kubevirt/hook/testdata has the
 // full shape), with what this test needs instead of KubeVirt's boot path:

@@ -181,7 +181,7 @@ func TestLiveMigrationEndpoints(t *testing.T) {
 	if err := unix.Mount(first.Dir, pvc, "", unix.MS_BIND, ""); err != nil {
 		testfs.SkipOrFail(t, "bind mount %s on %s: %v", first.Dir, pvc, err)
 	}
-	hooked := callHook(t, ctx, []byte(domainXML), []byte(vmiJSON))
+	hooked := callHook(t, ctx, []byte(domainXML), []byte(endpointVMIJSON))
 	if err := unix.Unmount(pvc, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -24,55 +24,49 @@ func TestBadInput(t *testing.T) {
 		name      string
 		domain    string
 		vmi       string
-		files     []string
 		sentinel  error
 		code      codes.Code
 		mentioned []string
 	}{
-		{"disk missing from the volume", domainXML, vmiJSON, []string{"disk", "data"},
-			kubevirt.ErrMissingDisk, codes.NotFound, []string{"volume rootdisk has no disk logs", "logs.img"}},
-		{"disk is a directory", domainXML, vmiJSON, []string{"disk", "data", "logs/"},
-			kubevirt.ErrMissingDisk, codes.NotFound, []string{"logs.img is not a regular file"}},
-		{"duplicate name in one volume", domainXML, withExtra(`\"rootdisk\":[\"data\",\"data\"]`), []string{"disk", "data"},
+		{"duplicate name in one volume", domainXML, withExtra(`\"rootdisk\":[\"data\",\"data\"]`),
 			kubevirt.ErrDuplicate, codes.InvalidArgument, []string{`disk "data"`, "rootdisk"}},
-		{"duplicate name across volumes", domainXML, withExtra(`\"rootdisk\":[\"data\"],\"scratch\":[\"data\"]`), []string{"disk", "data"},
+		{"duplicate name across volumes", domainXML, withExtra(`\"rootdisk\":[\"data\"],\"scratch\":[\"data\"]`),
 			kubevirt.ErrDuplicate, codes.InvalidArgument, []string{`disk "data"`, "rootdisk", "scratch"}},
-		{"the primary disk named as extra", domainXML, withExtra(`\"rootdisk\":[\"disk\"]`), []string{"disk"},
+		{"the primary disk named as extra", domainXML, withExtra(`\"rootdisk\":[\"disk\"]`),
 			kubevirt.ErrDuplicate, codes.InvalidArgument, []string{`disk name "disk"`}},
 		{"serial already on a disk", strings.Replace(domainXML, `<alias name="ua-scratch"></alias>`, `<alias name="ua-scratch"></alias><serial>logs</serial>`, 1),
-			vmiJSON, []string{"disk", "data", "logs"},
+			vmiJSON,
 			kubevirt.ErrDuplicate, codes.InvalidArgument, []string{`serial "logs"`, "scratch"}},
-		{"target clash", strings.Replace(domainXML, `dev="vdc"`, `dev="vdb"`, 1), vmiJSON, []string{"disk", "data", "logs"},
+		{"target clash", strings.Replace(domainXML, `dev="vdc"`, `dev="vdb"`, 1), vmiJSON,
 			kubevirt.ErrDuplicate, codes.InvalidArgument, []string{"target vdb", "scratch", "cloudinitdisk"}},
-		{"malformed domain XML", domainXML[:len(domainXML)/2], vmiJSON, []string{"disk", "data", "logs"},
+		{"malformed domain XML", domainXML[:len(domainXML)/2], vmiJSON,
 			kubevirt.ErrInvalid, codes.InvalidArgument, []string{"domain XML"}},
-		{"malformed VMI JSON", domainXML, vmiJSON[:40], []string{"disk"},
+		{"malformed VMI JSON", domainXML, vmiJSON[:40],
 			kubevirt.ErrInvalid, codes.InvalidArgument, []string{"VMI JSON"}},
-		{"malformed annotation", domainXML, withExtra(`\"rootdisk\":\"data\"`), []string{"disk", "data"},
+		{"malformed annotation", domainXML, withExtra(`\"rootdisk\":\"data\"`),
 			kubevirt.ErrInvalid, codes.InvalidArgument, []string{kubevirt.AnnotationExtraDisks}},
-		{"bad disk name", domainXML, withExtra(`\"rootdisk\":[\"Data!\"]`), []string{"disk"},
+		{"bad disk name", domainXML, withExtra(`\"rootdisk\":[\"Data!\"]`),
 			kubevirt.ErrInvalid, codes.InvalidArgument, []string{`disk name "Data!"`, "DNS label"}},
-		{"disk name longer than a serial", domainXML, withExtra(`\"rootdisk\":[\"a-very-long-disk-name-x\"]`), []string{"disk"},
+		{"disk name longer than a serial", domainXML, withExtra(`\"rootdisk\":[\"a-very-long-disk-name-x\"]`),
 			kubevirt.ErrInvalid, codes.InvalidArgument, []string{"longer than 20 bytes"}},
-		{"unknown bus", domainXML, strings.Replace(vmiJSON, `"kubevirt.io/latest`, `"quiver.io/extra-disk-bus": "ide", "kubevirt.io/latest`, 1), []string{"disk", "data", "logs"},
+		{"unknown bus", domainXML, strings.Replace(vmiJSON, `"kubevirt.io/latest`, `"quiver.io/extra-disk-bus": "ide", "kubevirt.io/latest`, 1),
 			kubevirt.ErrInvalid, codes.InvalidArgument, []string{kubevirt.AnnotationDiskBus, "ide"}},
-		{"volume not in the VMI", domainXML, withExtra(`\"nosuch\":[\"data\"]`), []string{"disk", "data"},
+		{"volume not in the VMI", domainXML, withExtra(`\"nosuch\":[\"data\"]`),
 			kubevirt.ErrInvalid, codes.InvalidArgument, []string{`volume "nosuch"`}},
-		{"volume that is not a PVC", domainXML, withExtra(`\"cloudinitdisk\":[\"data\"]`), []string{"disk", "data"},
+		{"volume that is not a PVC", domainXML, withExtra(`\"cloudinitdisk\":[\"data\"]`),
 			kubevirt.ErrInvalid, codes.InvalidArgument, []string{`volume "cloudinitdisk"`}},
 		{"Block-mode PVC", strings.Replace(domainXML, `<disk device="disk" type="file" model="virtio-non-transitional">
       <source file="/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img"></source>`, `<disk device="disk" type="block" model="virtio-non-transitional">
-      <source dev="/dev/rootdisk"></source>`, 1), vmiJSON, []string{"disk", "data", "logs"},
+      <source dev="/dev/rootdisk"></source>`, 1), vmiJSON,
 			kubevirt.ErrUnsupported, codes.FailedPrecondition, []string{"volume rootdisk", "Filesystem-mode"}},
-		{"no disk for the volume", strings.Replace(domainXML, `ua-rootdisk`, `ua-other`, 1), vmiJSON, []string{"disk", "data", "logs"},
+		{"no disk for the volume", strings.Replace(domainXML, `ua-rootdisk`, `ua-other`, 1), vmiJSON,
 			kubevirt.ErrInvalid, codes.InvalidArgument, []string{"no disk with alias ua-rootdisk"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			root := fakePVC(t, tc.files...)
 			vmi, err := kubevirt.DecodeVMI([]byte(tc.vmi))
 			if err == nil {
-				_, err = AddDisks([]byte(tc.domain), vmi, Options{Root: root})
+				_, err = AddDisks([]byte(tc.domain), vmi, Options{})
 			}
 			if !errors.Is(err, tc.sentinel) {
 				t.Fatalf("err = %v, want %v", err, tc.sentinel)
@@ -83,7 +77,7 @@ func TestBadInput(t *testing.T) {
 				}
 			}
 			// The same over the wire: virt-launcher gets an error, no domain.
-			conn := serve(t, Options{Root: root})
+			conn := serve(t, Options{})
 			res, err := v1alpha3.NewCallbacksClient(conn).OnDefineDomain(t.Context(),
 				&v1alpha3.OnDefineDomainParams{DomainXML: []byte(tc.domain), Vmi: []byte(tc.vmi)})
 			if status.Code(err) != tc.code || res != nil {

@@ -3,14 +3,10 @@ package hook
 import (
 	"bytes"
 	"encoding/xml"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"maps"
-	"os"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -28,127 +24,117 @@ const primaryFile = kubevirt.PrimaryDisk + ".img"
 
 // Options tune AddDisks.
 type Options struct {
-	// Volume, when set, limits the hook to that KubeVirt volume (one
-	// sidecar per quiver PVC, each seeing its own PVC mounted).
+	// Volume, when set, limits the hook to that KubeVirt volume.
 	Volume string
-	// Root is prepended to every path the hook checks on disk; "" checks
-	// the domain's paths as they are (the sidecar sees the PVC where the
-	// compute container does).
-	Root string
 }
 
-// AddDisks returns domainXML with the extra disks the VMI's annotations name
+// AddDisks returns domainXML with the disks the VMI's annotations name
 // added, or an error naming the cause; it never returns a domain with some
-// of the named disks missing.
+// of the named disks missing. It reads nothing but its arguments: the hook
+// sidecar does not see the PVCs (KubeVirt would have to mount each a second
+// time in the launcher pod, and the kubelet mounts a claim once per pod).
 //
-// A volume whose disk.img lies in a directory of the compute node's
-// endpoint (a quiver-endpoint.json beside it, internal/endpoint) gets every
-// disk through the endpoint's NBD socket: its primary disk is rewritten to
-// the socket's export "disk", and its extra disks are NBD disks too. That
-// holds with or without the annotation: disk.img is then an empty
-// placeholder that QEMU must never be given.
+//   - AnnotationExtraDisks: each named disk is the file <disk>.img beside
+//     the volume's disk.img, the primary left as it is.
+//   - AnnotationEndpointDisks: the volume's directory is the compute node's
+//     endpoint, its disk.img an empty placeholder: every disk of the volume,
+//     the primary included, is an NBD disk on the directory's
+//     endpoint.SocketName, export = disk name, with QEMU's reconnect-delay.
+//   - AnnotationBlockDisks: the volume's block device holds every disk, each
+//     a slice of it.
 //
-// A VMI without the annotation and without an endpoint volume gets the
-// domain back unchanged, byte for byte.
+// A VMI without these annotations gets the domain back unchanged, byte for
+// byte.
 func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) {
-	value, hasExtra := vmi.Metadata.Annotations[kubevirt.AnnotationExtraDisks]
-	blockValue, hasBlock := vmi.Metadata.Annotations[kubevirt.AnnotationBlockDisks]
-	annotated := hasExtra || hasBlock
+	ann := vmi.Metadata.Annotations
+	value, hasExtra := ann[kubevirt.AnnotationExtraDisks]
+	blockValue, hasBlock := ann[kubevirt.AnnotationBlockDisks]
+	epValue, hasEndpoint := ann[kubevirt.AnnotationEndpointDisks]
+	if !hasExtra && !hasBlock && !hasEndpoint {
+		return domainXML, nil
+	}
 	extra := kubevirt.ExtraDisks{}
 	blocks := kubevirt.BlockDisks{}
-	bus := kubevirt.BusVirtio
-	if annotated {
-		var err error
-		if hasExtra {
-			if extra, err = kubevirt.ParseExtraDisks(value); err != nil {
-				return nil, err
-			}
-		}
-		if hasBlock {
-			if blocks, err = kubevirt.ParseBlockDisks(blockValue); err != nil {
-				return nil, err
-			}
-		}
-		if bus, err = kubevirt.ParseBus(vmi.Metadata.Annotations[kubevirt.AnnotationDiskBus]); err != nil {
+	served := kubevirt.EndpointDisks{}
+	var err error
+	if hasExtra {
+		if extra, err = kubevirt.ParseExtraDisks(value); err != nil {
 			return nil, err
 		}
 	}
+	if hasBlock {
+		if blocks, err = kubevirt.ParseBlockDisks(blockValue); err != nil {
+			return nil, err
+		}
+	}
+	var delay uint
+	if hasEndpoint {
+		if served, err = kubevirt.ParseEndpointDisks(epValue); err != nil {
+			return nil, err
+		}
+		if delay, err = kubevirt.ParseReconnectDelay(ann[kubevirt.AnnotationReconnectDelay]); err != nil {
+			return nil, err
+		}
+	}
+	bus, err := kubevirt.ParseBus(ann[kubevirt.AnnotationDiskBus])
+	if err != nil {
+		return nil, err
+	}
+	if err := oneAnnotationEach(extra, blocks, served); err != nil {
+		return nil, err
+	}
 	var dom libvirtxml.Domain
 	if err := dom.Unmarshal(string(domainXML)); err != nil {
-		if !annotated {
-			// Nothing says the VMI is quiver's, and libvirt refuses
-			// the domain anyway.
-			return domainXML, nil
-		}
 		return nil, fmt.Errorf("domain XML: %v: %w", err, kubevirt.ErrInvalid)
 	}
 	if dom.Devices == nil {
-		if !annotated {
-			return domainXML, nil
-		}
 		return nil, fmt.Errorf("domain XML: no <devices>: %w", kubevirt.ErrInvalid)
 	}
 	volumes := map[string]kubevirt.Volume{}
 	for _, v := range vmi.Spec.Volumes {
 		volumes[v.Name] = v
 	}
-	endpoints, err := findEndpoints(dom.Devices.Disks, vmi, opts)
-	if err != nil {
-		return nil, err
-	}
-	if !annotated && len(endpoints) == 0 {
-		return domainXML, nil
-	}
 	targets, serials, err := usedNames(dom.Devices.Disks)
 	if err != nil {
 		return nil, err
 	}
 	var names []string
-	for name := range blocks {
-		if _, both := extra[name]; both {
-			return nil, fmt.Errorf("volume %s is named by both annotations %s and %s: %w",
-				name, kubevirt.AnnotationExtraDisks, kubevirt.AnnotationBlockDisks, kubevirt.ErrInvalid)
-		}
-	}
 	for name, disks := range extra {
-		if (opts.Volume == "" || name == opts.Volume) && len(disks) > 0 {
+		if len(disks) > 0 {
 			names = append(names, name)
 		}
 	}
-	for name := range endpoints {
-		if !slices.Contains(names, name) {
-			names = append(names, name)
-		}
+	for name := range served {
+		names = append(names, name)
 	}
+	names = slices.DeleteFunc(names, func(n string) bool { return opts.Volume != "" && n != opts.Volume })
 	slices.Sort(names)
 	var added []libvirtxml.DomainDisk
 	var rewrites []primaryRewrite
 	for _, name := range names {
-		if len(extra[name]) > 0 {
-			vol, ok := volumes[name]
-			if !ok || vol.ClaimName() == "" {
-				return nil, fmt.Errorf("annotation %s names volume %q, which is not a PVC or DataVolume volume of the VMI: %w",
-					kubevirt.AnnotationExtraDisks, name, kubevirt.ErrInvalid)
-			}
+		key := kubevirt.AnnotationExtraDisks
+		if served[name] != nil {
+			key = kubevirt.AnnotationEndpointDisks
+		}
+		if vol, ok := volumes[name]; !ok || vol.ClaimName() == "" {
+			return nil, fmt.Errorf("annotation %s names volume %q, which is not a PVC or DataVolume volume of the VMI: %w",
+				key, name, kubevirt.ErrInvalid)
 		}
 		primary, err := primaryDisk(dom.Devices.Disks, name)
 		if err != nil {
 			return nil, err
 		}
 		dir := path.Dir(primary.Source.File.File)
-		ep := endpoints[name]
-		if ep != nil {
-			rewrites = append(rewrites, primaryRewrite{alias: primary.Alias.Name, source: ep.source(kubevirt.PrimaryDisk)})
-		}
-		for _, disk := range extra[name] {
-			if ep != nil {
-				err = ep.check(disk)
-			} else {
-				err = checkFile(opts.Root, dir, disk, name)
-			}
-			if err != nil {
+		disks := extra[name]
+		var ep *endpointDir
+		if served[name] != nil {
+			if ep, err = newEndpointDir(name, dir, delay); err != nil {
 				return nil, err
 			}
+			rewrites = append(rewrites, primaryRewrite{alias: primary.Alias.Name, source: ep.source(kubevirt.PrimaryDisk)})
+			disks = slices.DeleteFunc(slices.Clone(served[name]), func(d string) bool { return d == kubevirt.PrimaryDisk })
+		}
+		for _, disk := range disks {
 			if other, dup := serials[disk]; dup {
 				return nil, fmt.Errorf("volume %s, disk %s: serial %q is already the serial of the domain's disk %s: %w",
 					name, disk, disk, other, kubevirt.ErrDuplicate)
@@ -199,37 +185,29 @@ func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) 
 	return insertDisks(out, added)
 }
 
-// findEndpoints returns, by KubeVirt volume, the PVC volumes of the VMI
-// (only opts.Volume when set) whose disk.img lies in an endpoint's
-// directory. A volume whose domain disk is not a disk.img file is left to
-// the annotation's checks.
-func findEndpoints(disks []libvirtxml.DomainDisk, vmi kubevirt.VMI, opts Options) (map[string]*endpointDir, error) {
-	out := map[string]*endpointDir{}
-	var delay uint
-	for _, v := range vmi.Spec.Volumes {
-		if v.ClaimName() == "" || (opts.Volume != "" && v.Name != opts.Volume) {
-			continue
-		}
-		d, err := primaryDisk(disks, v.Name)
-		if err != nil {
-			continue
-		}
-		ep, err := findEndpoint(opts.Root, path.Dir(d.Source.File.File), v.Name)
-		if err != nil {
-			return nil, err
-		}
-		if ep == nil {
-			continue
-		}
-		if delay == 0 {
-			if delay, err = kubevirt.ParseReconnectDelay(vmi.Metadata.Annotations[kubevirt.AnnotationReconnectDelay]); err != nil {
-				return nil, err
-			}
-		}
-		ep.delay = delay
-		out[v.Name] = ep
+// oneAnnotationEach refuses a volume named by two of the disk annotations:
+// each says how its disks reach QEMU, and they exclude each other.
+func oneAnnotationEach(extra kubevirt.ExtraDisks, blocks kubevirt.BlockDisks, served kubevirt.EndpointDisks) error {
+	type named struct {
+		key  string
+		vols []string
 	}
-	return out, nil
+	all := []named{
+		{kubevirt.AnnotationExtraDisks, slices.Collect(maps.Keys(extra))},
+		{kubevirt.AnnotationBlockDisks, slices.Collect(maps.Keys(blocks))},
+		{kubevirt.AnnotationEndpointDisks, slices.Collect(maps.Keys(served))},
+	}
+	seen := map[string]string{}
+	for _, a := range all {
+		slices.Sort(a.vols)
+		for _, v := range a.vols {
+			if other, both := seen[v]; both {
+				return fmt.Errorf("volume %s is named by both annotations %s and %s: %w", v, other, a.key, kubevirt.ErrInvalid)
+			}
+			seen[v] = a.key
+		}
+	}
+	return nil
 }
 
 // insertDisks returns the document with the disks inserted after its last
@@ -356,28 +334,6 @@ func primaryDisk(disks []libvirtxml.DomainDisk, volume string) (libvirtxml.Domai
 	}
 	return libvirtxml.DomainDisk{}, fmt.Errorf("volume %s: the domain has no disk with alias %s%s: %w",
 		volume, kubevirtAliasPrefix, volume, kubevirt.ErrInvalid)
-}
-
-// checkFile checks that <dir>/<disk>.img is a regular file: the disk exists
-// in the volume the PVC holds.
-func checkFile(root, dir, disk, volume string) error {
-	file := path.Join(dir, disk+".img")
-	fi, err := os.Stat(filepath.Join(root, filepath.FromSlash(file)))
-	switch {
-	case err != nil:
-		return fmt.Errorf("volume %s has no disk %s: %s: %v: %w", volume, disk, file, unwrapPath(err), kubevirt.ErrMissingDisk)
-	case !fi.Mode().IsRegular():
-		return fmt.Errorf("volume %s, disk %s: %s is not a regular file: %w", volume, disk, file, kubevirt.ErrMissingDisk)
-	}
-	return nil
-}
-
-// unwrapPath drops the path of an *fs.PathError: the message names it.
-func unwrapPath(err error) error {
-	if pe, ok := errors.AsType[*fs.PathError](err); ok {
-		return pe.Err
-	}
-	return err
 }
 
 // extraDisk builds the <disk> of one extra disk from the volume's primary:

@@ -16,35 +16,22 @@ import (
 	"google.golang.org/grpc/status"
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/quiverstorage/quiver/internal/endpoint"
 	"github.com/quiverstorage/quiver/internal/kubevirt"
 	"github.com/quiverstorage/quiver/internal/kubevirt/hookapi/v1alpha3"
 	"github.com/quiverstorage/quiver/internal/testfs"
 )
 
-// fakeEndpoint makes root/<dir> as the CSI node plugin shows a volume
-// published by the compute node's endpoint: an empty disk.img placeholder
-// and a manifest listing disks (no socket: the hook does not connect).
-func fakeEndpoint(t *testing.T, root, dir string, disks ...string) {
+// endpointVMI is the fixture's VMI with rootdisk served by the endpoint:
+// the webhook's endpoint-disks annotation listing disks, no extra-disks.
+func endpointVMI(t *testing.T, vmiJSON []byte, disks ...string) kubevirt.VMI {
 	t.Helper()
-	d := filepath.Join(root, dir)
-	if err := os.MkdirAll(d, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(d, "disk.img"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	m := endpoint.Manifest{Volume: "pvc-1234", Socket: endpoint.SocketName}
-	for _, n := range disks {
-		m.Disks = append(m.Disks, endpoint.Disk{Name: n, Size: 1 << 20})
-	}
-	b, err := json.Marshal(m)
+	vmi, err := kubevirt.DecodeVMI(vmiJSON)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(d, endpoint.ManifestName), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	delete(vmi.Metadata.Annotations, kubevirt.AnnotationExtraDisks)
+	vmi.Metadata.Annotations[kubevirt.AnnotationEndpointDisks] = kubevirt.EndpointDisks{"rootdisk": disks}.Format()
+	return vmi
 }
 
 // The fixture's primary disk, and what it must become on the endpoint:
@@ -69,12 +56,12 @@ const (
     </disk>`
 )
 
-// TestHookEndpoint: a volume whose disk.img lies in the endpoint's
-// directory gets every disk on the endpoint's NBD socket, with and without
-// the extra-disks annotation: the primary is rewritten in place (target,
-// boot order, alias kept; io dropped), the extras are NBD disks named by
-// disk with serial = disk name; the other volumes and every other element
-// stay as KubeVirt wrote them, and libvirt's schema accepts the result.
+// TestHookEndpoint: a volume the endpoint-disks annotation names gets every
+// disk on the endpoint's NBD socket in its directory, a one-disk volume
+// too: the primary is rewritten in place (target, boot order, alias kept;
+// io dropped), the others are NBD disks named by disk with serial = disk
+// name; the other volumes and every other element stay as KubeVirt wrote
+// them, and libvirt's schema accepts the result. The hook reads no file.
 func TestHookEndpoint(t *testing.T) {
 	domainXML := readFixture(t, "domain.xml")
 	if !bytes.Contains(domainXML, []byte(filePrimary)) {
@@ -82,30 +69,21 @@ func TestHookEndpoint(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name   string
-		noAnno bool
 		delay  string // the reconnect-delay annotation, "" none
 		extras []string
 	}{
-		{name: "annotated", extras: []string{"data", "logs"}},
-		{name: "annotated, reconnect delay set", delay: "90", extras: []string{"data", "logs"}},
-		{name: "no annotation", noAnno: true},
+		{name: "three disks", extras: []string{"data", "logs"}},
+		{name: "three disks, reconnect delay set", delay: "90", extras: []string{"data", "logs"}},
+		{name: "one disk"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			vmi, err := kubevirt.DecodeVMI(readFixture(t, "vmi.json"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.noAnno {
-				delete(vmi.Metadata.Annotations, kubevirt.AnnotationExtraDisks)
-			}
+			vmi := endpointVMI(t, readFixture(t, "vmi.json"), append([]string{"disk"}, tc.extras...)...)
 			wantDelay := "60"
 			if tc.delay != "" {
 				vmi.Metadata.Annotations[kubevirt.AnnotationReconnectDelay] = tc.delay
 				wantDelay = tc.delay
 			}
-			root := t.TempDir()
-			fakeEndpoint(t, root, pvcDir, "disk", "data", "logs")
-			out, err := AddDisks(domainXML, vmi, Options{Root: root})
+			out, err := AddDisks(domainXML, vmi, Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -163,46 +141,41 @@ func TestHookEndpoint(t *testing.T) {
 // sidecar of the endpoint volume rewrites it.
 func TestHookEndpointPerVolume(t *testing.T) {
 	domainXML := readFixture(t, "domain.xml")
-	vmi, err := kubevirt.DecodeVMI(readFixture(t, "vmi.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	delete(vmi.Metadata.Annotations, kubevirt.AnnotationExtraDisks)
-	root := t.TempDir()
-	fakeEndpoint(t, root, pvcDir, "disk")
-	out, err := AddDisks(domainXML, vmi, Options{Root: root, Volume: "scratch"})
+	vmi := endpointVMI(t, readFixture(t, "vmi.json"), "disk")
+	out, err := AddDisks(domainXML, vmi, Options{Volume: "scratch"})
 	if err != nil || !bytes.Equal(out, domainXML) {
 		t.Fatalf("the scratch sidecar: err %v, changed %v", err, !bytes.Equal(out, domainXML))
 	}
-	out, err = AddDisks(domainXML, vmi, Options{Root: root, Volume: "rootdisk"})
+	out, err = AddDisks(domainXML, vmi, Options{Volume: "rootdisk"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	assertSameTree(t, bytes.Replace(domainXML, []byte(filePrimary), []byte(strings.ReplaceAll(nbdPrimary, "DELAY", "60")), 1), out, 0)
 }
 
-// TestHookWithoutEndpoint: without a manifest, a primary beside which the
-// disk files lie stays a file disk and the extras are files: the endpoint
-// path is taken only on the manifest's word.
+// TestHookWithoutEndpoint: with the extra-disks annotation, a primary
+// stays a file disk and the extras are files beside it, even where the
+// directory would be an endpoint's: the endpoint path is taken only on the
+// endpoint-disks annotation's word. Without an annotation the domain comes
+// back byte for byte.
 func TestHookWithoutEndpoint(t *testing.T) {
 	domainXML := readFixture(t, "domain.xml")
 	vmi, err := kubevirt.DecodeVMI(readFixture(t, "vmi.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := fakePVC(t, "disk", "data", "logs")
-	out, err := AddDisks(domainXML, vmi, Options{Root: root})
+	out, err := AddDisks(domainXML, vmi, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	assertSameTree(t, domainXML, out, 2)
 	if bytes.Contains(out, []byte("nbd")) {
-		t.Errorf("an NBD disk without an endpoint:\n%s", out)
+		t.Errorf("an NBD disk without the endpoint annotation:\n%s", out)
 	}
 	delete(vmi.Metadata.Annotations, kubevirt.AnnotationExtraDisks)
-	out, err = AddDisks(domainXML, vmi, Options{Root: root})
+	out, err = AddDisks(domainXML, vmi, Options{})
 	if err != nil || !bytes.Equal(out, domainXML) {
-		t.Fatalf("no annotation, no endpoint: err %v, changed %v", err, !bytes.Equal(out, domainXML))
+		t.Fatalf("no annotation: err %v, changed %v", err, !bytes.Equal(out, domainXML))
 	}
 }
 
@@ -216,10 +189,10 @@ func TestHookEndpointLongestSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := t.TempDir()
+	delete(vmi.Metadata.Annotations, kubevirt.AnnotationExtraDisks)
+	vmi.Metadata.Annotations[kubevirt.AnnotationEndpointDisks] = kubevirt.EndpointDisks{name: {"disk", "data", "logs"}}.Format()
 	dir := strings.Replace(pvcDir, "rootdisk", name, 1)
-	fakeEndpoint(t, root, dir, "disk", "data", "logs")
-	out, err := AddDisks([]byte(domainXML), vmi, Options{Root: root})
+	out, err := AddDisks([]byte(domainXML), vmi, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,46 +207,60 @@ func TestHookEndpointLongestSocket(t *testing.T) {
 func TestHookEndpointRefusals(t *testing.T) {
 	domainXML := string(readFixture(t, "domain.xml"))
 	vmiJSON := string(readFixture(t, "vmi.json"))
+	const extra = `"quiver.io/extra-disks": "{\"rootdisk\":[\"data\",\"logs\"]}"`
+	if !strings.Contains(vmiJSON, extra) {
+		t.Fatal("the fixture's VMI has no extra-disks annotation to replace")
+	}
+	served := func(value string) string {
+		b, err := json.Marshal(value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Replace(vmiJSON, extra, `"quiver.io/endpoint-disks": `+string(b), 1)
+	}
 	// A 63-byte volume name, the longest DNS label: its socket path is
 	// /var/run/kubevirt-private/vmi-disks/<63>/nbd.sock, 108 bytes.
 	long := "rootdisk-" + strings.Repeat("x", 63-len("rootdisk-"))
-	longDir := strings.Replace(pvcDir, "rootdisk", long, 1)
 	for _, tc := range []struct {
 		name      string
 		domain    string
 		vmi       string
-		dir       string
-		manifest  []string // disks; nil: a manifest that is not JSON
 		sentinel  error
 		code      codes.Code
 		mentioned []string
 	}{
-		{"extra disk not in the manifest", domainXML, vmiJSON, pvcDir, []string{"disk", "data"},
-			kubevirt.ErrMissingDisk, codes.NotFound, []string{"volume rootdisk has no disk logs", endpoint.ManifestName}},
-		{"no primary in the manifest", domainXML, vmiJSON, pvcDir, []string{"data", "logs"},
+		{"no primary listed", domainXML, served(`{"rootdisk":["data","logs"]}`),
 			kubevirt.ErrMissingDisk, codes.NotFound, []string{`lists no disk "disk"`, "placeholder"}},
-		{"no primary in the manifest, no annotation", domainXML, strings.Replace(vmiJSON, `"quiver.io/extra-disks"`, `"x"`, 1), pvcDir, []string{"data"},
-			kubevirt.ErrMissingDisk, codes.NotFound, []string{`lists no disk "disk"`}},
-		{"socket path too long", strings.ReplaceAll(domainXML, "rootdisk", long), strings.ReplaceAll(vmiJSON, "rootdisk", long), longDir, []string{"disk", "data", "logs"},
+		{"primary listed twice", domainXML, served(`{"rootdisk":["disk","data","disk"]}`),
+			kubevirt.ErrDuplicate, codes.InvalidArgument, []string{`disk "disk" listed twice`}},
+		{"disk in two volumes", domainXML, served(`{"rootdisk":["disk","data"],"scratch":["disk","data"]}`),
+			kubevirt.ErrDuplicate, codes.InvalidArgument, []string{`disk "data"`, "rootdisk", "scratch"}},
+		{"volume in two annotations", domainXML, strings.Replace(served(`{"rootdisk":["disk"]}`), `"kubevirt.io/latest`, `"quiver.io/extra-disks": "{\"rootdisk\":[\"data\"]}", "kubevirt.io/latest`, 1),
+			kubevirt.ErrInvalid, codes.InvalidArgument, []string{"volume rootdisk is named by both annotations", kubevirt.AnnotationEndpointDisks}},
+		{"volume not in the VMI", domainXML, served(`{"nosuch":["disk"]}`),
+			kubevirt.ErrInvalid, codes.InvalidArgument, []string{`volume "nosuch"`, kubevirt.AnnotationEndpointDisks}},
+		{"bad disk name", domainXML, served(`{"rootdisk":["disk","../x"]}`),
+			kubevirt.ErrInvalid, codes.InvalidArgument, []string{`disk name "../x"`}},
+		{"not JSON", domainXML, served(`{"rootdisk":`),
+			kubevirt.ErrInvalid, codes.InvalidArgument, []string{kubevirt.AnnotationEndpointDisks}},
+		{"socket path too long", strings.ReplaceAll(domainXML, "rootdisk", long), strings.ReplaceAll(served(`{"rootdisk":["disk","data","logs"]}`), "rootdisk", long),
 			kubevirt.ErrInvalid, codes.InvalidArgument, []string{"108 bytes", "at most 107", "shorter name"}},
-		{"manifest not JSON", domainXML, vmiJSON, pvcDir, nil,
-			kubevirt.ErrInvalid, codes.InvalidArgument, []string{"endpoint manifest"}},
-		{"bad reconnect delay", domainXML, strings.Replace(vmiJSON, `"kubevirt.io/latest`, `"quiver.io/reconnect-delay": "0", "kubevirt.io/latest`, 1), pvcDir, []string{"disk", "data", "logs"},
+		{"serial already on a disk", strings.Replace(domainXML, `<alias name="ua-scratch"></alias>`, `<alias name="ua-scratch"></alias><serial>logs</serial>`, 1),
+			served(`{"rootdisk":["disk","data","logs"]}`),
+			kubevirt.ErrDuplicate, codes.InvalidArgument, []string{`serial "logs"`, "scratch"}},
+		{"Block-mode PVC", strings.Replace(domainXML, `<disk device="disk" type="file" model="virtio-non-transitional">
+      <source file="/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img"></source>`, `<disk device="disk" type="block" model="virtio-non-transitional">
+      <source dev="/dev/rootdisk"></source>`, 1), served(`{"rootdisk":["disk"]}`),
+			kubevirt.ErrUnsupported, codes.FailedPrecondition, []string{"volume rootdisk", "Filesystem-mode"}},
+		{"bad reconnect delay", domainXML, strings.Replace(served(`{"rootdisk":["disk","data","logs"]}`), `"kubevirt.io/latest`, `"quiver.io/reconnect-delay": "0", "kubevirt.io/latest`, 1),
 			kubevirt.ErrInvalid, codes.InvalidArgument, []string{kubevirt.AnnotationReconnectDelay, "whole seconds"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			root := t.TempDir()
-			fakeEndpoint(t, root, tc.dir, tc.manifest...)
-			if tc.manifest == nil {
-				if err := os.WriteFile(filepath.Join(root, tc.dir, endpoint.ManifestName), []byte("{"), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
 			vmi, err := kubevirt.DecodeVMI([]byte(tc.vmi))
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = AddDisks([]byte(tc.domain), vmi, Options{Root: root})
+			_, err = AddDisks([]byte(tc.domain), vmi, Options{})
 			if !errors.Is(err, tc.sentinel) {
 				t.Fatalf("err = %v, want %v", err, tc.sentinel)
 			}
@@ -282,7 +269,7 @@ func TestHookEndpointRefusals(t *testing.T) {
 					t.Errorf("error %q does not mention %q", err, m)
 				}
 			}
-			conn := serve(t, Options{Root: root})
+			conn := serve(t, Options{})
 			res, err := v1alpha3.NewCallbacksClient(conn).OnDefineDomain(t.Context(),
 				&v1alpha3.OnDefineDomainParams{DomainXML: []byte(tc.domain), Vmi: []byte(tc.vmi)})
 			if status.Code(err) != tc.code || res != nil {

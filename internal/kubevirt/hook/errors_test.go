@@ -3,8 +3,6 @@ package hook
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -45,19 +43,11 @@ func TestHookPerVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	vmi.Metadata.Annotations[kubevirt.AnnotationExtraDisks] = `{"rootdisk":["data","logs"],"scratch":["swap"]}`
-	root := fakePVC(t, "disk", "data", "logs")
-	scratch := filepath.Join(root, "var/run/kubevirt-private/vmi-disks/scratch")
-	if err := os.MkdirAll(scratch, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(scratch, "swap.img"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	first, err := AddDisks(domainXML, vmi, Options{Root: root, Volume: "scratch"})
+	first, err := AddDisks(domainXML, vmi, Options{Volume: "scratch"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := AddDisks(first, vmi, Options{Root: root, Volume: "rootdisk"})
+	out, err := AddDisks(first, vmi, Options{Volume: "rootdisk"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +69,7 @@ func TestHookPerVolume(t *testing.T) {
 	}
 	// Two sidecars for one volume (a hand-written hookSidecars list gone
 	// wrong) would add its disks twice: the second refuses, serial taken.
-	if _, err := AddDisks(out, vmi, Options{Root: root, Volume: "rootdisk"}); !errors.Is(err, kubevirt.ErrDuplicate) {
+	if _, err := AddDisks(out, vmi, Options{Volume: "rootdisk"}); !errors.Is(err, kubevirt.ErrDuplicate) {
 		t.Fatalf("second pass: %v, want %v", err, kubevirt.ErrDuplicate)
 	}
 }

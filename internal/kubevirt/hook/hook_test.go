@@ -34,30 +34,6 @@ func readFixture(t *testing.T, name string) []byte {
 	return b
 }
 
-// fakePVC makes root/<pvcDir> holding the given disks' image files, as the
-// PVC of a quiver volume shows them ("name/": a directory name.img), and
-// returns root.
-func fakePVC(t *testing.T, disks ...string) string {
-	t.Helper()
-	root := t.TempDir()
-	dir := filepath.Join(root, pvcDir)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range disks {
-		if name, ok := strings.CutSuffix(d, "/"); ok { // a directory where the image should be
-			if err := os.Mkdir(filepath.Join(dir, name+".img"), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		if err := os.WriteFile(filepath.Join(dir, d+".img"), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return root
-}
-
 // serve starts a Server on a unix socket and returns a client connection
 // to it, as virt-launcher dials one.
 func serve(t *testing.T, opts Options) *grpc.ClientConn {
@@ -94,7 +70,7 @@ func serve(t *testing.T, opts Options) *grpc.ClientConn {
 // output.
 func TestHookOverTheWire(t *testing.T) {
 	domainXML, vmiJSON := readFixture(t, "domain.xml"), readFixture(t, "vmi.json")
-	conn := serve(t, Options{Root: fakePVC(t, "disk", "data", "logs")})
+	conn := serve(t, Options{})
 	ctx := t.Context()
 
 	res, err := info.NewInfoClient(conn).Info(ctx, &info.InfoParams{})
@@ -174,7 +150,7 @@ func TestHookOverTheWire(t *testing.T) {
 // refused as Unimplemented, naming the service, so virt-launcher fails the
 // VM instead of defining it without the hook.
 func TestHookUnknownVersion(t *testing.T) {
-	conn := serve(t, Options{Root: fakePVC(t, "disk")})
+	conn := serve(t, Options{})
 	err := conn.Invoke(t.Context(), "/kubevirt.hooks.v1alpha1.Callbacks/OnDefineDomain",
 		&v1alpha3.OnDefineDomainParams{}, &v1alpha3.OnDefineDomainResult{})
 	if status.Code(err) != codes.Unimplemented || !strings.Contains(err.Error(), "kubevirt.hooks.v1alpha1.Callbacks") {

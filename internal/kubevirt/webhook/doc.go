@@ -1,15 +1,17 @@
 // Package webhook is quiver's optional KubeVirt mutating admission webhook.
-// For a VirtualMachineInstance (or a VirtualMachine's template) whose PVC is
-// a quiver volume in Filesystem mode, it names the volume's other disks in
-// the quiver.io/extra-disks annotation and adds the quiver hook sidecar to
-// hooks.kubevirt.io/hookSidecars (for a one-disk volume too: on a compute
-// node whose endpoint serves the volume, the hook gives QEMU the disks on
-// the endpoint's socket), so an ordinary VM with one PVC boots with every
-// disk of its volume. A Block-mode quiver PVC is one device holding every
-// disk of its volume (the compute node's endpoint serves disk i at
-// i*endpoint.SlotSize): the webhook lays them out in the
-// quiver.io/block-disks annotation, and the hook gives QEMU each disk as a
-// slice of the device.
+// For a VirtualMachineInstance (or a VirtualMachine's template) with quiver
+// PVCs it describes each volume's disks in an annotation the hook sidecar
+// acts on, and adds that sidecar (one, asking KubeVirt for no PVC) to
+// hooks.kubevirt.io/hookSidecars, so an ordinary VM with one PVC boots with
+// every disk of its volume:
+//
+//   - a Filesystem PVC of a single node's volume: the other disks, files
+//     beside disk.img, in quiver.io/extra-disks;
+//   - a Filesystem PVC of a cluster's volume, which the CSI node plugin
+//     stages at the compute node's endpoint: every disk, disk included, in
+//     quiver.io/endpoint-disks (served on the PVC's nbd.sock);
+//   - a Block PVC, one device holding every disk (disk i at
+//     i*endpoint.SlotSize): the layout in quiver.io/block-disks.
 //
 // It learns a PVC's volume from Kubernetes (claims.go: the PVC, its PV, or
 // its StorageClass while unbound, read with kube.go's client: in-cluster or

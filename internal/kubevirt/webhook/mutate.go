@@ -15,20 +15,17 @@ import (
 	"github.com/quiverstorage/quiver/internal/kubevirt"
 )
 
-// Volumes reads quiver volumes; *client.Client is one.
+// Volumes reads quiver volumes and the pool's answer (whether the server
+// is a cluster); *client.Client is one.
 type Volumes interface {
 	GetVolume(ctx context.Context, name string) (api.Volume, error)
+	Pool(ctx context.Context) (api.PoolInfo, error)
 }
 
 var _ Volumes = (*client.Client)(nil)
 
 // DefaultDriver is the quiver CSI driver's name.
 const DefaultDriver = "csi.quiver.io"
-
-// PodDiskDir is where KubeVirt mounts a Filesystem PVC volume in the
-// virt-launcher pod: <PodDiskDir>/<volume>/disk.img. The sidecar gets the
-// same PVC at the same path, so the hook sees the files it adds.
-const PodDiskDir = "/var/run/kubevirt-private/vmi-disks"
 
 // Config configures a Webhook.
 type Config struct {
@@ -73,33 +70,27 @@ var (
 const sidecarCommand = "kubevirt-hook"
 
 // sidecar is one entry of hooks.kubevirt.io/hookSidecars (KubeVirt's
-// hooks.HookSidecar).
+// hooks.HookSidecar). It never asks KubeVirt for a PVC (the entry's "pvc"):
+// the launcher pod would name the VM's claim twice, and the kubelet mounts
+// a claim once per pod and waits for ever for the second. The hook needs no
+// file of the PVC: the annotations say everything.
 type sidecar struct {
-	Image           string      `json:"image"`
-	ImagePullPolicy string      `json:"imagePullPolicy"`
-	Command         []string    `json:"command,omitempty"`
-	Args            []string    `json:"args,omitempty"`
-	PVC             *sidecarPVC `json:"pvc,omitempty"`
-}
-
-type sidecarPVC struct {
-	Name       string `json:"name"`
-	VolumePath string `json:"volumePath"`
+	Image           string   `json:"image"`
+	ImagePullPolicy string   `json:"imagePullPolicy"`
+	Command         []string `json:"command,omitempty"`
+	Args            []string `json:"args,omitempty"`
 }
 
 // annotate returns the annotations a VMI with these volumes should carry,
 // and warnings for the user. It never changes annotations other than
-// quiver's and its own sidecar entries in hookSidecars.
+// quiver's and its own sidecar entry in hookSidecars.
 func (w *Webhook) annotate(ctx context.Context, namespace string, annotations map[string]string, volumes []kubevirt.Volume) (map[string]string, []string, error) {
 	extra := kubevirt.ExtraDisks{}
 	blocks := kubevirt.BlockDisks{}
-	var sidecars []sidecar
+	served := kubevirt.EndpointDisks{}
 	var warnings []string
 	owner := map[string]string{} // disk name -> volume, for serial clashes
-	podVolumes := map[string]bool{}
-	for _, v := range volumes {
-		podVolumes[v.Name] = true
-	}
+	var cluster *bool            // whether the server is a cluster, asked once
 	for _, v := range volumes {
 		claim := v.ClaimName()
 		if claim == "" || (v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.Hotplug) || (v.DataVolume != nil && v.DataVolume.Hotplug) {
@@ -123,20 +114,14 @@ func (w *Webhook) annotate(ctx context.Context, namespace string, annotations ma
 			if warning != "" {
 				warnings = append(warnings, warning)
 			}
-			if layout == nil {
-				continue
+			if layout != nil {
+				// The PVC is one block device holding every disk;
+				// the hook gives QEMU each as a slice of it.
+				blocks[v.Name] = layout
 			}
-			// The PVC is one block device holding every disk; the
-			// hook gives QEMU each as a slice of it. A Block PVC
-			// cannot be mounted in the sidecar: it needs none.
-			blocks[v.Name] = layout
-			sidecars = append(sidecars, sidecar{
-				Image: w.cfg.Image, ImagePullPolicy: w.cfg.ImagePullPolicy,
-				Command: []string{"quiver"}, Args: []string{sidecarCommand, "--volume", v.Name},
-			})
 			continue
 		}
-		disks, err := w.disks(ctx, c)
+		disks, onCluster, err := w.disks(ctx, c, &cluster)
 		if err != nil {
 			return nil, nil, fmt.Errorf("volume %s (PVC %s): %w", v.Name, claim, err)
 		}
@@ -159,38 +144,37 @@ func (w *Webhook) annotate(ctx context.Context, namespace string, annotations ma
 			owner[d] = v.Name
 			names = append(names, d)
 		}
-		// Every Filesystem-mode quiver PVC gets the hook, a one-disk volume
-		// too: on a compute node whose endpoint serves the volume the PVC
-		// holds only the endpoint's socket and an empty placeholder
-		// disk.img, and the hook gives QEMU the disk on the socket (it
-		// leaves the domain unchanged for a volume not served that way).
-		if podVolumes[claim] {
-			return nil, nil, fmt.Errorf("volume %s: its PVC %s has the name of a volume of the VM, and the hook sidecar mounts the PVC as a pod volume of that name; rename the VM's volume: %w",
-				v.Name, claim, ErrDenied)
-		}
-		if len(names) > 0 {
+		switch {
+		case onCluster:
+			// The CSI node plugin stages a cluster's volume at the
+			// compute node's endpoint: the PVC holds its socket and
+			// an empty placeholder disk.img, and the hook gives QEMU
+			// every disk, a one-disk volume's too, on the socket.
+			served[v.Name] = disks
+		case len(names) > 0:
 			extra[v.Name] = names
 		}
-		sidecars = append(sidecars, sidecar{
-			Image: w.cfg.Image, ImagePullPolicy: w.cfg.ImagePullPolicy,
-			Command: []string{"quiver"}, Args: []string{sidecarCommand, "--volume", v.Name},
-			PVC: &sidecarPVC{Name: claim, VolumePath: PodDiskDir + "/" + v.Name},
-		})
 	}
 
 	out := maps.Clone(annotations)
 	if out == nil {
 		out = map[string]string{}
 	}
-	if len(extra) > 0 {
-		out[kubevirt.AnnotationExtraDisks] = extra.Format()
-	} else {
-		delete(out, kubevirt.AnnotationExtraDisks)
+	set := func(key string, n int, value func() string) {
+		if n > 0 {
+			out[key] = value()
+		} else {
+			delete(out, key)
+		}
 	}
-	if len(blocks) > 0 {
-		out[kubevirt.AnnotationBlockDisks] = blocks.Format()
-	} else {
-		delete(out, kubevirt.AnnotationBlockDisks)
+	set(kubevirt.AnnotationExtraDisks, len(extra), extra.Format)
+	set(kubevirt.AnnotationBlockDisks, len(blocks), blocks.Format)
+	set(kubevirt.AnnotationEndpointDisks, len(served), served.Format)
+	// One sidecar serves every volume the annotations name.
+	var sidecars []sidecar
+	if len(extra)+len(blocks)+len(served) > 0 {
+		sidecars = append(sidecars, sidecar{Image: w.cfg.Image, ImagePullPolicy: w.cfg.ImagePullPolicy,
+			Command: []string{"quiver"}, Args: []string{sidecarCommand}})
 	}
 	list, err := mergeSidecars(annotations[kubevirt.AnnotationHookSidecars], sidecars)
 	if err != nil {
@@ -204,25 +188,36 @@ func (w *Webhook) annotate(ctx context.Context, namespace string, annotations ma
 	return out, warnings, nil
 }
 
-// disks lists the quiver volume's disk names in order: from the volume when
-// the claim is bound, else from the StorageClass (one disk "disk" when it
-// names none).
-func (w *Webhook) disks(ctx context.Context, c Claim) ([]string, error) {
+// disks lists the quiver volume's disk names in order, and whether the
+// cluster keeps it: from the volume when the claim is bound, else from the
+// StorageClass (one disk "disk" when it names none) and the server (a
+// cluster's volumes are all kept by its nodes). cluster caches the
+// server's answer for one admission.
+func (w *Webhook) disks(ctx context.Context, c Claim, cluster **bool) ([]string, bool, error) {
 	if c.Volume == "" {
-		if c.ClassDisks == nil {
-			return []string{kubevirt.PrimaryDisk}, nil
+		if *cluster == nil {
+			p, err := w.cfg.Volumes.Pool(ctx)
+			if err != nil {
+				return nil, false, fmt.Errorf("the quiver server (is it a cluster?): %v: %w", err, ErrLookup)
+			}
+			is := p.Cluster != ""
+			*cluster = &is
 		}
-		return c.ClassDisks, nil
+		if c.ClassDisks == nil {
+			return []string{kubevirt.PrimaryDisk}, **cluster, nil
+		}
+		return c.ClassDisks, **cluster, nil
 	}
 	v, err := w.cfg.Volumes.GetVolume(ctx, c.Volume)
 	if err != nil {
-		return nil, fmt.Errorf("quiver volume %s: %v: %w", c.Volume, err, ErrLookup)
+		return nil, false, fmt.Errorf("quiver volume %s: %v: %w", c.Volume, err, ErrLookup)
 	}
 	names := make([]string, 0, len(v.Disks))
 	for _, d := range v.Disks {
 		names = append(names, d.Name)
 	}
-	return names, nil
+	// As the CSI node plugin decides (internal/csi, onCluster).
+	return names, v.Primary != "" || len(v.Copies) > 0, nil
 }
 
 // blockLayout lays out a Block-mode quiver PVC's disks in its one device:

@@ -14,6 +14,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/kubevirt"
@@ -31,8 +32,15 @@ func (f fakeClaims) Claim(_ context.Context, ns, name string) (Claim, error) {
 }
 
 // fakeVolumes is an in-memory quiver API: volume -> disk names; a volume
-// named "broken" fails.
+// named "broken" fails; a volume named "cl-*" is kept by a cluster (it has
+// a primary and copies); with the key onCluster the server is a cluster's
+// node, with poolDown its pool cannot be read.
 type fakeVolumes map[string][]string
+
+const (
+	onCluster = "@cluster"
+	poolDown  = "@pooldown"
+)
 
 func (f fakeVolumes) GetVolume(_ context.Context, name string) (api.Volume, error) {
 	if name == "broken" {
@@ -43,10 +51,24 @@ func (f fakeVolumes) GetVolume(_ context.Context, name string) (api.Volume, erro
 		return api.Volume{}, fmt.Errorf("volume %s: not found", name)
 	}
 	v := api.Volume{Name: name}
+	if strings.HasPrefix(name, "cl-") {
+		v.Primary = "n1"
+		v.Copies = []api.Copy{{Node: "n1"}, {Node: "n2"}}
+	}
 	for i, d := range disks {
 		v.Disks = append(v.Disks, api.Disk{Name: d, Size: int64(i+1) << 30})
 	}
 	return v, nil
+}
+
+func (f fakeVolumes) Pool(context.Context) (api.PoolInfo, error) {
+	if _, down := f[poolDown]; down {
+		return api.PoolInfo{}, errors.New("connection refused")
+	}
+	if _, ok := f[onCluster]; ok {
+		return api.PoolInfo{ID: "p", Cluster: "east"}, nil
+	}
+	return api.PoolInfo{ID: "p"}, nil
 }
 
 const image = "registry.example/quiver:1.0"
@@ -67,6 +89,9 @@ func testWebhook() *Webhook {
 			"vms/single":            {Driver: DefaultDriver, Volume: "pvc-5"},
 			"vms/rootdisk":          {Driver: DefaultDriver, Volume: "pvc-7"},
 			"vms/vm1-longname":      {Driver: DefaultDriver, Volume: "pvc-6"},
+			"vms/vm1-cluster":       {Driver: DefaultDriver, Volume: "cl-1"},
+			"vms/vm1-cluster-one":   {Driver: DefaultDriver, Volume: "cl-2"},
+			"vms/vm1-cluster-block": {Driver: DefaultDriver, Volume: "cl-1", Block: true},
 		},
 		Volumes: fakeVolumes{
 			"pvc-1": {"disk", "data", "logs"},
@@ -76,6 +101,8 @@ func testWebhook() *Webhook {
 			"pvc-5": {"disk"},
 			"pvc-6": {"disk", "a-disk-name-over-twenty"},
 			"pvc-7": {"disk", "swap"},
+			"cl-1":  {"disk", "data", "logs"},
+			"cl-2":  {"disk"},
 		},
 	})
 }
@@ -100,10 +127,12 @@ func review(kind, operation, object string) string {
 "namespace":"vms","name":"vm1","operation":%q,"object":%s}}`, kind, operation, object)
 }
 
-func ourSidecar(volume, claim string) map[string]any {
+// ourSidecar is the webhook's one sidecar entry: no "pvc" (KubeVirt would
+// name the VM's claim twice in the launcher pod, and the kubelet never
+// mounts the second), no --volume (it serves every volume).
+func ourSidecar() map[string]any {
 	return map[string]any{"image": image, "imagePullPolicy": "IfNotPresent", "command": []any{"quiver"},
-		"args": []any{"kubevirt-hook", "--volume", volume},
-		"pvc":  map[string]any{"name": claim, "volumePath": "/var/run/kubevirt-private/vmi-disks/" + volume}}
+		"args": []any{"kubevirt-hook"}}
 }
 
 // TestWebhook runs AdmissionReview JSON through the HTTP handler and applies
@@ -123,40 +152,53 @@ func TestWebhook(t *testing.T) {
 		sidecars []any
 		warning  string
 		blocks   string // the block-disks annotation wanted, "" none
+		served   string // the endpoint-disks annotation wanted, "" none
 	}{
 		{name: "VMI with a quiver PVC", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-disks"))),
 			annPath: []string{"metadata", "annotations"}, extra: map[string][]string{"rootdisk": {"data", "logs"}},
-			sidecars: []any{ourSidecar("rootdisk", "vm1-disks")}},
+			sidecars: []any{ourSidecar()}},
 		{name: "VM with a quiver PVC, template without metadata",
 			body:    review(KindVM, "CREATE", vm(`{"spec":{"volumes":[`+pvc("rootdisk", "vm1-disks")+`]}}`)),
 			annPath: []string{"spec", "template", "metadata", "annotations"}, extra: map[string][]string{"rootdisk": {"data", "logs"}},
-			sidecars: []any{ourSidecar("rootdisk", "vm1-disks")}},
+			sidecars: []any{ourSidecar()}},
 		{name: "VM with a quiver PVC, template with annotations and a user sidecar",
 			body: review(KindVM, "UPDATE", vm(`{"metadata":{"annotations":{"a":"b","hooks.kubevirt.io/hookSidecars":`+string(userSidecars)+`}},"spec":{"volumes":[`+
 				pvc("rootdisk", "vm1-disks")+`]}}`)),
 			annPath: []string{"spec", "template", "metadata", "annotations"}, extra: map[string][]string{"rootdisk": {"data", "logs"}},
-			sidecars: []any{jsonValue(t, userSidecar), ourSidecar("rootdisk", "vm1-disks")}},
+			sidecars: []any{jsonValue(t, userSidecar), ourSidecar()}},
 		{name: "VM with another driver's PVC is left unchanged",
 			body: review(KindVM, "CREATE", vm(`{"spec":{"volumes":[`+pvc("rootdisk", "ceph-root")+`]}}`))},
-		// The hook gives QEMU the disk on the endpoint's socket when the
-		// compute node's endpoint serves the volume; no extra disks.
-		{name: "VMI with a one-disk quiver PVC gets the hook only",
-			body:    review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "single"))),
-			annPath: []string{"metadata", "annotations"}, sidecars: []any{ourSidecar("rootdisk", "single")}},
+		// On a single node a one-disk volume is KubeVirt's own disk.img.
+		{name: "VMI with a one-disk quiver PVC on a single node is left unchanged",
+			body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "single")))},
+		// A cluster's volume is staged at the compute node's endpoint:
+		// every disk, a one-disk volume's too, on its socket.
+		{name: "VMI with a cluster's quiver PVC: every disk through the endpoint",
+			body:    review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-cluster"))),
+			annPath: []string{"metadata", "annotations"}, served: `{"rootdisk":["disk","data","logs"]}`, sidecars: []any{ourSidecar()}},
+		{name: "VM with a cluster's one-disk quiver PVC: its disk through the endpoint",
+			body:    review(KindVM, "CREATE", vm(`{"spec":{"volumes":[`+pvc("rootdisk", "vm1-cluster-one")+`]}}`)),
+			annPath: []string{"spec", "template", "metadata", "annotations"}, served: `{"rootdisk":["disk"]}`, sidecars: []any{ourSidecar()}},
+		{name: "VMI with a cluster's PVC and a single node's PVC", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-cluster"), pvc("more", "vm1-more"))),
+			annPath: []string{"metadata", "annotations"}, extra: map[string][]string{"more": {"scratch"}}, served: `{"rootdisk":["disk","data","logs"]}`,
+			sidecars: []any{ourSidecar()}},
+		{name: "a cluster's Block-mode PVC stays a block layout", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-cluster-block"))),
+			annPath:  []string{"metadata", "annotations"},
+			blocks:   `{"rootdisk":[{"name":"disk","size":1073741824},{"name":"data","size":2147483648},{"name":"logs","size":3221225472}]}`,
+			sidecars: []any{ourSidecar()}},
 		{name: "VMI with a PVC that does not exist yet is left unchanged",
 			body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "nosuch")))},
 		{name: "VMI with two quiver PVCs", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-disks"), pvc("more", "vm1-more"),
 			`{"name":"cloudinitdisk","cloudInitNoCloud":{"userData":"x"}}`)),
 			annPath: []string{"metadata", "annotations"}, extra: map[string][]string{"rootdisk": {"data", "logs"}, "more": {"scratch"}},
-			sidecars: []any{ourSidecar("rootdisk", "vm1-disks"), ourSidecar("more", "vm1-more")}},
+			sidecars: []any{ourSidecar()}},
 		{name: "VMI with an unbound quiver PVC: disks from the StorageClass", body: review(KindVMI, "CREATE", vmi("", `{"name":"rootdisk","dataVolume":{"name":"vm1-pending"}}`)),
 			annPath: []string{"metadata", "annotations"}, extra: map[string][]string{"rootdisk": {"scratch"}},
-			sidecars: []any{ourSidecar("rootdisk", "vm1-pending")}},
+			sidecars: []any{ourSidecar()}},
 		{name: "Block-mode quiver PVC: every disk laid out in its device, and the hook", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-block"))),
-			annPath: []string{"metadata", "annotations"},
-			blocks:  `{"rootdisk":[{"name":"disk","size":1073741824},{"name":"data","size":2147483648},{"name":"logs","size":3221225472}]}`,
-			sidecars: []any{map[string]any{"image": image, "imagePullPolicy": "IfNotPresent", "command": []any{"quiver"},
-				"args": []any{"kubevirt-hook", "--volume", "rootdisk"}}}},
+			annPath:  []string{"metadata", "annotations"},
+			blocks:   `{"rootdisk":[{"name":"disk","size":1073741824},{"name":"data","size":2147483648},{"name":"logs","size":3221225472}]}`,
+			sidecars: []any{ourSidecar()}},
 		{name: "unbound Block-mode quiver PVC gets a warning", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-block-pending"))),
 			warning: "Block-mode PVC not bound yet"},
 		{name: "stale quiver annotations are removed", body: review(KindVMI, "CREATE", vmi(`,"annotations":{"quiver.io/extra-disks":"{\"rootdisk\":[\"old\"]}","hooks.kubevirt.io/hookSidecars":"[{\"image\":\"q\",\"args\":[\"kubevirt-hook\"]}]"}`,
@@ -168,8 +210,10 @@ func TestWebhook(t *testing.T) {
 			denied: `has no disk named "disk" (it has root, data)`},
 		{name: "disk name longer than a serial", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-longname"))),
 			denied: "longer than 20 bytes"},
+		// The sidecar mounts no PVC: a claim may bear a VM volume's name.
 		{name: "claim named like a VM volume", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-disks"), pvc("x", "rootdisk"))),
-			denied: "its PVC rootdisk has the name of a volume of the VM"},
+			annPath: []string{"metadata", "annotations"}, extra: map[string][]string{"rootdisk": {"data", "logs"}, "x": {"swap"}},
+			sidecars: []any{ourSidecar()}},
 		{name: "quiver API down", body: review(KindVMI, "CREATE", vmi("", pvc("rootdisk", "vm1-broken"))),
 			denied: "quiver volume broken: connection refused"},
 		{name: "object not a VM", body: review(KindVM, "CREATE", `{"spec":{"template":"nope"}}`), denied: "VirtualMachine vms/vm1"},
@@ -243,9 +287,16 @@ func TestWebhook(t *testing.T) {
 			patched := applyPatch(t, req.Request.Object.Raw, resp.Patch)
 			ann := lookup(t, patched, tc.annPath)
 			checkAnnotations(t, ann, tc.extra, tc.sidecars)
-			if m, _ := ann.(map[string]any); m[kubevirt.AnnotationBlockDisks] != nil || tc.blocks != "" {
-				if got, _ := m[kubevirt.AnnotationBlockDisks].(string); got != tc.blocks {
-					t.Errorf("%s = %q, want %q", kubevirt.AnnotationBlockDisks, got, tc.blocks)
+			m, _ := ann.(map[string]any)
+			if got, _ := m[kubevirt.AnnotationBlockDisks].(string); got != tc.blocks {
+				t.Errorf("%s = %q, want %q", kubevirt.AnnotationBlockDisks, got, tc.blocks)
+			}
+			if got, _ := m[kubevirt.AnnotationEndpointDisks].(string); got != tc.served {
+				t.Errorf("%s = %q, want %q", kubevirt.AnnotationEndpointDisks, got, tc.served)
+			}
+			if tc.served != "" {
+				if _, err := kubevirt.ParseEndpointDisks(tc.served); err != nil {
+					t.Errorf("the hook would refuse it: %v", err)
 				}
 			}
 
@@ -365,4 +416,48 @@ func mustJSON(t *testing.T, v any) string {
 
 func metaKind(kind string) metav1.GroupVersionKind {
 	return metav1.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: kind}
+}
+
+// TestWebhookUnboundOnCluster: a Filesystem claim not bound yet (a
+// DataVolume's, WaitForFirstConsumer) takes its disks from the StorageClass
+// and the endpoint-or-files choice from the server: a cluster's node gets
+// every disk through the endpoint, as the CSI node plugin will stage it; a
+// server whose pool cannot be read refuses the admission (a lookup error)
+// rather than guess.
+func TestWebhookUnboundOnCluster(t *testing.T) {
+	claims := fakeClaims{
+		"vms/vm1-pending": {Driver: DefaultDriver, ClassDisks: []string{"disk", "scratch"}},
+		"vms/vm1-plain":   {Driver: DefaultDriver},
+	}
+	admit := func(vols fakeVolumes, claim string) (*admissionv1.AdmissionResponse, map[string]any) {
+		t.Helper()
+		wh := New(Config{Image: image, Claims: claims, Volumes: vols})
+		obj := vmi("", `{"name":"rootdisk","dataVolume":{"name":"`+claim+`"}}`)
+		resp := wh.Review(t.Context(), &admissionv1.AdmissionRequest{UID: "u1", Kind: metaKind(KindVMI), Namespace: "vms", Name: "vm1",
+			Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: []byte(obj)}})
+		if !resp.Allowed || resp.Patch == nil {
+			return resp, nil
+		}
+		ann, _ := lookup(t, applyPatch(t, []byte(obj), resp.Patch), []string{"metadata", "annotations"}).(map[string]any)
+		return resp, ann
+	}
+	for _, tc := range []struct {
+		claim, served string
+	}{
+		{"vm1-pending", `{"rootdisk":["disk","scratch"]}`},
+		{"vm1-plain", `{"rootdisk":["disk"]}`},
+	} {
+		resp, ann := admit(fakeVolumes{onCluster: nil}, tc.claim)
+		if got, _ := ann[kubevirt.AnnotationEndpointDisks].(string); got != tc.served || ann[kubevirt.AnnotationExtraDisks] != nil {
+			t.Errorf("claim %s on a cluster: annotations %v (response %+v), want %s = %s and no %s",
+				tc.claim, ann, resp, kubevirt.AnnotationEndpointDisks, tc.served, kubevirt.AnnotationExtraDisks)
+		}
+	}
+	if _, ann := admit(fakeVolumes{}, "vm1-pending"); ann[kubevirt.AnnotationExtraDisks] != `{"rootdisk":["scratch"]}` || ann[kubevirt.AnnotationEndpointDisks] != nil {
+		t.Errorf("on a single node: annotations %v, want the extra disk scratch as a file", ann)
+	}
+	resp, _ := admit(fakeVolumes{poolDown: nil}, "vm1-pending")
+	if resp.Allowed || resp.Result == nil || resp.Result.Code != http.StatusInternalServerError || !strings.Contains(resp.Result.Message, "is it a cluster?") {
+		t.Errorf("pool unreadable: %+v, want a refusal naming the lookup", resp)
+	}
 }
