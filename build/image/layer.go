@@ -16,9 +16,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-// addition is one -add: the file src at dest in the image.
+// addition is one -add: the file src at dest in the image, with caps (a
+// security.capability value, caps.go) when -cap gives it some.
 type addition struct {
 	src, dest string
+	caps      []byte
 }
 
 // baseLayer is the tarball at file as a layer, without its device nodes and
@@ -74,7 +76,8 @@ func filterTar(r io.Reader, w io.Writer) error {
 
 // fileLayer is a layer with the files of adds, in the order of their
 // destinations, and the directories above them. Every entry is owned by
-// root and dated mtime; a file keeps only its permission bits.
+// root and dated mtime; a file keeps only its permission bits, and the
+// capabilities -cap gives it.
 func fileLayer(adds []addition, mtime time.Time) (v1.Layer, error) {
 	sorted := append([]addition(nil), adds...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].dest < sorted[j].dest })
@@ -96,7 +99,7 @@ func fileLayer(adds []addition, mtime time.Time) (v1.Layer, error) {
 				return nil, err
 			}
 		}
-		if err := addFile(tw, a.src, name, mtime); err != nil {
+		if err := addFile(tw, a, name, mtime); err != nil {
 			return nil, fmt.Errorf("-add %s: %w", a.src, err)
 		}
 	}
@@ -121,8 +124,9 @@ func parents(name string) []string {
 	return out
 }
 
-func addFile(tw *tar.Writer, src, name string, mtime time.Time) error {
-	f, err := os.Open(src)
+// addFile writes a's file as name, with its capabilities as a PAX record.
+func addFile(tw *tar.Writer, a addition, name string, mtime time.Time) error {
+	f, err := os.Open(a.src)
 	if err != nil {
 		return err
 	}
@@ -140,6 +144,9 @@ func addFile(tw *tar.Writer, src, name string, mtime time.Time) error {
 		Size:     st.Size(),
 		Mode:     int64(st.Mode().Perm()),
 		ModTime:  mtime,
+	}
+	if a.caps != nil {
+		h.PAXRecords = map[string]string{paxCapability: string(a.caps)}
 	}
 	if err := tw.WriteHeader(h); err != nil {
 		return err

@@ -12,6 +12,9 @@
 // single layer with the -add files: enough for one static binary (a CSI
 // sidecar, a pause image).
 //
+// -cap DEST=CAPS gives the file an -add put at DEST file capabilities, as
+// setcap would (caps.go): -cap /usr/bin/virt-launcher-monitor=cap_net_bind_service+ep.
+//
 // The same inputs give the same image, byte for byte: every time in the
 // image is -created (default $SOURCE_DATE_EPOCH, else 0), the added files
 // are owned by root with their permission bits and nothing else of the
@@ -28,6 +31,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path"
 	"runtime"
 	"strconv"
 	"strings"
@@ -79,6 +83,8 @@ func parse(args []string) (*options, error) {
 	o := &options{labels: map[string]string{}}
 	fs.StringVar(&o.base, "base", "", "a root filesystem tarball, the first layer (optional)")
 	fs.Var(&adds, "add", "SRC:DEST, a file of the last layer (repeatable)")
+	var caps list
+	fs.Var(&caps, "cap", "DEST=CAPS, file capabilities of the file an -add puts at DEST, in setcap's form: cap_net_bind_service+ep (repeatable)")
 	fs.Var((*list)(&o.entrypoint), "entrypoint", "one argument of the entrypoint (repeatable, in order)")
 	fs.Var((*list)(&o.cmd), "cmd", "one argument of the default command (repeatable, in order)")
 	fs.Var((*list)(&o.env), "env", "KEY=VALUE in the environment (repeatable; PATH has a default)")
@@ -113,6 +119,11 @@ func parse(args []string) (*options, error) {
 		}
 		o.adds = append(o.adds, addition{src: src, dest: dest})
 	}
+	for _, c := range caps {
+		if err := o.setCaps(c); err != nil {
+			return nil, err
+		}
+	}
 	for _, l := range labels {
 		k, v, ok := strings.Cut(l, "=")
 		if !ok || k == "" {
@@ -141,6 +152,33 @@ func parse(args []string) (*options, error) {
 	}
 	o.historyAdd = "add " + strings.Join(dests, " ")
 	return o, nil
+}
+
+// setCaps applies one -cap DEST=CAPS to the -add of DEST. DEST ends at
+// the first = of its last path element (CAPS has no /; a file whose name
+// has a = cannot be given capabilities).
+func (o *options) setCaps(arg string) error {
+	slash := strings.LastIndex(arg, "/")
+	i := strings.Index(arg[slash+1:], "=")
+	if slash < 0 || i < 0 {
+		return fmt.Errorf("-cap %q: must be DEST=CAPS, as /usr/bin/ping=cap_net_raw+ep", arg)
+	}
+	i += slash + 1
+	dest, text := arg[:i], arg[i+1:]
+	c, err := parseCaps(text)
+	if err != nil {
+		return fmt.Errorf("-cap %q: %w", arg, err)
+	}
+	for k := range o.adds {
+		if a := &o.adds[k]; path.Clean(a.dest) == path.Clean(dest) {
+			if a.caps != nil {
+				return fmt.Errorf("-cap %q: %s has capabilities already", arg, dest)
+			}
+			a.caps = c.xattr()
+			return nil
+		}
+	}
+	return fmt.Errorf("-cap %q: no -add puts a file at %s", arg, dest)
 }
 
 // defaultPath is PATH when -env does not set it.

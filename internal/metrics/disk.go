@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,16 +29,32 @@ type opStats struct {
 // (pool.Capabilities) through its own, which counts requests; on a volume
 // with QoS limits they refuse every request (pool.ErrWouldBlock), which then
 // waits for its tokens the ordinary way.
+//
+// Its series are resolved on its first request, once: an export opened
+// only to be described (NBD_OPT_INFO, as nbdinfo --list does for every
+// export) makes none.
 type Disk struct {
-	inner     pool.Disk
-	caps      pool.Capabilities // the inner handle's
-	m         *Metrics
-	lim       *qos.Limiter
+	inner    pool.Disk
+	caps     pool.Capabilities // the inner handle's
+	m        *Metrics
+	lim      *qos.Limiter
+	volume   string
+	disk     string
+	snapshot bool // a snapshot's export: counted under quiver_snapshot_*
+
+	once sync.Once
+	s    *series // set by once
+}
+
+// series are the resolved collectors of one handle. The fields a handle
+// does not count into are nil: the in-flight gauges, throttle and fence
+// counters of a snapshot's export, the per-disk ones without
+// Options.PerDisk.
+type series struct {
 	vol       [len(ops)]opStats // indexed like ops: no map lookup per request
 	inflight  prometheus.Gauge
 	throttled prometheus.Counter
 	fenced    prometheus.Counter
-	perDisk   bool
 	disk      [len(ops)]opStats // with Options.PerDisk
 	diskIn    prometheus.Gauge  // with Options.PerDisk
 }
@@ -53,27 +70,64 @@ func movesData(op opIndex) bool { return op == iRead || op == iWrite }
 // Wrap returns d counted under volume (and disk, with Options.PerDisk) and
 // limited by lim (nil: no limit).
 func (m *Metrics) Wrap(d pool.Disk, volume, disk string, lim *qos.Limiter) *Disk {
-	w := &Disk{inner: d, caps: d.Capabilities(), m: m, lim: lim, perDisk: m.diskOps != nil}
-	for i, op := range ops {
-		w.vol[i] = opStats{count: m.volOps.WithLabelValues(volume, op), seconds: m.volSeconds.WithLabelValues(volume, op)}
-		if movesData(opIndex(i)) {
-			w.vol[i].bytes = m.volBytes.WithLabelValues(volume, op)
+	return &Disk{inner: d, caps: d.Capabilities(), m: m, lim: lim, volume: volume, disk: disk}
+}
+
+// WrapSnapshot returns d, a disk of a snapshot of volume, counted under
+// volume in the quiver_snapshot_* series: all the volume's snapshots and
+// disks together, so that a volume's snapshots add a few series, however
+// many come and go. It is not limited: the volume's QoS budget is its VM's.
+func (m *Metrics) WrapSnapshot(d pool.Disk, volume string) *Disk {
+	return &Disk{inner: d, caps: d.Capabilities(), m: m, volume: volume, snapshot: true}
+}
+
+// series returns the handle's series, resolving them on the first call.
+func (d *Disk) series() *series {
+	d.once.Do(func() { d.s = d.m.resolve(d.volume, d.disk, d.snapshot) })
+	return d.s
+}
+
+// resolve makes (or finds) the series of one handle. When the volume is
+// gone from the pool by then, they are deleted again: whichever of the
+// delete's ForgetVolume and this check comes second sees the other's work,
+// so a handle whose first request comes after its volume's delete leaves
+// no series behind.
+func (m *Metrics) resolve(volume, disk string, snapshot bool) *series {
+	s := &series{}
+	if snapshot {
+		// Read-only: reads and flushes are all it completes.
+		for _, i := range []opIndex{iRead, iFlush} {
+			s.vol[i] = opStats{count: m.snapOps.WithLabelValues(volume, ops[i]),
+				seconds: m.snapSeconds.WithLabelValues(volume, ops[i])}
 		}
-		if w.perDisk {
-			w.disk[i] = opStats{count: m.diskOps.WithLabelValues(volume, disk, op),
-				latency: m.diskLatency.WithLabelValues(volume, disk, op)}
+		s.vol[iRead].bytes = m.snapBytes.WithLabelValues(volume, OpRead)
+	} else {
+		for i, op := range ops {
+			s.vol[i] = opStats{count: m.volOps.WithLabelValues(volume, op), seconds: m.volSeconds.WithLabelValues(volume, op)}
 			if movesData(opIndex(i)) {
-				w.disk[i].bytes = m.diskBytes.WithLabelValues(volume, disk, op)
+				s.vol[i].bytes = m.volBytes.WithLabelValues(volume, op)
+			}
+			if m.diskOps != nil {
+				s.disk[i] = opStats{count: m.diskOps.WithLabelValues(volume, disk, op),
+					latency: m.diskLatency.WithLabelValues(volume, disk, op)}
+				if movesData(opIndex(i)) {
+					s.disk[i].bytes = m.diskBytes.WithLabelValues(volume, disk, op)
+				}
 			}
 		}
+		s.inflight = m.volInflight.WithLabelValues(volume)
+		s.throttled = m.throttled.WithLabelValues(volume)
+		s.fenced = m.fenced.WithLabelValues(volume)
+		if m.diskOps != nil {
+			s.diskIn = m.diskInflight.WithLabelValues(volume, disk)
+		}
 	}
-	w.inflight = m.volInflight.WithLabelValues(volume)
-	w.throttled = m.throttled.WithLabelValues(volume)
-	w.fenced = m.fenced.WithLabelValues(volume)
-	if w.perDisk {
-		w.diskIn = m.diskInflight.WithLabelValues(volume, disk)
+	if m.pool != nil {
+		if _, err := m.pool.Volume(volume); errors.Is(err, pool.ErrVolumeNotFound) {
+			m.ForgetVolume(volume)
+		}
 	}
-	return w
+	return s
 }
 
 func (d *Disk) Size() int64    { return d.inner.Size() }
@@ -112,8 +166,8 @@ func (d *Disk) admit(kind qos.Op, bytes int64) (time.Time, error) {
 	d.enter()
 	if d.lim != nil {
 		waited, err := d.lim.Wait(context.Background(), kind, bytes)
-		if waited > 0 {
-			d.throttled.Add(waited.Seconds())
+		if s := d.series(); waited > 0 && s.throttled != nil {
+			s.throttled.Add(waited.Seconds())
 		}
 		if err != nil {
 			return start, err // done decrements in-flight
@@ -124,16 +178,22 @@ func (d *Disk) admit(kind qos.Op, bytes int64) (time.Time, error) {
 
 // enter and leave count a request in flight.
 func (d *Disk) enter() {
-	d.inflight.Inc()
-	if d.perDisk {
-		d.diskIn.Inc()
+	s := d.series()
+	if s.inflight != nil {
+		s.inflight.Inc()
+	}
+	if s.diskIn != nil {
+		s.diskIn.Inc()
 	}
 }
 
 func (d *Disk) leave() {
-	d.inflight.Dec()
-	if d.perDisk {
-		d.diskIn.Dec()
+	s := d.series()
+	if s.inflight != nil {
+		s.inflight.Dec()
+	}
+	if s.diskIn != nil {
+		s.diskIn.Dec()
 	}
 }
 
@@ -143,8 +203,8 @@ func (d *Disk) done(op opIndex, start time.Time, bytes int64, err error) error {
 	if err != nil {
 		kind := errorKind(err)
 		d.m.errors.WithLabelValues(kind).Inc()
-		if kind == "fenced" {
-			d.fenced.Inc()
+		if s := d.series(); kind == "fenced" && s.fenced != nil {
+			s.fenced.Inc()
 		}
 		return err
 	}
@@ -154,20 +214,23 @@ func (d *Disk) done(op opIndex, start time.Time, bytes int64, err error) error {
 // count counts a request that succeeded.
 func (d *Disk) count(op opIndex, start time.Time, bytes int64) error {
 	took := time.Since(start).Seconds()
-	v := &d.vol[op]
-	v.count.Inc()
-	if bytes > 0 && v.bytes != nil {
-		v.bytes.Add(float64(bytes))
-	}
-	v.seconds.Add(took)
-	d.m.latency[op].Observe(took)
-	if d.perDisk {
-		s := &d.disk[op]
-		s.count.Inc()
-		if bytes > 0 && s.bytes != nil {
-			s.bytes.Add(float64(bytes))
+	s := d.series()
+	if v := &s.vol[op]; v.count != nil {
+		v.count.Inc()
+		if bytes > 0 && v.bytes != nil {
+			v.bytes.Add(float64(bytes))
 		}
-		s.latency.Observe(took)
+		v.seconds.Add(took)
+	}
+	if !d.snapshot {
+		d.m.latency[op].Observe(took)
+	}
+	if ds := &s.disk[op]; ds.count != nil {
+		ds.count.Inc()
+		if bytes > 0 && ds.bytes != nil {
+			ds.bytes.Add(float64(bytes))
+		}
+		ds.latency.Observe(took)
 	}
 	return nil
 }

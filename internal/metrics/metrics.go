@@ -15,9 +15,17 @@ import (
 // The data path is counted per volume (one VM) by default: a few series a
 // volume, whatever its disks, plus one node-wide latency histogram by
 // operation. Options.PerDisk adds the per-disk series, latency histograms
-// included (about a hundred series a disk).
+// included (about a hundred series a disk). Reads of a volume's snapshots
+// are counted per volume too, apart (quiver_snapshot_*), never per
+// snapshot.
+//
+// A volume's series appear with the first request through one of its
+// exports (opening one to answer NBD_OPT_INFO makes none) and go when the
+// volume is deleted (ForgetVolume, which NewWith has the pool call): a node
+// whose volumes come and go exports only those it holds.
 type Metrics struct {
-	reg *prometheus.Registry
+	reg  *prometheus.Registry
+	pool *pool.Pool // nil: no pool (ForgetVolume is then the caller's)
 
 	// Per volume.
 	volOps      *prometheus.CounterVec
@@ -34,6 +42,13 @@ type Metrics struct {
 	diskBytes    *prometheus.CounterVec
 	diskLatency  *prometheus.HistogramVec
 	diskInflight *prometheus.GaugeVec
+
+	// Per volume, of its snapshots' exports (read-only; backups and
+	// clones, not the VM): apart from the volume's series, whose sums
+	// are what its QoS limits count.
+	snapOps     *prometheus.CounterVec
+	snapBytes   *prometheus.CounterVec
+	snapSeconds *prometheus.CounterVec
 
 	errors *prometheus.CounterVec
 	conns  prometheus.Gauge
@@ -112,7 +127,14 @@ func NewWith(p *pool.Pool, opts Options) *Metrics {
 	for i, op := range ops {
 		m.latency[i] = latency.WithLabelValues(op)
 	}
+	m.snapOps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_snapshot_requests_total",
+		Help: "Requests completed by the read-only exports of a volume's snapshots (all its snapshots and disks), by operation."}, []string{"volume", "op"})
+	m.snapBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_snapshot_bytes_total",
+		Help: "Bytes read through the exports of a volume's snapshots."}, []string{"volume", "op"})
+	m.snapSeconds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_snapshot_request_seconds_total",
+		Help: "Sum of the times of the requests to the exports of a volume's snapshots, by operation."}, []string{"volume", "op"})
 	m.reg.MustRegister(m.volOps, m.volBytes, m.volSeconds, m.volInflight, m.throttled, m.fenced, latency, m.errors, m.conns,
+		m.snapOps, m.snapBytes, m.snapSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if opts.PerDisk {
 		m.diskOps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiver_disk_requests_total",
@@ -136,9 +158,31 @@ func NewWith(p *pool.Pool, opts Options) *Metrics {
 			return 1
 		}))
 	if p != nil {
+		m.pool = p
 		m.reg.MustRegister(&poolCollector{p: p})
+		p.OnDelete(m.ForgetVolume)
 	}
 	return m
+}
+
+// ForgetVolume deletes every series labelled with volume: the pool calls
+// it when the volume is deleted (NewWith). A handle of the volume still
+// open keeps counting into series no longer exported; a handle whose
+// first request comes after the delete makes none (Disk.series).
+func (m *Metrics) ForgetVolume(volume string) {
+	l := prometheus.Labels{"volume": volume}
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+		m.volOps, m.volBytes, m.volSeconds, m.volInflight, m.throttled, m.fenced,
+		m.snapOps, m.snapBytes, m.snapSeconds,
+	} {
+		v.DeletePartialMatch(l)
+	}
+	if m.diskOps != nil {
+		m.diskOps.DeletePartialMatch(l)
+		m.diskBytes.DeletePartialMatch(l)
+		m.diskLatency.DeletePartialMatch(l)
+		m.diskInflight.DeletePartialMatch(l)
+	}
 }
 
 // Handler serves the registry in the Prometheus exposition format.

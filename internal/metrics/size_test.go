@@ -21,7 +21,7 @@ const bytesPerVolume = 2000
 
 // activePool makes a pool of n volumes of two disks and wraps every disk in
 // m, each having served every operation once, as NBD clients would.
-func activePool(t *testing.T, n int, opts Options) (*Metrics, []*Disk) {
+func activePool(t *testing.T, n int, opts Options) (*Metrics, []*Disk, *pool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	p, err := pool.Open(ctx, t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -59,7 +59,7 @@ func activePool(t *testing.T, n int, opts Options) (*Metrics, []*Disk) {
 			wrapped = append(wrapped, w)
 		}
 	}
-	return m, wrapped
+	return m, wrapped, p
 }
 
 // scrape returns the size of /metrics in the text format and its series.
@@ -85,7 +85,7 @@ func scrape(t *testing.T, m *Metrics) (int, map[string]*dto.MetricFamily) {
 func TestMetricsSizePerVolume(t *testing.T) {
 	const n = 40
 	empty, _ := scrape(t, New(nil))
-	m, _ := activePool(t, n, Options{})
+	m, _, _ := activePool(t, n, Options{})
 	size, fams := scrape(t, m)
 	per := (size - empty) / n
 	t.Logf("/metrics: %d bytes with no volume, %d with %d busy volumes of two disks: %d bytes a volume", empty, size, n, per)
@@ -103,7 +103,7 @@ func TestMetricsSizePerVolume(t *testing.T) {
 // latency histograms are there too, and the per-volume series add up the
 // per-disk ones.
 func TestMetricsPerDisk(t *testing.T) {
-	m, disks := activePool(t, 2, Options{PerDisk: true})
+	m, disks, _ := activePool(t, 2, Options{PerDisk: true})
 	buf := make([]byte, 8192)
 	if err := disks[0].ReadAt(buf, 0); err != nil { // vm-0001/root: a second read
 		t.Fatal(err)

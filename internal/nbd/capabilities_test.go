@@ -11,7 +11,8 @@ import (
 // TestPoolExportCapabilities: a live disk of the pool, counted by metrics
 // or not, offers the server what its hot path uses (trying requests
 // without waiting, in batches, and sendfile), the counted one also its
-// sparse reads; a snapshot's disk offers none.
+// sparse reads; a snapshot's disk offers none, counted only its sparse
+// reads (each counted as one read, metrics.Disk.ReadData).
 func TestPoolExportCapabilities(t *testing.T) {
 	e := newEnv(t, Config{}, nil)
 	type offer struct{ nonblocking, batcher, sender, dataReader bool }
@@ -24,7 +25,7 @@ func TestPoolExportCapabilities(t *testing.T) {
 		{"live", false, exportRoot, offer{true, true, true, false}},
 		{"live counted", true, exportRoot, offer{true, true, true, true}},
 		{"snapshot", false, exportSnap, offer{}},
-		{"snapshot counted", true, exportSnap, offer{}},
+		{"snapshot counted", true, exportSnap, offer{dataReader: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			x := PoolExports{Pool: e.pool}

@@ -45,7 +45,8 @@ type Exports interface {
 // connection gets an implicit attachment of its own (pool.Volume.OpenImplicit).
 //
 // Every live disk is opened through Metrics (when set), which counts and
-// times its requests and applies the volume's QoS limiter.
+// times its requests and applies the volume's QoS limiter; a snapshot's disk
+// is counted apart (metrics.Metrics.WrapSnapshot) and not limited.
 type PoolExports struct {
 	Pool    *pool.Pool
 	Metrics *metrics.Metrics
@@ -152,6 +153,9 @@ func (e PoolExports) Open(ctx context.Context, name, peer string) (Export, error
 			return Export{}, err
 		}
 		x := Export{Disk: d, Description: fmt.Sprintf("disk %s of snapshot %s of volume %s, read-only", ref.Disk, ref.Snapshot, ref.Volume)}
+		if e.Metrics != nil {
+			x.Disk = e.Metrics.WrapSnapshot(d, ref.Volume)
+		}
 		if att != nil {
 			x.Revoked = att.Done()
 		}

@@ -76,6 +76,8 @@ type Pool struct {
 
 	// attachHook publishes attachment changes (adopt.go); under mu.
 	attachHook AttachmentsHook
+	// deleted are told each volume deleted (OnDelete); under mu.
+	deleted []func(volume string)
 }
 
 // SetChunkSize sets the unit of chunk ownership (chunks.go) for disks opened

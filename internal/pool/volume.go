@@ -405,9 +405,26 @@ func (p *Pool) DeleteWith(ctx context.Context, name string, o DeleteOptions) err
 	p.mu.Lock()
 	delete(p.volumes, name)
 	delete(p.limiters, name)
+	told := p.deleted
 	p.mu.Unlock()
+	for _, fn := range told {
+		fn(name)
+	}
 	p.discard(trash)
 	return nil
+}
+
+// OnDelete registers fn, called with the volume's name each time a delete
+// of a volume completes (every delete goes through DeleteWith: the API's,
+// a cluster's copy deletes, a drain's): the removal is durable and the
+// name is gone from the pool (Volume answers ErrVolumeNotFound) when fn
+// runs. fn runs in the deleting goroutine with the volume's operation lock
+// held: it must be quick and must not call back into that volume. Per-volume
+// state kept outside the pool (metrics series) is dropped there.
+func (p *Pool) OnDelete(fn func(volume string)) {
+	p.mu.Lock()
+	p.deleted = append(p.deleted, fn)
+	p.mu.Unlock()
 }
 
 // Update is a change to a volume's properties; nil fields are left alone.
