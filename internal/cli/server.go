@@ -249,6 +249,11 @@ func addClusterFlags(f *pflag.FlagSet, c *cluster.Config) {
 	f.StringVar(&c.Prefix, "etcd-prefix", "/quiver/", "etcd key prefix of the cluster (one cluster per prefix)")
 	f.StringVar(&c.FailureDomain, "failure-domain", "", "this node's failure domain (zone or rack): copies of a volume go to different ones")
 	f.DurationVar(&c.LeaseTTL, "node-lease-ttl", 10*time.Second, "the node is down for the cluster this long after it stops renewing its etcd lease")
+	f.DurationVar(&c.EtcdHeartbeat, "etcd-heartbeat-interval", 100*time.Millisecond,
+		"raft heartbeat interval of the embedded etcd member (etcd's default; the same on every node)")
+	f.DurationVar(&c.EtcdElection, "etcd-election-timeout", time.Second,
+		"raft election timeout of the embedded etcd member, at least 5 heartbeats; a primary that also led etcd fails over "+
+			"about 2-3 election timeouts after --node-lease-ttl (500ms on a quiet LAN halves that; the same on every node)")
 	f.DurationVar(&c.DialTimeout, "etcd-dial-timeout", 10*time.Second, "time for etcd's first answer at start; the server exits after it")
 	f.DurationVar(&c.StartTimeout, "etcd-start-timeout", 5*time.Minute, "time for the embedded member to find a quorum of --initial-cluster")
 	f.DurationVar(&c.ReportInterval, "node-report-interval", 5*time.Second, "how often the node reports its free space")

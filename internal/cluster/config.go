@@ -49,6 +49,14 @@ type Config struct {
 	Prefix        string // --etcd-prefix (default /quiver/)
 
 	LeaseTTL       time.Duration // node lease (default 10 s)
+	// EtcdHeartbeat and EtcdElection are the embedded member's raft
+	// heartbeat interval and election timeout (--etcd-heartbeat-interval,
+	// --etcd-election-timeout; etcd's defaults 100 ms and 1 s). When the
+	// node that leads etcd dies, a new leader is elected one to two
+	// election timeouts later and extends every lease by one: a primary
+	// that also led etcd fails over about L + 2 to 3 election timeouts
+	// after its death, L + 1 to 2 for a primary that did not lead.
+	EtcdHeartbeat, EtcdElection time.Duration
 	DialTimeout    time.Duration // first answer from etcd (default 10 s)
 	StartTimeout   time.Duration // embedded member ready, peers included (default 5 min)
 	ReportInterval time.Duration // free-space updates (default 5 s)
@@ -91,6 +99,12 @@ func (c *Config) defaults() {
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 10 * time.Second
+	}
+	if c.EtcdHeartbeat <= 0 {
+		c.EtcdHeartbeat = defaultEtcdHeartbeat
+	}
+	if c.EtcdElection <= 0 {
+		c.EtcdElection = defaultEtcdElection
 	}
 	if c.StartTimeout <= 0 {
 		c.StartTimeout = 5 * time.Minute
@@ -139,6 +153,9 @@ func (c *Config) validate() (string, error) {
 	if err := c.secureEtcd(); err != nil {
 		return "", err
 	}
+	if err := c.checkRaftTiming(); err != nil {
+		return "", err
+	}
 	if c.InitialCluster != "" {
 		if _, err := c.peerURL(); err != nil {
 			return "", err
@@ -152,6 +169,49 @@ func (c *Config) validate() (string, error) {
 		return "", fmt.Errorf("no state directory for the node's identity: %w", ErrConfig)
 	}
 	return token, nil
+}
+
+// The embedded member's raft timing by default: etcd's own.
+const (
+	defaultEtcdHeartbeat = 100 * time.Millisecond
+	defaultEtcdElection  = time.Second
+)
+
+// checkRaftTiming checks --etcd-heartbeat-interval and
+// --etcd-election-timeout by etcd's rules (whole milliseconds, an election
+// timeout of at least five heartbeats and at most 50 s), and that the
+// election timeout leaves the node lease room: a new etcd leader extends
+// every lease by one, so an election timeout near L would double every
+// failover.
+func (c *Config) checkRaftTiming() error {
+	hb, el, lease := c.EtcdHeartbeat, c.EtcdElection, c.LeaseTTL
+	if hb == 0 {
+		hb = defaultEtcdHeartbeat
+	}
+	if el == 0 {
+		el = defaultEtcdElection
+	}
+	if lease == 0 {
+		lease = 10 * time.Second
+	}
+	if hb == defaultEtcdHeartbeat && el == defaultEtcdElection {
+		return nil
+	}
+	if c.InitialCluster == "" {
+		return fmt.Errorf("--etcd-heartbeat-interval and --etcd-election-timeout tune the embedded etcd member (--initial-cluster); "+
+			"an external etcd has its own flags of those names: %w", ErrConfig)
+	}
+	switch {
+	case hb < 10*time.Millisecond || hb%time.Millisecond != 0:
+		return fmt.Errorf("--etcd-heartbeat-interval %v: want whole milliseconds, at least 10ms: %w", hb, ErrConfig)
+	case el%time.Millisecond != 0 || el < 5*hb || el > 50*time.Second:
+		return fmt.Errorf("--etcd-election-timeout %v: want whole milliseconds, at least five heartbeats (%v) and at most 50s: %w",
+			el, 5*hb, ErrConfig)
+	case el*2 > lease:
+		return fmt.Errorf("--etcd-election-timeout %v: at most half of --node-lease-ttl %v (a new etcd leader extends every lease by an election timeout): %w",
+			el, lease, ErrConfig)
+	}
+	return nil
 }
 
 // peerURL finds this node's peer URL in InitialCluster.

@@ -52,6 +52,7 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*peer}, []url.URL{*peer}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = clientURLs, clientURLs
 	cfg.InitialCluster = c.InitialCluster
+	cfg.TickMs, cfg.ElectionMs = uint(c.EtcdHeartbeat.Milliseconds()), uint(c.EtcdElection.Milliseconds())
 	// etcd's cluster token makes the members of two quiver clusters with
 	// the same peers refuse each other.
 	cfg.InitialClusterToken = "quiver-" + c.ClusterName

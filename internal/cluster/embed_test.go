@@ -104,3 +104,24 @@ func TestMemberPortInUse(t *testing.T) {
 		})
 	}
 }
+
+// TestMemberRaftTiming: the embedded member runs with the heartbeat and
+// election timeout it was given, in etcd's own configuration.
+func TestMemberRaftTiming(t *testing.T) {
+	dir := t.TempDir()
+	peerPort, clientPort := freePort(t), freePort(t)
+	cfg := Config{NodeName: "n1", ClusterName: "alpha", TokenFile: writeToken(t, dir, "0123456789abcdef-secret"),
+		InitialCluster: fmt.Sprintf("n1=http://127.0.0.1:%d", peerPort),
+		EtcdClientURLs: []string{fmt.Sprintf("http://127.0.0.1:%d", clientPort)},
+		StateDir:       filepath.Join(dir, "n1"), StartTimeout: time.Minute, Logger: testLogger(t),
+		LeaseTTL: 3 * time.Second, EtcdHeartbeat: 50 * time.Millisecond, EtcdElection: 500 * time.Millisecond}
+	n, err := Join(context.Background(), cfg, newMemStore())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	got := n.etcd.Config()
+	if got.TickMs != 50 || got.ElectionMs != 500 || n.etcd.Server.Cfg.ElectionTicks != 10 {
+		t.Fatalf("member runs with tick %d ms, election %d ms (%d ticks), want 50, 500 (10)", got.TickMs, got.ElectionMs, n.etcd.Server.Cfg.ElectionTicks)
+	}
+}

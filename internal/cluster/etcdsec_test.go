@@ -254,3 +254,46 @@ func TestEmbeddedClusterOverTLS(t *testing.T) {
 		})
 	}
 }
+
+// TestRaftTimingFlags: --etcd-heartbeat-interval and --etcd-election-timeout
+// tune the embedded member only, by etcd's rules, and leave the node lease
+// room; etcd's defaults pass everywhere.
+func TestRaftTimingFlags(t *testing.T) {
+	dir := t.TempDir()
+	token := writeToken(t, dir, "0123456789abcdef-secret")
+	const initial = "n1=http://127.0.0.1:2380"
+	for _, c := range []struct {
+		name          string
+		external      bool
+		hb, el, lease time.Duration
+		refused       string // a substring of the refusal, "" accepted
+	}{
+		{name: "defaults, embedded"},
+		{name: "defaults, external", external: true},
+		{name: "etcd's defaults given, external", external: true, hb: 100 * time.Millisecond, el: time.Second},
+		{name: "a LAN's 50ms/500ms", hb: 50 * time.Millisecond, el: 500 * time.Millisecond, lease: 3 * time.Second},
+		{name: "tuned, external", external: true, el: 500 * time.Millisecond, refused: "embedded etcd member"},
+		{name: "heartbeat under 10ms", hb: 5 * time.Millisecond, el: 500 * time.Millisecond, refused: "at least 10ms"},
+		{name: "heartbeat not whole ms", hb: 50*time.Millisecond + 500*time.Microsecond, el: time.Second, refused: "whole milliseconds"},
+		{name: "election under five heartbeats", hb: 200 * time.Millisecond, el: 900 * time.Millisecond, refused: "five heartbeats"},
+		{name: "election over 50s", hb: time.Second, el: 51 * time.Second, lease: 5 * time.Minute, refused: "at most 50s"},
+		{name: "election over half the lease", el: 2 * time.Second, lease: 3 * time.Second, refused: "half of --node-lease-ttl"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := Config{NodeName: "n1", ClusterName: "alpha", TokenFile: token, StateDir: dir,
+				EtcdHeartbeat: c.hb, EtcdElection: c.el, LeaseTTL: c.lease}
+			if c.external {
+				cfg.EtcdEndpoints = []string{"http://127.0.0.1:2379"}
+			} else {
+				cfg.InitialCluster, cfg.EtcdClientURLs = initial, []string{"http://127.0.0.1:2379"}
+			}
+			_, err := cfg.validate()
+			switch {
+			case c.refused == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.refused != "" && (!errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.refused)):
+				t.Fatalf("err = %v, want a refusal mentioning %q", err, c.refused)
+			}
+		})
+	}
+}

@@ -71,5 +71,5 @@ func TestEndpointBlockGuest(t *testing.T) {
 		stalls = append(stalls, c.killUnderGuest(t, vm, "blk", i, role, nil))
 	}
 	c.checkGuestRecords(t, vm, "blk", true)
-	t.Logf("from each kill to the guest's next writes: %v (limit L + 3 s = %v, L + 5 s when the node led etcd)", stalls, failoverLimit())
+	t.Logf("from each kill to the guest's next writes: %v (limit L + 3 s = %v)", stalls, failoverLimit())
 }
