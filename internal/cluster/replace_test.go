@@ -21,7 +21,11 @@ type replaceProgress struct {
 
 func (p *replaceProgress) AddTotal(n int64) { p.mu.Lock(); p.total += n; p.mu.Unlock() }
 func (p *replaceProgress) Add(n int64)      { p.mu.Lock(); p.done += n; p.mu.Unlock() }
-func (p *replaceProgress) Done(v string)    { p.mu.Lock(); p.volumes = append(p.volumes, v); p.mu.Unlock() }
+func (p *replaceProgress) Done(v string) {
+	p.mu.Lock()
+	p.volumes = append(p.volumes, v)
+	p.mu.Unlock()
+}
 
 // playPrimary does, as prim, what a volume's primary does for a node being
 // replaced (the replicated package's resync loop, which this package does
@@ -141,7 +145,7 @@ func TestReplaceNode(t *testing.T) {
 	})
 	refused("by a node that is not one", "n2", "n4", ErrNodeNotFound, "quiver node add n4")
 	refused("of a node that is not one", "n9", "n3", ErrNodeNotFound, "no such node")
-	n4 := tc.join(t, tc.config(t, "n4"), newMemStore())
+	tc.join(t, tc.config(t, "n4"), newMemStore())
 	if err := n1.SetDrain(ctx, "n4", DrainDone); err != nil {
 		t.Fatal(err)
 	}
@@ -159,8 +163,8 @@ func TestReplaceNode(t *testing.T) {
 	// comes fails the test instead of hanging it.
 	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer rcancel()
-	var pr replaceProgress
-	_, err := n1.ReplaceNode(rctx, "n2", "n4", &pr)
+	pr := &replaceProgress{}
+	_, err := n1.ReplaceNode(rctx, "n2", "n4", pr)
 	if !errors.Is(err, ErrDegraded) || !strings.Contains(err.Error(), "c: its only copy is on n2") {
 		t.Fatalf("replace with a volume stuck on n2: %v, want %v naming c", err, ErrDegraded)
 	}
@@ -172,7 +176,7 @@ func TestReplaceNode(t *testing.T) {
 		t.Fatalf("c after the replace: %+v, want it untouched on n2", rec)
 	}
 	if !slices.Equal(pr.volumes, []string{"a"}) || pr.total != 1<<20 || pr.done != 1<<20 {
-		t.Fatalf("progress %+v: want a done, 1 MiB of 1 MiB", pr)
+		t.Fatalf("progress: %v done, %d of %d bytes; want a done, 1 MiB of 1 MiB", pr.volumes, pr.done, pr.total)
 	}
 	if got := nodes(); !slices.Equal(got, []string{"n1", "n2", "n3", "n4"}) {
 		t.Fatalf("nodes after the replace that stopped: %v", got)
@@ -185,8 +189,8 @@ func TestReplaceNode(t *testing.T) {
 	if err := n1.Volumes().DeleteVolume(ctx, "c"); !errors.Is(err, ErrDeletePending) {
 		t.Fatalf("delete c: %v, want %v", err, ErrDeletePending)
 	}
-	pr = replaceProgress{}
-	rm, err := n1.ReplaceNode(rctx, "n2", "n4", &pr)
+	pr = &replaceProgress{}
+	rm, err := n1.ReplaceNode(rctx, "n2", "n4", pr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,8 +212,7 @@ func TestReplaceNode(t *testing.T) {
 		}
 		t.Fatalf("the replaced node's pool joins again: %v, want %v", err, ErrNodeRemoved)
 	}
-	if _, err := n1.ReplaceNode(ctx, "n2", "n4", &pr); !errors.Is(err, ErrNodeNotFound) {
+	if _, err := n1.ReplaceNode(ctx, "n2", "n4", pr); !errors.Is(err, ErrNodeNotFound) {
 		t.Fatalf("replace again once done: %v, want %v", err, ErrNodeNotFound)
 	}
-	_ = n4
 }
