@@ -200,6 +200,14 @@ type NodeRemoved struct {
 	EtcdMembers int `json:"etcdMembers"`
 }
 
+// NodeReplace is the body of POST /v1/nodes/{node}/replace: the node that
+// takes the copies of the node replaced, which is gone (docs/cluster.md,
+// "Replacing a dead node"). The answer is the job (kind "replace"), or
+// without ?async=true the NodeRemoved once it is done.
+type NodeReplace struct {
+	New string `json:"new"`
+}
+
 // Drain states (Node.Drain).
 const (
 	NodeDraining = "draining" // a drain job moves its copies away

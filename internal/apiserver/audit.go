@@ -127,8 +127,9 @@ func pathNames(pattern, p string) map[string]string {
 }
 
 // bodyNames adds to ev the names a request's body gives what it makes or
-// acts on (a volume's, a clone's source, a token's tenant and role): only
-// these fields are read, never the rest of the body.
+// acts on (a volume's, a clone's source, a token's tenant and role, a node
+// replace's new node): only these fields are read, never the rest of the
+// body.
 func bodyNames(body []byte, ev *api.Event) {
 	if len(body) == 0 {
 		return
@@ -138,6 +139,7 @@ func bodyNames(body []byte, ev *api.Event) {
 		Tenant string   `json:"tenant"`
 		Role   string   `json:"role"`
 		Names  []string `json:"names"`
+		New    string   `json:"new"` // a node replace's new node
 		Source *struct {
 			Volume   string `json:"volume"`
 			Snapshot string `json:"snapshot"`
@@ -161,6 +163,7 @@ func bodyNames(body []byte, ev *api.Event) {
 	add("tenant", b.Tenant)
 	add("role", b.Role)
 	add("names", strings.Join(b.Names, ","))
+	add("new", b.New)
 	if b.Source != nil {
 		add("source.volume", b.Source.Volume)
 		add("source.snapshot", b.Source.Snapshot)

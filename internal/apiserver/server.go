@@ -133,6 +133,7 @@ func (s *Server) routes() {
 		"DELETE /v1/nodes/{node}/drain":                     {s.undrainNode, auth.ActAdmin},
 		"POST /v1/nodes":                                    {s.addNode, auth.ActAdmin},
 		"DELETE /v1/nodes/{node}":                           {s.removeNode, auth.ActAdmin},
+		"POST /v1/nodes/{node}/replace":                     {s.replaceNode, auth.ActAdmin},
 		"GET /v1/jobs":                                      {s.listJobs, auth.ActRead},
 		"GET /v1/jobs/{id}":                                 {s.getJob, auth.ActRead},
 		"DELETE /v1/jobs/{id}":                              {s.cancelJob, auth.ActWrite},

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"net"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/quiverstorage/quiver/internal/api"
 )
 
 func readCert(t *testing.T, file string) *x509.Certificate {
@@ -126,5 +129,63 @@ func TestClusterCerts(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q: want a refusal naming %q", got.code, got.stderr, c.want)
 			}
 		})
+	}
+}
+
+// TestNodeReplace: `quiver node replace OLD NEW` starts the replace job on
+// the server (POST /v1/nodes/OLD/replace, {"new": NEW}), waits for it and
+// says what it did; -o json prints the final job; a job that fails (a
+// volume stuck on OLD) is a non-zero exit carrying the server's message.
+func TestNodeReplace(t *testing.T) {
+	running := api.Job{ID: "j3", Kind: "replace", Target: "n2 -> n4", State: api.JobRunning, ItemsTotal: 2}
+	done := running
+	done.State, done.ItemsDone, done.Result = api.JobSucceeded, 2, []string{"a", "b"}
+
+	f, url := newFakeAPI(t)
+	f.reply("POST /v1/nodes/n2/replace", 202, running)
+	f.jobSequence("j3", running, done)
+	got := run(t, context.Background(), url, nil, "node", "replace", "n2", "n4")
+	if got.code != 0 || got.stdout != "node n2 replaced by n4: 2 volume(s) rebuilt; n2 removed from the cluster\n" {
+		t.Fatalf("exit %d, stdout %q, stderr %q", got.code, got.stdout, got.stderr)
+	}
+	var req api.NodeReplace
+	if err := json.Unmarshal([]byte(f.body("POST /v1/nodes/n2/replace")), &req); err != nil || req.New != "n4" {
+		t.Fatalf("body %q (%v): want new n4", f.body("POST /v1/nodes/n2/replace"), err)
+	}
+	if !f.sent("POST /v1/nodes/n2/replace?async=true") {
+		t.Fatalf("requests %v: want the replace started as a job", f.requests)
+	}
+
+	f, url = newFakeAPI(t)
+	f.reply("POST /v1/nodes/n2/replace", 202, running)
+	f.jobSequence("j3", running, done)
+	got = run(t, context.Background(), url, nil, "-o", "json", "node", "replace", "n2", "n4")
+	var final api.Job
+	if err := json.Unmarshal([]byte(got.stdout), &final); got.code != 0 || err != nil || final.State != api.JobSucceeded ||
+		strings.Join(final.Result, ",") != "a,b" {
+		t.Fatalf("-o json: exit %d, stdout %q (%v), stderr %q", got.code, got.stdout, err, got.stderr)
+	}
+
+	failed := running
+	failed.State, failed.Error = api.JobFailed, &api.Error{Code: api.CodeDegraded,
+		Message: "replace node n2: n2 is not removed, since it holds the only in-sync data of 1 volume(s) (c: its only copy is on n2)"}
+	f, url = newFakeAPI(t)
+	f.reply("POST /v1/nodes/n2/replace", 202, running)
+	f.jobSequence("j3", running, failed)
+	got = run(t, context.Background(), url, nil, "node", "replace", "n2", "n4")
+	if got.code == 0 || !strings.Contains(got.stderr, "only in-sync data of 1 volume(s) (c: its only copy is on n2)") {
+		t.Fatalf("failed job: exit %d, stdout %q, stderr %q", got.code, got.stdout, got.stderr)
+	}
+
+	// A refusal answered at once (OLD is up): no job to wait for.
+	f, url = newFakeAPI(t)
+	f.reply("POST /v1/nodes/n2/replace", 409, api.ErrorBody{Error: api.Error{Code: api.CodeNodeInUse,
+		Message: "replace node n2: the node is up: ... quiver node remove n2 --drain"}})
+	got = run(t, context.Background(), url, nil, "node", "replace", "n2", "n4")
+	if got.code == 0 || !strings.Contains(got.stderr, "quiver node remove n2 --drain") {
+		t.Fatalf("refused: exit %d, stderr %q", got.code, got.stderr)
+	}
+	if got := run(t, context.Background(), url, nil, "node", "replace", "n2"); got.code == 0 {
+		t.Fatalf("one argument: exit 0")
 	}
 }

@@ -154,3 +154,45 @@ func nodeRemovedTable(n api.NodeRemoved) func(io.Writer) error {
 		return t.flush()
 	}
 }
+
+func (a *app) nodeReplaceCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "replace OLD NEW",
+		Short: "Rebuild the copies of a node that is gone on another node, then remove the node gone",
+		Long: `Replaces OLD, a node that is down for good (a dead machine), by NEW, a node of the cluster that is up and
+not drained (a new machine: quiver node add NEW --peer-url URL, then start it with the flags printed). Each
+volume with a copy on OLD gets a new copy on NEW (or, when NEW holds a copy of it already, on another eligible
+node), rebuilt whole by its primary from an in-sync copy, as --rebuild-after does without the wait (a volume OLD
+was the primary of has failed over already). Once every such volume is whole again, OLD is removed as quiver node
+remove does: its records, its identity (refused if it ever starts again) and its etcd member, refused when that
+would leave fewer than 3 etcd members or fewer members up than their quorum.
+
+It runs as a job on the node that takes the request (any node that is up), with progress; Ctrl-C cancels it
+(the copies rebuilt so far stay). Refused, with nothing changed, when OLD is up (take a running node out with
+quiver node remove OLD --drain) or NEW is not up and undrained. A volume whose only in-sync copy is on OLD is
+never touched: the others are rebuilt, and the job fails naming it, OLD still a node; bring OLD back, or delete
+that volume, then run the replace again. Run again after an interruption, it carries on.`,
+		Example:           `  quiver node replace n2 n4`,
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			job, err := c.StartReplace(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			final, err := a.wait(cmd.Context(), c, job)
+			if err != nil {
+				return err
+			}
+			if a.forPeople() {
+				return a.printDone(cmd.OutOrStdout(), "node %s replaced by %s: %d volume(s) rebuilt; %s removed from the cluster",
+					args[0], args[1], final.ItemsDone, args[0])
+			}
+			return a.printObject(cmd.OutOrStdout(), final)
+		},
+	}
+}

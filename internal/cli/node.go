@@ -15,10 +15,10 @@ func (a *app) nodeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "node",
 		Aliases: []string{"nodes"},
-		Short:   "List, add, drain, undrain and remove the storage nodes of the cluster (docs/cluster.md)",
+		Short:   "List, add, drain, undrain, remove and replace the storage nodes of the cluster (docs/cluster.md)",
 	}
 	cmd.AddCommand(a.nodeListCommand(), a.nodeAddCommand(), a.nodeDrainCommand(), a.nodeUndrainCommand(),
-		a.nodeRemoveCommand())
+		a.nodeRemoveCommand(), a.nodeReplaceCommand())
 	return cmd
 }
 

@@ -25,6 +25,17 @@ func (c *Client) StartDrain(ctx context.Context, node string) (api.Job, error) {
 	return c.startJob(ctx, "/nodes/"+p+"/drain", nil)
 }
 
+// StartReplace starts the replace of node old, which is gone, by node new
+// (a job): old's copies are rebuilt on new, then old is removed. Send it to
+// any node that is up.
+func (c *Client) StartReplace(ctx context.Context, old, new string) (api.Job, error) {
+	p, err := segment("node", old)
+	if err != nil {
+		return api.Job{}, err
+	}
+	return c.startJob(ctx, "/nodes/"+p+"/replace", api.NodeReplace{New: new})
+}
+
 // Undrain clears node's drain mark and returns the node.
 func (c *Client) Undrain(ctx context.Context, node string) (api.Node, error) {
 	var n api.Node

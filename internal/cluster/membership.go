@@ -223,18 +223,29 @@ type RemovedNode struct {
 // member removal failed is finished by running it again: the node's
 // records are gone, its member is found by name.
 func (n *Node) RemoveNode(ctx context.Context, node string) (RemovedNode, error) {
+	return n.forgetNode(ctx, node, false)
+}
+
+// forgetNode is RemoveNode, and with dead the last step of ReplaceNode: the
+// node must then be down (no alive/ key, compared in the Txn) instead of
+// drained, and its replacing/ record goes with its other records.
+func (n *Node) forgetNode(ctx context.Context, node string, dead bool) (RemovedNode, error) {
 	out := RemovedNode{Name: node}
-	mk, dk := n.key("members", node), n.key("drained", node)
+	op := "remove node"
+	if dead {
+		op = "replace node"
+	}
+	mk, dk, ak := n.key("members", node), n.key("drained", node), n.key("alive", node)
 	resp, err := n.cli.Txn(ctx).Then(clientv3.OpGet(mk), clientv3.OpGet(dk),
 		clientv3.OpGet(n.key("volumes")+"/", clientv3.WithPrefix()),
 		clientv3.OpGet(n.key("copies")+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(n.key("alive")+"/", clientv3.WithPrefix())).Commit()
 	if err != nil {
-		return out, fmt.Errorf("remove node %s: %w", node, err)
+		return out, fmt.Errorf("%s %s: %w", op, node, err)
 	}
 	list, err := n.cli.MemberList(ctx)
 	if err != nil {
-		return out, fmt.Errorf("remove node %s: list the etcd members: %w", node, err)
+		return out, fmt.Errorf("%s %s: list the etcd members: %w", op, node, err)
 	}
 	var member *etcdserverpb.Member
 	for _, m := range list.Members {
@@ -248,7 +259,7 @@ func (n *Node) RemoveNode(ctx context.Context, node string) (RemovedNode, error)
 	}
 	mkv := resp.Responses[0].GetResponseRange().Kvs
 	if len(mkv) == 0 && member == nil {
-		return out, fmt.Errorf("remove node %s: no such node in the cluster, and no etcd member of that name: %w", node, ErrNodeNotFound)
+		return out, fmt.Errorf("%s %s: no such node in the cluster, and no etcd member of that name: %w", op, node, ErrNodeNotFound)
 	}
 	if len(mkv) > 0 {
 		var m memberRecord
@@ -261,7 +272,11 @@ func (n *Node) RemoveNode(ctx context.Context, node string) (RemovedNode, error)
 		if len(dkv) > 0 {
 			_ = json.Unmarshal(dkv[0].Value, &drain)
 		}
-		if drain.State != DrainDone {
+		if dead && up[node] {
+			return out, fmt.Errorf("%s %s: the node is up: a replace is for a node that is gone; take a running node "+
+				"out with quiver node remove %s --drain: %w", op, node, node, ErrNodeInUse)
+		}
+		if !dead && drain.State != DrainDone {
 			state := "not drained"
 			if drain.State != "" {
 				state = "still " + drain.State
@@ -270,33 +285,43 @@ func (n *Node) RemoveNode(ctx context.Context, node string) (RemovedNode, error)
 				"quiver --server <its API> node drain %s), so that no copy is lost with it: %w", node, state, node, node, ErrNodeInUse)
 		}
 		if held := heldBy(node, resp.Responses[2].GetResponseRange().Kvs, resp.Responses[3].GetResponseRange().Kvs); len(held) > 0 {
+			if dead {
+				return out, fmt.Errorf("%s %s: it still holds a copy of %s: run quiver node replace again: %w",
+					op, node, strings.Join(held, ", "), ErrNodeInUse)
+			}
 			return out, fmt.Errorf("remove node %s: it still holds a copy of %s: run its drain again (quiver node drain %s) "+
 				"and wait until quiver node list shows it drained with 0 volumes: %w", node, strings.Join(held, ", "), node, ErrNodeInUse)
 		}
 		if member != nil && !member.IsLearner {
 			if err := quorumAfterRemoval(list.Members, member.ID, up); err != nil {
-				return out, fmt.Errorf("remove node %s: %w", node, err)
+				return out, fmt.Errorf("%s %s: %w", op, node, err)
 			}
 		}
-		ops := []clientv3.Op{clientv3.OpDelete(mk), clientv3.OpDelete(dk), clientv3.OpDelete(n.key("alive", node)),
+		ops := []clientv3.Op{clientv3.OpDelete(mk), clientv3.OpDelete(dk), clientv3.OpDelete(ak),
 			clientv3.OpPut(n.key("removed", m.NodeID), mustJSON(removedRecord{Name: node, RemovedAt: time.Now().UTC()}))}
-		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(mk), "=", mkv[0].ModRevision),
-			clientv3.Compare(clientv3.ModRevision(dk), "=", dkv[0].ModRevision)}
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(mk), "=", mkv[0].ModRevision)}
+		if dead {
+			// Still gone: a node back meanwhile is not forgotten under it.
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(ak), "=", 0))
+			ops = append(ops, clientv3.OpDelete(n.key("replacing", node)))
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(dk), "=", dkv[0].ModRevision))
+		}
 		// An unknown outcome fails the removal; run again, it finds the
 		// records gone (and removes the member) or removes them.
 		tresp, err := n.commit(ctx, txnSpec{If: cmps, Then: ops})
 		if err != nil {
-			return out, fmt.Errorf("remove node %s: %w", node, err)
+			return out, fmt.Errorf("%s %s: %w", op, node, err)
 		}
 		if !tresp.Succeeded {
-			return out, fmt.Errorf("remove node %s: its records changed meanwhile (an undrain, a new drain or its restart): "+
-				"check quiver node list and run the removal again: %w", node, ErrNodeInUse)
+			return out, fmt.Errorf("%s %s: its records changed meanwhile (an undrain, a new drain or its restart): "+
+				"check quiver node list and run it again: %w", op, node, ErrNodeInUse)
 		}
 		n.log.Info("node removed from the cluster's records", "removed", node, "nodeID", m.NodeID)
 	} else if !member.IsLearner {
 		// Forgotten already (a removal whose member removal failed).
 		if err := quorumAfterRemoval(list.Members, member.ID, up); err != nil {
-			return out, fmt.Errorf("remove node %s: %w", node, err)
+			return out, fmt.Errorf("%s %s: %w", op, node, err)
 		}
 	}
 	voters := 0
@@ -317,8 +342,12 @@ func (n *Node) RemoveNode(ctx context.Context, node string) (RemovedNode, error)
 		if errors.Is(err, rpctypes.ErrMemberNotEnoughStarted) {
 			err = fmt.Errorf("%w: %w", err, ErrQuorum)
 		}
-		return out, fmt.Errorf("remove node %s: the node's records are gone, but its etcd member %x is not: %w; "+
-			"run quiver node remove %s again once the other members are up", node, member.ID, err, node)
+		again := "quiver node remove " + node
+		if dead {
+			again = "quiver node replace " + node + " NEW"
+		}
+		return out, fmt.Errorf("%s %s: the node's records are gone, but its etcd member %x is not: %w; "+
+			"run %s again once the other members are up", op, node, member.ID, err, again)
 	}
 	out.MemberID = member.ID
 	if !member.IsLearner {

@@ -46,7 +46,7 @@ func TestNotPrimaryAtTerm(t *testing.T) {
 			return other.Volumes().UpdateDisks(ctx, "v", 1, 1<<30, []api.DiskSpec{{Name: "root", Size: 1 << 20}})
 		}},
 		{"ReplaceCopy at another term", func() error {
-			_, err := prim.Copies().ReplaceCopy(ctx, "v", other.Name(), 2)
+			_, err := prim.Copies().ReplaceCopy(ctx, "v", other.Name(), "", 2)
 			return err
 		}},
 	} {

@@ -31,6 +31,7 @@ func (r *Volumes) resyncLoop(ctx context.Context) {
 	running := map[string]bool{}
 	retry := map[string]time.Time{}
 	downSince := map[string]time.Time{}
+	replaceErr := map[string]string{} // the last error replacing a copy of a node being replaced, logged once
 	t := time.NewTicker(resyncInterval)
 	defer t.Stop()
 	var wg sync.WaitGroup
@@ -60,6 +61,12 @@ func (r *Volumes) resyncLoop(ctx context.Context) {
 		for _, ni := range nodes {
 			up[ni.Name] = ni.Up
 		}
+		lctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		replacing, err := r.node.Replacements(lctx)
+		cancel()
+		if err != nil {
+			continue
+		}
 		lctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
 		r.settleRound(lctx, pls)
 		cancel()
@@ -70,11 +77,25 @@ func (r *Volumes) resyncLoop(ctx context.Context) {
 			}
 			r.forgetRemoved(name, p)
 			for _, c := range p.Copies {
+				key := name + "/" + c.Node
+				if to, ok := replacing[c.Node]; ok && !up[c.Node] && c.Node != me {
+					// `quiver node replace`: its node is gone for good;
+					// replaced now, in sync or not, on the node named.
+					err := r.replace(ctx, name, c.Node, to, p)
+					if err != nil && err.Error() != replaceErr[key] {
+						r.log.Warn("replace a copy of a node being replaced", "volume", name, "copy", c.Node, "new", to, "err", err)
+					}
+					if err != nil {
+						replaceErr[key] = err.Error()
+					} else {
+						delete(replaceErr, key)
+					}
+					continue
+				}
 				rebuild := c.State == cluster.CopyRebuilding
 				if c.Node == me || (c.State != cluster.CopyDegraded && c.State != cluster.CopyResyncing && !rebuild) {
 					continue
 				}
-				key := name + "/" + c.Node
 				if !up[c.Node] {
 					// Gone: after RebuildAfter its copy is replaced by a
 					// new one on another node.
@@ -82,7 +103,7 @@ func (r *Volumes) resyncLoop(ctx context.Context) {
 						downSince[key] = time.Now()
 					}
 					if r.rebuildAfter > 0 && time.Since(downSince[key]) > r.rebuildAfter {
-						if err := r.replace(ctx, name, c.Node, p); err != nil {
+						if err := r.replace(ctx, name, c.Node, "", p); err != nil {
 							r.log.Warn("replace a copy whose node is gone", "volume", name, "copy", c.Node, "err", err)
 						} else {
 							delete(downSince, key)
@@ -341,14 +362,15 @@ func markBeyondBitmap(set *replica.Set, node, disk string, size int64, whole boo
 	return set.MarkWhole(node)
 }
 
-// replace moves the copy of a node gone longer than rebuildAfter to another
-// node (cluster.ReplaceCopy) and forgets its dirty bitmaps here.
-func (r *Volumes) replace(ctx context.Context, volume, gone string, p cluster.Placement) error {
+// replace moves the copy of a node gone longer than rebuildAfter, or being
+// replaced, to another node, prefer when it is eligible
+// (cluster.ReplaceCopy), and forgets its dirty bitmaps here.
+func (r *Volumes) replace(ctx context.Context, volume, gone, prefer string, p cluster.Placement) error {
 	v, err := r.pool.Volume(volume)
 	if err != nil {
 		return err
 	}
-	next, err := r.node.Copies().ReplaceCopy(ctx, volume, gone, p.Term)
+	next, err := r.node.Copies().ReplaceCopy(ctx, volume, gone, prefer, p.Term)
 	if err != nil {
 		return err
 	}
