@@ -48,7 +48,7 @@ type Config struct {
 	FailureDomain string // --failure-domain: a zone or rack label ("" none)
 	Prefix        string // --etcd-prefix (default /quiver/)
 
-	LeaseTTL       time.Duration // node lease (default 10 s)
+	LeaseTTL time.Duration // node lease (default 10 s)
 	// EtcdHeartbeat and EtcdElection are the embedded member's raft
 	// heartbeat interval and election timeout (--etcd-heartbeat-interval,
 	// --etcd-election-timeout; etcd's defaults 100 ms and 1 s). When the
@@ -57,10 +57,10 @@ type Config struct {
 	// that also led etcd fails over about L + 2 to 3 election timeouts
 	// after its death, L + 1 to 2 for a primary that did not lead.
 	EtcdHeartbeat, EtcdElection time.Duration
-	DialTimeout    time.Duration // first answer from etcd (default 10 s)
-	StartTimeout   time.Duration // embedded member ready, peers included (default 5 min)
-	ReportInterval time.Duration // free-space updates (default 5 s)
-	OpTimeout      time.Duration // copies made or deleted (default 60 s)
+	DialTimeout                 time.Duration // first answer from etcd (default 10 s)
+	StartTimeout                time.Duration // embedded member ready, peers included (default 5 min)
+	ReportInterval              time.Duration // free-space updates (default 5 s)
+	OpTimeout                   time.Duration // copies made or deleted (default 60 s)
 	// ResyncRate limits each resync and rebuild a primary runs, in bytes
 	// per second (--resync-rate; 0: unlimited).
 	ResyncRate int64

@@ -93,7 +93,14 @@ func (r *Volumes) resyncLoop(ctx context.Context) {
 					continue
 				}
 				rebuild := c.State == cluster.CopyRebuilding
-				if c.Node == me || (c.State != cluster.CopyDegraded && c.State != cluster.CopyResyncing && !rebuild) {
+				stale := c.State == cluster.CopyDegraded || c.State == cluster.CopyResyncing || rebuild
+				// An in-sync copy on a node that is gone counts too: an
+				// idle volume's copy stays in sync when its node dies
+				// (no write failed on it), and the volume has one copy
+				// fewer all the same.
+				gone := !up[c.Node] && (stale || c.State == cluster.CopyInSync)
+				if c.Node == me || (!stale && !gone) {
+					delete(downSince, key)
 					continue
 				}
 				if !up[c.Node] {

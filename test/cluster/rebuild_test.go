@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -131,4 +132,48 @@ func (c *cluster) oneDiskReplicated(t *testing.T, name string, size int64) (prim
 	prim, other, token := c.placeAndAttach(t, api.VolumeSpec{Name: name, Capacity: size, Replicas: 2,
 		Disks: []api.DiskSpec{{Name: "root", Size: size}}})
 	return prim, other, c.other(prim, other), fmt.Sprintf("nbd://%s:10809/%s/root/%s", prim.ip, name, token)
+}
+
+// TestRebuildIdle: the node of a copy of an idle volume dies. No write
+// fails on the copy, so it stays recorded in sync; it must be rebuilt on
+// the spare node after --rebuild-after all the same, or the volume would
+// run on one copy for ever while listed as whole. (Found while building
+// `quiver node replace`: the resync loop looked only at copies already out
+// of sync.)
+func TestRebuildIdle(t *testing.T) {
+	testfs.RequireTool(t, "qemu-io")
+	c := startClusterWith(t, func(_ int, nd *node) {
+		nd.args = append(nd.args, "--rebuild-after", "4s")
+	})
+	ctx := context.Background()
+	const diskSize = 32 * mib
+	prim, gone, spare, uri := c.oneDiskReplicated(t, "idle", diskSize)
+	c.qemuIO(t, uri, "write -P 0x5a 0 4M", "flush")
+	c.waitVolume(t, prim, "idle", "copies in sync", bothInSync)
+
+	gone.proc.Kill()
+	killed := time.Now()
+	var last string
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		got, err := prim.api().GetVolume(ctx, "idle")
+		if err == nil {
+			last = formatCopies(got)
+			inSync := 0
+			for _, cc := range got.Copies {
+				if cc.State == api.CopyInSync && (cc.Node == prim.name || cc.Node == spare.name) {
+					inSync++
+				}
+			}
+			if inSync == 2 && !slices.ContainsFunc(got.Copies, func(cc api.Copy) bool { return cc.Node == gone.name }) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle volume's copy on dead %s was not rebuilt on %s within 2 minutes: copies %s (%v)", gone.name, spare.name, last, err)
+		}
+	}
+	t.Logf("the copy on dead %s was rebuilt on %s %v after the kill", gone.name, spare.name, time.Since(killed).Round(time.Millisecond))
+	if a, b := diskSum(t, prim, "idle", "root"), diskSum(t, spare, "idle", "root"); a != b {
+		t.Fatalf("rebuilt copy differs: primary %s, %s %s", a, spare.name, b)
+	}
 }
