@@ -363,7 +363,10 @@ type Capabilities struct {
 	ExtentSizeHint  bool `json:"extentSizeHint"`
 }
 
-// PoolInfo is the body of GET /v1/pool.
+// PoolInfo is the body of GET /v1/pool. Its top-level fields are the
+// answering node's own pool (identity, filesystem, capabilities, space and
+// volumes), on a cluster node too; an admin's answer on a cluster adds
+// ClusterPool, the cluster's figures, the same through every node.
 type PoolInfo struct {
 	ID           string       `json:"id"`
 	Path         string       `json:"path"`
@@ -393,6 +396,46 @@ type PoolInfo struct {
 	// cluster, counted cluster-wide). Volumes and ProvisionedBytes are
 	// then the tenant's own (docs/security.md, "Tenants").
 	Tenant *Tenant `json:"tenant,omitempty"`
+	// ClusterPool is the cluster's pool, for a caller without a tenant on
+	// a cluster node (absent on a single node and for a tenant).
+	ClusterPool *ClusterPool `json:"clusterPool,omitempty"`
+}
+
+// ClusterPool is the pool of a whole cluster (PoolInfo.ClusterPool): the
+// space its nodes report in etcd and the volumes placed on them, the same
+// answer whichever node is asked. A node's own volumes that are not placed
+// (made before it joined) count in its PoolInfo, not here.
+type ClusterPool struct {
+	// TotalBytes and FreeBytes are the sums of the nodes' pool filesystems
+	// as each last reported them (a node down reports nothing: 0).
+	TotalBytes int64 `json:"totalBytes"`
+	FreeBytes  int64 `json:"freeBytes"`
+	// ProvisionedBytes is the sum of the disk sizes of the placed volumes,
+	// once per volume whatever its number of copies; Volumes counts them
+	// once each (those being deleted among them: they hold their space
+	// until their last copy is gone).
+	ProvisionedBytes int64 `json:"provisionedBytes"`
+	Volumes          int   `json:"volumes"`
+	// Nodes are the cluster's nodes by name.
+	Nodes []PoolNode `json:"nodes"`
+	// Unavailable says why the cluster's figures are missing (etcd out of
+	// reach); the node's own in PoolInfo still hold.
+	Unavailable string `json:"unavailable,omitempty"`
+}
+
+// PoolNode is one node's pool in a ClusterPool.
+type PoolNode struct {
+	Name  string `json:"name"`
+	State string `json:"state"`           // NodeUp or NodeDown
+	Drain string `json:"drain,omitempty"` // NodeDraining or NodeDrained while drained
+	// CapacityBytes and FreeBytes are its pool filesystem's, as last
+	// reported; 0 while down.
+	CapacityBytes int64 `json:"capacityBytes"`
+	FreeBytes     int64 `json:"freeBytes"`
+	// Copies counts the copies of placed volumes it holds.
+	Copies int `json:"copies"`
+	// Self marks the node that answered.
+	Self bool `json:"self,omitempty"`
 }
 
 // SpaceUsage is how the pool's space divides among volumes and snapshots

@@ -17,6 +17,9 @@ import (
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
+// getPool answers GET /v1/pool: this node's pool, and on a cluster for a
+// caller without a tenant the cluster's as well (clusterPool), or for a
+// tenant its own part of it (tenantPool).
 func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 	info, err := s.pool.Info()
 	if err != nil {
@@ -36,6 +39,8 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 		if err := s.tenantPool(r, t, &out); err != nil {
 			return err
 		}
+	} else if s.Cluster != nil {
+		out.ClusterPool = s.clusterPool(r)
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"testing"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/auth"
+	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
@@ -52,5 +55,76 @@ func TestOneUIDFromEveryNode(t *testing.T) {
 		if l.Items[0].UID != want.UID {
 			t.Errorf("list through %s: UID %s, want the cluster's %s", node, l.Items[0].UID, want.UID)
 		}
+	}
+}
+
+// TestPoolClusterWide (issue 32): an admin's GET /v1/pool through either
+// node of a cluster carries the cluster's pool, the same through both:
+// the space each node reports, the copies on each, and every placed
+// volume counted once (a deleting one among them) with its disks'
+// sizes once, however many copies it has; the node's own fields stay its
+// pool's. A tenant's answer has no cluster pool.
+func TestPoolClusterWide(t *testing.T) {
+	a, b, aURL, fa, fb := hopNodes(t, "the-cluster-key-0123456789")
+	store := sharedStore(t, a, b)
+	_, secret, err := store.Create("t", auth.RoleTenant, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	space := map[string]cluster.NodeInfo{
+		"a": {TotalBytes: 100 << 30, FreeBytes: 60 << 30, Volumes: 2},
+		"b": {TotalBytes: 50 << 30, FreeBytes: 10 << 30, Volumes: 3},
+	}
+	for _, f := range []*fakeCluster{fa, fb} {
+		f.mu.Lock()
+		f.prim["w"], f.prim["d"] = "a", "b" // each 8 MiB
+		f.copies = map[string][]cluster.CopyInfo{"w": {{Node: "a", State: cluster.CopyInSync}, {Node: "b", State: cluster.CopyInSync}}}
+		f.deleting = map[string]bool{"d": true}
+		f.space, f.listed = space, true
+		f.mu.Unlock()
+	}
+	sb := httptest.NewServer(b)
+	t.Cleanup(sb.Close)
+	want := api.ClusterPool{TotalBytes: 150 << 30, FreeBytes: 70 << 30, ProvisionedBytes: 3 * 8 * mib, Volumes: 3,
+		Nodes: []api.PoolNode{
+			{Name: "a", State: api.NodeUp, CapacityBytes: 100 << 30, FreeBytes: 60 << 30, Copies: 2},
+			{Name: "b", State: api.NodeUp, CapacityBytes: 50 << 30, FreeBytes: 10 << 30, Copies: 3},
+		}}
+	for node, base := range map[string]string{"a": aURL, "b": sb.URL} {
+		status, body := (&apiClient{t: t, base: base}).do("GET", "/v1/pool", nil)
+		var info api.PoolInfo
+		if status != http.StatusOK || json.Unmarshal(body, &info) != nil {
+			t.Fatalf("GET /v1/pool through %s: %d %s", node, status, body)
+		}
+		if info.ClusterPool == nil {
+			t.Fatalf("GET /v1/pool through %s: no cluster pool: %s", node, body)
+		}
+		got := *info.ClusterPool
+		for i := range got.Nodes {
+			if got.Nodes[i].Self != (got.Nodes[i].Name == node) {
+				t.Errorf("through %s: node %s marked self %v", node, got.Nodes[i].Name, got.Nodes[i].Self)
+			}
+			got.Nodes[i].Self = false
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("the cluster pool through %s:\n%+v\nwant\n%+v", node, got, want)
+		}
+		local := a.pool
+		if node == "b" {
+			local = b.pool
+		}
+		pi, _ := local.Info()
+		if info.ID != pi.ID || info.Volumes != pi.Volumes || info.TotalBytes != pi.TotalBytes {
+			t.Errorf("through %s: the node's own fields are %s/%d volumes/%d bytes, want its pool's %s/%d/%d",
+				node, info.ID, info.Volumes, info.TotalBytes, pi.ID, pi.Volumes, pi.TotalBytes)
+		}
+	}
+	status, body := (&apiClient{t: t, base: aURL, token: secret}).do("GET", "/v1/pool", nil)
+	var info api.PoolInfo
+	if status != http.StatusOK || json.Unmarshal(body, &info) != nil {
+		t.Fatalf("the tenant's GET /v1/pool: %d %s", status, body)
+	}
+	if info.ClusterPool != nil || info.Tenant == nil {
+		t.Errorf("the tenant's pool: cluster pool %+v, tenant %+v; want none and its own", info.ClusterPool, info.Tenant)
 	}
 }
