@@ -448,15 +448,40 @@ type SpaceUsage struct {
 	// Exact: the filesystem gave extent maps; without them (tmpfs, NFS)
 	// each image's data counts as its own.
 	Exact bool `json:"exact"`
-	// PoolSizeBytes and PoolUsedBytes are the filesystem's (df).
+	// PoolSizeBytes and PoolUsedBytes are the filesystem's (df); on a
+	// cluster, the sums of the Nodes' that answered.
 	PoolSizeBytes int64 `json:"poolSizeBytes"`
 	PoolUsedBytes int64 `json:"poolUsedBytes"`
+	// Nodes is set on a cluster node: the nodes whose pools measured the
+	// Items, each placed volume on its primary's copy (the same answer
+	// through every node) and a volume of the answering node alone there.
+	// SharedBytes and Exact above are then their sum and their and.
+	Nodes []NodeSpaceUsage `json:"nodes,omitempty"`
+}
+
+// NodeSpaceUsage is one node's part of a cluster's SpaceUsage.
+type NodeSpaceUsage struct {
+	Node string `json:"node"`
+	// SharedBytes, Exact, PoolSizeBytes and PoolUsedBytes are the node's
+	// pool's, as in SpaceUsage.
+	SharedBytes   int64 `json:"sharedBytes"`
+	Exact         bool  `json:"exact"`
+	PoolSizeBytes int64 `json:"poolSizeBytes"`
+	PoolUsedBytes int64 `json:"poolUsedBytes"`
+	// Error says why the node did not answer (down, unreachable); Missing
+	// are the volumes it is the primary of that are not in Items (it did
+	// not answer, or holds no copy of them any more).
+	Error   string   `json:"error,omitempty"`
+	Missing []string `json:"missing,omitempty"`
 }
 
 // ObjectUsage is the space of a volume, or of a snapshot (Snapshot set).
 type ObjectUsage struct {
 	Volume   string `json:"volume"`
 	Snapshot string `json:"snapshot,omitempty"`
+	// Node is the node whose copy was measured, on a cluster: a placed
+	// volume's primary (empty on a single node).
+	Node string `json:"node,omitempty"`
 	// ProvisionedBytes: the disks' virtual sizes; AllocatedBytes: what the
 	// images occupy (shared extents in full); UniqueBytes: what no other
 	// object references, what deleting it frees.

@@ -1,11 +1,13 @@
 package apiserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/quiverstorage/quiver/internal/api"
@@ -126,5 +128,96 @@ func TestPoolClusterWide(t *testing.T) {
 	}
 	if info.ClusterPool != nil || info.Tenant == nil {
 		t.Errorf("the tenant's pool: cluster pool %+v, tenant %+v; want none and its own", info.ClusterPool, info.Tenant)
+	}
+}
+
+// TestUsageClusterWide (issue 32): an admin's GET /v1/usage through either
+// node measures each placed volume on its primary's copy, whichever node
+// holds another copy (here each node holds a copy of both volumes, only
+// the primary's with data), and says which node measured it; a node's own
+// volume that is not placed is its own. With the primary of a volume down,
+// the other volumes still answer and the down node is named with the
+// volume left out.
+func TestUsageClusterWide(t *testing.T) {
+	a, b, aURL, fa, fb := hopNodes(t, "the-cluster-key-0123456789")
+	ctx := context.Background()
+	mk := func(s *Server, name string) {
+		t.Helper()
+		if _, _, err := s.pool.Create(ctx, pool.VolumeSpec{Name: name, Capacity: 8 * mib,
+			Disks: []pool.DiskSpec{{Name: "root", Size: 8 * mib}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk(a, "v") // b has v, its primary's copy
+	mk(a, "w")
+	mk(b, "w")
+	mk(a, "own") // a's alone, not placed
+	data := func(n int64) []byte { return bytes.Repeat([]byte{0x5a}, int(n)) }
+	writeDisk(t, b.pool, "v", "root", 0, data(mib))
+	writeDisk(t, a.pool, "w", "root", 0, data(2*mib))
+	writeDisk(t, a.pool, "own", "root", 0, data(mib/2))
+	for _, f := range []*fakeCluster{fa, fb} {
+		f.mu.Lock()
+		f.prim["w"] = "a"
+		f.listed = true
+		f.mu.Unlock()
+	}
+	sb := httptest.NewServer(b)
+	t.Cleanup(sb.Close)
+	usage := func(base string) api.SpaceUsage {
+		t.Helper()
+		status, body := (&apiClient{t: t, base: base}).do("GET", "/v1/usage", nil)
+		var u api.SpaceUsage
+		if status != http.StatusOK || json.Unmarshal(body, &u) != nil {
+			t.Fatalf("GET /v1/usage through %s: %d %s", base, status, body)
+		}
+		return u
+	}
+	// measured maps each volume (not snapshot) to the node that measured
+	// it and the bytes its images occupy there.
+	type measure struct {
+		node string
+		size int64
+	}
+	measured := func(u api.SpaceUsage) map[string]measure {
+		out := map[string]measure{}
+		for _, it := range u.Items {
+			if it.Snapshot == "" {
+				out[it.Volume] = measure{it.Node, it.AllocatedBytes}
+			}
+		}
+		return out
+	}
+	for node, base := range map[string]string{"a": aURL, "b": sb.URL} {
+		u := usage(base)
+		m := measured(u)
+		if m["v"].node != "b" || m["v"].size < mib || m["w"].node != "a" || m["w"].size < 2*mib {
+			t.Errorf("through %s: v measured %+v, w %+v; want v on b with 1 MiB, w on a with 2 MiB", node, m["v"], m["w"])
+		}
+		if own, ok := m["own"]; ok != (node == "a") || (ok && own.node != "a") {
+			t.Errorf("through %s: a's own volume measured %+v (%v)", node, own, ok)
+		}
+		var names []string
+		for _, n := range u.Nodes {
+			names = append(names, n.Node)
+			if n.Error != "" || len(n.Missing) > 0 {
+				t.Errorf("through %s: node %+v", node, n)
+			}
+		}
+		if !slices.Equal(names, []string{"a", "b"}) {
+			t.Errorf("through %s: nodes %v, want a and b", node, names)
+		}
+	}
+
+	fa.mu.Lock()
+	fa.addrs["b"] = "" // b is down, as a sees it
+	fa.mu.Unlock()
+	u := usage(aURL)
+	m := measured(u)
+	if _, ok := m["v"]; ok || m["w"].node != "a" {
+		t.Errorf("with b down: %+v; want w on a and v left out", m)
+	}
+	if len(u.Nodes) != 2 || u.Nodes[1].Node != "b" || u.Nodes[1].Error == "" || !slices.Equal(u.Nodes[1].Missing, []string{"v"}) {
+		t.Errorf("with b down: nodes %+v; want b named with v missing", u.Nodes)
 	}
 }

@@ -54,3 +54,47 @@ Path:             /srv/quiver
 		}
 	}
 }
+
+// TestVolumeDuCluster (issue 32): on a cluster `volume du` names the node
+// whose copy measured each volume, each node's shared data and pool, and
+// the volumes a node down left out; `du VOLUME` of such a volume says why
+// it is not there.
+func TestVolumeDuCluster(t *testing.T) {
+	f, url := newFakeAPI(t)
+	f.reply("GET /v1/usage", 200, api.SpaceUsage{Exact: true, SharedBytes: 64 << 20, PoolSizeBytes: 20 << 30, PoolUsedBytes: 3 << 30,
+		Items: []api.ObjectUsage{
+			{Volume: "a", Node: "n2", ProvisionedBytes: 1 << 30, AllocatedBytes: 256 << 20, UniqueBytes: 192 << 20},
+			{Volume: "a", Snapshot: "s1", Node: "n2", ProvisionedBytes: 1 << 30, AllocatedBytes: 64 << 20},
+			{Volume: "b", Node: "n1", ProvisionedBytes: 2 << 30, AllocatedBytes: 512 << 20, UniqueBytes: 512 << 20},
+		},
+		Nodes: []api.NodeSpaceUsage{
+			{Node: "n1", Exact: true, PoolSizeBytes: 10 << 30, PoolUsedBytes: 1 << 30},
+			{Node: "n2", Exact: true, SharedBytes: 64 << 20, PoolSizeBytes: 10 << 30, PoolUsedBytes: 2 << 30},
+			{Node: "n3", Error: "node n3 is down", Missing: []string{"c"}},
+		}})
+	got := run(t, context.Background(), url, nil, "volume", "du")
+	want := `NAME       NODE   PROVISIONED   ALLOCATED   UNIQUE
+a          n2     1Gi           256Mi       192Mi
+a@s1       n2     1Gi           64Mi        0
+b          n1     2Gi           512Mi       512Mi
+<shared>   n1     -             -           0
+<shared>   n2     -             -           64Mi
+<total>    -      3Gi           832Mi       768Mi
+
+Each volume measured on its primary's copy; 3Gi provisioned, each volume once.
+n1: 1Gi used of 10Gi (df)
+n2: 2Gi used of 10Gi (df)
+n3: did not answer (node n3 is down); left out: c
+`
+	if got.code != 0 || got.stdout != want {
+		t.Fatalf("exit %d, stderr %q, stdout:\n%s\nwant:\n%s", got.code, got.stderr, got.stdout, want)
+	}
+	got = run(t, context.Background(), url, nil, "volume", "du", "a")
+	if got.code != 0 || !strings.Contains(got.stdout, "<shared>   n2") || strings.Contains(got.stdout, "n1") {
+		t.Fatalf("du a: exit %d, stdout:\n%s", got.code, got.stdout)
+	}
+	got = run(t, context.Background(), url, nil, "volume", "du", "c")
+	if got.code != ExitError || !strings.Contains(got.stderr, `volume "c": not measured: its primary n3 did not answer (node n3 is down)`) {
+		t.Fatalf("du c: exit %d, stderr %q", got.code, got.stderr)
+	}
+}
