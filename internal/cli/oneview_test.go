@@ -98,3 +98,33 @@ n3: did not answer (node n3 is down); left out: c
 		t.Fatalf("du c: exit %d, stderr %q", got.code, got.stderr)
 	}
 }
+
+// TestVolumeListClusterState (issue 32): an admin's volume list on a
+// cluster has a STATE column: deleting for a volume pending delete (it
+// was listed like any other before), ready when every copy is in sync,
+// else the copies that are not; "-" for the node's own volume that is not
+// placed.
+func TestVolumeListClusterState(t *testing.T) {
+	f, url := newFakeAPI(t)
+	ready, deleting, degraded, own := testVolumes[0], testVolumes[0], testVolumes[0], testVolumes[1]
+	ready.Name, deleting.Name, degraded.Name = "ready", "gone", "slow"
+	for _, v := range []*api.Volume{&ready, &deleting, &degraded} {
+		v.Replicas, v.Primary, v.Term = 2, "n1", 1
+		v.Copies = []api.Copy{{Node: "n1", State: api.CopyInSync}, {Node: "n2", State: api.CopyInSync}}
+	}
+	deleting.State = api.VolumeDeleting
+	deleting.Copies = []api.Copy{{Node: "n1", State: api.CopyDeleted}, {Node: "n2", State: api.CopyInSync}}
+	pct := 40.0
+	degraded.Copies = []api.Copy{{Node: "n1", State: api.CopyInSync}, {Node: "n2", State: api.CopyResyncing, Progress: &pct}, {Node: "n3"}}
+	f.reply("GET /v1/volumes", 200, api.List[api.Volume]{Items: []api.Volume{deleting, ready, degraded, own}})
+	got := run(t, context.Background(), url, nil, "volume", "list")
+	want := `NAME      STATE                             CAPACITY   DISKS                  SNAPSHOTS   LABELS           AGE
+gone      deleting                          200Gi      root=40Gi,data=100Gi   2           app=web,tier=1   3h
+ready     ready                             200Gi      root=40Gi,data=100Gi   2           app=web,tier=1   3h
+slow      n2 resyncing 40%, n3 being made   200Gi      root=40Gi,data=100Gi   2           app=web,tier=1   3h
+vdi-001   -                                 40Gi       root=40Gi              0           <none>           90s
+`
+	if got.code != 0 || got.stdout != want {
+		t.Fatalf("exit %d, stderr %q, stdout:\n%s\nwant:\n%s", got.code, got.stderr, got.stdout, want)
+	}
+}
