@@ -50,7 +50,8 @@ type fakeCluster struct {
 
 var _ Cluster = (*fakeCluster)(nil)
 
-func (f *fakeCluster) Name() string { return f.name }
+func (f *fakeCluster) Name() string        { return f.name }
+func (f *fakeCluster) ClusterName() string { return "the-cluster" }
 func (f *fakeCluster) Nodes(context.Context) ([]cluster.NodeInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -33,7 +33,7 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 		Volumes: info.Volumes, CreatedAt: info.CreatedAt,
 		ChunkSize: info.ChunkSize, ReadOnly: info.ReadOnly, Broken: info.Broken}
 	if s.Cluster != nil {
-		out.Cluster = s.Cluster.Name()
+		out.Cluster = s.Cluster.ClusterName()
 	}
 	if t := principalOf(r).Tenant; t != "" {
 		if err := s.tenantPool(r, t, &out); err != nil {

@@ -101,6 +101,9 @@ func TestPoolClusterWide(t *testing.T) {
 		if info.ClusterPool == nil {
 			t.Fatalf("GET /v1/pool through %s: no cluster pool: %s", node, body)
 		}
+		if info.Cluster != "the-cluster" {
+			t.Errorf("GET /v1/pool through %s: cluster %q, want the cluster's name, not a node's", node, info.Cluster)
+		}
 		got := *info.ClusterPool
 		for i := range got.Nodes {
 			if got.Nodes[i].Self != (got.Nodes[i].Name == node) {
