@@ -93,15 +93,17 @@ func (s *Server) clusterUsage(w http.ResponseWriter, r *http.Request, match func
 		}
 	}
 	parts, errs := map[string]api.SpaceUsage{}, map[string]error{}
-	var mu sync.Mutex
+	if _, ok := want[me]; ok {
+		part, err := s.localUsage(match)
+		if err != nil {
+			return err // this node's own pool failed: no answer of its own to give
+		}
+		parts[me] = part
+	}
+	var mu sync.Mutex // parts and errs, from here
 	var wg sync.WaitGroup
 	for node := range want {
 		if node == me {
-			part, err := s.localUsage(match)
-			if err != nil {
-				return err // this node's own pool failed: no answer of its own to give
-			}
-			parts[me] = part
 			continue
 		}
 		wg.Add(1)
