@@ -371,7 +371,10 @@ type Capabilities struct {
 	ExtentSizeHint  bool `json:"extentSizeHint"`
 }
 
-// PoolInfo is the body of GET /v1/pool.
+// PoolInfo is the body of GET /v1/pool. Its top-level fields are the
+// answering node's own pool (identity, filesystem, capabilities, space and
+// volumes), on a cluster node too; an admin's answer on a cluster adds
+// ClusterPool, the cluster's figures, the same through every node.
 type PoolInfo struct {
 	ID           string       `json:"id"`
 	Path         string       `json:"path"`
@@ -401,6 +404,46 @@ type PoolInfo struct {
 	// cluster, counted cluster-wide). Volumes and ProvisionedBytes are
 	// then the tenant's own (docs/security.md, "Tenants").
 	Tenant *Tenant `json:"tenant,omitempty"`
+	// ClusterPool is the cluster's pool, for a caller without a tenant on
+	// a cluster node (absent on a single node and for a tenant).
+	ClusterPool *ClusterPool `json:"clusterPool,omitempty"`
+}
+
+// ClusterPool is the pool of a whole cluster (PoolInfo.ClusterPool): the
+// space its nodes report in etcd and the volumes placed on them, the same
+// answer whichever node is asked. A node's own volumes that are not placed
+// (made before it joined) count in its PoolInfo, not here.
+type ClusterPool struct {
+	// TotalBytes and FreeBytes are the sums of the nodes' pool filesystems
+	// as each last reported them (a node down reports nothing: 0).
+	TotalBytes int64 `json:"totalBytes"`
+	FreeBytes  int64 `json:"freeBytes"`
+	// ProvisionedBytes is the sum of the disk sizes of the placed volumes,
+	// once per volume whatever its number of copies; Volumes counts them
+	// once each (those being deleted among them: they hold their space
+	// until their last copy is gone).
+	ProvisionedBytes int64 `json:"provisionedBytes"`
+	Volumes          int   `json:"volumes"`
+	// Nodes are the cluster's nodes by name.
+	Nodes []PoolNode `json:"nodes"`
+	// Unavailable says why the cluster's figures are missing (etcd out of
+	// reach); the node's own in PoolInfo still hold.
+	Unavailable string `json:"unavailable,omitempty"`
+}
+
+// PoolNode is one node's pool in a ClusterPool.
+type PoolNode struct {
+	Name  string `json:"name"`
+	State string `json:"state"`           // NodeUp or NodeDown
+	Drain string `json:"drain,omitempty"` // NodeDraining or NodeDrained while drained
+	// CapacityBytes and FreeBytes are its pool filesystem's, as last
+	// reported; 0 while down.
+	CapacityBytes int64 `json:"capacityBytes"`
+	FreeBytes     int64 `json:"freeBytes"`
+	// Copies counts the copies of placed volumes it holds.
+	Copies int `json:"copies"`
+	// Self marks the node that answered.
+	Self bool `json:"self,omitempty"`
 }
 
 // SpaceUsage is how the pool's space divides among volumes and snapshots
@@ -413,15 +456,40 @@ type SpaceUsage struct {
 	// Exact: the filesystem gave extent maps; without them (tmpfs, NFS)
 	// each image's data counts as its own.
 	Exact bool `json:"exact"`
-	// PoolSizeBytes and PoolUsedBytes are the filesystem's (df).
+	// PoolSizeBytes and PoolUsedBytes are the filesystem's (df); on a
+	// cluster, the sums of the Nodes' that answered.
 	PoolSizeBytes int64 `json:"poolSizeBytes"`
 	PoolUsedBytes int64 `json:"poolUsedBytes"`
+	// Nodes is set on a cluster node: the nodes whose pools measured the
+	// Items, each placed volume on its primary's copy (the same answer
+	// through every node) and a volume of the answering node alone there.
+	// SharedBytes and Exact above are then their sum and their and.
+	Nodes []NodeSpaceUsage `json:"nodes,omitempty"`
+}
+
+// NodeSpaceUsage is one node's part of a cluster's SpaceUsage.
+type NodeSpaceUsage struct {
+	Node string `json:"node"`
+	// SharedBytes, Exact, PoolSizeBytes and PoolUsedBytes are the node's
+	// pool's, as in SpaceUsage.
+	SharedBytes   int64 `json:"sharedBytes"`
+	Exact         bool  `json:"exact"`
+	PoolSizeBytes int64 `json:"poolSizeBytes"`
+	PoolUsedBytes int64 `json:"poolUsedBytes"`
+	// Error says why the node did not answer (down, unreachable); Missing
+	// are the volumes it is the primary of that are not in Items (it did
+	// not answer, or holds no copy of them any more).
+	Error   string   `json:"error,omitempty"`
+	Missing []string `json:"missing,omitempty"`
 }
 
 // ObjectUsage is the space of a volume, or of a snapshot (Snapshot set).
 type ObjectUsage struct {
 	Volume   string `json:"volume"`
 	Snapshot string `json:"snapshot,omitempty"`
+	// Node is the node whose copy was measured, on a cluster: a placed
+	// volume's primary (empty on a single node).
+	Node string `json:"node,omitempty"`
 	// ProvisionedBytes: the disks' virtual sizes; AllocatedBytes: what the
 	// images occupy (shared extents in full); UniqueBytes: what no other
 	// object references, what deleting it frees.

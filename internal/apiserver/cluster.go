@@ -24,7 +24,8 @@ import (
 // node for a volume (cluster.Primaries).
 // Server.Cluster is nil on a single node.
 type Cluster interface {
-	Name() string
+	Name() string // this node's
+	ClusterName() string
 	Nodes(ctx context.Context) ([]cluster.NodeInfo, error)
 	// CreateCharged places spec and returns once every copy is made;
 	// idempotent says whether an existing volume is the answer. A

@@ -43,11 +43,15 @@ type fakeCluster struct {
 	copies map[string][]cluster.CopyInfo
 	// deleted: the volumes DeleteVolume was asked to delete.
 	deleted []string
+	// space: the pool space each node reports (total, free) and the
+	// copies on it, as etcd's alive/ and volumes/ keys give them.
+	space map[string]cluster.NodeInfo
 }
 
 var _ Cluster = (*fakeCluster)(nil)
 
-func (f *fakeCluster) Name() string { return f.name }
+func (f *fakeCluster) Name() string        { return f.name }
+func (f *fakeCluster) ClusterName() string { return "the-cluster" }
 func (f *fakeCluster) Nodes(context.Context) ([]cluster.NodeInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -56,7 +60,9 @@ func (f *fakeCluster) Nodes(context.Context) ([]cluster.NodeInfo, error) {
 		ni := cluster.NodeInfo{Name: n, API: a, Up: a != ""}
 		if ni.Up {
 			ni.NBD = "nbd." + n + ":10809"
+			ni.TotalBytes, ni.FreeBytes = f.space[n].TotalBytes, f.space[n].FreeBytes
 		}
+		ni.Volumes = f.space[n].Volumes
 		out = append(out, ni)
 	}
 	return out, nil

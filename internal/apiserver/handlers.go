@@ -17,6 +17,9 @@ import (
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
+// getPool answers GET /v1/pool: this node's pool, and on a cluster for a
+// caller without a tenant the cluster's as well (clusterPool), or for a
+// tenant its own part of it (tenantPool).
 func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 	info, err := s.pool.Info()
 	if err != nil {
@@ -30,12 +33,14 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 		Volumes: info.Volumes, CreatedAt: info.CreatedAt,
 		ChunkSize: info.ChunkSize, ReadOnly: info.ReadOnly, Broken: info.Broken}
 	if s.Cluster != nil {
-		out.Cluster = s.Cluster.Name()
+		out.Cluster = s.Cluster.ClusterName()
 	}
 	if t := principalOf(r).Tenant; t != "" {
 		if err := s.tenantPool(r, t, &out); err != nil {
 			return err
 		}
+	} else if s.Cluster != nil {
+		out.ClusterPool = s.clusterPool(r)
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -22,23 +22,44 @@ func (s *Server) provisioned() int64 {
 	return n
 }
 
+// getUsage answers GET /v1/usage: the space of this node's volumes, or on
+// a cluster node the cluster's (clusterUsage); a request carried here from
+// another node gets this node's own, its part of that node's answer.
 func (s *Server) getUsage(w http.ResponseWriter, r *http.Request) error {
 	match, err := selector(r)
 	if err != nil {
 		return err
 	}
-	u, err := s.pool.SpaceUsage(match)
+	if s.Cluster != nil && !isHop(r) {
+		return s.clusterUsage(w, r, match)
+	}
+	out, err := s.localUsage(match)
 	if err != nil {
 		return err
 	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// localUsage is the space of this node's volumes that match (nil: all),
+// each item marked with the node's name on a cluster.
+func (s *Server) localUsage(match func(map[string]string) bool) (api.SpaceUsage, error) {
+	u, err := s.pool.SpaceUsage(match)
+	if err != nil {
+		return api.SpaceUsage{}, err
+	}
 	info, err := s.pool.Info()
 	if err != nil {
-		return err
+		return api.SpaceUsage{}, err
+	}
+	var node string
+	if s.Cluster != nil {
+		node = s.Cluster.Name()
 	}
 	out := api.SpaceUsage{Items: make([]api.ObjectUsage, 0, len(u.Objects)), SharedBytes: u.Shared, Exact: u.Exact,
 		PoolSizeBytes: info.TotalBytes, PoolUsedBytes: info.TotalBytes - info.FreeBytes}
 	for _, o := range u.Objects {
-		ou := api.ObjectUsage{Volume: o.Volume, Snapshot: o.Snapshot, ProvisionedBytes: o.Provisioned,
+		ou := api.ObjectUsage{Volume: o.Volume, Snapshot: o.Snapshot, Node: node, ProvisionedBytes: o.Provisioned,
 			AllocatedBytes: o.Allocated, UniqueBytes: o.Unique, Disks: make([]api.DiskUsage, 0, len(o.Disks))}
 		for _, d := range o.Disks {
 			ou.Disks = append(ou.Disks, api.DiskUsage{Name: d.Name, ProvisionedBytes: d.Provisioned,
@@ -46,8 +67,7 @@ func (s *Server) getUsage(w http.ResponseWriter, r *http.Request) error {
 		}
 		out.Items = append(out.Items, ou)
 	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return out, nil
 }
 
 // checkOvercommit refuses to provision add more bytes when the pool would

@@ -21,7 +21,7 @@ func (a *app) poolCommand() *cobra.Command {
 	cmd.AddCommand(a.poolInitCommand())
 	cmd.AddCommand(&cobra.Command{
 		Use:   "info",
-		Short: "Show the pool's filesystem, capabilities and free space",
+		Short: "Show the pool's filesystem, capabilities and free space (on a cluster, the cluster's first)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.client()
@@ -58,9 +58,18 @@ directory that already holds a pool or anything else.`,
 	}
 }
 
-// poolDetail prints the pool's facts.
+// poolDetail prints the pool's facts: on a cluster the cluster's totals
+// and a line per node first, then the answering node's own pool.
 func (a *app) poolDetail(p api.PoolInfo) func(io.Writer) error {
 	return func(w io.Writer) error {
+		if p.ClusterPool != nil {
+			if err := clusterPoolDetail(w, p.Cluster, *p.ClusterPool); err != nil {
+				return err
+			}
+			if _, err := fmt.Fprintf(w, "\nThis node's pool:\n"); err != nil {
+				return err
+			}
+		}
 		f := newFields(w)
 		f.add("ID", p.ID)
 		f.add("Path", p.Path)
@@ -92,6 +101,59 @@ func (a *app) poolDetail(p api.PoolInfo) func(io.Writer) error {
 		f.add("Created", timestamp(a.env.Now(), p.CreatedAt))
 		return f.flush()
 	}
+}
+
+// clusterPoolDetail prints the pool of cluster c: its totals, then a line
+// per node.
+func clusterPoolDetail(w io.Writer, name string, c api.ClusterPool) error {
+	f := newFields(w)
+	f.add("Cluster", name)
+	if c.Unavailable != "" {
+		f.add("Totals", "unavailable: "+c.Unavailable)
+		return f.flush()
+	}
+	up := 0
+	for _, n := range c.Nodes {
+		if n.State == api.NodeUp {
+			up++
+		}
+	}
+	f.add("Nodes", fmt.Sprintf("%d (%d up)", len(c.Nodes), up))
+	f.add("Total", quantity.Format(c.TotalBytes)+" (the nodes' pools, as each reports it)")
+	free := quantity.Format(c.FreeBytes)
+	if c.TotalBytes > 0 {
+		free += fmt.Sprintf(" (%d%%)", c.FreeBytes*100/c.TotalBytes)
+	}
+	f.add("Free", free)
+	prov := quantity.Format(c.ProvisionedBytes) + " (each volume once, whatever its copies)"
+	if c.TotalBytes > 0 {
+		prov = fmt.Sprintf("%s (each volume once, whatever its copies; %.2fx the cluster's size)",
+			quantity.Format(c.ProvisionedBytes), float64(c.ProvisionedBytes)/float64(c.TotalBytes))
+	}
+	f.add("Provisioned", prov)
+	f.add("Volumes", fmt.Sprint(c.Volumes))
+	if err := f.flush(); err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintln(w); err != nil {
+		return err
+	}
+	t := newTable(w, "NODE", "STATE", "CAPACITY", "FREE", "COPIES")
+	for _, n := range c.Nodes {
+		name := n.Name
+		if n.Self {
+			name += " (this)"
+		}
+		state, capacity, free := n.State, quantity.Format(n.CapacityBytes), quantity.Format(n.FreeBytes)
+		if n.Drain != "" {
+			state += ", " + n.Drain
+		}
+		if n.State != api.NodeUp {
+			capacity, free = "-", "-"
+		}
+		t.row(name, state, capacity, free, fmt.Sprint(n.Copies))
+	}
+	return t.flush()
 }
 
 // capabilities names the capabilities the pool has.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -257,11 +258,16 @@ Labels not named are kept.`,
 	return cmd
 }
 
-// volumeTable prints volumes as a table.
+// volumeTable prints volumes as a table; with a cluster's volumes among
+// them (placed: Copies), a STATE column (volumeState) after the name.
 func (a *app) volumeTable(vols ...api.Volume) func(io.Writer) error {
 	return func(w io.Writer) error {
 		now := a.env.Now()
+		placed := slices.ContainsFunc(vols, func(v api.Volume) bool { return len(v.Copies) > 0 || v.State == api.VolumeDeleting })
 		header := []string{"NAME", "CAPACITY", "DISKS", "SNAPSHOTS", "LABELS", "AGE"}
+		if placed {
+			header = slices.Insert(header, 1, "STATE")
+		}
 		if a.wide() {
 			header = append(header, "UID", "QOS", "WRITER", "SOURCE")
 		}
@@ -269,6 +275,9 @@ func (a *app) volumeTable(vols ...api.Volume) func(io.Writer) error {
 		for _, v := range vols {
 			if v.State == api.VolumeBroken {
 				row := []string{v.Name, "-", "BROKEN: " + v.Reason, "-", "-", "-"}
+				if placed {
+					row = slices.Insert(row, 1, v.State)
+				}
 				if a.wide() {
 					row = append(row, "-", "-", "-", "-")
 				}
@@ -277,6 +286,9 @@ func (a *app) volumeTable(vols ...api.Volume) func(io.Writer) error {
 			}
 			row := []string{v.Name, quantity.Format(v.Capacity), formatDisks(v.Disks),
 				fmt.Sprint(v.Snapshots), formatLabels(v.Labels), age(now, v.CreatedAt)}
+			if placed {
+				row = slices.Insert(row, 1, volumeState(v))
+			}
 			if a.wide() {
 				writer := none
 				if v.Writer.Epoch > 0 {
@@ -288,6 +300,37 @@ func (a *app) volumeTable(vols ...api.Volume) func(io.Writer) error {
 		}
 		return t.flush()
 	}
+}
+
+// volumeState is a cluster volume's state in a list: "deleting" while
+// its copies go (the server's State), "ready" when every copy is in sync,
+// else the copies that are not, with their state ("n2 degraded, n3 being
+// made"); "-" for a volume that is not placed (the node's own).
+func volumeState(v api.Volume) string {
+	if v.State != "" {
+		return v.State
+	}
+	if len(v.Copies) == 0 {
+		return "-"
+	}
+	var off []string
+	for _, c := range v.Copies {
+		if c.State == api.CopyInSync {
+			continue
+		}
+		state := c.State
+		switch {
+		case state == "":
+			state = "being made"
+		case c.Progress != nil:
+			state += fmt.Sprintf(" %.0f%%", *c.Progress)
+		}
+		off = append(off, c.Node+" "+state)
+	}
+	if len(off) == 0 {
+		return "ready"
+	}
+	return strings.Join(off, ", ")
 }
 
 // volumeDetail prints one volume with a table of its disks.

@@ -402,6 +402,10 @@ func (n *Node) closeClients() {
 // Name is this node's name.
 func (n *Node) Name() string { return n.cfg.NodeName }
 
+// ClusterName is the name of the cluster the node belongs to
+// (--cluster-name).
+func (n *Node) ClusterName() string { return n.cfg.ClusterName }
+
 // Up says whether this node holds a live session (its alive key).
 func (n *Node) Up() bool { return n.up.Load() }
 
