@@ -205,6 +205,10 @@ spec:
   domain:
     machine: {type: %s}
     devices:
+      # No pod network: the guest needs none, and virt-handler's tap and
+      # bridge need kernel support this machine lacks (LinkAdd: operation
+      # not supported).
+      autoattachPodInterface: false
       disks: [{name: root, disk: {bus: virtio}}]
     resources: {requests: {memory: 256Mi}}
   volumes:
