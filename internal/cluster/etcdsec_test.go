@@ -194,10 +194,15 @@ func TestEmbeddedClusterOverTLS(t *testing.T) {
 		wg.Go(func() { nodes[i], errs[i] = Join(context.Background(), cfg, stores[i]) })
 	}
 	wg.Wait()
-	for i, n := range nodes {
+	// Every member that joined is closed before the temporary directory
+	// goes, also when another failed to join: a member left running
+	// purges its WAL in a removed directory and etcd exits the process.
+	for _, n := range nodes {
 		if n != nil {
 			t.Cleanup(func() { _ = n.Close() })
 		}
+	}
+	for i := range nodes {
 		if errs[i] != nil {
 			t.Fatalf("join %s: %v", names[i], errs[i])
 		}
