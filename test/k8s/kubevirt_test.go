@@ -41,7 +41,13 @@ func TestKubeVirt(t *testing.T) {
 	bins := e2eBins(t)
 	images := buildImages(t, bins, t.TempDir())
 	kv, _ := filepath.Glob(filepath.Join(dir, "tars", "*.tar"))
-	k := startKube(t, bins, kubeOptions{podPIDNamespace: true})
+	// KubeVirt v1.6.0 patches the launcher pod's conditions with a JSON
+	// patch whose "test" carries them as its Kubernetes 1.32 types know
+	// them; a 1.34 kubelet adds observedGeneration to every condition
+	// (PodObservedGenerationTracking, beta and on), so the test never
+	// matches and the VMI stays Pending (patching of pod conditions
+	// failed). Off until a KubeVirt built on 1.34's types.
+	k := startKube(t, bins, kubeOptions{podPIDNamespace: true, featureGates: "PodObservedGenerationTracking=false"})
 	k.importImages(append(images, kv...))
 	k.addons()
 	k.install()
@@ -60,6 +66,11 @@ func TestKubeVirt(t *testing.T) {
 		t.Fatalf("bind the kubelet's device plugins: %v: %s", err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", plugins).Run() })
+	// The operator's manifest brings the KubeVirt CRD: the API server
+	// serves the kind only once the CRD is established.
+	if out, err := k.kubectl("wait", "--for=condition=Established", "--timeout=120s", "crd/kubevirts.kubevirt.io"); err != nil {
+		t.Fatalf("the KubeVirt CRD: %v: %s", err, out)
+	}
 	k.apply(k.kubeVirtCR())
 	k.waitFor("KubeVirt deployed", 10*time.Minute, func() error {
 		if got := k.jsonpath("kubevirt", "kv/kubevirt", "{.status.phase}"); got != "Deployed" {

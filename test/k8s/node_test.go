@@ -66,6 +66,9 @@ type kubeOptions struct {
 	// this machine's own PID 1 holds a capability (CAP_SYS_RESOURCE) no
 	// process here has, so the kernel lets no one open its namespaces.
 	podPIDNamespace bool
+	// featureGates go to the API server and the kubelet as
+	// --feature-gates, e.g. "PodObservedGenerationTracking=false".
+	featureGates string
 }
 
 // startKube brings the cluster up and registers its teardown.
@@ -140,7 +143,15 @@ func startKube(t *testing.T, bins map[string]string, opts ...kubeOptions) *kube 
 		"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
 		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
 		"--initial-cluster", "e2e=http://127.0.0.1:2380", "--unsafe-no-fsync")
-	k.start("kube-apiserver", k.bins["kube-apiserver"],
+	var o kubeOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	var gates []string
+	if o.featureGates != "" {
+		gates = []string{"--feature-gates", o.featureGates}
+	}
+	apiArgs := []string{
 		"--etcd-servers", "http://127.0.0.1:2379",
 		"--advertise-address", nodeIP, "--bind-address", "0.0.0.0", "--secure-port", "6443",
 		"--tls-cert-file", apiCert, "--tls-private-key-file", apiKey, "--client-ca-file", k.pki.CAFile,
@@ -154,7 +165,8 @@ func startKube(t *testing.T, bins map[string]string, opts ...kubeOptions) *kube 
 		"--requestheader-extra-headers-prefix", "X-Remote-Extra-",
 		"--proxy-client-cert-file", proxyClientCert, "--proxy-client-key-file", proxyClientKey,
 		// The node's name resolves nowhere: reach kubelets by address.
-		"--kubelet-preferred-address-types=InternalIP")
+		"--kubelet-preferred-address-types=InternalIP"}
+	k.start("kube-apiserver", append(append([]string{k.bins["kube-apiserver"]}, apiArgs...), gates...)...)
 	k.waitFor("the API server", 3*time.Minute, func() error {
 		_, err := k.kubectl("get", "--raw", "/readyz")
 		return err
@@ -168,12 +180,8 @@ func startKube(t *testing.T, bins map[string]string, opts ...kubeOptions) *kube 
 		"--authentication-kubeconfig", schedConfig, "--authorization-kubeconfig", schedConfig,
 		"--leader-elect=false", "--bind-address", "127.0.0.1")
 
-	var o kubeOptions
-	if len(opts) > 0 {
-		o = opts[0]
-	}
 	k.startContainerd(o.podPIDNamespace)
-	k.startKubelet(kubeletConfig, kubeletCert, kubeletKey)
+	k.startKubelet(kubeletConfig, kubeletCert, kubeletKey, gates...)
 	k.startProxy(proxyConfig)
 	k.waitFor("the node Ready", 3*time.Minute, func() error {
 		out, err := k.kubectl("get", "node", nodeName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
@@ -272,7 +280,7 @@ state = %q
 	})
 }
 
-func (k *kube) startKubelet(kubeconfig, cert, key string) {
+func (k *kube) startKubelet(kubeconfig, cert, key string, extra ...string) {
 	k.t.Helper()
 	k.KubeletDir = filepath.Join(k.work, "kubelet")
 	if err := os.MkdirAll(k.KubeletDir, 0o750); err != nil {
@@ -306,8 +314,8 @@ serializeImagePulls: false
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		k.t.Fatal(err)
 	}
-	k.start("kubelet", k.bins["kubelet"], "--config", path, "--kubeconfig", kubeconfig, "--root-dir", k.KubeletDir,
-		"--hostname-override", nodeName, "--node-ip", nodeIP)
+	k.start("kubelet", append([]string{k.bins["kubelet"], "--config", path, "--kubeconfig", kubeconfig, "--root-dir", k.KubeletDir,
+		"--hostname-override", nodeName, "--node-ip", nodeIP}, extra...)...)
 }
 
 func (k *kube) startProxy(kubeconfig string) {
