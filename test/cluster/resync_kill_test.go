@@ -4,16 +4,20 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +25,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/forward"
+	"github.com/quiverstorage/quiver/internal/nbdclient"
 	"github.com/quiverstorage/quiver/internal/replica"
 	"github.com/quiverstorage/quiver/internal/storage"
 	"github.com/quiverstorage/quiver/internal/testfs"
@@ -30,8 +35,10 @@ import (
 // volume of three sparse disks of 4 GiB is written at random (spreadWriter:
 // writes of 4 to 64 KiB anywhere on each disk, through clients that move to
 // another node when their connection breaks) for 60 s
-// (QUIVER_RESYNC_KILL_WRITE); its primary is SIGKILLed, its copy promoted,
-// and the writes go on at the new primary for 30 s of outage
+// (QUIVER_RESYNC_KILL_WRITE). Then the primary dies with writes on its disk
+// that its copy never got and no client will send again (strayWriter, its
+// replication held by holdNBD): it is SIGKILLed, its copy promoted, and
+// the writes go on at the new primary for 30 s of outage
 // (QUIVER_RESYNC_KILL_OUTAGE). Then the writes stop and the old primary
 // comes back: the new primary resyncs it from its dirty bitmap and the old
 // primary's activity logs (the resync's log line says so), not whole. The
@@ -40,8 +47,9 @@ import (
 // be at most twice the distinct bytes written in the outage rounded up to
 // the 64 KiB granule plus the activity window (the extents in the old
 // primary's activity logs at the kill, read from its pool), and less than
-// the disks; afterwards the two copies of every disk are byte-identical.
-// The default run is the numbers (about two minutes).
+// the disks; afterwards the two copies of every disk are byte-identical,
+// the old primary's own writes undone. The default run is the issue's
+// numbers (about two minutes).
 func TestResyncAfterPrimaryKill(t *testing.T) {
 	writeFor := envDuration(t, "QUIVER_RESYNC_KILL_WRITE", 60*time.Second)
 	outage := envDuration(t, "QUIVER_RESYNC_KILL_OUTAGE", 30*time.Second)
@@ -62,19 +70,38 @@ func TestResyncAfterPrimaryKill(t *testing.T) {
 	for _, d := range disks {
 		exports = append(exports, "rk/"+d+"/"+token)
 	}
-	w, err := startSpreadWriter(ctx, c, exports, c.nbdAddrs(old), diskSize, 2, 200)
+	w, err := startSpreadWriter(ctx, c, exports, c.nbdAddrs(old), diskSize-strayRegion, 2, 200)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.halt()
 	w.wait(t, writeFor)
+	stray, err := startStrayWriter(ctx, c, exports, old, diskSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stray.waitAcked(100, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// The old primary's replication to its copy is held: it dies with
+	// writes applied on its disk and never on the copy.
+	release := holdNBD(t, old, next)
+	stray.waitAppliedAfter(t, stray.seq.Load(), old, "rk", disks)
 
 	killed := time.Now() // every write acknowledged after this may be the new primary's only
 	old.proc.Kill()
+	inFlight := stray.halt()
+	release()
 	window, extents := activityWindow(t, old, disks, v0.Term, diskSize)
 	got := c.waitVolume(t, next, "rk", "the copy promoted", func(v api.Volume) bool { return v.Primary == next.name })
 	if got.Term != v0.Term+1 {
 		t.Fatalf("primary %s at term %d after killing %s at term %d", got.Primary, got.Term, old.name, v0.Term)
+	}
+	onOld, onNew, diverged := stray.applied(t, inFlight, old, next, "rk", disks)
+	t.Logf("stray writes in flight at the kill, never sent again: %d; applied on the old primary %d, on the new one %d; "+
+		"blocks that differ between them: %d (the resync must undo them from the activity log)", len(inFlight), onOld, onNew, diverged)
+	if diverged == 0 {
+		t.Fatal("test setup: the old primary died with no write its copy lacks")
 	}
 	w.wait(t, outage-time.Since(killed))
 	w.halt()
@@ -199,6 +226,194 @@ func resyncDone(log, volume, node string) (copied int64, from string) {
 		}
 	}
 	return copied, from
+}
+
+// strayRegion is the end of each disk, which only the stray writer writes.
+const strayRegion = 64 << 20
+
+// strayWriter writes to the old primary directly, with no client that
+// sends a request again elsewhere: what it has in flight at the kill may
+// be applied on the old primary, on its copy, on both or on neither, and is
+// never written again (a guest that died with its primary). Per disk,
+// strayWorkers workers write 4 KiB blocks stamped with a sequence number
+// to blocks of their own in the last strayRegion bytes of the disk.
+type strayWriter struct {
+	conns []*nbdclient.Conn
+	size  int64
+	seq   atomic.Uint64
+	acked atomic.Int64
+	stop  chan struct{}
+	wg    sync.WaitGroup
+
+	mu       sync.Mutex
+	sending  map[int]strayWrite // by worker, its write in flight
+	inFlight []strayWrite       // the writes that failed: in flight at the kill
+}
+
+type strayWrite struct {
+	disk int
+	off  int64
+	seq  uint64
+}
+
+const strayWorkers = 16
+
+func startStrayWriter(ctx context.Context, c *cluster, exports []string, to *node, size int64) (*strayWriter, error) {
+	s := &strayWriter{size: size, stop: make(chan struct{}), sending: map[int]strayWrite{}}
+	for _, ex := range exports {
+		conn, err := nbdclient.Dial(ctx, to.ip+":10809", ex, nbdclient.Options{Dial: c.net.Dial, Timeout: 10 * time.Second})
+		if err != nil {
+			for _, c := range s.conns {
+				c.Close()
+			}
+			return nil, fmt.Errorf("open %s: %w", redact(ex), err)
+		}
+		s.conns = append(s.conns, conn)
+	}
+	for di := range s.conns {
+		for j := range strayWorkers {
+			s.wg.Add(1)
+			go s.work(di, j)
+		}
+	}
+	return s, nil
+}
+
+// strayBlock is the block of seq.
+func strayBlock(seq uint64) []byte {
+	b := make([]byte, 4096)
+	x := seq*0x9e3779b97f4a7c15 | 1
+	for i := 0; i < len(b); i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], x)
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+	}
+	binary.LittleEndian.PutUint64(b, seq)
+	return b
+}
+
+func (s *strayWriter) work(di, j int) {
+	defer s.wg.Done()
+	rng := rand.New(rand.NewPCG(33, uint64(di*strayWorkers+j)))
+	blocks := int64(strayRegion / 4096 / strayWorkers)
+	for {
+		select {
+		case <-s.stop:
+			return
+		default:
+		}
+		off := s.size - strayRegion + (rng.Int64N(blocks)*strayWorkers+int64(j))*4096
+		seq := s.seq.Add(1)
+		x := strayWrite{di, off, seq}
+		s.mu.Lock()
+		s.sending[di*strayWorkers+j] = x
+		s.mu.Unlock()
+		if err := s.conns[di].WriteAt(strayBlock(seq), off, false); err != nil {
+			s.mu.Lock()
+			s.inFlight = append(s.inFlight, x)
+			s.mu.Unlock()
+			return
+		}
+		s.acked.Add(1)
+	}
+}
+
+// waitAcked waits until n writes were acknowledged.
+func (s *strayWriter) waitAcked(n int64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for s.acked.Load() < n {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("stray writer: %d writes acknowledged in %s, want %d", s.acked.Load(), timeout, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return nil
+}
+
+// waitAppliedAfter waits until a write in flight sent after the write seq
+// is on nd's image of volume: with nd's replication held since then
+// (holdNBD), one that its copy never gets.
+func (s *strayWriter) waitAppliedAfter(t *testing.T, seq uint64, nd *node, volume string, disks []string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s.mu.Lock()
+		sending := slices.Collect(maps.Values(s.sending))
+		s.mu.Unlock()
+		for _, x := range sending {
+			if x.seq > seq && bytes.Equal(fileBytes(t, nd, volume, disks[x.disk], x.off, 4096), strayBlock(x.seq)) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no write of the stray writer sent after seq %d on %s after 30 s", seq, nd.name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// holdNBD drops, in from's namespace, its packets to to's NBD port: from's
+// replication to to stalls (its connections stay open, their data
+// unacknowledged by TCP). It returns the release, also run at cleanup.
+func holdNBD(t *testing.T, from, to *node) func() {
+	t.Helper()
+	rule := []string{"OUTPUT", "-d", to.ip, "-p", "tcp", "--dport", "10809", "-j", "DROP"}
+	ipt := func(op string) error {
+		args := append([]string{"netns", "exec", from.ns, "iptables", "-w", op}, rule...)
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("iptables %s %s: %v: %s", op, strings.Join(rule, " "), err, out)
+		}
+		return nil
+	}
+	if err := ipt("-A"); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			if err := ipt("-D"); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// halt, once the old primary is killed, waits for every worker to see its
+// write fail and returns those writes.
+func (s *strayWriter) halt() []strayWrite {
+	close(s.stop)
+	s.wg.Wait()
+	for _, c := range s.conns {
+		c.Close()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inFlight
+}
+
+// applied reads the blocks of the writes in flight from both nodes' images
+// (the old primary down, nothing writing there on the new one): how many
+// landed on each, and at how many blocks the two differ.
+func (s *strayWriter) applied(t *testing.T, writes []strayWrite, old, next *node, volume string, disks []string) (onOld, onNew, diverged int) {
+	t.Helper()
+	for _, x := range writes {
+		want := strayBlock(x.seq)
+		a := fileBytes(t, old, volume, disks[x.disk], x.off, 4096)
+		b := fileBytes(t, next, volume, disks[x.disk], x.off, 4096)
+		if bytes.Equal(a, want) {
+			onOld++
+		}
+		if bytes.Equal(b, want) {
+			onNew++
+		}
+		if !bytes.Equal(a, b) {
+			diverged++
+		}
+	}
+	return onOld, onNew, diverged
 }
 
 // spreadWriter writes at random all over its disks: workers per disk, each
