@@ -51,6 +51,7 @@ import (
 // the old primary's own writes undone. The default run is the issue's
 // numbers (about two minutes).
 func TestResyncAfterPrimaryKill(t *testing.T) {
+	testfs.RequireTool(t, "iptables")
 	writeFor := envDuration(t, "QUIVER_RESYNC_KILL_WRITE", 60*time.Second)
 	outage := envDuration(t, "QUIVER_RESYNC_KILL_OUTAGE", 30*time.Second)
 	c := startCluster(t)
