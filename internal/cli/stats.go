@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -77,7 +78,9 @@ func (a *app) volumeStatsCommand() *cobra.Command {
 latency, requests in flight and the share of the requests' time spent waiting
 for QoS tokens (THROTTLED: QoS has one budget per volume, so only the total
 shows it). Each disk gets a line of its own when the server exports metrics
-per disk (quiver server --metrics-per-disk).
+per disk (quiver server --metrics-per-disk). On a cluster, through any node,
+it reads the metrics of the volume's primary, which serves its disks, and
+starts again there after a failover.
 
 Write IOPS count trims and zeroes too, as QoS does; flushes are left out. On a
 terminal the table is redrawn in place; otherwise (or with -o json, one object
@@ -110,10 +113,15 @@ intervals.`,
 func (a *app) watchStats(cmd *cobra.Command, c *client.Client, name string, interval time.Duration, count int) error {
 	ctx := cmd.Context()
 	w := cmd.OutOrStdout()
-	if _, err := c.GetVolume(ctx, name); err != nil {
+	v, err := c.GetVolume(ctx, name)
+	if err != nil {
 		return err
 	}
-	prev, err := c.Metrics(ctx)
+	src, at, err := a.metricsSource(ctx, c, v)
+	if err != nil {
+		return err
+	}
+	prev, err := src.Metrics(ctx)
 	if err != nil {
 		return err
 	}
@@ -131,7 +139,20 @@ func (a *app) watchStats(cmd *cobra.Command, c *client.Client, name string, inte
 		if err != nil {
 			return interrupted(ctx, err)
 		}
-		cur, err := c.Metrics(ctx)
+		if v.Primary != at {
+			// A failover: another node counts the volume's I/O
+			// now, with counters of its own. Start again there.
+			if src, at, err = a.metricsSource(ctx, c, v); err != nil {
+				return interrupted(ctx, err)
+			}
+			if prev, err = src.Metrics(ctx); err != nil {
+				return interrupted(ctx, err)
+			}
+			prevAt = a.env.Now()
+			i--
+			continue
+		}
+		cur, err := src.Metrics(ctx)
 		if err != nil {
 			return interrupted(ctx, err)
 		}
@@ -172,6 +193,39 @@ func (a *app) watchStats(cmd *cobra.Command, c *client.Client, name string, inte
 		drawn = bytes.Count(buf.Bytes(), []byte("\n"))
 	}
 	return nil
+}
+
+// metricsSource is the server whose /metrics count the volume's I/O, and
+// the primary it is: on a cluster the volume's primary, which serves its
+// disks (any other node forwards to it, and counts nothing for the
+// volume), reached at the address the node list gives with the same
+// credentials; on a single node, or while the volume has no primary, c.
+func (a *app) metricsSource(ctx context.Context, c *client.Client, v api.Volume) (*client.Client, string, error) {
+	if v.Primary == "" {
+		return c, "", nil
+	}
+	nodes, err := c.ListNodes(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	for _, n := range nodes {
+		switch {
+		case n.Name != v.Primary:
+			continue
+		case n.Self:
+			return c, n.Name, nil
+		case n.Address == "":
+			return nil, "", fmt.Errorf("volume %s: its primary %s is down, so no node counts its I/O now; run this again once a copy has taken over",
+				v.Name, n.Name)
+		}
+		scheme := "http://"
+		if strings.HasPrefix(serverURL(a.server), "https://") {
+			scheme = "https://"
+		}
+		pc, err := a.clientOf(scheme + n.Address)
+		return pc, n.Name, err
+	}
+	return nil, "", fmt.Errorf("volume %s: its primary %s is not among the cluster's nodes", v.Name, v.Primary)
 }
 
 // series are the counters of one operation of one disk in one scrape.

@@ -230,3 +230,40 @@ func TestVolumeStatsStopsOnInterrupt(t *testing.T) {
 		t.Fatal("stats did not stop on interrupt")
 	}
 }
+
+// TestVolumeStatsOnCluster: asked through a node that is not the volume's
+// primary, `volume stats` scrapes the primary (the node list's address,
+// the same token): the node asked forwards the volume's I/O and counts
+// none of it.
+func TestVolumeStatsOnCluster(t *testing.T) {
+	prim, primURL := statsAPI(t, statsScrape(0), statsScrape(1))
+	asked, url := newFakeAPI(t)
+	v := testVolumes[0]
+	v.QoS = &api.QoS{RWIOPS: 500}
+	v.Primary = "n2"
+	asked.reply("GET /v1/volumes/web01", 200, v)
+	asked.reply("GET /v1/nodes", 200, api.List[api.Node]{Items: []api.Node{
+		{Name: "n1", Address: strings.TrimPrefix(url, "http://"), State: api.NodeUp, Self: true},
+		{Name: "n2", Address: strings.TrimPrefix(primURL, "http://"), State: api.NodeUp},
+	}})
+	asked.routes["GET /metrics"] = func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, "# TYPE quiver_nbd_connections gauge\nquiver_nbd_connections 0\n")
+	}
+	got := runStats(t, url, false, "web01", "--interval", "1ms", "--count", "1")
+	if got.code != 0 || got.stdout != statsWant(testNow.Add(4*time.Second)) {
+		t.Fatalf("exit %d, stderr %q, stdout:\n%q", got.code, got.stderr, got.stdout)
+	}
+	if asked.sent("GET /metrics") || !prim.sent("GET /metrics") {
+		t.Fatalf("scraped the node asked (%v), not the primary (%v)", asked.requests, prim.requests)
+	}
+
+	// The primary down: no node counts the volume's I/O; say so.
+	asked.reply("GET /v1/nodes", 200, api.List[api.Node]{Items: []api.Node{
+		{Name: "n1", Address: strings.TrimPrefix(url, "http://"), State: api.NodeUp, Self: true},
+		{Name: "n2", State: api.NodeDown},
+	}})
+	got = runStats(t, url, false, "web01", "--interval", "1ms", "--count", "1")
+	if got.code != ExitError || !strings.Contains(got.stderr, "its primary n2 is down") {
+		t.Fatalf("primary down: exit %d, stderr %q", got.code, got.stderr)
+	}
+}
