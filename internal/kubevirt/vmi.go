@@ -29,6 +29,15 @@ type Volume struct {
 	Name                  string         `json:"name"`
 	PersistentVolumeClaim *ClaimSource   `json:"persistentVolumeClaim,omitempty"`
 	DataVolume            *DataVolumeRef `json:"dataVolume,omitempty"`
+	// HostDisk is what virt-launcher makes of a Filesystem-mode PVC or
+	// DataVolume before it calls the hooks (KubeVirt's
+	// ReplacePVCByHostDisk): the disk.img in the PVC's directory.
+	HostDisk *HostDiskSource `json:"hostDisk,omitempty"`
+}
+
+// HostDiskSource is the part of KubeVirt's HostDisk the hook reads.
+type HostDiskSource struct {
+	Path string `json:"path"`
 }
 
 // ClaimSource is KubeVirt's PersistentVolumeClaimVolumeSource (it inlines
@@ -45,6 +54,11 @@ type DataVolumeRef struct {
 	Name    string `json:"name"`
 	Hotplug bool   `json:"hotpluggable,omitempty"`
 }
+
+// FromClaim says whether a volume is a PVC's as the hook sees it: a PVC or
+// DataVolume volume, or the hostDisk virt-launcher turned a Filesystem
+// PVC into before the call.
+func (v Volume) FromClaim() bool { return v.ClaimName() != "" || (v.HostDisk != nil && v.HostDisk.Path != "") }
 
 // ClaimName is the PVC behind a volume, "" when it has none.
 func (v Volume) ClaimName() string {

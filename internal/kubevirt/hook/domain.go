@@ -116,7 +116,7 @@ func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) 
 		if served[name] != nil {
 			key = kubevirt.AnnotationEndpointDisks
 		}
-		if vol, ok := volumes[name]; !ok || vol.ClaimName() == "" {
+		if vol, ok := volumes[name]; !ok || !vol.FromClaim() {
 			return nil, fmt.Errorf("annotation %s names volume %q, which is not a PVC or DataVolume volume of the VMI: %w",
 				key, name, kubevirt.ErrInvalid)
 		}
@@ -157,7 +157,7 @@ func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) 
 		if opts.Volume != "" && name != opts.Volume {
 			continue
 		}
-		if vol, ok := volumes[name]; !ok || vol.ClaimName() == "" {
+		if vol, ok := volumes[name]; !ok || !vol.FromClaim() {
 			return nil, fmt.Errorf("annotation %s names volume %q, which is not a PVC or DataVolume volume of the VMI: %w",
 				kubevirt.AnnotationBlockDisks, name, kubevirt.ErrInvalid)
 		}

@@ -278,3 +278,37 @@ func TestHookEndpointRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestHookVMIAsLauncherSendsIt: virt-launcher turns a Filesystem PVC into a
+// hostDisk volume (the PVC's disk.img) before it calls the hooks, so the
+// VMI the hook gets has no persistentVolumeClaim: the hook accepts that
+// volume for each annotation, as KubeVirt v1.6.0 sends it (TestKubeVirt
+// found it refused: "names volume root, which is not a PVC").
+func TestHookVMIAsLauncherSendsIt(t *testing.T) {
+	domainXML := readFixture(t, "domain.xml")
+	pvc := `{"name": "rootdisk", "persistentVolumeClaim": {"claimName": "vm1-disks"}}`
+	launcher := `{"name": "rootdisk", "hostDisk": {"path": "/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img", "type": "DiskOrCreate", "capacity": "1Gi"}}`
+	raw := string(readFixture(t, "vmi.json"))
+	if !strings.Contains(raw, pvc) {
+		t.Fatal("the fixture's rootdisk volume is not the PVC this test replaces")
+	}
+	for _, served := range []bool{false, true} {
+		vmi, err := kubevirt.DecodeVMI([]byte(strings.Replace(raw, pvc, launcher, 1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if served {
+			delete(vmi.Metadata.Annotations, kubevirt.AnnotationExtraDisks)
+			vmi.Metadata.Annotations[kubevirt.AnnotationEndpointDisks] = `{"rootdisk":["disk","data","logs"]}`
+		}
+		out, err := AddDisks(domainXML, vmi, Options{})
+		if err != nil {
+			t.Fatalf("endpoint %v: %v", served, err)
+		}
+		want := domainXML
+		if served {
+			want = bytes.Replace(domainXML, []byte(filePrimary), []byte(strings.ReplaceAll(nbdPrimary, "DELAY", "60")), 1)
+		}
+		assertSameTree(t, want, out, 2)
+	}
+}
