@@ -58,7 +58,9 @@ type DataVolumeRef struct {
 // FromClaim says whether a volume is a PVC's as the hook sees it: a PVC or
 // DataVolume volume, or the hostDisk virt-launcher turned a Filesystem
 // PVC into before the call.
-func (v Volume) FromClaim() bool { return v.ClaimName() != "" || (v.HostDisk != nil && v.HostDisk.Path != "") }
+func (v Volume) FromClaim() bool {
+	return v.ClaimName() != "" || (v.HostDisk != nil && v.HostDisk.Path != "")
+}
 
 // ClaimName is the PVC behind a volume, "" when it has none.
 func (v Volume) ClaimName() string {
