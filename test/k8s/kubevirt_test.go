@@ -245,6 +245,10 @@ spec:
 				return
 			}
 		}
+		if k.jsonpath(appNS, "vmi/vm", "{.status.phase}") == "Failed" {
+			events, _ := k.kubectl("-n", appNS, "get", "events", "--sort-by=.lastTimestamp")
+			k.t.Fatalf("the VMI failed:\n%s", tailLines(string(events), 20))
+		}
 		time.Sleep(20 * time.Second)
 	}
 	k.t.Errorf("the VM did not report its disks")
