@@ -18,6 +18,7 @@ type blockVolume struct {
 	dev     string // the device as QEMU sees it (/dev/<volume>)
 	primary libvirtxml.DomainDisk
 	disks   []kubevirt.BlockDisk
+	all     []libvirtxml.DomainDisk // the domain's disks
 }
 
 // blockPrimary finds the block disk KubeVirt made for volume (alias
@@ -30,9 +31,6 @@ func blockPrimary(disks []libvirtxml.DomainDisk, volume string) (libvirtxml.Doma
 		if d.Source == nil || d.Source.Block == nil || d.Source.Block.Dev == "" {
 			return d, fmt.Errorf("volume %s: annotation %s lays it out as a Block-mode PVC, and its domain disk is not a block device: %w",
 				volume, kubevirt.AnnotationBlockDisks, kubevirt.ErrInvalid)
-		}
-		if d.Source.Slices != nil {
-			return d, fmt.Errorf("volume %s: its domain disk already has <slices>: %w", volume, kubevirt.ErrInvalid)
 		}
 		if d.Target == nil {
 			return d, fmt.Errorf("volume %s: its domain disk has no <target>: %w", volume, kubevirt.ErrInvalid)
@@ -65,12 +63,22 @@ func (v blockVolume) blockDisks(bus string, targets, serials map[string]string) 
 		}
 	}
 	rw := primaryRewrite{alias: v.primary.Alias.Name, source: blockSource(v.dev, boot, v.disks[boot]), block: true}
+	switch {
+	case v.primary.Source.Slices == nil:
+	case sameSlices(v.primary.Source.Slices, rw.source.Slices):
+		rw = primaryRewrite{} // an earlier call on this domain made it so
+	default:
+		return primaryRewrite{}, nil, fmt.Errorf("volume %s: its domain disk already has <slices> other than the boot disk's: %w", v.name, kubevirt.ErrInvalid)
+	}
 	var added []libvirtxml.DomainDisk
 	for i, disk := range v.disks {
 		if i == boot {
 			continue
 		}
 		if other, dup := serials[disk.Name]; dup {
+			if d, ok := bySerial(v.all, disk.Name); ok && sameSource(d.Source, blockSource(v.dev, i, disk)) {
+				continue // added by an earlier call on this domain
+			}
 			return primaryRewrite{}, nil, fmt.Errorf("volume %s, disk %s: serial %q is already the serial of the domain's disk %s: %w",
 				v.name, disk.Name, disk.Name, other, kubevirt.ErrDuplicate)
 		}

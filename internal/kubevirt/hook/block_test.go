@@ -52,6 +52,11 @@ func TestHookBlock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// virt-launcher calls the hooks again with the domain it defined:
+	// nothing more to do.
+	if again, err := AddDisks(out, vmi, Options{}); err != nil || !bytes.Equal(again, out) {
+		t.Fatalf("second pass: err %v, changed %v", err, !bytes.Equal(again, out))
+	}
 	at := bytes.Index(domainXML, []byte(blockPrimaryXML))
 	if !bytes.Equal(out[:at], domainXML[:at]) {
 		t.Error("the domain changed before the primary disk")

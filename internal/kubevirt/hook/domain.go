@@ -12,6 +12,7 @@ import (
 
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/quiverstorage/quiver/internal/endpoint"
 	"github.com/quiverstorage/quiver/internal/kubevirt"
 )
 
@@ -120,29 +121,43 @@ func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) 
 			return nil, fmt.Errorf("annotation %s names volume %q, which is not a PVC or DataVolume volume of the VMI: %w",
 				key, name, kubevirt.ErrInvalid)
 		}
-		primary, err := primaryDisk(dom.Devices.Disks, name)
-		if err != nil {
-			return nil, err
-		}
-		dir := path.Dir(primary.Source.File.File)
+		var primary libvirtxml.DomainDisk
+		var dir string
 		disks := extra[name]
 		var ep *endpointDir
 		if served[name] != nil {
+			// A domain the hook has seen already (virt-launcher calls
+			// it again with the domain it defined) has the primary on
+			// the socket: it stays so.
+			var done bool
+			if primary, dir, done, err = servedPrimary(dom.Devices.Disks, name); err != nil {
+				return nil, err
+			}
 			if ep, err = newEndpointDir(name, dir, delay); err != nil {
 				return nil, err
 			}
-			rewrites = append(rewrites, primaryRewrite{alias: primary.Alias.Name, source: ep.source(kubevirt.PrimaryDisk)})
+			if !done {
+				rewrites = append(rewrites, primaryRewrite{alias: primary.Alias.Name, source: ep.source(kubevirt.PrimaryDisk)})
+			}
 			disks = slices.DeleteFunc(slices.Clone(served[name]), func(d string) bool { return d == kubevirt.PrimaryDisk })
+		} else {
+			if primary, err = primaryDisk(dom.Devices.Disks, name); err != nil {
+				return nil, err
+			}
+			dir = path.Dir(primary.Source.File.File)
 		}
 		for _, disk := range disks {
-			if other, dup := serials[disk]; dup {
-				return nil, fmt.Errorf("volume %s, disk %s: serial %q is already the serial of the domain's disk %s: %w",
-					name, disk, disk, other, kubevirt.ErrDuplicate)
-			}
 			d := extraDisk(primary, dir, disk, bus)
 			if ep != nil {
 				d.Source = ep.source(disk)
 				networkDriver(d.Driver)
+			}
+			if other, dup := serials[disk]; dup {
+				if added, ok := bySerial(dom.Devices.Disks, disk); ok && sameSource(added.Source, d.Source) {
+					continue // added by an earlier call on this domain
+				}
+				return nil, fmt.Errorf("volume %s, disk %s: serial %q is already the serial of the domain's disk %s: %w",
+					name, disk, disk, other, kubevirt.ErrDuplicate)
 			}
 			d.Target.Dev, err = nextTarget(targets, bus)
 			if err != nil {
@@ -165,12 +180,14 @@ func AddDisks(domainXML []byte, vmi kubevirt.VMI, opts Options) ([]byte, error) 
 		if err != nil {
 			return nil, err
 		}
-		bv := blockVolume{name: name, dev: primary.Source.Block.Dev, primary: primary, disks: blocks[name]}
+		bv := blockVolume{name: name, dev: primary.Source.Block.Dev, primary: primary, disks: blocks[name], all: dom.Devices.Disks}
 		rw, disks, err := bv.blockDisks(bus, targets, serials)
 		if err != nil {
 			return nil, err
 		}
-		rewrites = append(rewrites, rw)
+		if rw.alias != "" {
+			rewrites = append(rewrites, rw)
+		}
 		added = append(added, disks...)
 	}
 	out := domainXML
@@ -310,6 +327,67 @@ func diskID(d libvirtxml.DomainDisk) string {
 		return d.Target.Dev
 	}
 	return "(unnamed)"
+}
+
+// servedPrimary finds the domain disk of a volume the endpoint serves: the
+// disk.img file KubeVirt made (done false: to be rewritten), or the NBD
+// disk on the endpoint's socket an earlier call made of it (done true);
+// dir is the PVC's directory either way.
+func servedPrimary(disks []libvirtxml.DomainDisk, volume string) (d libvirtxml.DomainDisk, dir string, done bool, err error) {
+	for _, d := range disks {
+		if d.Alias == nil || d.Alias.Name != kubevirtAliasPrefix+volume || d.Source == nil || d.Source.Network == nil {
+			continue
+		}
+		n := d.Source.Network
+		if n.Protocol == "nbd" && n.Name == kubevirt.PrimaryDisk && len(n.Hosts) == 1 && n.Hosts[0].Transport == "unix" &&
+			path.Base(n.Hosts[0].Socket) == endpoint.SocketName && d.Target != nil {
+			return d, path.Dir(n.Hosts[0].Socket), true, nil
+		}
+	}
+	d, err = primaryDisk(disks, volume)
+	if err != nil {
+		return d, "", false, err
+	}
+	return d, path.Dir(d.Source.File.File), false, nil
+}
+
+// bySerial finds the domain's disk of that serial.
+func bySerial(disks []libvirtxml.DomainDisk, serial string) (libvirtxml.DomainDisk, bool) {
+	for _, d := range disks {
+		if d.Serial == serial {
+			return d, true
+		}
+	}
+	return libvirtxml.DomainDisk{}, false
+}
+
+// sameSource says whether two disk sources name the same bytes: the same
+// file, the same NBD export on the same socket, or the same slice of the
+// same device. A disk the hook would add that is there already, with that
+// source, was added by an earlier call.
+func sameSource(a, b *libvirtxml.DomainDiskSource) bool {
+	switch {
+	case a == nil || b == nil:
+		return false
+	case a.File != nil && b.File != nil:
+		return a.File.File == b.File.File
+	case a.Network != nil && b.Network != nil:
+		an, bn := a.Network, b.Network
+		return an.Protocol == bn.Protocol && an.Name == bn.Name && len(an.Hosts) == 1 && len(bn.Hosts) == 1 &&
+			an.Hosts[0].Transport == bn.Hosts[0].Transport && an.Hosts[0].Socket == bn.Hosts[0].Socket
+	case a.Block != nil && b.Block != nil:
+		return a.Block.Dev == b.Block.Dev && sameSlices(a.Slices, b.Slices)
+	}
+	return false
+}
+
+func sameSlices(a, b *libvirtxml.DomainDiskSlices) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return slices.EqualFunc(a.Slices, b.Slices, func(x, y libvirtxml.DomainDiskSlice) bool {
+		return x.Type == y.Type && x.Offset == y.Offset && x.Size == y.Size
+	})
 }
 
 // primaryDisk finds the disk KubeVirt made for a volume (alias ua-<volume>)

@@ -1,6 +1,7 @@
 package hook
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -67,9 +68,16 @@ func TestHookPerVolume(t *testing.T) {
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("added disks %q, want %q", got, want)
 	}
-	// Two sidecars for one volume (a hand-written hookSidecars list gone
-	// wrong) would add its disks twice: the second refuses, serial taken.
-	if _, err := AddDisks(out, vmi, Options{Volume: "rootdisk"}); !errors.Is(err, kubevirt.ErrDuplicate) {
-		t.Fatalf("second pass: %v, want %v", err, kubevirt.ErrDuplicate)
+	// A second pass over the hook's own domain (virt-launcher calls the
+	// hooks again with the domain it defined; or two sidecars for one
+	// volume) adds nothing: the disks are there, with their sources.
+	again, err := AddDisks(out, vmi, Options{Volume: "rootdisk"})
+	if err != nil || !bytes.Equal(again, out) {
+		t.Fatalf("second pass: err %v, changed %v", err, !bytes.Equal(again, out))
+	}
+	// A disk of that serial with another source is a clash, refused.
+	clash := bytes.Replace(out, []byte("rootdisk/logs.img"), []byte("scratch/logs.img"), 1)
+	if _, err := AddDisks(clash, vmi, Options{Volume: "rootdisk"}); !errors.Is(err, kubevirt.ErrDuplicate) {
+		t.Fatalf("serial logs on another file: %v, want %v", err, kubevirt.ErrDuplicate)
 	}
 }
