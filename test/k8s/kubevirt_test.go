@@ -152,7 +152,9 @@ func (k *kube) bootVM(dir string) {
   echo "GUEST-DISK $(basename $b) serial=$serial sectors=$sectors $(dd if=$d bs=512 skip=$((sectors - 8)) count=1 2>/dev/null | head -c 40)"
 done
 echo GUEST-DONE
-poweroff -f
+# Stay up: a guest that powers off ends its VMI, and the launcher pod with
+# its console log goes before the test can read it.
+while true; do sleep 60; done
 `
 	initrd := filepath.Join(dir, "initrd")
 	kern, err := testguest.Build(testguest.VirtioBlk, initrd, body)
@@ -227,10 +229,14 @@ spec:
     persistentVolumeClaim: {claimName: vm}
 `, appNS, machine))
 	deadline := time.Now().Add(10 * time.Minute)
+	last := ""
 	for time.Now().Before(deadline) {
-		out, _ := k.kubectl("-n", appNS, "get", "vmi,pods", "-o", "wide")
-		k.t.Logf("%s", out)
-		pods, _ := k.kubectl("-n", appNS, "get", "pods", "-l", "kubevirt.io/domain=vm", "-o", "name")
+		out, _ := k.kubectl("-n", appNS, "get", "vmi,pods", "-o", "custom-columns=KIND:.kind,NAME:.metadata.name,PHASE:.status.phase")
+		if string(out) != last { // the phases, when they change
+			k.t.Logf("%s", out)
+			last = string(out)
+		}
+		pods, _ := k.kubectl("-n", appNS, "get", "pods", "-l", "vm.kubevirt.io/name=vm", "-o", "name")
 		for _, p := range strings.Fields(string(pods)) {
 			if log, err := k.kubectl("-n", appNS, "logs", p, "-c", "guest-console-log"); err == nil && strings.Contains(string(log), "GUEST-DONE") {
 				k.t.Logf("guest console:\n%s", log)
@@ -247,9 +253,22 @@ spec:
 		}
 		if k.jsonpath(appNS, "vmi/vm", "{.status.phase}") == "Failed" {
 			events, _ := k.kubectl("-n", appNS, "get", "events", "--sort-by=.lastTimestamp")
-			k.t.Fatalf("the VMI failed:\n%s", tailLines(string(events), 20))
+			var logs strings.Builder
+			for _, p := range strings.Fields(string(pods)) {
+				for _, c := range []string{"compute", "guest-console-log"} {
+					out, _ := k.kubectl("-n", appNS, "logs", p, "-c", c, "--tail", "400")
+					var keep []string
+					for _, l := range strings.Split(string(out), "\n") {
+						if c != "compute" || strings.Contains(l, `"level":"error"`) || strings.Contains(l, `"level":"warning"`) {
+							keep = append(keep, l)
+						}
+					}
+					fmt.Fprintf(&logs, "--- %s %s:\n%s\n", p, c, tailLines(strings.Join(keep, "\n"), 25))
+				}
+			}
+			k.t.Fatalf("the VMI failed:\n%s\n%s", tailLines(string(events), 20), logs.String())
 		}
-		time.Sleep(20 * time.Second)
+		time.Sleep(5 * time.Second)
 	}
 	k.t.Errorf("the VM did not report its disks")
 }
