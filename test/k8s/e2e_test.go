@@ -97,6 +97,24 @@ func (k *kube) webhook() {
 			"crd/virtualmachineinstances.kubevirt.io", "crd/virtualmachines.kubevirt.io")
 		return err
 	})
+	// A volume of three disks: the webhook names the two beside disk.img
+	// and adds its hook sidecar (a one-disk volume on a single node
+	// needs neither: KubeVirt boots its disk.img).
+	k.apply(fmt.Sprintf(`apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: %[2]s}
+provisioner: csi.quiver.io
+parameters: {disks: "disk=64Mi,data=16Mi,logs=16Mi"}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: vmdisks, namespace: %[1]s}
+spec:
+  storageClassName: %[2]s
+  volumeMode: Filesystem
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 96Mi}}
+`, appNS, vmClass))
 	vmi := func(name, annotations string) string {
 		return fmt.Sprintf(`apiVersion: kubevirt.io/v1
 kind: VirtualMachineInstance
@@ -111,13 +129,16 @@ spec:
     resources: {requests: {memory: 128Mi}}
   volumes:
   - name: root
-    persistentVolumeClaim: {claimName: fs}
+    persistentVolumeClaim: {claimName: vmdisks}
 `, name, appNS, annotations)
 	}
 	k.apply(vmi("vm-good", ""))
 	got := k.jsonpath(appNS, "vmi/vm-good", `{.metadata.annotations.hooks\.kubevirt\.io/hookSidecars}`)
 	if !strings.Contains(got, "quiver") {
 		k.t.Errorf("the admitted VMI has no quiver hook sidecar: hookSidecars = %q", got)
+	}
+	if got := k.jsonpath(appNS, "vmi/vm-good", `{.metadata.annotations.quiver\.io/extra-disks}`); got != `{"root":["data","logs"]}` {
+		k.t.Errorf("the admitted VMI's extra disks: %q, want data and logs of its volume", got)
 	}
 	out, err := k.kubectlIn([]byte(vmi("vm-bad", `hooks.kubevirt.io/hookSidecars: "not json"`)), "apply", "-f", "-")
 	if err == nil || !strings.Contains(err.Error(), "not a JSON list of sidecars") {
