@@ -319,6 +319,35 @@ type Snapshot struct {
 	GateHeld time.Duration `json:"gateHeldNs"`
 }
 
+// SnapshotChanges is GET /v1/volumes/{volume}/snapshots/{snapshot}/changes:
+// what changed in each disk between the snapshot (From) and another one
+// (To), or the live disks (To empty). Every byte that differs is in a
+// disk's Ranges; more may be (tracking is per 64 KiB, per 1 MiB for the
+// writes just before a crash).
+type SnapshotChanges struct {
+	Volume string        `json:"volume"`
+	From   string        `json:"from"`
+	To     string        `json:"to,omitempty"`
+	Disks  []DiskChanges `json:"disks"`
+}
+
+// DiskChanges is one disk's part of SnapshotChanges. Whole: every byte may
+// differ (the disk is new since From, or was replaced by a rollback).
+type DiskChanges struct {
+	Disk     string  `json:"disk"`
+	Size     int64   `json:"size"`
+	BaseSize int64   `json:"baseSize"` // 0: the disk is not in From
+	Whole    bool    `json:"whole"`
+	Changed  int64   `json:"changed"` // bytes in Ranges
+	Ranges   []Range `json:"ranges"`
+}
+
+// Range is a byte range of a disk.
+type Range struct {
+	Offset int64 `json:"offset"`
+	Length int64 `json:"length"`
+}
+
 // RollbackSpec is the body of POST /v1/volumes/{volume}/rollback.
 type RollbackSpec struct {
 	Snapshot string `json:"snapshot"`
@@ -536,6 +565,7 @@ const (
 	CodeCancelled      = "Cancelled"        // 499-like: job was cancelled
 	CodeInUse          = "InUse"            // 409: the volume has attachments or connected writers
 	CodeHasSnapshots   = "HasSnapshots"     // 409: deleting a volume with snapshots without recursive=true
+	CodeNoCheckpoint   = "NoCheckpoint"     // 409: a snapshot without change tracking (taken before it, or its record lost)
 	CodeInterrupted    = "Interrupted"      // a job's error: the server stopped while it ran
 	CodeBroken         = "Broken"           // 409: the volume is quarantined (damaged or hostile files)
 	CodeReadOnly       = "ReadOnly"         // 409: the pool is read-only

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"github.com/quiverstorage/quiver/internal/api"
 	"io"
 	"log/slog"
@@ -525,4 +526,32 @@ func TestUnknownRouteAndMethod(t *testing.T) {
 		!strings.Contains(allow, "DELETE") {
 		t.Errorf("Allow %q, want GET, PATCH and DELETE", allow)
 	}
+}
+
+func TestSnapshotChanges(t *testing.T) {
+	c, p := startAPI(t, "")
+	c.expect("POST", "/v1/volumes", api.VolumeSpec{Name: "vm", Capacity: 8 * mib,
+		Disks: []api.DiskSpec{{Name: "root", Size: 2 * mib}, {Name: "data", Size: 2 * mib}}}, http.StatusCreated, nil)
+	c.expect("POST", "/v1/volumes/vm/snapshots", api.SnapshotSpec{Name: "a"}, http.StatusCreated, nil)
+	writeDisk(t, p, "vm", "data", mib+10, []byte("changed"))
+	c.expect("POST", "/v1/volumes/vm/snapshots", api.SnapshotSpec{Name: "b"}, http.StatusCreated, nil)
+	writeDisk(t, p, "vm", "root", 0, []byte("changed later"))
+
+	var ab api.SnapshotChanges
+	c.expect("GET", "/v1/volumes/vm/snapshots/a/changes?to=b", nil, http.StatusOK, &ab)
+	want := api.SnapshotChanges{Volume: "vm", From: "a", To: "b", Disks: []api.DiskChanges{
+		{Disk: "root", Size: 2 * mib, BaseSize: 2 * mib, Ranges: []api.Range{}},
+		{Disk: "data", Size: 2 * mib, BaseSize: 2 * mib, Changed: 64 << 10, Ranges: []api.Range{{Offset: mib, Length: 64 << 10}}},
+	}}
+	if fmt.Sprint(ab) != fmt.Sprint(want) {
+		t.Errorf("a..b = %+v\nwant %+v", ab, want)
+	}
+	var alive api.SnapshotChanges
+	c.expect("GET", "/v1/volumes/vm/snapshots/b/changes", nil, http.StatusOK, &alive)
+	if len(alive.Disks) != 2 || alive.Disks[0].Changed != 64<<10 || alive.Disks[1].Changed != 0 {
+		t.Errorf("b..live = %+v", alive)
+	}
+	c.expectError("GET", "/v1/volumes/vm/snapshots/nope/changes", nil, http.StatusNotFound, api.CodeNotFound)
+	c.expectError("GET", "/v1/volumes/vm/snapshots/a/changes?to=nope", nil, http.StatusNotFound, api.CodeNotFound)
+	c.expectError("GET", "/v1/volumes/vm/snapshots/a/changes?to=..", nil, http.StatusBadRequest, api.CodeInvalid)
 }

@@ -457,7 +457,9 @@ var replicatedGuards = map[string]replicatedGuard{
 	"DELETE /v1/volumes/{volume}/disks/{disk}":          onPrimary,
 	"POST /v1/volumes/{volume}/snapshots":               onPrimary,
 	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  onPrimary,
-	"POST /v1/volumes/{volume}/rollback":                onPrimary,
+	// The primary's change tracking saw every write the VM made.
+	"GET /v1/volumes/{volume}/snapshots/{snapshot}/changes": onPrimary,
+	"POST /v1/volumes/{volume}/rollback":                    onPrimary,
 	// Detach, and the attachments read, on the primary, which holds them
 	// (a copy's node holds only the primary's replication attachment).
 	"DELETE /v1/volumes/{volume}/attachments/{id}": onPrimary,

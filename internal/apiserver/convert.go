@@ -37,6 +37,19 @@ func snapshotToAPI(s pool.SnapshotInfo) api.Snapshot {
 		CreatedAt: s.CreatedAt, GateHeld: s.GateHeld}
 }
 
+func changesToAPI(volume, from, to string, ds []pool.DiskDelta) api.SnapshotChanges {
+	out := api.SnapshotChanges{Volume: volume, From: from, To: to, Disks: make([]api.DiskChanges, 0, len(ds))}
+	for _, d := range ds {
+		rs := make([]api.Range, 0, len(d.Ranges))
+		for _, r := range d.Ranges {
+			rs = append(rs, api.Range{Offset: r.Offset, Length: r.Length})
+		}
+		out.Disks = append(out.Disks, api.DiskChanges{Disk: d.Disk, Size: d.Size, BaseSize: d.BaseSize, Whole: d.Whole,
+			Changed: d.Changed, Ranges: rs})
+	}
+	return out
+}
+
 func jobToAPI(s job.Status) api.Job {
 	out := api.Job{ID: s.ID, Kind: s.Kind, Target: s.Target, State: s.State, BytesDone: s.BytesDone,
 		BytesTotal: s.BytesTotal, ItemsDone: s.ItemsDone, ItemsTotal: s.ItemsTotal, Result: s.Result,

@@ -36,6 +36,7 @@ var errorMapping = []struct {
 	{pool.ErrAttachmentNotFound, http.StatusNotFound, api.CodeNotFound},
 	{pool.ErrInUse, http.StatusConflict, api.CodeInUse},
 	{pool.ErrHasSnapshots, http.StatusConflict, api.CodeHasSnapshots},
+	{pool.ErrNoCheckpoint, http.StatusConflict, api.CodeNoCheckpoint},
 	{pool.ErrBroken, http.StatusConflict, api.CodeBroken},
 	{pool.ErrReadOnly, http.StatusConflict, api.CodeReadOnly},
 	{job.ErrNotFound, http.StatusNotFound, api.CodeNotFound},

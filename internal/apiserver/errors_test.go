@@ -39,6 +39,7 @@ func TestToError(t *testing.T) {
 		{"attachment not found", fmt.Errorf("attachment %q: %w", "att-1", pool.ErrAttachmentNotFound), http.StatusNotFound, api.CodeNotFound, ""},
 		{"in use", fmt.Errorf("delete volume %q: %w", "web", pool.ErrInUse), http.StatusConflict, api.CodeInUse, ""},
 		{"has snapshots", fmt.Errorf("delete volume %q: %w", "web", pool.ErrHasSnapshots), http.StatusConflict, api.CodeHasSnapshots, ""},
+		{"no checkpoint", fmt.Errorf("snapshot vm@old: %w", pool.ErrNoCheckpoint), http.StatusConflict, api.CodeNoCheckpoint, ""},
 		{"job interrupted", job.ErrInterrupted, http.StatusConflict, api.CodeInterrupted, ""},
 		{"broken", fmt.Errorf("volume %q is quarantined (volume.json: malformed JSON): %w", "web", pool.ErrBroken), http.StatusConflict, api.CodeBroken, ""},
 		{"read-only", fmt.Errorf("snapshot web: pool /p is read-only: %w", pool.ErrReadOnly), http.StatusConflict, api.CodeReadOnly, ""},

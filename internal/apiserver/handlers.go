@@ -487,6 +487,22 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// snapshotChanges answers what changed since a snapshot: up to another
+// (?to=NAME) or the live disks.
+func (s *Server) snapshotChanges(w http.ResponseWriter, r *http.Request) error {
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	from, to := r.PathValue("snapshot"), r.URL.Query().Get("to")
+	ds, err := v.Changes(r.Context(), from, to)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, changesToAPI(v.Name(), from, to, ds))
+	return nil
+}
+
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
 	v, err := s.volume(r)
 	if err != nil {

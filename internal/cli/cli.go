@@ -301,6 +301,8 @@ func (a *app) hint(err error) string {
 		return "`quiver snapshot list VOLUME` shows them; `quiver volume delete --recursive` deletes them with the volume"
 	case api.CodeInUse:
 		return "`quiver attach list VOLUME` shows who is attached and connected"
+	case api.CodeNoCheckpoint:
+		return "take a new snapshot as the base: every snapshot taken from now on is a checkpoint; the next backup from an older one is full"
 	}
 	return ""
 }

@@ -510,3 +510,29 @@ func TestUnknownSubcommand(t *testing.T) {
 		})
 	}
 }
+
+func TestSnapshotDiff(t *testing.T) {
+	f, url := newFakeAPI(t)
+	f.reply("GET /v1/volumes/web01/snapshots/mon/changes", 200, api.SnapshotChanges{Volume: "web01", From: "mon", To: "tue",
+		Disks: []api.DiskChanges{
+			{Disk: "root", Size: 40 << 30, BaseSize: 40 << 30, Changed: 2 << 30, Ranges: []api.Range{{Offset: 0, Length: 2 << 30}}},
+			{Disk: "logs", Size: 1 << 30, Whole: true, Changed: 1 << 30, Ranges: []api.Range{{Offset: 0, Length: 1 << 30}}},
+		}})
+	got := run(t, context.Background(), url, nil, "snapshot", "diff", "web01@mon", "web01@tue")
+	want := `DISK   SIZE   CHANGED   PERCENT   RANGES   NOTE
+root   40Gi   2Gi       5.0%      1        
+logs   1Gi    1Gi       100.0%    1        new since mon
+`
+	if got.code != 0 || got.stdout != want {
+		t.Fatalf("exit %d, stderr %q, stdout:\n%s", got.code, got.stderr, got.stdout)
+	}
+	if !f.sent("GET /v1/volumes/web01/snapshots/mon/changes?to=tue") {
+		t.Fatalf("requests = %v", f.requests)
+	}
+	for _, args := range [][]string{{"web01"}, {"web01@mon", "db01@tue"}, {"web01@"}} {
+		got := run(t, context.Background(), url, nil, append([]string{"snapshot", "diff"}, args...)...)
+		if got.code == 0 {
+			t.Errorf("diff %v: exit 0, want an error", args)
+		}
+	}
+}

@@ -71,6 +71,25 @@ func (c *Client) GetSnapshot(ctx context.Context, volume, name string) (api.Snap
 	return s, err
 }
 
+// SnapshotChanges returns what changed in each disk of a volume since
+// snapshot from: up to snapshot to, or the live disks when to is "".
+func (c *Client) SnapshotChanges(ctx context.Context, volume, from, to string) (api.SnapshotChanges, error) {
+	var out api.SnapshotChanges
+	p, err := snapshotPath(volume, from)
+	if err != nil {
+		return out, err
+	}
+	query := url.Values{}
+	if to != "" {
+		if _, err := segment("snapshot", to); err != nil {
+			return out, err
+		}
+		query.Set("to", to)
+	}
+	err = c.do(ctx, http.MethodGet, p+"/changes", query, nil, &out)
+	return out, err
+}
+
 // DeleteSnapshot deletes one snapshot of a volume.
 func (c *Client) DeleteSnapshot(ctx context.Context, volume, name string) error {
 	p, err := snapshotPath(volume, name)

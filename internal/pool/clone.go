@@ -169,7 +169,7 @@ func (h *CloneHold) Clone(ctx context.Context, prog Progress) ([]VolumeInfo, err
 			return nil, err
 		}
 		defer p.discard(staged)
-		if _, _, err := src.capture(ctx, staged, m, prog); err != nil {
+		if _, _, err := src.capture(ctx, staged, m, nil, prog); err != nil {
 			return nil, fmt.Errorf("clone %s: implicit snapshot: %w", req.Source.Volume, err)
 		}
 		from = staged

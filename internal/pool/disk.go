@@ -125,6 +125,13 @@ func (v *Volume) openFile(d DiskSpec) (*diskFile, error) {
 	}
 	df := &diskFile{name: d.Name, f: f, size: d.Size, shared: d.Shared}
 	df.syncEnd = sync.NewCond(&df.smu)
+	if c, err := v.changes(); err != nil {
+		_ = f.Close()
+		return nil, err
+	} else if df.chg, err = c.disk(d); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
 	if v.pool.chunk > 0 {
 		df.ch = newChunks(d.Size, v.pool.chunk)
 		df.us = v.pool.us
@@ -162,7 +169,7 @@ func (v *Volume) refreshFiles(replace bool) error {
 			if cerr := df.f.Close(); cerr != nil {
 				v.pool.log.Error("close replaced disk image", "volume", v.name, "disk", d.Name, "err", cerr)
 			}
-			df.f, df.size, df.shared, df.ch, df.us = nf.f, nf.size, nf.shared, nf.ch, nf.us
+			df.f, df.size, df.shared, df.ch, df.us, df.chg = nf.f, nf.size, nf.shared, nf.ch, nf.us, nf.chg
 			df.nw.readOff.Store(false)
 			df.nw.writeOff.Store(false)
 			df.smu.Lock()
@@ -393,6 +400,9 @@ func (d *liveDisk) WriteAt(p []byte, off int64, fua bool) error {
 	}
 	defer d.v.gate.RUnlock()
 	d.v.markDirty(df.name, off, int64(len(p)))
+	if err := d.v.markChanged(df, off, int64(len(p))); err != nil {
+		return err
+	}
 	if err := df.write(p, off); err != nil {
 		return err
 	}
@@ -427,6 +437,9 @@ func (d *liveDisk) Trim(off, length int64, fua bool) error {
 	}
 	defer d.v.gate.RUnlock()
 	d.v.markDirty(df.name, off, length)
+	if err := d.v.markChanged(df, off, length); err != nil {
+		return err
+	}
 	if err := df.zero(off, length, true, false); err != nil {
 		return err
 	}
@@ -440,6 +453,9 @@ func (d *liveDisk) Zero(off, length int64, flags ZeroFlags) error {
 	}
 	defer d.v.gate.RUnlock()
 	d.v.markDirty(df.name, off, length)
+	if err := d.v.markChanged(df, off, length); err != nil {
+		return err
+	}
 	if err := df.zero(off, length, flags&ZeroMayTrim != 0, flags&ZeroFast != 0); err != nil {
 		return err
 	}

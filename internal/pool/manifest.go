@@ -81,6 +81,9 @@ type snapshotManifest struct {
 	CreatedAt time.Time     `json:"createdAt"`
 	// IdempotencyKey is the key of the request that took the snapshot.
 	IdempotencyKey string `json:"idempotencyKey,omitempty"`
+	// Checkpoint is the change-tracking checkpoint taken at the snapshot's
+	// cut (changes.go); 0 for a snapshot taken before change tracking.
+	Checkpoint uint64 `json:"checkpoint,omitempty"`
 }
 
 // poolManifest is pool.json, the pool's identity.

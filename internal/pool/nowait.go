@@ -75,6 +75,8 @@ func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
 		return err
 	case df.nw.writeOff.Load() || !df.owned(off, int64(len(p))):
 		return ErrWouldBlock
+	case df.chg != nil && !df.chg.tryMark(off, int64(len(p))):
+		return ErrWouldBlock // its change must be written ahead first
 	}
 	d.v.markDirty(df.name, off, int64(len(p)))
 	n, err := df.f.TryWriteAt(p, off)
@@ -252,6 +254,8 @@ func (d *liveDisk) admitTry(df *diskFile, io *IO) error {
 		return err
 	case df.nw.writeOff.Load() || !df.owned(io.Off, n):
 		return ErrWouldBlock
+	case df.chg != nil && !df.chg.tryMark(io.Off, n):
+		return ErrWouldBlock // its change must be written ahead first
 	}
 	d.v.markDirty(df.name, io.Off, n)
 	return nil

@@ -264,6 +264,7 @@ func (p *Pool) Close() error {
 		v.gate.Lock()
 		v.closeFiles(ErrClosed)
 		v.gate.Unlock()
+		v.closeChanges()
 	}
 	if p.us != nil {
 		p.us.close()

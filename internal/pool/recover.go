@@ -85,8 +85,12 @@ func (p *Pool) recover(ctx context.Context) error {
 // touched come before any repair.
 func (p *Pool) loadVolume(name string) (*Volume, error) {
 	dir := path.Join("volumes", name)
-	if err := p.checkTree(dir, map[string]bool{"disks": true, "snapshots": true}); err != nil {
+	if err := p.checkTree(dir, map[string]bool{"disks": true, "snapshots": true, "changes": false}); err != nil {
 		return nil, err
+	}
+	// Change tracking's maps (changes.go), when there: files only.
+	if err := p.checkTree(path.Join(dir, "changes"), nil); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("changes: %w", err)
 	}
 	rec, err := p.rollbackRecord(name)
 	switch {
@@ -114,6 +118,9 @@ func (p *Pool) loadVolume(name string) (*Volume, error) {
 	}
 	if !p.readOnly {
 		if err := p.removeTemps(dir); err != nil {
+			return nil, err
+		}
+		if err := p.removeTemps(path.Join(dir, "changes")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, err
 		}
 		if err := p.removeOrphanImages(path.Join(dir, "disks"), m.Disks); err != nil {
@@ -146,9 +153,8 @@ func (p *Pool) rollbackRecord(name string) (rollbackRecord, error) {
 }
 
 // checkTree requires dir to be a directory (not a link to one), its
-// subdirectories named in dirs to be directories, and every other entry to
-// be a regular file with one link or a directory that is not in dirs only if
-// dirs is nil (a staging directory holds files only).
+// subdirectories named in dirs to be directories (those mapped to false
+// may be absent), and every other entry to be a regular file with one link.
 func (p *Pool) checkTree(dir string, dirs map[string]bool) error {
 	fi, err := p.fs.Lstat(dir)
 	if err != nil {
@@ -157,8 +163,11 @@ func (p *Pool) checkTree(dir string, dirs map[string]bool) error {
 	if !fi.IsDir() {
 		return fmt.Errorf("%s is a %s, not a directory: %w", dir, kindOf(fi), ErrHostile)
 	}
-	for d := range dirs {
+	for d, required := range dirs {
 		fi, err := p.fs.Lstat(path.Join(dir, d))
+		if !required && errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
 		if err != nil {
 			return hostile(err)
 		}
@@ -171,7 +180,7 @@ func (p *Pool) checkTree(dir string, dirs map[string]bool) error {
 		return hostile(err)
 	}
 	for _, e := range es {
-		if dirs[e.Name()] {
+		if _, ok := dirs[e.Name()]; ok {
 			continue
 		}
 		if err := p.checkFile(path.Join(dir, e.Name())); err != nil {

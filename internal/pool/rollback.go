@@ -88,6 +88,11 @@ func (h *Hold) Rollback(ctx context.Context, snapshot string, force bool, prog P
 		v.pool.discard(staged)
 		return VolumeInfo{}, err
 	}
+	// Every disk is replaced whole: change tracking records that ahead.
+	if err := v.markAllChanged(append(append([]DiskSpec(nil), s.Disks...), v.manifest().Disks...)); err != nil {
+		v.pool.discard(staged)
+		return VolumeInfo{}, fmt.Errorf("rollback %s to %s: %w", v.name, snapshot, err)
+	}
 	rec := rollbackRecord{Snapshot: snapshot, Staging: filepath.Base(staged)}
 	if err := v.pool.writeJSON(filepath.Join(v.dir, rollbackRecordName), rec); err != nil {
 		if err = v.metaError(err); errors.Is(err, ErrVolumeFailed) {

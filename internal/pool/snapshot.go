@@ -72,8 +72,14 @@ func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency
 		return SnapshotInfo{}, false, err
 	}
 	m := v.manifest()
-	method, held, err := v.capture(ctx, staged, m, orNop(prog))
+	ck, err := v.beginCheckpoint(m.Disks)
 	if err != nil {
+		v.pool.discard(staged)
+		return SnapshotInfo{}, false, fmt.Errorf("snapshot %s@%s: %w", v.name, name, err)
+	}
+	method, held, err := v.capture(ctx, staged, m, ck, orNop(prog))
+	if err != nil {
+		ck.abandon()
 		v.pool.discard(staged)
 		return SnapshotInfo{}, false, fmt.Errorf("snapshot %s@%s: %w", v.name, name, err)
 	}
@@ -83,7 +89,7 @@ func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency
 	}
 	sm := &snapshotManifest{Kind: "Snapshot", Version: manifestVersion, Name: name, UID: uid, Volume: m.Name,
 		VolumeUID: m.UID, Capacity: m.Capacity, Disks: m.Disks, Method: method, GateHeld: held, CreatedAt: time.Now().UTC(),
-		IdempotencyKey: idem.Key}
+		IdempotencyKey: idem.Key, Checkpoint: ck.seq}
 	if err := v.pool.writeJSON(filepath.Join(staged, "snapshot.json"), sm); err != nil {
 		v.pool.discard(staged)
 		return SnapshotInfo{}, false, err // staged: uncertain or not, nothing refers to it
@@ -144,8 +150,10 @@ func (v *Volume) CheckSnapshot(name string, idem Idempotency) error {
 // set cannot change.
 //
 // It returns the method used and how long the gate was held for the cut:
-// the catch-up pass, or the whole copy.
-func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, prog Progress) (string, time.Duration, error) {
+// the catch-up pass, or the whole copy. A snapshot's change-tracking
+// checkpoint ck (nil for a clone) is cut with the gate closed and sealed
+// right after; on an error the caller abandons it.
+func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, ck *checkpoint, prog Progress) (string, time.Duration, error) {
 	srcs := make([]storage.File, 0, len(m.Disks))
 	dsts := make([]storage.File, 0, len(m.Disks))
 	defer func() {
@@ -177,16 +185,19 @@ func (v *Volume) capture(ctx context.Context, dstDir string, m volumeManifest, p
 	)
 	gated := !v.pool.caps.Reflink
 	if !gated {
-		method, held, err = v.captureLive(ctx, m.Disks, dsts, srcs)
+		method, held, err = v.captureLive(ctx, m.Disks, dsts, srcs, ck)
 		if gated = errors.Is(err, ErrNotSupported); gated {
 			v.pool.log.Info("cloning ranges is not supported; capturing with the gate closed",
 				"volume", v.name, "op", "snapshot", "err", err)
 		}
 	}
 	if gated {
-		method, held, err = v.captureGated(ctx, dsts, srcs, prog)
+		method, held, err = v.captureGated(ctx, dsts, srcs, ck, prog)
 	}
 	if err != nil {
+		return "", held, err
+	}
+	if err := ck.seal(); err != nil {
 		return "", held, err
 	}
 	// The copies hold what the page cache held at the cut; they are a
@@ -227,7 +238,7 @@ func (v *Volume) syncSource(name string, src storage.File) error {
 
 // captureGated copies each src into its dst with the gate closed. A dst may
 // hold part of an abandoned live capture; it is emptied first.
-func (v *Volume) captureGated(ctx context.Context, dsts, srcs []storage.File, prog Progress) (string, time.Duration, error) {
+func (v *Volume) captureGated(ctx context.Context, dsts, srcs []storage.File, ck *checkpoint, prog Progress) (string, time.Duration, error) {
 	for _, dst := range dsts {
 		if err := dst.Truncate(0); err != nil {
 			return "", 0, err
@@ -249,6 +260,9 @@ func (v *Volume) captureGated(ctx context.Context, dsts, srcs []storage.File, pr
 	held := time.Since(start)
 	if useReflink {
 		v.disownChunks()
+	}
+	if err == nil {
+		ck.cut()
 	}
 	v.gate.Unlock()
 	return method, held, err
@@ -295,7 +309,7 @@ const maxRounds = 4
 // caller captures with the gate closed instead. It returns the method used
 // and how long step 4 held the gate; the other closures last only as long as
 // storing a pointer.
-func (v *Volume) captureLive(ctx context.Context, disks []DiskSpec, dsts, srcs []storage.File) (string, time.Duration, error) {
+func (v *Volume) captureLive(ctx context.Context, disks []DiskSpec, dsts, srcs []storage.File, ck *checkpoint) (string, time.Duration, error) {
 	v.capturing.Lock()
 	defer v.capturing.Unlock()
 	sizes := make([]int64, len(srcs))
@@ -346,6 +360,9 @@ func (v *Volume) captureLive(ctx context.Context, disks []DiskSpec, dsts, srcs [
 	method, ranges, err := catchUp(ctx, t, disks, dsts, srcs, sizes)
 	v.dirty.Store(nil)
 	v.disownChunks() // every chunk is shared with the capture now
+	if err == nil {
+		ck.cut()
+	}
 	held := time.Since(start)
 	v.gate.Unlock()
 	v.pool.log.Debug("live capture", "volume", v.name, "op", "snapshot", "first_pass", first,
@@ -518,6 +535,7 @@ func (v *Volume) DeleteSnapshot(ctx context.Context, name string) error {
 	delete(v.snaps, name)
 	v.mu.Unlock()
 	v.pool.discard(trash)
+	v.pruneChanges()
 	return nil
 }
 

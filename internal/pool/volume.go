@@ -45,6 +45,11 @@ type Volume struct {
 	// writes; disk I/O reads it under gate held shared.
 	dirty atomic.Pointer[dirtyTracker]
 
+	// chg is the volume's change tracking (changes.go), loaded on first
+	// use under chgOnce.
+	chgOnce sync.Mutex
+	chg     *changeLog
+
 	// files holds an open file per disk once any disk of the volume has been
 	// opened for I/O. It changes only under gate held exclusively.
 	files map[string]*diskFile
@@ -87,6 +92,8 @@ type diskFile struct {
 	// image (unshare.go).
 	us *unsharer
 	nw noWait // what RWF_NOWAIT does on this file (nowait.go)
+	// chg records the disk's changes ahead of every write (changes.go).
+	chg *diskChanges
 	// gone, once set, fails every request of every handle of the disk:
 	// ErrDiskRemoved, or ErrClosed when the pool closed.
 	gone error
@@ -305,7 +312,7 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 // instead of once each. All three are done before publish.
 func (p *Pool) stageVolume(staged string, m volumeManifest, fill func(disksDir string) error) error {
 	disks := filepath.Join(staged, "disks")
-	for _, d := range []string{disks, filepath.Join(staged, "snapshots")} {
+	for _, d := range []string{disks, filepath.Join(staged, "snapshots"), filepath.Join(staged, "changes")} {
 		if err := p.fs.Mkdir(p.rel(d), 0o755); err != nil {
 			return err
 		}
@@ -402,6 +409,7 @@ func (p *Pool) DeleteWith(ctx context.Context, name string, o DeleteOptions) err
 	v.mu.Lock()
 	v.deleted = true
 	v.mu.Unlock()
+	v.closeChanges()
 	p.mu.Lock()
 	delete(p.volumes, name)
 	delete(p.limiters, name)
@@ -542,6 +550,11 @@ func (v *Volume) AddDiskWith(ctx context.Context, d DiskSpec, idem Idempotency) 
 	if t := totalSize(m.Disks) + d.Size; t > m.Capacity {
 		return VolumeInfo{}, fmt.Errorf("disks would total %s, capacity is %s; grow the volume first: %w", formatSize(t), formatSize(m.Capacity), ErrCapacity)
 	}
+	// A checkpoint may know a disk of this name (removed since): the new
+	// disk counts as changed whole since then.
+	if err := v.markAllChanged([]DiskSpec{d}); err != nil {
+		return VolumeInfo{}, err
+	}
 	path := v.diskPath(d.Name)
 	_ = v.pool.fs.Remove(v.pool.rel(path)) // an orphan from a crashed add
 	if err := v.pool.createImage(path, d.Size); err != nil {
@@ -610,6 +623,9 @@ func (v *Volume) GrowDisk(ctx context.Context, disk string, size int64) (VolumeI
 			df.ch.resize(size)
 		}
 	}
+	if err == nil {
+		v.resizeChanges(disk, size)
+	}
 	v.gate.Unlock()
 	if err != nil {
 		return VolumeInfo{}, err
@@ -655,6 +671,7 @@ func (v *Volume) RemoveDiskWith(ctx context.Context, disk string, force bool) (V
 	if df := v.files[disk]; df != nil {
 		v.endFile(df, fmt.Errorf("disk %q of volume %q: %w", disk, v.name, ErrDiskRemoved))
 	}
+	v.forgetChanges(disk)
 	v.gate.Unlock()
 	// The manifest no longer lists the image: if its removal does not
 	// last (it is not synced), start-up removes the orphan.
