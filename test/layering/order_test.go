@@ -19,19 +19,19 @@ var layers = [][]string{
 	{"replicated", "endpoint"}, // cluster domain: the replicated volume on a node; the compute node's endpoint
 	{"forward"},                // NBD forwarding to the primary of the moment
 	{"nbd"},                    // the NBD server
-	{"cluster", "replica", "auth", "metrics"},                   // cluster state, replication protocol, tokens, metrics
-	{"pool", "job", "ova", "imageconv", "consistency", "audit"}, // the single node's domain; the audit log
-	{"qos", "durable", "faultio", "storage/crashfs"},            // I/O budgets, durable metadata, storage twins
+	{"cluster", "replica", "auth", "metrics"},                             // cluster state, replication protocol, tokens, metrics
+	{"pool", "job", "ova", "imageconv", "consistency", "audit", "backup"}, // the single node's domain; the audit log; backups
+	{"qos", "durable", "faultio", "storage/crashfs"},                      // I/O budgets, durable metadata, storage twins
 	{"storage"},          // the only package that calls the kernel for the pool
 	{"fscap", "beneath"}, // filesystem capabilities, RESOLVE_BENEATH opens
 	{"buildinfo", "client", "blockdev", "kubevirt/hookapi/info", "kubevirt/hookapi/v1alpha2", "kubevirt/hookapi/v1alpha3"},
-	{"api", "quantity", "connlimit", "tlscert", "nbdclient", "history", "kubevirt"}, // wire types and leaves
+	{"api", "quantity", "connlimit", "tlscert", "nbdclient", "history", "kubevirt", "objstore"}, // wire types and leaves; object stores
 }
 
 // testSupport are packages for tests only: they may import anything, and
 // nothing but another test-support package may import them.
 var testSupport = map[string]bool{"testfs": true, "testguest": true, "testserver": true, "testnet": true, "csi/csitest": true,
-	"csi/sanitytest": true, "tlscert/certtest": true}
+	"csi/sanitytest": true, "tlscert/certtest": true, "tests3": true}
 
 // TestLayerOrder checks the direction of every import between quiver's
 // packages against layers.
