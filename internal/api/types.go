@@ -348,6 +348,65 @@ type Range struct {
 	Length int64 `json:"length"`
 }
 
+// BackupTarget is a backup target of the server (GET /v1/backup-targets):
+// an object store holding a backup repository.
+type BackupTarget struct {
+	Name       string `json:"name"`
+	Store      string `json:"store"`                // s3://endpoint/bucket/prefix
+	Repository string `json:"repository,omitempty"` // the repository's id, once it opens
+	Error      string `json:"error,omitempty"`      // why it does not open now
+}
+
+// BackupSpec is the body of POST /v1/volumes/{volume}/backups.
+type BackupSpec struct {
+	Target string `json:"target,omitempty"` // "" when the server has one target
+	Full   bool   `json:"full,omitempty"`   // read every disk whole, even with a base
+}
+
+// Backup is one whole-VM backup in a target.
+type Backup struct {
+	ID        string            `json:"id"`
+	Target    string            `json:"target"`
+	Volume    string            `json:"volume"`
+	Snapshot  string            `json:"snapshot"`
+	Parent    string            `json:"parent,omitempty"` // the backup it is incremental from
+	CreatedAt time.Time         `json:"createdAt"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Disks     []Disk            `json:"disks"`
+	Stats     BackupStats       `json:"stats"`
+}
+
+// BackupStats say what a backup cost.
+type BackupStats struct {
+	Logical      int64         `json:"logical"`   // the disks' total size
+	BytesRead    int64         `json:"bytesRead"` // read from the disks
+	BytesSent    int64         `json:"bytesSent"` // stored, compressed and encrypted
+	ChunksNew    int           `json:"chunksNew"`
+	ChunksReused int           `json:"chunksReused"` // deduplicated
+	ChunksZero   int           `json:"chunksZero"`   // zeros, not stored
+	Duration     time.Duration `json:"durationNs"`
+}
+
+// RestoreSpec is the body of POST /v1/backups/{id}/restore.
+type RestoreSpec struct {
+	Volume string   `json:"volume"`          // the new volume
+	Disks  []string `json:"disks,omitempty"` // only these disks (all when empty)
+}
+
+// BackupVerify is the result of POST /v1/backups/{id}/verify.
+type BackupVerify struct {
+	Backup string     `json:"backup"`
+	Bad    []BadChunk `json:"bad"`
+}
+
+// BadChunk is a chunk of a backup that does not read back intact.
+type BadChunk struct {
+	ID     string `json:"id"`
+	Disk   string `json:"disk"`
+	Offset int64  `json:"offset"`
+	Error  string `json:"error"`
+}
+
 // RollbackSpec is the body of POST /v1/volumes/{volume}/rollback.
 type RollbackSpec struct {
 	Snapshot string `json:"snapshot"`
@@ -566,6 +625,10 @@ const (
 	CodeInUse          = "InUse"            // 409: the volume has attachments or connected writers
 	CodeHasSnapshots   = "HasSnapshots"     // 409: deleting a volume with snapshots without recursive=true
 	CodeNoCheckpoint   = "NoCheckpoint"     // 409: a snapshot without change tracking (taken before it, or its record lost)
+	CodeNoRepository   = "NoRepository"     // 409: the backup target holds no repository yet (quiver backup init)
+	CodeWrongKey       = "WrongKey"         // 409: the repository key does not open the backup repository
+	CodeBackupDamaged  = "BackupDamaged"    // 409: a backup's data fails its check in the store (the message names it)
+	CodeStoreDenied    = "StoreDenied"      // 502: the object store refused the credentials
 	CodeInterrupted    = "Interrupted"      // a job's error: the server stopped while it ran
 	CodeBroken         = "Broken"           // 409: the volume is quarantined (damaged or hostile files)
 	CodeReadOnly       = "ReadOnly"         // 409: the pool is read-only

@@ -3,13 +3,15 @@ package apiserver
 import (
 	"context"
 	"errors"
-	"github.com/quiverstorage/quiver/internal/api"
 	"net/http"
 	"regexp"
 
+	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/auth"
+	"github.com/quiverstorage/quiver/internal/backup"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/job"
+	"github.com/quiverstorage/quiver/internal/objstore"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
@@ -37,6 +39,16 @@ var errorMapping = []struct {
 	{pool.ErrInUse, http.StatusConflict, api.CodeInUse},
 	{pool.ErrHasSnapshots, http.StatusConflict, api.CodeHasSnapshots},
 	{pool.ErrNoCheckpoint, http.StatusConflict, api.CodeNoCheckpoint},
+	{backup.ErrNoTarget, http.StatusNotFound, api.CodeNotFound},
+	{backup.ErrNotFound, http.StatusNotFound, api.CodeNotFound},
+	{backup.ErrInvalid, http.StatusBadRequest, api.CodeInvalid},
+	{backup.ErrExists, http.StatusConflict, api.CodeConflict},
+	{backup.ErrLocked, http.StatusConflict, api.CodeBusy},
+	{backup.ErrNoRepository, http.StatusConflict, api.CodeNoRepository},
+	{backup.ErrWrongKey, http.StatusConflict, api.CodeWrongKey},
+	{backup.ErrCorrupt, http.StatusConflict, api.CodeBackupDamaged},
+	{objstore.ErrDenied, http.StatusBadGateway, api.CodeStoreDenied},
+	{objstore.ErrUnreachable, http.StatusServiceUnavailable, api.CodeUnavailable},
 	{pool.ErrBroken, http.StatusConflict, api.CodeBroken},
 	{pool.ErrReadOnly, http.StatusConflict, api.CodeReadOnly},
 	{job.ErrNotFound, http.StatusNotFound, api.CodeNotFound},

@@ -10,8 +10,10 @@ import (
 	"testing"
 
 	"github.com/quiverstorage/quiver/internal/auth"
+	"github.com/quiverstorage/quiver/internal/backup"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/job"
+	"github.com/quiverstorage/quiver/internal/objstore"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
@@ -40,6 +42,16 @@ func TestToError(t *testing.T) {
 		{"in use", fmt.Errorf("delete volume %q: %w", "web", pool.ErrInUse), http.StatusConflict, api.CodeInUse, ""},
 		{"has snapshots", fmt.Errorf("delete volume %q: %w", "web", pool.ErrHasSnapshots), http.StatusConflict, api.CodeHasSnapshots, ""},
 		{"no checkpoint", fmt.Errorf("snapshot vm@old: %w", pool.ErrNoCheckpoint), http.StatusConflict, api.CodeNoCheckpoint, ""},
+		{"no backup target", fmt.Errorf("backup target %q: %w", "x", backup.ErrNoTarget), http.StatusNotFound, api.CodeNotFound, ""},
+		{"backup not found", fmt.Errorf("backup %q: %w", "x", backup.ErrNotFound), http.StatusNotFound, api.CodeNotFound, ""},
+		{"backup invalid", fmt.Errorf("backup id: %w", backup.ErrInvalid), http.StatusBadRequest, api.CodeInvalid, ""},
+		{"repository exists", fmt.Errorf("target t: %w", backup.ErrExists), http.StatusConflict, api.CodeConflict, ""},
+		{"repository locked", fmt.Errorf("collect: %w", backup.ErrLocked), http.StatusConflict, api.CodeBusy, ""},
+		{"no repository", fmt.Errorf("target t: %w", backup.ErrNoRepository), http.StatusConflict, api.CodeNoRepository, ""},
+		{"wrong key", fmt.Errorf("target t: %w", backup.ErrWrongKey), http.StatusConflict, api.CodeWrongKey, ""},
+		{"backup damaged", fmt.Errorf("chunk c: %w", backup.ErrCorrupt), http.StatusConflict, api.CodeBackupDamaged, ""},
+		{"store denied", fmt.Errorf("s3: %w", objstore.ErrDenied), http.StatusBadGateway, api.CodeStoreDenied, ""},
+		{"store unreachable", fmt.Errorf("s3: %w", objstore.ErrUnreachable), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"job interrupted", job.ErrInterrupted, http.StatusConflict, api.CodeInterrupted, ""},
 		{"broken", fmt.Errorf("volume %q is quarantined (volume.json: malformed JSON): %w", "web", pool.ErrBroken), http.StatusConflict, api.CodeBroken, ""},
 		{"read-only", fmt.Errorf("snapshot web: pool /p is read-only: %w", pool.ErrReadOnly), http.StatusConflict, api.CodeReadOnly, ""},

@@ -19,6 +19,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/audit"
 	"github.com/quiverstorage/quiver/internal/auth"
+	"github.com/quiverstorage/quiver/internal/backup"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -63,6 +64,10 @@ type Server struct {
 	// Audit, when set (before serving), records every change asked and
 	// every refused credential (audit.go); nil: none recorded.
 	Audit *audit.Log
+	// Backups, when set (before serving), backs volumes up to the
+	// configured targets (backup.go); nil: the backup routes answer that
+	// the server has no backup configuration.
+	Backups *backup.Service
 
 	pool  *pool.Pool
 	jobs  *job.Manager
@@ -121,6 +126,15 @@ func (s *Server) routes() {
 		"GET /v1/volumes/{volume}/snapshots/{snapshot}":         {s.getSnapshot, auth.ActRead},
 		"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":      {s.deleteSnapshot, auth.ActWrite},
 		"GET /v1/volumes/{volume}/snapshots/{snapshot}/changes": {s.snapshotChanges, auth.ActRead},
+		"GET /v1/backup-targets":                                {s.listBackupTargets, auth.ActRead},
+		"POST /v1/backup-targets/{target}/init":                 {s.initBackupTarget, auth.ActAdmin},
+		"POST /v1/backup-targets/{target}/collect":              {s.collectBackupTarget, auth.ActAdmin},
+		"POST /v1/volumes/{volume}/backups":                     {s.createBackup, auth.ActWrite},
+		"GET /v1/backups":                                       {s.listBackups, auth.ActRead},
+		"GET /v1/backups/{id}":                                  {s.getBackup, auth.ActRead},
+		"DELETE /v1/backups/{id}":                               {s.deleteBackup, auth.ActWrite},
+		"POST /v1/backups/{id}/restore":                         {s.restoreBackup, auth.ActWrite},
+		"POST /v1/backups/{id}/verify":                          {s.verifyBackup, auth.ActRead},
 		"POST /v1/volumes/{volume}/rollback":                    {s.rollback, auth.ActWrite},
 		"POST /v1/clones":                                       {s.clone, auth.ActWrite},
 		"GET /v1/attachments":                                   {s.findAttachments, auth.ActRead},

@@ -26,7 +26,7 @@
 // stored last, after every chunk it names; a backup that fails midway
 // leaves no manifest (its new chunks are garbage, removed by Collect).
 //
-// Imports from quiver: objstore.
+// Imports from quiver: objstore, pool.
 package backup
 
 import (

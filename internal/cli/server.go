@@ -135,6 +135,8 @@ A flag on the command line wins over the file.`,
 	cmd.Flags().BoolVar(&cfg.NBDRequireToken, "nbd-require-token", false,
 		"refuse NBD exports without an attachment token (always on beyond loopback)")
 	cmd.Flags().BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API port")
+	cmd.Flags().StringVar(&cfg.BackupConfig, "backup-config", "",
+		"JSON file naming the backup targets (S3 endpoint, bucket, files with the access key, secret key and repository key; docs/backup.md)")
 	cmd.Flags().BoolVar(&cfg.MetricsPerDisk, "metrics-per-disk", false,
 		"also export the data path's metrics per disk at /metrics, latency histograms included (about 100 series a disk; by default they are per volume)")
 	cmd.Flags().Float64Var(&cfg.MaxOvercommit, "max-overcommit", 0,

@@ -184,4 +184,7 @@ type SnapshotInfo struct {
 	Method    string
 	GateHeld  time.Duration
 	CreatedAt time.Time
+	// Checkpoint is the change-tracking checkpoint taken with it (0:
+	// none, the snapshot predates change tracking).
+	Checkpoint uint64
 }

@@ -712,7 +712,7 @@ func (v *Volume) Snapshot(name string) (SnapshotInfo, error) {
 
 func (v *Volume) snapshotInfo(s *snapshotManifest) SnapshotInfo {
 	info := SnapshotInfo{Name: s.Name, UID: s.UID, Volume: s.Volume, Capacity: s.Capacity, Method: s.Method,
-		GateHeld: s.GateHeld, CreatedAt: s.CreatedAt}
+		GateHeld: s.GateHeld, CreatedAt: s.CreatedAt, Checkpoint: s.Checkpoint}
 	for _, d := range s.Disks {
 		path := filepath.Join(v.snapshotDir(s.Name), d.Name+".img")
 		alloc, _ := v.pool.fs.Allocated(v.pool.rel(path))

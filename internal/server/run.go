@@ -18,6 +18,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/apiserver"
 	"github.com/quiverstorage/quiver/internal/audit"
 	"github.com/quiverstorage/quiver/internal/auth"
+	"github.com/quiverstorage/quiver/internal/backup"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/connlimit"
 	"github.com/quiverstorage/quiver/internal/job"
@@ -70,6 +71,7 @@ type node struct {
 	audit   *audit.Log // nil on a read-only pool
 	jobs    *job.Manager
 	metrics *metrics.Metrics
+	backups *backup.Service // nil without --backup-config
 
 	apiLn  net.Listener
 	nbdLns []net.Listener
@@ -180,6 +182,15 @@ func (n *node) openPool(ctx context.Context) error {
 	}
 	n.jobs = newJobs(p, log)
 	n.metrics = metrics.NewWith(p, metrics.Options{PerDisk: cfg.MetricsPerDisk})
+	if cfg.BackupConfig != "" {
+		bc, err := backup.LoadConfig(cfg.BackupConfig)
+		if err != nil {
+			return err
+		}
+		if n.backups, err = backup.NewService(p, bc, log); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -248,6 +259,7 @@ func (n *node) buildAPI() {
 	h.Auth, h.RequireToken = n.store, cfg.RequireToken
 	h.MaxOvercommit = cfg.MaxOvercommit
 	h.Audit = n.audit
+	h.Backups = n.backups
 	endpoint := apiserver.NBDEndpoint{Socket: cfg.NBDSocket, TLS: n.cfg.NBD.TLS != nil && n.cfg.NBD.RequireTLS}
 	for _, l := range n.nbdLns {
 		if l.Addr().Network() == "tcp" {

@@ -65,6 +65,10 @@ type Config struct {
 	// histograms included (metrics.Options.PerDisk); by default they are
 	// per volume.
 	MetricsPerDisk bool
+	// BackupConfig, when set, names the backup configuration file: the
+	// targets (object stores) that `quiver backup` writes to, with the
+	// files holding their secrets (docs/backup.md).
+	BackupConfig string
 	// MaxOvercommit refuses what would provision more than this many times
 	// the pool's size (apiserver.Server.MaxOvercommit); 0: no limit.
 	MaxOvercommit float64

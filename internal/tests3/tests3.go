@@ -106,3 +106,15 @@ func (s *Server) Corrupt(t testing.TB, key string) {
 		t.Fatal(err)
 	}
 }
+
+// List calls fn with every key under prefix in the bucket.
+func (s *Server) List(prefix string, fn func(key string)) error {
+	res, err := s.backend.ListBucket(s.Config.Bucket, &gofakes3.Prefix{Prefix: prefix, HasPrefix: true}, gofakes3.ListBucketPage{})
+	if err != nil {
+		return err
+	}
+	for _, o := range res.Contents {
+		fn(o.Key)
+	}
+	return nil
+}

@@ -1,0 +1,195 @@
+package backup
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/quiverstorage/quiver/internal/pool"
+	"github.com/quiverstorage/quiver/internal/tests3"
+)
+
+// testService is a pool with a 3-disk volume and a backup service with
+// one target on a fresh S3 server.
+func testService(t *testing.T) (*Service, *pool.Pool, *tests3.Server) {
+	t.Helper()
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	p, err := pool.Open(ctx, t.TempDir(), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	srv := tests3.Start(t)
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	cfg := Config{Targets: []TargetConfig{{Name: "main", Endpoint: srv.Config.Endpoint, Bucket: srv.Config.Bucket,
+		Prefix: "site-a", Insecure: true, AccessKeyFile: write("access", srv.Config.AccessKey+"\n"),
+		SecretKeyFile: write("secret", srv.Config.SecretKey), KeyFile: write("key", strings.Repeat("r", 44))}}}
+	data, _ := json.Marshal(cfg)
+	loaded, err := LoadConfig(write("backup.json", string(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewService(p, loaded, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.Create(ctx, pool.VolumeSpec{Name: "vm", Capacity: 64 << 20, Labels: map[string]string{"app": "db"},
+		Disks: []pool.DiskSpec{{Name: "root", Size: 8 << 20}, {Name: "data", Size: 8 << 20}, {Name: "logs", Size: 4 << 20}}}); err != nil {
+		t.Fatal(err)
+	}
+	return s, p, srv
+}
+
+func scribble(t *testing.T, v *pool.Volume, rng *rand.Rand, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		disk := []string{"root", "data", "logs"}[rng.IntN(3)]
+		h, err := v.OpenDisk(disk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 4096*(1+rng.IntN(4)))
+		for j := range buf {
+			buf[j] = byte(rng.UintN(256))
+		}
+		if err := h.WriteAt(buf, rng.Int64N(h.Size()-int64(len(buf))), false); err != nil {
+			t.Fatal(err)
+		}
+		h.Close()
+	}
+}
+
+func contents(t *testing.T, v *pool.Volume) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	for _, d := range v.Info().Disks {
+		h, err := v.OpenDisk(d.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, h.Size())
+		if err := h.ReadAt(buf, 0); err != nil {
+			t.Fatal(err)
+		}
+		h.Close()
+		out[d.Name] = buf
+	}
+	return out
+}
+
+func TestServiceBackupRestore(t *testing.T) {
+	ctx := context.Background()
+	s, p, _ := testService(t)
+	if _, err := s.Backup(ctx, "vm", "main", false, nil); err == nil || !errors.Is(err, ErrNoRepository) {
+		t.Fatalf("backup before init: %v", err)
+	}
+	if _, err := s.Init(ctx, "main"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Backup(ctx, "vm", "nope", false, nil); !errors.Is(err, ErrNoTarget) {
+		t.Fatalf("unknown target: %v", err)
+	}
+	v, _ := p.Volume("vm")
+	rng := rand.New(rand.NewPCG(7, 8))
+	scribble(t, v, rng, 200)
+	first, err := s.Backup(ctx, "vm", "main", false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at1 := contents(t, v)
+	if first.Parent != "" || first.Stats.BytesRead != 20<<20 {
+		t.Errorf("first backup: parent %q, read %d", first.Parent, first.Stats.BytesRead)
+	}
+	scribble(t, v, rng, 5)
+	second, err := s.Backup(ctx, "vm", "main", false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at2 := contents(t, v)
+	if second.Parent != first.ID || second.Stats.BytesRead > 5*DefaultChunkSize {
+		t.Errorf("second backup: parent %q (want %s), read %d bytes for 5 writes", second.Parent, first.ID, second.Stats.BytesRead)
+	}
+	// Only the newest backup snapshot stays, as the next base.
+	var snaps []string
+	for _, sn := range v.Snapshots() {
+		snaps = append(snaps, sn.Name)
+	}
+	if len(snaps) != 1 || snaps[0] != second.Snapshot {
+		t.Errorf("snapshots after two backups: %v, want only %s", snaps, second.Snapshot)
+	}
+	for _, tc := range []struct {
+		id, vol string
+		want    map[string][]byte
+	}{{first.ID, "r1", at1}, {second.ID, "r2", at2}} {
+		info, err := s.Restore(ctx, "main", tc.id, tc.vol, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Labels["app"] != "db" || len(info.Disks) != 3 {
+			t.Errorf("restored volume %+v", info)
+		}
+		rv, _ := p.Volume(tc.vol)
+		got := contents(t, rv)
+		for d, want := range tc.want {
+			if !bytes.Equal(got[d], want) {
+				t.Fatalf("restore of %s: disk %s differs", tc.id, d)
+			}
+		}
+	}
+	// A restore that fails leaves no volume behind.
+	if _, err := s.Restore(ctx, "main", first.ID, "r3", []string{"nope"}, nil); !errors.Is(err, pool.ErrInvalid) {
+		t.Errorf("restore of a missing disk: %v", err)
+	}
+	if _, err := p.Volume("r3"); !errors.Is(err, pool.ErrVolumeNotFound) {
+		t.Errorf("failed restore left volume r3: %v", err)
+	}
+	// A full backup on request, and the base gone: full.
+	if err := v.DeleteSnapshot(ctx, second.Snapshot); err != nil {
+		t.Fatal(err)
+	}
+	third, err := s.Backup(ctx, "vm", "main", false, nil)
+	if err != nil || third.Parent != "" || third.Stats.BytesRead != 20<<20 {
+		t.Fatalf("backup without its base snapshot: %+v %v", third, err)
+	}
+}
+
+func TestServiceStoreDownMidway(t *testing.T) {
+	ctx := context.Background()
+	s, p, srv := testService(t)
+	if _, err := s.Init(ctx, "main"); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := p.Volume("vm")
+	scribble(t, v, rand.New(rand.NewPCG(1, 1)), 100)
+	srv.FailAfter(10)
+	if _, err := s.Backup(ctx, "vm", "main", false, nil); err == nil {
+		t.Fatal("backup with the store going down: no error")
+	}
+	if n := len(v.Snapshots()); n != 0 {
+		t.Errorf("a failed backup left %d snapshots", n)
+	}
+	srv.Down(false)
+	r, _ := s.Repo(ctx, "main")
+	if list, _, err := r.List(ctx, ""); err != nil || len(list) != 0 {
+		t.Fatalf("after a failed backup: %v %v", list, err)
+	}
+	if _, err := s.Backup(ctx, "vm", "main", false, nil); err != nil {
+		t.Fatalf("backup once the store is back: %v", err)
+	}
+}

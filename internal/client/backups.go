@@ -1,0 +1,131 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+
+	"github.com/quiverstorage/quiver/internal/api"
+)
+
+// targetQuery names a backup target ("" lets the server pick its only one).
+func targetQuery(target string, async bool) url.Values {
+	q := url.Values{}
+	if target != "" {
+		q.Set("target", target)
+	}
+	if async {
+		q.Set("async", "true")
+	}
+	return q
+}
+
+// BackupTargets lists the server's backup targets.
+func (c *Client) BackupTargets(ctx context.Context) ([]api.BackupTarget, error) {
+	var list api.List[api.BackupTarget]
+	err := c.do(ctx, http.MethodGet, "/backup-targets", nil, nil, &list)
+	return list.Items, err
+}
+
+// InitBackupTarget makes the repository of a target.
+func (c *Client) InitBackupTarget(ctx context.Context, target string) (api.BackupTarget, error) {
+	var t api.BackupTarget
+	p, err := segment("target", target)
+	if err != nil {
+		return t, err
+	}
+	err = c.do(ctx, http.MethodPost, "/backup-targets/"+p+"/init", nil, nil, &t)
+	return t, err
+}
+
+// CollectBackupTarget removes the chunks no backup of a target names.
+func (c *Client) CollectBackupTarget(ctx context.Context, target string) (removed, freed int64, err error) {
+	p, err := segment("target", target)
+	if err != nil {
+		return 0, 0, err
+	}
+	var out struct {
+		Removed int64 `json:"chunksRemoved"`
+		Freed   int64 `json:"bytesFreed"`
+	}
+	err = c.do(ctx, http.MethodPost, "/backup-targets/"+p+"/collect", nil, nil, &out)
+	return out.Removed, out.Freed, err
+}
+
+// StartBackup starts a backup of a volume and returns its job.
+func (c *Client) StartBackup(ctx context.Context, volume string, spec api.BackupSpec) (api.Job, error) {
+	p, err := segment("volume", volume)
+	if err != nil {
+		return api.Job{}, err
+	}
+	return c.startJob(ctx, "/volumes/"+p+"/backups", spec)
+}
+
+// ListBackups lists the backups in a target (of one volume when not "").
+func (c *Client) ListBackups(ctx context.Context, target, volume string) ([]api.Backup, error) {
+	q := targetQuery(target, false)
+	if volume != "" {
+		q.Set("volume", volume)
+	}
+	var list api.List[api.Backup]
+	err := c.do(ctx, http.MethodGet, "/backups", q, nil, &list)
+	return list.Items, err
+}
+
+func backupPath(id string) (string, error) {
+	p, err := segment("backup", id)
+	if err != nil {
+		return "", err
+	}
+	return "/backups/" + p, nil
+}
+
+// GetBackup returns one backup.
+func (c *Client) GetBackup(ctx context.Context, target, id string) (api.Backup, error) {
+	var b api.Backup
+	p, err := backupPath(id)
+	if err != nil {
+		return b, err
+	}
+	err = c.do(ctx, http.MethodGet, p, targetQuery(target, false), nil, &b)
+	return b, err
+}
+
+// DeleteBackup deletes one backup.
+func (c *Client) DeleteBackup(ctx context.Context, target, id string) error {
+	p, err := backupPath(id)
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, http.MethodDelete, p, targetQuery(target, false), nil, nil)
+}
+
+// StartRestore starts the restore of a backup into a new volume.
+func (c *Client) StartRestore(ctx context.Context, target, id string, spec api.RestoreSpec) (api.Job, error) {
+	p, err := backupPath(id)
+	if err != nil {
+		return api.Job{}, err
+	}
+	return c.startJobQuery(ctx, p+"/restore", targetQuery(target, true), spec)
+}
+
+// StartVerify starts reading back and checking every chunk of a backup.
+func (c *Client) StartVerify(ctx context.Context, target, id string) (api.Job, error) {
+	p, err := backupPath(id)
+	if err != nil {
+		return api.Job{}, err
+	}
+	return c.startJobQuery(ctx, p+"/verify", targetQuery(target, true), nil)
+}
+
+func (c *Client) startJobQuery(ctx context.Context, path string, q url.Values, body any) (api.Job, error) {
+	var job api.Job
+	if err := c.do(ctx, http.MethodPost, path, q, body, &job); err != nil {
+		return job, err
+	}
+	if job.ID == "" {
+		return job, fmt.Errorf("POST %s%s: %w", api.Version, path, errNoJob)
+	}
+	return job, nil
+}

@@ -1,0 +1,135 @@
+// Package backup_test runs the backup path a storage admin takes: a real
+// `quiver server` with --backup-config pointing at an S3 server, disks
+// written by qemu-io over NBD, and the `quiver backup` commands.
+package backup_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/testfs"
+	"github.com/quiverstorage/quiver/internal/tests3"
+	"github.com/quiverstorage/quiver/internal/testserver"
+)
+
+var bin string
+
+func TestMain(m *testing.M) { os.Exit(testserver.MainWithBinary(m, &bin)) }
+
+func TestBackupRestoreVerifyThroughTheCLI(t *testing.T) {
+	for _, tool := range []string{"qemu-io", "qemu-img"} {
+		testfs.RequireTool(t, tool)
+	}
+	ctx := context.Background()
+	s3 := tests3.Start(t)
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	keyFile := filepath.Join(dir, "repo.key")
+	cfg := map[string]any{"targets": []map[string]any{{"name": "offsite", "endpoint": s3.Config.Endpoint,
+		"bucket": s3.Config.Bucket, "prefix": "quiver", "insecure": true,
+		"accessKeyFile": write("access", s3.Config.AccessKey), "secretKeyFile": write("secret", s3.Config.SecretKey),
+		"keyFile": keyFile}}}
+	data, _ := json.Marshal(cfg)
+	cfgFile := write("backup.json", string(data))
+
+	cli := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("quiver %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	cli("backup", "key", "generate", keyFile)
+	if out, err := exec.Command(bin, "backup", "key", "generate", keyFile).CombinedOutput(); err == nil || !strings.Contains(string(out), "never overwritten") {
+		t.Fatalf("a second key over the first: %v %s", err, out)
+	}
+	srv := testserver.StartT(t, bin, testserver.Options{Pool: t.TempDir(), NBDTCP: true, Args: []string{"--backup-config", cfgFile}})
+	cli2 := func(args ...string) string {
+		return cli(append([]string{"--server", "http://" + srv.APIAddr}, args...)...)
+	}
+	cli2("backup", "target", "init", "offsite")
+	cli2("volume", "create", "vm", "--capacity", "128Mi", "--disk", "root=64Mi", "--disk", "data=32Mi", "--disk", "logs=16Mi")
+	qio := func(export, cmd string) {
+		t.Helper()
+		if out, err := exec.Command("qemu-io", "-f", "raw", "-c", cmd, srv.URI(export)).CombinedOutput(); err != nil {
+			t.Fatalf("qemu-io %s %q: %v\n%s", export, cmd, err, out)
+		}
+	}
+	qio("vm/root", "write -P 0x11 0 40M")
+	qio("vm/data", "write -P 0x22 1M 20M")
+	qio("vm/logs", "write -P 0x33 0 16M")
+
+	var first, second api.Backup
+	if err := json.Unmarshal([]byte(cli2("-o", "json", "backup", "create", "vm")), &first); err != nil {
+		t.Fatal(err)
+	}
+	// About 1% of the VM changes.
+	qio("vm/root", "write -P 0x44 10M 512k")
+	qio("vm/logs", "write -P 0x55 3M 256k")
+	if err := json.Unmarshal([]byte(cli2("-o", "json", "backup", "create", "vm")), &second); err != nil {
+		t.Fatal(err)
+	}
+	if second.Parent != first.ID || second.Stats.BytesRead > 2<<20 || first.Stats.BytesRead != 112<<20 {
+		t.Fatalf("first read %d bytes; second (parent %q, want %s) read %d", first.Stats.BytesRead, second.Parent, first.ID,
+			second.Stats.BytesRead)
+	}
+	list := cli2("backup", "list", "vm")
+	if !strings.Contains(list, first.ID) || !strings.Contains(list, second.ID) || !strings.Contains(list, "incremental") {
+		t.Fatalf("backup list:\n%s", list)
+	}
+	cli2("backup", "verify", second.ID)
+	cli2("backup", "restore", second.ID, "vm-restored")
+	for _, d := range []string{"root", "data", "logs"} {
+		if out, err := exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", srv.URI("vm/"+d),
+			srv.URI("vm-restored/"+d)).CombinedOutput(); err != nil {
+			t.Fatalf("restored disk %s differs from the volume: %v\n%s", d, err, out)
+		}
+	}
+	// One disk, from the first backup: it holds the first point.
+	cli2("backup", "restore", first.ID, "root-only", "--disk", "root")
+	if out, err := exec.Command("qemu-io", "-r", "-f", "raw", "-c", "read -P 0x11 10M 512k", srv.URI("root-only/root")).CombinedOutput(); err != nil {
+		t.Fatalf("first backup's root: %v\n%s", err, out)
+	}
+
+	// A damaged chunk: verify names it and fails; restore refuses.
+	var victim string
+	err := s3Objects(t, s3, "quiver/chunks/", func(k string) { victim = k })
+	if err != nil || victim == "" {
+		t.Fatalf("no chunk in the store: %v", err)
+	}
+	s3.Corrupt(t, victim)
+	id := victim[strings.LastIndexByte(victim, '/')+1:]
+	bad := 0
+	for _, b := range []api.Backup{first, second} {
+		out, err := exec.Command(bin, "--server", "http://"+srv.APIAddr, "backup", "verify", b.ID).CombinedOutput()
+		if err != nil {
+			bad++
+			if !strings.Contains(string(out), id) {
+				t.Errorf("verify of a damaged backup does not name chunk %s:\n%s", id, out)
+			}
+		}
+	}
+	if bad == 0 {
+		t.Fatalf("verify passes with chunk %s damaged", id)
+	}
+	_ = ctx
+}
+
+// s3Objects calls fn with every key under prefix in the S3 server's bucket.
+func s3Objects(t *testing.T, s3 *tests3.Server, prefix string, fn func(string)) error {
+	t.Helper()
+	return s3.List(prefix, fn)
+}
