@@ -407,6 +407,28 @@ type BadChunk struct {
 	Error  string `json:"error"`
 }
 
+// SnapshotAllocated is GET
+// /v1/volumes/{volume}/snapshots/{snapshot}/allocated?disk=D[&offset=O][&limit=N]:
+// the data ranges of one disk of a snapshot from Offset on, as the pool's
+// filesystem reports them (SEEK_DATA and SEEK_HOLE, so per filesystem
+// block): every byte outside Ranges reads as zero. A filesystem that cannot
+// report holes gives one range to the disk's end. Ranges are sorted and
+// never adjacent, and the first one starts at Offset or after it. At most
+// limit ranges (default and at most MaxAllocatedRanges) are returned; Next,
+// when not 0, is the offset to ask from for the rest.
+type SnapshotAllocated struct {
+	Volume   string  `json:"volume"`
+	Snapshot string  `json:"snapshot"`
+	Disk     string  `json:"disk"`
+	Size     int64   `json:"size"`
+	Offset   int64   `json:"offset"`
+	Ranges   []Range `json:"ranges"`
+	Next     int64   `json:"next,omitempty"`
+}
+
+// MaxAllocatedRanges bounds the ranges of one SnapshotAllocated answer.
+const MaxAllocatedRanges = 4096
+
 // RollbackSpec is the body of POST /v1/volumes/{volume}/rollback.
 type RollbackSpec struct {
 	Snapshot string `json:"snapshot"`

@@ -555,3 +555,70 @@ func TestSnapshotChanges(t *testing.T) {
 	c.expectError("GET", "/v1/volumes/vm/snapshots/a/changes?to=nope", nil, http.StatusNotFound, api.CodeNotFound)
 	c.expectError("GET", "/v1/volumes/vm/snapshots/a/changes?to=..", nil, http.StatusBadRequest, api.CodeInvalid)
 }
+
+func TestSnapshotAllocated(t *testing.T) {
+	c, p := startAPI(t, "")
+	c.expect("POST", "/v1/volumes", api.VolumeSpec{Name: "vm", Capacity: 8 * mib,
+		Disks: []api.DiskSpec{{Name: "root", Size: 4 * mib}, {Name: "data", Size: 2 * mib}}}, http.StatusCreated, nil)
+	const k64 = 64 << 10
+	writeDisk(t, p, "vm", "root", 0, bytes.Repeat([]byte{1}, k64))
+	writeDisk(t, p, "vm", "root", mib, bytes.Repeat([]byte{2}, 2*k64))
+	writeDisk(t, p, "vm", "root", 3*mib, bytes.Repeat([]byte{3}, k64))
+	c.expect("POST", "/v1/volumes/vm/snapshots", api.SnapshotSpec{Name: "a"}, http.StatusCreated, nil)
+	writeDisk(t, p, "vm", "root", 2*mib, bytes.Repeat([]byte{4}, k64)) // after a: not in a
+
+	get := func(query string) api.SnapshotAllocated {
+		t.Helper()
+		var out api.SnapshotAllocated
+		c.expect("GET", "/v1/volumes/vm/snapshots/a/allocated?"+query, nil, http.StatusOK, &out)
+		if out.Volume != "vm" || out.Snapshot != "a" || out.Disk != "root" || out.Size != 4*mib {
+			t.Errorf("%s: answer %+v names the wrong disk or size", query, out)
+		}
+		return out
+	}
+	check := func(query string, want []api.Range, next int64) {
+		t.Helper()
+		got := get(query)
+		if fmt.Sprint(got.Ranges) != fmt.Sprint(want) || got.Next != next {
+			t.Errorf("%s: ranges %v next %d, want %v next %d", query, got.Ranges, got.Next, want, next)
+		}
+	}
+	all := []api.Range{{Offset: 0, Length: k64}, {Offset: mib, Length: 2 * k64}, {Offset: 3 * mib, Length: k64}}
+	check("disk=root", all, 0)
+	// Pages: the second starts where the first one's last range ends.
+	check("disk=root&limit=2", all[:2], mib+2*k64)
+	check("disk=root&limit=2&offset=1179648", all[2:], 0)
+	check("disk=root&limit=1&offset=65536", all[1:2], mib+2*k64)
+	// An offset inside a range starts the answer there.
+	check("disk=root&offset=1114112", []api.Range{{Offset: mib + k64, Length: k64}, all[2]}, 0)
+	check("disk=root&offset=4194304", []api.Range{}, 0)
+	var data api.SnapshotAllocated
+	c.expect("GET", "/v1/volumes/vm/snapshots/a/allocated?disk=data", nil, http.StatusOK, &data)
+	if len(data.Ranges) != 0 || data.Size != 2*mib {
+		t.Errorf("data: %+v, want no range of 2 MiB", data)
+	}
+
+	bad := []struct {
+		query  string
+		status int
+		code   string
+		field  string
+	}{
+		{"", http.StatusBadRequest, api.CodeInvalid, "disk"},
+		{"disk=nope", http.StatusNotFound, api.CodeNotFound, "nope"},
+		{"disk=Root!", http.StatusBadRequest, api.CodeInvalid, "disk"},
+		{"disk=root&offset=-1", http.StatusBadRequest, api.CodeInvalid, "offset"},
+		{"disk=root&offset=x", http.StatusBadRequest, api.CodeInvalid, "offset"},
+		{"disk=root&offset=4194305", http.StatusBadRequest, api.CodeInvalid, "offset"},
+		{"disk=root&limit=0", http.StatusBadRequest, api.CodeInvalid, "limit"},
+		{"disk=root&limit=4097", http.StatusBadRequest, api.CodeInvalid, "limit"},
+	}
+	for _, b := range bad {
+		e := c.expectError("GET", "/v1/volumes/vm/snapshots/a/allocated?"+b.query, nil, b.status, b.code)
+		if !strings.Contains(e.Message, b.field) {
+			t.Errorf("%q: message %q does not name %q", b.query, e.Message, b.field)
+		}
+	}
+	c.expectError("GET", "/v1/volumes/vm/snapshots/nope/allocated?disk=root", nil, http.StatusNotFound, api.CodeNotFound)
+	c.expectError("GET", "/v1/volumes/nope/snapshots/a/allocated?disk=root", nil, http.StatusNotFound, api.CodeNotFound)
+}

@@ -470,6 +470,8 @@ var replicatedGuards = map[string]replicatedGuard{
 	// primary.
 	"GET /v1/volumes/{volume}/snapshots":            onACopy,
 	"GET /v1/volumes/{volume}/snapshots/{snapshot}": onACopy,
+	// A snapshot's images are the same on every copy.
+	"GET /v1/volumes/{volume}/snapshots/{snapshot}/allocated": onACopy,
 }
 
 func (s *Server) guardReplicated(g replicatedGuard, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -500,6 +501,70 @@ func (s *Server) snapshotChanges(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, changesToAPI(v.Name(), from, to, ds))
+	return nil
+}
+
+// snapshotAllocated answers the data ranges of one disk of a snapshot
+// (api.SnapshotAllocated), at most ?limit= of them from ?offset= on.
+func (s *Server) snapshotAllocated(w http.ResponseWriter, r *http.Request) error {
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	snap, q := r.PathValue("snapshot"), r.URL.Query()
+	disk := q.Get("disk")
+	if disk == "" {
+		return &badRequest{field: "disk", msg: "disk is required: the name of a disk of the snapshot"}
+	}
+	off, limit := int64(0), api.MaxAllocatedRanges
+	if o := q.Get("offset"); o != "" {
+		n, err := strconv.ParseInt(o, 10, 64)
+		if err != nil || n < 0 {
+			return &badRequest{field: "offset", msg: fmt.Sprintf("offset %q: must be a byte offset (0 or more)", o)}
+		}
+		off = n
+	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > api.MaxAllocatedRanges {
+			return &badRequest{field: "limit", msg: fmt.Sprintf("limit %q: must be 1 to %d", l, api.MaxAllocatedRanges)}
+		}
+		limit = n
+	}
+	d, err := v.OpenSnapshotDisk(snap, disk)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	size := d.Size()
+	if off > size {
+		return &badRequest{field: "offset", msg: fmt.Sprintf("offset %d: beyond the end of disk %s of %s@%s (%d bytes)",
+			off, disk, v.Name(), snap, size)}
+	}
+	out := api.SnapshotAllocated{Volume: v.Name(), Snapshot: snap, Disk: disk, Size: size, Offset: off, Ranges: []api.Range{}}
+	if off < size {
+		// Holes and data alternate, so 2*limit extents hold at least
+		// limit data runs when there are that many.
+		ext, err := d.Extents(off, size-off, 2*limit)
+		if err != nil {
+			return fmt.Errorf("data ranges of disk %s of %s@%s: %w", disk, v.Name(), snap, err)
+		}
+		for _, e := range ext {
+			if !e.Hole && len(out.Ranges) < limit {
+				out.Ranges = append(out.Ranges, api.Range{Offset: e.Offset, Length: e.Length})
+			}
+		}
+		if len(ext) == 2*limit || len(out.Ranges) == limit {
+			// Possibly cut short: the rest from the end of the last range
+			// returned.
+			if k := len(out.Ranges) - 1; k >= 0 {
+				if end := out.Ranges[k].Offset + out.Ranges[k].Length; end < size {
+					out.Next = end
+				}
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

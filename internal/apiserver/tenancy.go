@@ -109,13 +109,14 @@ var clusterTenantRoutes = map[string]bool{
 	"POST /v1/volumes/{volume}/attachments/{id}/writer": true,
 	// Snapshots, rollback and clones run on the volume's primary (any node
 	// carries them there), and a new snapshot or clone is counted in etcd.
-	"GET /v1/volumes/{volume}/snapshots":                    true,
-	"POST /v1/volumes/{volume}/snapshots":                   true,
-	"GET /v1/volumes/{volume}/snapshots/{snapshot}":         true,
-	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":      true,
-	"GET /v1/volumes/{volume}/snapshots/{snapshot}/changes": true,
-	"POST /v1/volumes/{volume}/rollback":                    true,
-	"POST /v1/clones":                                       true,
+	"GET /v1/volumes/{volume}/snapshots":                      true,
+	"POST /v1/volumes/{volume}/snapshots":                     true,
+	"GET /v1/volumes/{volume}/snapshots/{snapshot}":           true,
+	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":        true,
+	"GET /v1/volumes/{volume}/snapshots/{snapshot}/changes":   true,
+	"GET /v1/volumes/{volume}/snapshots/{snapshot}/allocated": true,
+	"POST /v1/volumes/{volume}/rollback":                      true,
+	"POST /v1/clones":                                         true,
 	// A node's own jobs, each seen by the tenant that started it.
 	"GET /v1/jobs":         true,
 	"GET /v1/jobs/{id}":    true,

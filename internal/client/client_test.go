@@ -177,6 +177,24 @@ func TestRoutes(t *testing.T) {
 			want: recorded{Method: "GET", Path: "/v1/volumes/web01/snapshots/nightly"},
 		},
 		{
+			name: "snapshot changes",
+			call: func(c *Client) error { _, err := c.SnapshotChanges(ctx, "web01", "mon", "tue"); return err },
+			want: recorded{Method: "GET", Path: "/v1/volumes/web01/snapshots/mon/changes", Query: "to=tue"},
+		},
+		{
+			name: "snapshot allocated",
+			call: func(c *Client) error {
+				_, err := c.SnapshotAllocated(ctx, "web01", "mon", "root", 1<<20, 16)
+				return err
+			},
+			want: recorded{Method: "GET", Path: "/v1/volumes/web01/snapshots/mon/allocated", Query: "disk=root&limit=16&offset=1048576"},
+		},
+		{
+			name: "snapshot allocated from the start",
+			call: func(c *Client) error { _, err := c.SnapshotAllocated(ctx, "web01", "mon", "root", 0, 0); return err },
+			want: recorded{Method: "GET", Path: "/v1/volumes/web01/snapshots/mon/allocated", Query: "disk=root"},
+		},
+		{
 			name:   "delete snapshot",
 			call:   func(c *Client) error { return c.DeleteSnapshot(ctx, "web01", "nightly") },
 			status: http.StatusNoContent,
@@ -330,6 +348,9 @@ func TestEmptyNameIsRefused(t *testing.T) {
 	}
 	if _, err := c.GrowDisk(context.Background(), "v", "", 1); err == nil {
 		t.Fatal("GrowDisk with empty disk succeeded")
+	}
+	if _, err := c.SnapshotAllocated(context.Background(), "v", "s", "", 0, 0); err == nil {
+		t.Fatal("SnapshotAllocated with empty disk succeeded")
 	}
 	if len(f.requests) != 0 {
 		t.Fatalf("requests were sent: %+v", f.requests)

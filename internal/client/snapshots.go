@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strconv"
 
 	"github.com/quiverstorage/quiver/internal/api"
 )
@@ -87,6 +88,29 @@ func (c *Client) SnapshotChanges(ctx context.Context, volume, from, to string) (
 		query.Set("to", to)
 	}
 	err = c.do(ctx, http.MethodGet, p+"/changes", query, nil, &out)
+	return out, err
+}
+
+// SnapshotAllocated returns the data ranges of disk of a snapshot from
+// offset on, at most limit of them (0: the server's default); the answer's
+// Next, when not 0, is the offset to ask from for the rest.
+func (c *Client) SnapshotAllocated(ctx context.Context, volume, snapshot, disk string, offset int64, limit int) (api.SnapshotAllocated, error) {
+	var out api.SnapshotAllocated
+	p, err := snapshotPath(volume, snapshot)
+	if err != nil {
+		return out, err
+	}
+	if _, err := segment("disk", disk); err != nil {
+		return out, err
+	}
+	query := url.Values{"disk": {disk}}
+	if offset != 0 {
+		query.Set("offset", strconv.FormatInt(offset, 10))
+	}
+	if limit != 0 {
+		query.Set("limit", strconv.Itoa(limit))
+	}
+	err = c.do(ctx, http.MethodGet, p+"/allocated", query, nil, &out)
 	return out, err
 }
 

@@ -1,5 +1,5 @@
 // Package csi is quiver's Container Storage Interface plugin: the identity,
-// controller and node services that let Kubernetes (or any CSI orchestrator)
+// controller, snapshot metadata and node services that let Kubernetes (or any CSI orchestrator)
 // provision quiver volumes as PersistentVolumes, one PVC per VM.
 //
 // A CSI volume is one quiver volume holding every disk of a VM. The
@@ -11,8 +11,8 @@
 // mode: the primary disk over NBD through nbdfuse and a loop device).
 //
 // Errors are domain sentinels (errors.go) wrapped with the operation; they
-// meet gRPC status codes in exactly one place, toStatus, applied by a server
-// interceptor to every RPC.
+// meet gRPC status codes in exactly one place, toStatus, applied by the
+// server's interceptors to every RPC, unary and streaming.
 //
 // It may import internal/api, internal/client, internal/quantity and
 // internal/durable; it must not import the pool, the API server or the NBD

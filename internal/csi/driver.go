@@ -308,10 +308,11 @@ func (d *Driver) Serve(ctx context.Context) error {
 
 // ServeListener serves the plugin's services on ln until ctx ends.
 func (d *Driver) ServeListener(ctx context.Context, ln net.Listener) error {
-	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept), grpc.StreamInterceptor(d.interceptStream))
 	csi.RegisterIdentityServer(srv, &identity{d: d})
 	if d.cfg.Mode.controller() {
 		csi.RegisterControllerServer(srv, &controller{d: d})
+		csi.RegisterSnapshotMetadataServer(srv, &snapshotMetadata{d: d})
 	}
 	if d.cfg.Mode.node() {
 		csi.RegisterNodeServer(srv, d.node)
@@ -350,6 +351,20 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 	d.log.Debug("csi call", "op", info.FullMethod, "duration", time.Since(start))
 	return resp, nil
+}
+
+// interceptStream is intercept for the streaming RPCs (SnapshotMetadata):
+// the error that ends a stream gets its gRPC status from toStatus.
+func (d *Driver) interceptStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	start := time.Now()
+	err := toStatus(handler(srv, ss))
+	if err != nil {
+		d.log.Info("csi call failed", "op", info.FullMethod, "code", status.Code(err).String(),
+			"err", status.Convert(err).Message(), "duration", time.Since(start))
+		return err
+	}
+	d.log.Debug("csi call", "op", info.FullMethod, "duration", time.Since(start))
+	return nil
 }
 
 // SocketPath is the path of a CSI endpoint. It accepts unix:///path, unix:/path or a bare absolute path.

@@ -29,6 +29,9 @@ var (
 	ErrBadToken = errors.New("invalid starting token")
 	// ErrOutOfRange: a capacity range the volume cannot satisfy.
 	ErrOutOfRange = errors.New("capacity out of range")
+	// ErrOffset: a starting offset negative or past the end of the
+	// snapshot (SnapshotMetadata).
+	ErrOffset = errors.New("offset out of range")
 	// ErrPrecondition: the request is valid but the state forbids it now.
 	ErrPrecondition = errors.New("failed precondition")
 	// ErrUnauthenticated: no valid API token, neither configured nor in
@@ -54,6 +57,7 @@ var sentinelCodes = []struct {
 	{ErrBusy, codes.Aborted},
 	{ErrBadToken, codes.Aborted},
 	{ErrOutOfRange, codes.OutOfRange},
+	{ErrOffset, codes.OutOfRange},
 	{ErrPrecondition, codes.FailedPrecondition},
 	{ErrUnauthenticated, codes.Unauthenticated},
 	{ErrNoSpace, codes.ResourceExhausted},
@@ -80,7 +84,10 @@ var apiCodes = map[string]codes.Code{
 	api.CodeUnavailable:    codes.Unavailable,
 	api.CodeNotPrimary:     codes.FailedPrecondition,
 	api.CodeNotSupported:   codes.FailedPrecondition,
-	api.CodeInternal:       codes.Internal,
+	// A snapshot without change tracking: the spec's "changed block
+	// tracking is not enabled" (GetMetadataDelta), for a full backup.
+	api.CodeNoCheckpoint: codes.FailedPrecondition,
+	api.CodeInternal:     codes.Internal,
 }
 
 // toStatus is the one mapping from errors to gRPC status codes. An error

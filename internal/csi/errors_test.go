@@ -29,6 +29,7 @@ func TestToStatus(t *testing.T) {
 		{fmt.Errorf("x: %w", ErrBusy), codes.Aborted},
 		{fmt.Errorf("x: %w", ErrBadToken), codes.Aborted},
 		{fmt.Errorf("x: %w", ErrOutOfRange), codes.OutOfRange},
+		{fmt.Errorf("x: %w", ErrOffset), codes.OutOfRange},
 		{fmt.Errorf("x: %w", ErrPrecondition), codes.FailedPrecondition},
 		{fmt.Errorf("x: %w", ErrUnauthenticated), codes.Unauthenticated},
 		{fmt.Errorf("x: %w", ErrNoSpace), codes.ResourceExhausted},
@@ -46,6 +47,7 @@ func TestToStatus(t *testing.T) {
 		{apiErr(api.CodeUnavailable), codes.Unavailable},
 		{apiErr(api.CodeNotPrimary), codes.FailedPrecondition},
 		{apiErr(api.CodeNotSupported), codes.FailedPrecondition},
+		{apiErr(api.CodeNoCheckpoint), codes.FailedPrecondition},
 		{apiErr(api.CodeInternal), codes.Internal},
 		{apiErr("SomethingNew"), codes.Internal},
 		// A sentinel wins over the API code it wraps.

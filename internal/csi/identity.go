@@ -17,8 +17,9 @@ func (i *identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*c
 	return &csi.GetPluginInfoResponse{Name: i.d.cfg.DriverName, VendorVersion: i.d.cfg.Version}, nil
 }
 
-// GetPluginCapabilities advertises the controller service (in controller and
-// all modes), topology (the pool segment) and online expansion.
+// GetPluginCapabilities advertises the controller and snapshot metadata
+// services (in controller and all modes), topology (the pool segment) and
+// online expansion.
 func (i *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
 	service := func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
 		return &csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}}}
@@ -30,7 +31,8 @@ func (i *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 		}}},
 	}
 	if i.d.cfg.Mode.controller() {
-		caps = append(caps, service(csi.PluginCapability_Service_CONTROLLER_SERVICE))
+		caps = append(caps, service(csi.PluginCapability_Service_CONTROLLER_SERVICE),
+			service(csi.PluginCapability_Service_SNAPSHOT_METADATA_SERVICE))
 	}
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }

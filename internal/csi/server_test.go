@@ -30,6 +30,7 @@ type server struct {
 	nbdSocket string
 	token     string
 	api       *client.Client
+	pool      string // the pool directory
 }
 
 // startServer starts a server for the test; t.Cleanup stops it and fails
@@ -38,7 +39,7 @@ func startServer(t *testing.T) *server {
 	t.Helper()
 	const token = "sanity-token-0123456789"
 	p := testserver.StartT(t, quiverBin, testserver.Options{Token: token})
-	return &server{apiURL: "http://" + p.APIAddr, nbdSocket: p.Socket, token: token, api: p.API}
+	return &server{apiURL: "http://" + p.APIAddr, nbdSocket: p.Socket, token: token, api: p.API, pool: p.Pool}
 }
 
 // shortTempDir is a temporary directory with a short path, for unix sockets
