@@ -1,7 +1,4 @@
-// Package backup_test runs the backup path a storage admin takes: a real
-// `quiver server` with --backup-config pointing at an S3 server, disks
-// written by qemu-io over NBD, and the `quiver backup` commands.
-package backup_test
+package backup
 
 import (
 	"context"
