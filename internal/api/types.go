@@ -101,6 +101,9 @@ type Volume struct {
 	Reason string `json:"reason,omitempty"`
 	// Replicas is how many nodes keep a copy (1 on a single node).
 	Replicas int `json:"replicas,omitempty"`
+	// BackupPolicy is the volume's backup schedule and retention, when it
+	// has one (PUT /v1/volumes/{volume}/backup-policy).
+	BackupPolicy *BackupPolicy `json:"backupPolicy,omitempty"`
 	// Copies, Primary and Term say where a cluster keeps the volume: absent
 	// on a single node.
 	Copies  []Copy `json:"copies,omitempty"`
@@ -355,6 +358,34 @@ type BackupTarget struct {
 	Store      string `json:"store"`                // s3://endpoint/bucket/prefix
 	Repository string `json:"repository,omitempty"` // the repository's id, once it opens
 	Error      string `json:"error,omitempty"`      // why it does not open now
+}
+
+// BackupPolicy is a volume's backup schedule and retention (the body of
+// PUT /v1/volumes/{volume}/backup-policy). Every is a Go duration ("1h",
+// "30m"), at least a minute. Keep*: the newest N backups, and the newest
+// of each of the last N days, ISO weeks and months; all zero keeps every
+// backup.
+type BackupPolicy struct {
+	Every       string `json:"every"`
+	Target      string `json:"target,omitempty"` // "" for the server's only target
+	KeepLast    int    `json:"keepLast,omitempty"`
+	KeepDaily   int    `json:"keepDaily,omitempty"`
+	KeepWeekly  int    `json:"keepWeekly,omitempty"`
+	KeepMonthly int    `json:"keepMonthly,omitempty"`
+}
+
+// BackupStatus is a volume's backups to a target (GET /v1/backup-status).
+type BackupStatus struct {
+	Volume      string    `json:"volume"`
+	Target      string    `json:"target"`
+	Every       string    `json:"every,omitempty"` // the policy's, "" without one
+	LastSuccess time.Time `json:"lastSuccess,omitzero"`
+	LastBackup  string    `json:"lastBackup,omitempty"`
+	LastError   string    `json:"lastError,omitempty"` // of the last attempt, when it failed
+	Overdue     bool      `json:"overdue"`             // older than 1.5 times the policy's interval
+	BytesSent   int64     `json:"bytesSent"`           // by the newest backup
+	Dedup       float64   `json:"dedup"`               // share of its chunks already stored
+	Failures    int64     `json:"failures"`            // since the server started
 }
 
 // BackupSpec is the body of POST /v1/volumes/{volume}/backups.

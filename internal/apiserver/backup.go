@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/auth"
@@ -254,6 +255,74 @@ func (s *Server) verifyBackup(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, out)
 		return nil
 	})
+}
+
+func (s *Server) setBackupPolicy(w http.ResponseWriter, r *http.Request) error {
+	svc, err := s.backups(r)
+	if err != nil {
+		return err
+	}
+	var p api.BackupPolicy
+	if err := decode(r, &p); err != nil {
+		return err
+	}
+	every, err := time.ParseDuration(p.Every)
+	if err != nil {
+		return fmt.Errorf("every %q: a duration such as 30m or 24h: %w", p.Every, pool.ErrInvalid)
+	}
+	target, err := targetOf(svc, p.Target)
+	if err != nil {
+		return err
+	}
+	if _, err := svc.Repo(r.Context(), target); err != nil {
+		return err // an unknown target, or one without a repository: said now, not at the first backup
+	}
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	info, err := v.SetBackupPolicy(r.Context(), &pool.BackupPolicy{Every: every, Target: p.Target, KeepLast: p.KeepLast,
+		KeepDaily: p.KeepDaily, KeepWeekly: p.KeepWeekly, KeepMonthly: p.KeepMonthly})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
+	return nil
+}
+
+func (s *Server) deleteBackupPolicy(w http.ResponseWriter, r *http.Request) error {
+	if _, err := s.backups(r); err != nil {
+		return err
+	}
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	info, err := v.SetBackupPolicy(r.Context(), nil)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
+	return nil
+}
+
+func (s *Server) backupStatus(w http.ResponseWriter, r *http.Request) error {
+	svc, err := s.backups(r)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	out := api.List[api.BackupStatus]{Items: []api.BackupStatus{}}
+	for _, st := range svc.Statuses(r.Context()) {
+		b := api.BackupStatus{Volume: st.Volume, Target: st.Target, LastSuccess: st.LastSuccess, LastBackup: st.LastBackup,
+			LastError: st.LastError, Overdue: st.Overdue(now), BytesSent: st.BytesSent, Dedup: st.Dedup, Failures: st.Failures}
+		if st.Every > 0 {
+			b.Every = st.Every.String()
+		}
+		out.Items = append(out.Items, b)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
 }
 
 func backupToAPI(target string, m *backup.Manifest) api.Backup {

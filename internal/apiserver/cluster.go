@@ -457,6 +457,10 @@ var replicatedGuards = map[string]replicatedGuard{
 	"DELETE /v1/volumes/{volume}/disks/{disk}":          onPrimary,
 	"POST /v1/volumes/{volume}/snapshots":               onPrimary,
 	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  onPrimary,
+	// Backups of a cluster's volumes are not built yet.
+	"PUT /v1/volumes/{volume}/backup-policy":    notYetBuilt,
+	"DELETE /v1/volumes/{volume}/backup-policy": notYetBuilt,
+	"POST /v1/volumes/{volume}/backups":         notYetBuilt,
 	// The primary's change tracking saw every write the VM made.
 	"GET /v1/volumes/{volume}/snapshots/{snapshot}/changes": onPrimary,
 	"POST /v1/volumes/{volume}/rollback":                    onPrimary,

@@ -79,6 +79,8 @@ type Service struct {
 	order   []string
 	// busy serializes backups of one volume.
 	busy sync.Map
+	// book keeps each volume's backup status (schedule.go).
+	book statusBook
 }
 
 type target struct {
@@ -234,6 +236,21 @@ func snapshotPrefix(target string) string { return "backup-" + target + "-" }
 // incremental from the newest backup whose snapshot is still in the pool
 // with its checkpoint, full otherwise (or when full is set).
 func (s *Service) Backup(ctx context.Context, volume, targetName string, full bool, prog pool.Progress) (*Manifest, error) {
+	if _, err := s.target(targetName); err != nil {
+		return nil, err
+	}
+	m, err := s.backup(ctx, volume, targetName, full, prog)
+	if err != nil {
+		if !errors.Is(err, pool.ErrVolumeNotFound) {
+			s.recordFailure(volume, targetName, err)
+		}
+		return nil, err
+	}
+	s.recordSuccess(targetName, m)
+	return m, nil
+}
+
+func (s *Service) backup(ctx context.Context, volume, targetName string, full bool, prog pool.Progress) (*Manifest, error) {
 	r, err := s.Repo(ctx, targetName)
 	if err != nil {
 		return nil, err

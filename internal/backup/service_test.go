@@ -12,6 +12,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quiverstorage/quiver/internal/pool"
 	"github.com/quiverstorage/quiver/internal/tests3"
@@ -191,5 +194,86 @@ func TestServiceStoreDownMidway(t *testing.T) {
 	}
 	if _, err := s.Backup(ctx, "vm", "main", false, nil); err != nil {
 		t.Fatalf("backup once the store is back: %v", err)
+	}
+}
+
+func TestSchedulePruneAndMetrics(t *testing.T) {
+	ctx := context.Background()
+	s, p, _ := testService(t)
+	if _, err := s.Init(ctx, "main"); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := p.Volume("vm")
+	if _, err := v.SetBackupPolicy(ctx, &pool.BackupPolicy{Every: 30 * time.Second}); !errors.Is(err, pool.ErrInvalid) {
+		t.Fatalf("a policy under a minute: %v", err)
+	}
+	if _, err := v.SetBackupPolicy(ctx, &pool.BackupPolicy{Every: time.Hour, KeepLast: 2}); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(9, 9))
+	r, _ := s.Repo(ctx, "main")
+	count := func() int {
+		list, _, err := r.List(ctx, "vm")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(list)
+	}
+	for round := 1; round <= 3; round++ {
+		scribble(t, v, rng, 50)
+		s.RunDue(ctx)
+		if n := count(); n != min(round, 2) {
+			t.Fatalf("round %d: %d backups, want %d (keep last 2)", round, n, min(round, 2))
+		}
+		s.RunDue(ctx) // not due again within the hour
+		if n := count(); n != min(round, 2) {
+			t.Fatalf("round %d: a second pass made a backup that was not due (%d)", round, n)
+		}
+		// An hour passes.
+		st := s.status("vm", "main")
+		s.book.mu.Lock()
+		st.LastSuccess = st.LastSuccess.Add(-time.Hour)
+		s.book.mu.Unlock()
+	}
+	// The pruned backups' chunks are collected: every chunk in the store
+	// is named by a backup left.
+	if removed, _, err := r.Collect(ctx); err != nil || removed != 0 {
+		t.Errorf("chunks left after pruning: %d %v", removed, err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(s)
+	metric := func(name string) float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				return mf.GetMetric()[0].GetGauge().GetValue() + mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		t.Fatalf("no metric %s", name)
+		return 0
+	}
+	if metric("quiver_backup_policy_interval_seconds") != 3600 || metric("quiver_backup_overdue") != 0 ||
+		metric("quiver_backup_sent_bytes_total") <= 0 {
+		t.Errorf("metrics after scheduled backups: interval %v overdue %v sent %v", metric("quiver_backup_policy_interval_seconds"),
+			metric("quiver_backup_overdue"), metric("quiver_backup_sent_bytes_total"))
+	}
+	st := s.status("vm", "main")
+	s.book.mu.Lock()
+	st.LastSuccess = time.Now().Add(-2 * time.Hour)
+	s.book.mu.Unlock()
+	if metric("quiver_backup_overdue") != 1 {
+		t.Error("a backup two intervals old is not overdue")
+	}
+	// A deleted volume's series go.
+	if err := p.DeleteWith(ctx, "vm", pool.DeleteOptions{Recursive: true}); err != nil {
+		t.Fatal(err)
+	}
+	mfs, _ := reg.Gather()
+	if len(mfs) != 0 {
+		t.Errorf("series of a deleted volume: %v", mfs)
 	}
 }

@@ -31,7 +31,7 @@ backup of a volume reads every disk; later ones read only what changed since.`,
 	cmd.PersistentFlags().StringVar(&target, "target", "", "backup target (when the server has more than one)")
 	cmd.AddCommand(a.backupCreateCommand(&target), a.backupListCommand(&target), a.backupGetCommand(&target),
 		a.backupRestoreCommand(&target), a.backupVerifyCommand(&target), a.backupDeleteCommand(&target),
-		a.backupTargetCommand(), a.backupKeyCommand())
+		a.backupStatusCommand(), a.backupTargetCommand(), a.backupKeyCommand())
 	return cmd
 }
 
@@ -279,4 +279,97 @@ func orNone(s string) string {
 		return none
 	}
 	return s
+}
+
+func (a *app) volumePolicyCommand() *cobra.Command {
+	var (
+		p    api.BackupPolicy
+		none bool
+	)
+	cmd := &cobra.Command{
+		Use:   "policy VOLUME (--backup-every DURATION [--target T] [--keep-last N] [--keep-daily N] ... | --no-backup)",
+		Short: "Set a volume's backup schedule and retention",
+		Long: `Set how often the server backs the volume up (a whole-VM snapshot, stored incrementally
+in the backup target) and which backups it keeps: the newest N, and the newest of each of
+the last N days, weeks and months. Without keep rules every backup is kept.
+
+  quiver volume policy db01 --backup-every 1h --keep-last 24 --keep-daily 7 --keep-weekly 4`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var v api.Volume
+			switch {
+			case none && p.Every != "":
+				return errors.New("--no-backup and --backup-every: pick one")
+			case none:
+				v, err = c.DeleteBackupPolicy(cmd.Context(), args[0])
+			case p.Every == "":
+				return errors.New("--backup-every DURATION (e.g. 1h), or --no-backup")
+			default:
+				v, err = c.SetBackupPolicy(cmd.Context(), args[0], p)
+			}
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), v, func(w io.Writer) error {
+				if v.BackupPolicy == nil {
+					_, err := fmt.Fprintf(w, "volume %s: no scheduled backups\n", v.Name)
+					return err
+				}
+				bp := v.BackupPolicy
+				_, err := fmt.Fprintf(w, "volume %s: backed up every %s to %s; keep last %d, daily %d, weekly %d, monthly %d\n",
+					v.Name, bp.Every, orDefault(bp.Target, "the server's target"), bp.KeepLast, bp.KeepDaily, bp.KeepWeekly, bp.KeepMonthly)
+				return err
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&p.Every, "backup-every", "", "back up this often (a duration: 30m, 1h, 24h; at least 1m)")
+	f.StringVar(&p.Target, "target", "", "backup target (when the server has more than one)")
+	f.IntVar(&p.KeepLast, "keep-last", 0, "keep the newest N backups")
+	f.IntVar(&p.KeepDaily, "keep-daily", 0, "keep the newest backup of each of the last N days")
+	f.IntVar(&p.KeepWeekly, "keep-weekly", 0, "keep the newest backup of each of the last N weeks")
+	f.IntVar(&p.KeepMonthly, "keep-monthly", 0, "keep the newest backup of each of the last N months")
+	f.BoolVar(&none, "no-backup", false, "remove the volume's schedule (its backups stay)")
+	return cmd
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func (a *app) backupStatusCommand() *cobra.Command {
+	return a.getter(&cobra.Command{
+		Use:   "status",
+		Short: "Show each volume's newest backup per target, its age against the policy, and what it cost",
+		Args:  cobra.NoArgs,
+	}, func(ctx context.Context, c *client.Client, _ []string) (any, func(io.Writer) error, error) {
+		list, err := c.BackupStatus(ctx)
+		return api.List[api.BackupStatus]{Items: nonNil(list)}, func(w io.Writer) error {
+			now := a.env.Now()
+			t := newTable(w, "VOLUME", "TARGET", "EVERY", "LAST-GOOD", "AGE", "STATE", "SENT", "DEDUP", "FAILURES")
+			for _, s := range list {
+				last, ago := none, none
+				if !s.LastSuccess.IsZero() {
+					last, ago = s.LastBackup, age(now, s.LastSuccess)
+				}
+				state := "ok"
+				switch {
+				case s.LastError != "":
+					state = "failing: " + s.LastError
+				case s.Overdue:
+					state = "overdue"
+				}
+				t.row(s.Volume, s.Target, orNone(s.Every), last, ago, state, quantity.Format(s.BytesSent),
+					fmt.Sprintf("%.0f%%", 100*s.Dedup), fmt.Sprint(s.Failures))
+			}
+			return t.flush()
+		}, err
+	})
 }

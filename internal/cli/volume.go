@@ -23,7 +23,7 @@ func (a *app) volumeCommand() *cobra.Command {
 	}
 	cmd.AddCommand(a.volumeCreateCommand(), a.volumeListCommand(), a.volumeGetCommand(),
 		a.volumeDeleteCommand(), a.volumeGrowCommand(), a.volumeLabelCommand(), a.volumeQoSCommand(),
-		a.volumeStatsCommand(), a.volumeImportCommand(), a.volumeExportCommand(), a.volumeDuCommand())
+		a.volumeStatsCommand(), a.volumeImportCommand(), a.volumeExportCommand(), a.volumeDuCommand(), a.volumePolicyCommand())
 	return cmd
 }
 

@@ -129,3 +129,33 @@ func (c *Client) startJobQuery(ctx context.Context, path string, q url.Values, b
 	}
 	return job, nil
 }
+
+// SetBackupPolicy sets a volume's backup schedule and retention.
+func (c *Client) SetBackupPolicy(ctx context.Context, volume string, p api.BackupPolicy) (api.Volume, error) {
+	var v api.Volume
+	seg, err := segment("volume", volume)
+	if err != nil {
+		return v, err
+	}
+	err = c.do(ctx, http.MethodPut, "/volumes/"+seg+"/backup-policy", nil, p, &v)
+	return v, err
+}
+
+// DeleteBackupPolicy removes a volume's backup schedule.
+func (c *Client) DeleteBackupPolicy(ctx context.Context, volume string) (api.Volume, error) {
+	var v api.Volume
+	seg, err := segment("volume", volume)
+	if err != nil {
+		return v, err
+	}
+	err = c.do(ctx, http.MethodDelete, "/volumes/"+seg+"/backup-policy", nil, nil, &v)
+	return v, err
+}
+
+// BackupStatus lists every volume's backups by target: the newest, its age
+// against the policy, what it cost.
+func (c *Client) BackupStatus(ctx context.Context) ([]api.BackupStatus, error) {
+	var list api.List[api.BackupStatus]
+	err := c.do(ctx, http.MethodGet, "/backup-status", nil, nil, &list)
+	return list.Items, err
+}

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"path"
 	"testing"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/storage/crashfs"
 )
@@ -316,5 +317,31 @@ func TestChangesSurvivePowerCuts(t *testing.T) {
 			}
 		}
 		p.Close()
+	}
+}
+
+func TestBackupPolicyKeptInTheManifest(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	p := openTestPool(t, dir)
+	mustCreate(t, p, VolumeSpec{Name: "vm", Capacity: 8 * mib, Disks: []DiskSpec{{Name: "root", Size: mib}}})
+	v, _ := p.Volume("vm")
+	for _, bad := range []BackupPolicy{{Every: time.Second}, {Every: time.Hour, Target: "../x"}, {Every: time.Hour, KeepLast: -1}} {
+		if _, err := v.SetBackupPolicy(ctx, &bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("policy %+v: %v, want ErrInvalid", bad, err)
+		}
+	}
+	want := BackupPolicy{Every: 6 * time.Hour, Target: "offsite", KeepDaily: 7}
+	if _, err := v.SetBackupPolicy(ctx, &want); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	p = openTestPool(t, dir)
+	v, _ = p.Volume("vm")
+	if got := v.Info().BackupPolicy; got == nil || *got != want {
+		t.Fatalf("policy after a restart: %+v, want %+v", got, want)
+	}
+	if _, err := v.SetBackupPolicy(ctx, nil); err != nil || v.Info().BackupPolicy != nil {
+		t.Fatalf("removing the policy: %v", err)
 	}
 }

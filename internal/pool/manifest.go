@@ -64,6 +64,8 @@ type volumeManifest struct {
 	// DiskKeys those of the requests that added disks, by disk name.
 	IdempotencyKey string            `json:"idempotencyKey,omitempty"`
 	DiskKeys       map[string]string `json:"diskIdempotencyKeys,omitempty"`
+	// BackupPolicy is the volume's backup schedule (policy.go); nil: none.
+	BackupPolicy *BackupPolicy `json:"backupPolicy,omitempty"`
 }
 
 // snapshotManifest is snapshot.json inside a snapshot directory.
@@ -159,6 +161,8 @@ type VolumeInfo struct {
 	Writer    WriterInfo
 	Replicas  int    // 1 unless the volume was made by a cluster
 	Tenant    string // the volume's tenant, from its manifest; "" for none
+	// BackupPolicy is the volume's backup schedule; nil: none.
+	BackupPolicy *BackupPolicy
 	// Broken, when not empty, says why the volume was quarantined at
 	// start-up; only Name is set then, and every operation fails with
 	// ErrBroken.

@@ -102,6 +102,11 @@ func (m *volumeManifest) validate(dir string) error {
 	if m.Replicas < 0 || m.Replicas > MaxReplicas {
 		return invalid("replicas", "", fmt.Sprintf("replicas %d: must be from 1 to %d", m.Replicas, MaxReplicas))
 	}
+	if m.BackupPolicy != nil {
+		if err := ValidateBackupPolicy(*m.BackupPolicy); err != nil {
+			return fmt.Errorf("backupPolicy: %w", err)
+		}
+	}
 	return ValidateVolumeTenant(m.Name, m.Tenant)
 }
 

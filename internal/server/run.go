@@ -260,6 +260,14 @@ func (n *node) buildAPI() {
 	h.MaxOvercommit = cfg.MaxOvercommit
 	h.Audit = n.audit
 	h.Backups = n.backups
+	if n.backups != nil {
+		n.metrics.Register(n.backups)
+		// Scheduled backups (volume policies), checked every 30 s.
+		bctx, bcancel := context.WithCancel(context.Background())
+		bdone := make(chan struct{})
+		go func() { defer close(bdone); n.backups.Run(bctx, 30*time.Second) }()
+		n.onClose(func() { bcancel(); <-bdone })
+	}
 	endpoint := apiserver.NBDEndpoint{Socket: cfg.NBDSocket, TLS: n.cfg.NBD.TLS != nil && n.cfg.NBD.RequireTLS}
 	for _, l := range n.nbdLns {
 		if l.Addr().Network() == "tcp" {

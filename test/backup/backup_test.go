@@ -3,6 +3,8 @@ package backup
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -101,6 +103,29 @@ func TestBackupRestoreVerifyThroughTheCLI(t *testing.T) {
 		t.Fatalf("first backup's root: %v\n%s", err, out)
 	}
 
+	// A schedule: shown on the volume, in backup status and in the metrics.
+	cli2("volume", "policy", "vm", "--backup-every", "1h", "--keep-last", "24", "--keep-daily", "7")
+	var vol api.Volume
+	if err := json.Unmarshal([]byte(cli2("-o", "json", "volume", "get", "vm")), &vol); err != nil {
+		t.Fatal(err)
+	}
+	if vol.BackupPolicy == nil || vol.BackupPolicy.Every != "1h0m0s" || vol.BackupPolicy.KeepDaily != 7 {
+		t.Fatalf("volume's policy: %+v", vol.BackupPolicy)
+	}
+	status := cli2("backup", "status")
+	if !strings.Contains(status, second.ID) || !strings.Contains(status, "1h0m0s") || !strings.Contains(status, " ok ") {
+		t.Fatalf("backup status:\n%s", status)
+	}
+	if out, err := exec.Command(bin, "--server", "http://"+srv.APIAddr, "volume", "policy", "vm", "--backup-every", "10s").CombinedOutput(); err == nil ||
+		!strings.Contains(string(out), "between 1m") {
+		t.Fatalf("a schedule under a minute: %v %s", err, out)
+	}
+	metrics := curl(t, "http://"+srv.APIAddr+"/metrics")
+	if !strings.Contains(metrics, `quiver_backup_policy_interval_seconds{target="offsite",volume="vm"} 3600`) ||
+		!strings.Contains(metrics, `quiver_backup_overdue{target="offsite",volume="vm"} 0`) {
+		t.Fatalf("backup metrics missing:\n%s", grepLines(metrics, "quiver_backup"))
+	}
+
 	// A damaged chunk: verify names it and fails; restore refuses.
 	var victim string
 	err := s3Objects(t, s3, "quiver/chunks/", func(k string) { victim = k })
@@ -129,4 +154,28 @@ func TestBackupRestoreVerifyThroughTheCLI(t *testing.T) {
 func s3Objects(t *testing.T, s3 *tests3.Server, prefix string, fn func(string)) error {
 	t.Helper()
 	return s3.List(prefix, fn)
+}
+
+func curl(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
