@@ -104,6 +104,10 @@ type Volume struct {
 	// BackupPolicy is the volume's backup schedule and retention, when it
 	// has one (PUT /v1/volumes/{volume}/backup-policy).
 	BackupPolicy *BackupPolicy `json:"backupPolicy,omitempty"`
+	// DirectAccess names the nodes that hand a VM the image files
+	// themselves (a single node's Filesystem-mode PVC): change tracking
+	// counts every disk changed meanwhile, so backups read them whole.
+	DirectAccess []string `json:"directAccess,omitempty"`
 	// Copies, Primary and Term say where a cluster keeps the volume: absent
 	// on a single node.
 	Copies  []Copy `json:"copies,omitempty"`

@@ -257,6 +257,30 @@ func (s *Server) verifyBackup(w http.ResponseWriter, r *http.Request) error {
 	})
 }
 
+// setDirectAccess records that a node hands the volume's image files to a
+// VM (the CSI node plugin, before it binds them): change tracking counts
+// every disk changed until it is cleared.
+func (s *Server) setDirectAccess(w http.ResponseWriter, r *http.Request) error {
+	return s.directAccess(w, r, true)
+}
+
+func (s *Server) clearDirectAccess(w http.ResponseWriter, r *http.Request) error {
+	return s.directAccess(w, r, false)
+}
+
+func (s *Server) directAccess(w http.ResponseWriter, r *http.Request, on bool) error {
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	info, err := v.SetDirectAccess(r.Context(), r.PathValue("holder"), on)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
+	return nil
+}
+
 func (s *Server) setBackupPolicy(w http.ResponseWriter, r *http.Request) error {
 	svc, err := s.backups(r)
 	if err != nil {

@@ -457,6 +457,9 @@ var replicatedGuards = map[string]replicatedGuard{
 	"DELETE /v1/volumes/{volume}/disks/{disk}":          onPrimary,
 	"POST /v1/volumes/{volume}/snapshots":               onPrimary,
 	"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":  onPrimary,
+	// A cluster's volumes never hand out their files (the endpoint path).
+	"PUT /v1/volumes/{volume}/direct-access/{holder}":    notYetBuilt,
+	"DELETE /v1/volumes/{volume}/direct-access/{holder}": notYetBuilt,
 	// Backups of a cluster's volumes are not built yet.
 	"PUT /v1/volumes/{volume}/backup-policy":    notYetBuilt,
 	"DELETE /v1/volumes/{volume}/backup-policy": notYetBuilt,

@@ -21,6 +21,7 @@ func volumeToAPI(v pool.VolumeInfo) api.Volume {
 		q := api.QoS(v.QoS)
 		out.QoS = &q
 	}
+	out.DirectAccess = v.DirectAccess
 	if p := v.BackupPolicy; p != nil {
 		out.BackupPolicy = &api.BackupPolicy{Every: p.Every.String(), Target: p.Target, KeepLast: p.KeepLast,
 			KeepDaily: p.KeepDaily, KeepWeekly: p.KeepWeekly, KeepMonthly: p.KeepMonthly}

@@ -127,6 +127,8 @@ func (s *Server) routes() {
 		"DELETE /v1/volumes/{volume}/snapshots/{snapshot}":        {s.deleteSnapshot, auth.ActWrite},
 		"GET /v1/volumes/{volume}/snapshots/{snapshot}/allocated": {s.snapshotAllocated, auth.ActRead},
 		"GET /v1/volumes/{volume}/snapshots/{snapshot}/changes":   {s.snapshotChanges, auth.ActRead},
+		"PUT /v1/volumes/{volume}/direct-access/{holder}":         {s.setDirectAccess, auth.ActAttach},
+		"DELETE /v1/volumes/{volume}/direct-access/{holder}":      {s.clearDirectAccess, auth.ActAttach},
 		"PUT /v1/volumes/{volume}/backup-policy":                  {s.setBackupPolicy, auth.ActWrite},
 		"DELETE /v1/volumes/{volume}/backup-policy":               {s.deleteBackupPolicy, auth.ActWrite},
 		"GET /v1/backup-status":                                   {s.backupStatus, auth.ActRead},

@@ -159,3 +159,21 @@ func (c *Client) BackupStatus(ctx context.Context) ([]api.BackupStatus, error) {
 	err := c.do(ctx, http.MethodGet, "/backup-status", nil, nil, &list)
 	return list.Items, err
 }
+
+// SetDirectAccess records (on) or clears that holder (a node) hands the
+// volume's image files to a VM; see api.Volume.DirectAccess.
+func (c *Client) SetDirectAccess(ctx context.Context, volume, holder string, on bool) error {
+	v, err := segment("volume", volume)
+	if err != nil {
+		return err
+	}
+	h, err := segment("holder", holder)
+	if err != nil {
+		return err
+	}
+	method := http.MethodPut
+	if !on {
+		method = http.MethodDelete
+	}
+	return c.do(ctx, method, "/volumes/"+v+"/direct-access/"+h, nil, nil, nil)
+}

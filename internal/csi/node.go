@@ -172,6 +172,14 @@ func (n *nodeService) stageFilesystem(ctx context.Context, rec *stageRecord, v a
 			"a local pool on this node or an NFS pool mounted everywhere, see --pool-dir; or use volumeMode: Block): %w",
 			v.Name, src, ErrPrecondition)
 	}
+	if !rec.ReadOnly {
+		// The VM will write the files themselves, where quiver's change
+		// tracking cannot see it: say so on the volume first.
+		if err := n.d.api.SetDirectAccess(ctx, v.Name, n.d.cfg.NodeID, true); err != nil {
+			return fmt.Errorf("volume %s: record direct access: %w", v.Name, err)
+		}
+		rec.Direct = true
+	}
 	return n.bindStaging(rec, src)
 }
 
@@ -339,6 +347,11 @@ func (n *nodeService) unstage(ctx context.Context, rec *stageRecord) error {
 		n.d.log.Info("unstaged block volume", "volume", rec.Volume, "loop", rec.Loop)
 	} else if err := n.unmount(rec.Staging, false); err != nil {
 		return err
+	}
+	if rec.Direct {
+		if err := n.d.api.SetDirectAccess(ctx, rec.Volume, n.d.cfg.NodeID, false); err != nil {
+			return fmt.Errorf("volume %s: clear direct access: %w", rec.Volume, err)
+		}
 	}
 	if rec.Endpoint {
 		if n.ep == nil {

@@ -268,3 +268,91 @@ func TestExportVolume(t *testing.T) {
 		}
 	}
 }
+
+// TestFilesystemDirectAccessIsTracked: a single node's Filesystem-mode
+// staging hands the VM the image files, whose writes quiver never sees;
+// the volume says so while it is staged, and the change tracking reports
+// its disks changed whole, so a backup reads them whole. Unstaged, the
+// mark goes.
+func TestFilesystemDirectAccessIsTracked(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	testfs.RequireRoot(t)
+	s := startServer(t)
+	p := startPlugin(t, s, "node-a", true)
+	ctx := t.Context()
+	vc := mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	volID := createVolume(t, p, &csi.CreateVolumeRequest{
+		Name:               "pvc-vm-direct",
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: 64 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{vc},
+		Parameters:         map[string]string{ParamDisks: "root=16Mi,data=16Mi"},
+	})
+	if _, err := s.api.CreateSnapshot(ctx, volID, "before"); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := p.ctrl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: volID, NodeId: "node-a", VolumeCapability: vc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	staging := filepath.Join(t.TempDir(), "staging")
+	if _, err := p.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: volID, StagingTargetPath: staging,
+		VolumeCapability: vc, PublishContext: pub.GetPublishContext()}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.api.GetVolume(ctx, volID)
+	if err != nil || !slices.Equal(v.DirectAccess, []string{"node-a"}) {
+		t.Fatalf("staged volume's direct access: %v %v, want [node-a]", v.DirectAccess, err)
+	}
+	// The VM writes a file itself.
+	f, err := os.OpenFile(filepath.Join(staging, "data.img"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("behind quiver's back"), 5<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := s.api.CreateSnapshot(ctx, volID, "during"); err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []string{"before", "during"} {
+		ch, err := s.api.SnapshotChanges(ctx, volID, from, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range ch.Disks {
+			if !d.Whole {
+				t.Errorf("changes from %s while staged: disk %s %+v, want whole", from, d.Disk, d)
+			}
+		}
+	}
+	if _, err := p.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: volID, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.ctrl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: volID, NodeId: "node-a"}); err != nil {
+		t.Fatal(err)
+	}
+	if v, err = s.api.GetVolume(ctx, volID); err != nil || len(v.DirectAccess) != 0 {
+		t.Fatalf("unstaged volume's direct access: %v %v", v.DirectAccess, err)
+	}
+	// Tracked again from the next checkpoint on.
+	for _, name := range []string{"after", "later"} {
+		if _, err := s.api.CreateSnapshot(ctx, volID, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ch, err := s.api.SnapshotChanges(ctx, volID, "after", "later")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ch.Disks {
+		if d.Whole || d.Changed != 0 {
+			t.Errorf("changes between two checkpoints after unstaging: %+v", d)
+		}
+	}
+	for _, s2 := range []string{"before", "during", "after", "later"} {
+		_ = s.api.DeleteSnapshot(context.Background(), volID, s2)
+	}
+}

@@ -26,6 +26,11 @@ type stageRecord struct {
 	// Endpoint: the volume is published at the node's endpoint
 	// (Config.QuiverEndpoint), to be unpublished when unstaged.
 	Endpoint bool `json:"endpoint,omitempty"`
+	// Direct: the volume's image files are handed out here (a single
+	// node's Filesystem mode, read-write): recorded on the volume before
+	// the bind (change tracking then counts its disks changed whole) and
+	// cleared once unstaged.
+	Direct bool `json:"direct,omitempty"`
 	// Block mode: the disk exported, the attachment whose token opened
 	// it, the nbdfuse mount point and process, and the loop device.
 	Disk       string `json:"disk,omitempty"`

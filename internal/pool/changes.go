@@ -1013,8 +1013,16 @@ func (v *Volume) beginCheckpoint(disks []DiskSpec) (*checkpoint, error) {
 // cut (gate held exclusively, at the capture's cut) ends the epoch; a nil
 // checkpoint does nothing.
 func (ck *checkpoint) cut() {
-	if ck != nil {
-		ck.eps = ck.c.cut(ck.disks)
+	if ck == nil {
+		return
+	}
+	ck.eps = ck.c.cut(ck.disks)
+	if ck.c.v.direct() {
+		// The VM writes the files outside quiver: the new epoch is all
+		// changed from its start (direct.go).
+		for _, dc := range ck.disks {
+			dc.all.Store(true)
+		}
 	}
 }
 

@@ -66,6 +66,9 @@ type volumeManifest struct {
 	DiskKeys       map[string]string `json:"diskIdempotencyKeys,omitempty"`
 	// BackupPolicy is the volume's backup schedule (policy.go); nil: none.
 	BackupPolicy *BackupPolicy `json:"backupPolicy,omitempty"`
+	// DirectAccess names the holders of the image files themselves
+	// (direct.go): change tracking counts every disk changed meanwhile.
+	DirectAccess []string `json:"directAccess,omitempty"`
 }
 
 // snapshotManifest is snapshot.json inside a snapshot directory.
@@ -163,6 +166,8 @@ type VolumeInfo struct {
 	Tenant    string // the volume's tenant, from its manifest; "" for none
 	// BackupPolicy is the volume's backup schedule; nil: none.
 	BackupPolicy *BackupPolicy
+	// DirectAccess names who holds the image files themselves.
+	DirectAccess []string
 	// Broken, when not empty, says why the volume was quarantined at
 	// start-up; only Name is set then, and every operation fails with
 	// ErrBroken.

@@ -9,6 +9,8 @@ import (
 	"io/fs"
 	"os"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/storage"
 )
@@ -101,6 +103,11 @@ func (m *volumeManifest) validate(dir string) error {
 	}
 	if m.Replicas < 0 || m.Replicas > MaxReplicas {
 		return invalid("replicas", "", fmt.Sprintf("replicas %d: must be from 1 to %d", m.Replicas, MaxReplicas))
+	}
+	for _, h := range m.DirectAccess {
+		if errs := validation.IsDNS1123Subdomain(h); len(errs) > 0 {
+			return invalid("directAccess", h, "must be a DNS subdomain (a node name)")
+		}
 	}
 	if m.BackupPolicy != nil {
 		if err := ValidateBackupPolicy(*m.BackupPolicy); err != nil {

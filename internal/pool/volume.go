@@ -216,7 +216,7 @@ func (v *Volume) Info() VolumeInfo {
 	v.mu.Unlock()
 	info := VolumeInfo{QoS: limitsOf(m.QoS), Name: m.Name, UID: m.UID, Capacity: m.Capacity, Labels: m.Labels, Source: m.Source,
 		Snapshots: nsnaps, CreatedAt: m.CreatedAt, Dir: v.disksDir(), Replicas: replicasOf(m.Replicas), Tenant: m.Tenant,
-		BackupPolicy: m.BackupPolicy}
+		BackupPolicy: m.BackupPolicy, DirectAccess: m.DirectAccess}
 	for _, d := range m.Disks {
 		path := v.diskPath(d.Name)
 		alloc, _ := v.pool.fs.Allocated(v.pool.rel(path))
