@@ -84,9 +84,13 @@ type conn struct {
 	// iob is the reader's batch of READs and WRITEs to try (iobatch.go).
 	iob ioBatch
 	// ends holds the replies of started requests (started.go), started
-	// counts those not answered yet.
-	ends    batch
-	started sync.WaitGroup
+	// counts those not answered yet. draining (guarded by ends.mu) is set
+	// while drainEnds sends the ends that the client did not take at once;
+	// drain counts that goroutine.
+	ends     batch
+	started  sync.WaitGroup
+	draining bool
+	drain    sync.WaitGroup
 	// yielded is when the reader last yielded its P (socket.go).
 	yielded time.Time
 
@@ -253,7 +257,7 @@ func (c *conn) serve(ctx context.Context) error {
 	wg.Wait() // drain: every request read gets its reply
 	c.started.Wait()
 	if c.st != nil {
-		c.ends.hold.Stop()
+		c.finishEnds()
 	}
 	c.flushOnClose()
 	return err

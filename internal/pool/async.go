@@ -36,5 +36,8 @@ type Starter interface {
 // that the receiver may hold what it makes of this one (a reply to send)
 // to send it with the next; a receiver that holds must still send within a
 // short bound of its own, since a run of ends may also stop early (a
-// request whose connection broke is sent again, and ends later).
+// request whose connection broke is sent again, and ends later). Done
+// must not wait for the receiver's own client (a reply it cannot send
+// now is queued): the goroutine calling it reads the ends of every
+// request the handle has in flight.
 type Done func(err error, more bool)
