@@ -180,3 +180,52 @@ func TestEndsNeverWaitForTheClient(t *testing.T) {
 		})
 	}
 }
+
+// TestEndsHeldAtTheEnd: requests started and still held for more ends
+// when the connection ends (a client that sends NBD_CMD_DISC right behind
+// its WRITEs; a run of ends that stops early) are answered before the
+// connection closes, as the protocol asks of requests received before
+// the disconnect.
+func TestEndsHeldAtTheEnd(t *testing.T) {
+	e := &startExports{memExports: newMemExports(), stopEarly: true}
+	srv := NewServer(e, Config{Workers: 4, Logger: discardLogger()})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}()
+	c := dial(t, ln.Addr().String())
+	c.handshake(hsOpts{export: exportRoot})
+	// In one write, so that the reader reaches the disconnect before any
+	// write is sent to the disk (it unplugs only when nothing is buffered).
+	const n = 4
+	var burst []byte
+	for i := range n {
+		r := testReq{typ: cmdWrite, off: uint64(i) * 4096, length: 4096, payload: pattern(byte(i), int64(i)*4096, 4096), cookie: uint64(i + 1)}
+		c.expect(r)
+		burst = append(burst, reqBytes(r)...)
+	}
+	burst = append(burst, reqBytes(testReq{typ: cmdDisc})...)
+	c.mustWrite(burst)
+	for i := range n {
+		rep, err := c.readReply()
+		if err != nil {
+			t.Fatalf("reply %d of %d to the writes before the disconnect: %v", i+1, n, err)
+		}
+		if rep.errno != 0 {
+			t.Errorf("write %d: errno %d", rep.cookie, rep.errno)
+		}
+	}
+	c.expectClosed(10 * time.Second)
+	e.mu.Lock()
+	h := e.handles[0]
+	e.mu.Unlock()
+	if s := h.started.Load(); s != n {
+		t.Errorf("%d writes started, want %d", s, n)
+	}
+}
