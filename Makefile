@@ -132,10 +132,11 @@ bench: build
 # (A/B). Over TCP also the compute node's endpoint (issue 30): fio on the
 # unix socket of `quiver endpoint`, forwarding to the same quiver, against
 # fio straight to quiver; the report ends with its ratios and a verdict
-# against acceptance 6. KINDS, TRANSPORTS, CASES from the environment pick
-# a subset. See test/bench/nbd.sh.
+# against acceptance 6; EPBASE=<git rev> also runs the endpoint built at
+# that revision (A/B of the endpoint alone). KINDS, TRANSPORTS, CASES from
+# the environment pick a subset. See test/bench/nbd.sh.
 bench-nbd:
-	RUNTIME="$(RUNTIME)" ROUNDS="$(ROUNDS)" DIR="$(DIR)" BASE="$(BASE)" test/bench/nbd.sh
+	RUNTIME="$(RUNTIME)" ROUNDS="$(ROUNDS)" DIR="$(DIR)" BASE="$(BASE)" EPBASE="$(EPBASE)" test/bench/nbd.sh
 
 # NBD over TLS against plain TCP, in one run: quiver (--nbd-tls on), nbdkit
 # (--tls=require) and qemu-nbd (tls-creds-x509), 4k random reads at QD32 and

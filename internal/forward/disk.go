@@ -260,7 +260,11 @@ func (d *Disk) dial(ctx context.Context, addr string) (*nbdclient.Conn, error) {
 // primary when connecting again (the attachment was detached meanwhile)
 // abandons the request at once: the client's next connection is refused.
 func (d *Disk) do(run func(c *nbdclient.Conn) error) error {
-	deadline := time.Now().Add(d.opts.RetryFor)
+	return d.retry(time.Now().Add(d.opts.RetryFor), run)
+}
+
+// retry is do's loop, until deadline.
+func (d *Disk) retry(deadline time.Time, run func(c *nbdclient.Conn) error) error {
 	for {
 		c, err := d.conn(context.Background(), deadline)
 		if err != nil {
@@ -278,6 +282,64 @@ func (d *Disk) do(run func(c *nbdclient.Conn) error) error {
 			return fmt.Errorf("%w: %w", nbd.ErrAbandon, err)
 		}
 		d.opts.Logger.Info("primary connection lost; sending the request again", "export", d.shown, "err", err)
+	}
+}
+
+var _ pool.Starter = (*Disk)(nil)
+
+// StartRead and StartWrite start a request on the current connection
+// without waiting for it (pool.Starter): its end, when the primary
+// answers, goes to done from the connection's reply reader, with the error
+// ReadAt or WriteAt would have returned. A request whose connection breaks
+// (or that finds none) is not ended there: it goes on from a goroutine of
+// its own exactly as ReadAt or WriteAt (do) would go on, to the next
+// primary, within RetryFor of its start, and ends from there.
+func (d *Disk) StartRead(p []byte, off int64, done pool.Done) {
+	d.start(done, func(c *nbdclient.Conn) error { return c.ReadAt(p, off) },
+		func(c *nbdclient.Conn, end func(error, bool)) { c.StartRead(p, off, end) })
+}
+
+func (d *Disk) StartWrite(p []byte, off int64, fua bool, done pool.Done) {
+	d.start(done, func(c *nbdclient.Conn) error { return c.WriteAt(p, off, fua) },
+		func(c *nbdclient.Conn, end func(error, bool)) { c.StartWrite(p, off, fua, end) })
+}
+
+// start starts a request with begin on the current connection, and runs
+// it with run, as do does, where that connection breaks.
+func (d *Disk) start(done pool.Done, run func(c *nbdclient.Conn) error, begin func(*nbdclient.Conn, func(error, bool))) {
+	deadline := time.Now().Add(d.opts.RetryFor)
+	c, err := d.current()
+	switch {
+	case err != nil:
+		done(err, false)
+		return
+	case c == nil: // connecting may wait: not on the caller's goroutine
+		go func() { done(d.retry(deadline, run), false) }()
+		return
+	}
+	begin(c, func(err error, more bool) {
+		err = forwardErr(err)
+		if err == nil || !errors.Is(err, errConnLost) {
+			done(err, more)
+			return
+		}
+		c.Fail(err)
+		if time.Now().After(deadline) {
+			done(fmt.Errorf("%w: %w", nbd.ErrAbandon, err), false)
+			return
+		}
+		d.opts.Logger.Info("primary connection lost; sending the request again", "export", d.shown, "err", err)
+		go func() { done(d.retry(deadline, run), false) }()
+	})
+}
+
+// Unplug sends the requests started and not sent yet (pool.Starter).
+func (d *Disk) Unplug() {
+	d.mu.Lock()
+	c := d.c
+	d.mu.Unlock()
+	if c != nil {
+		c.Unplug()
 	}
 }
 
@@ -314,8 +376,9 @@ func (d *Disk) Extents(off, length int64, limit int) ([]pool.Extent, error) {
 	return []pool.Extent{{Offset: off, Length: length}}, nil
 }
 
-// Capabilities: none, every request goes to the primary.
-func (d *Disk) Capabilities() pool.Capabilities { return pool.Capabilities{} }
+// Capabilities: reads and writes start without waiting (pool.Starter);
+// every request goes to the primary.
+func (d *Disk) Capabilities() pool.Capabilities { return pool.Capabilities{Starter: d} }
 
 // Close closes the connection to the primary and stops following it.
 func (d *Disk) Close() error {

@@ -13,6 +13,11 @@
 // token, an unknown disk) is final and is passed on as it came
 // (nbd.Refused), so that a client gets the same refusal from every node.
 //
+// Reads and writes can also be started without waiting (pool.Starter): an
+// NBD server then starts each on its reader, and the connection's reply
+// reader answers it; one whose connection breaks goes on from a goroutine
+// of its own exactly as above.
+//
 // WRITE, TRIM, WRITE_ZEROES and FLUSH are idempotent under the volume's
 // single writer, so sending one again is safe: what the old primary
 // acknowledged is on the new one, and what it did not acknowledge is written

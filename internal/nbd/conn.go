@@ -55,7 +55,10 @@ type conn struct {
 	nb   pool.Nonblocking // caps.Nonblocking: the disk can try requests without waiting
 	// bt is the disk when the reader tries its small READs and WRITEs in
 	// batches (iobatch.go); nil with one worker.
-	bt          pool.Batcher
+	bt pool.Batcher
+	// st is the disk when the reader starts READs and WRITEs on it
+	// without waiting (started.go); nil with one worker.
+	st          pool.Starter
 	revoked     <-chan struct{} // closed when the client's attachment ends
 	export      string
 	description string
@@ -80,6 +83,14 @@ type conn struct {
 	out batch
 	// iob is the reader's batch of READs and WRITEs to try (iobatch.go).
 	iob ioBatch
+	// ends holds the replies of started requests (started.go), started
+	// counts those not answered yet. draining (guarded by ends.mu) is set
+	// while drainEnds sends the ends that the client did not take at once;
+	// drain counts that goroutine.
+	ends     batch
+	started  sync.WaitGroup
+	draining bool
+	drain    sync.WaitGroup
 	// yielded is when the reader last yielded its P (socket.go).
 	yielded time.Time
 
@@ -184,6 +195,11 @@ type request struct {
 
 	cost int64 // bytes reserved by conn.reserve, given back on release
 	conn *conn // the connection that reserved them
+
+	// A request started on the disk (started.go): its connection, and
+	// ended as a pool.Done, made once per pooled request.
+	owner *conn
+	endFn func(err error, more bool)
 }
 
 var requestPool = sync.Pool{New: func() any { return new(request) }}
@@ -196,6 +212,7 @@ func (r *request) release() {
 	putBuf(r.buf)
 	r.buf, r.room = nil, 0
 	r.errno, r.msg = 0, ""
+	r.owner = nil
 	requestPool.Put(r)
 }
 
@@ -212,6 +229,10 @@ func (c *conn) serve(ctx context.Context) error {
 		// forwarded disk): its writes wait for a peer, not for the
 		// file's inode lock, and run on the workers side by side.
 		c.writes = make(chan *request, writeQueue)
+	}
+	if c.srv.cfg.Workers > 1 && c.caps.Starter != nil {
+		c.st = c.caps.Starter
+		c.startEnds()
 	}
 	var wg sync.WaitGroup
 	for range c.srv.cfg.Workers {
@@ -234,6 +255,10 @@ func (c *conn) serve(ctx context.Context) error {
 		close(c.writes)
 	}
 	wg.Wait() // drain: every request read gets its reply
+	c.started.Wait()
+	if c.st != nil {
+		c.finishEnds()
+	}
 	c.flushOnClose()
 	return err
 }

@@ -12,7 +12,9 @@
 // shape of nbdkit's server/protocol.c): the reader validates it once as it
 // reads it (validate), and one function executes and answers it (exec,
 // commands.go), whichever goroutine runs it; schedule.go decides only
-// where that is (the reader, the write executor or a worker). All I/O goes
+// where that is (the reader, the write executor or a worker). A disk served
+// elsewhere that starts requests (pool.Starter) has its READs and WRITEs
+// started by the reader and answered where they end (started.go). All I/O goes
 // through pool.Disk handles, and so through the volume's I/O gate. Domain errors are mapped
 // to NBD error numbers in one table (errors.go).
 //

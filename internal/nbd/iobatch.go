@@ -115,9 +115,13 @@ func (c *conn) runIOs() {
 	}
 }
 
-// readerFlush runs the reader's I/O batch and sends its replies: before the
-// reader waits for anything.
+// readerFlush runs the reader's I/O batch, sends its replies and the
+// requests started on the disk (started.go): before the reader waits for
+// anything.
 func (c *conn) readerFlush() {
 	c.runIOs()
 	c.flushOut(&c.out)
+	if c.st != nil {
+		c.st.Unplug()
+	}
 }

@@ -88,14 +88,20 @@ func (c *conn) writeSimple(req *request, errno uint32, data []byte) {
 // writeChunk sends one structured reply chunk: header, a small fixed part
 // (copied after the header), and an optional data part. c.wmu is held.
 func (c *conn) writeChunk(req *request, flags, typ uint16, fixed, data []byte) error {
+	return c.writev(req, chunkHeader(req, flags, typ, fixed, len(data)), data)
+}
+
+// chunkHeader writes the header of a structured reply chunk, with its
+// fixed part, into req.reply; n bytes of data follow it.
+func chunkHeader(req *request, flags, typ uint16, fixed []byte, n int) []byte {
 	h := req.reply[:structuredHeaderSize+len(fixed)]
 	binary.BigEndian.PutUint32(h[0:], magicStructuredReply)
 	binary.BigEndian.PutUint16(h[4:], flags)
 	binary.BigEndian.PutUint16(h[6:], typ)
 	binary.BigEndian.PutUint64(h[8:], req.cookie)
-	binary.BigEndian.PutUint32(h[16:], uint32(len(fixed)+len(data)))
+	binary.BigEndian.PutUint32(h[16:], uint32(len(fixed)+n))
 	copy(h[structuredHeaderSize:], fixed)
-	return c.writev(req, h, data)
+	return h
 }
 
 func (c *conn) writeChunkString(req *request, flags, typ uint16, fixed []byte, s string) error {
@@ -116,10 +122,16 @@ func (c *conn) writev(req *request, h, data []byte) error {
 func (c *conn) sendReply(bufs [][]byte) error {
 	err := c.send(bufs)
 	if err != nil {
-		if !c.broken.Swap(true) {
-			c.log.Debug("reply failed", "err", err)
-		}
-		_ = c.nc.Close()
+		c.breakStream(err)
 	}
 	return err
+}
+
+// breakStream marks the reply stream lost after a failed send and closes
+// the connection (the reader notices). c.wmu is held.
+func (c *conn) breakStream(err error) {
+	if !c.broken.Swap(true) {
+		c.log.Debug("reply failed", "err", err)
+	}
+	_ = c.nc.Close()
 }

@@ -40,9 +40,14 @@ import (
 //     WRITE_ZEROES, BLOCK_STATUS, CACHE, large requests) so that a request
 //     that waits never holds up reading.
 //
-// With one worker (Config.Workers 1) there is no write executor, and the
-// reader runs a request only when nothing is queued: every request runs in
-// the order it came and replies keep that order.
+// A disk served elsewhere that can start requests without waiting
+// (pool.Starter: a forwarded disk) has its READs and WRITEs started by the
+// reader itself, and answered by whoever learns their end (started.go):
+// none of the three places above runs them.
+//
+// With one worker (Config.Workers 1) there is no write executor, nothing is
+// started, and the reader runs a request only when nothing is queued: every
+// request runs in the order it came and replies keep that order.
 //
 // Ordering: replies never interleave (c.wmu). A FLUSH covers every write
 // completed before it, wherever it ran: a write is answered only after it
@@ -89,6 +94,10 @@ var workerRun = runner{}
 // Small READs and WRITEs with more requests buffered join the reader's I/O
 // batch (iobatch.go), which is tried as a whole.
 func (c *conn) schedule(req *request) {
+	if c.startable(req) {
+		c.start(req)
+		return
+	}
 	if c.batchable(req) {
 		c.addIO(req)
 		return
@@ -107,6 +116,9 @@ func (c *conn) handOn(req *request, here bool) {
 	// Replies already made go first: what follows may wait, and with one
 	// worker replies keep the order of their requests.
 	c.flushOut(&c.out)
+	if c.st != nil {
+		c.st.Unplug()
+	}
 	if here {
 		c.exec(req, c.readerRun())
 		return

@@ -197,6 +197,7 @@ const maxIovecs = 1024
 // fields, so that a send allocates nothing. c.wmu guards it.
 type sender struct {
 	blocking bool // the socket is a blockingConn
+	nowait   bool // trySend: stop where the socket's buffer is full
 	bufs     [][]byte
 	vec      []unix.Iovec
 	err      error
@@ -239,6 +240,40 @@ func (c *conn) send(bufs [][]byte) error {
 	return err
 }
 
+// errWouldBlock ends trySend where the socket's buffer is full.
+var errWouldBlock = errors.New("socket buffer full")
+
+// trySend sends what of bufs the socket takes now, without waiting, and
+// returns the rest: nil once all is sent. A connection whose replies do
+// not go out through send's raw path (TLS, a wrapper) sends nothing here.
+// A failure breaks the stream, as in sendReply. c.wmu is held; bufs is
+// consumed.
+func (c *conn) trySend(bufs [][]byte) ([][]byte, error) {
+	if c.raw == nil {
+		return bufs, nil
+	}
+	s := &c.snd
+	if s.fn == nil {
+		s.fn = s.write
+	}
+	s.bufs, s.err, s.nowait = bufs, nil, true
+	err := c.raw.Write(s.fn)
+	left := s.bufs
+	clear(s.vec)
+	s.bufs, s.nowait = nil, false
+	if err == nil {
+		err = s.err
+	}
+	switch {
+	case err == errWouldBlock:
+		return left, nil
+	case err != nil:
+		c.breakStream(err)
+		return nil, err
+	}
+	return nil, nil
+}
+
 // rawSendMax is the most one sendmsg sends: a whole 1 MiB READ reply with
 // its chunk headers (28 bytes each; the 4 KiB covers a reply cut into up to
 // 146 chunks around holes), about 250 us over TCP loopback on an idle
@@ -277,6 +312,10 @@ func (s *sender) write(fd uintptr) bool {
 		msg.SetIovlen(len(s.vec))
 		ptr := uintptr(unsafe.Pointer(&msg))
 		n, _, errno := syscall.RawSyscall(unix.SYS_SENDMSG, fd, ptr, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		if errno == unix.EAGAIN && s.nowait {
+			s.err = errWouldBlock
+			return true
+		}
 		if errno == unix.EAGAIN && s.blocking {
 			n, _, errno = syscall.Syscall(unix.SYS_SENDMSG, fd, ptr, unix.MSG_NOSIGNAL)
 			if errno == unix.EAGAIN { // SO_SNDTIMEO passed without progress

@@ -99,11 +99,9 @@ type Conn struct {
 	readOnly bool
 	timeout  time.Duration
 
-	// Sending: a request appends its frame to outq; whoever finds no
-	// sender at work becomes it and writes every queued frame with one
-	// writev until the queue is empty (flat combining). At queue depth 32
-	// that is one system call for many requests, with no goroutine of its
-	// own to wake.
+	// Sending: a request appends its frame to outq; Unplug, by whoever
+	// finds no sender at work, writes every queued frame with one writev
+	// until the queue is empty (flat combining).
 	smu     sync.Mutex
 	outq    net.Buffers
 	sending bool
@@ -115,9 +113,13 @@ type Conn struct {
 	err     error
 }
 
+// call is a request in flight: done gets its end exactly once, from the
+// reply reader (its reply), from Fail (the connection broke) or from the
+// request itself (the connection had failed already).
 type call struct {
-	buf  []byte // a READ's destination
-	done chan error
+	buf   []byte // a READ's destination
+	done  func(err error, more bool)
+	timer *time.Timer // fails the connection if no reply comes in time
 }
 
 // Dial connects to addr and negotiates export. The handshake ends by ctx's
@@ -235,20 +237,32 @@ func (c *Conn) Fail(err error) {
 		err = fmt.Errorf("%w: %w", ErrLost, err)
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.err != nil {
+		c.mu.Unlock()
 		return
 	}
 	c.err = err
+	calls := make([]*call, 0, len(c.pending))
 	for h, cl := range c.pending {
-		cl.done <- err
+		calls = append(calls, cl)
 		delete(c.pending, h)
 	}
+	c.mu.Unlock()
 	_ = c.c.Close()
+	// Outside c.mu: a request's end may start another (sent again
+	// elsewhere) or fail this connection again.
+	for _, cl := range calls {
+		cl.timer.Stop()
+		cl.done(err, false)
+	}
 }
 
+// readBuffer is the reply reader's buffer: at queue depth 32 one read(2)
+// brings in the replies of many small requests.
+const readBuffer = 256 << 10
+
 func (c *Conn) readReplies() {
-	br := bufio.NewReader(c.c)
+	br := bufio.NewReaderSize(c.c, readBuffer)
 	for {
 		var r [16]byte
 		if _, err := io.ReadFull(br, r[:]); err != nil {
@@ -268,35 +282,64 @@ func (c *Conn) readReplies() {
 			c.Fail(errors.New("reply to an unknown handle"))
 			return
 		}
+		cl.timer.Stop()
 		if errno != 0 {
-			cl.done <- Errno(errno)
+			cl.done(Errno(errno), c.replyBuffered(br))
 			continue
 		}
 		if cl.buf != nil {
 			if _, err := io.ReadFull(br, cl.buf); err != nil {
 				err = fmt.Errorf("%w: read data: %w", ErrLost, err)
-				cl.done <- err
+				cl.done(err, false)
 				c.Fail(err)
 				return
 			}
 		}
-		cl.done <- nil
+		cl.done(nil, c.replyBuffered(br))
 	}
 }
 
-// do sends one request and waits for its reply, at most the timeout: a
-// server that does not answer in time is taken for gone, and the
-// connection is closed.
+// replyBuffered reports whether the next reply is in br whole, so that
+// the reader hands it on without waiting (Start's more).
+func (c *Conn) replyBuffered(br *bufio.Reader) bool {
+	n := br.Buffered()
+	if n < 16 {
+		return false
+	}
+	r, _ := br.Peek(16)
+	if binary.BigEndian.Uint32(r[0:]) != magicSimpleReply || binary.BigEndian.Uint32(r[4:]) != 0 {
+		return true // an error, or a stream that fails: no data to wait for
+	}
+	c.mu.Lock()
+	cl := c.pending[binary.BigEndian.Uint64(r[8:])]
+	c.mu.Unlock()
+	return cl == nil || n >= 16+len(cl.buf)
+}
+
+// do sends one request and waits for its reply.
 func (c *Conn) do(cmd, flags uint16, off int64, length uint32, data, buf []byte) error {
-	cl := &call{buf: buf, done: make(chan error, 1)}
+	ch := make(chan error, 1)
+	c.start(cmd, flags, off, length, data, buf, func(err error, _ bool) { ch <- err })
+	c.Unplug()
+	return <-ch
+}
+
+// start queues one request and calls done with its end (see Start), at
+// most the timeout after: a server that does not answer in time is taken
+// for gone, and the connection is closed.
+func (c *Conn) start(cmd, flags uint16, off int64, length uint32, data, buf []byte, done func(error, bool)) {
+	cl := &call{buf: buf, done: done}
 	c.mu.Lock()
 	if c.err != nil {
+		err := c.err
 		c.mu.Unlock()
-		return c.err
+		done(err, false)
+		return
 	}
 	h := c.next
 	c.next++
 	c.pending[h] = cl
+	cl.timer = time.AfterFunc(c.timeout, func() { c.expire(h) })
 	c.mu.Unlock()
 	hdr := make([]byte, 0, 28)
 	hdr = binary.BigEndian.AppendUint32(hdr, magicRequest)
@@ -305,27 +348,31 @@ func (c *Conn) do(cmd, flags uint16, off int64, length uint32, data, buf []byte)
 	hdr = binary.BigEndian.AppendUint64(hdr, h)
 	hdr = binary.BigEndian.AppendUint64(hdr, uint64(off))
 	hdr = binary.BigEndian.AppendUint32(hdr, length)
-	c.send(hdr, data)
-	t := time.NewTimer(c.timeout)
-	defer t.Stop()
-	select {
-	case err := <-cl.done:
-		return err
-	case <-t.C:
-		c.Fail(fmt.Errorf("no answer within %s", c.timeout))
-		return <-cl.done
-	}
-}
-
-// send queues a request frame (its header, and data if any) and, unless
-// another request is sending, sends every queued frame. A failed send fails
-// the connection, and so every request on it.
-func (c *Conn) send(hdr, data []byte) {
 	c.smu.Lock()
 	c.outq = append(c.outq, hdr)
 	if len(data) > 0 {
 		c.outq = append(c.outq, data)
 	}
+	c.smu.Unlock()
+}
+
+// expire fails the connection if request h is still unanswered.
+func (c *Conn) expire(h uint64) {
+	c.mu.Lock()
+	_, waiting := c.pending[h]
+	c.mu.Unlock()
+	if waiting {
+		c.Fail(fmt.Errorf("no answer within %s", c.timeout))
+	}
+}
+
+// Unplug sends every request queued (Start) and not sent yet, unless
+// another goroutine is sending: that one sends them (flat combining). At
+// queue depth 32 that is one system call for many requests, with no
+// goroutine of its own to wake. A failed send fails the connection, and so
+// every request on it.
+func (c *Conn) Unplug() {
+	c.smu.Lock()
 	if c.sending {
 		c.smu.Unlock()
 		return
@@ -347,6 +394,22 @@ func (c *Conn) send(hdr, data []byte) {
 	}
 	c.sending = false
 	c.smu.Unlock()
+}
+
+// StartRead starts reading len(p) bytes at off into p, and StartWrite
+// writing p at off (with fua the server answers once it is durable),
+// without waiting: done gets the request's end, as ReadAt or WriteAt
+// would return it, exactly once, from the connection's reply reader (more:
+// the next reply is buffered and done's next call follows at once), or from
+// whoever fails the connection, or at once if it had failed. The request is
+// sent at the next Unplug (or with any other request); p is the
+// connection's until done.
+func (c *Conn) StartRead(p []byte, off int64, done func(err error, more bool)) {
+	c.start(cmdRead, 0, off, uint32(len(p)), nil, p, done)
+}
+
+func (c *Conn) StartWrite(p []byte, off int64, fua bool, done func(err error, more bool)) {
+	c.start(cmdWrite, fuaFlag(fua), off, uint32(len(p)), p, nil, done)
 }
 
 func fuaFlag(fua bool) uint16 {
@@ -395,7 +458,10 @@ func (c *Conn) Close() {
 		hdr = binary.BigEndian.AppendUint16(hdr, 0)
 		hdr = binary.BigEndian.AppendUint16(hdr, cmdDisc)
 		hdr = append(hdr, make([]byte, 20)...)
-		c.send(hdr, nil)
+		c.smu.Lock()
+		c.outq = append(c.outq, hdr)
+		c.smu.Unlock()
+		c.Unplug()
 	}
 	c.Fail(errors.New("closed"))
 }

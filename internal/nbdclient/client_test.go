@@ -191,3 +191,76 @@ func TestSilentServer(t *testing.T) {
 		t.Fatalf("request after the failure: %v, want ErrLost", err)
 	}
 }
+
+// TestStarted: requests started without waiting go out at Unplug, many
+// in one burst, and each ends exactly once: with its reply (the data read
+// is the data written), and, on a connection that stops answering, with
+// ErrLost within the timeout; a request started on a failed connection
+// ends at once. Their ends never mark more on the last of a run.
+func TestStarted(t *testing.T) {
+	addr := serve(t)
+	c, err := nbdclient.Dial(context.Background(), addr, "vm/root", nbdclient.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n, size = 40, 4096
+	type end struct {
+		i    int
+		err  error
+		more bool
+	}
+	ends := make(chan end, 2*n)
+	for i := range n {
+		c.StartWrite(bytes.Repeat([]byte{byte(i + 1)}, size), int64(i)*size, i%5 == 0, func(err error, more bool) {
+			ends <- end{i, err, more}
+		})
+	}
+	c.Unplug()
+	collect := func(what string) {
+		t.Helper()
+		seen := map[int]bool{}
+		for range n {
+			select {
+			case e := <-ends:
+				if e.err != nil {
+					t.Fatalf("%s %d: %v", what, e.i, e.err)
+				}
+				if seen[e.i] {
+					t.Fatalf("%s %d ended twice", what, e.i)
+				}
+				seen[e.i] = true
+				if len(seen) == n && e.more {
+					t.Errorf("the last %s's end says more follow", what)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("%d of %d %ss ended", len(seen), n, what)
+			}
+		}
+	}
+	collect("write")
+	bufs := make([][]byte, n)
+	for i := range n {
+		bufs[i] = make([]byte, size)
+		c.StartRead(bufs[i], int64(i)*size, func(err error, more bool) { ends <- end{i, err, more} })
+	}
+	c.Unplug()
+	collect("read")
+	for i, b := range bufs {
+		if !bytes.Equal(b, bytes.Repeat([]byte{byte(i + 1)}, size)) {
+			t.Fatalf("read %d: not the data written", i)
+		}
+	}
+
+	c.Fail(errors.New("test"))
+	got := make(chan error, 1)
+	c.StartRead(make([]byte, size), 0, func(err error, _ bool) { got <- err })
+	select {
+	case err := <-got:
+		if !errors.Is(err, nbdclient.ErrLost) {
+			t.Fatalf("request started on a failed connection: %v, want ErrLost", err)
+		}
+	default:
+		t.Fatal("a request started on a failed connection did not end at once")
+	}
+}

@@ -20,6 +20,9 @@ type Capabilities struct {
 	Sender Sender
 	// DataReader reads the data extents of a range as one request.
 	DataReader DataReader
+	// Starter starts reads and writes served elsewhere without waiting
+	// for them (async.go).
+	Starter Starter
 }
 
 // DataReader is implemented by disk handles that account a sparse read as
@@ -55,6 +58,9 @@ func CapabilitiesOf(d Disk) Capabilities {
 	}
 	if !isHandle(d, c.DataReader) {
 		c.DataReader = nil
+	}
+	if !isHandle(d, c.Starter) {
+		c.Starter = nil
 	}
 	return c
 }

@@ -49,6 +49,12 @@
 #   KINDS="quiver endpoint" TRANSPORTS=tcp RAW=0 \
 #     CASES="randread 4k 1,randwrite 4k 1,randread 4k 32,randwrite 4k 32" make bench-nbd ROUNDS=5
 #
+# EPBASE=<git rev> (A/B of the endpoint alone): the endpoint is also built at
+# that revision and runs beside the current one as "endpoint@<rev>", on its
+# own root and socket, forwarding to the same quiver with the same token, in
+# the same rounds (needs endpoint in KINDS). The general tables show both;
+# the endpoint's ratios are the current one's.
+#
 # KINDS may add proxy: nbdkit's nbd plugin as the hop instead of the
 # endpoint (on a unix socket, forwarding to quiver over TCP with the same
 # token), what one NBD-parsing hop in C costs on the machine: the reference
@@ -92,6 +98,10 @@ cleanup() {
 		curl -sf --unix-socket "$WORK/ep.sock" -X DELETE http://endpoint/v1/volumes/bench >/dev/null 2>&1 ||
 			chattr -i "$WORK"/ep/volumes/*/disk.img 2>/dev/null || true
 	fi
+	if [ -n "${EPBASE:-}" ] && [ -e "$WORK/ep-base.sock" ]; then
+		curl -sf --unix-socket "$WORK/ep-base.sock" -X DELETE http://endpoint/v1/volumes/bench >/dev/null 2>&1 ||
+			chattr -i "$WORK"/ep-base/volumes/*/disk.img 2>/dev/null || true
+	fi
 	for p in "${SERVERS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	rm -rf "$WORK"
@@ -132,6 +142,16 @@ if [ -n "$BASE" ]; then
 	KINDS="${KINDS/quiver /quiver quiver@$BASE }"
 	[[ " $KINDS " == *" quiver@$BASE "* ]] || KINDS="$KINDS quiver@$BASE"
 fi
+EPBASE=${EPBASE:-}
+if [ -n "$EPBASE" ]; then
+	[[ " $KINDS " == *" endpoint "* ]] || { echo "EPBASE needs endpoint in KINDS" >&2; exit 1; }
+	eprev=$(git -C "$ROOT" rev-parse --verify --short "$EPBASE^{commit}")
+	echo "building the endpoint at $EPBASE ($eprev)" >&2
+	mkdir "$WORK/src-epbase"
+	git -C "$ROOT" archive "$eprev" | tar -x -C "$WORK/src-epbase"
+	(cd "$WORK/src-epbase" && go build -o "$WORK/quiver-epbase" ./cmd/quiver)
+	KINDS="$KINDS endpoint@$EPBASE"
+fi
 ALT=${ALT:-}
 ALTFLAGS=()
 if [ -n "$ALT" ]; then
@@ -168,6 +188,7 @@ rm -f "$WORK/random.bin"
 if [[ " $TRANSPORTS " != *" tcp "* ]]; then
 	KINDS=" $KINDS "
 	KINDS=${KINDS/ endpoint / } # measured against quiver over TCP only
+	if [ -n "$EPBASE" ]; then KINDS=${KINDS/ endpoint@$EPBASE / }; fi
 	KINDS=${KINDS/ proxy / }
 fi
 if [[ " $KINDS " == *" endpoint "* || " $KINDS " == *" proxy "* ]]; then
@@ -186,19 +207,26 @@ if [[ " $KINDS " == *" proxy "* ]]; then
 	PID[proxy]=${PID[quiver]}
 	URI[proxy/tcp]="nbd+unix:///?socket=$WORK/proxy.sock"
 fi
-if [[ " $KINDS " == *" endpoint "* ]]; then
-	"$WORK/quiver" endpoint --servers "$api" --root "$WORK/ep" --control "$WORK/ep.sock" \
-		--fuse-root "$WORK/fuse" --log-level warn &
-	HOP[endpoint]=$!
+# start_endpoint KIND BINARY NAME: an endpoint publishing quiver's volume
+# with the token, on $WORK/NAME.sock and root $WORK/NAME.
+start_endpoint() {
+	local kind=$1 bin=$2 name=$3
+	"$bin" endpoint --servers "$api" --root "$WORK/$name" --control "$WORK/$name.sock" \
+		--fuse-root "$WORK/fuse-$name" --log-level warn &
+	HOP[$kind]=$!
 	SERVERS+=($!)
-	PID[endpoint]=${PID[quiver]}
-	for _ in $(seq 200); do curl -sf --unix-socket "$WORK/ep.sock" http://endpoint/v1/volumes >/dev/null 2>&1 && break; sleep 0.05; done
-	pub=$(curl -sSf --unix-socket "$WORK/ep.sock" -X PUT -H 'Content-Type: application/json' \
+	PID[$kind]=${PID[quiver]}
+	for _ in $(seq 200); do curl -sf --unix-socket "$WORK/$name.sock" http://endpoint/v1/volumes >/dev/null 2>&1 && break; sleep 0.05; done
+	pub=$(curl -sSf --unix-socket "$WORK/$name.sock" -X PUT -H 'Content-Type: application/json' \
 		-d "{\"name\":\"bench\",\"token\":\"$token\",\"disks\":[{\"name\":\"disk\",\"size\":$SIZE}]}" \
 		http://endpoint/v1/volumes/bench)
 	epsock=$(sed -n 's/.*"socket": *"\([^"]*\)".*/\1/p' <<<"$pub")
 	[ -n "$epsock" ] || { echo "the endpoint's publication answered $pub" >&2; exit 1; }
-	URI[endpoint/tcp]="nbd+unix:///disk?socket=$epsock"
+	URI[$kind/tcp]="nbd+unix:///disk?socket=$epsock"
+}
+if [[ " $KINDS " == *" endpoint "* ]]; then
+	start_endpoint endpoint "$WORK/quiver" ep
+	if [ -n "$EPBASE" ]; then start_endpoint "endpoint@$EPBASE" "$WORK/quiver-epbase" ep-base; fi
 fi
 if [ -n "${token:-}" ]; then
 	for tr in unix tcp tls; do URI[quiver/$tr]="${URI[quiver/$tr]}/$token"; done
@@ -283,7 +311,7 @@ for tr in $TRANSPORTS; do
 			for j in $(seq 0 $((n - 1))); do
 				kind=${kinds[$(((j + round - 1) % n))]}
 				# The hops are measured against quiver over TCP only.
-				[[ "$kind" = endpoint || "$kind" = proxy ]] && [ "$tr" != tcp ] && continue
+				[[ "$kind" = endpoint* || "$kind" = proxy ]] && [ "$tr" != tcp ] && continue
 				# Every run starts with the files in the page cache:
 				# qemu-nbd's O_DIRECT writes evict them, which would
 				# penalise whoever runs next.
@@ -304,7 +332,7 @@ done
 
 echo
 echo "fio $(fio --version), nbdkit $(nbdkit --version | cut -d' ' -f2), $(qemu-nbd --version | head -1), $(nproc) cores," \
-	"file on $(findmnt -n -o FSTYPE --target "$WORK"), quiver $(git -C "$ROOT" describe --always --dirty)${BASE:+ and $BASE}${ALT:+ (quiver+${ALT%%:*}: ${ALT#*:})}," \
+	"file on $(findmnt -n -o FSTYPE --target "$WORK"), quiver $(git -C "$ROOT" describe --always --dirty)${BASE:+ and $BASE}${EPBASE:+ (endpoint also at $EPBASE)}${ALT:+ (quiver+${ALT%%:*}: ${ALT#*:})}," \
 	"${HOP[endpoint]:+endpoint: fio on the unix socket of quiver endpoint, forwarding to quiver over TCP loopback,}" \
 	"${RUNTIME}s per run, $ROUNDS rounds, load average $LOAD_START at the start and $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 "$NBDRUN" report "$RESULTS"
