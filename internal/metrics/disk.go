@@ -157,7 +157,20 @@ func (d *Disk) Capabilities() pool.Capabilities {
 	if d.caps.Sender != nil {
 		c.Sender = d
 	}
+	if d.caps.Changes != nil {
+		c.Changes = d
+	}
 	return c
+}
+
+// Checkpoints is neither limited nor counted: it reads the volume's
+// snapshots, not the disk. Offered only when the inner handle offers it.
+func (d *Disk) Checkpoints() []string { return d.caps.Changes.Checkpoints() }
+
+// ChangesSince is neither limited nor counted: it reads the change
+// tracking's maps, not the disk's data.
+func (d *Disk) ChangesSince(ctx context.Context, base string) ([]pool.ChangedRange, error) {
+	return d.caps.Changes.ChangesSince(ctx, base)
 }
 
 // admit waits for QoS tokens and starts accounting a request.

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
@@ -65,36 +66,46 @@ func (d *capDisk) ReadData(p []byte, off int64, ext []pool.Extent) error {
 	return nil
 }
 
+func (d *capDisk) Checkpoints() []string {
+	d.calls = append(d.calls, "checkpoints")
+	return nil
+}
+func (d *capDisk) ChangesSince(ctx context.Context, base string) ([]pool.ChangedRange, error) {
+	d.calls = append(d.calls, "changes since")
+	return nil, nil
+}
+
 func (d *capDisk) Capabilities() pool.Capabilities {
 	if !d.offers {
 		return pool.Capabilities{}
 	}
-	return pool.Capabilities{Nonblocking: d, Batcher: d, Sender: d, DataReader: d}
+	return pool.Capabilities{Nonblocking: d, Batcher: d, Sender: d, DataReader: d, Changes: d}
 }
 
 // TestDiskCapabilities: a counted handle offers, through its own methods,
-// the capabilities of the handle it wraps and no other (ReadData it always
-// offers: it reads the data extents as one counted request); each reaches
+// the capabilities of the handle it wraps (its change report too) and no
+// other (ReadData it always offers: it reads the data extents as one
+// counted request); each reaches
 // the inner handle's by its declared capability, and a volume with QoS
 // limits refuses them all, so that every request waits for its tokens.
 func TestDiskCapabilities(t *testing.T) {
 	m := New(nil)
-	type offer struct{ nonblocking, batcher, sender, dataReader bool }
+	type offer struct{ nonblocking, batcher, sender, dataReader, changes bool }
 	for _, tc := range []struct {
 		name   string
 		offers bool
 		want   offer
 		calls  []string // what the five requests below reach in the inner handle
 	}{
-		{"inner offers all", true, offer{true, true, true, true},
-			[]string{"try read", "try write", "batch", "send", "read data"}},
+		{"inner offers all", true, offer{true, true, true, true, true},
+			[]string{"try read", "try write", "batch", "send", "read data", "checkpoints", "changes since"}},
 		{"inner offers none", false, offer{dataReader: true}, []string{"read"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			inner := &capDisk{data: make([]byte, 1<<20), offers: tc.offers}
 			d := m.Wrap(inner, "vm", tc.name, nil)
 			c := pool.CapabilitiesOf(d)
-			got := offer{c.Nonblocking != nil, c.Batcher != nil, c.Sender != nil, c.DataReader != nil}
+			got := offer{c.Nonblocking != nil, c.Batcher != nil, c.Sender != nil, c.DataReader != nil, c.Changes != nil}
 			if got != tc.want {
 				t.Fatalf("offers %+v, want %+v", got, tc.want)
 			}
@@ -110,6 +121,10 @@ func TestDiskCapabilities(t *testing.T) {
 				_, _ = c.Sender.TrySendTo(-1, nil, 0, len(p))
 			}
 			_ = c.DataReader.ReadData(p, 0, []pool.Extent{{Offset: 0, Length: 4096}})
+			if c.Changes != nil {
+				_ = c.Changes.Checkpoints()
+				_, _ = c.Changes.ChangesSince(context.Background(), "base")
+			}
 			if !slices.Equal(inner.calls, tc.calls) {
 				t.Fatalf("the inner handle saw %q, want %q", inner.calls, tc.calls)
 			}

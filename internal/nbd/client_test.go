@@ -24,6 +24,9 @@ type testClient struct {
 	structured bool
 	size       uint64
 	flags      uint16
+	// contexts is how many metadata contexts the client selected:
+	// BLOCK_STATUS answers one chunk for each (0 counts as 1).
+	contexts int
 
 	pending map[uint64]testReq // requests awaiting their reply, by cookie
 	partial map[uint64]*tReply // structured replies awaiting their DONE chunk
@@ -585,8 +588,8 @@ func (c *testClient) assemble(req testReq, rep *tReply) {
 		if req.flags&cmdFlagDF != 0 && nContent != 1 {
 			c.violation("READ with DF answered with %d content chunks", nContent)
 		}
-	case nError == 0 && req.typ == cmdBlockStatus && nStatus != 1:
-		c.violation("BLOCK_STATUS answered with %d status chunks", nStatus)
+	case nError == 0 && req.typ == cmdBlockStatus && nStatus != max(c.contexts, 1):
+		c.violation("BLOCK_STATUS answered with %d status chunks, not one per context (%d)", nStatus, max(c.contexts, 1))
 	}
 }
 

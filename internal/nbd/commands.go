@@ -167,7 +167,7 @@ func (c *conn) validate(req *request) (errno uint32, msg string) {
 		}
 		return 0, ""
 	case cmdBlockStatus:
-		if !c.baseAlloc {
+		if !c.baseAlloc && len(c.bitmaps) == 0 {
 			return errInval, "no metadata context negotiated"
 		}
 	case cmdRead:
@@ -293,39 +293,4 @@ func (c *conn) readSparse(req *request, ext []pool.Extent) {
 			return
 		}
 	}
-}
-
-// blockStatus runs NBD_CMD_BLOCK_STATUS for base:allocation.
-func (c *conn) blockStatus(req *request, r runner) {
-	limit := maxExtents
-	if req.flags&cmdFlagReqOne != 0 {
-		limit = 1
-	}
-	ext, err := c.disk.Extents(int64(req.off), int64(req.length), limit)
-	if err != nil {
-		c.answer(req, r, err)
-		return
-	}
-	if req.flags&cmdFlagReqOne != 0 && len(ext) > 1 {
-		ext = ext[:1]
-	}
-	if len(ext) > maxExtents {
-		ext = ext[:maxExtents]
-	}
-	req.buf = getBuf(4 + 8*len(ext))
-	p := *req.buf
-	binary.BigEndian.PutUint32(p, baseAllocationID)
-	for i, e := range ext {
-		state := uint32(0)
-		if e.Hole {
-			state = stateHole | stateZero
-		}
-		binary.BigEndian.PutUint32(p[4+8*i:], uint32(e.Length))
-		binary.BigEndian.PutUint32(p[8+8*i:], state)
-	}
-	c.flushOut(r.out)
-	c.wmu.Lock()
-	_ = c.writeChunk(req, replyFlagDone, replyTypeBlockStatus, nil, p)
-	c.wmu.Unlock()
-	req.release()
 }

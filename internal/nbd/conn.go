@@ -66,6 +66,7 @@ type conn struct {
 	flags       uint16
 	structured  bool
 	baseAlloc   bool
+	bitmaps     []dirtyBitmap // the qemu:dirty-bitmap: contexts selected (metacontext.go)
 
 	wmu  sync.Mutex // one reply at a time on the wire
 	reqs chan *request

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -477,26 +478,37 @@ func checkOptionFraming(t *testing.T, in, out []byte) {
 }
 
 // FuzzParseMetaQueries: the meta context decoder accepts exactly the
-// well-formed requests, which re-encode to the same bytes.
+// well-formed requests; those whose queries are all strings (at most
+// maxStringLength bytes) re-encode to the same bytes, and a longer query
+// is skipped, never returned.
 func FuzzParseMetaQueries(f *testing.F) {
 	f.Add(metaData(exportRoot))
 	f.Add(metaData(exportRoot, "base:allocation", "qemu:dirty-bitmap:x"))
+	f.Add(metaData(exportRoot, "qemu:dirty-bitmap:"+strings.Repeat("s", maxStringLength), "base:allocation"))
 	f.Add(metaData("", ""))
 	f.Add([]byte{0, 0, 0, 1, 'x', 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		queries, err := parseMetaQueries(data)
+		m, err := parseMetaQueries(data)
 		if err != nil {
 			return
 		}
 		nameLen := binary.BigEndian.Uint32(data)
-		name := string(data[4 : 4+nameLen])
-		if again := metaData(name, queries...); !bytes.Equal(again, data) {
-			t.Fatalf("parsed %q, %q; re-encodes to %x, not %x", name, queries, again, data)
+		if name := string(data[4 : 4+nameLen]); name != m.export {
+			t.Fatalf("export %q parsed as %q", name, m.export)
 		}
-		for _, q := range queries {
+		if count := binary.BigEndian.Uint32(data[4+nameLen:]); int(count) != m.sent || m.sent < len(m.queries) {
+			t.Fatalf("%d queries sent, parsed as %d sent, %d kept", count, m.sent, len(m.queries))
+		}
+		for _, q := range m.queries {
 			if len(q) > maxStringLength {
 				t.Fatalf("query of %d bytes accepted", len(q))
 			}
+		}
+		if m.sent != len(m.queries) {
+			return // some were skipped: they cannot re-encode
+		}
+		if again := metaData(m.export, m.queries...); !bytes.Equal(again, data) {
+			t.Fatalf("parsed %q, %q; re-encodes to %x, not %x", m.export, m.queries, again, data)
 		}
 	})
 }

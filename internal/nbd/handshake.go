@@ -21,6 +21,10 @@ type negotiation struct {
 	noZeroes   bool
 	structured bool
 	baseAlloc  bool // base:allocation selected by NBD_OPT_SET_META_CONTEXT
+	// bitmaps are the qemu:dirty-bitmap: contexts selected by the last
+	// NBD_OPT_SET_META_CONTEXT, for export metaExport (metacontext.go).
+	bitmaps    []dirtyBitmap
+	metaExport string
 	tls        bool // NBD_OPT_STARTTLS succeeded: the connection is a *tls.Conn
 
 	// options counts the options answered; budget is how many the client
@@ -193,6 +197,7 @@ func (n *negotiation) exportName(ctx context.Context, data []byte) error {
 		return err
 	}
 	n.c.setFlags(n)
+	n.c.bitmaps = n.bitmapsFor(string(data))
 	buf := make([]byte, 10, 10+124)
 	binary.BigEndian.PutUint64(buf[0:], uint64(n.c.size))
 	binary.BigEndian.PutUint16(buf[8:], n.c.flags)
@@ -277,6 +282,7 @@ func (n *negotiation) infoGo(ctx context.Context, opt uint32, data []byte) (bool
 		return false, n.replyError(opt, openErrorCode(err), refusalMessage(err))
 	}
 	n.c.setFlags(n)
+	n.c.bitmaps = n.bitmapsFor(string(name))
 	if err := n.sendInfo(opt, wantName, wantDesc); err != nil {
 		return false, err
 	}
@@ -322,82 +328,4 @@ func (n *negotiation) sendInfo(opt uint32, wantName, wantDesc bool) error {
 		}
 	}
 	return nil
-}
-
-// metaContext handles NBD_OPT_LIST_META_CONTEXT and
-// NBD_OPT_SET_META_CONTEXT. quiver has one context, base:allocation.
-func (n *negotiation) metaContext(ctx context.Context, opt uint32, data []byte) error {
-	if opt == optSetMetaContext && !n.structured {
-		return n.replyError(opt, repErrInvalid, "negotiate structured replies first")
-	}
-	if opt == optSetMetaContext {
-		n.baseAlloc = false // SET replaces the selection, even when it fails
-	}
-	queries, err := parseMetaQueries(data)
-	if err != nil {
-		return n.replyError(opt, repErrInvalid, err.Error())
-	}
-	match := false
-	if opt == optListMetaContext && len(queries) == 0 {
-		match = true
-	}
-	for _, q := range queries {
-		if q == metaContextBaseAllocation || (opt == optListMetaContext && q == "base:") {
-			match = true
-		}
-	}
-	if opt == optSetMetaContext {
-		n.baseAlloc = match
-	}
-	if match {
-		b := make([]byte, 4+len(metaContextBaseAllocation))
-		if opt == optSetMetaContext { // LIST replies carry id 0 (SHOULD)
-			binary.BigEndian.PutUint32(b, baseAllocationID)
-		}
-		copy(b[4:], metaContextBaseAllocation)
-		if err := n.reply(opt, repMetaContext, b); err != nil {
-			return err
-		}
-	}
-	return n.reply(opt, repAck, nil)
-}
-
-// parseMetaQueries decodes: export name (u32 length + bytes), query count
-// (u32), then each query (u32 length + bytes).
-func parseMetaQueries(data []byte) ([]string, error) {
-	str := func() (string, error) {
-		if len(data) < 4 {
-			return "", errors.New("truncated meta context request")
-		}
-		l := binary.BigEndian.Uint32(data)
-		if uint64(l) > uint64(len(data)-4) || l > maxStringLength {
-			return "", errors.New("string length beyond option data")
-		}
-		s := string(data[4 : 4+l])
-		data = data[4+l:]
-		return s, nil
-	}
-	if _, err := str(); err != nil { // the export name
-		return nil, err
-	}
-	if len(data) < 4 {
-		return nil, errors.New("truncated meta context request")
-	}
-	count := binary.BigEndian.Uint32(data)
-	data = data[4:]
-	if uint64(count)*4 > uint64(len(data)) {
-		return nil, errors.New("query count beyond option data")
-	}
-	queries := make([]string, 0, count)
-	for range count {
-		q, err := str()
-		if err != nil {
-			return nil, err
-		}
-		queries = append(queries, q)
-	}
-	if len(data) != 0 {
-		return nil, errors.New("trailing bytes after queries")
-	}
-	return queries, nil
 }

@@ -164,7 +164,7 @@ func splitSession(b []byte) (fuzzMode, []byte, bool) {
 		case optStructuredReply:
 			m |= 1
 		case optSetMetaContext:
-			if q, err := parseMetaQueries(data); err == nil && strings.Contains(strings.Join(q, ","), metaContextBaseAllocation) {
+			if mr, err := parseMetaQueries(data); err == nil && strings.Contains(strings.Join(mr.queries, ","), metaContextBaseAllocation) {
 				m |= 2
 			}
 		case optGo, optExportName:

@@ -56,7 +56,7 @@ func (n *negotiation) startTLS(data []byte) error {
 	c.nc, c.raw, c.tlsOut, c.tlsTr = tc, nil, bufio.NewWriterSize(tc, tlsWriteBuffer), tr
 	c.ncMu.Unlock()
 	// Nothing negotiated in plain text carries over the upgrade.
-	n.tls, n.structured, n.baseAlloc = true, false, false
+	n.tls, n.structured, n.baseAlloc, n.bitmaps, n.metaExport = true, false, false, nil, ""
 	c.log.Debug("TLS negotiated", "version", tls.VersionName(tc.ConnectionState().Version))
 	return nil
 }

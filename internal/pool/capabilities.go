@@ -23,6 +23,9 @@ type Capabilities struct {
 	// Starter starts reads and writes served elsewhere without waiting
 	// for them (async.go).
 	Starter Starter
+	// Changes reports what changed in the disk since a checkpoint
+	// (changereport.go).
+	Changes ChangeReporter
 }
 
 // DataReader is implemented by disk handles that account a sparse read as
@@ -35,9 +38,9 @@ type DataReader interface {
 }
 
 // Capabilities: a live disk's handle tries requests without waiting, in
-// batches, and sends reads with sendfile(2).
+// batches, sends reads with sendfile(2) and reports its disk's changes.
 func (d *liveDisk) Capabilities() Capabilities {
-	return Capabilities{Nonblocking: d, Batcher: d, Sender: d}
+	return Capabilities{Nonblocking: d, Batcher: d, Sender: d, Changes: d}
 }
 
 // CapabilitiesOf returns the capabilities d declares, less any that is not
@@ -61,6 +64,9 @@ func CapabilitiesOf(d Disk) Capabilities {
 	}
 	if !isHandle(d, c.Starter) {
 		c.Starter = nil
+	}
+	if !isHandle(d, c.Changes) {
+		c.Changes = nil
 	}
 	return c
 }

@@ -595,7 +595,9 @@ func ReadExtents(d Disk, p []byte, off int64, ext []Extent) error {
 // snapshotDisk is a read-only handle to a disk of a snapshot. Snapshot
 // images never change, so it needs no gate.
 type snapshotDisk struct {
-	df diskFile
+	df             diskFile
+	v              *Volume // for ChangeReporter (changereport.go)
+	snapshot, disk string
 }
 
 // OpenSnapshotDisk opens a disk of a snapshot read-only.
@@ -613,7 +615,7 @@ func (v *Volume) OpenSnapshotDisk(snapshot, disk string) (Disk, error) {
 			if err != nil {
 				return nil, err
 			}
-			return &snapshotDisk{df: diskFile{f: f, size: d.Size}}, nil
+			return &snapshotDisk{df: diskFile{f: f, size: d.Size}, v: v, snapshot: snapshot, disk: disk}, nil
 		}
 	}
 	return nil, fmt.Errorf("disk %q of snapshot %s@%s: %w", disk, v.name, snapshot, ErrDiskNotFound)
@@ -629,8 +631,9 @@ func (d *snapshotDisk) Zero(int64, int64, ZeroFlags) error { return ErrReadOnly 
 func (d *snapshotDisk) Cache(off, length int64) error      { return cache(&d.df, off, length) }
 func (d *snapshotDisk) Close() error                       { return d.df.f.Close() }
 
-// Capabilities: a snapshot's handle offers none.
-func (d *snapshotDisk) Capabilities() Capabilities { return Capabilities{} }
+// Capabilities: a snapshot's handle reports the changes since another
+// snapshot, and offers nothing to run requests.
+func (d *snapshotDisk) Capabilities() Capabilities { return Capabilities{Changes: d} }
 func (d *snapshotDisk) Extents(off, length int64, limit int) ([]Extent, error) {
 	if err := checkRange(off, length, d.df.size); err != nil {
 		return nil, err
