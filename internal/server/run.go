@@ -254,6 +254,9 @@ func (n *node) buildAPI() {
 	te := newTenantExports(nbd.PoolExports{Pool: p, Metrics: n.metrics, RequireToken: cfg.NBDRequireToken}, p, n.metrics, n.store)
 	te.cluster = cfg.Cluster.Enabled()
 	n.exports = te
+	if n.backups != nil {
+		n.exports = backupExports{next: te, svc: n.backups, requireToken: cfg.NBDRequireToken}
+	}
 	h := apiserver.NewServer(p, n.jobs, n.token, n.log)
 	h.BodyTimeout = cfg.API.BodyTimeout
 	h.Auth, h.RequireToken = n.store, cfg.RequireToken

@@ -97,6 +97,22 @@ func TestBackupRestoreVerifyThroughTheCLI(t *testing.T) {
 			t.Fatalf("restored disk %s differs from the volume: %v\n%s", d, err, out)
 		}
 	}
+	// The backup served straight from the store over NBD, read-only: the
+	// same bytes as the restored volume, zero chunks as holes.
+	for _, d := range []string{"root", "data", "logs"} {
+		if out, err := exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", srv.URI("backup:"+second.ID+"/"+d),
+			srv.URI("vm-restored/"+d)).CombinedOutput(); err != nil {
+			t.Fatalf("backup export of disk %s differs from its restore: %v\n%s", d, err, out)
+		}
+	}
+	if out, err := exec.Command("qemu-io", "-f", "raw", "-c", "write -P 0x66 0 4k", srv.URI("backup:"+second.ID+"/root")).CombinedOutput(); err == nil {
+		t.Fatalf("a write to a backup export succeeded:\n%s", out)
+	}
+	if out, err := exec.Command("qemu-io", "-r", "-f", "raw", "-c", "read -P 0 30M 1M", srv.URI("backup:offsite:"+first.ID+"/data")).CombinedOutput(); err != nil ||
+		strings.Contains(string(out), "Pattern verification failed") {
+		t.Fatalf("a hole of the first backup's data disk: %v\n%s", err, out)
+	}
+
 	// One disk, from the first backup: it holds the first point.
 	cli2("backup", "restore", first.ID, "root-only", "--disk", "root")
 	if out, err := exec.Command("qemu-io", "-r", "-f", "raw", "-c", "read -P 0x11 10M 512k", srv.URI("root-only/root")).CombinedOutput(); err != nil {
