@@ -345,3 +345,33 @@ func TestBackupPolicyKeptInTheManifest(t *testing.T) {
 		t.Fatalf("removing the policy: %v", err)
 	}
 }
+
+func TestChangesPrunedAtEachCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	p := openTestPool(t, t.TempDir())
+	mustCreate(t, p, VolumeSpec{Name: "vm", Capacity: 8 * mib, Disks: []DiskSpec{{Name: "root", Size: mib}}})
+	v, _ := p.Volume("vm")
+	for _, s := range []string{"a", "b", "c"} {
+		writeDisk(t, v, "root", 0, []byte(s))
+		if _, _, err := v.CreateSnapshot(ctx, s, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, _ := v.snapshotManifest("a")
+	es, _ := p.fs.ReadDir(v.changesDir())
+	var sealed []uint64
+	for _, e := range es {
+		if _, seq, ok := sealedName(e.Name()); ok {
+			sealed = append(sealed, seq)
+			if seq <= a.Checkpoint {
+				t.Errorf("epoch %s kept: no delta reads an epoch at or before the oldest checkpoint %d", e.Name(), a.Checkpoint)
+			}
+		}
+	}
+	if len(sealed) != 2 {
+		t.Errorf("sealed epochs %v, want the two after a", sealed)
+	}
+	if _, err := v.Changes(ctx, "a", "c"); err != nil {
+		t.Fatal(err)
+	}
+}

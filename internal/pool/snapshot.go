@@ -101,6 +101,7 @@ func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency
 	v.mu.Lock()
 	v.snaps[name] = sm
 	v.mu.Unlock()
+	v.pruneChanges() // the epochs up to the oldest checkpoint: no delta reads them
 	orNop(prog).Done(name)
 	return v.snapshotInfo(sm), true, nil
 }
