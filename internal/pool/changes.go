@@ -740,8 +740,8 @@ func (v *Volume) Changes(ctx context.Context, from, to string) ([]DiskDelta, err
 	if err != nil {
 		return nil, err
 	}
-	if base.Checkpoint == 0 {
-		return nil, fmt.Errorf("snapshot %s@%s was taken before change tracking: %w", v.name, from, ErrNoCheckpoint)
+	if err := v.checkpointHere(base); err != nil {
+		return nil, err
 	}
 	disks, lo, hi, live := v.manifest().Disks, base.Checkpoint, uint64(0), true
 	if to != "" {
@@ -749,8 +749,8 @@ func (v *Volume) Changes(ctx context.Context, from, to string) ([]DiskDelta, err
 		if err != nil {
 			return nil, err
 		}
-		if target.Checkpoint == 0 {
-			return nil, fmt.Errorf("snapshot %s@%s was taken before change tracking: %w", v.name, to, ErrNoCheckpoint)
+		if err := v.checkpointHere(target); err != nil {
+			return nil, err
 		}
 		disks, hi, live = target.Disks, target.Checkpoint, false
 		if hi < lo {
@@ -826,6 +826,18 @@ func (v *Volume) Changes(ctx context.Context, from, to string) ([]DiskDelta, err
 		out = append(out, dd)
 	}
 	return out, nil
+}
+
+// checkpointHere refuses a snapshot that is no checkpoint of this pool's
+// change tracking.
+func (v *Volume) checkpointHere(s *snapshotManifest) error {
+	switch {
+	case s.Checkpoint == 0:
+		return fmt.Errorf("snapshot %s@%s was taken before change tracking: %w", v.name, s.Name, ErrNoCheckpoint)
+	case s.CheckpointPool != v.pool.id:
+		return fmt.Errorf("snapshot %s@%s is a checkpoint of another pool (%s): %w", v.name, s.Name, s.CheckpointPool, ErrNoCheckpoint)
+	}
+	return nil
 }
 
 // ranges returns the set's pieces as merged byte ranges within size.

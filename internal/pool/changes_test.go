@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path"
+	"strings"
 	"testing"
 	"time"
 
@@ -193,7 +194,15 @@ func TestChangesWholeDisk(t *testing.T) {
 			t.Errorf("after a rollback, %s from b: %+v, want whole", d.Disk, d)
 		}
 	}
-	// A snapshot from before change tracking is no base.
+	// A snapshot whose checkpoint is another pool's is no base (its
+	// sequence number means nothing here), nor one from before change
+	// tracking.
+	v.mu.Lock()
+	v.snaps["b"].CheckpointPool = "another-pool"
+	v.mu.Unlock()
+	if _, err := v.Changes(ctx, "b", ""); !errors.Is(err, ErrNoCheckpoint) || !strings.Contains(err.Error(), "another pool") {
+		t.Errorf("base of another pool: %v", err)
+	}
 	v.mu.Lock()
 	v.snaps["a"].Checkpoint = 0
 	v.mu.Unlock()

@@ -89,6 +89,10 @@ type snapshotManifest struct {
 	// Checkpoint is the change-tracking checkpoint taken at the snapshot's
 	// cut (changes.go); 0 for a snapshot taken before change tracking.
 	Checkpoint uint64 `json:"checkpoint,omitempty"`
+	// CheckpointPool is the id of the pool whose change tracking took the
+	// checkpoint: sequence numbers are a pool's own, so a snapshot that
+	// came from another pool is no base here.
+	CheckpointPool string `json:"checkpointPool,omitempty"`
 }
 
 // poolManifest is pool.json, the pool's identity.

@@ -89,7 +89,7 @@ func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency
 	}
 	sm := &snapshotManifest{Kind: "Snapshot", Version: manifestVersion, Name: name, UID: uid, Volume: m.Name,
 		VolumeUID: m.UID, Capacity: m.Capacity, Disks: m.Disks, Method: method, GateHeld: held, CreatedAt: time.Now().UTC(),
-		IdempotencyKey: idem.Key, Checkpoint: ck.seq}
+		IdempotencyKey: idem.Key, Checkpoint: ck.seq, CheckpointPool: v.pool.id}
 	if err := v.pool.writeJSON(filepath.Join(staged, "snapshot.json"), sm); err != nil {
 		v.pool.discard(staged)
 		return SnapshotInfo{}, false, err // staged: uncertain or not, nothing refers to it
