@@ -211,6 +211,12 @@ func (s *Server) restoreBackup(w http.ResponseWriter, r *http.Request) error {
 	if err := pool.ValidateName("volume", spec.Volume); err != nil {
 		return err
 	}
+	if s.Cluster != nil {
+		// A volume of a cluster is placed through etcd; the restore makes
+		// a volume of this node's pool only.
+		return fmt.Errorf("restore on a cluster node is not built yet: restore on a single node, or boot from the backup's "+
+			"export (docs/backup.md): %w", cluster.ErrNotSupported)
+	}
 	if _, err := s.pool.Volume(spec.Volume); err == nil {
 		return fmt.Errorf("volume %s already exists; restore into a new volume: %w", spec.Volume, pool.ErrExists)
 	}
