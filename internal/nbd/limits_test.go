@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -339,5 +340,44 @@ func TestBrokenConnectionStopsWork(t *testing.T) {
 	e.waitIdle()
 	if after := reads.Load(); after-before > 4 {
 		t.Errorf("%d READs run after the client went away (%d before), want at most a few", after-before, before)
+	}
+}
+
+// TestUnixSocketsArePeersOfTheirOwn: the endpoint serves each volume on a
+// socket of its own, one nbd.Server for all; one VM that holds its
+// socket's connection slots leaves another volume's socket its own. (All
+// unix clients were one peer, "local": 256 connections for a whole node,
+// and one VM's stalled requests held the node's byte budget.)
+func TestUnixSocketsArePeersOfTheirOwn(t *testing.T) {
+	obs := newRecorder()
+	e := newEnv(t, Config{MaxConnsPerPeer: 1, Observer: obs}, nil)
+	dir := t.TempDir()
+	var socks []string
+	for _, name := range []string{"vm1.sock", "vm2.sock"} {
+		path := filepath.Join(dir, name)
+		ln, err := ListenUnix(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = e.srv.Serve(ln) }()
+		socks = append(socks, path)
+	}
+	dialUnix := func(path string) *testClient {
+		nc, err := net.DialTimeout("unix", path, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = nc.Close() })
+		return newTestClient(t, nc)
+	}
+	dialUnix(socks[0]).handshake(hsOpts{export: exportRoot})
+	second := dialUnix(socks[1])
+	second.handshake(hsOpts{export: exportRoot})
+	if rep := second.do(testReq{typ: cmdRead, length: 4096}); rep.errno != 0 {
+		t.Fatalf("READ over the second socket: errno %d", rep.errno)
+	}
+	dialUnix(socks[0]).expectClosed(5 * time.Second) // the first socket's one slot is taken
+	if n := obs.count(obs.rejected, "peer"); n != 1 {
+		t.Errorf("%d rejections for reason peer, want 1", n)
 	}
 }

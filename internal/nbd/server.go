@@ -27,7 +27,7 @@ const DefaultAddr = "127.0.0.1:10809"
 // lists each limit and why it has its default).
 type Config struct {
 	MaxConns        int // connections at once; more are closed at accept (default 1024)
-	MaxConnsPerPeer int // connections at once from one IP address, or over the unix socket (default 256)
+	MaxConnsPerPeer int // connections at once from one IP address, or over one unix socket (default 256)
 	// MaxHandshakes bounds the connections still negotiating (default 128),
 	// MaxHandshakesPerPeer those of one peer (default 16): clients that
 	// connect and stall cannot take the slots of connections that serve
@@ -243,8 +243,20 @@ func (s *Server) rejected(reason, peer string, err error) {
 	}
 }
 
+// peerOf names a connection's peer for the per-peer limits: its IP address
+// over TCP; over a unix socket, the socket it came in by. Every client of one
+// socket is one peer, and each socket its own: the compute node's endpoint
+// publishes one socket per volume, so one VM that holds its budget, its
+// connection slots or its handshakes leaves the other VMs of the node theirs.
+func peerOf(nc net.Conn) string {
+	if la, ok := nc.LocalAddr().(*net.UnixAddr); ok {
+		return "unix:" + la.Name
+	}
+	return connlimit.Peer(nc.RemoteAddr())
+}
+
 func (s *Server) start(nc net.Conn) {
-	peer := connlimit.Peer(nc.RemoteAddr())
+	peer := peerOf(nc)
 	if s.closing.Load() {
 		_ = nc.Close()
 		return
