@@ -189,11 +189,22 @@ type diskChanges struct {
 	fine atomic.Pointer[bitset]
 	all  atomic.Bool // the whole disk changed this epoch
 
-	mu      sync.Mutex // serializes the live map's writes
+	mu      sync.Mutex // guards what follows; the live map is written under it or by the batch's leader
 	f       storage.File
 	regions *bitset // regions durable in the live map
 	size    int64
-	err     error // a failed write or sync of the live map: final
+	err     error // a failed sync of the live map: final
+
+	// Marks are group-committed: a writer adds the words of its regions
+	// to pending and waits until a batch that took them is synced; the
+	// first writer that finds no batch running leads the next one, writes
+	// every pending word and syncs once for all (markRegions).
+	batchDone   *sync.Cond       // on mu: a batch ended
+	pending     map[int64]uint64 // words to write, ORed
+	syncing     bool             // a leader writes and syncs a batch outside mu
+	next        uint64           // the batch that pending goes into
+	done        uint64           // the last batch ended
+	failedBatch map[uint64]error // batches that failed without a final error
 }
 
 // changeLog is a volume's change tracking.
@@ -281,7 +292,9 @@ func (c *changeLog) disk(d DiskSpec) (*diskChanges, error) {
 		return dc, nil
 	}
 	v := c.v
-	dc := &diskChanges{c: c, name: d.Name, size: d.Size, regions: newBitset(changeRegion, d.Size)}
+	dc := &diskChanges{c: c, name: d.Name, size: d.Size, regions: newBitset(changeRegion, d.Size),
+		pending: map[int64]uint64{}, failedBatch: map[uint64]error{}, next: 1}
+	dc.batchDone = sync.NewCond(&dc.mu)
 	dc.fine.Store(newBitset(changeGranule, d.Size))
 	f, err := v.pool.fs.OpenRegular(dc.rel(), os.O_RDWR)
 	if errors.Is(err, storage.ErrReadOnly) || v.pool.readOnly {
@@ -310,15 +323,27 @@ func (c *changeLog) disk(d DiskSpec) (*diskChanges, error) {
 
 func (dc *diskChanges) rel() string { return path.Join(dc.c.v.changesDir(), dc.name+".live") }
 
-// open makes the live map when there is none yet (caller holds mu), with
-// the all flag as it is and regions, synced with its directory entry.
+// open makes the live map when there is none yet (caller holds mu, no
+// batch running), with the all flag as it is and regions.
 func (dc *diskChanges) open(regions *bitset) error {
-	v := dc.c.v
-	if err := v.pool.checkWritable("change tracking of disk " + dc.name); err != nil {
+	f, err := dc.create(regions)
+	if err != nil {
 		return err
 	}
+	dc.f = f
+	return nil
+}
+
+// create opens the live map for writing, or makes it, and writes the all
+// flag as it is and regions into it, synced with its directory entry. It
+// does not touch dc's fields but the all flag's load.
+func (dc *diskChanges) create(regions *bitset) (storage.File, error) {
+	v := dc.c.v
+	if err := v.pool.checkWritable("change tracking of disk " + dc.name); err != nil {
+		return nil, err
+	}
 	if err := dc.c.ensureDir(); err != nil {
-		return err
+		return nil, err
 	}
 	// A map read at load (regions holds what it held, so rewriting it
 	// never drops a region, whatever part of the rewrite a crash keeps),
@@ -329,20 +354,19 @@ func (dc *diskChanges) open(regions *bitset) error {
 		f, err = v.pool.fs.OpenFile(dc.rel(), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	}
 	if err != nil {
-		return hostile(err)
+		return nil, hostile(err)
 	}
 	if err := dc.writeMap(f, regions); err != nil {
 		_ = f.Close()
-		return err
+		return nil, err
 	}
 	if created {
 		if err := v.pool.fs.SyncDir(v.changesDir()); err != nil {
 			_ = f.Close()
-			return fmt.Errorf("%w: %w", errMapSync, err)
+			return nil, fmt.Errorf("%w: %w", errMapSync, err)
 		}
 	}
-	dc.f = f
-	return nil
+	return f, nil
 }
 
 // ensureDir makes the changes directory of a volume from before change
@@ -452,51 +476,104 @@ func (dc *diskChanges) tryMark(off, length int64) bool {
 
 // markRegions writes the missing regions of [first, last] into the live map
 // and syncs it; only then are they set in memory, so a region found set
-// there is durable.
+// there is durable. Concurrent marks share one sync (group commit).
 func (dc *diskChanges) markRegions(first, last int64) error {
 	dc.mu.Lock()
 	defer dc.mu.Unlock()
-	if dc.err != nil {
-		return dc.err
-	}
-	words := map[int64]uint64{}
+	missing := false
 	for i := first; i <= last; i++ {
 		if !dc.regions.has(i) {
-			w, ok := words[i/64]
-			if !ok {
-				w = dc.regions.words[i/64].Load()
-			}
-			words[i/64] = w | 1<<(i%64)
+			missing = true
+			dc.pending[i/64] |= 1 << (i % 64)
 		}
 	}
-	if len(words) == 0 {
-		return nil
+	if !missing {
+		return dc.err
 	}
-	if dc.f == nil {
-		next := newBitset(changeRegion, dc.size)
-		next.or(dc.regions)
-		for wi, w := range words {
+	want := dc.next
+	for {
+		if dc.err != nil {
+			return dc.err
+		}
+		if err, ok := dc.failedBatch[want]; ok {
+			return err
+		}
+		if dc.done >= want {
+			return nil
+		}
+		if !dc.syncing {
+			dc.lead()
+			continue
+		}
+		dc.batchDone.Wait()
+	}
+}
+
+// lead (mu held) writes and syncs every pending word as batch next, with
+// mu released meanwhile, then sets them durable in memory.
+func (dc *diskChanges) lead() {
+	batch, words := dc.next, dc.pending
+	dc.next++
+	dc.pending = map[int64]uint64{}
+	dc.syncing = true
+	f := dc.f
+	next := newBitset(changeRegion, dc.size)
+	next.or(dc.regions)
+	for wi, w := range words {
+		if int(wi) < len(next.words) {
 			next.words[wi].Or(w)
 		}
-		if err := dc.open(next); err != nil {
-			return dc.failed(err)
-		}
+	}
+	dc.mu.Unlock()
+	var err error
+	if f == nil {
+		f, err = dc.create(next)
 	} else {
 		var b [8]byte
-		for wi, w := range words {
-			binary.LittleEndian.PutUint64(b[:], w)
-			if _, err := dc.f.WriteAt(b[:], changeHeader+8*wi); err != nil {
-				return dc.failed(err)
+		for wi := range words {
+			if int(wi) >= len(next.words) {
+				continue
+			}
+			binary.LittleEndian.PutUint64(b[:], next.words[wi].Load())
+			if _, err = f.WriteAt(b[:], changeHeader+8*wi); err != nil {
+				break
 			}
 		}
-		if err := dc.f.Sync(); err != nil {
-			return dc.failed(fmt.Errorf("%w: %w", errMapSync, err))
+		if err == nil {
+			if serr := f.Sync(); serr != nil {
+				err = fmt.Errorf("%w: %w", errMapSync, serr)
+			}
 		}
 	}
-	for wi, w := range words {
-		dc.regions.words[wi].Or(w)
+	dc.mu.Lock()
+	dc.syncing = false
+	dc.done = batch
+	switch {
+	case err == nil:
+		if dc.f == nil {
+			dc.f = f
+		}
+		for wi, w := range words {
+			if int(wi) < len(dc.regions.words) {
+				dc.regions.words[wi].Or(w)
+			}
+		}
+	default:
+		err = dc.failed(err)
+		if dc.err == nil {
+			dc.failedBatch[batch] = err
+			delete(dc.failedBatch, batch-64) // long seen by its waiters
+		}
 	}
-	return nil
+	dc.batchDone.Broadcast()
+}
+
+// idle (mu held) waits until no batch is being written: a writer of the
+// whole map (reset, markAll) holds mu from then on, so none starts.
+func (dc *diskChanges) idle() {
+	for dc.syncing {
+		dc.batchDone.Wait()
+	}
 }
 
 // errMapSync marks a failed sync of a live map: final, since what the
@@ -519,6 +596,7 @@ func (dc *diskChanges) failed(err error) error {
 func (dc *diskChanges) markAll() error {
 	dc.mu.Lock()
 	defer dc.mu.Unlock()
+	dc.idle()
 	if dc.err != nil {
 		return dc.err
 	}
@@ -540,6 +618,7 @@ func (dc *diskChanges) markAll() error {
 func (dc *diskChanges) resize(size int64) {
 	dc.mu.Lock()
 	defer dc.mu.Unlock()
+	dc.idle()
 	if size <= dc.size {
 		return
 	}
@@ -627,6 +706,7 @@ func (c *changeLog) seal(seq uint64, eps []epoch) error {
 func (dc *diskChanges) reset() error {
 	dc.mu.Lock()
 	defer dc.mu.Unlock()
+	dc.idle()
 	if dc.err != nil {
 		return dc.err
 	}
@@ -929,6 +1009,7 @@ func (v *Volume) closeChanges() {
 	}
 	for _, dc := range v.chg.disks {
 		dc.mu.Lock()
+		dc.idle()
 		if dc.f != nil {
 			_ = dc.f.Close()
 		}
@@ -990,6 +1071,7 @@ func (v *Volume) forgetChanges(disk string) {
 	c.mu.Unlock()
 	if dc != nil {
 		dc.mu.Lock()
+		dc.idle()
 		if dc.f != nil {
 			_ = dc.f.Close()
 		}

@@ -267,7 +267,11 @@ func TestChangesDamagedOrMissing(t *testing.T) {
 // granule that differs between its snapshot and the disk now.
 func TestChangesSurvivePowerCuts(t *testing.T) {
 	ctx := context.Background()
-	for run := range 100 {
+	runs := 100
+	if raceOn {
+		runs = 40 // about 90 s on two cores with the race detector
+	}
+	for run := range runs {
 		rng := rand.New(rand.NewPCG(uint64(run), 7))
 		cfs := crashfs.New("/crash")
 		cfs.KeepPartial(uint64(run))
