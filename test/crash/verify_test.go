@@ -173,8 +173,16 @@ func checkFiles(poolDir string, got model) []string {
 	for _, name := range sortedKeys(got) {
 		v := got[name]
 		dir := filepath.Join(poolDir, "volumes", name)
-		if e := entries(dir); !slices.Equal(e, []string{"disks", "snapshots", "volume.json"}) {
+		if e := entries(dir); !slices.Equal(e, []string{"changes", "disks", "snapshots", "volume.json"}) {
 			fail("volume %s directory holds %v", name, e)
+		}
+		// Change tracking's maps: a live map per disk that was written, a
+		// sealed epoch per checkpoint still needed; no temporary file left.
+		for _, e := range entries(filepath.Join(dir, "changes")) {
+			disk, rest, ok := strings.Cut(e, ".")
+			if !ok || strings.HasPrefix(e, ".") || (rest != "live" && strings.Trim(rest, "0123456789") != "") || disk == "" {
+				fail("volume %s changes directory holds %q", name, e)
+			}
 		}
 		probs = append(probs, checkImages(filepath.Join(dir, "disks"), v.Disks)...)
 		snapDir := filepath.Join(dir, "snapshots")
