@@ -43,7 +43,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -95,7 +94,6 @@ type Repository struct {
 	keyID  string // the user key it was opened with
 	idKey  []byte
 	aead   cipher.AEAD
-	encMu  sync.Mutex
 	enc    *zstd.Encoder
 	dec    *zstd.Decoder
 	master []byte
@@ -180,7 +178,8 @@ func newRepository(store objstore.Store, cfg repoConfig, master []byte) (*Reposi
 	if err != nil {
 		return nil, err
 	}
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	// EncodeAll runs concurrently, one encoder per call up to GOMAXPROCS.
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest))
 	if err != nil {
 		return nil, err
 	}
@@ -309,9 +308,7 @@ func chunkKey(id string) string { return "chunks/" + id[:2] + "/" + id }
 
 // seal compresses and encrypts p, bound to what (the object's name).
 func (r *Repository) seal(p []byte, what string) ([]byte, error) {
-	r.encMu.Lock()
 	z := r.enc.EncodeAll(p, make([]byte, 0, len(p)/2))
-	r.encMu.Unlock()
 	nonce := make([]byte, r.aead.NonceSize(), r.aead.NonceSize()+len(z)+r.aead.Overhead())
 	if _, err := rand.Read(nonce); err != nil {
 		return nil, err

@@ -441,7 +441,8 @@ func restoreInto(ctx context.Context, r *Repository, m *Manifest, v *pool.Volume
 		}
 		sink.h[d.Name] = h
 	}
-	if err := r.Restore(ctx, m, disks, sink, prog, 4); err != nil {
+	// Fetches wait on the store more than on the CPU: keep more in flight.
+	if err := r.Restore(ctx, m, disks, sink, prog, 8); err != nil {
 		return err
 	}
 	for name, h := range sink.h {
