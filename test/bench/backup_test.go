@@ -81,14 +81,14 @@ func TestBenchBackup(t *testing.T) {
 	b.cli("snapshot", "create", "vm", "before")
 
 	// quiver: full, change, incremental, restore.
-	full := b.quiverBackup(t, "--full")
+	full := b.quiverBackup(t, "quiver-full", "bench", "vm", "--full")
 	full.stored, _ = storeBytes(t, store, "quiver/")
 	start = time.Now()
 	change := changeVolume(t, ctx, b.srv.NBDAddr, "vm", disks, 0.01, 2)
 	t.Logf("changed %s in %d writes (%d distinct 1 MiB chunks) in %v", size(change.bytes), change.writes, change.chunks,
 		time.Since(start).Round(time.Millisecond))
 	b.cli("snapshot", "create", "vm", "after")
-	incr := b.quiverBackup(t)
+	incr := b.quiverBackup(t, "quiver-incremental", "bench", "vm")
 	incr.stored, _ = storeBytes(t, store, "quiver/")
 	incr.stored -= full.stored
 	if incr.backup.Parent != full.backup.ID {
@@ -125,11 +125,11 @@ func TestBenchBackup(t *testing.T) {
 	b.cli("clone", "golden@v1", fmt.Sprintf("vdi-{001..%03d}", clones))
 	b.dropCaches(t)
 	b.quick = true
-	first := b.quiverBackupOf(t, "dedup", "vdi-001")
+	first := b.quiverBackup(t, "quiver-clone", "dedup", "vdi-001")
 	one, oneObjects := storeBytes(t, store, "quiver-dedup/")
 	cloneStart := time.Now()
 	for i := 2; i <= clones; i++ {
-		b.quiverBackupOf(t, "dedup", fmt.Sprintf("vdi-%03d", i))
+		b.quiverBackup(t, "quiver-clone", "dedup", fmt.Sprintf("vdi-%03d", i))
 	}
 	cloneTook := time.Since(cloneStart)
 	all, allObjects := storeBytes(t, store, "quiver-dedup/")
@@ -319,15 +319,11 @@ func (b *backupBench) profile(t *testing.T, name string) (stop func()) {
 	}
 }
 
-func (b *backupBench) quiverBackup(t *testing.T, flags ...string) step {
-	t.Helper()
-	return b.quiverBackupOf(t, "bench", "vm", flags...)
-}
-
-func (b *backupBench) quiverBackupOf(t *testing.T, target, vol string, flags ...string) step {
+// quiverBackup backs up vol to target, as the step called name.
+func (b *backupBench) quiverBackup(t *testing.T, name, target, vol string, flags ...string) step {
 	t.Helper()
 	var out []byte
-	s := b.timed(t, "quiver-backup-"+vol, func() {
+	s := b.timed(t, name, func() {
 		out = b.cli(append([]string{"-o", "json", "backup", "create", "--target", target, vol}, flags...)...)
 	})
 	if err := json.Unmarshal(out, &s.backup); err != nil {
