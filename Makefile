@@ -184,8 +184,9 @@ bench-storm:
 # backed up full, 1% changed in scattered writes, backed up again, restored;
 # then CLONES (default 100) clones of a GOLDEN_MIB MiB golden image (default
 # 1024) backed up into a repository of their own. Root (a loop-mounted XFS,
-# the page cache dropped before each step); about 12 minutes with the
-# defaults. PPROF=DIR: CPU profiles of the server and the S3 server per step.
+# the page cache dropped before each step); 26 minutes with the defaults on a
+# loaded 2-core machine (docs/benchmarks.md). PPROF=DIR: CPU profiles of the
+# server and of the S3 server, per step.
 # Prints the figures, the ratios and each goal met or missed; never asserts.
 bench-backup:
 	cd test/bench && QUIVER_BENCH=1 QUIVER_BENCH_VM_MIB=$(VM_MIB) QUIVER_BENCH_GOLDEN_MIB=$(GOLDEN_MIB) \
