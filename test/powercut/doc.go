@@ -54,8 +54,11 @@
 // of the test's own, one request at a time, and internal/client for the
 // API) writes stamped 4 KiB blocks to the volumes' disks, one in sixteen
 // with FUA, a third of the bursts followed by a FLUSH, and runs volume create and
-// delete (detaching first), snapshot create and delete, clones of
-// snapshots and of live volumes, disk add and attach, recording what was
+// delete (detaching first), snapshot create and delete (and a snapshot
+// after a write burst to a volume without one and after one other burst
+// in 24, the older of two deleted first, as a backup schedule takes
+// checkpoints), clones of snapshots and of live volumes, disk add and
+// attach, recording what was
 // acknowledged (model_test.go). After a random time the power is cut: the
 // disk's cache is dropped, then QEMU is killed with SIGKILL and reaped (in
 // that order: quiver's NBD server flushes an export whose client leaves
@@ -65,8 +68,12 @@
 // completed operation is there and whole; the operation in flight may be
 // there or not, but whole if it is; every block of a live disk holds its
 // last durable write or a later one; every snapshot and clone holds
-// exactly what its source held when it was taken. Each acknowledged FLUSH
-// after plain writes must have sent a FLUSH to the pool disk.
+// exactly what its source held when it was taken; every snapshot is a
+// change-tracking checkpoint, and the delta from it to the live disks (and
+// to each other snapshot of the volume) must cover every block that differs
+// between the two, as read back after the boot (delta_test.go). Each
+// acknowledged FLUSH after plain writes must have sent a FLUSH to the pool
+// disk.
 //
 // The package is test-only. It talks to quiver as its users do (the API
 // and NBD over the guest's network) and imports internal/nbd only for the

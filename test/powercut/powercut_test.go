@@ -44,6 +44,10 @@ type laneStats struct {
 	blocksChecked                            int
 	flushesChecked, flushesNotReachingDisk   int
 	dirtyAtCut, keptAtCut                    int
+	deltasChecked, deltasWithChanges         int   // change-tracking deltas from a snapshot (delta_test.go)
+	deltaBlocksDiffering                     int   // blocks they had to cover
+	deltaBytesReported                       int64 // bytes they reported
+	cutsWithDeltaChanges                     int   // boots after a cut where a delta had a block to cover
 	boot, work, check                        time.Duration
 	qemuCPU                                  time.Duration
 }
@@ -119,6 +123,8 @@ func (l *lane) run(ctx context.Context, cuts int) {
 	t.Logf("acknowledged: %d writes (%d FUA), %d flushes, %d of %d operations; at the cuts %d of %d dirty cache blocks kept; "+
 		"after the cuts %d in-flight operations had happened, %d blocks held a write newer than the durable one; %d blocks checked",
 		s.writes, s.fua, s.flushes, s.opsDone, s.ops, s.keptAtCut, s.dirtyAtCut, s.pendingHappened, s.laterLanded, s.blocksChecked)
+	t.Logf("change tracking: %d deltas checked, %d with blocks that differ (%d blocks of %d KiB, %d KiB reported); after %d of %d cuts a delta had a block to cover",
+		s.deltasChecked, s.deltasWithChanges, s.deltaBlocksDiffering, blockSize>>10, s.deltaBytesReported>>10, s.cutsWithDeltaChanges, s.cuts)
 	t.Logf("%d of %d acknowledged NBD FLUSHes after plain writes sent a FLUSH to the pool's disk",
 		s.flushesChecked-s.flushesNotReachingDisk, s.flushesChecked)
 	if s.flushesNotReachingDisk > 0 {
@@ -145,8 +151,12 @@ func (l *lane) bootAndVerify(ctx context.Context, cycle int) {
 	}
 	l.stats.boot += time.Since(start)
 	start = time.Now()
+	withChanges := l.stats.deltasWithChanges
 	if err := l.verify(rctx); err != nil {
 		l.fail(cycle, "after the cut: %v", err)
+	}
+	if cycle > 0 && l.stats.deltasWithChanges > withChanges {
+		l.stats.cutsWithDeltaChanges++
 	}
 	l.stats.check += time.Since(start)
 }

@@ -155,11 +155,13 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 		}
 	}
 	// Content.
+	live := map[string][]uint64{}
 	for _, d := range vm.diskNames() {
 		vals, err := l.readDisk(name, "", d, vm.token)
 		if err != nil {
 			return err
 		}
+		live[d] = vals
 		dm := vm.disks[d]
 		for b, v := range vals {
 			if !dm.blocks[b].allowed(v) {
@@ -172,12 +174,15 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 		}
 		l.stats.blocksChecked += len(vals)
 	}
+	read := map[string]map[string][]uint64{}
 	for _, s := range sortedKeys(vm.snaps) {
+		read[s] = map[string][]uint64{}
 		for _, d := range sortedKeys(vm.snaps[s]) {
 			vals, err := l.readDisk(name, s, d, vm.token)
 			if err != nil {
 				return err
 			}
+			read[s][d] = vals
 			if want := vm.snaps[s][d]; !slices.Equal(vals, want) {
 				for b := range vals {
 					if vals[b] != want[b] {
@@ -188,7 +193,7 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 			l.stats.blocksChecked += len(vals)
 		}
 	}
-	return nil
+	return l.verifyDeltas(ctx, name, live, read)
 }
 
 func sameDisks(got map[string]int64, want []string) error {

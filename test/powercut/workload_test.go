@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -18,6 +19,12 @@ const (
 	maxDisksPerVol   = 2
 	maxSnapsPerVol   = 2
 	maxWritesInBurst = 8
+	// checkpointEvery: a write burst to a volume without a snapshot, and
+	// one other burst in checkpointEvery, is followed by a snapshot of its
+	// volume, so most cuts find a checkpoint with writes after it
+	// (delta_test.go). Snapshots cost a TCG guest far more than writes: a
+	// snapshot after every burst would leave little time to write.
+	checkpointEvery = 24
 )
 
 // workload runs random steps against the quiver in the guest until the
@@ -45,7 +52,13 @@ func (l *lane) step(ctx context.Context) error {
 	m := l.model
 	if len(m.vols) == 0 || l.rng.IntN(100) >= l.opsPct {
 		if v, d, ok := l.pickDisk(); ok {
-			return l.burst(v, d)
+			if err := l.burst(v, d); err != nil {
+				return err
+			}
+			if len(m.vols[v].snaps) == 0 || l.rng.IntN(checkpointEvery) == 0 {
+				return l.checkpoint(ctx, v)
+			}
+			return nil
 		}
 	}
 	names := m.volNames()
@@ -61,7 +74,8 @@ func (l *lane) step(ctx context.Context) error {
 	case op == 2 && len(m.vols[v].snaps) < maxSnapsPerVol:
 		return l.createSnapshot(ctx, v)
 	case op == 3 && len(m.vols[v].snaps) > 0:
-		return l.deleteSnapshot(ctx, v)
+		snaps := sortedKeys(m.vols[v].snaps)
+		return l.deleteSnapshot(ctx, v, snaps[l.rng.IntN(len(snaps))])
 	case op == 4 && len(m.vols) < maxVolumes:
 		return l.clone(ctx, v)
 	case op == 5 && len(m.vols[v].disks) < maxDisksPerVol:
@@ -260,10 +274,35 @@ func (l *lane) createSnapshot(ctx context.Context, v string) error {
 	return nil
 }
 
-func (l *lane) deleteSnapshot(ctx context.Context, v string) error {
+// checkpoint takes a snapshot of v between its writes, as a backup
+// schedule does: every snapshot is a change-tracking checkpoint, and each
+// boot checks the delta from it (delta_test.go). With maxSnapsPerVol
+// snapshots already, the oldest goes first.
+func (l *lane) checkpoint(ctx context.Context, v string) error {
 	vm := l.model.vols[v]
-	snaps := sortedKeys(vm.snaps)
-	s := snaps[l.rng.IntN(len(snaps))]
+	if len(vm.snaps) >= maxSnapsPerVol {
+		oldest := ""
+		for s := range vm.snaps {
+			if oldest == "" || objNumber(s) < objNumber(oldest) {
+				oldest = s
+			}
+		}
+		if err := l.deleteSnapshot(ctx, v, oldest); err != nil {
+			return err
+		}
+	}
+	return l.createSnapshot(ctx, v)
+}
+
+// objNumber is the number in a name made by model.name: names made later
+// have higher numbers.
+func objNumber(name string) int {
+	n, _ := strconv.Atoi(strings.TrimLeft(name, "abcdefghijklmnopqrstuvwxyz"))
+	return n
+}
+
+func (l *lane) deleteSnapshot(ctx context.Context, v, s string) error {
+	vm := l.model.vols[v]
 	l.begin(&pendingOp{what: "delete snapshot " + v + "@" + s, vol: v, delSnap: s})
 	if err := l.mc.api.DeleteSnapshot(ctx, v, s); err != nil {
 		return fmt.Errorf("delete snapshot %s@%s: %w", v, s, err)
