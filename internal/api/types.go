@@ -108,11 +108,23 @@ type Volume struct {
 	// themselves (a single node's Filesystem-mode PVC): change tracking
 	// counts every disk changed meanwhile, so backups read them whole.
 	DirectAccess []string `json:"directAccess,omitempty"`
+	// Restore reports an instant restore still copying the volume's
+	// content in: the volume is served meanwhile, but snapshots, clones
+	// and backups of it wait until the copy is done.
+	Restore *RestoreProgress `json:"restore,omitempty"`
 	// Copies, Primary and Term say where a cluster keeps the volume: absent
 	// on a single node.
 	Copies  []Copy `json:"copies,omitempty"`
 	Primary string `json:"primary,omitempty"`
 	Term    uint64 `json:"term,omitempty"`
+}
+
+// RestoreProgress is an instant restore's copy (Volume.Restore).
+type RestoreProgress struct {
+	Source      string    `json:"source"` // backup:<target>:<id>
+	Started     time.Time `json:"started"`
+	CopiedBytes int64     `json:"copiedBytes"`
+	TotalBytes  int64     `json:"totalBytes"`
 }
 
 // Copy states (Copy.State).
@@ -426,6 +438,10 @@ type BackupStats struct {
 type RestoreSpec struct {
 	Volume string   `json:"volume"`          // the new volume
 	Disks  []string `json:"disks,omitempty"` // only these disks (all when empty)
+	// Instant makes the volume at once, served while its content is
+	// copied in (Volume.Fill reports the copy); the answer is the volume
+	// (201), not a job.
+	Instant bool `json:"instant,omitempty"`
 }
 
 // BackupVerify is the result of POST /v1/backups/{id}/verify.

@@ -220,6 +220,14 @@ func (s *Server) restoreBackup(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.pool.Volume(spec.Volume); err == nil {
 		return fmt.Errorf("volume %s already exists; restore into a new volume: %w", spec.Volume, pool.ErrExists)
 	}
+	if spec.Instant {
+		info, err := svc.InstantRestore(r.Context(), target, m.ID, spec.Volume, spec.Disks)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusCreated, viewOf(r).volume(volumeToAPI(info)))
+		return nil
+	}
 	var info pool.VolumeInfo
 	return s.runJob(w, r, "restore", m.ID+"->"+spec.Volume, 1, func(ctx context.Context, j *job.Job) error {
 		var err error

@@ -22,6 +22,9 @@ func volumeToAPI(v pool.VolumeInfo) api.Volume {
 		out.QoS = &q
 	}
 	out.DirectAccess = v.DirectAccess
+	if f := v.Fill; f != nil {
+		out.Restore = &api.RestoreProgress{Source: f.Source, Started: f.Started, CopiedBytes: f.FilledBytes, TotalBytes: f.TotalBytes}
+	}
 	if p := v.BackupPolicy; p != nil {
 		out.BackupPolicy = &api.BackupPolicy{Every: p.Every.String(), Target: p.Target, KeepLast: p.KeepLast,
 			KeepDaily: p.KeepDaily, KeepWeekly: p.KeepWeekly, KeepMonthly: p.KeepMonthly}

@@ -148,10 +148,12 @@ func (s *Service) policyTarget(p *pool.BackupPolicy) string {
 	return s.Default()
 }
 
-// Run backs up every volume whose policy says it is due, checking every
-// tick, until ctx ends. After a backup it prunes the volume's backups by
+// Run resumes the copies of instant restores a restart interrupted, then
+// backs up every volume whose policy says it is due, checking every tick,
+// until ctx ends. After a backup it prunes the volume's backups by
 // the policy's keep rules and collects the chunks they freed.
 func (s *Service) Run(ctx context.Context, tick time.Duration) {
+	s.resumeFills()
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {

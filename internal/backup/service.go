@@ -81,6 +81,13 @@ type Service struct {
 	busy sync.Map
 	// book keeps each volume's backup status (schedule.go).
 	book statusBook
+
+	// The copies of instant restores (instant.go): ctx ends them at Close;
+	// filling holds the volumes being copied.
+	ctx     context.Context
+	cancel  context.CancelFunc
+	fills   sync.WaitGroup
+	filling sync.Map
 }
 
 type target struct {
@@ -98,6 +105,7 @@ var ErrNoTarget = errors.New("no such backup target")
 // first use, so a store down at start delays nothing.
 func NewService(p *pool.Pool, cfg Config, log *slog.Logger) (*Service, error) {
 	s := &Service{pool: p, log: log, targets: map[string]*target{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	for _, tc := range cfg.Targets {
 		read := func(what, path string) ([]byte, error) {
 			b, err := os.ReadFile(path)
@@ -384,15 +392,9 @@ func (s *Service) Restore(ctx context.Context, targetName, id, volume string, di
 	if err != nil {
 		return pool.VolumeInfo{}, err
 	}
-	spec := pool.VolumeSpec{Name: volume, Labels: m.Labels}
-	for _, d := range m.Disks {
-		if len(disks) == 0 || slices.Contains(disks, d.Name) {
-			spec.Disks = append(spec.Disks, pool.DiskSpec{Name: d.Name, Size: d.Size})
-			spec.Capacity += d.Size
-		}
-	}
-	if len(disks) > 0 && len(spec.Disks) != len(disks) {
-		return pool.VolumeInfo{}, fmt.Errorf("backup %s has disks %s; asked for %s: %w", id, diskNames(m), strings.Join(disks, ","), pool.ErrInvalid)
+	spec, err := restoreSpec(m, volume, disks)
+	if err != nil {
+		return pool.VolumeInfo{}, err
 	}
 	if _, _, err := s.pool.Create(ctx, spec); err != nil {
 		return pool.VolumeInfo{}, err
@@ -408,6 +410,22 @@ func (s *Service) Restore(ctx context.Context, targetName, id, volume string, di
 		return pool.VolumeInfo{}, err
 	}
 	return v.Info(), nil
+}
+
+// restoreSpec is the volume a restore of m makes (only the disks named,
+// when any).
+func restoreSpec(m *Manifest, volume string, disks []string) (pool.VolumeSpec, error) {
+	spec := pool.VolumeSpec{Name: volume, Labels: m.Labels}
+	for _, d := range m.Disks {
+		if len(disks) == 0 || slices.Contains(disks, d.Name) {
+			spec.Disks = append(spec.Disks, pool.DiskSpec{Name: d.Name, Size: d.Size})
+			spec.Capacity += d.Size
+		}
+	}
+	if len(disks) > 0 && len(spec.Disks) != len(disks) {
+		return spec, fmt.Errorf("backup %s has disks %s; asked for %s: %w", m.ID, diskNames(m), strings.Join(disks, ","), pool.ErrInvalid)
+	}
+	return spec, nil
 }
 
 func diskNames(m *Manifest) string {

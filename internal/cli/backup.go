@@ -97,16 +97,28 @@ func (a *app) backupGetCommand(target *string) *cobra.Command {
 
 func (a *app) backupRestoreCommand(target *string) *cobra.Command {
 	var disks []string
+	var instant, wait bool
 	cmd := &cobra.Command{
 		Use:   "restore ID NEW-VOLUME",
 		Short: "Restore a backup into a new volume (every disk, or those of --disk)",
-		Args:  cobra.ExactArgs(2),
+		Long: `Restore a backup into a new volume (every disk, or those of --disk).
+
+With --instant the volume is made and served at once, and its content is
+copied from the store in the background: a VM can attach it and boot right
+away; its reads of blocks not copied yet are fetched first, its writes land
+in the new volume. 'quiver volume get' shows the copy's progress; snapshots,
+clones and backups of the volume wait until it is done. --wait waits for it.`,
+		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			job, err := c.StartRestore(cmd.Context(), *target, args[0], api.RestoreSpec{Volume: args[1], Disks: disks})
+			spec := api.RestoreSpec{Volume: args[1], Disks: disks}
+			if instant {
+				return a.instantRestore(cmd, c, *target, args[0], spec, wait)
+			}
+			job, err := c.StartRestore(cmd.Context(), *target, args[0], spec)
 			if err != nil {
 				return err
 			}
@@ -117,7 +129,36 @@ func (a *app) backupRestoreCommand(target *string) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringSliceVar(&disks, "disk", nil, "restore only this disk (repeat for more)")
+	cmd.Flags().BoolVar(&instant, "instant", false, "serve the new volume at once and copy its content in the background")
+	cmd.Flags().BoolVar(&wait, "wait", false, "with --instant: wait until the copy is done, showing its progress")
 	return cmd
+}
+
+func (a *app) instantRestore(cmd *cobra.Command, c *client.Client, target, id string, spec api.RestoreSpec, wait bool) error {
+	ctx := cmd.Context()
+	v, err := c.InstantRestore(ctx, target, id, spec)
+	if err != nil {
+		return err
+	}
+	if !wait {
+		return a.printDone(cmd.OutOrStdout(), "volume %s is served now; backup %s is copied into it in the background (quiver volume get %s shows the progress)",
+			v.Name, id, v.Name)
+	}
+	bar := a.newBar(api.Job{Kind: "restore", Target: id + "->" + v.Name})
+	defer bar.finish()
+	for v.Restore != nil {
+		bar.update(api.Job{BytesDone: v.Restore.CopiedBytes, BytesTotal: v.Restore.TotalBytes})
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: the copy goes on in the server (quiver volume get %s)", errInterrupted, v.Name)
+		case <-time.After(a.env.PollInterval):
+		}
+		if v, err = c.GetVolume(ctx, v.Name); err != nil {
+			return err
+		}
+	}
+	bar.finish()
+	return a.printDone(cmd.OutOrStdout(), "backup %s restored into volume %s", id, v.Name)
 }
 
 func (a *app) backupVerifyCommand(target *string) *cobra.Command {

@@ -354,6 +354,11 @@ func (a *app) volumeDetail(v api.Volume) func(io.Writer) error {
 			f.add("Source", source(v.Source))
 		}
 		f.add("Snapshots", fmt.Sprint(v.Snapshots))
+		if r := v.Restore; r != nil {
+			f.add("Restore", fmt.Sprintf("copying from %s: %s of %s (%d%%), started %s; served meanwhile, snapshots wait",
+				r.Source, quantity.Format(r.CopiedBytes), quantity.Format(r.TotalBytes), percent(r.CopiedBytes, r.TotalBytes),
+				timestamp(a.env.Now(), r.Started)))
+		}
 		if len(v.Copies) > 0 {
 			f.add("Primary", fmt.Sprintf("%s (term %d)", v.Primary, v.Term))
 			f.add("Copies", formatCopies(v))
@@ -404,4 +409,11 @@ func nonNil[T any](items []T) []T {
 		return []T{}
 	}
 	return items
+}
+
+func percent(part, whole int64) int64 {
+	if whole <= 0 {
+		return 100
+	}
+	return part * 100 / whole
 }

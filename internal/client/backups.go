@@ -110,6 +110,20 @@ func (c *Client) StartRestore(ctx context.Context, target, id string, spec api.R
 	return c.startJobQuery(ctx, p+"/restore", targetQuery(target, true), spec)
 }
 
+// InstantRestore makes a new volume from a backup that is served at once
+// while its content is copied in (spec.Instant is set for the caller);
+// Volume.Restore reports the copy.
+func (c *Client) InstantRestore(ctx context.Context, target, id string, spec api.RestoreSpec) (api.Volume, error) {
+	p, err := backupPath(id)
+	if err != nil {
+		return api.Volume{}, err
+	}
+	spec.Instant = true
+	var v api.Volume
+	err = c.do(ctx, http.MethodPost, p+"/restore", targetQuery(target, false), spec, &v)
+	return v, err
+}
+
 // StartVerify starts reading back and checking every chunk of a backup.
 func (c *Client) StartVerify(ctx context.Context, target, id string) (api.Job, error) {
 	p, err := backupPath(id)

@@ -127,6 +127,15 @@ func (b *bitset) add(off, length int64) {
 	}
 }
 
+// count returns how many pieces are set.
+func (b *bitset) count() int {
+	n := 0
+	for i := range b.words {
+		n += bits.OnesCount64(b.words[i].Load())
+	}
+	return n
+}
+
 func (b *bitset) empty() bool {
 	for i := range b.words {
 		if b.words[i].Load() != 0 {

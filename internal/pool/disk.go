@@ -132,6 +132,10 @@ func (v *Volume) openFile(d DiskSpec) (*diskFile, error) {
 		_ = f.Close()
 		return nil, err
 	}
+	if df.fill, err = v.loadFill(d); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
 	if v.pool.chunk > 0 {
 		df.ch = newChunks(d.Size, v.pool.chunk)
 		df.us = v.pool.us
@@ -170,6 +174,8 @@ func (v *Volume) refreshFiles(replace bool) error {
 				v.pool.log.Error("close replaced disk image", "volume", v.name, "disk", d.Name, "err", cerr)
 			}
 			df.f, df.size, df.shared, df.ch, df.us, df.chg = nf.f, nf.size, nf.shared, nf.ch, nf.us, nf.chg
+			df.endFill()
+			df.fill = nf.fill
 			df.nw.readOff.Store(false)
 			df.nw.writeOff.Store(false)
 			df.smu.Lock()
@@ -219,6 +225,7 @@ func (v *Volume) reopenFailed(old *diskFile) (*diskFile, error) {
 // request of its handles with err from now on.
 func (v *Volume) endFile(df *diskFile, err error) {
 	df.gone = err
+	df.endFill()
 	if cerr := df.f.Close(); cerr != nil {
 		v.pool.log.Error("close disk image", "volume", v.name, "disk", df.name, "err", cerr)
 	}
@@ -376,6 +383,14 @@ func (d *liveDisk) ReadAt(p []byte, off int64) error {
 	if err != nil {
 		return err
 	}
+	if df.fill != nil {
+		if err := checkRange(off, int64(len(p)), df.size); err != nil {
+			return err
+		}
+		if err := df.fill.ensure(df, off, int64(len(p)), false); err != nil {
+			return err
+		}
+	}
 	return readAt(df, p, off)
 }
 
@@ -399,6 +414,9 @@ func (d *liveDisk) WriteAt(p []byte, off int64, fua bool) error {
 		return err
 	}
 	defer d.v.gate.RUnlock()
+	if err := df.fill.ensure(df, off, int64(len(p)), true); err != nil {
+		return err
+	}
 	d.v.markDirty(df.name, off, int64(len(p)))
 	if err := d.v.markChanged(df, off, int64(len(p))); err != nil {
 		return err
@@ -436,6 +454,9 @@ func (d *liveDisk) Trim(off, length int64, fua bool) error {
 		return err
 	}
 	defer d.v.gate.RUnlock()
+	if err := df.fill.ensure(df, off, length, true); err != nil {
+		return err
+	}
 	d.v.markDirty(df.name, off, length)
 	if err := d.v.markChanged(df, off, length); err != nil {
 		return err
@@ -452,6 +473,9 @@ func (d *liveDisk) Zero(off, length int64, flags ZeroFlags) error {
 		return err
 	}
 	defer d.v.gate.RUnlock()
+	if err := df.fill.ensure(df, off, length, true); err != nil {
+		return err
+	}
 	d.v.markDirty(df.name, off, length)
 	if err := d.v.markChanged(df, off, length); err != nil {
 		return err
@@ -488,6 +512,11 @@ func (d *liveDisk) Extents(off, length int64, limit int) ([]Extent, error) {
 	}
 	if err := checkRange(off, length, df.size); err != nil {
 		return nil, err
+	}
+	if !df.fill.ready(off, length, false) {
+		// Not filled yet: data, as far as anyone can tell without
+		// fetching it from the fill's source.
+		return []Extent{{Offset: off, Length: length}}, nil
 	}
 	return extents(df.f, off, length, limit)
 }

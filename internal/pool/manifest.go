@@ -32,6 +32,9 @@ type VolumeSpec struct {
 	Tenant string
 	// Idempotency says when an existing volume of that name is the answer.
 	Idempotency Idempotency
+	// Fill, when set, makes a volume that fills from a source of that name
+	// (fill.go): Volume.Fill connects the source and copies it in.
+	Fill string
 }
 
 // Source records what a volume was cloned from.
@@ -69,6 +72,8 @@ type volumeManifest struct {
 	// DirectAccess names the holders of the image files themselves
 	// (direct.go): change tracking counts every disk changed meanwhile.
 	DirectAccess []string `json:"directAccess,omitempty"`
+	// Fill is set while the volume fills from a source (fill.go).
+	Fill *FillState `json:"fill,omitempty"`
 }
 
 // snapshotManifest is snapshot.json inside a snapshot directory.
@@ -124,6 +129,10 @@ func (m *volumeManifest) clone() volumeManifest {
 		q := *m.QoS
 		c.QoS = &q
 	}
+	if m.Fill != nil {
+		f := *m.Fill
+		c.Fill = &f
+	}
 	return c
 }
 
@@ -172,6 +181,9 @@ type VolumeInfo struct {
 	BackupPolicy *BackupPolicy
 	// DirectAccess names who holds the image files themselves.
 	DirectAccess []string
+	// Fill reports a volume still filling from its source (an instant
+	// restore); nil for a whole volume.
+	Fill *FillInfo
 	// Broken, when not empty, says why the volume was quarantined at
 	// start-up; only Name is set then, and every operation fails with
 	// ErrBroken.

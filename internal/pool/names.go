@@ -147,6 +147,11 @@ func ValidateSpec(s VolumeSpec) error {
 	if err := s.QoS.Validate(); err != nil {
 		return invalid("qos", "", err.Error())
 	}
+	if s.Fill != "" {
+		if err := ValidateFillSource(s.Fill); err != nil {
+			return err
+		}
+	}
 	if s.Replicas < 0 || s.Replicas > MaxReplicas {
 		return invalid("replicas", "", fmt.Sprintf("replicas %d: must be from 1 to %d (0 means 1)", s.Replicas, MaxReplicas))
 	}

@@ -52,7 +52,7 @@ func (d *liveDisk) TryReadAt(p []byte, off int64) error {
 	if err := checkRange(off, int64(len(p)), df.size); err != nil {
 		return err
 	}
-	if df.nw.readOff.Load() {
+	if df.nw.readOff.Load() || !df.fill.ready(off, int64(len(p)), false) {
 		return ErrWouldBlock
 	}
 	n, err := df.f.TryReadAt(p, off)
@@ -73,7 +73,7 @@ func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
 		return ErrWouldBlock // claiming takes the gate exclusively
 	case err != nil:
 		return err
-	case df.nw.writeOff.Load() || !df.owned(off, int64(len(p))):
+	case df.nw.writeOff.Load() || !df.owned(off, int64(len(p))) || !df.fill.ready(off, int64(len(p)), true):
 		return ErrWouldBlock
 	case df.chg != nil && !df.chg.tryMark(off, int64(len(p))):
 		return ErrWouldBlock // its change must be written ahead first
@@ -145,6 +145,9 @@ func (d *liveDisk) TrySendTo(sock int, head []byte, off int64, n int) (int, erro
 	}
 	if err := checkRange(off, int64(n), df.size); err != nil {
 		return 0, err
+	}
+	if !df.fill.ready(off, int64(n), false) {
+		return 0, ErrWouldBlock
 	}
 	// Only the operating system's own file: a wrapper (a test's fault
 	// injection, a crash-simulating twin) sees every read.
@@ -238,7 +241,7 @@ func (d *liveDisk) admitTry(df *diskFile, io *IO) error {
 		if err := checkRange(io.Off, n, df.size); err != nil {
 			return err
 		}
-		if df.nw.readOff.Load() {
+		if df.nw.readOff.Load() || !df.fill.ready(io.Off, n, false) {
 			return ErrWouldBlock
 		}
 		return nil
@@ -252,7 +255,7 @@ func (d *liveDisk) admitTry(df *diskFile, io *IO) error {
 		return ErrWouldBlock // claiming takes the gate exclusively
 	case err != nil:
 		return err
-	case df.nw.writeOff.Load() || !df.owned(io.Off, n):
+	case df.nw.writeOff.Load() || !df.owned(io.Off, n) || !df.fill.ready(io.Off, n, true):
 		return ErrWouldBlock
 	case df.chg != nil && !df.chg.tryMark(io.Off, n):
 		return ErrWouldBlock // its change must be written ahead first

@@ -85,12 +85,15 @@ func (p *Pool) recover(ctx context.Context) error {
 // touched come before any repair.
 func (p *Pool) loadVolume(name string) (*Volume, error) {
 	dir := path.Join("volumes", name)
-	if err := p.checkTree(dir, map[string]bool{"disks": true, "snapshots": true, "changes": false}); err != nil {
+	if err := p.checkTree(dir, map[string]bool{"disks": true, "snapshots": true, "changes": false, "fill": false}); err != nil {
 		return nil, err
 	}
-	// Change tracking's maps (changes.go), when there: files only.
-	if err := p.checkTree(path.Join(dir, "changes"), nil); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("changes: %w", err)
+	// Change tracking's maps (changes.go) and fill maps (fill.go), when
+	// there: files only.
+	for _, sub := range []string{"changes", "fill"} {
+		if err := p.checkTree(path.Join(dir, sub), nil); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%s: %w", sub, err)
+		}
 	}
 	rec, err := p.rollbackRecord(name)
 	switch {
@@ -120,8 +123,10 @@ func (p *Pool) loadVolume(name string) (*Volume, error) {
 		if err := p.removeTemps(dir); err != nil {
 			return nil, err
 		}
-		if err := p.removeTemps(path.Join(dir, "changes")); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return nil, err
+		for _, sub := range []string{"changes", "fill"} {
+			if err := p.removeTemps(path.Join(dir, sub)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, err
+			}
 		}
 		if err := p.removeOrphanImages(path.Join(dir, "disks"), m.Disks); err != nil {
 			return nil, err
@@ -133,6 +138,9 @@ func (p *Pool) loadVolume(name string) (*Volume, error) {
 		}
 	}
 	v := newVolume(p, m, nil)
+	if m.Fill == nil && !p.readOnly {
+		v.removeFillMaps() // left by a crash right after the fill's end
+	}
 	if err := v.loadSnapshots(); err != nil {
 		return nil, err
 	}

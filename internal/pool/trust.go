@@ -114,6 +114,11 @@ func (m *volumeManifest) validate(dir string) error {
 			return fmt.Errorf("backupPolicy: %w", err)
 		}
 	}
+	if m.Fill != nil {
+		if err := ValidateFillSource(m.Fill.Source); err != nil {
+			return err
+		}
+	}
 	return ValidateVolumeTenant(m.Name, m.Tenant)
 }
 

@@ -50,6 +50,12 @@ type Volume struct {
 	chgOnce sync.Mutex
 	chg     *changeLog
 
+	// fillSrc is the source a filling volume reads units from (fill.go),
+	// nil until Fill connects it; fillDurable counts the bytes durable as
+	// filled, for reports.
+	fillSrc     atomic.Pointer[fillSourceBox]
+	fillDurable atomic.Int64
+
 	// files holds an open file per disk once any disk of the volume has been
 	// opened for I/O. It changes only under gate held exclusively.
 	files map[string]*diskFile
@@ -94,6 +100,9 @@ type diskFile struct {
 	nw noWait // what RWF_NOWAIT does on this file (nowait.go)
 	// chg records the disk's changes ahead of every write (changes.go).
 	chg *diskChanges
+	// fill, while the volume fills (fill.go), fills units before I/O
+	// touches them; nil once the volume is whole.
+	fill *diskFill
 	// gone, once set, fails every request of every handle of the disk:
 	// ErrDiskRemoved, or ErrClosed when the pool closed.
 	gone error
@@ -155,6 +164,10 @@ func (v *Volume) lockOps(op string) (func(), error) {
 		v.ops.Unlock()
 		return nil, err
 	}
+	if err := v.checkNotFilling(op); err != nil {
+		v.ops.Unlock()
+		return nil, err
+	}
 	return v.ops.Unlock, nil
 }
 
@@ -164,6 +177,10 @@ func (v *Volume) rlockOps(op string) (func(), error) {
 		return nil, fmt.Errorf("%s: volume %q is busy with another operation, retry later: %w", op, v.name, ErrBusy)
 	}
 	if err := v.checkAlive(); err != nil {
+		v.ops.RUnlock()
+		return nil, err
+	}
+	if err := v.checkNotFilling(op); err != nil {
 		v.ops.RUnlock()
 		return nil, err
 	}
@@ -216,7 +233,7 @@ func (v *Volume) Info() VolumeInfo {
 	v.mu.Unlock()
 	info := VolumeInfo{QoS: limitsOf(m.QoS), Name: m.Name, UID: m.UID, Capacity: m.Capacity, Labels: m.Labels, Source: m.Source,
 		Snapshots: nsnaps, CreatedAt: m.CreatedAt, Dir: v.disksDir(), Replicas: replicasOf(m.Replicas), Tenant: m.Tenant,
-		BackupPolicy: m.BackupPolicy, DirectAccess: m.DirectAccess}
+		BackupPolicy: m.BackupPolicy, DirectAccess: m.DirectAccess, Fill: v.fillInfo(m)}
 	for _, d := range m.Disks {
 		path := v.diskPath(d.Name)
 		alloc, _ := v.pool.fs.Allocated(v.pool.rel(path))
@@ -274,6 +291,9 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 	m := volumeManifest{Kind: "Volume", Version: manifestVersion, Name: spec.Name, UID: newUID(),
 		Capacity: spec.Capacity, Labels: maps.Clone(spec.Labels), Disks: spec.Disks, QoS: qosOrNil(spec.QoS), CreatedAt: time.Now().UTC(),
 		IdempotencyKey: spec.Idempotency.Key, Tenant: spec.Tenant}
+	if spec.Fill != "" {
+		m.Fill = &FillState{Source: spec.Fill, Started: m.CreatedAt}
+	}
 	if spec.Replicas > 1 {
 		m.Replicas = spec.Replicas
 	}

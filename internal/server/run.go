@@ -269,7 +269,7 @@ func (n *node) buildAPI() {
 		bctx, bcancel := context.WithCancel(context.Background())
 		bdone := make(chan struct{})
 		go func() { defer close(bdone); n.backups.Run(bctx, 30*time.Second) }()
-		n.onClose(func() { bcancel(); <-bdone })
+		n.onClose(func() { bcancel(); <-bdone; n.backups.Close() })
 	}
 	endpoint := apiserver.NBDEndpoint{Socket: cfg.NBDSocket, TLS: n.cfg.NBD.TLS != nil && n.cfg.NBD.RequireTLS}
 	for _, l := range n.nbdLns {
