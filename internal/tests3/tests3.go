@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
@@ -29,8 +30,10 @@ type Server struct {
 	// failAfter > 0: that many more requests are answered, then the
 	// server goes down.
 	failAfter atomic.Int64
-	requests  atomic.Int64
-	backend   *s3mem.Backend
+	// delay is added before each GET is answered (a slow store).
+	delay    atomic.Int64
+	requests atomic.Int64
+	backend  *s3mem.Backend
 }
 
 // Start serves a fresh, empty bucket until the test ends.
@@ -63,6 +66,9 @@ func Start(t testing.TB) *Server {
 				http.StatusForbidden)
 			return
 		}
+		if d := time.Duration(s.delay.Load()); d > 0 && r.Method == http.MethodGet {
+			time.Sleep(d)
+		}
 		h.ServeHTTP(w, r)
 	})}
 	go func() { _ = srv.Serve(ln) }()
@@ -82,6 +88,10 @@ func signedBy(r *http.Request, access string) bool {
 
 // Down makes the server stop answering (true) or answer again (false).
 func (s *Server) Down(on bool) { s.down.Store(on) }
+
+// Delay makes every GET wait d before it is answered (0: none), as a
+// distant or busy store would.
+func (s *Server) Delay(d time.Duration) { s.delay.Store(int64(d)) }
 
 // FailAfter lets n more requests through, then goes down.
 func (s *Server) FailAfter(n int64) { s.failAfter.Store(n) }

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -26,40 +25,11 @@ func TestBackupRestoreVerifyThroughTheCLI(t *testing.T) {
 		testfs.RequireTool(t, tool)
 	}
 	ctx := context.Background()
-	s3 := tests3.Start(t)
-	dir := t.TempDir()
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	keyFile := filepath.Join(dir, "repo.key")
-	cfg := map[string]any{"targets": []map[string]any{{"name": "offsite", "endpoint": s3.Config.Endpoint,
-		"bucket": s3.Config.Bucket, "prefix": "quiver", "insecure": true,
-		"accessKeyFile": write("access", s3.Config.AccessKey), "secretKeyFile": write("secret", s3.Config.SecretKey),
-		"keyFile": keyFile}}}
-	data, _ := json.Marshal(cfg)
-	cfgFile := write("backup.json", string(data))
-
-	cli := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command(bin, args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("quiver %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
-	cli("backup", "key", "generate", keyFile)
-	if out, err := exec.Command(bin, "backup", "key", "generate", keyFile).CombinedOutput(); err == nil || !strings.Contains(string(out), "never overwritten") {
+	env := startWithBackups(t)
+	s3, srv, cli2 := env.s3, env.srv, env.cli2
+	if out, err := exec.Command(bin, "backup", "key", "generate", env.keyFile).CombinedOutput(); err == nil || !strings.Contains(string(out), "never overwritten") {
 		t.Fatalf("a second key over the first: %v %s", err, out)
 	}
-	srv := testserver.StartT(t, bin, testserver.Options{Pool: t.TempDir(), NBDTCP: true, Args: []string{"--backup-config", cfgFile}})
-	cli2 := func(args ...string) string {
-		return cli(append([]string{"--server", "http://" + srv.APIAddr}, args...)...)
-	}
-	cli2("backup", "target", "init", "offsite")
 	cli2("volume", "create", "vm", "--capacity", "128Mi", "--disk", "root=64Mi", "--disk", "data=32Mi", "--disk", "logs=16Mi")
 	qio := func(export, cmd string) {
 		t.Helper()
