@@ -49,6 +49,7 @@ var errorMapping = []struct {
 	{backup.ErrCorrupt, http.StatusConflict, api.CodeBackupDamaged},
 	{objstore.ErrDenied, http.StatusBadGateway, api.CodeStoreDenied},
 	{objstore.ErrUnreachable, http.StatusServiceUnavailable, api.CodeUnavailable},
+	{pool.ErrFillSource, http.StatusServiceUnavailable, api.CodeUnavailable},
 	{pool.ErrBroken, http.StatusConflict, api.CodeBroken},
 	{pool.ErrReadOnly, http.StatusConflict, api.CodeReadOnly},
 	{job.ErrNotFound, http.StatusNotFound, api.CodeNotFound},
