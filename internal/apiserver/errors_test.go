@@ -52,6 +52,7 @@ func TestToError(t *testing.T) {
 		{"backup damaged", fmt.Errorf("chunk c: %w", backup.ErrCorrupt), http.StatusConflict, api.CodeBackupDamaged, ""},
 		{"store denied", fmt.Errorf("s3: %w", objstore.ErrDenied), http.StatusBadGateway, api.CodeStoreDenied, ""},
 		{"store unreachable", fmt.Errorf("s3: %w", objstore.ErrUnreachable), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
+		{"restore source unavailable", fmt.Errorf("disk root: %w: store down", pool.ErrFillSource), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"job interrupted", job.ErrInterrupted, http.StatusConflict, api.CodeInterrupted, ""},
 		{"broken", fmt.Errorf("volume %q is quarantined (volume.json: malformed JSON): %w", "web", pool.ErrBroken), http.StatusConflict, api.CodeBroken, ""},
 		{"read-only", fmt.Errorf("snapshot web: pool /p is read-only: %w", pool.ErrReadOnly), http.StatusConflict, api.CodeReadOnly, ""},
