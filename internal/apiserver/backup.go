@@ -102,11 +102,6 @@ func (s *Server) createBackup(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if rep, err := s.replicated(r, v.Name()); err != nil {
-		return err
-	} else if rep {
-		return fmt.Errorf("backup of volume %s: volumes kept by a cluster are not backed up yet (issue 33): %w", v.Name(), cluster.ErrNotSupported)
-	}
 	if _, err := svc.Repo(r.Context(), target); err != nil {
 		return err // a missing repository or a wrong key is a 4xx here, not a failed job
 	}

@@ -460,10 +460,13 @@ var replicatedGuards = map[string]replicatedGuard{
 	// A cluster's volumes never hand out their files (the endpoint path).
 	"PUT /v1/volumes/{volume}/direct-access/{holder}":    notYetBuilt,
 	"DELETE /v1/volumes/{volume}/direct-access/{holder}": notYetBuilt,
-	// Backups of a cluster's volumes are not built yet.
+	// A backup of a cluster's volume runs on its primary, whose change
+	// tracking saw every write, and snapshots every copy at one cut.
+	"POST /v1/volumes/{volume}/backups": onPrimary,
+	// Schedules of a cluster's volumes are not built yet: a policy kept on
+	// one copy would be lost with it.
 	"PUT /v1/volumes/{volume}/backup-policy":    notYetBuilt,
 	"DELETE /v1/volumes/{volume}/backup-policy": notYetBuilt,
-	"POST /v1/volumes/{volume}/backups":         notYetBuilt,
 	// The primary's change tracking saw every write the VM made.
 	"GET /v1/volumes/{volume}/snapshots/{snapshot}/changes": onPrimary,
 	"POST /v1/volumes/{volume}/rollback":                    onPrimary,

@@ -18,17 +18,20 @@ import (
 
 // Manifest is one backup: a whole VM at one snapshot's cut.
 type Manifest struct {
-	ID         string            `json:"id"`
-	Volume     string            `json:"volume"`
-	VolumeUID  string            `json:"volumeUID,omitempty"`
-	Snapshot   string            `json:"snapshot"`
-	Checkpoint uint64            `json:"checkpoint,omitempty"`
-	Parent     string            `json:"parent,omitempty"` // the backup it was made incrementally from
-	CreatedAt  time.Time         `json:"createdAt"`
-	ChunkSize  int64             `json:"chunkSize"`
-	Labels     map[string]string `json:"labels,omitempty"`
-	Disks      []DiskManifest    `json:"disks"`
-	Stats      Stats             `json:"stats"`
+	ID        string `json:"id"`
+	Volume    string `json:"volume"`
+	VolumeUID string `json:"volumeUID,omitempty"`
+	Snapshot  string `json:"snapshot"`
+	// SnapshotUID names the snapshot's point: the same on every copy of a
+	// cluster's volume, so that whichever copy is primary finds its base.
+	SnapshotUID string            `json:"snapshotUID,omitempty"`
+	Checkpoint  uint64            `json:"checkpoint,omitempty"`
+	Parent      string            `json:"parent,omitempty"` // the backup it was made incrementally from
+	CreatedAt   time.Time         `json:"createdAt"`
+	ChunkSize   int64             `json:"chunkSize"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Disks       []DiskManifest    `json:"disks"`
+	Stats       Stats             `json:"stats"`
 }
 
 // DiskManifest is one disk of a backup: its chunks in order, "" for a chunk
@@ -84,9 +87,9 @@ func (nopProgress) Add(int64)      {}
 
 // Options of a backup.
 type Options struct {
-	Volume, VolumeUID, Snapshot string
-	Checkpoint                  uint64
-	Labels                      map[string]string
+	Volume, VolumeUID, Snapshot, SnapshotUID string
+	Checkpoint                               uint64
+	Labels                                   map[string]string
 	// Parent, when set, is the backup of an earlier snapshot of the same
 	// volume, and Changes what changed in each disk since that snapshot
 	// (a disk missing from Changes, or from Parent, is read whole).
@@ -121,7 +124,7 @@ func (r *Repository) Backup(ctx context.Context, src Source, o Options) (*Manife
 	}
 	cs := r.cfg.ChunkSize
 	m := &Manifest{ID: time.Now().UTC().Format("20060102T150405Z") + "-" + randomID(3), Volume: o.Volume,
-		VolumeUID: o.VolumeUID, Snapshot: o.Snapshot, Checkpoint: o.Checkpoint, CreatedAt: time.Now().UTC(),
+		VolumeUID: o.VolumeUID, Snapshot: o.Snapshot, SnapshotUID: o.SnapshotUID, Checkpoint: o.Checkpoint, CreatedAt: time.Now().UTC(),
 		ChunkSize: cs, Labels: o.Labels}
 	type job struct {
 		disk  int

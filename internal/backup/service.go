@@ -82,6 +82,10 @@ type Service struct {
 	// book keeps each volume's backup status (schedule.go).
 	book statusBook
 
+	// snaps (under mu) takes and deletes backup snapshots; nil: the
+	// pool's own (SetSnapshots).
+	snaps Snapshots
+
 	// The copies of instant restores (instant.go): ctx ends them at Close;
 	// filling holds the volumes being copied.
 	ctx     context.Context
@@ -273,14 +277,14 @@ func (s *Service) backup(ctx context.Context, volume, targetName string, full bo
 	defer s.busy.Delete(volume)
 	info := v.Info()
 	name := snapshotPrefix(targetName) + time.Now().UTC().Format("20060102-150405") + "-" + randomID(2)
-	snap, _, err := v.CreateSnapshot(ctx, name, nil)
+	snap, err := s.snapshots().Snapshot(ctx, volume, name)
 	if err != nil {
 		return nil, err
 	}
 	keep := false
 	defer func() {
 		if !keep {
-			if err := v.DeleteSnapshot(context.WithoutCancel(ctx), name); err != nil {
+			if err := s.snapshots().DeleteSnapshot(context.WithoutCancel(ctx), volume, name); err != nil {
 				s.log.Warn("backup: removing the snapshot of a failed backup", "volume", volume, "snapshot", name, "err", err)
 			}
 		}
@@ -298,7 +302,7 @@ func (s *Service) backup(ctx context.Context, volume, targetName string, full bo
 		return nil, err
 	}
 	defer src.close()
-	m, err := r.Backup(ctx, src, Options{Volume: volume, VolumeUID: info.UID, Snapshot: name, Checkpoint: snap.Checkpoint,
+	m, err := r.Backup(ctx, src, Options{Volume: volume, VolumeUID: info.UID, Snapshot: name, SnapshotUID: snap.UID, Checkpoint: snap.Checkpoint,
 		Labels: info.Labels, Parent: parent, Changes: changes, Progress: prog})
 	if err != nil {
 		return nil, err
@@ -307,7 +311,7 @@ func (s *Service) backup(ctx context.Context, volume, targetName string, full bo
 	// Older snapshots of this target are no base any more.
 	for _, old := range v.Snapshots() {
 		if old.Name != name && strings.HasPrefix(old.Name, snapshotPrefix(targetName)) {
-			if err := v.DeleteSnapshot(ctx, old.Name); err != nil {
+			if err := s.snapshots().DeleteSnapshot(ctx, volume, old.Name); err != nil {
 				s.log.Warn("backup: removing an older backup snapshot", "volume", volume, "snapshot", old.Name, "err", err)
 			}
 		}
@@ -316,7 +320,8 @@ func (s *Service) backup(ctx context.Context, volume, targetName string, full bo
 }
 
 // base finds the newest backup of the volume whose snapshot is still a
-// checkpoint in the pool, and what changed since.
+// checkpoint in the pool, and what changed since. The delta is this pool's
+// own (a checkpoint another pool took is ErrNoCheckpoint: no base).
 func (s *Service) base(ctx context.Context, r *Repository, v *pool.Volume, uid, now string) (*Manifest, map[string]Change, error) {
 	list, _, err := r.List(ctx, v.Name())
 	if err != nil {
@@ -324,11 +329,15 @@ func (s *Service) base(ctx context.Context, r *Repository, v *pool.Volume, uid, 
 	}
 	for i := len(list) - 1; i >= 0; i-- {
 		m := list[i]
-		if m.VolumeUID != uid {
+		snap, err := v.Snapshot(m.Snapshot)
+		if err != nil || snap.Checkpoint == 0 {
 			continue
 		}
-		snap, err := v.Snapshot(m.Snapshot)
-		if err != nil || snap.Checkpoint == 0 || snap.Checkpoint != m.Checkpoint {
+		// The same point: the snapshot's UID (every copy of a cluster's
+		// volume has it, each with its own checkpoint), or, in a backup
+		// from before it was recorded, this volume's checkpoint.
+		if m.SnapshotUID != "" && snap.UID != m.SnapshotUID ||
+			m.SnapshotUID == "" && (m.VolumeUID != uid || snap.Checkpoint != m.Checkpoint) {
 			continue
 		}
 		ds, err := v.Changes(ctx, m.Snapshot, now)
@@ -379,6 +388,53 @@ func (s *source) close() {
 	for _, h := range s.h {
 		_ = h.Close()
 	}
+}
+
+// Snapshots takes and deletes the whole-VM snapshots a backup reads. On a
+// single node they are the pool's own; on a cluster node a replicated
+// volume's are taken by its primary on every copy at one cut.
+type Snapshots interface {
+	Snapshot(ctx context.Context, volume, name string) (pool.SnapshotInfo, error)
+	DeleteSnapshot(ctx context.Context, volume, name string) error
+}
+
+// SetSnapshots makes the service take its snapshots through snaps. Call it
+// before any backup.
+func (s *Service) SetSnapshots(snaps Snapshots) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.snaps = snaps
+}
+
+func (s *Service) snapshots() Snapshots {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.snaps != nil {
+		return s.snaps
+	}
+	return PoolSnapshots(s.pool)
+}
+
+// PoolSnapshots are the pool's own snapshots (a single node's).
+func PoolSnapshots(p *pool.Pool) Snapshots { return poolSnapshots{p} }
+
+type poolSnapshots struct{ p *pool.Pool }
+
+func (ps poolSnapshots) Snapshot(ctx context.Context, volume, name string) (pool.SnapshotInfo, error) {
+	v, err := ps.p.Volume(volume)
+	if err != nil {
+		return pool.SnapshotInfo{}, err
+	}
+	info, _, err := v.CreateSnapshot(ctx, name, nil)
+	return info, err
+}
+
+func (ps poolSnapshots) DeleteSnapshot(ctx context.Context, volume, name string) error {
+	v, err := ps.p.Volume(volume)
+	if err != nil {
+		return err
+	}
+	return v.DeleteSnapshot(ctx, name)
 }
 
 // Restore makes a new volume from a backup (only the disks named, when

@@ -327,6 +327,9 @@ func (n *node) joinCluster(ctx context.Context) error {
 	n.cfg.NBD.Forwarded = cn.OpenHop
 	h.Replicated = vols
 	h.Drainer = vols
+	if n.backups != nil {
+		n.backups.SetSnapshots(clusterSnapshots{node: cn, vols: vols, local: backup.PoolSnapshots(n.pool)})
+	}
 	h.Membership = cn
 	return nil
 }

@@ -96,32 +96,51 @@ func (n *Network) AddNode(i int) (ns, ip string) {
 // namespace (down: the host is cut off).
 func (n *Network) HostLink(i int) string { return fmt.Sprintf("%sh%d", n.veth, i) }
 
-// Dial makes TCP connections from inside the hub namespace: the calling
-// goroutine's thread enters it for the socket() call (a socket stays in the
-// namespace it was made in) and leaves it again. A thread that cannot leave
-// stays locked and dies with its goroutine.
-func (n *Network) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+// Dial makes TCP connections from inside the hub namespace (inHub).
+func (n *Network) Dial(ctx context.Context, network, addr string) (conn net.Conn, err error) {
+	err = n.inHub(func() error {
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return conn, err
+}
+
+// Listen listens inside the hub namespace (inHub): a server of the test
+// process (an S3 server) that the nodes reach at the hub's address.
+func (n *Network) Listen(network, addr string) (ln net.Listener, err error) {
+	err = n.inHub(func() error {
+		ln, err = net.Listen(network, addr)
+		return err
+	})
+	return ln, err
+}
+
+// inHub runs fn with the calling goroutine's thread in the hub namespace,
+// for the socket() calls fn makes (a socket stays in the namespace it was
+// made in), then leaves it again. A thread that cannot leave stays locked
+// and dies with its goroutine.
+func (n *Network) inHub(fn func() error) error {
 	runtime.LockOSThread()
 	self, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
 		runtime.UnlockOSThread()
-		return nil, err
+		return err
 	}
 	defer self.Close()
 	target, err := os.Open("/run/netns/" + n.Hub)
 	if err != nil {
 		runtime.UnlockOSThread()
-		return nil, err
+		return err
 	}
 	defer target.Close()
 	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("setns %s: %w", n.Hub, err)
+		return fmt.Errorf("setns %s: %w", n.Hub, err)
 	}
-	var d net.Dialer
-	conn, derr := d.DialContext(ctx, network, addr)
+	ferr := fn()
 	if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err == nil {
 		runtime.UnlockOSThread()
 	}
-	return conn, derr
+	return ferr
 }

@@ -34,10 +34,22 @@ type Server struct {
 	delay    atomic.Int64
 	requests atomic.Int64
 	backend  *s3mem.Backend
+	srv      *http.Server
 }
 
-// Start serves a fresh, empty bucket until the test ends.
+// Start serves a fresh, empty bucket on loopback until the test ends.
 func Start(t testing.TB) *Server {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return StartOn(t, ln)
+}
+
+// StartOn is Start on a listener of the caller's (one in a test network's
+// namespace).
+func StartOn(t testing.TB, ln net.Listener) *Server {
 	t.Helper()
 	s := &Server{backend: s3mem.New()}
 	const bucket, access, secret = "quiver-backups", "quiver-test-access", "quiver-test-secret-key"
@@ -46,11 +58,7 @@ func Start(t testing.TB) *Server {
 	}
 	fake := gofakes3.New(s.backend, gofakes3.WithoutVersioning())
 	h := fake.Server()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.requests.Add(1)
 		if n := s.failAfter.Load(); n > 0 && s.failAfter.Add(-1) == 0 {
 			s.down.Store(true)
@@ -71,8 +79,8 @@ func Start(t testing.TB) *Server {
 		}
 		h.ServeHTTP(w, r)
 	})}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
+	go func() { _ = s.srv.Serve(ln) }()
+	t.Cleanup(func() { _ = s.srv.Shutdown(context.Background()) })
 	s.Config = objstore.S3Config{Endpoint: ln.Addr().String(), Bucket: bucket, AccessKey: access, SecretKey: secret,
 		Insecure: true, Region: "us-east-1"}
 	return s
@@ -88,6 +96,10 @@ func signedBy(r *http.Request, access string) bool {
 
 // Down makes the server stop answering (true) or answer again (false).
 func (s *Server) Down(on bool) { s.down.Store(on) }
+
+// Serve answers on another listener too (until the test ends), with the
+// same bucket; Config keeps the first listener's endpoint.
+func (s *Server) Serve(ln net.Listener) { go func() { _ = s.srv.Serve(ln) }() }
 
 // Delay makes every GET wait d before it is answered (0: none), as a
 // distant or busy store would.

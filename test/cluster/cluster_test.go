@@ -187,16 +187,23 @@ func allUp(names ...string) func([]api.Node) bool {
 	}
 }
 
-// cli runs the quiver CLI in the hub namespace against nd.
+// cli runs the quiver CLI in the hub namespace against nd; an error fails
+// the test.
 func (c *cluster) cli(nd *node, args ...string) string {
 	c.t.Helper()
-	full := append([]string{"netns", "exec", c.net.Hub, quiverBin, "--server", "http://" + nd.ip + ":7480",
-		"--token-file", c.tokenFile(apiToken)}, args...)
-	out, err := exec.Command("ip", full...).CombinedOutput()
+	out, err := c.cliErr(nd, args...)
 	if err != nil {
 		c.t.Fatalf("quiver %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	return string(out)
+	return out
+}
+
+// cliErr is cli that returns the error.
+func (c *cluster) cliErr(nd *node, args ...string) (string, error) {
+	full := append([]string{"netns", "exec", c.net.Hub, quiverBin, "--server", "http://" + nd.ip + ":7480",
+		"--token-file", c.tokenFile(apiToken)}, args...)
+	out, err := exec.Command("ip", full...).CombinedOutput()
+	return string(out), err
 }
 
 func TestCluster(t *testing.T) {
