@@ -19,7 +19,7 @@ var layers = [][]string{
 	{"replicated", "endpoint"}, // cluster domain: the replicated volume on a node; the compute node's endpoint
 	{"forward"},                // NBD forwarding to the primary of the moment
 	{"nbd"},                    // the NBD server
-	{"cluster", "replica", "auth", "metrics", "backup"},         // cluster state, replication protocol, tokens, metrics
+	{"cluster", "replica", "auth", "metrics", "backup", "dr"},   // cluster state, replication protocol, tokens, metrics, backup, DR
 	{"pool", "job", "ova", "imageconv", "consistency", "audit"}, // the single node's domain; the audit log
 	{"qos", "durable", "faultio", "storage/crashfs"},            // I/O budgets, durable metadata, storage twins
 	{"storage"},          // the only package that calls the kernel for the pool

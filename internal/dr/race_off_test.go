@@ -1,0 +1,5 @@
+//go:build !race
+
+package dr
+
+const raceOn = false

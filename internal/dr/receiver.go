@@ -1,0 +1,229 @@
+package dr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/quiverstorage/quiver/internal/pool"
+)
+
+// Target is the target of a relationship as the source sees it. Begin,
+// then any Writes and Zeros, then Commit apply one point; a point that is
+// not committed changes nothing the target shows.
+type Target interface {
+	// Last returns the newest point the target holds (ok false: none).
+	Last(ctx context.Context) (p Point, ok bool, err error)
+	// Begin starts applying p on top of base (nil: from nothing, every
+	// byte of every disk will come), with disks the point's disk set.
+	Begin(ctx context.Context, p Point, base *Point, disks []pool.DiskSpec) error
+	Write(ctx context.Context, disk string, off int64, data []byte) error
+	Zero(ctx context.Context, disk string, off, length int64) error
+	// Commit makes p the target's last point; durable on return.
+	Commit(ctx context.Context, p Point) error
+}
+
+// Receiver applies points into a volume of the target's pool: its live
+// disks take the delta, and a snapshot of the point's name is the point.
+// It keeps the newest Keep points (at least 1). One cycle at a time.
+type Receiver struct {
+	v    *pool.Volume
+	rel  string
+	keep int
+
+	applying *Point
+	h        map[string]pool.Disk
+}
+
+var _ Target = (*Receiver)(nil)
+
+// NewReceiver returns the receiver of relationship rel into v.
+func NewReceiver(v *pool.Volume, rel string, keep int) (*Receiver, error) {
+	if err := ValidateRelationship(rel); err != nil {
+		return nil, err
+	}
+	return &Receiver{v: v, rel: rel, keep: max(keep, 1)}, nil
+}
+
+// Points returns the points the target holds, oldest first.
+func (r *Receiver) Points() []Point { return points(r.rel, r.v.Snapshots()) }
+
+func (r *Receiver) Last(context.Context) (Point, bool, error) {
+	ps := r.Points()
+	if len(ps) == 0 {
+		return Point{}, false, nil
+	}
+	return ps[len(ps)-1], true, nil
+}
+
+// Begin checks that the target holds base, rolls the live disks back to it
+// when anything changed them since (a cycle that did not commit), and
+// makes the disk set the point's.
+func (r *Receiver) Begin(ctx context.Context, p Point, base *Point, disks []pool.DiskSpec) error {
+	if _, ok := parsePoint(r.rel, p.Snapshot); !ok || p.Seq == 0 {
+		return fmt.Errorf("point %q is not one of relationship %s: %w", p.Snapshot, r.rel, pool.ErrInvalid)
+	}
+	r.end()
+	last, ok, err := r.Last(ctx)
+	if err != nil {
+		return err
+	}
+	if ok && p.Seq <= last.Seq {
+		return fmt.Errorf("point %d after the target's %d: %w", p.Seq, last.Seq, ErrDiverged)
+	}
+	if base != nil {
+		if !ok || last != *base {
+			have := "none"
+			if ok {
+				have = last.Snapshot
+			}
+			return fmt.Errorf("delta from %s, the target's last point is %s: %w", base.Snapshot, have, ErrDiverged)
+		}
+		if err := r.backToLast(ctx, last); err != nil {
+			return err
+		}
+	}
+	if err := r.conform(ctx, disks); err != nil {
+		return err
+	}
+	r.h = map[string]pool.Disk{}
+	for _, d := range disks {
+		h, err := r.v.OpenDisk(d.Name)
+		if err != nil {
+			r.end()
+			return err
+		}
+		r.h[d.Name] = h
+	}
+	r.applying = &p
+	return nil
+}
+
+// backToLast rolls the live disks back to point last unless nothing
+// changed them since.
+func (r *Receiver) backToLast(ctx context.Context, last Point) error {
+	ds, err := r.v.Changes(ctx, last.Snapshot, "")
+	if err != nil {
+		return err
+	}
+	snap, err := r.v.Snapshot(last.Snapshot)
+	if err != nil {
+		return err
+	}
+	same := len(ds) == len(snap.Disks)
+	for _, d := range ds {
+		same = same && !d.Whole && d.Changed == 0 && slices.ContainsFunc(snap.Disks, func(s pool.DiskInfo) bool {
+			return s.Name == d.Disk && s.Size == d.Size
+		})
+	}
+	if same {
+		return nil
+	}
+	_, err = r.v.RollbackWith(ctx, last.Snapshot, true, nil)
+	return err
+}
+
+// conform makes the volume's disks those of the point: removes the others,
+// adds the missing ones, grows the smaller ones, and replaces a larger one
+// (its delta is whole: the source can only have removed and added it).
+func (r *Receiver) conform(ctx context.Context, disks []pool.DiskSpec) error {
+	want := map[string]int64{}
+	var capacity int64
+	for _, d := range disks {
+		want[d.Name] = d.Size
+		capacity += d.Size
+	}
+	info := r.v.Info()
+	for _, d := range info.Disks {
+		if size, ok := want[d.Name]; !ok || size < d.Size {
+			if _, err := r.v.RemoveDiskWith(ctx, d.Name, true); err != nil {
+				return err
+			}
+		}
+	}
+	if capacity > r.v.Info().Capacity {
+		if _, err := r.v.Update(ctx, pool.Update{Capacity: &capacity}); err != nil {
+			return err
+		}
+	}
+	have := map[string]int64{}
+	for _, d := range r.v.Info().Disks {
+		have[d.Name] = d.Size
+	}
+	for _, d := range disks {
+		switch size, ok := have[d.Name]; {
+		case !ok:
+			if _, err := r.v.AddDisk(ctx, pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared}); err != nil {
+				return err
+			}
+		case size < d.Size:
+			if _, err := r.v.GrowDisk(ctx, d.Name, d.Size); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (r *Receiver) disk(disk string) (pool.Disk, error) {
+	if r.applying == nil {
+		return nil, fmt.Errorf("no point is being applied: %w", pool.ErrInvalid)
+	}
+	h := r.h[disk]
+	if h == nil {
+		return nil, fmt.Errorf("point %s has no disk %q: %w", r.applying.Snapshot, disk, pool.ErrDiskNotFound)
+	}
+	return h, nil
+}
+
+func (r *Receiver) Write(_ context.Context, disk string, off int64, data []byte) error {
+	h, err := r.disk(disk)
+	if err != nil {
+		return err
+	}
+	return h.WriteAt(data, off, false)
+}
+
+func (r *Receiver) Zero(_ context.Context, disk string, off, length int64) error {
+	h, err := r.disk(disk)
+	if err != nil {
+		return err
+	}
+	return h.Zero(off, length, pool.ZeroMayTrim)
+}
+
+// Commit flushes the disks and takes the point's snapshot (its commit),
+// then drops the points past Keep.
+func (r *Receiver) Commit(ctx context.Context, p Point) error {
+	if r.applying == nil || *r.applying != p {
+		return fmt.Errorf("commit of point %s, which is not being applied: %w", p.Snapshot, pool.ErrInvalid)
+	}
+	defer r.end()
+	for name, h := range r.h {
+		if err := h.Flush(); err != nil {
+			return fmt.Errorf("point %s: flush disk %s: %w", p.Snapshot, name, err)
+		}
+	}
+	r.end()
+	if _, _, err := r.v.CreateSnapshot(ctx, p.Snapshot, nil); err != nil {
+		return err
+	}
+	ps := r.Points()
+	var errs []error
+	for _, old := range ps[:max(0, len(ps)-r.keep)] {
+		errs = append(errs, r.v.DeleteSnapshot(ctx, old.Snapshot))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("point %s committed; dropping older points: %w", p.Snapshot, err)
+	}
+	return nil
+}
+
+// end closes the disks of a point being applied.
+func (r *Receiver) end() {
+	for _, h := range r.h {
+		_ = h.Close()
+	}
+	r.h, r.applying = nil, nil
+}
