@@ -46,8 +46,11 @@ import (
 // what a plain file on XFS does on every write into a reflinked block (the
 // image's fdatasync then forces the remap with its data); it leaves the
 // chunk in several extents, so a chunk takes at most cowWrites such
-// writes, and the next write into it goes the way below, which rewrites
-// it whole. Otherwise the first write into the chunk looks at its extents
+// writes. The next write into it rewrites it whole by a plain write too
+// (pinnedOrAlone), so that the chunk ends in one extent: when every
+// written block of the chunk is pinned (copied on write) or shared with no
+// other file (written in place after a log force, as below), else by the
+// clone below. Otherwise the first write into the chunk looks at its extents
 // (storage.File.Sharing), as XFS has them in memory:
 //   - no written data (holes, preallocation): the write allocates new
 //     blocks; nothing of another file can be under it;
@@ -190,6 +193,25 @@ func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (do
 			return true, err
 		}
 	}
+	if df.pin != nil && df.ch.cow[i] > 0 {
+		// A chunk the copy on write above took writes into: rewrite it
+		// whole through XFS's copy on write too, which consumes what
+		// XFS reserved for it in the image's copy-on-write fork (a whole
+		// chunk: the extent size hint), so the chunk ends in one extent;
+		// a clone from a scratch file would leave that reservation, and
+		// every later write into the chunk would go through it, each a
+		// new extent record.
+		force, ok, err := df.pinnedOrAlone(start, stop)
+		if err != nil || !ok {
+			return err != nil, err
+		}
+		if force {
+			if err := df.us.forceLog(); err != nil {
+				return true, err
+			}
+		}
+		return true, df.rewrite(i, piece, lo, start, stop)
+	}
 	data, shared, err := df.f.Sharing(start, stop-start)
 	if err != nil && !errors.Is(err, ErrNotSupported) {
 		return false, err
@@ -201,6 +223,34 @@ func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (do
 		return false, df.us.forceLog()
 	}
 	return false, nil
+}
+
+// pinnedOrAlone reports whether every written block of [a, b) is pinned
+// or shared with no other file (ok), and whether some are the latter
+// (force): a write into the range then goes in place only onto blocks of
+// the image's own, once a log force that starts after this look has made
+// durable whatever unshared them, and is copied on write everywhere else.
+func (df *diskFile) pinnedOrAlone(a, b int64) (force, ok bool, err error) {
+	pinned, err := df.f.SameBlocks(df.pin, a, b-a)
+	if err != nil || pinned {
+		return false, pinned, err
+	}
+	data, shared, err := df.f.Sharing(a, b-a)
+	switch {
+	case err != nil:
+		return false, false, err
+	case !shared:
+		return data, true, nil
+	case b-a <= unshareBlock:
+		return false, false, nil // shared with a file other than the pin
+	}
+	mid := a + max(unshareBlock, (b-a)/2&^(unshareBlock-1))
+	f1, ok1, err := df.pinnedOrAlone(a, mid)
+	if err != nil || !ok1 {
+		return false, false, err
+	}
+	f2, ok2, err := df.pinnedOrAlone(mid, b)
+	return f1 || f2, ok2, err
 }
 
 // cloneWrite writes piece at lo into chunk i, [start, stop), without
