@@ -122,3 +122,77 @@ func Sharing(f *os.File, off, length int64) (data, shared bool, err error) {
 	}
 	return data, shared, nil
 }
+
+// sameBatch is how many extents one FIEMAP call of SameBlocks returns: a
+// range it is asked about is a few blocks of one chunk.
+const sameBatch = 8
+
+// SameBlocks reports whether every byte of [off, off+length) of f is
+// written data (not a hole, a preallocation or a delayed allocation) at the
+// same device address as the same byte of g, both as the filesystem stands
+// in memory (no flush first): whether f and g share exactly these blocks.
+// It answers false for a range spread over more extents than it looks at.
+// Filesystems without FIEMAP give an error wrapping ErrNotSupported.
+func SameBlocks(f, g *os.File, off, length int64) (bool, error) {
+	a, err := dataMap(f, off, length)
+	if err != nil || a == nil {
+		return false, err
+	}
+	b, err := dataMap(g, off, length)
+	if err != nil || b == nil {
+		return false, err
+	}
+	// Both cover the range without a gap: compare the address of every
+	// byte, one overlap of an extent of each at a time.
+	for i, j, at := 0, 0, uint64(off); at < uint64(off+length); {
+		x, y := a[i], b[j]
+		if x.Physical+(at-x.Logical) != y.Physical+(at-y.Logical) {
+			return false, nil
+		}
+		end := min(x.Logical+x.Length, y.Logical+y.Length)
+		if x.Logical+x.Length == end {
+			i++
+		}
+		if y.Logical+y.Length == end {
+			j++
+		}
+		at = end
+	}
+	return true, nil
+}
+
+// dataMap returns the extents of [off, off+length) of f as it stands in
+// memory, or nil when the range is not all written data in at most
+// sameBatch extents.
+func dataMap(f *os.File, off, length int64) ([]fiemapExtent, error) {
+	var b struct {
+		hdr fiemap
+		ext [sameBatch]fiemapExtent
+	}
+	b.hdr = fiemap{Start: uint64(off), Length: uint64(length), ExtentCount: sameBatch}
+	err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFiemap, unsafe.Pointer(&b)) })
+	if isErrno(err, unix.EOPNOTSUPP, unix.ENOTTY) {
+		err = notSupported(err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("extent map of %s: %w", f.Name(), err)
+	}
+	n := int(b.hdr.MappedExtents)
+	if n == 0 {
+		return nil, nil
+	}
+	next := uint64(off)
+	for _, e := range b.ext[:n] {
+		if e.Flags&(fiemapExtentUnknown|fiemapExtentDelalloc|fiemapExtentEncoded|fiemapExtentUnwritten) != 0 {
+			return nil, nil
+		}
+		if e.Logical > next { // a hole
+			return nil, nil
+		}
+		next = max(next, e.Logical+e.Length)
+	}
+	if next < uint64(off+length) {
+		return nil, nil
+	}
+	return b.ext[:n], nil
+}

@@ -1,6 +1,7 @@
 package fscap
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -77,6 +78,93 @@ func TestSolid(t *testing.T) {
 		defer f.Close()
 		if _, err := Solid(f, 0, 4096); !errors.Is(err, ErrNotSupported) {
 			t.Fatalf("Solid on tmpfs: %v, want ErrNotSupported", err)
+		}
+	})
+}
+
+// TestSameBlocks checks, on XFS and btrfs, that a reflink copy shares the
+// blocks of what it copied and stops sharing exactly those it writes, and
+// that holes and preallocations share nothing.
+func TestSameBlocks(t *testing.T) {
+	for _, fc := range []testfs.FS{testfs.OnXFS, testfs.OnBtrfs} {
+		t.Run(fc.Name, func(t *testing.T) {
+			dir := fc.Dir(t)
+			const mib = 1 << 20
+			f, err := os.OpenFile(filepath.Join(dir, "a.img"), os.O_RDWR|os.O_CREATE, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if err := f.Truncate(4 * mib); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt(bytes.Repeat([]byte{1}, 2*mib), 0); err != nil {
+				t.Fatal(err)
+			} // [0, 2 MiB) data, [2, 3) preallocated, [3, 4) a hole
+			if err := unix.Fallocate(int(f.Fd()), 0, 2*mib, mib); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			g, err := os.OpenFile(filepath.Join(dir, "b.img"), os.O_RDWR|os.O_CREATE, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			if err := Reflink(g, f); err != nil {
+				t.Fatal(err)
+			}
+			// The copy overwrites one block, and writes back.
+			if _, err := g.WriteAt(bytes.Repeat([]byte{2}, 4096), mib+8192); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct {
+				name   string
+				off, n int64
+				want   bool
+			}{
+				{"a copied block", 4096, 4096, true},
+				{"a copied MiB", 0, mib, true},
+				{"the block the copy wrote", mib + 8192, 4096, false},
+				{"a range holding it", mib, mib, false},
+				{"the blocks around it", mib, 8192, true},
+				{"unaligned, beside it", mib + 12288 + 100, 300, true},
+				{"preallocated", 2*mib + 4096, 4096, false},
+				{"data and preallocation", 2*mib - 4096, 8192, false},
+				{"a hole", 3 * mib, 4096, false},
+			} {
+				for _, swap := range []bool{false, true} {
+					x, y := f, g
+					if swap {
+						x, y = g, f
+					}
+					got, err := SameBlocks(x, y, c.off, c.n)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got != c.want {
+						t.Errorf("%s (swapped %v): SameBlocks = %v, want %v", c.name, swap, got, c.want)
+					}
+				}
+			}
+			// A file compared with itself shares all its data.
+			if got, _ := SameBlocks(f, f, 0, 2*mib); !got {
+				t.Error("a file's data does not read as its own")
+			}
+		})
+	}
+	t.Run("tmpfs", func(t *testing.T) {
+		f, err := os.Create(filepath.Join(testfs.OnTmpfs.Dir(t), "a.img"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := SameBlocks(f, f, 0, 4096); !errors.Is(err, ErrNotSupported) {
+			t.Fatalf("SameBlocks on tmpfs: %v, want ErrNotSupported", err)
 		}
 	})
 }

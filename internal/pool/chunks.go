@@ -25,7 +25,11 @@ import (
 // holds more than a few records per chunk, whatever the write pattern, and a
 // snapshot's FICLONE stays fast. This is the copy-up of Ceph RBD's
 // snapshots at 1 MiB instead of 4 MiB: the first write to a chunk after a
-// snapshot costs a 1 MiB read and write.
+// snapshot costs a 1 MiB read and write. On XFS the first cowWrites writes
+// into blocks the chunk still shares with the disk's pinned snapshot are
+// left to the filesystem's copy on write instead (unshare.go), a few more
+// records for a chunk written a few times, and the copy-up comes with the
+// write after them, if any.
 //
 // Correctness rests on one invariant: while a chunk is not known to be
 // owned, every write, trim and zero into it holds the chunk's stripe lock,
@@ -49,6 +53,10 @@ const chunkStripes = 64
 type chunks struct {
 	shift uint // log2 of the chunk size
 	owned []atomic.Uint64
+	// cow counts, per chunk, the writes left to the filesystem's copy on
+	// write since the last capture (unshare.go: pinned blocks), under the
+	// chunk's lock; zeroed with the gate held exclusively.
+	cow   []uint8
 	locks [chunkStripes]sync.Mutex
 }
 
@@ -72,6 +80,7 @@ func (c *chunks) resize(size int64) {
 		owned[i].Store(c.owned[i].Load())
 	}
 	c.owned = owned
+	c.cow = append(c.cow, make([]uint8, 64*n-len(c.cow))...)
 }
 
 // disown forgets every chunk (gate held exclusively): a capture now shares
@@ -80,6 +89,7 @@ func (c *chunks) disown() {
 	for i := range c.owned {
 		c.owned[i].Store(0)
 	}
+	clear(c.cow)
 }
 
 func (c *chunks) isOwned(i int64) bool { return c.owned[i/64].Load()&(1<<(i%64)) != 0 }

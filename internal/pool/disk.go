@@ -229,6 +229,7 @@ func (v *Volume) endFile(df *diskFile, err error) {
 	if cerr := df.f.Close(); cerr != nil {
 		v.pool.log.Error("close disk image", "volume", v.name, "disk", df.name, "err", cerr)
 	}
+	df.unpin()
 	if v.files[df.name] == df {
 		delete(v.files, df.name)
 	}

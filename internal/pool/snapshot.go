@@ -101,6 +101,7 @@ func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency
 	v.mu.Lock()
 	v.snaps[name] = sm
 	v.mu.Unlock()
+	v.pinSnapshot(name, m.Disks)
 	v.pruneChanges() // the epochs up to the oldest checkpoint: no delta reads them
 	orNop(prog).Done(name)
 	return v.snapshotInfo(sm), true, nil
@@ -528,6 +529,7 @@ func (v *Volume) DeleteSnapshot(ctx context.Context, name string) error {
 	if _, err := v.Snapshot(name); err != nil {
 		return err
 	}
+	v.unpinSnapshot(name) // so that its space is freed with it
 	trash := filepath.Join(v.pool.stagingDir(), "del-"+newUID())
 	if err := durable.Rename(v.pool.fs, v.pool.rel(v.snapshotDir(name)), v.pool.rel(trash)); err != nil {
 		return fmt.Errorf("delete snapshot %s@%s: %w", v.name, name, v.metaError(err))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 
@@ -31,8 +32,26 @@ import (
 // So on XFS a chunk that is not owned (chunks.go: shared at the last
 // capture, or not known since the pool opened) is never written in place
 // while its blocks may be shared, or may have stopped being shared by a
-// change that is not durable yet. The first write into it looks at the
-// chunk's extents (storage.File.Sharing), as XFS has them in memory:
+// change that is not durable yet. A write into it first looks whether the
+// blocks under it are pinned: written data at the very addresses where the
+// disk's pinned snapshot has the same bytes (storage.File.SameBlocks).
+// The pin is that snapshot's image, open read-only (diskFile.pin): nothing
+// writes, truncates or punches a snapshot's image, and while the pool
+// holds it open XFS frees none of its blocks, even if the snapshot is
+// deleted meanwhile (its deletion drops the pin first, with the gate
+// closed, so no write is between its look and its write then). So a
+// pinned block has at least two owners from the look to the write and
+// after, and XFS copies the write on write: the new data goes to a new
+// block of the image's own, and no block is written in place. This is
+// what a plain file on XFS does on every write into a reflinked block (the
+// image's fdatasync then forces the remap with its data); it leaves the
+// chunk in several extents, so a chunk takes at most cowWrites such
+// writes. The next write into it rewrites it whole by a plain write too
+// (pinnedOrAlone), so that the chunk ends in one extent: when every
+// written block of the chunk is pinned (copied on write) or shared with no
+// other file (written in place after a log force, as below), else by the
+// clone below. Otherwise the first write into the chunk looks at its extents
+// (storage.File.Sharing), as XFS has them in memory:
 //   - no written data (holes, preallocation): the write allocates new
 //     blocks; nothing of another file can be under it;
 //   - data, nothing shared: whatever unshared it happened before the look,
@@ -149,11 +168,50 @@ func (u *unsharer) scratch() (storage.File, func(), error) {
 // takes whole filesystem blocks (4 KiB on the pools this runs on).
 const unshareBlock = 4096
 
-// firstWrite decides how the first write into unowned chunk i, [start,
-// stop), goes (see above), with the chunk's lock held. done reports that
-// it wrote the piece itself; otherwise the caller writes as it would
-// without the check (the chunk is not shared, and any unsharing is durable).
+// cowWrites is how many writes into an unowned chunk go to pinned blocks
+// by XFS's copy on write (see above) before the next rewrites the chunk
+// whole. Each splits an extent record in up to three, so a chunk holds at
+// most 2*cowWrites+1 records until it is rewritten (chunks.go: records are
+// what a snapshot's FICLONE walks).
+const cowWrites = 2
+
+// firstWrite decides how a write into unowned chunk i, [start, stop),
+// goes (see above), with the chunk's lock held. done reports that it wrote
+// the piece itself; otherwise the caller writes as it would without the
+// check (the chunk is not shared, and any unsharing is durable).
 func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (done bool, err error) {
+	if df.pin != nil && df.ch.cow[i] < cowWrites {
+		a := max(start, lo&^(unshareBlock-1))
+		b := min(stop, (lo+int64(len(piece))+unshareBlock-1)&^(unshareBlock-1))
+		pinned, err := df.f.SameBlocks(df.pin, a, b-a)
+		if err != nil && !errors.Is(err, ErrNotSupported) {
+			return false, err
+		}
+		if pinned {
+			df.ch.cow[i]++
+			_, err := df.f.WriteAt(piece, lo)
+			return true, err
+		}
+	}
+	if df.pin != nil && df.ch.cow[i] > 0 {
+		// A chunk the copy on write above took writes into: rewrite it
+		// whole through XFS's copy on write too, which consumes what
+		// XFS reserved for it in the image's copy-on-write fork (a whole
+		// chunk: the extent size hint), so the chunk ends in one extent;
+		// a clone from a scratch file would leave that reservation, and
+		// every later write into the chunk would go through it, each a
+		// new extent record.
+		force, ok, err := df.pinnedOrAlone(start, stop)
+		if err != nil || !ok {
+			return err != nil, err
+		}
+		if force {
+			if err := df.us.forceLog(); err != nil {
+				return true, err
+			}
+		}
+		return true, df.rewrite(i, piece, lo, start, stop)
+	}
 	data, shared, err := df.f.Sharing(start, stop-start)
 	if err != nil && !errors.Is(err, ErrNotSupported) {
 		return false, err
@@ -165,6 +223,34 @@ func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (do
 		return false, df.us.forceLog()
 	}
 	return false, nil
+}
+
+// pinnedOrAlone reports whether every written block of [a, b) is pinned
+// or shared with no other file (ok), and whether some are the latter
+// (force): a write into the range then goes in place only onto blocks of
+// the image's own, once a log force that starts after this look has made
+// durable whatever unshared them, and is copied on write everywhere else.
+func (df *diskFile) pinnedOrAlone(a, b int64) (force, ok bool, err error) {
+	pinned, err := df.f.SameBlocks(df.pin, a, b-a)
+	if err != nil || pinned {
+		return false, pinned, err
+	}
+	data, shared, err := df.f.Sharing(a, b-a)
+	switch {
+	case err != nil:
+		return false, false, err
+	case !shared:
+		return data, true, nil
+	case b-a <= unshareBlock:
+		return false, false, nil // shared with a file other than the pin
+	}
+	mid := a + max(unshareBlock, (b-a)/2&^(unshareBlock-1))
+	f1, ok1, err := df.pinnedOrAlone(a, mid)
+	if err != nil || !ok1 {
+		return false, false, err
+	}
+	f2, ok2, err := df.pinnedOrAlone(mid, b)
+	return f1 || f2, ok2, err
 }
 
 // cloneWrite writes piece at lo into chunk i, [start, stop), without
@@ -262,4 +348,60 @@ func (df *diskFile) zero(off, length int64, mayTrim, fast bool) error {
 		}
 	}
 	return nil
+}
+
+// pinSnapshot (ops lock held), once snapshot name of disks is committed,
+// pins its images for the open disks (diskFile.pin) in place of the ones
+// they pinned before. A disk whose image does not open keeps its old pin:
+// any snapshot's image will do, the newest shares the most.
+func (v *Volume) pinSnapshot(name string, disks []DiskSpec) {
+	if v.pool.us == nil {
+		return
+	}
+	opened := map[string]storage.File{}
+	for _, d := range disks {
+		f, err := v.pool.openImage(v.pool.rel(filepath.Join(v.snapshotDir(name), d.Name+".img")), os.O_RDONLY)
+		if err != nil {
+			v.pool.log.Warn("pin a snapshot's image for first writes", "volume", v.name, "disk", d.Name, "err", err)
+			continue
+		}
+		opened[d.Name] = f
+	}
+	var unused []storage.File
+	v.gate.Lock()
+	for d, f := range opened {
+		if df := v.files[d]; df != nil && df.us != nil && df.gone == nil {
+			unused = append(unused, df.pin)
+			df.pin, df.pinned = f, name
+		} else {
+			unused = append(unused, f)
+		}
+	}
+	v.gate.Unlock()
+	for _, f := range unused {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
+}
+
+// unpinSnapshot (ops lock held) drops the pins of snapshot name, with the
+// gate closed: no write is then between looking at a pinned block and
+// writing it.
+func (v *Volume) unpinSnapshot(name string) {
+	v.gate.Lock()
+	defer v.gate.Unlock()
+	for _, df := range v.files {
+		if df.pinned == name {
+			df.unpin()
+		}
+	}
+}
+
+// unpin (gate held exclusively) closes df's pin.
+func (df *diskFile) unpin() {
+	if df.pin != nil {
+		_ = df.pin.Close()
+	}
+	df.pin, df.pinned = nil, ""
 }

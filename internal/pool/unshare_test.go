@@ -3,6 +3,7 @@ package pool
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -32,14 +33,18 @@ import (
 // after the crash: that is the kernel's behaviour this test relies on, and
 // where a kernel no longer shows it the unguarded subtest skips and says so.
 // With it, the source's first write into the chunk forces the log first.
+// In the "pinned" subtest the source has a snapshot, pinned for its first
+// writes, taken before it wrote the chunk again and was cloned: the chunk's
+// blocks are then not the snapshot's, and the write must not be left to
+// copy on write (unshare.go), which would go in place.
 func TestInPlaceOverwriteAfterCopyOnWrite(t *testing.T) {
-	for _, guarded := range []bool{false, true} {
-		name := "guarded"
-		if !guarded {
-			name = "unguarded"
-		}
-		t.Run(name, func(t *testing.T) {
-			leaked := cloneLeakAfterCrash(t, guarded)
+	for _, c := range []struct {
+		name            string
+		guarded, pinned bool
+	}{{"unguarded", false, false}, {"guarded", true, false}, {"pinned", true, true}} {
+		guarded := c.guarded
+		t.Run(c.name, func(t *testing.T) {
+			leaked := cloneLeakAfterCrash(t, guarded, c.pinned)
 			switch {
 			case guarded && leaked:
 				t.Fatal("the clone holds the source's write after the crash: data of one volume in another")
@@ -52,11 +57,11 @@ func TestInPlaceOverwriteAfterCopyOnWrite(t *testing.T) {
 
 // cloneLeakAfterCrash runs the scenario and reports whether the clone's
 // block holds the source's write after the crash.
-func cloneLeakAfterCrash(t *testing.T, guarded bool) bool {
+func cloneLeakAfterCrash(t *testing.T, guarded, pinned bool) bool {
 	const size = 2 * ChunkSize
 	const blk = 16 * 4096 // in chunk 0
 	fill := func(b byte, n int) []byte { return bytes.Repeat([]byte{b}, n) }
-	p, dir, sd := clonedOnXFS(t, size, guarded)
+	p, dir, sd := clonedOnXFSWith(t, size, guarded, pinned)
 	mnt := filepath.Dir(dir)
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -393,6 +398,14 @@ func TestUnshareOnAFullPool(t *testing.T) {
 // pool's unshare guard is off.
 func clonedOnXFS(t *testing.T, size int64, guarded bool) (*Pool, string, Disk) {
 	t.Helper()
+	return clonedOnXFSWith(t, size, guarded, false)
+}
+
+// clonedOnXFSWith is clonedOnXFS; with pinned, src is first written whole
+// (0x10) and snapshotted (snapshot "s", pinned for its first writes), and
+// the later write of 0x11 leaves it no block of the snapshot's.
+func clonedOnXFSWith(t *testing.T, size int64, guarded, pinned bool) (*Pool, string, Disk) {
+	t.Helper()
 	dir := filepath.Join(testfs.MountXFS(t, 300<<20), "pool")
 	ctx := context.Background()
 	p, err := OpenWith(ctx, dir, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), NoUnshareGuard: !guarded})
@@ -406,8 +419,16 @@ func clonedOnXFS(t *testing.T, size int64, guarded bool) (*Pool, string, Disk) {
 	mustCreate(t, p, VolumeSpec{Name: "src", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
 	src, _ := p.Volume("src")
 	sd, err := src.OpenDisk("d")
+	if err == nil && pinned {
+		if err = sd.WriteAt(bytes.Repeat([]byte{0x10}, int(size)), 0, true); err == nil {
+			_, _, err = src.CreateSnapshot(ctx, "s", nil)
+		}
+	}
 	if err == nil {
 		err = sd.WriteAt(bytes.Repeat([]byte{0x11}, int(size)), 0, true)
+	}
+	if err == nil && pinned {
+		err = checkPinnedNowhere(p, "src", "d")
 	}
 	if err == nil {
 		_, err = p.Clone(ctx, CloneRequest{Source: Source{Volume: "src"}, Names: []string{"dst"}}, nil)
@@ -417,4 +438,139 @@ func clonedOnXFS(t *testing.T, size int64, guarded bool) (*Pool, string, Disk) {
 		t.Fatal(err)
 	}
 	return p, dir, sd
+}
+
+// checkPinnedNowhere checks that disk d of volume vol has a pin and shares
+// no block with it.
+func checkPinnedNowhere(p *Pool, vol, d string) error {
+	v, err := p.Volume(vol)
+	if err != nil {
+		return err
+	}
+	v.gate.RLock()
+	defer v.gate.RUnlock()
+	df := v.files[d]
+	if df == nil || df.pin == nil {
+		return fmt.Errorf("disk %s of %s has no pin", d, vol)
+	}
+	for off := int64(0); off < df.size; off += 4096 {
+		same, err := df.f.SameBlocks(df.pin, off, 4096)
+		if err != nil {
+			return err
+		}
+		if same {
+			return fmt.Errorf("disk %s of %s still shares block %d with its pin", d, vol, off/4096)
+		}
+	}
+	return nil
+}
+
+// TestFirstWritesIntoPinnedBlocks: after a snapshot, which the disk pins,
+// the first cowWrites writes into a chunk are left to XFS's copy on write:
+// each takes new blocks under itself only, and the rest of the chunk stays
+// shared with the snapshot (no 1 MiB rewrite); the next write into the
+// chunk rewrites it whole, into blocks of its own in one extent. The
+// snapshot keeps its content throughout, and deleting it drops the pin.
+func TestFirstWritesIntoPinnedBlocks(t *testing.T) {
+	dir := filepath.Join(testfs.MountXFS(t, 300<<20), "pool")
+	ctx := context.Background()
+	p, err := OpenWith(ctx, dir, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.us == nil {
+		t.Fatalf("a pool on XFS (caps %+v) without its unshare guard", p.Caps())
+	}
+	const size = 2 * ChunkSize
+	mustCreate(t, p, VolumeSpec{Name: "vm", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
+	v, _ := p.Volume("vm")
+	d, err := v.OpenDisk("d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	want := bytes.Repeat([]byte{0x11}, size)
+	if err := d.WriteAt(want, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.CreateSnapshot(ctx, "s", nil); err != nil {
+		t.Fatal(err)
+	}
+	img, err := os.Open(filepath.Join(dir, "volumes", "vm", "disks", "d.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	snap, err := os.Open(filepath.Join(dir, "volumes", "vm", "snapshots", "s", "d.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Close()
+	same := func(off, n int64) bool {
+		t.Helper()
+		ok, err := fscap.SameBlocks(img, snap, off, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !same(0, size) {
+		t.Fatal("the image does not share its blocks with the snapshot just taken")
+	}
+	// cowWrites writes into chunk 0, each flushed (written back, remapped).
+	blocks := []int64{5, 9, 13, 17, 21}[:cowWrites+1]
+	for n, b := range blocks[:cowWrites] {
+		w := bytes.Repeat([]byte{byte(0x20 + n)}, 4096)
+		copy(want[b*4096:], w)
+		if err := d.WriteAt(w, b*4096, true); err != nil {
+			t.Fatal(err)
+		}
+		if same(b*4096, 4096) {
+			t.Fatalf("write %d: block %d still shared with the snapshot", n, b)
+		}
+		// The blocks before and after it, not written, stay shared.
+		if !same(b*4096-4096, 4096) || !same(b*4096+4096, 4096) {
+			t.Fatalf("write %d into block %d unshared more than its block: the chunk was rewritten", n, b)
+		}
+	}
+	// The next write rewrites the chunk whole.
+	b := blocks[cowWrites]
+	copy(want[b*4096:], bytes.Repeat([]byte{0x30}, 4096))
+	if err := d.WriteAt(want[b*4096:(b+1)*4096], b*4096, true); err != nil {
+		t.Fatal(err)
+	}
+	for off := int64(0); off < ChunkSize; off += 4096 {
+		if same(off, 4096) {
+			t.Fatalf("after write %d, block %d of chunk 0 is still the snapshot's: the chunk was not rewritten", cowWrites+1, off/4096)
+		}
+	}
+	if solid, err := fscap.Solid(img, 0, ChunkSize); err != nil || !solid {
+		t.Fatalf("chunk 0 after its rewrite: solid %v (%v), want one extent of its own", solid, err)
+	}
+	if !same(ChunkSize, ChunkSize) {
+		t.Fatal("chunk 1, never written, no longer shared with the snapshot")
+	}
+	got := make([]byte, size)
+	if err := d.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the disk does not read back what was written")
+	}
+	if _, err := snap.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, bytes.Repeat([]byte{0x11}, size)) {
+		t.Fatal("the snapshot changed")
+	}
+	if err := v.DeleteSnapshot(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	v.gate.RLock()
+	pinned := v.files["d"].pin
+	v.gate.RUnlock()
+	if pinned != nil {
+		t.Fatal("the disk still pins its deleted snapshot")
+	}
 }

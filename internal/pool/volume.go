@@ -97,7 +97,14 @@ type diskFile struct {
 	// safe from blocks another file's copy on write just left to this
 	// image (unshare.go).
 	us *unsharer
-	nw noWait // what RWF_NOWAIT does on this file (nowait.go)
+	// pin, on XFS, is the image of disk name in snapshot pinned, open
+	// read-only so that its blocks stay its own while open, whatever
+	// happens to the snapshot: the blocks the image shares with it take a
+	// first write by copy on write (unshare.go). Nil when none. Both change
+	// only with the gate held exclusively.
+	pin    storage.File
+	pinned string
+	nw     noWait // what RWF_NOWAIT does on this file (nowait.go)
 	// chg records the disk's changes ahead of every write (changes.go).
 	chg *diskChanges
 	// fill, while the volume fills (fill.go), fills units before I/O

@@ -124,6 +124,12 @@ type File interface {
 	// the filesystem stands in memory; ErrNotSupported without an extent
 	// map.
 	Sharing(off, length int64) (data, shared bool, err error)
+	// SameBlocks reports whether every byte of [off, off+length) is written
+	// data at the same device address as the same byte of other
+	// (fscap.SameBlocks), as the filesystem stands in memory: the two files
+	// share exactly these blocks. ErrNotSupported without an extent map,
+	// or when other is not a file of the same kind.
+	SameBlocks(other File, off, length int64) (bool, error)
 	// SetExtentSizeHint sets XFS's extent size hint (fscap).
 	SetExtentSizeHint(bytes uint32) error
 	Advise(off, length int64, advice Advice) error

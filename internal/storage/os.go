@@ -496,6 +496,15 @@ func (o *osFile) Sharing(off, length int64) (bool, bool, error) {
 	return data, shared, Classify(err)
 }
 
+func (o *osFile) SameBlocks(other File, off, length int64) (bool, error) {
+	g, ok := other.(*osFile)
+	if !ok {
+		return false, &Error{Kind: ErrNotSupported, Err: fmt.Errorf("%s: blocks compared with a %T", o.f.Name(), other)}
+	}
+	same, err := fscap.SameBlocks(o.f, g.f, off, length)
+	return same, Classify(err)
+}
+
 func (o *osFile) SetExtentSizeHint(bytes uint32) error {
 	return Classify(fscap.SetExtentSizeHint(o.f, bytes))
 }

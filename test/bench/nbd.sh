@@ -67,6 +67,21 @@
 #   KINDS="quiver nbdkit" TRANSPORTS=unix CASES="read 1m 8" RAW=0 test/bench/nbd.sh 5
 # PORT (default 20811): quiver's NBD port; the others use the next ones,
 # and the API ports are PORT+10 and PORT+11.
+#
+# SNAPWRITE (default 1; root, mkfs.xfs): writes right after a whole-VM
+# snapshot (issue 33, acceptance 6), in a loop-mounted XFS with reflink made
+# here. Each quiver (and quiver@BASE) serves a volume of one SNAPSIZE disk
+# (default 4 GiB) filled with random data; nbdkit's file plugin serves a
+# reflinked copy (cp --reflink=always) of a plain copy of that content. In
+# each of SNAPROUNDS rounds (default 5), taking turns: quiver takes a
+# snapshot of the volume (and deletes the one before), or the copy is made
+# anew and nbdkit started on it, then fio writes SNAPIOS (default 2048)
+# random 4k blocks at QD32 over unix. 2048 writes over 4096 chunks of 1 MiB
+# land about 80% on chunks not written since the snapshot, whose blocks are
+# shared, as the copy's are with its source. Its tables follow the others,
+# with the ratio quiver/nbdkit. Just that case:
+#   CASES=none KINDS="quiver nbdkit" RAW=0 test/bench/nbd.sh
+# PORT+20 and up are its API ports.
 set -euo pipefail
 RUNTIME=${1:-${RUNTIME:-}}
 RUNTIME=${RUNTIME:-10}
@@ -78,17 +93,28 @@ KINDS=${KINDS:-quiver endpoint nbdkit qemu-nbd}
 TRANSPORTS=${TRANSPORTS:-unix tcp}
 RAW=${RAW:-1}
 PORT=${PORT:-20811}
-if [ -n "${CASES:-}" ]; then
+if [ "${CASES:-}" = none ]; then
+	CASELIST=()
+elif [ -n "${CASES:-}" ]; then
 	IFS=, read -r -a CASELIST <<<"$CASES"
 else
 	CASELIST=("randread 4k 1" "randread 4k 32" "randwrite 4k 1" "randwrite 4k 32" "read 1m 8" "write 1m 8")
 fi
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-for t in fio nbdkit qemu-nbd nbdcopy curl git; do
+for t in fio nbdkit qemu-nbd nbdcopy nbdinfo curl git; do
 	command -v $t >/dev/null || { echo "missing $t: apt-get install fio nbdkit qemu-utils libnbd-bin curl git" >&2; exit 1; }
 done
 mkdir "$WORK"
 SIZE=$((1 << 30))
+SNAPWRITE=${SNAPWRITE:-1}
+SNAPSIZE=${SNAPSIZE:-$((4 << 30))}
+SNAPIOS=${SNAPIOS:-2048}
+SNAPROUNDS=${SNAPROUNDS:-5}
+if [ "$SNAPWRITE" = 1 ] && { [ "$(id -u)" != 0 ] || ! command -v mkfs.xfs >/dev/null; }; then
+	echo "skipping the writes after a snapshot (SNAPWRITE): they need root and mkfs.xfs" >&2
+	SNAPWRITE=0
+fi
+SNAPMNT=
 SERVERS=() # background processes to stop at the end
 declare -A PID URI IMGOF HOP
 cleanup() {
@@ -104,6 +130,7 @@ cleanup() {
 	fi
 	for p in "${SERVERS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
+	if [ -n "$SNAPMNT" ]; then umount "$SNAPMNT" 2>/dev/null || umount -l "$SNAPMNT" || true; fi
 	rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -330,9 +357,90 @@ for tr in $TRANSPORTS; do
 	stop_peers
 done
 
+# snapwrite: the writes right after a whole-VM snapshot (SNAPWRITE above),
+# into their own results file.
+SNAPRESULTS="$WORK/snapwrite.tsv"
+snapwrite() {
+	local mnt="$WORK/xfs" img="$WORK/xfs.img" q bin dir api sock ksock i r j n kind
+	truncate -s $((6 * SNAPSIZE + (4 << 30))) "$img"
+	mkfs.xfs -q -m reflink=1 "$img"
+	mkdir "$mnt"
+	mount -o loop "$img" "$mnt"
+	SNAPMNT=$mnt
+	declare -A SAPI SSOCK SPID
+	i=0
+	for q in "${QUIVERS[@]}"; do
+		bin="$WORK/quiver" dir="$mnt/pool" sock="$WORK/snap.sock"
+		case $q in
+		quiver) ;;
+		quiver+*) dir="$mnt/pool-alt" sock="$WORK/snap-alt.sock" ;;
+		*) bin="$WORK/quiver-base" dir="$mnt/pool-base" sock="$WORK/snap-base.sock" ;;
+		esac
+		api=127.0.0.1:$((PORT + 20 + i))
+		"$bin" server --pool "$dir" --listen "$api" --nbd-listen "" --nbd-socket "$sock" --log-level warn &
+		SPID[$q]=$!
+		SERVERS+=($!)
+		for _ in $(seq 200); do curl -sf "http://$api/v1/pool" >/dev/null 2>&1 && break; sleep 0.05; done
+		QUIVER_SERVER=http://$api "$bin" volume create snapw --capacity "$SNAPSIZE" --disk "disk=$SNAPSIZE" >/dev/null
+		SAPI[$q]=$api SSOCK[$q]=$sock
+		i=$((i + 1))
+	done
+	head -c "$SNAPSIZE" /dev/urandom >"$mnt/src.img"
+	for q in "${QUIVERS[@]}"; do
+		nbdcopy "$mnt/src.img" "nbd+unix:///snapw/disk?socket=${SSOCK[$q]}"
+	done
+	sync
+	local skinds=() k
+	for k in "${QUIVERS[@]}"; do [[ " $KINDS " == *" $k "* ]] && skinds+=("$k"); done
+	[[ " $KINDS " == *" nbdkit "* ]] && skinds+=(nbdkit)
+	for r in $(seq "$SNAPROUNDS"); do
+		n=${#skinds[@]}
+		for j in $(seq 0 $((n - 1))); do
+			kind=${skinds[$(((j + r - 1) % n))]}
+			if [ "$kind" = nbdkit ]; then
+				rm -f "$mnt/copy.img"
+				cp --reflink=always "$mnt/src.img" "$mnt/copy.img"
+				sync
+				# A new socket each round: nbdkit needs a path nobody holds.
+				ksock="$WORK/snapkit-$r.sock"
+				nbdkit --exit-with-parent -f -U "$ksock" file "$mnt/copy.img" &
+				SPID[nbdkit]=$!
+				for _ in $(seq 200); do nbdinfo --size "nbd+unix:///?socket=$ksock" >/dev/null 2>&1 && break; sleep 0.05; done
+				"$NBDRUN" run -out "$SNAPRESULTS" -kind nbdkit -transport unix -pid "${SPID[nbdkit]}" \
+					-target "nbd+unix:///?socket=$ksock" -rw randwrite -bs 4k -qd 32 \
+					-size "$SNAPSIZE" -ios "$SNAPIOS"
+				kill "${SPID[nbdkit]}"
+				wait "${SPID[nbdkit]}" 2>/dev/null || true
+				continue
+			fi
+			bin="$WORK/quiver"
+			[[ "$kind" == quiver@* ]] && bin="$WORK/quiver-base"
+			QUIVER_SERVER=http://${SAPI[$kind]} "$bin" snapshot create snapw "s$r" >/dev/null
+			if [ "$r" -gt 1 ]; then
+				QUIVER_SERVER=http://${SAPI[$kind]} "$bin" snapshot delete snapw "s$((r - 1))" >/dev/null
+			fi
+			sync
+			"$NBDRUN" run -out "$SNAPRESULTS" -kind "$kind" -transport unix -pid "${SPID[$kind]}" \
+				-target "nbd+unix:///snapw/disk?socket=${SSOCK[$kind]}" -rw randwrite -bs 4k -qd 32 \
+				-size "$SNAPSIZE" -ios "$SNAPIOS"
+		done
+	done
+}
+if [ "$SNAPWRITE" = 1 ]; then
+	echo "writes right after a snapshot, on a loop-mounted XFS" >&2
+	snapwrite
+fi
+
 echo
 echo "fio $(fio --version), nbdkit $(nbdkit --version | cut -d' ' -f2), $(qemu-nbd --version | head -1), $(nproc) cores," \
 	"file on $(findmnt -n -o FSTYPE --target "$WORK"), quiver $(git -C "$ROOT" describe --always --dirty)${BASE:+ and $BASE}${EPBASE:+ (endpoint also at $EPBASE)}${ALT:+ (quiver+${ALT%%:*}: ${ALT#*:})}," \
 	"${HOP[endpoint]:+endpoint: fio on the unix socket of quiver endpoint, forwarding to quiver over TCP loopback,}" \
 	"${RUNTIME}s per run, $ROUNDS rounds, load average $LOAD_START at the start and $(cut -d' ' -f1-3 /proc/loadavg) at the end"
-"$NBDRUN" report "$RESULTS"
+if [ -s "$RESULTS" ]; then "$NBDRUN" report "$RESULTS"; fi
+if [ -s "$SNAPRESULTS" ]; then
+	echo
+	echo "## Writes right after a whole-VM snapshot (issue 33, acceptance 6): loop-mounted XFS with reflink," \
+		"$((SNAPSIZE >> 30)) GiB disk filled, then $SNAPIOS random 4k writes at QD32 over unix; nbdkit on a reflinked copy" \
+		"(target: quiver/nbdkit throughput at least 1.0x)"
+	"$NBDRUN" report "$SNAPRESULTS"
+fi

@@ -5,7 +5,7 @@
 //	    -target nbd://127.0.0.1:20811/bench/disk -rw randread -bs 4k -qd 32 -runtime 3
 //	nbdrun report [-ref KIND] results.tsv
 //
-// run drives one fio job (the nbd engine for an nbd URI, psync at queue depth
+// run drives one fio job, for -runtime seconds or -ios requests (the nbd engine for an nbd URI, psync at queue depth
 // 1 and io_uring otherwise for a file) and appends one line to -out: fio's
 // IOPS, bytes per second, requests, mean latency and latency percentiles,
 // and the server process's CPU time and context switches over the run (-pid may list
@@ -103,6 +103,7 @@ func run(args []string) error {
 	target := fs.String("target", "", "nbd URI or file")
 	runtime := fs.Int("runtime", 10, "seconds")
 	size := fs.String("size", "1g", "bytes of the target fio uses")
+	ios := fs.Int("ios", 0, "a fixed number of requests instead of -runtime (0: time based)")
 	fs.StringVar(&r.Kind, "kind", "", "server name for the report")
 	fs.StringVar(&r.Transport, "transport", "", "unix, tcp or file")
 	fs.StringVar(&r.RW, "rw", "randread", "fio rw")
@@ -114,8 +115,12 @@ func run(args []string) error {
 	}
 
 	fioArgs := []string{"--name=b", "--rw=" + r.RW, "--bs=" + r.BS, "--iodepth=" + strconv.Itoa(r.QD),
-		"--size=" + *size, "--runtime=" + strconv.Itoa(*runtime), "--time_based",
-		"--norandommap", "--randrepeat=0", "--lat_percentiles=1", "--output-format=json"}
+		"--size=" + *size, "--norandommap", "--randrepeat=0", "--lat_percentiles=1", "--output-format=json"}
+	if *ios > 0 {
+		fioArgs = append(fioArgs, "--number_ios="+strconv.Itoa(*ios))
+	} else {
+		fioArgs = append(fioArgs, "--runtime="+strconv.Itoa(*runtime), "--time_based")
+	}
 	switch {
 	case strings.HasPrefix(*target, "nbd"):
 		fioArgs = append(fioArgs, "--ioengine=nbd", "--uri="+*target)
