@@ -715,6 +715,7 @@ const (
 	CodeNodeInUse      = "NodeInUse"        // 409: the node to remove is not drained or holds a copy
 	CodeQuorum         = "Quorum"           // 409: removing the node's etcd member would risk etcd's quorum
 	CodeDeleting       = "Deleting"         // 409: the volume is being deleted (the message names the copies left)
+	CodeDiverged       = "Diverged"         // 409: a DR target does not hold the point a delta starts from
 	CodeInternal       = "Internal"         // 500
 	CodeForbidden      = "Forbidden"        // 403: the token's role does not allow it
 	CodeQuota          = "QuotaExceeded"    // 403: a tenant quota would be exceeded (the message names it)
@@ -851,4 +852,62 @@ type EventWho struct {
 	Cert string `json:"cert,omitempty"`
 	// Remote is the client's address; "local" for the unix socket.
 	Remote string `json:"remote,omitempty"`
+}
+
+// DRPoint is one point of a DR relationship: a whole-VM snapshot of the
+// same name on both sites.
+type DRPoint struct {
+	Seq      uint64 `json:"seq"`
+	Snapshot string `json:"snapshot"`
+}
+
+// DRTarget is a relationship this site is the target of (GET /v1/dr/targets).
+type DRTarget struct {
+	Relationship string    `json:"relationship"`
+	Volume       string    `json:"volume"`
+	Points       []DRPoint `json:"points"` // oldest first
+}
+
+// DRAccept is the body of POST /v1/dr/targets: make a new, empty volume the
+// target of a relationship.
+type DRAccept struct {
+	Relationship string `json:"relationship"`
+	Volume       string `json:"volume"`
+}
+
+// DRBegin is the body of POST /v1/dr/targets/{rel}/begin: a source starts
+// applying a point on top of base (none: every byte comes).
+type DRBegin struct {
+	Point DRPoint    `json:"point"`
+	Base  *DRPoint   `json:"base,omitempty"`
+	Disks []DiskSpec `json:"disks"`
+}
+
+// DRZero is the body of POST /v1/dr/targets/{rel}/disks/{disk}/zero.
+type DRZero struct {
+	Offset int64 `json:"offset"`
+	Length int64 `json:"length"`
+}
+
+// DRSync is the body of POST /v1/volumes/{volume}/dr/sync: ship a point of
+// the volume to a site's target of a relationship.
+type DRSync struct {
+	Site         string `json:"site"`
+	Relationship string `json:"relationship"`
+}
+
+// DRCycle is what a sync did.
+type DRCycle struct {
+	Point    DRPoint       `json:"point"`
+	Base     string        `json:"base,omitempty"` // empty: every byte was shipped
+	Changed  int64         `json:"changed"`
+	Sent     int64         `json:"sent"`
+	Zeroed   int64         `json:"zeroed"`
+	Duration time.Duration `json:"durationNs"`
+}
+
+// DRSite is a site this server ships to (GET /v1/dr/sites).
+type DRSite struct {
+	Name string `json:"name"`
+	URL  string `json:"url"`
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/backup"
 	"github.com/quiverstorage/quiver/internal/cluster"
+	"github.com/quiverstorage/quiver/internal/dr"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/objstore"
 	"github.com/quiverstorage/quiver/internal/pool"
@@ -50,6 +51,10 @@ var errorMapping = []struct {
 	{objstore.ErrDenied, http.StatusBadGateway, api.CodeStoreDenied},
 	{objstore.ErrUnreachable, http.StatusServiceUnavailable, api.CodeUnavailable},
 	{pool.ErrFillSource, http.StatusServiceUnavailable, api.CodeUnavailable},
+	{dr.ErrNoTarget, http.StatusNotFound, api.CodeNotFound},
+	{dr.ErrNoSite, http.StatusNotFound, api.CodeNotFound},
+	{dr.ErrDiverged, http.StatusConflict, api.CodeDiverged},
+	{pool.ErrNotSupported, http.StatusUnprocessableEntity, api.CodeNotSupported},
 	{pool.ErrBroken, http.StatusConflict, api.CodeBroken},
 	{pool.ErrReadOnly, http.StatusConflict, api.CodeReadOnly},
 	{job.ErrNotFound, http.StatusNotFound, api.CodeNotFound},

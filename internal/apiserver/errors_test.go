@@ -12,6 +12,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/backup"
 	"github.com/quiverstorage/quiver/internal/cluster"
+	"github.com/quiverstorage/quiver/internal/dr"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/objstore"
 	"github.com/quiverstorage/quiver/internal/pool"
@@ -52,6 +53,10 @@ func TestToError(t *testing.T) {
 		{"backup damaged", fmt.Errorf("chunk c: %w", backup.ErrCorrupt), http.StatusConflict, api.CodeBackupDamaged, ""},
 		{"store denied", fmt.Errorf("s3: %w", objstore.ErrDenied), http.StatusBadGateway, api.CodeStoreDenied, ""},
 		{"store unreachable", fmt.Errorf("s3: %w", objstore.ErrUnreachable), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
+		{"no DR target", fmt.Errorf("relationship b: %w", dr.ErrNoTarget), http.StatusNotFound, api.CodeNotFound, ""},
+		{"no DR site", fmt.Errorf("site x: %w", dr.ErrNoSite), http.StatusNotFound, api.CodeNotFound, ""},
+		{"DR diverged", fmt.Errorf("point 3: %w", dr.ErrDiverged), http.StatusConflict, api.CodeDiverged, ""},
+		{"not supported here", fmt.Errorf("DR here: %w", pool.ErrNotSupported), http.StatusUnprocessableEntity, api.CodeNotSupported, ""},
 		{"restore source unavailable", fmt.Errorf("disk root: %w: store down", pool.ErrFillSource), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"job interrupted", job.ErrInterrupted, http.StatusConflict, api.CodeInterrupted, ""},
 		{"broken", fmt.Errorf("volume %q is quarantined (volume.json: malformed JSON): %w", "web", pool.ErrBroken), http.StatusConflict, api.CodeBroken, ""},

@@ -20,6 +20,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/audit"
 	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/backup"
+	"github.com/quiverstorage/quiver/internal/dr"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -68,6 +69,12 @@ type Server struct {
 	// configured targets (backup.go); nil: the backup routes answer that
 	// the server has no backup configuration.
 	Backups *backup.Service
+	// DRTargets, when set (before serving), receives the points of the
+	// relationships this site is the target of; DRSites, the sites this
+	// server ships to (dr.go). nil: those routes answer that there are
+	// none.
+	DRTargets *dr.Targets
+	DRSites   *dr.Sites
 
 	pool  *pool.Pool
 	jobs  *job.Manager
@@ -142,6 +149,16 @@ func (s *Server) routes() {
 		"POST /v1/backups/{id}/restore":                           {s.restoreBackup, auth.ActWrite},
 		"POST /v1/backups/{id}/verify":                            {s.verifyBackup, auth.ActRead},
 		"POST /v1/volumes/{volume}/rollback":                      {s.rollback, auth.ActWrite},
+		"GET /v1/dr/targets":                                      {s.listDRTargets, auth.ActAdmin},
+		"POST /v1/dr/targets":                                     {s.acceptDRTarget, auth.ActAdmin},
+		"GET /v1/dr/targets/{relationship}":                       {s.getDRTarget, auth.ActAdmin},
+		"POST /v1/dr/targets/{relationship}/promote":              {s.promoteDRTarget, auth.ActAdmin},
+		"POST /v1/dr/targets/{relationship}/begin":                {s.beginDRPoint, auth.ActAdmin},
+		"PUT /v1/dr/targets/{relationship}/disks/{disk}/data":     {s.writeDRData, auth.ActAdmin},
+		"POST /v1/dr/targets/{relationship}/disks/{disk}/zero":    {s.zeroDRData, auth.ActAdmin},
+		"POST /v1/dr/targets/{relationship}/commit":               {s.commitDRPoint, auth.ActAdmin},
+		"GET /v1/dr/sites":                                        {s.listDRSites, auth.ActAdmin},
+		"POST /v1/volumes/{volume}/dr/sync":                       {s.syncDR, auth.ActAdmin},
 		"POST /v1/clones":                                         {s.clone, auth.ActWrite},
 		"GET /v1/attachments":                                     {s.findAttachments, auth.ActRead},
 		"GET /v1/volumes/{volume}/attachments":                    {s.listAttachments, auth.ActRead},

@@ -161,7 +161,7 @@ its HTTP API (--server, or QUIVER_SERVER).`,
 	add("node", a.serverCommand(), a.clusterCommand(), a.nodeCommand(), a.poolCommand(), a.jobCommand(), a.csiCommand(), a.deviceAgentCommand(), a.endpointCommand(),
 		a.kubevirtHookCommand(), a.kubevirtWebhookCommand(), a.tokenCommand(), a.tenantCommand(), a.eventsCommand())
 	add("storage", a.volumeCommand(), a.diskCommand(), a.attachCommand())
-	add("data", a.snapshotCommand(), a.rollbackCommand(), a.cloneCommand(), a.backupCommand())
+	add("data", a.snapshotCommand(), a.rollbackCommand(), a.cloneCommand(), a.backupCommand(), a.drCommand())
 	root.AddCommand(a.versionCommand(), a.manCommand())
 	a.addCompletions(root)
 	requireSubcommands(root)

@@ -137,6 +137,8 @@ A flag on the command line wins over the file.`,
 	cmd.Flags().BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API port")
 	cmd.Flags().StringVar(&cfg.BackupConfig, "backup-config", "",
 		"JSON file naming the backup targets (S3 endpoint, bucket, files with the access key, secret key and repository key; docs/backup.md)")
+	cmd.Flags().StringVar(&cfg.DRConfig, "dr-config", "",
+		"JSON file naming the DR sites this server ships volumes to (API URL, files with an admin token there and its CA; docs/dr.md)")
 	cmd.Flags().BoolVar(&cfg.MetricsPerDisk, "metrics-per-disk", false,
 		"also export the data path's metrics per disk at /metrics, latency histograms included (about 100 series a disk; by default they are per volume)")
 	cmd.Flags().Float64Var(&cfg.MaxOvercommit, "max-overcommit", 0,

@@ -186,6 +186,19 @@ func Recursive() CallOption {
 // do sends one request and decodes a 2xx answer into out (when out is not
 // nil and the answer has a body). Anything else becomes an *Error.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, in, out any, opts ...CallOption) error {
+	if in == nil {
+		return c.doBody(ctx, method, path, query, "", nil, out, opts...)
+	}
+	data, err := json.Marshal(in)
+	if err != nil {
+		return fmt.Errorf("%s %s: encode request: %w", method, path, err)
+	}
+	return c.doBody(ctx, method, path, query, "application/json", bytes.NewReader(data), out, opts...)
+}
+
+// doBody is do with a body of its own type (none when body is nil).
+func (c *Client) doBody(ctx context.Context, method, path string, query url.Values, contentType string, body io.Reader, out any,
+	opts ...CallOption) error {
 	cl := call{header: http.Header{}, query: url.Values{}}
 	for k, v := range query {
 		cl.query[k] = v
@@ -197,20 +210,12 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	if len(cl.query) > 0 {
 		target += "?" + cl.query.Encode()
 	}
-	var body io.Reader
-	if in != nil {
-		data, err := json.Marshal(in)
-		if err != nil {
-			return fmt.Errorf("%s %s: encode request: %w", method, path, err)
-		}
-		body = bytes.NewReader(data)
-	}
 	req, err := http.NewRequestWithContext(ctx, method, target, body)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", contentType)
 	}
 	req.Header.Set("Accept", "application/json")
 	for k, v := range cl.header {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -26,11 +27,14 @@ type Target interface {
 
 // Receiver applies points into a volume of the target's pool: its live
 // disks take the delta, and a snapshot of the point's name is the point.
-// It keeps the newest Keep points (at least 1). One cycle at a time.
+// It keeps the newest keep points (at least 1). One point applies at a
+// time: a Begin ends the point being applied, whose later calls fail.
 type Receiver struct {
 	v    *pool.Volume
 	rel  string
 	keep int
+
+	mu sync.Mutex // guards what follows
 
 	applying *Point
 	h        map[string]pool.Disk
@@ -61,6 +65,8 @@ func (r *Receiver) Last(context.Context) (Point, bool, error) {
 // when anything changed them since (a cycle that did not commit), and
 // makes the disk set the point's.
 func (r *Receiver) Begin(ctx context.Context, p Point, base *Point, disks []pool.DiskSpec) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if _, ok := parsePoint(r.rel, p.Snapshot); !ok || p.Seq == 0 {
 		return fmt.Errorf("point %q is not one of relationship %s: %w", p.Snapshot, r.rel, pool.ErrInvalid)
 	}
@@ -178,6 +184,8 @@ func (r *Receiver) disk(disk string) (pool.Disk, error) {
 }
 
 func (r *Receiver) Write(_ context.Context, disk string, off int64, data []byte) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	h, err := r.disk(disk)
 	if err != nil {
 		return err
@@ -186,6 +194,8 @@ func (r *Receiver) Write(_ context.Context, disk string, off int64, data []byte)
 }
 
 func (r *Receiver) Zero(_ context.Context, disk string, off, length int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	h, err := r.disk(disk)
 	if err != nil {
 		return err
@@ -196,6 +206,8 @@ func (r *Receiver) Zero(_ context.Context, disk string, off, length int64) error
 // Commit flushes the disks and takes the point's snapshot (its commit),
 // then drops the points past Keep.
 func (r *Receiver) Commit(ctx context.Context, p Point) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.applying == nil || *r.applying != p {
 		return fmt.Errorf("commit of point %s, which is not being applied: %w", p.Snapshot, pool.ErrInvalid)
 	}
@@ -220,7 +232,14 @@ func (r *Receiver) Commit(ctx context.Context, p Point) error {
 	return nil
 }
 
-// end closes the disks of a point being applied.
+// abort ends the point being applied, if any.
+func (r *Receiver) abort() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.end()
+}
+
+// end (mu held) closes the disks of a point being applied.
 func (r *Receiver) end() {
 	for _, h := range r.h {
 		_ = h.Close()

@@ -21,6 +21,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/backup"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/connlimit"
+	"github.com/quiverstorage/quiver/internal/dr"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/nbd"
@@ -72,6 +73,7 @@ type node struct {
 	jobs    *job.Manager
 	metrics *metrics.Metrics
 	backups *backup.Service // nil without --backup-config
+	drSites *dr.Sites       // nil without --dr-config
 
 	apiLn  net.Listener
 	nbdLns []net.Listener
@@ -87,6 +89,9 @@ type node struct {
 }
 
 func (n *node) onClose(f func()) { n.undo = append(n.undo, f) }
+
+// drKeep is how many points a DR target keeps of each relationship.
+const drKeep = 3
 
 // close undoes the phases, last first.
 func (n *node) close() {
@@ -191,6 +196,15 @@ func (n *node) openPool(ctx context.Context) error {
 			return err
 		}
 	}
+	if cfg.DRConfig != "" {
+		dc, err := dr.LoadConfig(cfg.DRConfig)
+		if err != nil {
+			return err
+		}
+		if n.drSites, err = dr.NewSites(dc); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -263,6 +277,10 @@ func (n *node) buildAPI() {
 	h.MaxOvercommit = cfg.MaxOvercommit
 	h.Audit = n.audit
 	h.Backups = n.backups
+	h.DRSites = n.drSites
+	if !p.ReadOnly() {
+		h.DRTargets = dr.NewTargets(p, drKeep)
+	}
 	if n.backups != nil {
 		n.metrics.Register(n.backups)
 		// Scheduled backups (volume policies), checked every 30 s.

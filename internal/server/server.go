@@ -69,6 +69,10 @@ type Config struct {
 	// targets (object stores) that `quiver backup` writes to, with the
 	// files holding their secrets (docs/backup.md).
 	BackupConfig string
+	// DRConfig, when set, names the DR configuration file: the sites this
+	// server ships its volumes to, with the files holding their tokens
+	// (docs/dr.md).
+	DRConfig string
 	// MaxOvercommit refuses what would provision more than this many times
 	// the pool's size (apiserver.Server.MaxOvercommit); 0: no limit.
 	MaxOvercommit float64

@@ -1,0 +1,139 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/client"
+	"github.com/quiverstorage/quiver/internal/quantity"
+)
+
+func (a *app) drCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dr",
+		Short: "Disaster recovery: ship whole VMs, point after point, to another site",
+		Long: `Disaster recovery per VM (docs/dr.md). A relationship ships a volume, point after point
+(a whole-VM snapshot each), to a volume on another site: the first point in full, then
+only what changed. The target site accepts the relationship into a new volume, keeps
+its last points, and promotes it when it takes over.`,
+	}
+	cmd.AddCommand(a.drSyncCommand(), a.drSitesCommand(), a.drTargetCommand())
+	return cmd
+}
+
+func (a *app) drSyncCommand() *cobra.Command {
+	var site, rel string
+	cmd := &cobra.Command{
+		Use:   "sync VOLUME --site SITE --relationship NAME",
+		Short: "Ship a new point of a volume to its target on a site (the delta since the target's last point)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			st, err := c.DRSync(cmd.Context(), args[0], api.DRSync{Site: site, Relationship: rel})
+			if err != nil {
+				return err
+			}
+			return a.show(cmd.OutOrStdout(), st, func(w io.Writer) error {
+				f := newFields(w)
+				f.add("Point", fmt.Sprintf("%s (%d)", st.Point.Snapshot, st.Point.Seq))
+				if st.Base == "" {
+					f.add("Base", "none: every byte shipped")
+				} else {
+					f.add("Base", st.Base)
+				}
+				f.add("Changed", quantity.Format(st.Changed))
+				f.add("Sent", fmt.Sprintf("%s written, %s zeroed", quantity.Format(st.Sent), quantity.Format(st.Zeroed)))
+				f.add("Took", st.Duration.Round(time.Millisecond).String())
+				return f.flush()
+			})
+		},
+	}
+	cmd.Flags().StringVar(&site, "site", "", "the site to ship to (from the server's --dr-config)")
+	cmd.Flags().StringVar(&rel, "relationship", "", "the relationship's name, the same on both sites")
+	_ = cmd.MarkFlagRequired("site")
+	_ = cmd.MarkFlagRequired("relationship")
+	return cmd
+}
+
+func (a *app) drSitesCommand() *cobra.Command {
+	return a.getter(&cobra.Command{
+		Use:   "sites",
+		Short: "List the sites the server ships to (from its --dr-config)",
+		Args:  cobra.NoArgs,
+	}, func(ctx context.Context, c *client.Client, _ []string) (any, func(io.Writer) error, error) {
+		ss, err := c.DRSites(ctx)
+		return api.List[api.DRSite]{Items: nonNil(ss)}, func(w io.Writer) error {
+			t := newTable(w, "NAME", "URL")
+			for _, s := range ss {
+				t.row(s.Name, s.URL)
+			}
+			return t.flush()
+		}, err
+	})
+}
+
+func (a *app) drTargetCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "target", Aliases: []string{"targets"},
+		Short: "On a target site: accept, list and promote the relationships shipped here"}
+	list := a.getter(&cobra.Command{
+		Use:     "list",
+		Aliases: []string{"ls"},
+		Short:   "List the relationships this site is the target of, with their points",
+		Args:    cobra.NoArgs,
+	}, func(ctx context.Context, c *client.Client, _ []string) (any, func(io.Writer) error, error) {
+		ts, err := c.DRTargets(ctx)
+		return api.List[api.DRTarget]{Items: nonNil(ts)}, func(w io.Writer) error {
+			t := newTable(w, "RELATIONSHIP", "VOLUME", "POINTS", "LAST")
+			for _, x := range ts {
+				last := none
+				if n := len(x.Points); n > 0 {
+					last = x.Points[n-1].Snapshot
+				}
+				t.row(x.Relationship, x.Volume, fmt.Sprint(len(x.Points)), last)
+			}
+			return t.flush()
+		}, err
+	})
+	accept := &cobra.Command{
+		Use:   "accept RELATIONSHIP VOLUME",
+		Short: "Make a new, empty volume the target of a relationship",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if _, err := c.DRAccept(cmd.Context(), api.DRAccept{Relationship: args[0], Volume: args[1]}); err != nil {
+				return err
+			}
+			return a.printDone(cmd.OutOrStdout(), "volume %s is the target of relationship %s; its source ships with: quiver dr sync VOLUME --site SITE --relationship %s",
+				args[1], args[0], args[0])
+		},
+	}
+	promote := &cobra.Command{
+		Use:   "promote RELATIONSHIP",
+		Short: "Take over: the target volume returns to its last point and becomes an ordinary volume",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.DRPromote(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return a.printDone(cmd.OutOrStdout(), "volume %s promoted at its last point; relationship %s ends here", v.Name, args[0])
+		},
+	}
+	cmd.AddCommand(list, accept, promote)
+	return cmd
+}
