@@ -196,3 +196,93 @@ func dataMap(f *os.File, off, length int64) ([]fiemapExtent, error) {
 	}
 	return b.ext[:n], nil
 }
+
+// extentsBatch is how many extents one FIEMAP call of extentsOf returns.
+const extentsBatch = 128
+
+// extentsOf returns every extent of [0, size) of f as it stands in memory.
+func extentsOf(f *os.File, size int64) ([]fiemapExtent, error) {
+	var b struct {
+		hdr fiemap
+		ext [extentsBatch]fiemapExtent
+	}
+	var out []fiemapExtent
+	for next := uint64(0); next < uint64(size); {
+		b.hdr = fiemap{Start: next, Length: uint64(size) - next, ExtentCount: extentsBatch}
+		err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFiemap, unsafe.Pointer(&b)) })
+		if isErrno(err, unix.EOPNOTSUPP, unix.ENOTTY) {
+			err = notSupported(err)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("extent map of %s: %w", f.Name(), err)
+		}
+		n := int(b.hdr.MappedExtents)
+		if n == 0 {
+			break
+		}
+		out = append(out, b.ext[:n]...)
+		last := b.ext[n-1]
+		if last.Flags&ExtentLast != 0 {
+			break
+		}
+		next = last.Logical + last.Length
+	}
+	return out, nil
+}
+
+// Differences returns the ranges of [0, size) where f and g may hold
+// different bytes, as their extent maps stand in memory: everywhere except
+// where both are holes, or both map written data at the very same device
+// address (blocks a reflink shares). A preallocated, delayed or unknown
+// extent of either counts as different. Ranges are sorted and merged.
+// Filesystems without FIEMAP give an error wrapping ErrNotSupported.
+func Differences(f, g *os.File, size int64) ([][2]int64, error) {
+	a, err := extentsOf(f, size)
+	if err != nil {
+		return nil, err
+	}
+	b, err := extentsOf(g, size)
+	if err != nil {
+		return nil, err
+	}
+	const uncertain = fiemapExtentUnknown | fiemapExtentDelalloc | fiemapExtentEncoded | fiemapExtentUnwritten
+	// at returns the extent of es covering x (from index *i on), if any.
+	at := func(es []fiemapExtent, i *int, x uint64) (fiemapExtent, bool, uint64) {
+		for *i < len(es) && es[*i].Logical+es[*i].Length <= x {
+			*i++
+		}
+		if *i < len(es) && es[*i].Logical <= x {
+			return es[*i], true, es[*i].Logical + es[*i].Length
+		}
+		if *i < len(es) {
+			return fiemapExtent{}, false, es[*i].Logical // a hole up to the next extent
+		}
+		return fiemapExtent{}, false, uint64(size)
+	}
+	var out [][2]int64
+	add := func(lo, hi uint64) {
+		if k := len(out) - 1; k >= 0 && uint64(out[k][0]+out[k][1]) == lo {
+			out[k][1] += int64(hi - lo)
+			return
+		}
+		out = append(out, [2]int64{int64(lo), int64(hi - lo)})
+	}
+	var i, j int
+	for x := uint64(0); x < uint64(size); {
+		ea, inA, endA := at(a, &i, x)
+		eb, inB, endB := at(b, &j, x)
+		end := min(endA, endB, uint64(size))
+		same := false
+		switch {
+		case !inA && !inB:
+			same = true
+		case inA && inB && (ea.Flags|eb.Flags)&uncertain == 0:
+			same = ea.Physical+(x-ea.Logical) == eb.Physical+(x-eb.Logical)
+		}
+		if !same {
+			add(x, end)
+		}
+		x = end
+	}
+	return out, nil
+}

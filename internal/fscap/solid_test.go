@@ -168,3 +168,96 @@ func TestSameBlocks(t *testing.T) {
 		}
 	})
 }
+
+// TestDifferences: two reflinked copies differ where one wrote (a block,
+// a hole filled) and where either is preallocated, not where both share
+// blocks or both are holes; also against a file that shares nothing.
+func TestDifferences(t *testing.T) {
+	for _, fc := range []testfs.FS{testfs.OnXFS, testfs.OnBtrfs} {
+		t.Run(fc.Name, func(t *testing.T) {
+			dir := fc.Dir(t)
+			const mib = 1 << 20
+			open := func(name string) *os.File {
+				f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDWR|os.O_CREATE, 0o644)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = f.Close() })
+				return f
+			}
+			f := open("a.img")
+			if err := f.Truncate(6 * mib); err != nil {
+				t.Fatal(err)
+			}
+			// [0, 2 MiB) data, [2, 3) preallocated, [3, 6) a hole.
+			if _, err := f.WriteAt(bytes.Repeat([]byte{1}, 2*mib), 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Fallocate(int(f.Fd()), 0, 2*mib, mib); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			g := open("b.img")
+			if err := Reflink(g, f); err != nil {
+				t.Fatal(err)
+			}
+			// The copy writes one block and fills one hole block.
+			for _, off := range []int64{mib + 8192, 4*mib + 4096} {
+				if _, err := g.WriteAt(bytes.Repeat([]byte{2}, 4096), off); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := g.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := Differences(g, f, 6*mib)
+			if err != nil {
+				t.Fatal(err)
+			}
+			covers := func(off, n int64) bool {
+				for _, r := range got {
+					if r[0] <= off && off+n <= r[0]+r[1] {
+						return true
+					}
+				}
+				return false
+			}
+			touches := func(off, n int64) bool {
+				for _, r := range got {
+					if r[0] < off+n && off < r[0]+r[1] {
+						return true
+					}
+				}
+				return false
+			}
+			switch {
+			case !covers(mib+8192, 4096):
+				t.Errorf("the written block is not among %v", got)
+			case !covers(4*mib+4096, 4096):
+				t.Errorf("the filled hole is not among %v", got)
+			case !covers(2*mib, mib):
+				t.Errorf("the preallocation is not among %v", got)
+			case touches(0, mib) || touches(mib+12288, mib-12288):
+				t.Errorf("shared blocks are among %v", got)
+			case touches(3*mib, mib) || touches(5*mib, mib):
+				t.Errorf("holes of both are among %v", got)
+			}
+			h := open("c.img")
+			if _, err := h.WriteAt(bytes.Repeat([]byte{1}, 2*mib), 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			got, err = Differences(h, f, 6*mib)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !covers(0, 3*mib) || touches(3*mib, 3*mib) {
+				t.Errorf("a file sharing nothing: %v, want [0, 3 MiB)", got)
+			}
+		})
+	}
+}

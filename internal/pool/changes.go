@@ -88,6 +88,9 @@ const (
 	// written alone.
 	changeHeader = 32
 	changeAll    = 1 // flags: every block of the disk changed
+	// changeLazy (flags): the map may miss regions changed since
+	// checkpoint flags>>8, whose snapshot's images recover them (lazy.go).
+	changeLazy = 2
 )
 
 // bitset is a set of unit-sized pieces of a disk, safe for concurrent
@@ -197,6 +200,14 @@ type diskChanges struct {
 	// and resized under the gate held exclusively.
 	fine atomic.Pointer[bitset]
 	all  atomic.Bool // the whole disk changed this epoch
+	// lazy: changes are recorded in memory only, the live map's header
+	// naming the checkpoint whose snapshot recovers them after a crash
+	// (lazy.go). Set after that snapshot is committed; cleared with the
+	// gate held exclusively.
+	lazy atomic.Bool
+	// lazySeq (under mu) is the checkpoint the live map's header names
+	// for recovery (changeLazy); 0: none.
+	lazySeq uint64
 
 	mu      sync.Mutex // guards what follows; the live map is written under it or by the batch's leader
 	f       storage.File
@@ -400,11 +411,7 @@ func (c *changeLog) ensureDir() error {
 // writeMap writes the header (all flag as it is) and regions into f, and
 // syncs it.
 func (dc *diskChanges) writeMap(f storage.File, regions *bitset) error {
-	var flags uint64
-	if dc.all.Load() {
-		flags = changeAll
-	}
-	p := append(dc.header(flags), regions.bytes()...)
+	p := append(dc.header(dc.flags()), regions.bytes()...)
 	if _, err := f.WriteAt(p, 0); err != nil {
 		return err
 	}
@@ -415,6 +422,19 @@ func (dc *diskChanges) writeMap(f storage.File, regions *bitset) error {
 		return fmt.Errorf("%w: %w", errMapSync, err)
 	}
 	return nil
+}
+
+// flags (mu held) is the live map's flag word: the all flag, and the
+// checkpoint that recovers lazily recorded changes (lazy.go).
+func (dc *diskChanges) flags() uint64 {
+	var flags uint64
+	if dc.all.Load() {
+		flags = changeAll
+	}
+	if dc.lazySeq != 0 {
+		flags |= changeLazy | dc.lazySeq<<8
+	}
+	return flags
 }
 
 func (dc *diskChanges) header(flags uint64) []byte {
@@ -443,10 +463,14 @@ func (dc *diskChanges) readLive(f storage.File) error {
 	if string(p[:8]) != liveMagic || binary.LittleEndian.Uint64(p[8:]) != changeRegion {
 		return errors.New("bad header")
 	}
-	if binary.LittleEndian.Uint64(p[24:])&changeAll != 0 {
+	flags := binary.LittleEndian.Uint64(p[24:])
+	if flags&changeAll != 0 {
 		dc.all.Store(true)
 	}
 	dc.regions.load(p[changeHeader:])
+	if flags&changeLazy != 0 {
+		return dc.recoverLazy(flags >> 8)
+	}
 	return nil
 }
 
@@ -459,6 +483,9 @@ func (dc *diskChanges) mark(off, length int64) error {
 		return nil
 	}
 	dc.fine.Load().add(off, length)
+	if dc.lazy.Load() {
+		return nil
+	}
 	first, last := off/changeRegion, (off+length-1)/changeRegion
 	for i := first; i <= last; i++ {
 		if !dc.regions.has(i) {
@@ -472,6 +499,10 @@ func (dc *diskChanges) mark(off, length int64) error {
 // in the live map yet (the caller takes the path that may wait).
 func (dc *diskChanges) tryMark(off, length int64) bool {
 	if length <= 0 {
+		return true
+	}
+	if dc.lazy.Load() {
+		dc.fine.Load().add(off, length)
 		return true
 	}
 	for i := off / changeRegion; i <= (off+length-1)/changeRegion; i++ {
@@ -648,6 +679,10 @@ type epoch struct {
 func (c *changeLog) cut(disks []*diskChanges) []epoch {
 	out := make([]epoch, 0, len(disks))
 	for _, dc := range disks {
+		// The new epoch is written ahead until its snapshot is committed
+		// (lazy.go); the live map still names the old one's for recovery
+		// until the reset after the seal.
+		dc.lazy.Store(false)
 		fresh := newBitset(changeGranule, dc.size)
 		out = append(out, epoch{dc: dc, fine: dc.fine.Swap(fresh), all: dc.all.Swap(false)})
 	}
@@ -721,6 +756,9 @@ func (dc *diskChanges) reset() error {
 	}
 	regions := newBitset(changeRegion, dc.size)
 	regions.or(dc.fine.Load())
+	// The epoch recovered through lazySeq's snapshot is sealed now; the
+	// new one was written ahead since the cut.
+	dc.lazySeq = 0
 	if dc.f == nil {
 		if regions.empty() && !dc.all.Load() {
 			return nil // no live map is an empty one

@@ -102,6 +102,7 @@ func (h *Hold) CreateSnapshot(ctx context.Context, name string, idem Idempotency
 	v.snaps[name] = sm
 	v.mu.Unlock()
 	v.pinSnapshot(name, m.Disks)
+	v.lazyChanges(sm)
 	v.pruneChanges() // the epochs up to the oldest checkpoint: no delta reads them
 	orNop(prog).Done(name)
 	return v.snapshotInfo(sm), true, nil
@@ -526,8 +527,14 @@ func (v *Volume) DeleteSnapshot(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
-	if _, err := v.Snapshot(name); err != nil {
+	snap, err := v.Snapshot(name)
+	if err != nil {
 		return err
+	}
+	// What was recorded lazily against its checkpoint is written ahead
+	// first: without the snapshot, a crash could not recover it (lazy.go).
+	if err := v.endLazy(snap); err != nil {
+		return fmt.Errorf("delete snapshot %s@%s: %w", v.name, name, err)
 	}
 	v.unpinSnapshot(name) // so that its space is freed with it
 	trash := filepath.Join(v.pool.stagingDir(), "del-"+newUID())

@@ -130,6 +130,10 @@ type File interface {
 	// share exactly these blocks. ErrNotSupported without an extent map,
 	// or when other is not a file of the same kind.
 	SameBlocks(other File, off, length int64) (bool, error)
+	// Differences returns the ranges of [0, size) where the file and other
+	// may hold different bytes (fscap.Differences): all but the holes of
+	// both and the blocks they share. ErrNotSupported as SameBlocks.
+	Differences(other File, size int64) ([][2]int64, error)
 	// SetExtentSizeHint sets XFS's extent size hint (fscap).
 	SetExtentSizeHint(bytes uint32) error
 	Advise(off, length int64, advice Advice) error

@@ -505,6 +505,15 @@ func (o *osFile) SameBlocks(other File, off, length int64) (bool, error) {
 	return same, Classify(err)
 }
 
+func (o *osFile) Differences(other File, size int64) ([][2]int64, error) {
+	g, ok := other.(*osFile)
+	if !ok {
+		return nil, &Error{Kind: ErrNotSupported, Err: fmt.Errorf("%s: extents compared with a %T", o.f.Name(), other)}
+	}
+	rs, err := fscap.Differences(o.f, g.f, size)
+	return rs, Classify(err)
+}
+
 func (o *osFile) SetExtentSizeHint(bytes uint32) error {
 	return Classify(fscap.SetExtentSizeHint(o.f, bytes))
 }

@@ -817,6 +817,10 @@ func (h *file) Sharing(int64, int64) (bool, bool, error) {
 	return false, false, &storage.Error{Kind: storage.ErrNotSupported, Err: errors.New("crashfs has no extent map")}
 }
 
+func (h *file) Differences(storage.File, int64) ([][2]int64, error) {
+	return nil, &storage.Error{Kind: storage.ErrNotSupported, Err: errors.New("crashfs has no extent map")}
+}
+
 func (h *file) SameBlocks(storage.File, int64, int64) (bool, error) {
 	return false, &storage.Error{Kind: storage.ErrNotSupported, Err: errors.New("crashfs has no extent map")}
 }
