@@ -49,12 +49,8 @@ type fiemapBuf struct {
 func Solid(f *os.File, off, length int64) (bool, error) {
 	var b fiemapBuf
 	b.hdr = fiemap{Start: uint64(off), Length: uint64(length), ExtentCount: uint32(len(b.ext))}
-	err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFiemap, unsafe.Pointer(&b)) })
-	if isErrno(err, unix.EOPNOTSUPP, unix.ENOTTY) {
-		err = notSupported(err)
-	}
-	if err != nil {
-		return false, fmt.Errorf("extent map of %s: %w", f.Name(), err)
+	if err := fiemapInto(f, unsafe.Pointer(&b)); err != nil {
+		return false, err
 	}
 	n := int(b.hdr.MappedExtents)
 	if n == 0 || n > solidMaxExtents {
@@ -95,12 +91,8 @@ func Sharing(f *os.File, off, length int64) (data, shared bool, err error) {
 	next, end := uint64(off), uint64(off+length)
 	for next < end {
 		b.hdr = fiemap{Start: next, Length: end - next, ExtentCount: sharingBatch}
-		err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFiemap, unsafe.Pointer(&b)) })
-		if isErrno(err, unix.EOPNOTSUPP, unix.ENOTTY) {
-			err = notSupported(err)
-		}
-		if err != nil {
-			return false, false, fmt.Errorf("extent map of %s: %w", f.Name(), err)
+		if err := fiemapInto(f, unsafe.Pointer(&b)); err != nil {
+			return false, false, err
 		}
 		n := int(b.hdr.MappedExtents)
 		if n == 0 {
@@ -170,12 +162,8 @@ func dataMap(f *os.File, off, length int64) ([]fiemapExtent, error) {
 		ext [sameBatch]fiemapExtent
 	}
 	b.hdr = fiemap{Start: uint64(off), Length: uint64(length), ExtentCount: sameBatch}
-	err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFiemap, unsafe.Pointer(&b)) })
-	if isErrno(err, unix.EOPNOTSUPP, unix.ENOTTY) {
-		err = notSupported(err)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("extent map of %s: %w", f.Name(), err)
+	if err := fiemapInto(f, unsafe.Pointer(&b)); err != nil {
+		return nil, err
 	}
 	n := int(b.hdr.MappedExtents)
 	if n == 0 {
@@ -197,57 +185,25 @@ func dataMap(f *os.File, off, length int64) ([]fiemapExtent, error) {
 	return b.ext[:n], nil
 }
 
-// extentsBatch is how many extents one FIEMAP call of extentsOf returns.
-const extentsBatch = 128
-
-// extentsOf returns every extent of [0, size) of f as it stands in memory.
-func extentsOf(f *os.File, size int64) ([]fiemapExtent, error) {
-	var b struct {
-		hdr fiemap
-		ext [extentsBatch]fiemapExtent
-	}
-	var out []fiemapExtent
-	for next := uint64(0); next < uint64(size); {
-		b.hdr = fiemap{Start: next, Length: uint64(size) - next, ExtentCount: extentsBatch}
-		err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFiemap, unsafe.Pointer(&b)) })
-		if isErrno(err, unix.EOPNOTSUPP, unix.ENOTTY) {
-			err = notSupported(err)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("extent map of %s: %w", f.Name(), err)
-		}
-		n := int(b.hdr.MappedExtents)
-		if n == 0 {
-			break
-		}
-		out = append(out, b.ext[:n]...)
-		last := b.ext[n-1]
-		if last.Flags&ExtentLast != 0 {
-			break
-		}
-		next = last.Logical + last.Length
-	}
-	return out, nil
-}
-
 // Differences returns the ranges of [0, size) where f and g may hold
-// different bytes, as their extent maps stand in memory: everywhere except
-// where both are holes, or both map written data at the very same device
-// address (blocks a reflink shares). A preallocated, delayed or unknown
-// extent of either counts as different. Ranges are sorted and merged.
-// Filesystems without FIEMAP give an error wrapping ErrNotSupported.
+// different bytes, as their extent maps stand once their dirty data is
+// written back (ExtentMap): everywhere except where both are holes, or both
+// map written data at the very same device address (blocks a reflink
+// shares). A preallocated or unknown extent of either counts as different.
+// Ranges are sorted and merged. Filesystems without FIEMAP give an error
+// wrapping ErrNotSupported.
 func Differences(f, g *os.File, size int64) ([][2]int64, error) {
-	a, err := extentsOf(f, size)
+	a, err := ExtentMap(f)
 	if err != nil {
 		return nil, err
 	}
-	b, err := extentsOf(g, size)
+	b, err := ExtentMap(g)
 	if err != nil {
 		return nil, err
 	}
 	const uncertain = fiemapExtentUnknown | fiemapExtentDelalloc | fiemapExtentEncoded | fiemapExtentUnwritten
 	// at returns the extent of es covering x (from index *i on), if any.
-	at := func(es []fiemapExtent, i *int, x uint64) (fiemapExtent, bool, uint64) {
+	at := func(es []Extent, i *int, x uint64) (Extent, bool, uint64) {
 		for *i < len(es) && es[*i].Logical+es[*i].Length <= x {
 			*i++
 		}
@@ -255,9 +211,9 @@ func Differences(f, g *os.File, size int64) ([][2]int64, error) {
 			return es[*i], true, es[*i].Logical + es[*i].Length
 		}
 		if *i < len(es) {
-			return fiemapExtent{}, false, es[*i].Logical // a hole up to the next extent
+			return Extent{}, false, es[*i].Logical // a hole up to the next extent
 		}
-		return fiemapExtent{}, false, uint64(size)
+		return Extent{}, false, uint64(size)
 	}
 	var out [][2]int64
 	add := func(lo, hi uint64) {
@@ -272,6 +228,9 @@ func Differences(f, g *os.File, size int64) ([][2]int64, error) {
 		ea, inA, endA := at(a, &i, x)
 		eb, inB, endB := at(b, &j, x)
 		end := min(endA, endB, uint64(size))
+		if end <= x {
+			break
+		}
 		same := false
 		switch {
 		case !inA && !inB:
@@ -285,4 +244,17 @@ func Differences(f, g *os.File, size int64) ([][2]int64, error) {
 		x = end
 	}
 	return out, nil
+}
+
+// fiemapInto runs FIEMAP on f into buf: a fiemap header followed by room
+// for the extents its ExtentCount says.
+func fiemapInto(f *os.File, buf unsafe.Pointer) error {
+	err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFiemap, buf) })
+	if isErrno(err, unix.EOPNOTSUPP, unix.ENOTTY) {
+		err = notSupported(err)
+	}
+	if err != nil {
+		return fmt.Errorf("extent map of %s: %w", f.Name(), err)
+	}
+	return nil
 }

@@ -40,12 +40,8 @@ func Usage(dir string) (total, free int64, err error) {
 // FIEMAP (tmpfs, NFS) give an error wrapping ErrNotSupported.
 func Extents(f *os.File) (int, error) {
 	fm := fiemap{Length: ^uint64(0), Flags: fiemapFlagSync}
-	err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFiemap, unsafe.Pointer(&fm)) })
-	if isErrno(err, unix.EOPNOTSUPP, unix.ENOTTY) {
-		err = notSupported(err)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("extents of %s: %w", f.Name(), err)
+	if err := fiemapInto(f, unsafe.Pointer(&fm)); err != nil {
+		return 0, err
 	}
 	return int(fm.MappedExtents), nil
 }
@@ -78,12 +74,8 @@ func ExtentMap(f *os.File) ([]Extent, error) {
 	var start uint64
 	for {
 		req := &request{hdr: fiemap{Start: start, Length: ^uint64(0) - start, Flags: fiemapFlagSync, ExtentCount: extentBatch}}
-		err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFiemap, unsafe.Pointer(req)) })
-		if isErrno(err, unix.EOPNOTSUPP, unix.ENOTTY) {
-			err = notSupported(err)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("extent map of %s: %w", f.Name(), err)
+		if err := fiemapInto(f, unsafe.Pointer(req)); err != nil {
+			return nil, err
 		}
 		n := int(req.hdr.MappedExtents)
 		for _, e := range req.ext[:n] {

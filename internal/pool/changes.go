@@ -240,6 +240,13 @@ type changeLog struct {
 
 func (v *Volume) changesDir() string { return path.Join("volumes", v.name, "changes") }
 
+// loadedChanges returns the volume's change log if it is loaded, else nil.
+func (v *Volume) loadedChanges() *changeLog {
+	v.chgOnce.Lock()
+	defer v.chgOnce.Unlock()
+	return v.chg
+}
+
 // changes returns the volume's change log, loading it on first use.
 func (v *Volume) changes() (*changeLog, error) {
 	v.chgOnce.Lock()
@@ -1089,9 +1096,7 @@ func (v *Volume) markAllChanged(disks []DiskSpec) error {
 
 // resizeChanges (gate held exclusively) follows a disk that grew.
 func (v *Volume) resizeChanges(disk string, size int64) {
-	v.chgOnce.Lock()
-	c := v.chg
-	v.chgOnce.Unlock()
+	c := v.loadedChanges()
 	if c == nil {
 		return
 	}
@@ -1106,9 +1111,7 @@ func (v *Volume) resizeChanges(disk string, size int64) {
 // forgetChanges closes the tracking of a removed disk. Its live map stays:
 // a disk added under its name marks itself changed whole (AddDisk).
 func (v *Volume) forgetChanges(disk string) {
-	v.chgOnce.Lock()
-	c := v.chg
-	v.chgOnce.Unlock()
+	c := v.loadedChanges()
 	if c == nil {
 		return
 	}

@@ -46,9 +46,7 @@ func (v *Volume) lazyChanges(s *snapshotManifest) {
 	if v.pool.us == nil || s.Checkpoint == 0 || s.CheckpointPool != v.pool.id {
 		return
 	}
-	v.chgOnce.Lock()
-	c := v.chg
-	v.chgOnce.Unlock()
+	c := v.loadedChanges()
 	if c == nil {
 		return
 	}
@@ -111,9 +109,7 @@ func (v *Volume) endLazy(s SnapshotInfo) error {
 	if sm == nil || sm.Checkpoint == 0 {
 		return nil
 	}
-	v.chgOnce.Lock()
-	c := v.chg
-	v.chgOnce.Unlock()
+	c := v.loadedChanges()
 	if c == nil {
 		return nil
 	}

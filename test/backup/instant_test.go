@@ -23,19 +23,6 @@ import (
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
-// guestKernel: virtio disks and XFS, as test/shutdown's guest (one
-// cached kernel for both).
-var guestKernel = testguest.KernelSpec{
-	Flavour: "cloud-amd64",
-	Modules: []string{"virtio_pci", "virtio_blk", "crc32c_generic", "xfs"},
-	Config: map[string][]string{
-		"CONFIG_VIRTIO_PCI":    {"y", "m"},
-		"CONFIG_VIRTIO_BLK":    {"y", "m"},
-		"CONFIG_XFS_FS":        {"y", "m"},
-		"CONFIG_CRYPTO_CRC32C": {"y", "m"},
-	},
-}
-
 // TestInstantRestoreBootsAGuest (issue 33, acceptance 3): a VM's root disk
 // holds an XFS filesystem with a file and a 4 MiB blob; the VM is backed
 // up, and restored with --instant while the store answers slowly (every
@@ -51,7 +38,7 @@ func TestInstantRestoreBootsAGuest(t *testing.T) {
 	testfs.RequireRoot(t)
 	dir := t.TempDir()
 	initrd := filepath.Join(dir, "initramfs.cpio")
-	k, err := testguest.Build(guestKernel, initrd, `echo 1 >/proc/sys/kernel/printk
+	k, err := testguest.Build(testguest.VirtioXFS, initrd, `echo 1 >/proc/sys/kernel/printk
 mkdir -p /mnt
 mount -t xfs /dev/vda /mnt || echo "instant: mount failed"
 echo "instant: hello $(cat /mnt/hello.txt)"

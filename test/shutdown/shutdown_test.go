@@ -67,21 +67,6 @@ func TestHostKernel(t *testing.T) {
 	verdict(t, out.String())
 }
 
-// guestKernel: the pool's disk (virtio-blk) formatted XFS, as in
-// test/powercut.
-var guestKernel = testguest.KernelSpec{
-	Flavour: "cloud-amd64",
-	// crc32c_generic: XFS asks the crypto API for crc32c, which no module
-	// loader answers in the guest; built in on 6.1, a module on 6.12.
-	Modules: []string{"virtio_pci", "virtio_blk", "crc32c_generic", "xfs"},
-	Config: map[string][]string{
-		"CONFIG_VIRTIO_PCI":    {"y", "m"},
-		"CONFIG_VIRTIO_BLK":    {"y", "m"},
-		"CONFIG_XFS_FS":        {"y", "m"},
-		"CONFIG_CRYPTO_CRC32C": {"y", "m"},
-	},
-}
-
 const probeEnd = "shutdown: probe exited"
 
 func TestGuestKernel(t *testing.T) {
@@ -109,7 +94,7 @@ echo "%s with status $?"
 while :; do sleep 3600; done
 `, strings.Join(args, " "), probeEnd)
 	initrd := filepath.Join(dir, "initramfs.cpio")
-	k, err := testguest.Build(guestKernel, initrd, body, bin)
+	k, err := testguest.Build(testguest.VirtioXFS, initrd, body, bin)
 	if err != nil {
 		if errors.Is(err, testguest.ErrMissing) {
 			testfs.SkipOrFail(t, "%v", err)
