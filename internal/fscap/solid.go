@@ -193,6 +193,20 @@ func dataMap(f *os.File, off, length int64) ([]fiemapExtent, error) {
 // Ranges are sorted and merged. Filesystems without FIEMAP give an error
 // wrapping ErrNotSupported.
 func Differences(f, g *os.File, size int64) ([][2]int64, error) {
+	return compareMaps(f, g, size, false)
+}
+
+// SharedBlocks returns the ranges of [0, size) where f and g both map
+// written data at the very same device address (blocks a reflink shares),
+// as their extent maps stand once their dirty data is written back:
+// Differences' complement, less the holes of both.
+func SharedBlocks(f, g *os.File, size int64) ([][2]int64, error) {
+	return compareMaps(f, g, size, true)
+}
+
+// compareMaps returns the ranges where f and g differ (shared false) or
+// share blocks (shared true).
+func compareMaps(f, g *os.File, size int64, shared bool) ([][2]int64, error) {
 	a, err := ExtentMap(f)
 	if err != nil {
 		return nil, err
@@ -231,14 +245,10 @@ func Differences(f, g *os.File, size int64) ([][2]int64, error) {
 		if end <= x {
 			break
 		}
-		same := false
-		switch {
-		case !inA && !inB:
-			same = true
-		case inA && inB && (ea.Flags|eb.Flags)&uncertain == 0:
-			same = ea.Physical+(x-ea.Logical) == eb.Physical+(x-eb.Logical)
-		}
-		if !same {
+		holes := !inA && !inB
+		both := inA && inB && (ea.Flags|eb.Flags)&uncertain == 0 &&
+			ea.Physical+(x-ea.Logical) == eb.Physical+(x-eb.Logical)
+		if shared && both || !shared && !holes && !both {
 			add(x, end)
 		}
 		x = end

@@ -244,6 +244,28 @@ func TestDifferences(t *testing.T) {
 			case touches(3*mib, mib) || touches(5*mib, mib):
 				t.Errorf("holes of both are among %v", got)
 			}
+			sh, err := SharedBlocks(g, f, 6*mib)
+			if err != nil {
+				t.Fatal(err)
+			}
+			inShared := func(off, n int64) bool {
+				for _, r := range sh {
+					if r[0] <= off && off+n <= r[0]+r[1] {
+						return true
+					}
+				}
+				return false
+			}
+			for _, r := range sh {
+				for _, c := range []int64{mib + 8192, 2 * mib, 3 * mib, 4*mib + 4096} {
+					if r[0] <= c && c < r[0]+r[1] {
+						t.Errorf("shared blocks %v hold %d, a block written, preallocated or a hole", sh, c)
+					}
+				}
+			}
+			if !inShared(0, mib+8192) || !inShared(mib+12288, mib-12288) {
+				t.Errorf("shared blocks %v miss the copied data", sh)
+			}
 			h := open("c.img")
 			if _, err := h.WriteAt(bytes.Repeat([]byte{1}, 2*mib), 0); err != nil {
 				t.Fatal(err)

@@ -50,17 +50,23 @@ func (v *Volume) lazyChanges(s *snapshotManifest) {
 	if c == nil {
 		return
 	}
-	c.mu.Lock()
-	dcs := make([]*diskChanges, 0, len(c.disks))
-	for _, dc := range c.disks {
-		dcs = append(dcs, dc)
-	}
-	c.mu.Unlock()
-	for _, dc := range dcs {
+	for _, dc := range c.tracking() {
 		if err := dc.enableLazy(s.Checkpoint); err != nil {
 			v.pool.log.Warn("change tracking stays written ahead", "volume", v.name, "disk", dc.name, "err", err)
 		}
 	}
+}
+
+// tracking returns the disks whose tracking is loaded (c.mu taken and
+// released: a disk's own work may take it, ensureDir).
+func (c *changeLog) tracking() []*diskChanges {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*diskChanges, 0, len(c.disks))
+	for _, dc := range c.disks {
+		out = append(out, dc)
+	}
+	return out
 }
 
 // enableLazy names checkpoint seq in the live map's header (durable) and
@@ -115,9 +121,7 @@ func (v *Volume) endLazy(s SnapshotInfo) error {
 	}
 	v.gate.Lock()
 	defer v.gate.Unlock()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, dc := range c.disks {
+	for _, dc := range c.tracking() {
 		if err := dc.endLazy(sm.Checkpoint); err != nil {
 			return fmt.Errorf("volume %q: %w", v.name, err)
 		}
@@ -142,7 +146,13 @@ func (dc *diskChanges) endLazy(seq uint64) error {
 	regions.or(dc.regions)
 	regions.or(dc.fine.Load())
 	dc.lazySeq = 0
-	if err := dc.writeMap(dc.f, regions); err != nil {
+	var err error
+	if dc.f == nil {
+		err = dc.open(regions) // a map read at load is open for writing only by a change
+	} else {
+		err = dc.writeMap(dc.f, regions)
+	}
+	if err != nil {
 		dc.lazySeq = seq
 		return dc.failed(err)
 	}

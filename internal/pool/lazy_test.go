@@ -145,6 +145,18 @@ func lazyRecovered(t *testing.T, crash string) {
 	for _, d := range []string{"root", "data"} {
 		covered(t, fmt.Sprintf("%s after a %s crash", d, crash), readAll(t, v, "s1", d), readAll(t, v, "", d), deltaOf(t, ds, d))
 	}
+	// Deleting the snapshot the recovery read (the live map not open for
+	// writing yet) writes what was recovered into the live map first.
+	if err := v.DeleteSnapshot(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	m, err := os.ReadFile(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m[24]&changeLazy != 0 || bytes.Count(m[changeHeader:], []byte{0}) == len(m)-changeHeader {
+		t.Fatalf("after the recovery's snapshot went, the live map still names it (flags %08b) or holds no region", m[24])
+	}
 	// Deleting the checkpoint's snapshot writes what is recorded into the
 	// live map first: a later crash has no snapshot to recover from.
 	if _, _, err := v.CreateSnapshot(ctx, "s2", nil); err != nil {
@@ -161,7 +173,7 @@ func lazyRecovered(t *testing.T, crash string) {
 	if err := v.DeleteSnapshot(ctx, "s2"); err != nil {
 		t.Fatal(err)
 	}
-	m, err := os.ReadFile(live)
+	m, err = os.ReadFile(live)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -555,5 +555,9 @@ func (v *Volume) disownChunks() {
 		if df.ch != nil {
 			df.ch.disown()
 		}
+		// The capture shares the image's blocks with another file now: a
+		// block the image made its own since the pin may be shared again
+		// (unshare.go). A snapshot pins anew once committed.
+		df.pinAll = nil
 	}
 }

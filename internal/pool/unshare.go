@@ -181,11 +181,19 @@ const cowWrites = 2
 // check (the chunk is not shared, and any unsharing is durable).
 func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (done bool, err error) {
 	if df.pin != nil && df.ch.cow[i] < cowWrites {
-		a := max(start, lo&^(unshareBlock-1))
-		b := min(stop, (lo+int64(len(piece))+unshareBlock-1)&^(unshareBlock-1))
-		pinned, err := df.f.SameBlocks(df.pin, a, b-a)
-		if err != nil && !errors.Is(err, ErrNotSupported) {
-			return false, err
+		// A chunk wholly pinned when pinned holds, block by block, either
+		// a block the pin still has (copied on write) or one the image's
+		// own copy on write made since, shared with no file ever (written
+		// in place, safely): no look at its blocks is needed.
+		pinned := df.pinnedChunk(i)
+		if !pinned {
+			a := max(start, lo&^(unshareBlock-1))
+			b := min(stop, (lo+int64(len(piece))+unshareBlock-1)&^(unshareBlock-1))
+			var err error
+			pinned, err = df.f.SameBlocks(df.pin, a, b-a)
+			if err != nil && !errors.Is(err, ErrNotSupported) {
+				return false, err
+			}
 		}
 		if pinned {
 			df.ch.cow[i]++
@@ -367,12 +375,23 @@ func (v *Volume) pinSnapshot(name string, disks []DiskSpec) {
 		}
 		opened[d.Name] = f
 	}
+	// Which chunks are wholly shared with the pin, from one walk of both
+	// extent maps (before the gate: the image only gains blocks of its
+	// own meanwhile, which a write may take in place).
+	whole := map[string][]uint64{}
+	v.gate.RLock()
+	for d, f := range opened {
+		if df := v.files[d]; df != nil && df.ch != nil && df.gone == nil {
+			whole[d] = pinnedChunks(df, f)
+		}
+	}
+	v.gate.RUnlock()
 	var unused []storage.File
 	v.gate.Lock()
 	for d, f := range opened {
 		if df := v.files[d]; df != nil && df.us != nil && df.gone == nil {
 			unused = append(unused, df.pin)
-			df.pin, df.pinned = f, name
+			df.pin, df.pinned, df.pinAll = f, name, whole[d]
 		} else {
 			unused = append(unused, f)
 		}
@@ -403,5 +422,35 @@ func (df *diskFile) unpin() {
 	if df.pin != nil {
 		_ = df.pin.Close()
 	}
-	df.pin, df.pinned = nil, ""
+	df.pin, df.pinned, df.pinAll = nil, "", nil
+}
+
+// pinnedChunks returns the chunks of df every byte of which is written
+// data the image shares with pin (nil when the extent maps cannot say).
+func pinnedChunks(df *diskFile, pin storage.File) []uint64 {
+	shared, err := df.f.SharedBlocks(pin, df.size)
+	if err != nil {
+		return nil
+	}
+	c := df.ch
+	n := (df.size + 1<<c.shift - 1) >> c.shift
+	out := make([]uint64, (n+63)/64)
+	// Ranges are sorted and merged: a chunk is pinned when one covers it
+	// (up to the disk's end).
+	for _, r := range shared {
+		for i := (r[0] + 1<<c.shift - 1) >> c.shift; i < n; i++ {
+			lo, hi := i<<c.shift, min((i+1)<<c.shift, df.size)
+			if lo < r[0] || hi > r[0]+r[1] {
+				break
+			}
+			out[i/64] |= 1 << (i % 64)
+		}
+	}
+	return out
+}
+
+// pinnedChunk reports whether chunk i was wholly shared with the pin when
+// it was pinned (gate held).
+func (df *diskFile) pinnedChunk(i int64) bool {
+	return i/64 < int64(len(df.pinAll)) && df.pinAll[i/64]&(1<<(i%64)) != 0
 }

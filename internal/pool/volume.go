@@ -104,6 +104,10 @@ type diskFile struct {
 	// only with the gate held exclusively.
 	pin    storage.File
 	pinned string
+	// pinAll marks the chunks every block of which the image shared with
+	// the pin when it was pinned (unshare.go): a write anywhere in one of
+	// them is safe without looking at its blocks. Replaced with pin.
+	pinAll []uint64
 	nw     noWait // what RWF_NOWAIT does on this file (nowait.go)
 	// chg records the disk's changes ahead of every write (changes.go).
 	chg *diskChanges

@@ -134,6 +134,9 @@ type File interface {
 	// may hold different bytes (fscap.Differences): all but the holes of
 	// both and the blocks they share. ErrNotSupported as SameBlocks.
 	Differences(other File, size int64) ([][2]int64, error)
+	// SharedBlocks returns the ranges of [0, size) where the file and
+	// other map the very same written blocks (fscap.SharedBlocks).
+	SharedBlocks(other File, size int64) ([][2]int64, error)
 	// SetExtentSizeHint sets XFS's extent size hint (fscap).
 	SetExtentSizeHint(bytes uint32) error
 	Advise(off, length int64, advice Advice) error

@@ -514,6 +514,15 @@ func (o *osFile) Differences(other File, size int64) ([][2]int64, error) {
 	return rs, Classify(err)
 }
 
+func (o *osFile) SharedBlocks(other File, size int64) ([][2]int64, error) {
+	g, ok := other.(*osFile)
+	if !ok {
+		return nil, &Error{Kind: ErrNotSupported, Err: fmt.Errorf("%s: extents compared with a %T", o.f.Name(), other)}
+	}
+	rs, err := fscap.SharedBlocks(o.f, g.f, size)
+	return rs, Classify(err)
+}
+
 func (o *osFile) SetExtentSizeHint(bytes uint32) error {
 	return Classify(fscap.SetExtentSizeHint(o.f, bytes))
 }

@@ -821,6 +821,10 @@ func (h *file) Differences(storage.File, int64) ([][2]int64, error) {
 	return nil, &storage.Error{Kind: storage.ErrNotSupported, Err: errors.New("crashfs has no extent map")}
 }
 
+func (h *file) SharedBlocks(storage.File, int64) ([][2]int64, error) {
+	return nil, &storage.Error{Kind: storage.ErrNotSupported, Err: errors.New("crashfs has no extent map")}
+}
+
 func (h *file) SameBlocks(storage.File, int64, int64) (bool, error) {
 	return false, &storage.Error{Kind: storage.ErrNotSupported, Err: errors.New("crashfs has no extent map")}
 }
