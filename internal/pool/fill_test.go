@@ -18,6 +18,7 @@ type memSource struct {
 	disks   map[string][]byte
 	hold    map[string]int64 // disk -> offset of a unit that waits
 	release chan struct{}
+	held    chan struct{} // closed when a read reaches the held unit
 	mu      sync.Mutex
 	reads   map[string]int
 	fail    error
@@ -35,6 +36,12 @@ func (s *memSource) ReadDisk(ctx context.Context, disk string, p []byte, off int
 		return fail
 	}
 	if h, ok := s.hold[disk]; ok && h == off && s.release != nil {
+		s.mu.Lock()
+		if s.held != nil {
+			close(s.held)
+			s.held = nil
+		}
+		s.mu.Unlock()
 		select {
 		case <-s.release:
 		case <-ctx.Done():
@@ -74,7 +81,7 @@ func TestFillServesBeforeTheCopy(t *testing.T) {
 	p := openTestPool(t, dir)
 	disks := []DiskSpec{{Name: "root", Size: 5 * mib}, {Name: "data", Size: 3*mib + 4096}}
 	src := &memSource{disks: map[string][]byte{"root": fillContent(1, 5*mib), "data": fillContent(2, 3*mib+4096)},
-		hold: map[string]int64{"root": 0}, release: make(chan struct{})}
+		hold: map[string]int64{"root": 0}, release: make(chan struct{}), held: make(chan struct{})}
 	if _, _, err := p.Create(ctx, VolumeSpec{Name: "vm", Capacity: 16 * mib, Disks: disks, Fill: "bad source"}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("a fill source with a space: %v, want ErrInvalid", err)
 	}
@@ -95,7 +102,9 @@ func TestFillServesBeforeTheCopy(t *testing.T) {
 
 	// The copy waits on root's first unit; the VM reads and writes others.
 	filled := make(chan error, 1)
+	held := src.held
 	go func() { filled <- v.Fill(ctx, src, nil) }()
+	<-held // the copy is connected and waits on root's first unit
 	want := bytes.Clone(src.disks["data"])
 	got := make([]byte, 2*mib)
 	if err := h.ReadAt(got, mib); err != nil || !bytes.Equal(got, want[mib:3*mib]) {
