@@ -434,9 +434,11 @@ type BackupVerify struct {
 	Bad    []BadChunk `json:"bad"`
 }
 
-// BadChunk is a chunk of a backup that does not read back intact.
+// BadChunk is a block of a backup that does not read back intact: its id,
+// the pack that holds it, and the first disk and offset that use it.
 type BadChunk struct {
 	ID     string `json:"id"`
+	Pack   string `json:"pack,omitempty"`
 	Disk   string `json:"disk"`
 	Offset int64  `json:"offset"`
 	Error  string `json:"error"`

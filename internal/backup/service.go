@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -81,10 +82,18 @@ type Service struct {
 	busy sync.Map
 	// book keeps each volume's backup status (schedule.go).
 	book statusBook
+	// cacheDir keeps the repositories' pack indexes (RepoOptions).
+	cacheDir string
 }
+
+// CacheDirName is the directory, in the pool's, where the backup service
+// caches the pack indexes of its repositories (one directory per
+// repository id; safe to delete).
+const CacheDirName = "backup-cache"
 
 type target struct {
 	cfg   TargetConfig
+	opts  RepoOptions
 	store objstore.S3Config
 	key   []byte
 	mu    sync.Mutex
@@ -97,7 +106,7 @@ var ErrNoTarget = errors.New("no such backup target")
 // NewService reads every target's secret files; the stores are reached on
 // first use, so a store down at start delays nothing.
 func NewService(p *pool.Pool, cfg Config, log *slog.Logger) (*Service, error) {
-	s := &Service{pool: p, log: log, targets: map[string]*target{}}
+	s := &Service{pool: p, log: log, targets: map[string]*target{}, cacheDir: filepath.Join(p.Dir(), CacheDirName)}
 	for _, tc := range cfg.Targets {
 		read := func(what, path string) ([]byte, error) {
 			b, err := os.ReadFile(path)
@@ -128,7 +137,7 @@ func NewService(p *pool.Pool, cfg Config, log *slog.Logger) (*Service, error) {
 				return nil, fmt.Errorf("backup target %s: CA: %w", tc.Name, err)
 			}
 		}
-		s.targets[tc.Name] = &target{cfg: tc, key: key, store: objstore.S3Config{Endpoint: tc.Endpoint, Bucket: tc.Bucket,
+		s.targets[tc.Name] = &target{cfg: tc, opts: RepoOptions{CacheDir: s.cacheDir}, key: key, store: objstore.S3Config{Endpoint: tc.Endpoint, Bucket: tc.Bucket,
 			Prefix: tc.Prefix, Region: tc.Region, AccessKey: string(access), SecretKey: string(secret), Insecure: tc.Insecure, CAPEM: ca}}
 		s.order = append(s.order, tc.Name)
 	}
@@ -179,9 +188,9 @@ func (t *target) open(ctx context.Context, create bool) (*Repository, error) {
 	}
 	var r *Repository
 	if create {
-		r, err = Init(ctx, store, t.key)
+		r, err = InitWith(ctx, store, t.key, t.opts)
 	} else {
-		r, err = Open(ctx, store, t.key)
+		r, err = OpenWith(ctx, store, t.key, t.opts)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("backup target %s: %w", t.cfg.Name, err)
