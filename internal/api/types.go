@@ -413,12 +413,12 @@ type Backup struct {
 
 // BackupStats say what a backup cost.
 type BackupStats struct {
-	Logical      int64         `json:"logical"`   // the disks' total size
-	BytesRead    int64         `json:"bytesRead"` // read from the disks
-	BytesSent    int64         `json:"bytesSent"` // stored, compressed and encrypted
-	ChunksNew    int           `json:"chunksNew"`
-	ChunksReused int           `json:"chunksReused"` // deduplicated
-	ChunksZero   int           `json:"chunksZero"`   // zeros, not stored
+	Logical      int64         `json:"logical"`      // the disks' total size
+	BytesRead    int64         `json:"bytesRead"`    // read from the disks
+	BytesSent    int64         `json:"bytesSent"`    // stored, compressed and encrypted
+	ChunksNew    int           `json:"chunksNew"`    // 64 KiB blocks stored
+	ChunksReused int           `json:"chunksReused"` // blocks deduplicated
+	ChunksZero   int           `json:"chunksZero"`   // blocks of zeros, not stored
 	Duration     time.Duration `json:"durationNs"`
 }
 
