@@ -179,7 +179,7 @@ func (d *ExportDisk) fetch(ctx context.Context, i int64) ([]*cached, error) {
 	}
 	out := make([]*cached, 0, len(f.needs))
 	for _, n := range f.needs {
-		p, err := d.repo.blockOf(f, data, n, make([]byte, BlockSize))
+		p, err := d.repo.blockOf(f, data, n, make([]byte, BlockSize), true)
 		if err != nil {
 			if len(out) > 0 {
 				break // the block asked for is good; the others are read when asked

@@ -118,9 +118,10 @@ func (r *Repository) get(ctx context.Context, f *fetch) ([]byte, error) {
 }
 
 // blockOf opens need n's block in data, a fetch's range read from f.start.
-func (r *Repository) blockOf(f *fetch, data []byte, n *need, dst []byte) ([]byte, error) {
+// The range of data it opens is overwritten.
+func (r *Repository) blockOf(f *fetch, data []byte, n *need, dst []byte, check bool) ([]byte, error) {
 	s := int64(n.loc.offset) - f.start
-	p, err := r.openBlock(data[s:s+int64(n.loc.length)], n.id, dst)
+	p, err := r.openBlock(data[s:s+int64(n.loc.length)], n.id, dst, check)
 	if err != nil {
 		return nil, fmt.Errorf("pack %s at %d: %w", f.pack, n.loc.offset, err)
 	}
@@ -133,8 +134,8 @@ func (r *Repository) blockOf(f *fetch, data []byte, n *need, dst []byte) ([]byte
 
 // Restore writes the disks of backup m (only those named in disks, when
 // not empty) into sink: the blocks it needs, grouped by pack, are read in
-// range GETs (parallel at most at once), opened and checked against their
-// addresses, and written at their offsets, adjacent blocks in one write.
+// range GETs (parallel at most at once), opened (authenticated: see
+// openBlock), and written at their offsets, adjacent blocks in one write.
 // The first damaged block fails the restore, naming it and its pack.
 func (r *Repository) Restore(ctx context.Context, m *Manifest, disks []string, sink Sink, prog Progress, parallel int) error {
 	if prog == nil {
@@ -203,7 +204,7 @@ func (r *Repository) restoreFetch(ctx context.Context, f *fetch, sink Sink, prog
 	}
 	block := make([]byte, BlockSize)
 	for _, n := range f.needs {
-		p, err := r.blockOf(f, data, n, block)
+		p, err := r.blockOf(f, data, n, block, false)
 		if err != nil {
 			pl := n.places[0]
 			return fmt.Errorf("disk %s at %d: %w", pl.disk, pl.off, err)
@@ -271,7 +272,7 @@ func (r *Repository) Verify(ctx context.Context, m *Manifest, prog Progress, par
 			}
 			block := make([]byte, BlockSize)
 			for _, n := range f.needs {
-				if _, err := r.blockOf(f, data, n, block); err != nil {
+				if _, err := r.blockOf(f, data, n, block, true); err != nil {
 					report(f, n, err)
 				}
 			}

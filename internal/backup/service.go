@@ -450,8 +450,18 @@ func restoreInto(ctx context.Context, r *Repository, m *Manifest, v *pool.Volume
 		}
 		sink.h[d.Name] = h
 	}
+	// Writes are made durable as the restore goes, not all at its end, so
+	// that the disks write while the blocks are fetched and decoded.
+	stop := make(chan struct{})
+	flushed := make(chan error, 1)
+	go func() { flushed <- flushEvery(sink.h, restoreFlushEvery, stop) }()
 	// Fetches wait on the store more than on the CPU: keep more in flight.
-	if err := r.Restore(ctx, m, disks, sink, prog, 8); err != nil {
+	err := r.Restore(ctx, m, disks, sink, prog, 8)
+	close(stop)
+	if ferr := <-flushed; err == nil {
+		err = ferr
+	}
+	if err != nil {
 		return err
 	}
 	for name, h := range sink.h {
@@ -460,4 +470,26 @@ func restoreInto(ctx context.Context, r *Repository, m *Manifest, v *pool.Volume
 		}
 	}
 	return nil
+}
+
+// restoreFlushEvery is how often a restore flushes the disks it writes.
+const restoreFlushEvery = 500 * time.Millisecond
+
+// flushEvery flushes every disk of h each period until stop is closed, and
+// returns the first error (a failed flush is final: the restore fails).
+func flushEvery(h map[string]pool.Disk, period time.Duration, stop <-chan struct{}) error {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-t.C:
+		}
+		for name, d := range h {
+			if err := d.Flush(); err != nil {
+				return fmt.Errorf("restore: flush disk %s: %w", name, err)
+			}
+		}
+	}
 }
