@@ -215,9 +215,10 @@ func (r *Repository) Backup(ctx context.Context, src Source, o Options) (*Manife
 			return pk.add(sealed)
 		})
 	}
-	err = g.Wait()
-	if ferr := pk.finish(); err == nil {
-		err = ferr
+	if err = g.Wait(); err == nil {
+		err = pk.finish()
+	} else {
+		pk.abandon()
 	}
 	if err == nil {
 		err = ctx.Err()

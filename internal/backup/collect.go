@@ -137,7 +137,7 @@ func (r *Repository) repack(ctx context.Context, packs []string, indexed map[str
 			continue
 		}
 		if err != nil {
-			pk.wg.Wait()
+			pk.abandon()
 			return 0, err
 		}
 		var blocks []sealedBlock
@@ -149,7 +149,7 @@ func (r *Repository) repack(ctx context.Context, packs []string, indexed map[str
 			blocks = append(blocks, sealedBlock{e.ID, data[e.Offset : e.Offset+e.Length]})
 		}
 		if err := pk.add(blocks); err != nil {
-			pk.wg.Wait()
+			pk.abandon()
 			return 0, err
 		}
 	}

@@ -123,6 +123,15 @@ func (p *packer) finish() error {
 	return err
 }
 
+// abandon drops the open pack and waits for the packs being stored (they
+// are garbage for Collect once no manifest names their blocks).
+func (p *packer) abandon() {
+	p.mu.Lock()
+	p.buf, p.entries = nil, nil
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
 // storePack stores a pack, then its index (the order that makes a pack
 // usable only once whole), then makes its blocks known.
 func (r *Repository) storePack(ctx context.Context, data []byte, entries []indexEntry, sent *atomic.Int64) error {
