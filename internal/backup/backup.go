@@ -111,6 +111,14 @@ func (r *Repository) Backup(ctx context.Context, src Source, o Options) (*Manife
 	if o.Parent != nil && (o.Parent.Volume != o.Volume || o.Parent.BlockSize != BlockSize) {
 		return nil, fmt.Errorf("parent %s is of volume %s: %w", o.Parent.ID, o.Parent.Volume, ErrInvalid)
 	}
+	var logical int64
+	for _, d := range src.Disks() {
+		logical += d.Size
+	}
+	if logical > maxBackupSize {
+		return nil, fmt.Errorf("%s@%s: %d bytes of disks, a backup holds at most %d: %w", o.Volume, o.Snapshot, logical,
+			int64(maxBackupSize), ErrInvalid)
+	}
 	prog := o.Progress
 	if prog == nil {
 		prog = nopProgress{}

@@ -90,6 +90,10 @@ type indexEntry struct {
 	Length uint32
 }
 
+// maxBackupSize bounds the disks of one backup (its manifest's block ids
+// are held in memory: 32 bytes a block).
+const maxBackupSize = 8 << 40
+
 const (
 	indexMagic    = "QVX2"
 	manifestMagic = "QVM2"
@@ -190,12 +194,16 @@ func decodeManifest(p []byte) (*Manifest, error) {
 		p = p[k:]
 		return int64(v), nil
 	}
+	var all int64
 	for i := range m.Disks {
 		d := &m.Disks[i]
-		if d.Size < 0 || d.Size > 1<<50 {
+		if d.Size < 0 || d.Size > maxBackupSize {
 			return nil, errFormat
 		}
 		total := (d.Size + BlockSize - 1) / BlockSize
+		if all += total; all > maxBackupSize/BlockSize {
+			return nil, errFormat
+		}
 		d.Blocks = make([]BlockID, total)
 		for at := int64(0); at < total; {
 			z, err := uvarint()
