@@ -449,6 +449,13 @@ func restoreInto(ctx context.Context, r *Repository, m *Manifest, v *pool.Volume
 			return err
 		}
 		sink.h[d.Name] = h
+		// The new disk reads as zeros already; zeroing it whole (a hole
+		// punched) marks it changed in the change tracking in one sync,
+		// where the restore's writes would each wait for one at the
+		// first write to every MiB.
+		if err := h.Zero(0, d.Size, pool.ZeroMayTrim|pool.ZeroFast); err != nil && !errors.Is(err, pool.ErrNotSupported) {
+			return fmt.Errorf("restore: disk %s: %w", d.Name, err)
+		}
 	}
 	// Writes are made durable as the restore goes, not all at its end, so
 	// that the disks write while the blocks are fetched and decoded.
