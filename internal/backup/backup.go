@@ -91,9 +91,12 @@ type Options struct {
 	// Parent, when set, is the backup of an earlier snapshot of the same
 	// volume, and Changes what changed in each disk since that snapshot
 	// (a disk missing from Changes, or from Parent, is read whole).
-	Parent   *Manifest
-	Changes  map[string]Change
-	Parallel int // reads in flight, of up to 1 MiB each (0: 4)
+	Parent  *Manifest
+	Changes map[string]Change
+	// Parallel is the reads in flight, of up to 1 MiB each (0: 16: an
+	// incremental backup reads small blocks scattered over cold disks,
+	// and waits on each).
+	Parallel int
 	Progress Progress
 }
 
@@ -175,7 +178,7 @@ func (r *Repository) Backup(ctx context.Context, src Source, o Options) (*Manife
 	g, gctx := errgroup.WithContext(ctx)
 	par := o.Parallel
 	if par <= 0 {
-		par = 4
+		par = 16
 	}
 	g.SetLimit(par)
 	bufs := sync.Pool{New: func() any { b := make([]byte, readRun*BlockSize); return &b }}
