@@ -425,12 +425,12 @@ type Backup struct {
 
 // BackupStats say what a backup cost.
 type BackupStats struct {
-	Logical      int64         `json:"logical"`   // the disks' total size
-	BytesRead    int64         `json:"bytesRead"` // read from the disks
-	BytesSent    int64         `json:"bytesSent"` // stored, compressed and encrypted
-	ChunksNew    int           `json:"chunksNew"`
-	ChunksReused int           `json:"chunksReused"` // deduplicated
-	ChunksZero   int           `json:"chunksZero"`   // zeros, not stored
+	Logical      int64         `json:"logical"`      // the disks' total size
+	BytesRead    int64         `json:"bytesRead"`    // read from the disks
+	BytesSent    int64         `json:"bytesSent"`    // stored, compressed and encrypted
+	ChunksNew    int           `json:"chunksNew"`    // 64 KiB blocks stored
+	ChunksReused int           `json:"chunksReused"` // blocks deduplicated
+	ChunksZero   int           `json:"chunksZero"`   // blocks of zeros, not stored
 	Duration     time.Duration `json:"durationNs"`
 }
 
@@ -450,9 +450,11 @@ type BackupVerify struct {
 	Bad    []BadChunk `json:"bad"`
 }
 
-// BadChunk is a chunk of a backup that does not read back intact.
+// BadChunk is a block of a backup that does not read back intact: its id,
+// the pack that holds it, and the first disk and offset that use it.
 type BadChunk struct {
 	ID     string `json:"id"`
+	Pack   string `json:"pack,omitempty"`
 	Disk   string `json:"disk"`
 	Offset int64  `json:"offset"`
 	Error  string `json:"error"`

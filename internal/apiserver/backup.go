@@ -250,16 +250,16 @@ func (s *Server) verifyBackup(w http.ResponseWriter, r *http.Request) error {
 		if len(bad) > 0 {
 			var where []string
 			for _, b := range bad {
-				where = append(where, fmt.Sprintf("disk %s at %d (chunk %s)", b.Disk, b.Offset, b.ID))
+				where = append(where, fmt.Sprintf("disk %s at %d (block %s in pack %s)", b.Disk, b.Offset, b.ID, b.Pack))
 			}
-			return fmt.Errorf("backup %s: %d chunks damaged: %s: %w", m.ID, len(bad), strings.Join(where, "; "), backup.ErrCorrupt)
+			return fmt.Errorf("backup %s: %d blocks damaged: %s: %w", m.ID, len(bad), strings.Join(where, "; "), backup.ErrCorrupt)
 		}
 		j.Done(m.ID)
 		return nil
 	}, func() error {
 		out := api.BackupVerify{Backup: m.ID, Bad: []api.BadChunk{}}
 		for _, b := range bad {
-			out.Bad = append(out.Bad, api.BadChunk{ID: b.ID, Disk: b.Disk, Offset: b.Offset, Error: b.Error})
+			out.Bad = append(out.Bad, api.BadChunk{ID: b.ID, Pack: b.Pack, Disk: b.Disk, Offset: b.Offset, Error: b.Error})
 		}
 		writeJSON(w, http.StatusOK, out)
 		return nil

@@ -2,7 +2,6 @@ package backup
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -28,27 +27,29 @@ type Manifest struct {
 	Checkpoint  uint64            `json:"checkpoint,omitempty"`
 	Parent      string            `json:"parent,omitempty"` // the backup it was made incrementally from
 	CreatedAt   time.Time         `json:"createdAt"`
-	ChunkSize   int64             `json:"chunkSize"`
+	BlockSize   int64             `json:"blockSize"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	Disks       []DiskManifest    `json:"disks"`
 	Stats       Stats             `json:"stats"`
 }
 
-// DiskManifest is one disk of a backup: its chunks in order, "" for a chunk
-// of zeros (not stored).
+// DiskManifest is one disk of a backup: its blocks in order, the zero
+// BlockID for a block of zeros (not stored).
 type DiskManifest struct {
-	Name   string   `json:"name"`
-	Size   int64    `json:"size"`
-	Chunks []string `json:"chunks"`
+	Name   string    `json:"name"`
+	Size   int64     `json:"size"`
+	Blocks []BlockID `json:"-"` // in the manifest's binary part
 }
 
-// Stats say what a backup cost.
+// Stats say what a backup cost. The Chunks* counters count blocks
+// (BlockSize): the names are the API's.
 type Stats struct {
 	BytesRead    int64         `json:"bytesRead"`    // read from the disks
-	BytesSent    int64         `json:"bytesSent"`    // stored: new chunks, compressed and encrypted
-	ChunksNew    int           `json:"chunksNew"`    // stored by this backup
-	ChunksReused int           `json:"chunksReused"` // already in the repository (deduplicated)
-	ChunksZero   int           `json:"chunksZero"`   // all zeros: not stored
+	BytesSent    int64         `json:"bytesSent"`    // stored: new blocks (compressed, encrypted) and their indexes
+	ChunksNew    int           `json:"chunksNew"`    // blocks stored by this backup
+	ChunksReused int           `json:"chunksReused"` // blocks already in the repository (deduplicated)
+	ChunksZero   int           `json:"chunksZero"`   // blocks of zeros: not stored
+	Packs        int           `json:"packs"`        // packs stored by this backup
 	Logical      int64         `json:"logical"`      // the disks' total size
 	Duration     time.Duration `json:"durationNs"`
 }
@@ -93,21 +94,36 @@ type Options struct {
 	// Parent, when set, is the backup of an earlier snapshot of the same
 	// volume, and Changes what changed in each disk since that snapshot
 	// (a disk missing from Changes, or from Parent, is read whole).
-	Parent   *Manifest
-	Changes  map[string]Change
-	Parallel int // chunks in flight (0: 4)
+	Parent  *Manifest
+	Changes map[string]Change
+	// Parallel is the reads in flight, of up to 1 MiB each (0: 16: an
+	// incremental backup reads small blocks scattered over cold disks,
+	// and waits on each).
+	Parallel int
 	Progress Progress
 }
 
+// readRun is the most blocks read from a disk at once.
+const readRun = 16
+
 // Backup stores the source as a new backup and returns its manifest, which
-// is stored last: on an error nothing is visible.
+// is stored last, after every pack and index holding its new blocks: on an
+// error nothing is visible (packs already stored are garbage for Collect).
 func (r *Repository) Backup(ctx context.Context, src Source, o Options) (*Manifest, error) {
 	start := time.Now()
 	if o.Volume == "" || o.Snapshot == "" {
 		return nil, fmt.Errorf("a backup needs its volume and snapshot: %w", ErrInvalid)
 	}
-	if o.Parent != nil && (o.Parent.Volume != o.Volume || o.Parent.ChunkSize != r.cfg.ChunkSize) {
+	if o.Parent != nil && (o.Parent.Volume != o.Volume || o.Parent.BlockSize != BlockSize) {
 		return nil, fmt.Errorf("parent %s is of volume %s: %w", o.Parent.ID, o.Parent.Volume, ErrInvalid)
+	}
+	var logical int64
+	for _, d := range src.Disks() {
+		logical += d.Size
+	}
+	if logical > maxBackupSize {
+		return nil, fmt.Errorf("%s@%s: %d bytes of disks, a backup holds at most %d: %w", o.Volume, o.Snapshot, logical,
+			int64(maxBackupSize), ErrInvalid)
 	}
 	prog := o.Progress
 	if prog == nil {
@@ -118,84 +134,65 @@ func (r *Repository) Backup(ctx context.Context, src Source, o Options) (*Manife
 		return nil, err
 	}
 	defer unlock()
-	known, err := r.chunkSet(ctx)
-	if err != nil {
+	// Under the lock no collection runs: what the index holds now stays.
+	if err := r.refresh(ctx); err != nil {
 		return nil, err
 	}
-	cs := r.cfg.ChunkSize
 	m := &Manifest{ID: time.Now().UTC().Format("20060102T150405Z") + "-" + randomID(3), Volume: o.Volume,
 		VolumeUID: o.VolumeUID, Snapshot: o.Snapshot, SnapshotUID: o.SnapshotUID, Checkpoint: o.Checkpoint, CreatedAt: time.Now().UTC(),
-		ChunkSize: cs, Labels: o.Labels}
+		BlockSize: BlockSize, Labels: o.Labels}
 	type job struct {
-		disk  int
-		index int64
+		disk         int
+		first, count int64 // blocks
 	}
 	var jobs []job
 	for di, d := range src.Disks() {
-		n := (d.Size + cs - 1) / cs
-		dm := DiskManifest{Name: d.Name, Size: d.Size, Chunks: make([]string, n)}
-		read := make([]bool, n)
+		n := (d.Size + BlockSize - 1) / BlockSize
+		dm := DiskManifest{Name: d.Name, Size: d.Size, Blocks: make([]BlockID, n)}
+		read := r.toRead(&dm, o, n)
 		m.Stats.Logical += d.Size
-		var prev *DiskManifest
-		if o.Parent != nil {
-			if i := slices.IndexFunc(o.Parent.Disks, func(p DiskManifest) bool { return p.Name == d.Name }); i >= 0 {
-				prev = &o.Parent.Disks[i]
-			}
-		}
-		ch, tracked := o.Changes[d.Name]
-		if prev == nil || !tracked || ch.Whole {
-			for i := range read {
-				read[i] = true
-			}
-		} else {
-			copy(dm.Chunks, prev.Chunks)
-			for i := int64(len(prev.Chunks)); i < n; i++ {
-				read[i] = true
-			}
-			if prev.Size%cs != 0 && int64(len(prev.Chunks)) > 0 && prev.Size < d.Size {
-				read[len(prev.Chunks)-1] = true // its tail was short
-			}
-			for _, rg := range ch.Ranges {
-				if rg.Length <= 0 {
-					continue
-				}
-				for i := rg.Offset / cs; i <= (rg.Offset+rg.Length-1)/cs && i < n; i++ {
-					read[i] = true
-				}
-			}
-		}
 		m.Disks = append(m.Disks, dm)
-		for i, rd := range read {
-			if rd {
-				jobs = append(jobs, job{di, int64(i)})
-				prog.AddTotal(min(cs, d.Size-int64(i)*cs))
-			} else if dm.Chunks[i] != "" {
-				m.Stats.ChunksReused++
-			} else {
-				m.Stats.ChunksZero++
+		for i := int64(0); i < n; {
+			if !read[i] {
+				if dm.Blocks[i].IsZero() {
+					m.Stats.ChunksZero++
+				} else {
+					m.Stats.ChunksReused++
+				}
+				i++
+				continue
 			}
+			j := i
+			for j < n && read[j] && j-i < readRun {
+				j++
+			}
+			jobs = append(jobs, job{di, i, j - i})
+			prog.AddTotal(min(j*BlockSize, d.Size) - i*BlockSize)
+			i = j
 		}
 	}
 	var (
 		mu                  sync.Mutex
-		read, sent          atomic.Int64
+		pending             = map[BlockID]bool{} // stored by this backup
+		read                atomic.Int64
 		fresh, reused, zero atomic.Int64
 	)
+	pk := newPacker(ctx, r)
 	g, gctx := errgroup.WithContext(ctx)
 	par := o.Parallel
 	if par <= 0 {
-		par = 4
+		par = 16
 	}
 	g.SetLimit(par)
-	bufs := sync.Pool{New: func() any { b := make([]byte, cs); return &b }}
+	bufs := sync.Pool{New: func() any { b := make([]byte, readRun*BlockSize); return &b }}
 	for _, j := range jobs {
 		if gctx.Err() != nil {
 			break
 		}
 		g.Go(func() error {
 			d := &m.Disks[j.disk]
-			off := j.index * cs
-			n := min(cs, d.Size-off)
+			off := j.first * BlockSize
+			n := min(j.count*BlockSize, d.Size-off)
 			bp := bufs.Get().(*[]byte)
 			defer bufs.Put(bp)
 			p := (*bp)[:n]
@@ -204,46 +201,49 @@ func (r *Repository) Backup(ctx context.Context, src Source, o Options) (*Manife
 			}
 			read.Add(n)
 			defer prog.Add(n)
-			if allZero(p) {
-				d.Chunks[j.index] = ""
-				zero.Add(1)
-				return nil
-			}
-			id := r.chunkID(p)
-			d.Chunks[j.index] = id
-			mu.Lock()
-			have := known[id]
-			known[id] = true
-			mu.Unlock()
-			if have {
-				reused.Add(1)
-				return nil
-			}
-			data, err := r.seal(p, "chunk:"+id)
-			if err != nil {
-				return err
-			}
-			if err := r.store.Put(gctx, chunkKey(id), data); err != nil {
+			var sealed []sealedBlock
+			for k := int64(0); k < j.count; k++ {
+				b := p[k*BlockSize : min((k+1)*BlockSize, n)]
+				if allZero(b) {
+					d.Blocks[j.first+k] = BlockID{}
+					zero.Add(1)
+					continue
+				}
+				id := r.blockID(b)
+				d.Blocks[j.first+k] = id
 				mu.Lock()
-				delete(known, id)
+				have := pending[id] || r.idx.has(id)
+				pending[id] = true
 				mu.Unlock()
-				return err
+				if have {
+					reused.Add(1)
+					continue
+				}
+				data, err := r.sealBlock(b, id)
+				if err != nil {
+					return err
+				}
+				sealed = append(sealed, sealedBlock{id, data})
+				fresh.Add(1)
 			}
-			sent.Add(int64(len(data)))
-			fresh.Add(1)
-			return nil
+			return pk.add(sealed)
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return nil, fmt.Errorf("backup of %s@%s: %w (nothing of it is visible)", o.Volume, o.Snapshot, err)
+	if err = g.Wait(); err == nil {
+		err = pk.finish()
+	} else {
+		pk.abandon()
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("backup of %s@%s: %w (nothing of it is visible)", o.Volume, o.Snapshot, err)
 	}
 	if o.Parent != nil {
 		m.Parent = o.Parent.ID
 	}
-	m.Stats.BytesRead, m.Stats.BytesSent = read.Load(), sent.Load()
+	m.Stats.BytesRead, m.Stats.BytesSent, m.Stats.Packs = read.Load(), pk.sent.Load(), int(pk.packs.Load())
 	m.Stats.ChunksNew, m.Stats.ChunksReused, m.Stats.ChunksZero = int(fresh.Load()), m.Stats.ChunksReused+int(reused.Load()),
 		m.Stats.ChunksZero+int(zero.Load())
 	m.Stats.Duration = time.Since(start)
@@ -251,6 +251,49 @@ func (r *Repository) Backup(ctx context.Context, src Source, o Options) (*Manife
 		return nil, fmt.Errorf("backup of %s@%s: %w (nothing of it is visible)", o.Volume, o.Snapshot, err)
 	}
 	return m, nil
+}
+
+// toRead says which blocks of disk dm (of n blocks) to read; the others
+// it fills from the parent's manifest. A block is taken from the parent
+// only when the parent has the disk, the disk's changes are tracked, the
+// block is not in them, and the block is in the repository now (a parent
+// deleted and collected since leaves its blocks to be read again).
+func (r *Repository) toRead(dm *DiskManifest, o Options, n int64) []bool {
+	read := make([]bool, n)
+	var prev *DiskManifest
+	if o.Parent != nil {
+		if i := slices.IndexFunc(o.Parent.Disks, func(p DiskManifest) bool { return p.Name == dm.Name }); i >= 0 {
+			prev = &o.Parent.Disks[i]
+		}
+	}
+	ch, tracked := o.Changes[dm.Name]
+	if prev == nil || !tracked || ch.Whole {
+		for i := range read {
+			read[i] = true
+		}
+		return read
+	}
+	copy(dm.Blocks, prev.Blocks)
+	for i := int64(len(prev.Blocks)); i < n; i++ {
+		read[i] = true
+	}
+	if prev.Size%BlockSize != 0 && len(prev.Blocks) > 0 && prev.Size < dm.Size {
+		read[len(prev.Blocks)-1] = true // its tail was short
+	}
+	for _, rg := range ch.Ranges {
+		if rg.Length <= 0 {
+			continue
+		}
+		for i := rg.Offset / BlockSize; i <= (rg.Offset+rg.Length-1)/BlockSize && i < n; i++ {
+			read[i] = true
+		}
+	}
+	for i, id := range dm.Blocks {
+		if !read[i] && !id.IsZero() && !r.idx.has(id) {
+			read[i] = true
+		}
+	}
+	return read
 }
 
 func allZero(p []byte) bool {
@@ -268,20 +311,8 @@ func allZero(p []byte) bool {
 	return true
 }
 
-// chunkSet lists the chunks in the store.
-func (r *Repository) chunkSet(ctx context.Context) (map[string]bool, error) {
-	known := map[string]bool{}
-	err := r.store.List(ctx, "chunks/", func(k string, _ int64) error {
-		if i := strings.LastIndexByte(k, '/'); i >= 0 {
-			known[k[i+1:]] = true
-		}
-		return nil
-	})
-	return known, err
-}
-
 func (r *Repository) putManifest(ctx context.Context, m *Manifest) error {
-	p, err := json.Marshal(m)
+	p, err := encodeManifest(m)
 	if err != nil {
 		return err
 	}
@@ -321,16 +352,11 @@ func (r *Repository) Get(ctx context.Context, id string) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
-	var m Manifest
-	if err := json.Unmarshal(p, &m); err != nil || m.ID != id || m.ChunkSize != r.cfg.ChunkSize {
+	m, err := decodeManifest(p)
+	if err != nil || m.ID != id || m.BlockSize != BlockSize {
 		return nil, fmt.Errorf("backup %s: manifest unreadable: %w", id, ErrCorrupt)
 	}
-	for _, d := range m.Disks {
-		if d.Size < 0 || int64(len(d.Chunks)) != (d.Size+m.ChunkSize-1)/m.ChunkSize {
-			return nil, fmt.Errorf("backup %s: disk %s: chunk list does not match its size: %w", id, d.Name, ErrCorrupt)
-		}
-	}
-	return &m, nil
+	return m, nil
 }
 
 // List returns every backup (of volume, when not ""), oldest first. A
@@ -361,222 +387,11 @@ func (r *Repository) List(ctx context.Context, volume string) (list []*Manifest,
 	return list, bad, nil
 }
 
-// Sink receives a restore.
-type Sink interface {
-	// WriteAt writes into a disk that reads as zeros where nothing is
-	// written.
-	WriteAt(disk string, p []byte, off int64) error
-}
-
-// Restore writes the disks of backup m (only those named in disks, when
-// not empty) into sink. Every chunk is checked against its address; the
-// first damaged one fails the restore, naming it.
-func (r *Repository) Restore(ctx context.Context, m *Manifest, disks []string, sink Sink, prog Progress, parallel int) error {
-	if prog == nil {
-		prog = nopProgress{}
-	}
-	for _, name := range disks {
-		if !slices.ContainsFunc(m.Disks, func(d DiskManifest) bool { return d.Name == name }) {
-			return fmt.Errorf("backup %s has no disk %q: %w", m.ID, name, ErrInvalid)
-		}
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(max(parallel, 1))
-	for _, d := range m.Disks {
-		if len(disks) > 0 && !slices.Contains(disks, d.Name) {
-			continue
-		}
-		prog.AddTotal(d.Size)
-		for i, id := range d.Chunks {
-			off := int64(i) * m.ChunkSize
-			n := min(m.ChunkSize, d.Size-off)
-			if id == "" {
-				prog.Add(n)
-				continue
-			}
-			if gctx.Err() != nil {
-				break
-			}
-			g.Go(func() error {
-				p, err := r.readChunk(gctx, id)
-				if err != nil {
-					return fmt.Errorf("disk %s at %d: %w", d.Name, off, err)
-				}
-				if int64(len(p)) != n {
-					return fmt.Errorf("disk %s at %d: chunk %s holds %d bytes, want %d: %w", d.Name, off, id, len(p), n, ErrCorrupt)
-				}
-				if err := sink.WriteAt(d.Name, p, off); err != nil {
-					return err
-				}
-				prog.Add(n)
-				return nil
-			})
-		}
-	}
-	if err := g.Wait(); err != nil {
-		return fmt.Errorf("restore of backup %s: %w", m.ID, err)
-	}
-	return ctx.Err()
-}
-
-// BadChunk is a chunk that Verify could not read back intact.
-type BadChunk struct {
-	ID     string `json:"id"`
-	Disk   string `json:"disk"`
-	Offset int64  `json:"offset"`
-	Error  string `json:"error"`
-}
-
-// Verify reads back every chunk of backup m and checks it; it returns the
-// damaged ones. An error means the check could not run (the store).
-func (r *Repository) Verify(ctx context.Context, m *Manifest, prog Progress, parallel int) ([]BadChunk, error) {
-	if prog == nil {
-		prog = nopProgress{}
-	}
-	type ref struct {
-		disk string
-		off  int64
-	}
-	first := map[string]ref{}
-	var order []string
-	for _, d := range m.Disks {
-		for i, id := range d.Chunks {
-			if _, ok := first[id]; id != "" && !ok {
-				first[id] = ref{d.Name, int64(i) * m.ChunkSize}
-				order = append(order, id)
-			}
-		}
-	}
-	prog.AddTotal(int64(len(order)) * m.ChunkSize)
-	var mu sync.Mutex
-	var bad []BadChunk
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(max(parallel, 1))
-	for _, id := range order {
-		g.Go(func() error {
-			_, err := r.readChunk(gctx, id)
-			prog.Add(m.ChunkSize)
-			if errors.Is(err, ErrCorrupt) {
-				mu.Lock()
-				bad = append(bad, BadChunk{ID: id, Disk: first[id].disk, Offset: first[id].off, Error: err.Error()})
-				mu.Unlock()
-				return nil
-			}
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return nil, fmt.Errorf("verify of backup %s: %w", m.ID, err)
-	}
-	slices.SortFunc(bad, func(a, b BadChunk) int {
-		if c := strings.Compare(a.Disk, b.Disk); c != 0 {
-			return c
-		}
-		return int(a.Offset - b.Offset)
-	})
-	return bad, nil
-}
-
-// Delete removes a backup. Its chunks stay until Collect finds them used
-// by no other backup. Other backups stay whole: each lists every chunk.
+// Delete removes a backup. Its blocks stay until Collect finds them used
+// by no other backup. Other backups stay whole: each lists every block.
 func (r *Repository) Delete(ctx context.Context, id string) error {
 	if _, err := r.Get(ctx, id); err != nil && !errors.Is(err, ErrCorrupt) {
 		return err
 	}
 	return r.store.Delete(ctx, "backups/"+id)
-}
-
-// Collect removes the chunks no backup names (left by deleted backups or
-// by backups that failed midway). It refuses to run beside a backup.
-func (r *Repository) Collect(ctx context.Context) (removed int, freed int64, err error) {
-	unlock, err := r.lock(ctx, "collect")
-	if err != nil {
-		return 0, 0, err
-	}
-	defer unlock()
-	list, bad, err := r.List(ctx, "")
-	if err != nil {
-		return 0, 0, err
-	}
-	if len(bad) > 0 {
-		return 0, 0, fmt.Errorf("%d backup manifests cannot be read (first: %w): nothing collected, as their chunks cannot be told apart",
-			len(bad), bad[0])
-	}
-	used := map[string]bool{}
-	for _, m := range list {
-		for _, d := range m.Disks {
-			for _, id := range d.Chunks {
-				used[id] = true
-			}
-		}
-	}
-	type obj struct {
-		key  string
-		size int64
-	}
-	var garbage []obj
-	err = r.store.List(ctx, "chunks/", func(k string, size int64) error {
-		if i := strings.LastIndexByte(k, '/'); i >= 0 && !used[k[i+1:]] {
-			garbage = append(garbage, obj{k, size})
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, o := range garbage {
-		if err := r.store.Delete(ctx, o.key); err != nil {
-			return removed, freed, err
-		}
-		removed++
-		freed += o.size
-	}
-	return removed, freed, nil
-}
-
-// lockTTL: a lock older than this is left by a process that died.
-const lockTTL = 6 * time.Hour
-
-type lockRecord struct {
-	Kind      string    `json:"kind"`
-	CreatedAt time.Time `json:"createdAt"`
-}
-
-// lock takes a lock of kind: backups share the repository, a collection
-// holds it alone. The check after the write sees any rival that wrote
-// first, so two rivals never both go ahead (both may back off).
-func (r *Repository) lock(ctx context.Context, kind string) (func(), error) {
-	id := "locks/" + kind + "-" + randomID(6)
-	data, _ := json.Marshal(lockRecord{Kind: kind, CreatedAt: time.Now().UTC()})
-	if err := r.store.Put(ctx, id, data); err != nil {
-		return nil, err
-	}
-	release := func() { _ = r.store.Delete(context.WithoutCancel(ctx), id) }
-	var rival string
-	err := r.store.List(ctx, "locks/", func(k string, _ int64) error {
-		if k == id || rival != "" {
-			return nil
-		}
-		other := strings.TrimPrefix(k, "locks/")
-		if kind == "backup" && !strings.HasPrefix(other, "collect-") {
-			return nil
-		}
-		data, err := r.store.Get(ctx, k, 1<<12)
-		if err != nil {
-			return nil
-		}
-		var rec lockRecord
-		if json.Unmarshal(data, &rec) == nil && time.Since(rec.CreatedAt) < lockTTL {
-			rival = other
-		}
-		return nil
-	})
-	if err == nil && rival != "" {
-		err = fmt.Errorf("%s holds it: %w", rival, ErrLocked)
-	}
-	if err != nil {
-		release()
-		return nil, err
-	}
-	return release, nil
 }

@@ -133,7 +133,7 @@ func TestBackupIncrementalRestoreVerify(t *testing.T) {
 	}
 	v1 := vm.clone()
 
-	// 1% changed: only the chunks that hold a change are read.
+	// 1% changed: only the blocks that hold a change are read.
 	changes := vm.fill(rng, 0.01)
 	inc, err := r.Backup(ctx, vm, Options{Volume: "vm1", Snapshot: "s2", Parent: full, Changes: changes})
 	if err != nil {
@@ -142,13 +142,13 @@ func TestBackupIncrementalRestoreVerify(t *testing.T) {
 	touched := map[string]bool{}
 	for d, ch := range changes {
 		for _, rg := range ch.Ranges {
-			for i := rg.Offset / DefaultChunkSize; i <= (rg.Offset+rg.Length-1)/DefaultChunkSize; i++ {
+			for i := rg.Offset / BlockSize; i <= (rg.Offset+rg.Length-1)/BlockSize; i++ {
 				touched[fmt.Sprint(d, i)] = true
 			}
 		}
 	}
-	if inc.Stats.BytesRead > int64(len(touched))*DefaultChunkSize || inc.Parent != full.ID {
-		t.Errorf("incremental read %d bytes for %d chunks touched; parent %q", inc.Stats.BytesRead, len(touched), inc.Parent)
+	if inc.Stats.BytesRead > int64(len(touched))*BlockSize || inc.Parent != full.ID {
+		t.Errorf("incremental read %d bytes for %d blocks touched; parent %q", inc.Stats.BytesRead, len(touched), inc.Parent)
 	}
 
 	// Each backup restores to exactly its point, through a repository
@@ -246,22 +246,29 @@ func TestBackupFaults(t *testing.T) {
 		t.Errorf("path trick: %v", err)
 	}
 
-	// A damaged chunk: verify names it, restore refuses the point.
-	var victim string
-	for i, id := range good.Disks[1].Chunks {
-		if id != "" {
-			victim = id
-			_ = i
+	// A damaged block in a pack: verify names it (disk, offset, pack),
+	// restore refuses the point.
+	var victim BlockID
+	var victimOff int64
+	for i, id := range good.Disks[1].Blocks {
+		if !id.IsZero() {
+			victim, victimOff = id, int64(i)*BlockSize
 			break
 		}
 	}
-	srv.Corrupt(t, chunkKey(victim))
+	loc, ok := r.idx.lookup(victim)
+	if !ok {
+		t.Fatalf("block %s of the backup is in no pack", victim)
+	}
+	srv.CorruptAt(t, packKey(loc.pack), int64(loc.offset+loc.length/2))
 	bad, err := r.Verify(ctx, good, nil, 2)
-	if err != nil || len(bad) != 1 || bad[0].ID != victim || bad[0].Disk != "data" {
-		t.Fatalf("verify of a damaged backup: %+v %v", bad, err)
+	if err != nil || len(bad) != 1 || bad[0].ID != victim.String() || bad[0].Disk != "data" || bad[0].Offset != victimOff ||
+		bad[0].Pack != loc.pack {
+		t.Fatalf("verify of a damaged backup: %+v %v; want block %s of data at %d in pack %s", bad, err, victim, victimOff, loc.pack)
 	}
 	out := newVM(map[string]int64{"root": 4 << 20, "data": 4 << 20}, "root", "data")
-	if err := r.Restore(ctx, good, nil, out, nil, 2); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), victim) {
+	if err := r.Restore(ctx, good, nil, out, nil, 2); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), victim.String()) ||
+		!strings.Contains(err.Error(), loc.pack) {
 		t.Fatalf("restore of a damaged backup: %v", err)
 	}
 	// The root disk alone does not need the damaged chunk.
@@ -275,7 +282,11 @@ func TestBackupDedupDeleteCollect(t *testing.T) {
 	_, store, r, _ := testRepo(t)
 	rng := rand.New(rand.NewPCG(5, 6))
 	golden := newVM(map[string]int64{"root": 8 << 20}, "root")
-	golden.fill(rng, 1)
+	// Every byte random: what a manifest costs (32 bytes a block) is
+	// weighed against blocks that do not compress.
+	for i := range golden.disks["root"] {
+		golden.disks["root"][i] = byte(rng.UintN(256))
+	}
 	first, err := r.Backup(ctx, golden, Options{Volume: "golden", Snapshot: "s"})
 	if err != nil {
 		t.Fatal(err)
@@ -289,19 +300,27 @@ func TestBackupDedupDeleteCollect(t *testing.T) {
 	if all := storeBytes(t, store, ""); float64(all) > 1.1*float64(one) {
 		t.Errorf("21 backups of one image take %d bytes, one takes %d: more than 1.1x", all, one)
 	}
-	// A changed clone, then deleted: collect removes its own chunks only.
+	// A changed clone, then deleted: collect removes its own packs only,
+	// and the store is back to what it was.
 	other := golden.clone()
 	other.fill(rng, 1)
+	before := storeBytes(t, store, "")
 	ob, err := r.Backup(ctx, other, Options{Volume: "other", Snapshot: "s"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if ob.Stats.ChunksNew != 128 || ob.Stats.Packs == 0 {
+		t.Fatalf("a clone with every block changed: %+v", ob.Stats)
 	}
 	if err := r.Delete(ctx, ob.ID); err != nil {
 		t.Fatal(err)
 	}
 	removed, _, err := r.Collect(ctx)
-	if err != nil || removed != ob.Stats.ChunksNew {
-		t.Fatalf("collect removed %d, %v; want the %d chunks of the deleted backup", removed, err, ob.Stats.ChunksNew)
+	if err != nil || removed != ob.Stats.Packs {
+		t.Fatalf("collect removed %d packs, %v; want the %d packs of the deleted backup", removed, err, ob.Stats.Packs)
+	}
+	if after := storeBytes(t, store, ""); after != before {
+		t.Errorf("store after collect: %d bytes, before the deleted backup %d", after, before)
 	}
 	if bad, err := r.Verify(ctx, first, nil, 2); err != nil || len(bad) != 0 {
 		t.Fatalf("first backup after collect: %v %v", bad, err)

@@ -3,6 +3,7 @@ package backup
 import (
 	"container/list"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -14,30 +15,31 @@ import (
 // ExportDisk is one disk of a backup served read-only straight from the store
 // (the NBD export backup:<id>/<disk>, docs/backup.md "Booting from a
 // backup"): a VM can boot from its backup before anything is restored.
-// Chunks are fetched on first read, checked against their addresses, and
-// kept in a small cache; chunks of zeros are holes.
+// Blocks are fetched on first read with range GETs of their packs (with the
+// blocks after them in the same pack, up to 1 MiB), checked against their
+// addresses, and kept in a small cache; blocks of zeros are holes.
 type ExportDisk struct {
 	repo *Repository
 	m    *Manifest
 	d    DiskManifest
 
 	mu    sync.Mutex
-	cache map[string]*list.Element // chunk id -> element holding a cached chunk
+	cache map[BlockID]*list.Element // block id -> element holding a cached block
 	lru   *list.List
-	// fetching holds the chunks being fetched; readers of one wait.
-	fetching map[string]chan struct{}
+	// fetching holds the blocks being fetched; readers of one wait.
+	fetching map[BlockID]chan struct{}
 	closed   bool
 }
 
 type cached struct {
-	id   string
+	id   BlockID
 	data []byte
 }
 
-// diskCacheChunks bounds an ExportDisk's cache: 64 chunks (64 MiB at 1 MiB chunks).
-const diskCacheChunks = 64
+// diskCacheBlocks bounds an ExportDisk's cache: 16 MiB.
+const diskCacheBlocks = 256
 
-// fetchTimeout bounds the fetch of one chunk from the store.
+// fetchTimeout bounds the fetch of one block from the store.
 const fetchTimeout = 2 * time.Minute
 
 var _ pool.Disk = (*ExportDisk)(nil)
@@ -52,8 +54,11 @@ func (r *Repository) OpenDisk(ctx context.Context, id, disk string) (*ExportDisk
 	if i < 0 {
 		return nil, fmt.Errorf("backup %s has no disk %q: %w", id, disk, pool.ErrDiskNotFound)
 	}
-	return &ExportDisk{repo: r, m: m, d: m.Disks[i], cache: map[string]*list.Element{}, lru: list.New(),
-		fetching: map[string]chan struct{}{}}, nil
+	if err := r.refresh(ctx); err != nil {
+		return nil, err
+	}
+	return &ExportDisk{repo: r, m: m, d: m.Disks[i], cache: map[BlockID]*list.Element{}, lru: list.New(),
+		fetching: map[BlockID]chan struct{}{}}, nil
 }
 
 func (d *ExportDisk) Size() int64    { return d.d.Size }
@@ -66,26 +71,25 @@ func (d *ExportDisk) check(off, length int64) error {
 	return nil
 }
 
-// ReadAt reads from the backup's chunks.
+// ReadAt reads from the backup's blocks.
 func (d *ExportDisk) ReadAt(p []byte, off int64) error {
 	if err := d.check(off, int64(len(p))); err != nil {
 		return err
 	}
-	cs := d.m.ChunkSize
 	for len(p) > 0 {
-		i := off / cs
-		in := off - i*cs
-		n := min(int64(len(p)), cs-in)
-		id := d.d.Chunks[i]
-		if id == "" {
+		i := off / BlockSize
+		in := off - i*BlockSize
+		n := min(int64(len(p)), BlockSize-in)
+		id := d.d.Blocks[i]
+		if id.IsZero() {
 			clear(p[:n])
 		} else {
-			data, err := d.chunk(id)
+			data, err := d.block(i)
 			if err != nil {
-				return fmt.Errorf("backup %s disk %s at %d: %w", d.m.ID, d.d.Name, i*cs, err)
+				return fmt.Errorf("backup %s disk %s at %d: %w", d.m.ID, d.d.Name, i*BlockSize, err)
 			}
 			if in+n > int64(len(data)) {
-				return fmt.Errorf("backup %s disk %s: chunk %s is short: %w", d.m.ID, d.d.Name, id, ErrCorrupt)
+				return fmt.Errorf("backup %s disk %s: block %s is short: %w", d.m.ID, d.d.Name, id, ErrCorrupt)
 			}
 			copy(p[:n], data[in:in+n])
 		}
@@ -94,8 +98,9 @@ func (d *ExportDisk) ReadAt(p []byte, off int64) error {
 	return nil
 }
 
-// chunk returns a chunk's plaintext from the cache or the store.
-func (d *ExportDisk) chunk(id string) ([]byte, error) {
+// block returns block i's plaintext from the cache or the store.
+func (d *ExportDisk) block(i int64) ([]byte, error) {
+	id := d.d.Blocks[i]
 	for {
 		d.mu.Lock()
 		if d.closed {
@@ -118,21 +123,72 @@ func (d *ExportDisk) chunk(id string) ([]byte, error) {
 		d.mu.Unlock()
 
 		ctx, cancel := context.WithTimeout(context.Background(), fetchTimeout)
-		data, err := d.repo.readChunk(ctx, id)
+		got, err := d.fetch(ctx, i)
+		if errors.Is(err, ErrCorrupt) {
+			// A collection may have moved the block (repacked) since
+			// the index was loaded: look again, once.
+			if err = d.repo.refresh(ctx); err == nil {
+				got, err = d.fetch(ctx, i)
+			}
+		}
 		cancel()
 		d.mu.Lock()
 		delete(d.fetching, id)
 		close(done)
 		if err == nil && !d.closed {
-			d.cache[id] = d.lru.PushFront(&cached{id, data})
-			for d.lru.Len() > diskCacheChunks {
+			for _, c := range got {
+				if e, ok := d.cache[c.id]; ok {
+					d.lru.MoveToFront(e)
+					continue
+				}
+				d.cache[c.id] = d.lru.PushFront(c)
+			}
+			for d.lru.Len() > diskCacheBlocks {
 				old := d.lru.Remove(d.lru.Back()).(*cached)
 				delete(d.cache, old.id)
 			}
 		}
 		d.mu.Unlock()
-		return data, err
+		if err != nil {
+			return nil, err
+		}
+		return got[0].data, nil
 	}
+}
+
+// fetch reads block i and the blocks of the disk after it that follow it
+// in its pack (up to readRun blocks) in one range GET, and opens them.
+func (d *ExportDisk) fetch(ctx context.Context, i int64) ([]*cached, error) {
+	first, ok := d.repo.idx.lookup(d.d.Blocks[i])
+	if !ok {
+		return nil, fmt.Errorf("block %s: in no pack of the repository: %w", d.d.Blocks[i], ErrCorrupt)
+	}
+	f := &fetch{pack: first.pack, start: int64(first.offset), end: int64(first.offset) + int64(first.length)}
+	for j := i; j < int64(len(d.d.Blocks)) && j < i+readRun; j++ {
+		id := d.d.Blocks[j]
+		loc, ok := d.repo.idx.lookup(id)
+		if id.IsZero() || !ok || loc.pack != f.pack || (j > i && int64(loc.offset) != f.end) {
+			break
+		}
+		f.end = int64(loc.offset) + int64(loc.length)
+		f.needs = append(f.needs, &need{id: id, loc: loc, places: []place{{d.d.Name, j * BlockSize, min(BlockSize, d.d.Size-j*BlockSize)}}})
+	}
+	data, err := d.repo.get(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*cached, 0, len(f.needs))
+	for _, n := range f.needs {
+		p, err := d.repo.blockOf(f, data, n, make([]byte, BlockSize), true)
+		if err != nil {
+			if len(out) > 0 {
+				break // the block asked for is good; the others are read when asked
+			}
+			return nil, err
+		}
+		out = append(out, &cached{n.id, p})
+	}
+	return out, nil
 }
 
 func (d *ExportDisk) WriteAt([]byte, int64, bool) error {
@@ -148,17 +204,17 @@ func (d *ExportDisk) Flush() error                    { return nil }
 func (d *ExportDisk) Cache(off, length int64) error   { return d.check(off, length) }
 func (d *ExportDisk) Capabilities() pool.Capabilities { return pool.Capabilities{} }
 
-// Extents reports chunks of zeros as holes.
+// Extents reports blocks of zeros as holes.
 func (d *ExportDisk) Extents(off, length int64, limit int) ([]pool.Extent, error) {
 	if err := d.check(off, length); err != nil {
 		return nil, err
 	}
 	var out []pool.Extent
-	cs, end := d.m.ChunkSize, off+length
+	cs, end := int64(BlockSize), off+length
 	for off < end {
 		i := off / cs
 		n := min(end, (i+1)*cs) - off
-		hole := d.d.Chunks[i] == ""
+		hole := d.d.Blocks[i].IsZero()
 		if k := len(out) - 1; k >= 0 && out[k].Hole == hole {
 			out[k].Length += n
 		} else {
@@ -177,6 +233,6 @@ func (d *ExportDisk) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.closed = true
-	d.cache, d.lru = map[string]*list.Element{}, list.New()
+	d.cache, d.lru = map[BlockID]*list.Element{}, list.New()
 	return nil
 }

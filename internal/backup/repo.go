@@ -1,36 +1,42 @@
 // Package backup keeps whole-VM backups in a repository on an object store
 // (internal/objstore): every backup of a volume is one crash-consistent point
-// across its disks (a snapshot), stored as fixed-size chunks that are
+// across its disks (a snapshot), stored as 64 KiB blocks that are
 // content-addressed, deduplicated across every VM of the repository,
-// compressed (zstd) and encrypted before they leave the node, and a manifest
-// that lists them. A backup after the first reads only the chunks that the
-// pool's change tracking reports changed since its parent.
+// compressed (zstd) and encrypted one by one before they leave the node,
+// appended into packs of about 16 MiB, and a manifest that lists them. A
+// backup after the first reads only the blocks that the pool's change
+// tracking reports changed since its parent.
 //
-// Repository layout (every object but config and keys is encrypted):
+// Repository layout, format 2 (every object but config and keys is
+// encrypted):
 //
-//	config               version, id, chunk size (JSON)
-//	keys/<id>            the repository's master keys wrapped by one user key
-//	chunks/<id[:2]>/<id> a chunk: zstd, then AES-256-GCM; id = HMAC-SHA256 of
-//	                     its plaintext under the repository's id key
-//	backups/<id>         a manifest: the volume, the snapshot, each disk's
-//	                     chunk list (JSON, zstd, AES-256-GCM)
-//	locks/<id>           a backup or a collection in progress
+//	config                 version, id, block and pack size (JSON)
+//	keys/<id>              the repository's master keys wrapped by one user key
+//	packs/<p[:2]>/<p>      a pack: sealed blocks one after the other; a
+//	                       sealed block is AES-256-GCM of (a flag, then the
+//	                       block, zstd or raw) bound to the block's id, the
+//	                       HMAC-SHA256 of its plaintext under the id key
+//	index/<p>              pack p's index: block id -> offset, length
+//	backups/<id>           a manifest: the volume, the snapshot, each disk's
+//	                       block ids (binary, zstd, AES-256-GCM)
+//	locks/<id>             a backup or a collection in progress
 //
 // Keys: a user key (a key file of at least 32 random bytes, never stored)
 // unwraps the master keys (AES-256-GCM under HKDF-SHA256 of the user key). A
 // repository may have several user keys: rotation adds the new one and
-// removes the old, without touching any chunk. The store never sees a
+// removes the old, without touching any pack. The store never sees a
 // plaintext byte of a disk or a manifest, nor a key.
 //
-// What is durable: a backup exists once its manifest is stored, and it is
-// stored last, after every chunk it names; a backup that fails midway
-// leaves no manifest (its new chunks are garbage, removed by Collect).
+// What is durable: a pack is usable once its index is stored, and the
+// index is stored after the pack; a backup exists once its manifest is
+// stored, and it is stored last, after every pack and index holding its
+// new blocks. A backup that fails midway leaves no manifest (its packs are
+// garbage, removed by Collect).
 //
 // Imports from quiver: objstore, pool.
 package backup
 
 import (
-	"bytes"
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
@@ -61,23 +67,42 @@ var (
 	ErrInvalid      = errors.New("invalid argument")
 )
 
-// DefaultChunkSize is the unit of change, deduplication and transfer: a
-// change of a few bytes re-sends one chunk, and clones of one image share
-// every chunk they have not changed.
-const DefaultChunkSize = 1 << 20
+// BlockSize is the unit of change, deduplication and of the manifest: the
+// pool's change tracking reports changes in 64 KiB granules, so a change of
+// a few bytes reads and re-sends one block, and clones of one image share
+// every block they have not changed.
+const BlockSize = 64 << 10
+
+// PackSize is the size a pack is closed at: blocks travel to the store in
+// packs, not one object each.
+const PackSize = 16 << 20
 
 const (
-	repoVersion = 1
+	repoVersion = 2
 	// MinKeyLen is the shortest user key accepted.
 	MinKeyLen = 32
-	maxMeta   = 64 << 20 // a manifest: 8 TiB of disks at 1 MiB chunks
+	// maxMeta bounds a manifest (its block ids: 32 bytes per non-zero
+	// block, so about 2 TiB of non-zero data in one backup) and an index.
+	maxMeta = 1 << 30
 )
 
 type repoConfig struct {
 	Version   int       `json:"version"`
 	ID        string    `json:"id"`
-	ChunkSize int64     `json:"chunkSize"`
+	BlockSize int64     `json:"blockSize"`
+	PackSize  int64     `json:"packSize"`
 	CreatedAt time.Time `json:"createdAt"`
+}
+
+// RepoOptions tune how a repository is used on this node.
+type RepoOptions struct {
+	// CacheDir, when set, keeps a copy of the repository's pack indexes
+	// under CacheDir/<repository id>, so that a backup, restore or
+	// collection loads only the indexes it has not seen. The cache is
+	// only an optimisation: the names it holds are checked against a
+	// listing of index/ every time, and each entry is authenticated (it
+	// is the encrypted object) before it is used.
+	CacheDir string
 }
 
 type keyRecord struct {
@@ -97,10 +122,17 @@ type Repository struct {
 	enc    *zstd.Encoder
 	dec    *zstd.Decoder
 	master []byte
+	opts   RepoOptions
+	idx    *index
 }
 
 // Init makes a new repository in store with one user key.
 func Init(ctx context.Context, store objstore.Store, userKey []byte) (*Repository, error) {
+	return InitWith(ctx, store, userKey, RepoOptions{})
+}
+
+// InitWith is Init with options.
+func InitWith(ctx context.Context, store objstore.Store, userKey []byte, opts RepoOptions) (*Repository, error) {
 	if len(userKey) < MinKeyLen {
 		return nil, fmt.Errorf("key: %d bytes, at least %d random bytes are needed (quiver backup key generate): %w",
 			len(userKey), MinKeyLen, ErrInvalid)
@@ -110,12 +142,12 @@ func Init(ctx context.Context, store objstore.Store, userKey []byte) (*Repositor
 	} else if !errors.Is(err, objstore.ErrNotFound) {
 		return nil, err
 	}
-	cfg := repoConfig{Version: repoVersion, ID: randomID(8), ChunkSize: DefaultChunkSize, CreatedAt: time.Now().UTC()}
+	cfg := repoConfig{Version: repoVersion, ID: randomID(8), BlockSize: BlockSize, PackSize: PackSize, CreatedAt: time.Now().UTC()}
 	master := make([]byte, 64)
 	if _, err := rand.Read(master); err != nil {
 		return nil, err
 	}
-	r, err := newRepository(store, cfg, master)
+	r, err := newRepository(store, cfg, master, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -131,6 +163,11 @@ func Init(ctx context.Context, store objstore.Store, userKey []byte) (*Repositor
 
 // Open opens the repository in store with a user key.
 func Open(ctx context.Context, store objstore.Store, userKey []byte) (*Repository, error) {
+	return OpenWith(ctx, store, userKey, RepoOptions{})
+}
+
+// OpenWith is Open with options.
+func OpenWith(ctx context.Context, store objstore.Store, userKey []byte, opts RepoOptions) (*Repository, error) {
 	data, err := store.Get(ctx, "config", 1<<16)
 	if errors.Is(err, objstore.ErrNotFound) {
 		return nil, fmt.Errorf("%s: %w (quiver backup init makes one)", store, ErrNoRepository)
@@ -139,8 +176,16 @@ func Open(ctx context.Context, store objstore.Store, userKey []byte) (*Repositor
 		return nil, err
 	}
 	var cfg repoConfig
-	if err := json.Unmarshal(data, &cfg); err != nil || cfg.Version != repoVersion || cfg.ChunkSize <= 0 || cfg.ChunkSize > 64<<20 {
-		return nil, fmt.Errorf("%s: config is not a quiver repository of version %d: %w", store, repoVersion, ErrCorrupt)
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return nil, fmt.Errorf("%s: config is not a quiver repository: %w", store, ErrCorrupt)
+	}
+	if cfg.Version < repoVersion {
+		return nil, fmt.Errorf("%s: a repository of format %d, made by an older quiver; this one reads format %d only "+
+			"(1 MiB chunks, one object each, gave way to 64 KiB blocks in packs): make a new repository under another "+
+			"prefix or bucket: %w", store, cfg.Version, repoVersion, ErrNoRepository)
+	}
+	if cfg.Version != repoVersion || cfg.BlockSize != BlockSize || cfg.PackSize < BlockSize || cfg.PackSize > 1<<30 {
+		return nil, fmt.Errorf("%s: config is not a quiver repository of format %d: %w", store, repoVersion, ErrCorrupt)
 	}
 	var ids []string
 	if err := store.List(ctx, "keys/", func(k string, _ int64) error { ids = append(ids, k); return nil }); err != nil {
@@ -159,7 +204,7 @@ func Open(ctx context.Context, store objstore.Store, userKey []byte) (*Repositor
 		if err != nil {
 			continue
 		}
-		r, err := newRepository(store, cfg, master)
+		r, err := newRepository(store, cfg, master, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -169,7 +214,7 @@ func Open(ctx context.Context, store objstore.Store, userKey []byte) (*Repositor
 	return nil, fmt.Errorf("%s: %w", store, ErrWrongKey)
 }
 
-func newRepository(store objstore.Store, cfg repoConfig, master []byte) (*Repository, error) {
+func newRepository(store objstore.Store, cfg repoConfig, master []byte, opts RepoOptions) (*Repository, error) {
 	block, err := aes.NewCipher(master[:32])
 	if err != nil {
 		return nil, err
@@ -187,7 +232,8 @@ func newRepository(store objstore.Store, cfg repoConfig, master []byte) (*Reposi
 	if err != nil {
 		return nil, err
 	}
-	return &Repository{store: store, cfg: cfg, idKey: master[32:], aead: aead, enc: enc, dec: dec, master: master}, nil
+	return &Repository{store: store, cfg: cfg, idKey: master[32:], aead: aead, enc: enc, dec: dec, master: master, opts: opts,
+		idx: newIndex()}, nil
 }
 
 // kek derives the key that wraps the master keys from a user key.
@@ -294,17 +340,17 @@ func (r *Repository) RemoveKey(ctx context.Context, id string) error {
 // String names the repository's store.
 func (r *Repository) String() string { return r.store.String() }
 
-// ChunkSize is the repository's chunk size.
-func (r *Repository) ChunkSize() int64 { return r.cfg.ChunkSize }
+// ID is the repository's id (in its config).
+func (r *Repository) ID() string { return r.cfg.ID }
 
-// chunkID is the content address of a chunk's plaintext.
-func (r *Repository) chunkID(p []byte) string {
+// blockID is the content address of a block's plaintext.
+func (r *Repository) blockID(p []byte) BlockID {
 	m := hmac.New(sha256.New, r.idKey)
 	m.Write(p)
-	return hex.EncodeToString(m.Sum(nil))
+	var id BlockID
+	m.Sum(id[:0])
+	return id
 }
-
-func chunkKey(id string) string { return "chunks/" + id[:2] + "/" + id }
 
 // seal compresses and encrypts p, bound to what (the object's name).
 func (r *Repository) seal(p []byte, what string) ([]byte, error) {
@@ -329,25 +375,6 @@ func (r *Repository) open(data []byte, what string, limit int) ([]byte, error) {
 	p, err := r.dec.DecodeAll(z, make([]byte, 0, limit))
 	if err != nil || len(p) > limit {
 		return nil, fmt.Errorf("%s: does not decompress: %w", what, ErrCorrupt)
-	}
-	return p, nil
-}
-
-// readChunk returns a chunk's plaintext, checked against its address.
-func (r *Repository) readChunk(ctx context.Context, id string) ([]byte, error) {
-	data, err := r.store.Get(ctx, chunkKey(id), r.cfg.ChunkSize+1<<16)
-	if errors.Is(err, objstore.ErrNotFound) {
-		return nil, fmt.Errorf("chunk %s: missing from the store: %w", id, ErrCorrupt)
-	}
-	if err != nil {
-		return nil, err
-	}
-	p, err := r.open(data, "chunk:"+id, int(r.cfg.ChunkSize))
-	if err != nil {
-		return nil, err
-	}
-	if !bytes.Equal([]byte(r.chunkID(p)), []byte(id)) {
-		return nil, fmt.Errorf("chunk %s: content does not match its address: %w", id, ErrCorrupt)
 	}
 	return p, nil
 }

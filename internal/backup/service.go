@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -81,6 +82,8 @@ type Service struct {
 	busy sync.Map
 	// book keeps each volume's backup status (schedule.go).
 	book statusBook
+	// cacheDir keeps the repositories' pack indexes (RepoOptions).
+	cacheDir string
 
 	// snaps (under mu) takes and deletes backup snapshots; nil: the
 	// pool's own (SetSnapshots).
@@ -94,8 +97,14 @@ type Service struct {
 	filling sync.Map
 }
 
+// CacheDirName is the directory, in the pool's, where the backup service
+// caches the pack indexes of its repositories (one directory per
+// repository id; safe to delete).
+const CacheDirName = "backup-cache"
+
 type target struct {
 	cfg   TargetConfig
+	opts  RepoOptions
 	store objstore.S3Config
 	key   []byte
 	mu    sync.Mutex
@@ -108,7 +117,7 @@ var ErrNoTarget = errors.New("no such backup target")
 // NewService reads every target's secret files; the stores are reached on
 // first use, so a store down at start delays nothing.
 func NewService(p *pool.Pool, cfg Config, log *slog.Logger) (*Service, error) {
-	s := &Service{pool: p, log: log, targets: map[string]*target{}}
+	s := &Service{pool: p, log: log, targets: map[string]*target{}, cacheDir: filepath.Join(p.Dir(), CacheDirName)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	for _, tc := range cfg.Targets {
 		read := func(what, path string) ([]byte, error) {
@@ -140,7 +149,7 @@ func NewService(p *pool.Pool, cfg Config, log *slog.Logger) (*Service, error) {
 				return nil, fmt.Errorf("backup target %s: CA: %w", tc.Name, err)
 			}
 		}
-		s.targets[tc.Name] = &target{cfg: tc, key: key, store: objstore.S3Config{Endpoint: tc.Endpoint, Bucket: tc.Bucket,
+		s.targets[tc.Name] = &target{cfg: tc, opts: RepoOptions{CacheDir: s.cacheDir}, key: key, store: objstore.S3Config{Endpoint: tc.Endpoint, Bucket: tc.Bucket,
 			Prefix: tc.Prefix, Region: tc.Region, AccessKey: string(access), SecretKey: string(secret), Insecure: tc.Insecure, CAPEM: ca}}
 		s.order = append(s.order, tc.Name)
 	}
@@ -191,9 +200,9 @@ func (t *target) open(ctx context.Context, create bool) (*Repository, error) {
 	}
 	var r *Repository
 	if create {
-		r, err = Init(ctx, store, t.key)
+		r, err = InitWith(ctx, store, t.key, t.opts)
 	} else {
-		r, err = Open(ctx, store, t.key)
+		r, err = OpenWith(ctx, store, t.key, t.opts)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("backup target %s: %w", t.cfg.Name, err)
@@ -514,9 +523,26 @@ func restoreInto(ctx context.Context, r *Repository, m *Manifest, v *pool.Volume
 			return err
 		}
 		sink.h[d.Name] = h
+		// The new disk reads as zeros already; zeroing it whole (a hole
+		// punched) marks it changed in the change tracking in one sync,
+		// where the restore's writes would each wait for one at the
+		// first write to every MiB.
+		if err := h.Zero(0, d.Size, pool.ZeroMayTrim|pool.ZeroFast); err != nil && !errors.Is(err, pool.ErrNotSupported) {
+			return fmt.Errorf("restore: disk %s: %w", d.Name, err)
+		}
 	}
+	// Writes are made durable as the restore goes, not all at its end, so
+	// that the disks write while the blocks are fetched and decoded.
+	stop := make(chan struct{})
+	flushed := make(chan error, 1)
+	go func() { flushed <- flushEvery(sink.h, restoreFlushEvery, stop) }()
 	// Fetches wait on the store more than on the CPU: keep more in flight.
-	if err := r.Restore(ctx, m, disks, sink, prog, 8); err != nil {
+	err := r.Restore(ctx, m, disks, sink, prog, 8)
+	close(stop)
+	if ferr := <-flushed; err == nil {
+		err = ferr
+	}
+	if err != nil {
 		return err
 	}
 	for name, h := range sink.h {
@@ -525,4 +551,26 @@ func restoreInto(ctx context.Context, r *Repository, m *Manifest, v *pool.Volume
 		}
 	}
 	return nil
+}
+
+// restoreFlushEvery is how often a restore flushes the disks it writes.
+const restoreFlushEvery = 500 * time.Millisecond
+
+// flushEvery flushes every disk of h each period until stop is closed, and
+// returns the first error (a failed flush is final: the restore fails).
+func flushEvery(h map[string]pool.Disk, period time.Duration, stop <-chan struct{}) error {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-t.C:
+		}
+		for name, d := range h {
+			if err := d.Flush(); err != nil {
+				return fmt.Errorf("restore: flush disk %s: %w", name, err)
+			}
+		}
+	}
 }

@@ -125,7 +125,8 @@ func TestServiceBackupRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	at2 := contents(t, v)
-	if second.Parent != first.ID || second.Stats.BytesRead > 5*DefaultChunkSize {
+	// 5 writes of at most 16 KiB: at most two blocks each.
+	if second.Parent != first.ID || second.Stats.BytesRead > 10*BlockSize {
 		t.Errorf("second backup: parent %q (want %s), read %d bytes for 5 writes", second.Parent, first.ID, second.Stats.BytesRead)
 	}
 	// Only the newest backup snapshot stays, as the next base.
@@ -180,7 +181,10 @@ func TestServiceStoreDownMidway(t *testing.T) {
 	}
 	v, _ := p.Volume("vm")
 	scribble(t, v, rand.New(rand.NewPCG(1, 1)), 100)
-	srv.FailAfter(10)
+	// Four requests answered (the listing of backups, the lock's put and
+	// listing, the listing of indexes), then the store goes down: at the
+	// first pack.
+	srv.FailAfter(5)
 	if _, err := s.Backup(ctx, "vm", "main", false, nil); err == nil {
 		t.Fatal("backup with the store going down: no error")
 	}
@@ -235,8 +239,8 @@ func TestSchedulePruneAndMetrics(t *testing.T) {
 		st.LastSuccess = st.LastSuccess.Add(-time.Hour)
 		s.book.mu.Unlock()
 	}
-	// The pruned backups' chunks are collected: every chunk in the store
-	// is named by a backup left.
+	// The pruned backups' packs are collected: every pack left holds
+	// blocks of a backup left, and none is mostly unused.
 	if removed, _, err := r.Collect(ctx); err != nil || removed != 0 {
 		t.Errorf("chunks left after pruning: %d %v", removed, err)
 	}

@@ -21,6 +21,10 @@ var ErrNotFound = errors.New("object not found")
 // error); the operation may be retried.
 var ErrUnreachable = errors.New("object store unreachable")
 
+// ErrShort: the object ends before the range read (a damaged or
+// truncated object, or a wrong offset).
+var ErrShort = errors.New("object shorter than the range read")
+
 // ErrDenied: the store refused the credentials or the access.
 var ErrDenied = errors.New("object store refused access")
 
@@ -33,6 +37,9 @@ type Store interface {
 	// Get returns the object under key (ErrNotFound when there is none).
 	// At most limit bytes are read; a larger object is an error.
 	Get(ctx context.Context, key string, limit int64) ([]byte, error)
+	// GetRange returns length bytes of the object under key from offset
+	// off (ErrNotFound when there is none); fewer bytes there is ErrShort.
+	GetRange(ctx context.Context, key string, off, length int64) ([]byte, error)
 	// List calls fn with every key under prefix, in lexical order.
 	List(ctx context.Context, prefix string, fn func(key string, size int64) error) error
 	// Delete removes the object under key; a missing one is no error.

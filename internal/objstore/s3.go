@@ -108,6 +108,8 @@ func (s *s3Store) wrap(what string, err error) error {
 	case resp.StatusCode == http.StatusForbidden || resp.Code == "AccessDenied" || resp.Code == "InvalidAccessKeyId" ||
 		resp.Code == "SignatureDoesNotMatch":
 		return fmt.Errorf("%s %s: %w: %s", s, what, ErrDenied, resp.Message)
+	case resp.Code == "InvalidRange" || resp.StatusCode == http.StatusRequestedRangeNotSatisfiable:
+		return fmt.Errorf("%s %s: %w", s, what, ErrShort)
 	case errors.Is(err, context.Canceled):
 		return err
 	}
@@ -139,6 +141,31 @@ func (s *s3Store) Get(ctx context.Context, key string, limit int64) ([]byte, err
 	}
 	if int64(len(data)) > limit {
 		return nil, fmt.Errorf("%s get %s: larger than %d bytes", s, key, limit)
+	}
+	return data, nil
+}
+
+func (s *s3Store) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
+	if off < 0 || length <= 0 {
+		return nil, fmt.Errorf("%s get %s: range [%d, +%d) is empty or negative", s, key, off, length)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	var opts minio.GetObjectOptions
+	if err := opts.SetRange(off, off+length-1); err != nil {
+		return nil, err
+	}
+	o, err := s.c.GetObject(ctx, s.cfg.Bucket, s.cfg.Prefix+key, opts)
+	if err != nil {
+		return nil, s.wrap("get "+key, err)
+	}
+	defer o.Close()
+	data := make([]byte, length)
+	if n, err := io.ReadFull(o, data); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%s get %s: %d bytes at %d, want %d: %w", s, key, n, off, length, ErrShort)
+		}
+		return nil, s.wrap("get "+key, err)
 	}
 	return data, nil
 }

@@ -111,8 +111,16 @@ func (s *Server) FailAfter(n int64) { s.failAfter.Store(n) }
 // Requests counts the requests received.
 func (s *Server) Requests() int64 { return s.requests.Load() }
 
-// Corrupt flips a byte of the object under key (within the bucket).
+// Corrupt flips a byte in the middle of the object under key (within the
+// bucket).
 func (s *Server) Corrupt(t testing.TB, key string) {
+	t.Helper()
+	s.CorruptAt(t, key, -1)
+}
+
+// CorruptAt flips the byte at off of the object under key (its middle
+// byte when off < 0).
+func (s *Server) CorruptAt(t testing.TB, key string, off int64) {
 	t.Helper()
 	obj, err := s.backend.GetObject(s.Config.Bucket, key, nil)
 	if err != nil {
@@ -123,7 +131,10 @@ func (s *Server) Corrupt(t testing.TB, key string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf[len(buf)/2] ^= 0x40
+	if off < 0 {
+		off = int64(len(buf) / 2)
+	}
+	buf[off] ^= 0x40
 	if _, err := s.backend.PutObject(s.Config.Bucket, key, obj.Metadata, strings.NewReader(string(buf)), int64(len(buf)), nil); err != nil {
 		t.Fatal(err)
 	}

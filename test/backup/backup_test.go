@@ -68,7 +68,7 @@ func TestBackupRestoreVerifyThroughTheCLI(t *testing.T) {
 		}
 	}
 	// The backup served straight from the store over NBD, read-only: the
-	// same bytes as the restored volume, zero chunks as holes.
+	// same bytes as the restored volume, zero blocks as holes.
 	for _, d := range []string{"root", "data", "logs"} {
 		if out, err := exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", srv.URI("backup:"+second.ID+"/"+d),
 			srv.URI("vm-restored/"+d)).CombinedOutput(); err != nil {
@@ -112,11 +112,11 @@ func TestBackupRestoreVerifyThroughTheCLI(t *testing.T) {
 		t.Fatalf("backup metrics missing:\n%s", grepLines(metrics, "quiver_backup"))
 	}
 
-	// A damaged chunk: verify names it and fails; restore refuses.
+	// A damaged pack: verify names it and fails.
 	var victim string
-	err := s3Objects(t, s3, "quiver/chunks/", func(k string) { victim = k })
+	err := s3Objects(t, s3, "quiver/packs/", func(k string) { victim = k })
 	if err != nil || victim == "" {
-		t.Fatalf("no chunk in the store: %v", err)
+		t.Fatalf("no pack in the store: %v", err)
 	}
 	s3.Corrupt(t, victim)
 	id := victim[strings.LastIndexByte(victim, '/')+1:]
@@ -126,12 +126,12 @@ func TestBackupRestoreVerifyThroughTheCLI(t *testing.T) {
 		if err != nil {
 			bad++
 			if !strings.Contains(string(out), id) {
-				t.Errorf("verify of a damaged backup does not name chunk %s:\n%s", id, out)
+				t.Errorf("verify of a damaged backup does not name pack %s:\n%s", id, out)
 			}
 		}
 	}
 	if bad == 0 {
-		t.Fatalf("verify passes with chunk %s damaged", id)
+		t.Fatalf("verify passes with pack %s damaged", id)
 	}
 	_ = ctx
 }
