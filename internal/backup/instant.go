@@ -58,20 +58,12 @@ func (b *backupSource) close() {
 // content is copied in. It returns once the volume is durable and the copy
 // has started; VolumeInfo.Fill reports the copy's progress until it ends.
 func (s *Service) InstantRestore(ctx context.Context, targetName, id, volume string, disks []string) (pool.VolumeInfo, error) {
-	r, err := s.Repo(ctx, targetName)
+	r, m, spec, err := s.restorePlan(ctx, targetName, id, volume, disks)
 	if err != nil {
 		return pool.VolumeInfo{}, err
 	}
 	if targetName == "" {
 		targetName = s.Default()
-	}
-	m, err := r.Get(ctx, id)
-	if err != nil {
-		return pool.VolumeInfo{}, err
-	}
-	spec, err := restoreSpec(m, volume, disks)
-	if err != nil {
-		return pool.VolumeInfo{}, err
 	}
 	spec.Fill = fillRef(targetName, m.ID)
 	src, err := openBackupSource(ctx, r, m, spec.Disks)
@@ -87,6 +79,8 @@ func (s *Service) InstantRestore(ctx context.Context, targetName, id, volume str
 		src.close()
 		return pool.VolumeInfo{}, err
 	}
+	// Connected before the volume is handed out: a VM may read at once.
+	v.ConnectFill(src)
 	s.startFill(v, src)
 	return v.Info(), nil
 }

@@ -449,15 +449,7 @@ func (ps poolSnapshots) DeleteSnapshot(ctx context.Context, volume, name string)
 // Restore makes a new volume from a backup (only the disks named, when
 // any) and returns it. On an error the new volume is deleted.
 func (s *Service) Restore(ctx context.Context, targetName, id, volume string, disks []string, prog pool.Progress) (pool.VolumeInfo, error) {
-	r, err := s.Repo(ctx, targetName)
-	if err != nil {
-		return pool.VolumeInfo{}, err
-	}
-	m, err := r.Get(ctx, id)
-	if err != nil {
-		return pool.VolumeInfo{}, err
-	}
-	spec, err := restoreSpec(m, volume, disks)
+	r, m, spec, err := s.restorePlan(ctx, targetName, id, volume, disks)
 	if err != nil {
 		return pool.VolumeInfo{}, err
 	}
@@ -475,6 +467,21 @@ func (s *Service) Restore(ctx context.Context, targetName, id, volume string, di
 		return pool.VolumeInfo{}, err
 	}
 	return v.Info(), nil
+}
+
+// restorePlan finds backup id in target targetName and the volume its
+// restore makes.
+func (s *Service) restorePlan(ctx context.Context, targetName, id, volume string, disks []string) (*Repository, *Manifest, pool.VolumeSpec, error) {
+	r, err := s.Repo(ctx, targetName)
+	if err != nil {
+		return nil, nil, pool.VolumeSpec{}, err
+	}
+	m, err := r.Get(ctx, id)
+	if err != nil {
+		return nil, nil, pool.VolumeSpec{}, err
+	}
+	spec, err := restoreSpec(m, volume, disks)
+	return r, m, spec, err
 }
 
 // restoreSpec is the volume a restore of m makes (only the disks named,

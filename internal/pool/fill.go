@@ -420,6 +420,15 @@ func (v *Volume) fillSource() FillSource {
 	return nil
 }
 
+// ConnectFill connects a filling volume's source for the I/O that reaches
+// units not filled yet, before any copy runs (Fill connects it too): a
+// caller that hands the volume out at once connects it first.
+func (v *Volume) ConnectFill(src FillSource) {
+	if v.Filling() != nil {
+		v.fillSrc.Store(&fillSourceBox{src})
+	}
+}
+
 // Fill connects a filling volume to its source and copies every unit not
 // filled yet, reporting bytes to prog; once every unit of every disk is
 // durable it clears the fill record, and the volume is an ordinary one.
