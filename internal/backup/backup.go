@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/quiverstorage/quiver/internal/objstore"
+	"github.com/quiverstorage/quiver/internal/pool"
 )
 
 // Manifest is one backup: a whole VM at one snapshot's cut.
@@ -204,7 +205,7 @@ func (r *Repository) Backup(ctx context.Context, src Source, o Options) (*Manife
 			var sealed []sealedBlock
 			for k := int64(0); k < j.count; k++ {
 				b := p[k*BlockSize : min((k+1)*BlockSize, n)]
-				if allZero(b) {
+				if pool.IsZero(b) {
 					d.Blocks[j.first+k] = BlockID{}
 					zero.Add(1)
 					continue
@@ -294,21 +295,6 @@ func (r *Repository) toRead(dm *DiskManifest, o Options, n int64) []bool {
 		}
 	}
 	return read
-}
-
-func allZero(p []byte) bool {
-	for len(p) >= 8 {
-		if p[0]|p[1]|p[2]|p[3]|p[4]|p[5]|p[6]|p[7] != 0 {
-			return false
-		}
-		p = p[8:]
-	}
-	for _, b := range p {
-		if b != 0 {
-			return false
-		}
-	}
-	return true
 }
 
 func (r *Repository) putManifest(ctx context.Context, m *Manifest) error {

@@ -302,12 +302,12 @@ func (fl *diskFill) load(df *diskFile, u int64) error {
 	// Write runs of pieces holding data.
 	const piece = changeGranule
 	for lo := 0; lo < len(p); {
-		if allZeros(p[lo:min(lo+piece, len(p))]) {
+		if IsZero(p[lo:min(lo+piece, len(p))]) {
 			lo += piece
 			continue
 		}
 		hi := lo + piece
-		for hi < len(p) && !allZeros(p[hi:min(hi+piece, len(p))]) {
+		for hi < len(p) && !IsZero(p[hi:min(hi+piece, len(p))]) {
 			hi += piece
 		}
 		hi = min(hi, len(p))
@@ -319,7 +319,8 @@ func (fl *diskFill) load(df *diskFile, u int64) error {
 	return nil
 }
 
-func allZeros(p []byte) bool {
+// IsZero reports whether every byte of p is zero (a hole's worth of data).
+func IsZero(p []byte) bool {
 	for len(p) >= 8 {
 		if binary.LittleEndian.Uint64(p) != 0 {
 			return false
