@@ -208,14 +208,18 @@ func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (do
 		// chunk: the extent size hint), so the chunk ends in one extent;
 		// a clone from a scratch file would leave that reservation, and
 		// every later write into the chunk would go through it, each a
-		// new extent record.
-		force, ok, err := df.pinnedOrAlone(start, stop)
-		if err != nil || !ok {
-			return err != nil, err
-		}
-		if force {
-			if err := df.us.forceLog(); err != nil {
-				return true, err
+		// new extent record. A chunk wholly pinned when pinned needs no
+		// look (as above): its blocks the rewrite overwrites in place
+		// are the image's own copies, shared with no file ever.
+		if !df.pinnedChunk(i) {
+			force, ok, err := df.pinnedOrAlone(start, stop)
+			if err != nil || !ok {
+				return err != nil, err
+			}
+			if force {
+				if err := df.us.forceLog(); err != nil {
+					return true, err
+				}
 			}
 		}
 		return true, df.rewrite(i, piece, lo, start, stop)
