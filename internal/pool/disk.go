@@ -123,7 +123,7 @@ func (v *Volume) openFile(d DiskSpec) (*diskFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open disk %q of volume %q: %w", d.Name, v.name, err)
 	}
-	df := &diskFile{name: d.Name, f: f, size: d.Size, shared: d.Shared}
+	df := &diskFile{v: v, name: d.Name, f: f, size: d.Size, shared: d.Shared}
 	df.syncEnd = sync.NewCond(&df.smu)
 	if c, err := v.changes(); err != nil {
 		_ = f.Close()

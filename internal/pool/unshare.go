@@ -85,6 +85,8 @@ type unsharer struct {
 	// started and done number the forces: the last one started, and the
 	// last one that succeeded.
 	started, done atomic.Uint64
+
+	tidy tidier // chunks to rewrite in the background (tidy.go)
 }
 
 // newUnsharer returns the unsharer of a pool on XFS, with barrier its open
@@ -138,8 +140,9 @@ func (u *unsharer) forceLog() error {
 	return nil
 }
 
-// close gives pool.lock back its size.
+// close stops the tidier and gives pool.lock back its size.
 func (u *unsharer) close() {
+	u.tidy.close()
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.grown && u.barrier.Truncate(u.base) == nil {
@@ -173,7 +176,7 @@ const unshareBlock = 4096
 // whole. Each splits an extent record in up to three, so a chunk holds at
 // most 2*cowWrites+1 records until it is rewritten (chunks.go: records are
 // what a snapshot's FICLONE walks).
-const cowWrites = 2
+const cowWrites = 8
 
 // firstWrite decides how a write into unowned chunk i, [start, stop),
 // goes (see above), with the chunk's lock held. done reports that it wrote
@@ -198,6 +201,9 @@ func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (do
 		if pinned {
 			df.ch.cow[i]++
 			_, err := df.f.WriteAt(piece, lo)
+			if err == nil && df.ch.cow[i] == tidyAfter {
+				df.us.tidy.add(df, i) // tidy.go
+			}
 			return true, err
 		}
 	}

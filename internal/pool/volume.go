@@ -88,6 +88,7 @@ type Volume struct {
 // diskFile). Its fields change only with the gate held exclusively, except
 // refs, smu and what they guard.
 type diskFile struct {
+	v      *Volume
 	name   string
 	f      storage.File
 	size   int64

@@ -1,0 +1,125 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/quiverstorage/quiver/internal/fscap"
+	"github.com/quiverstorage/quiver/internal/testfs"
+)
+
+// TestTidy: after tidyAfter copy-on-write writes into a chunk pinned by a
+// snapshot, the tidier rewrites the chunk whole in the background (one
+// extent of the image's own, owned), changing no byte of the disk or the
+// snapshot; a chunk whose writes a capture shared meanwhile is left alone.
+func TestTidy(t *testing.T) {
+	dir := filepath.Join(testfs.MountXFS(t, 300<<20), "pool")
+	ctx := context.Background()
+	p, err := OpenWith(ctx, dir, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.us == nil {
+		t.Fatalf("a pool on XFS (caps %+v) without its unshare guard", p.Caps())
+	}
+	const size = 4 * ChunkSize
+	mustCreate(t, p, VolumeSpec{Name: "vm", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
+	v, _ := p.Volume("vm")
+	d, err := v.OpenDisk("d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	want := bytes.Repeat([]byte{0x11}, size)
+	if err := d.WriteAt(want, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.CreateSnapshot(ctx, "s", nil); err != nil {
+		t.Fatal(err)
+	}
+	snapWant := bytes.Clone(want)
+	img, err := os.Open(filepath.Join(dir, "volumes", "vm", "disks", "d.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	write := func(chunk, block int64, b byte) {
+		t.Helper()
+		off := chunk*ChunkSize + block*4096
+		w := bytes.Repeat([]byte{b}, 4096)
+		copy(want[off:], w)
+		if err := d.WriteAt(w, off, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Chunk 1 takes tidyAfter writes; chunk 2 one write (not queued).
+	for n := range tidyAfter {
+		write(1, int64(3+7*n), byte(0x40+n))
+	}
+	write(2, 9, 0x50)
+	df := v.files["d"]
+	owned := func(i int64) bool {
+		v.gate.RLock()
+		defer v.gate.RUnlock()
+		return df.ch.isOwned(i)
+	}
+	if owned(1) || owned(2) {
+		t.Fatal("a chunk owned right after copy-on-write writes: the write path rewrote it")
+	}
+	deadline := time.Now().Add(tidyDelay + 5*time.Second)
+	for !owned(1) {
+		if time.Now().After(deadline) {
+			t.Fatalf("chunk 1 not tidied %v after its writes", tidyDelay+5*time.Second)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := d.Flush(); err != nil { // written back: the extent map as it will stay
+		t.Fatal(err)
+	}
+	if solid, err := fscap.Solid(img, ChunkSize, ChunkSize); err != nil || !solid {
+		t.Fatalf("chunk 1 after tidying: solid %v (%v), want one extent of its own", solid, err)
+	}
+	if owned(2) {
+		t.Fatal("chunk 2, written once, was tidied")
+	}
+	got := make([]byte, size)
+	if err := d.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the disk changed when its chunk was tidied")
+	}
+	snap, err := os.ReadFile(filepath.Join(dir, "volumes", "vm", "snapshots", "s", "d.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(snap, snapWant) {
+		t.Fatal("the snapshot changed when the disk's chunk was tidied")
+	}
+
+	// A capture between the writes and the tidier: the chunk is shared
+	// anew, its count zeroed, and the queued rewrite does nothing.
+	for n := range tidyAfter {
+		write(3, int64(3+7*n), byte(0x60+n))
+	}
+	if _, _, err := v.CreateSnapshot(ctx, "s2", nil); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(tidyDelay + 500*time.Millisecond)
+	if owned(3) {
+		t.Fatal("chunk 3, shared by a snapshot after its writes, was tidied")
+	}
+	if err := d.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the disk does not read back what was written")
+	}
+}
