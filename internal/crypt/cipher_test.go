@@ -201,6 +201,9 @@ func TestBlocksDiffer(t *testing.T) {
 }
 
 func TestNoAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool allocate")
+	}
 	c := testCipher(t, bytes.Repeat([]byte{1}, DataKeySize))
 	buf := make([]byte, 16*BlockSize)
 	allocs := testing.AllocsPerRun(100, func() {
