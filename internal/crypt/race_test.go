@@ -2,6 +2,6 @@
 
 package crypt
 
-// raceEnabled: the race detector drops sync.Pool items on purpose, so
-// x/crypto/xts's tweak pool allocates under it.
+// raceEnabled: the race detector drops sync.Pool items on purpose, so the
+// cipher's pool of tweak buffers allocates under it.
 const raceEnabled = true
