@@ -153,3 +153,28 @@ func newGCM(kek []byte) (cipher.AEAD, error) {
 	}
 	return cipher.NewGCM(b)
 }
+
+// Keyring is the providers a node has configured, by name: it unwraps a
+// wrapped key with the provider the key names.
+type Keyring map[string]Provider
+
+// NewKeyring makes a keyring of providers, refusing two of one name.
+func NewKeyring(ps ...Provider) (Keyring, error) {
+	k := Keyring{}
+	for _, p := range ps {
+		if _, dup := k[p.Name()]; dup {
+			return nil, fmt.Errorf("two key providers named %q", p.Name())
+		}
+		k[p.Name()] = p
+	}
+	return k, nil
+}
+
+// Unwrap unwraps w with the provider it names; ErrProvider if there is none.
+func (k Keyring) Unwrap(ctx context.Context, w WrappedKey) (*DataKey, error) {
+	p, ok := k[w.Provider]
+	if !ok {
+		return nil, fmt.Errorf("unwrap under KEK %s: provider %q: %w", w.KeyID, w.Provider, ErrProvider)
+	}
+	return p.Unwrap(ctx, w)
+}

@@ -189,3 +189,29 @@ func TestCloneAndRekey(t *testing.T) {
 		t.Fatalf("after a shallow rekey: %v", err)
 	}
 }
+
+// TestKeyring: a keyring unwraps with the provider a wrapped key names and
+// refuses a key of a provider it lacks.
+func TestKeyring(t *testing.T) {
+	ctx := context.Background()
+	p := open(t, filepath.Join(t.TempDir(), "keks.json"))
+	dk, w, err := crypt.NewVMKey(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring, err := crypt.NewKeyring(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ring.Unwrap(ctx, w)
+	if err != nil || !got.Equal(dk) {
+		t.Fatalf("keyring unwrap: %v", err)
+	}
+	w.Provider = "kmip"
+	if _, err := ring.Unwrap(ctx, w); !errors.Is(err, crypt.ErrProvider) {
+		t.Fatalf("a key of a provider not configured: %v, want ErrProvider", err)
+	}
+	if _, err := crypt.NewKeyring(p, p); err == nil {
+		t.Fatal("a keyring with two providers of one name")
+	}
+}

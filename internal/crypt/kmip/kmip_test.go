@@ -219,6 +219,42 @@ func TestPyKMIP(t *testing.T) {
 	}
 }
 
+// TestWrongCA: a client that does not trust the server's certificate gets a
+// TLS error naming the server, not ErrUnreachable; a client without a
+// certificate of the KMS's CA is refused by the server.
+func TestWrongCA(t *testing.T) {
+	ctx := context.Background()
+	s := startPyKMIP(t)
+	other := certtest.NewCA(t, "another CA")
+	roots := x509.NewCertPool()
+	roots.AddCert(other.Cert)
+	wrong := s.client.Clone()
+	wrong.RootCAs = roots
+	p, err := New(Config{Addr: s.addr, TLS: wrong})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.CreateKEK(ctx)
+	if err == nil || errors.Is(err, crypt.ErrUnreachable) || !strings.Contains(err.Error(), s.addr) ||
+		!strings.Contains(err.Error(), "TLS") {
+		t.Fatalf("untrusted server: %v, want a TLS error naming %s", err, s.addr)
+	}
+	pair := other.Client(t, "intruder")
+	cert, err := tls.X509KeyPair(pair.Cert, pair.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	intruder := s.client.Clone()
+	intruder.Certificates = []tls.Certificate{cert}
+	p, err = New(Config{Addr: s.addr, TLS: intruder, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.CreateKEK(ctx); err == nil {
+		t.Fatal("a client certificate of another CA created a KEK")
+	}
+}
+
 // TestRewrapBetweenProviders moves a data key from the key file to the KMS
 // (a shallow rekey that changes provider).
 func TestRewrapBetweenProviders(t *testing.T) {

@@ -54,26 +54,36 @@ func (p *Provider) do(ctx context.Context, op kmip14.Operation, payload, out any
 	if err != nil {
 		return fmt.Errorf("kmip: encode %s: %w", op, err)
 	}
-	d := tls.Dialer{NetDialer: &net.Dialer{}, Config: p.cfg.TLS}
-	conn, err := d.DialContext(ctx, "tcp", p.cfg.Addr)
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, "tcp", p.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("KMIP server %s: %w: %w", p.cfg.Addr, crypt.ErrUnreachable, err)
 	}
-	defer conn.Close()
+	defer raw.Close()
 	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
+		_ = raw.SetDeadline(dl)
 	}
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	stop := context.AfterFunc(ctx, func() { _ = raw.SetDeadline(time.Now()) })
 	defer stop()
+	cfg := p.cfg.TLS.Clone()
+	if cfg.ServerName == "" {
+		cfg.ServerName, _, _ = net.SplitHostPort(p.cfg.Addr)
+	}
+	conn := tls.Client(raw, cfg)
+	// A failed handshake is a configuration to fix (certificates, CA), not
+	// an outage: it is not ErrUnreachable.
+	if err := conn.HandshakeContext(ctx); err != nil {
+		return fmt.Errorf("KMIP server %s: TLS handshake: %w", p.cfg.Addr, err)
+	}
 	if _, err := conn.Write(req); err != nil {
 		return fmt.Errorf("KMIP server %s: %s: %w: %w", p.cfg.Addr, op, crypt.ErrUnreachable, err)
 	}
-	raw, err := ttlv.NewDecoder(bufio.NewReader(conn)).NextTTLV()
+	msg, err := ttlv.NewDecoder(bufio.NewReader(conn)).NextTTLV()
 	if err != nil {
 		return fmt.Errorf("KMIP server %s: %s: no response: %w: %w", p.cfg.Addr, op, crypt.ErrUnreachable, err)
 	}
 	var resp kmipgo.ResponseMessage
-	if err := ttlv.Unmarshal(raw, &resp); err != nil {
+	if err := ttlv.Unmarshal(msg, &resp); err != nil {
 		return fmt.Errorf("KMIP server %s: %s: decode response: %w", p.cfg.Addr, op, err)
 	}
 	if len(resp.BatchItem) != 1 {
