@@ -5,6 +5,7 @@ import (
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
+	"errors"
 	"fmt"
 )
 
@@ -69,7 +70,7 @@ func NewVMKey(ctx context.Context, p Provider) (*DataKey, WrappedKey, error) {
 	}
 	w, err := p.Wrap(ctx, kek, dk)
 	if err != nil {
-		return nil, WrappedKey{}, fmt.Errorf("new VM key: %w", err)
+		return nil, WrappedKey{}, fmt.Errorf("new VM key: %w", errors.Join(err, dropKEK(ctx, p, kek)))
 	}
 	return dk, w, nil
 }
@@ -101,9 +102,19 @@ func CloneKey(ctx context.Context, p Provider, source WrappedKey) (WrappedKey, e
 	}
 	w, err := Rewrap(ctx, p, source, p, kek)
 	if err != nil {
-		return WrappedKey{}, fmt.Errorf("clone key: %w", err)
+		return WrappedKey{}, fmt.Errorf("clone key: %w", errors.Join(err, dropKEK(ctx, p, kek)))
 	}
 	return w, nil
+}
+
+// dropKEK destroys a KEK that was just created for a key that could not be
+// wrapped under it, so a failure leaves no unused KEK behind; its error, if
+// any, joins the one that caused it.
+func dropKEK(ctx context.Context, p Provider, kek string) error {
+	if err := p.DestroyKEK(ctx, kek); err != nil {
+		return fmt.Errorf("and the unused KEK %s stays: %w", kek, err)
+	}
+	return nil
 }
 
 // SealGCM wraps a data key under a 32-byte KEK with AES-256-GCM, for the

@@ -215,3 +215,24 @@ func TestKeyring(t *testing.T) {
 		t.Fatal("a keyring with two providers of one name")
 	}
 }
+
+// TestCloneOfLostKeyLeavesNoKEK: a clone of a key whose KEK is gone fails and
+// destroys the KEK it created for the clone.
+func TestCloneOfLostKeyLeavesNoKEK(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keks.json")
+	p := open(t, path)
+	_, w, err := crypt.NewVMKey(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.DestroyKEK(ctx, w.KeyID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := crypt.CloneKey(ctx, p, w); !errors.Is(err, crypt.ErrKEKNotFound) {
+		t.Fatalf("clone of a shredded key: %v, want ErrKEKNotFound", err)
+	}
+	if n := len(open(t, path).f.KEKs); n != 0 {
+		t.Fatalf("%d KEKs left in the key file, want 0", n)
+	}
+}
