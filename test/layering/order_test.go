@@ -19,9 +19,10 @@ var layers = [][]string{
 	{"replicated", "endpoint"}, // cluster domain: the replicated volume on a node; the compute node's endpoint
 	{"forward"},                // NBD forwarding to the primary of the moment
 	{"nbd"},                    // the NBD server
-	{"cluster", "replica", "auth", "metrics", "backup", "dr"},   // cluster state, replication protocol, tokens, metrics, backup, DR
-	{"pool", "job", "ova", "imageconv", "consistency", "audit"}, // the single node's domain; the audit log
-	{"qos", "durable", "faultio", "storage/crashfs"},            // I/O budgets, durable metadata, storage twins
+	{"cluster", "replica", "auth", "metrics", "backup", "dr"}, // cluster state, replication protocol, tokens, metrics, backup, DR
+	{"pool", "job", "ova", "imageconv", "consistency", "audit", // the single node's domain; the audit log
+		"crypt/keyfile", "crypt/kmip"}, // key providers
+	{"qos", "durable", "faultio", "storage/crashfs", "crypt"}, // I/O budgets, durable metadata, storage twins, encryption at rest
 	{"storage"},          // the only package that calls the kernel for the pool
 	{"fscap", "beneath"}, // filesystem capabilities, RESOLVE_BENEATH opens
 	{"buildinfo", "client", "blockdev", "kubevirt/hookapi/info", "kubevirt/hookapi/v1alpha2", "kubevirt/hookapi/v1alpha3"},
