@@ -49,7 +49,7 @@ type tidier struct {
 	queue   []tidyItem
 	running bool
 	closed  bool
-	off     bool // tests: the write path rewrites every chunk itself
+	off     bool          // tests: the write path rewrites every chunk itself
 	stop    chan struct{} // closed by close: the goroutine ends
 	done    chan struct{} // closed when the running goroutine ends
 }
