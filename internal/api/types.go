@@ -104,6 +104,9 @@ type Volume struct {
 	// BackupPolicy is the volume's backup schedule and retention, when it
 	// has one (PUT /v1/volumes/{volume}/backup-policy).
 	BackupPolicy *BackupPolicy `json:"backupPolicy,omitempty"`
+	// DRPolicy is the volume's DR relationship, when it has one (PUT
+	// /v1/volumes/{volume}/dr-policy).
+	DRPolicy *DRPolicy `json:"drPolicy,omitempty"`
 	// DirectAccess names the nodes that hand a VM the image files
 	// themselves (a single node's Filesystem-mode PVC): change tracking
 	// counts every disk changed meanwhile, so backups read them whole.
@@ -892,10 +895,46 @@ type DRZero struct {
 }
 
 // DRSync is the body of POST /v1/volumes/{volume}/dr/sync: ship a point of
-// the volume to a site's target of a relationship.
+// the volume to a site's target of a relationship (both may be left out
+// for a volume with a DR policy: the policy's).
 type DRSync struct {
 	Site         string `json:"site"`
 	Relationship string `json:"relationship"`
+}
+
+// DRPolicy is a volume's DR relationship (the body of PUT
+// /v1/volumes/{volume}/dr-policy): its points are shipped to the target of
+// Relationship on Site often enough that the target's last point is never
+// older than RPO, a Go duration from 10s to 24h.
+type DRPolicy struct {
+	Site         string `json:"site"`
+	Relationship string `json:"relationship"`
+	RPO          string `json:"rpo"`
+}
+
+// DRStatus is a volume's relationship as its source sees it (GET
+// /v1/dr/status).
+type DRStatus struct {
+	Volume       string `json:"volume"`
+	Site         string `json:"site"`
+	Relationship string `json:"relationship"`
+	RPO          string `json:"rpo"`
+	// LastPoint is the newest point the target committed, LastPointAt
+	// when the source took it; Lag its age now (since the policy was set,
+	// without one), Missed whether that is beyond the RPO.
+	LastPoint   string        `json:"lastPoint,omitempty"`
+	LastPointAt time.Time     `json:"lastPointAt,omitzero"`
+	Lag         time.Duration `json:"lagNs"`
+	Missed      bool          `json:"missed"`
+	Running     bool          `json:"running"`
+	LastAttempt time.Time     `json:"lastAttempt,omitzero"`
+	LastError   string        `json:"lastError,omitempty"` // of the last cycle, when it failed
+	LastSent    int64         `json:"lastSent"`            // bytes the last successful cycle wrote
+	LastChanged int64         `json:"lastChanged"`         // bytes its change tracking reported
+	LastTook    time.Duration `json:"lastTookNs"`
+	Cycles      int64         `json:"cycles"`   // successful, since the server started
+	Failures    int64         `json:"failures"` // since the server started
+	SentTotal   int64         `json:"sentTotal"`
 }
 
 // DRCycle is what a sync did.

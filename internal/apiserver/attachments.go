@@ -1,11 +1,13 @@
 package apiserver
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/dr"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
@@ -58,6 +60,10 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) error {
 	v, err := s.volume(r)
 	if err != nil {
 		return err
+	}
+	if rel := v.Info().Labels[dr.RelationshipLabel]; rel != "" && spec.Mode != pool.ModeReadOnly {
+		return fmt.Errorf("volume %s is the DR target of relationship %s: its source overwrites it at every point; "+
+			"attach it read-only (--mode ro), or promote it first (quiver dr target promote %s): %w", v.Name(), rel, rel, pool.ErrInvalid)
 	}
 	a, created, err := v.AttachWith(spec.Node, spec.Mode, idem)
 	if err != nil {

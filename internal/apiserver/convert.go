@@ -29,6 +29,9 @@ func volumeToAPI(v pool.VolumeInfo) api.Volume {
 		out.BackupPolicy = &api.BackupPolicy{Every: p.Every.String(), Target: p.Target, KeepLast: p.KeepLast,
 			KeepDaily: p.KeepDaily, KeepWeekly: p.KeepWeekly, KeepMonthly: p.KeepMonthly}
 	}
+	if p := v.DRPolicy; p != nil {
+		out.DRPolicy = &api.DRPolicy{Site: p.Site, Relationship: p.Relationship, RPO: p.RPO.String()}
+	}
 	return out
 }
 

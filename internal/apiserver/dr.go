@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/auth"
@@ -220,12 +221,9 @@ func (s *Server) listDRSites(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) syncDR(w http.ResponseWriter, r *http.Request) error {
-	sites, err := s.drSites(r)
+	sched, err := s.drScheduler(r)
 	if err != nil {
 		return err
-	}
-	if s.Cluster != nil {
-		return fmt.Errorf("DR of a cluster's volumes is not built yet (docs/dr.md): %w", pool.ErrNotSupported)
 	}
 	var spec api.DRSync
 	if err := decode(r, &spec); err != nil {
@@ -235,18 +233,20 @@ func (s *Server) syncDR(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	t, err := sites.Target(spec.Site, spec.Relationship)
-	if err != nil {
+	site, rel := spec.Site, spec.Relationship
+	if p := v.Info().DRPolicy; p != nil && site == "" && rel == "" {
+		site, rel = p.Site, p.Relationship
+	}
+	if err := dr.ValidateRelationship(rel); err != nil {
 		return err
 	}
-	src, err := dr.NewSource(v, spec.Relationship)
-	if err != nil {
+	if _, err := s.DRSites.Target(site, rel); err != nil {
 		return err
 	}
 	var st dr.Stats
-	return s.runJob(w, r, "dr-sync", v.Name()+"->"+spec.Site+"/"+spec.Relationship, 1, func(ctx context.Context, j *job.Job) error {
+	return s.runJob(w, r, "dr-sync", v.Name()+"->"+site+"/"+rel, 1, func(ctx context.Context, j *job.Job) error {
 		var err error
-		if st, err = src.Cycle(ctx, t); err == nil {
+		if st, err = sched.Sync(ctx, v.Name(), site, rel); err == nil {
 			j.Done(st.Point.Snapshot)
 		}
 		return err
@@ -255,4 +255,86 @@ func (s *Server) syncDR(w http.ResponseWriter, r *http.Request) error {
 			Base: st.Base, Changed: st.Changed, Sent: st.Sent, Zeroed: st.Zeroed, Duration: st.Duration})
 		return nil
 	})
+}
+
+// drScheduler is the source's side of DR, refused for a tenant, without
+// sites, and on a cluster.
+func (s *Server) drScheduler(r *http.Request) (*dr.Scheduler, error) {
+	if _, err := s.drSites(r); err != nil {
+		return nil, err
+	}
+	if s.Cluster != nil {
+		return nil, fmt.Errorf("DR of a cluster's volumes is not built yet (docs/dr.md): %w", pool.ErrNotSupported)
+	}
+	if s.DR == nil {
+		return nil, fmt.Errorf("this server runs no DR scheduler: %w", dr.ErrNoSite)
+	}
+	return s.DR, nil
+}
+
+func (s *Server) setDRPolicy(w http.ResponseWriter, r *http.Request) error {
+	if _, err := s.drScheduler(r); err != nil {
+		return err
+	}
+	var p api.DRPolicy
+	if err := decode(r, &p); err != nil {
+		return err
+	}
+	rpo, err := time.ParseDuration(p.RPO)
+	if err != nil {
+		return fmt.Errorf("rpo %q: a duration such as 30s or 5m: %w", p.RPO, pool.ErrInvalid)
+	}
+	if err := dr.ValidateRelationship(p.Relationship); err != nil {
+		return err
+	}
+	if _, err := s.DRSites.Target(p.Site, p.Relationship); err != nil {
+		return err // an unknown site: said now, not at the first cycle
+	}
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	if rel := v.Info().Labels[dr.RelationshipLabel]; rel != "" {
+		return fmt.Errorf("volume %s is the DR target of relationship %s on this site: promote it first (quiver dr target promote %s): %w",
+			v.Name(), rel, rel, pool.ErrInvalid)
+	}
+	info, err := v.SetDRPolicy(r.Context(), &pool.DRPolicy{Site: p.Site, Relationship: p.Relationship, RPO: rpo})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
+	return nil
+}
+
+func (s *Server) deleteDRPolicy(w http.ResponseWriter, r *http.Request) error {
+	if _, err := s.drScheduler(r); err != nil {
+		return err
+	}
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	info, err := v.SetDRPolicy(r.Context(), nil)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
+	return nil
+}
+
+func (s *Server) drStatus(w http.ResponseWriter, r *http.Request) error {
+	sched, err := s.drScheduler(r)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	out := api.List[api.DRStatus]{Items: []api.DRStatus{}}
+	for _, st := range sched.Statuses() {
+		out.Items = append(out.Items, api.DRStatus{Volume: st.Volume, Site: st.Site, Relationship: st.Relationship,
+			RPO: st.RPO.String(), LastPoint: st.LastPoint, LastPointAt: st.LastPointAt, Lag: st.Lag(now), Missed: st.Missed(now),
+			Running: st.Running, LastAttempt: st.LastAttempt, LastError: st.LastError, LastSent: st.LastSent,
+			LastChanged: st.LastChanged, LastTook: st.LastTook, Cycles: st.Cycles, Failures: st.Failures, SentTotal: st.SentTotal})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
 }

@@ -75,6 +75,8 @@ type Server struct {
 	// none.
 	DRTargets *dr.Targets
 	DRSites   *dr.Sites
+	// DR, set with DRSites, runs the volumes' DR policies and their syncs.
+	DR *dr.Scheduler
 
 	pool  *pool.Pool
 	jobs  *job.Manager
@@ -159,6 +161,9 @@ func (s *Server) routes() {
 		"POST /v1/dr/targets/{relationship}/commit":               {s.commitDRPoint, auth.ActAdmin},
 		"GET /v1/dr/sites":                                        {s.listDRSites, auth.ActAdmin},
 		"POST /v1/volumes/{volume}/dr/sync":                       {s.syncDR, auth.ActAdmin},
+		"PUT /v1/volumes/{volume}/dr-policy":                      {s.setDRPolicy, auth.ActAdmin},
+		"DELETE /v1/volumes/{volume}/dr-policy":                   {s.deleteDRPolicy, auth.ActAdmin},
+		"GET /v1/dr/status":                                       {s.drStatus, auth.ActAdmin},
 		"POST /v1/clones":                                         {s.clone, auth.ActWrite},
 		"GET /v1/attachments":                                     {s.findAttachments, auth.ActRead},
 		"GET /v1/volumes/{volume}/attachments":                    {s.listAttachments, auth.ActRead},

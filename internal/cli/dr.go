@@ -22,15 +22,15 @@ func (a *app) drCommand() *cobra.Command {
 only what changed. The target site accepts the relationship into a new volume, keeps
 its last points, and promotes it when it takes over.`,
 	}
-	cmd.AddCommand(a.drSyncCommand(), a.drSitesCommand(), a.drTargetCommand())
+	cmd.AddCommand(a.drEnableCommand(), a.drDisableCommand(), a.drStatusCommand(), a.drSyncCommand(), a.drSitesCommand(), a.drTargetCommand())
 	return cmd
 }
 
 func (a *app) drSyncCommand() *cobra.Command {
 	var site, rel string
 	cmd := &cobra.Command{
-		Use:   "sync VOLUME --site SITE --relationship NAME",
-		Short: "Ship a new point of a volume to its target on a site (the delta since the target's last point)",
+		Use:   "sync VOLUME [--site SITE --relationship NAME]",
+		Short: "Ship a new point of a volume to its target on a site now (the delta since the target's last point)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
@@ -56,11 +56,87 @@ func (a *app) drSyncCommand() *cobra.Command {
 			})
 		},
 	}
+	cmd.Flags().StringVar(&site, "site", "", "the site to ship to (from the server's --dr-config; default: the volume's DR policy's)")
+	cmd.Flags().StringVar(&rel, "relationship", "", "the relationship's name, the same on both sites (default: the policy's)")
+	return cmd
+}
+
+func (a *app) drEnableCommand() *cobra.Command {
+	var site, rel string
+	var rpo time.Duration
+	cmd := &cobra.Command{
+		Use:   "enable VOLUME --site SITE --relationship NAME --rpo DURATION",
+		Short: "Replicate a volume to its target on a site, often enough that the target's last point is never older than the RPO",
+		Long: `Sets the volume's DR policy: the server ships a new point whenever the target's last point is
+half the RPO old, and retries a failed cycle a tenth of the RPO later. quiver dr status shows
+the lag; the metric quiver_dr_rpo_missed turns 1 when it is beyond the RPO. The target site
+accepts the relationship first (quiver dr target accept RELATIONSHIP VOLUME).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if _, err := c.SetDRPolicy(cmd.Context(), args[0], api.DRPolicy{Site: site, Relationship: rel, RPO: rpo.String()}); err != nil {
+				return err
+			}
+			return a.printDone(cmd.OutOrStdout(), "volume %s replicates to %s as relationship %s, RPO %s; see quiver dr status", args[0], site, rel, rpo)
+		},
+	}
 	cmd.Flags().StringVar(&site, "site", "", "the site to ship to (from the server's --dr-config)")
 	cmd.Flags().StringVar(&rel, "relationship", "", "the relationship's name, the same on both sites")
+	cmd.Flags().DurationVar(&rpo, "rpo", 5*time.Minute, "the recovery point objective: the oldest the target's last point may be (10s to 24h)")
 	_ = cmd.MarkFlagRequired("site")
 	_ = cmd.MarkFlagRequired("relationship")
 	return cmd
+}
+
+func (a *app) drDisableCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "disable VOLUME",
+		Short: "Stop replicating a volume (the points on both sites stay; a later enable ships only the delta)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if _, err := c.DeleteDRPolicy(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			return a.printDone(cmd.OutOrStdout(), "volume %s no longer replicates", args[0])
+		},
+	}
+}
+
+func (a *app) drStatusCommand() *cobra.Command {
+	return a.getter(&cobra.Command{
+		Use:   "status",
+		Short: "Show each replicated volume's lag against its RPO, its last point and what its cycles sent",
+		Args:  cobra.NoArgs,
+	}, func(ctx context.Context, c *client.Client, _ []string) (any, func(io.Writer) error, error) {
+		list, err := c.DRStatus(ctx)
+		return api.List[api.DRStatus]{Items: nonNil(list)}, func(w io.Writer) error {
+			t := newTable(w, "VOLUME", "SITE", "RELATIONSHIP", "RPO", "LAG", "LAST-POINT", "STATE", "LAST-SENT", "CYCLES", "FAILURES")
+			for _, s := range list {
+				state := "ok"
+				switch {
+				case s.LastError != "":
+					state = "failing: " + s.LastError
+				case s.Missed:
+					state = "rpo missed"
+				case s.Running:
+					state = "shipping"
+				}
+				if s.Missed && s.LastError != "" {
+					state = "rpo missed, " + state
+				}
+				t.row(s.Volume, s.Site, s.Relationship, s.RPO, s.Lag.Round(time.Second).String(), orNone(s.LastPoint), state,
+					quantity.Format(s.LastSent), fmt.Sprint(s.Cycles), fmt.Sprint(s.Failures))
+			}
+			return t.flush()
+		}, err
+	})
 }
 
 func (a *app) drSitesCommand() *cobra.Command {

@@ -354,6 +354,9 @@ func (a *app) volumeDetail(v api.Volume) func(io.Writer) error {
 			f.add("Source", source(v.Source))
 		}
 		f.add("Snapshots", fmt.Sprint(v.Snapshots))
+		if p := v.DRPolicy; p != nil {
+			f.add("DR", fmt.Sprintf("to %s as relationship %s, RPO %s (quiver dr status)", p.Site, p.Relationship, p.RPO))
+		}
 		if r := v.Restore; r != nil {
 			f.add("Restore", fmt.Sprintf("copying from %s: %s of %s (%d%%), started %s; served meanwhile, snapshots wait",
 				r.Source, quantity.Format(r.CopiedBytes), quantity.Format(r.TotalBytes), percent(r.CopiedBytes, r.TotalBytes),

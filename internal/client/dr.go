@@ -83,3 +83,27 @@ func (c *Client) DRSync(ctx context.Context, volume string, spec api.DRSync) (ap
 	err := c.do(ctx, http.MethodPost, "/volumes/"+url.PathEscape(volume)+"/dr/sync", nil, spec, &out)
 	return out, err
 }
+
+// SetDRPolicy sets a volume's DR relationship: its points are shipped by
+// the server's scheduler to hold the policy's RPO.
+func (c *Client) SetDRPolicy(ctx context.Context, volume string, p api.DRPolicy) (api.Volume, error) {
+	var v api.Volume
+	err := c.do(ctx, http.MethodPut, "/volumes/"+url.PathEscape(volume)+"/dr-policy", nil, p, &v)
+	return v, err
+}
+
+// DeleteDRPolicy removes a volume's DR relationship (the points on both
+// sites stay).
+func (c *Client) DeleteDRPolicy(ctx context.Context, volume string) (api.Volume, error) {
+	var v api.Volume
+	err := c.do(ctx, http.MethodDelete, "/volumes/"+url.PathEscape(volume)+"/dr-policy", nil, nil, &v)
+	return v, err
+}
+
+// DRStatus lists the relationships of the server's volumes with a DR
+// policy: their lag, last point and cycles.
+func (c *Client) DRStatus(ctx context.Context) ([]api.DRStatus, error) {
+	var out api.List[api.DRStatus]
+	err := c.do(ctx, http.MethodGet, "/dr/status", nil, nil, &out)
+	return out.Items, err
+}

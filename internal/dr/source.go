@@ -32,6 +32,7 @@ type Stats struct {
 	Sent     int64 // bytes written to the target
 	Zeroed   int64 // bytes the target zeroed
 	Duration time.Duration
+	At       time.Time // when the source took the point
 }
 
 // shipPiece is the most a Write carries.
@@ -62,6 +63,7 @@ func (s *Source) Cycle(ctx context.Context, t Target) (Stats, error) {
 		return Stats{}, err
 	}
 	st, err := s.ship(ctx, t, p, base, snap)
+	st.At = snap.CreatedAt
 	if err != nil {
 		if derr := s.v.DeleteSnapshot(context.WithoutCancel(ctx), p.Snapshot); derr != nil {
 			err = errors.Join(err, fmt.Errorf("remove the point not shipped: %w", derr))

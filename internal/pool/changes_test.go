@@ -359,6 +359,36 @@ func TestBackupPolicyKeptInTheManifest(t *testing.T) {
 	}
 }
 
+func TestDRPolicyKeptInTheManifest(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	p := openTestPool(t, dir)
+	mustCreate(t, p, VolumeSpec{Name: "vm", Capacity: 8 * mib, Disks: []DiskSpec{{Name: "root", Size: mib}}})
+	v, _ := p.Volume("vm")
+	for _, bad := range []DRPolicy{{Site: "b", Relationship: "db", RPO: time.Second}, {Site: "../b", Relationship: "db", RPO: time.Minute},
+		{Site: "b", Relationship: "", RPO: time.Minute}, {Site: "b", Relationship: "db", RPO: 48 * time.Hour}} {
+		if _, err := v.SetDRPolicy(ctx, &bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("policy %+v: %v, want ErrInvalid", bad, err)
+		}
+	}
+	if v.Info().DRPolicy != nil {
+		t.Fatal("a refused policy was kept")
+	}
+	want := DRPolicy{Site: "b", Relationship: "db", RPO: 30 * time.Second}
+	if _, err := v.SetDRPolicy(ctx, &want); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	p = openTestPool(t, dir)
+	v, _ = p.Volume("vm")
+	if got := v.Info().DRPolicy; got == nil || *got != want {
+		t.Fatalf("policy after a restart: %+v, want %+v", got, want)
+	}
+	if _, err := v.SetDRPolicy(ctx, nil); err != nil || v.Info().DRPolicy != nil {
+		t.Fatalf("removing the policy: %v", err)
+	}
+}
+
 func TestChangesPrunedAtEachCheckpoint(t *testing.T) {
 	ctx := context.Background()
 	p := openTestPool(t, t.TempDir())

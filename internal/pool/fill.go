@@ -99,7 +99,7 @@ type FillInfo struct {
 }
 
 // fillOps are the control operations a filling volume allows.
-var fillOps = []string{"delete", "update", "set backup policy", "delete snapshot", "finish restore"}
+var fillOps = []string{"delete", "update", "set backup policy", "set DR policy", "delete snapshot", "finish restore"}
 
 // checkNotFilling refuses op while the volume fills.
 func (v *Volume) checkNotFilling(op string) error {

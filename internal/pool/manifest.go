@@ -69,6 +69,9 @@ type volumeManifest struct {
 	DiskKeys       map[string]string `json:"diskIdempotencyKeys,omitempty"`
 	// BackupPolicy is the volume's backup schedule (policy.go); nil: none.
 	BackupPolicy *BackupPolicy `json:"backupPolicy,omitempty"`
+	// DRPolicy is the volume's disaster-recovery relationship (policy.go);
+	// nil: none.
+	DRPolicy *DRPolicy `json:"drPolicy,omitempty"`
 	// DirectAccess names the holders of the image files themselves
 	// (direct.go): change tracking counts every disk changed meanwhile.
 	DirectAccess []string `json:"directAccess,omitempty"`
@@ -179,6 +182,8 @@ type VolumeInfo struct {
 	Tenant    string // the volume's tenant, from its manifest; "" for none
 	// BackupPolicy is the volume's backup schedule; nil: none.
 	BackupPolicy *BackupPolicy
+	// DRPolicy is the volume's disaster-recovery relationship; nil: none.
+	DRPolicy *DRPolicy
 	// DirectAccess names who holds the image files themselves.
 	DirectAccess []string
 	// Fill reports a volume still filling from its source (an instant

@@ -70,3 +70,57 @@ func (v *Volume) SetBackupPolicy(ctx context.Context, p *BackupPolicy) (VolumeIn
 	}
 	return v.Info(), nil
 }
+
+// DRPolicy is a volume's disaster-recovery relationship: its points are
+// shipped to the target of Relationship on Site, often enough to keep the
+// target's last point at most RPO old. The pool keeps it in the volume's
+// manifest, with the VM; the DR scheduler (internal/dr) runs it.
+type DRPolicy struct {
+	Site         string        `json:"site"`
+	Relationship string        `json:"relationship"`
+	RPO          time.Duration `json:"rpo"`
+}
+
+// Recovery point objectives: from 10 s to a day.
+const (
+	MinDRRPO = 10 * time.Second
+	MaxDRRPO = 24 * time.Hour
+)
+
+// ValidateDRPolicy checks a policy from a caller. The relationship's name
+// is a name (its points' snapshot names are checked by internal/dr).
+func ValidateDRPolicy(p DRPolicy) error {
+	if err := ValidateName("site", p.Site); err != nil {
+		return err
+	}
+	if err := ValidateName("relationship", p.Relationship); err != nil {
+		return err
+	}
+	if p.RPO < MinDRRPO || p.RPO > MaxDRRPO {
+		return invalid("rpo", p.RPO.String(), "must be between 10s and 24h")
+	}
+	return nil
+}
+
+// SetDRPolicy sets the volume's DR relationship, or removes it (nil).
+// Durable on return.
+func (v *Volume) SetDRPolicy(ctx context.Context, p *DRPolicy) (VolumeInfo, error) {
+	if p != nil {
+		if err := ValidateDRPolicy(*p); err != nil {
+			return VolumeInfo{}, err
+		}
+		cp := *p
+		p = &cp
+	}
+	unlock, err := v.lockOps("set DR policy")
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	defer unlock()
+	m := v.manifest()
+	m.DRPolicy = p
+	if err := v.commit(m); err != nil {
+		return VolumeInfo{}, err
+	}
+	return v.Info(), nil
+}

@@ -114,6 +114,11 @@ func (m *volumeManifest) validate(dir string) error {
 			return fmt.Errorf("backupPolicy: %w", err)
 		}
 	}
+	if m.DRPolicy != nil {
+		if err := ValidateDRPolicy(*m.DRPolicy); err != nil {
+			return fmt.Errorf("drPolicy: %w", err)
+		}
+	}
 	if m.Fill != nil {
 		if err := ValidateFillSource(m.Fill.Source); err != nil {
 			return err

@@ -245,7 +245,7 @@ func (v *Volume) Info() VolumeInfo {
 	v.mu.Unlock()
 	info := VolumeInfo{QoS: limitsOf(m.QoS), Name: m.Name, UID: m.UID, Capacity: m.Capacity, Labels: m.Labels, Source: m.Source,
 		Snapshots: nsnaps, CreatedAt: m.CreatedAt, Dir: v.disksDir(), Replicas: replicasOf(m.Replicas), Tenant: m.Tenant,
-		BackupPolicy: m.BackupPolicy, DirectAccess: m.DirectAccess, Fill: v.fillInfo(m)}
+		BackupPolicy: m.BackupPolicy, DRPolicy: m.DRPolicy, DirectAccess: m.DirectAccess, Fill: v.fillInfo(m)}
 	for _, d := range m.Disks {
 		path := v.diskPath(d.Name)
 		alloc, _ := v.pool.fs.Allocated(v.pool.rel(path))

@@ -278,6 +278,16 @@ func (n *node) buildAPI() {
 	h.Audit = n.audit
 	h.Backups = n.backups
 	h.DRSites = n.drSites
+	if n.drSites != nil && !p.ReadOnly() {
+		// The volumes' DR policies, checked every second (the shortest
+		// RPO is 10 s, a cycle starts at half of it).
+		h.DR = dr.NewScheduler(p, n.drSites.Target, n.log)
+		n.metrics.Register(h.DR)
+		dctx, dcancel := context.WithCancel(context.Background())
+		ddone := make(chan struct{})
+		go func() { defer close(ddone); h.DR.Run(dctx, time.Second) }()
+		n.onClose(func() { dcancel(); <-ddone })
+	}
 	if !p.ReadOnly() {
 		h.DRTargets = dr.NewTargets(p, drKeep)
 	}

@@ -93,6 +93,10 @@ func TestShipPromote(t *testing.T) {
 		}
 		return st
 	}
+	// A VM cannot write to a target: its source would overwrite it.
+	if out, err := run(append(bArgs, "attach", "create", "vm-dr", "vm-node")...); err == nil || !strings.Contains(out, "promote it first") {
+		t.Fatalf("a read-write attachment of a DR target: %v\n%s", err, out)
+	}
 	// B's NBD needs an attachment's token: a read-only one, to compare.
 	var att api.Attachment
 	if err := json.Unmarshal([]byte(onB("-o", "json", "attach", "create", "vm-dr", "checker", "--mode", "ro")), &att); err != nil {
