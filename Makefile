@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: helm man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm bench-backup proto clean mutate-syncs
+.PHONY: console helm man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm bench-backup proto clean mutate-syncs
 
 all: build
 
@@ -44,6 +44,13 @@ image:
 		-label org.opencontainers.image.source=$(IMAGE_SOURCE) \
 		-tag $(IMAGE):$(VERSION) -o $(IMAGE_TAR)
 	@echo "$(IMAGE):$(VERSION) in $(IMAGE_TAR)"
+
+# The web console (docs/console.md): its sources in web/console, built with
+# npm (Node.js 20.19 or later) into internal/console/dist, which is committed
+# and embedded in the binary, so `make build` needs no npm. Run it after a
+# change to web/console and commit the new dist.
+console:
+	cd web/console && npm ci --no-audit --no-fund && npm run build
 
 # Man pages of every command, generated from the command tree, in man/.
 man: build
