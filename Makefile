@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: console helm man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm bench-backup proto clean mutate-syncs
+.PHONY: console console-screenshots helm man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm bench-backup proto clean mutate-syncs
 
 all: build
 
@@ -52,6 +52,11 @@ image:
 console:
 	cd web/console && npm ci --no-audit --no-fund && npm run build
 
+# The console's browser tests (test/console) with their screenshots saved
+# in docs/ui, for the docs and the README. Needs chromium.
+console-screenshots:
+	QUIVER_UI_SCREENSHOTS=1 $(GO) test -count=1 ./test/console/
+
 # Man pages of every command, generated from the command tree, in man/.
 man: build
 	./$(BIN) man --dir man
@@ -72,6 +77,8 @@ run: build
 # cluster, replica and forward packages run with it above. The history
 # checker over a fault schedule (test/history, issue 29) runs alone and
 # without the race detector too: 30 cycles, about 5 minutes.
+# The web console's 10,000-volume list (test/console) runs once more
+# without the race detector, for its 1 s bound (docs/console.md).
 # scripts/gotest is go test that ends a failed run with a summary of what
 # failed, so a log cut to its tail still names it.
 GOTEST  ?= GO=$(GO) scripts/gotest
@@ -83,6 +90,7 @@ test: lint
 	$(GOTEST) -race -count=1 -timeout 20m ./test/powercut/
 	$(GOTEST) -race -count=1 -timeout 10m ./test/migration/
 	$(GOTEST) -count=1 -run 'TestHotPathAllocations' ./internal/nbd/  # sync.Pool drops items under -race
+	$(GOTEST) -count=1 -run 'TestConsoleManyVolumes' ./test/console/  # the 1 s bound of 10,000 volumes holds for a server without -race
 
 test-race: test
 

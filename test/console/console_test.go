@@ -2,13 +2,16 @@ package console
 
 import (
 	"context"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/client"
+	"github.com/quiverstorage/quiver/internal/nbdclient"
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
 
@@ -30,11 +33,20 @@ func TestConsoleVolumeLifecycle(t *testing.T) {
 	ctx := context.Background()
 	b := newBrowser(t, "http://"+srv.APIAddr)
 
-	b.login(adminToken)
-	if got := b.text(`[data-role]`); got == "" {
-		t.Fatal("no role shown after login")
+	// A wrong token: the server's refusal on the login page.
+	b.run("login page", chromedp.Navigate(b.base+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`input[name="token"]`)))
+	b.fill(`input[name="token"]`, "not-a-token")
+	b.run("sign in", chromedp.Click(chromedp.CSS(`form.login button[type="submit"]`)))
+	if got := b.text(`form.login .error`); !strings.HasPrefix(got, api.CodeUnauthorized+": ") {
+		t.Fatalf("wrong token: the login page shows %q, want the server's %s", got, api.CodeUnauthorized)
 	}
-	b.checkPage("overview")
+	b.checkPage("login")
+
+	b.login(adminToken)
+	if got := b.text(`[data-role]`); !strings.HasPrefix(got, "admin") {
+		t.Fatalf("role shown after login: %q", got)
+	}
+	b.checkPage("overview-empty")
 
 	b.goTo("#/volumes", `input[name="search"]`)
 	b.checkPage("volumes-empty")
@@ -94,6 +106,39 @@ func TestConsoleVolumeLifecycle(t *testing.T) {
 		}
 	}
 
+	// Rollback under a connected writer: the server refuses, and the
+	// dialog shows its message; once the writer is gone it succeeds.
+	att, err := srv.API.Attach(ctx, "web01", api.AttachmentSpec{Node: "host-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer, err := nbdclient.Dial(ctx, "", "web01/root/"+att.Token, nbdclient.Options{Timeout: 10 * time.Second,
+		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", srv.Socket)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.WriteAt(make([]byte, 4096), 0, true); err != nil {
+		t.Fatal(err)
+	}
+	_, want = srv.API.Rollback(ctx, "web01", "snap1")
+	if client.Code(want) != api.CodeInUse {
+		t.Fatalf("rollback under a writer, asked of the API: %v, want %s", want, api.CodeInUse)
+	}
+	b.goTo("#/volumes", `[data-volume="web01"]`)
+	b.goTo("#/volumes/web01", `[data-attachment]`)
+	b.act("rollback-snap1", nil)
+	if got, wantText := b.text(`form[data-dialog="rollback-snap1"] .error`), api.CodeInUse+": "+want.Error(); got != wantText {
+		t.Fatalf("rollback under a writer: the console shows %q, the server answers %q", got, wantText)
+	}
+	b.checkPage("rollback-refused")
+	b.run("cancel", chromedp.Click(chromedp.CSS(`form[data-dialog="rollback-snap1"] button[type="button"]`)))
+	writer.Close()
+	if err := srv.API.Detach(ctx, "web01", att.ID); err != nil {
+		t.Fatal(err)
+	}
 	b.act("rollback-snap1", nil)
 	b.waitText(`.notice`, "Rolled back to snap1.")
 
@@ -120,6 +165,13 @@ func TestConsoleVolumeLifecycle(t *testing.T) {
 		t.Fatalf("web02 after its delete in the console: %v, want %s", err, api.CodeNotFound)
 	}
 	b.checkPage("after-delete")
+
+	// The overview counts what is left: web01 and web03.
+	b.goTo("#/", `[data-card="volumes"]`)
+	if got := b.text(`[data-card="volumes"] .big`); got != "2" {
+		t.Fatalf("overview: %q volumes, want 2", got)
+	}
+	b.checkPage("overview")
 }
 
 // TestConsoleMonitor logs in with a monitor token: every page renders,
@@ -162,5 +214,50 @@ func TestConsoleMonitor(t *testing.T) {
 	_, err = mon.CreateSnapshot(ctx, "db01", "s2")
 	if client.Code(err) != api.CodeForbidden {
 		t.Fatalf("monitor's snapshot: %v, want %s", err, api.CodeForbidden)
+	}
+}
+
+// TestConsoleTenant logs in with a tenant's token: the list holds the
+// tenant's volumes only, by its own names, and another tenant's volume is
+// not found through the console either.
+func TestConsoleTenant(t *testing.T) {
+	srv := startServer(t)
+	ctx := context.Background()
+	tokens := map[string]string{}
+	for _, tenant := range []string{"acme", "globex"} {
+		tok, err := srv.API.CreateToken(ctx, api.TokenSpec{Tenant: tenant, Role: "tenant", Description: "console test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[tenant] = tok.Secret
+		c, err := srv.ClientWith(tok.Secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.CreateVolume(ctx, api.VolumeSpec{Name: tenant + "-vm", Capacity: 1 << 30,
+			Disks: []api.DiskSpec{{Name: "root", Size: 1 << 30}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := newBrowser(t, "http://"+srv.APIAddr)
+	b.login(tokens["acme"])
+	if got := b.text(`[data-role]`); !strings.HasPrefix(got, "tenant of acme") {
+		t.Fatalf("role shown: %q", got)
+	}
+	b.checkPage("tenant-overview")
+	b.goTo("#/volumes", `[data-volume="acme-vm"]`)
+	if n := b.count(`.vlist .body [data-volume]`); n != 1 {
+		t.Fatalf("tenant acme: %d volumes listed, want its one", n)
+	}
+	if n := b.count(`[data-action="create-volume"]`); n != 1 {
+		t.Fatalf("tenant acme: %d create buttons, want 1", n)
+	}
+	b.checkPage("tenant-volumes")
+	// Globex's volume, by either name, is not found for acme.
+	for _, name := range []string{"globex-vm", "globex--globex-vm"} {
+		b.goTo("#/volumes/"+name, `.error`)
+		if got := b.text(`.error`); !strings.HasPrefix(got, api.CodeNotFound+": ") {
+			t.Fatalf("acme opening %s: %q, want %s", name, got, api.CodeNotFound)
+		}
 	}
 }

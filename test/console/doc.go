@@ -5,8 +5,9 @@
 //
 //   - console_test.go: log in with a token, create a volume, snapshot it,
 //     clone it live and from the snapshot, roll it back, delete; a bad
-//     name shows the server's own message; a monitor token sees no action
-//     button (and the API refuses it);
+//     name shows the server's own message, as does a rollback under a
+//     connected writer; a monitor token sees no action button (and the API
+//     refuses it); a tenant's token sees its own volumes only;
 //   - list_test.go: the volume list with many volumes (10,000 by default)
 //     renders, searches and sorts, timed.
 //

@@ -41,7 +41,7 @@ export function Overview() {
         <${Meter} used=${used} total=${pool.totalBytes} />
         <p>${bytes(used)} used of ${bytes(pool.totalBytes)} (${bytes(pool.freeBytes)} free)</p>
         <p>
-          ${bytes(pool.provisionedBytes)} provisioned:
+          ${bytes(pool.provisionedBytes) + ' provisioned: '}
           <span class=${over > 1 ? 'warn' : ''}>${over.toFixed(2)}× overcommit</span>
         </p>
         <p>${pool.filesystem} at ${pool.path}</p>

@@ -53,7 +53,7 @@ var e,t,n,r,i,a,o,s,c,l,u=Symbol.for(`pv`),d={},f=[],p=/^m(i|n|o|s|text|space)$/
         <${Pe} used=${f} total=${e.totalBytes} />
         <p>${Z(f)} used of ${Z(e.totalBytes)} (${Z(e.freeBytes)} free)</p>
         <p>
-          ${Z(e.provisionedBytes)} provisioned:
+          ${Z(e.provisionedBytes)+` provisioned: `}
           <span class=${p>1?`warn`:``}>${p.toFixed(2)}× overcommit</span>
         </p>
         <p>${e.filesystem} at ${e.path}</p>
