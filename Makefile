@@ -48,9 +48,11 @@ image:
 # The web console (docs/console.md): its sources in web/console, built with
 # npm (Node.js 20.19 or later) into internal/console/dist, which is committed
 # and embedded in the binary, so `make build` needs no npm. Run it after a
-# change to web/console and commit the new dist.
+# change to web/console and commit the new dist (and source.sha256 beside
+# it: internal/console's TestDistIsCurrent fails on sources changed since).
 console:
 	cd web/console && npm ci --no-audit --no-fund && npm run build
+	$(GO) test -count=1 -run TestDistIsCurrent ./internal/console/ -update
 
 # The console's browser tests (test/console) with their screenshots saved
 # in docs/ui, for the docs and the README. Needs chromium.
