@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: helm man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm bench-backup proto clean mutate-syncs
+.PHONY: console console-screenshots helm man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm bench-backup proto clean mutate-syncs
 
 all: build
 
@@ -45,6 +45,20 @@ image:
 		-tag $(IMAGE):$(VERSION) -o $(IMAGE_TAR)
 	@echo "$(IMAGE):$(VERSION) in $(IMAGE_TAR)"
 
+# The web console (docs/console.md): its sources in web/console, built with
+# npm (Node.js 20.19 or later) into internal/console/dist, which is committed
+# and embedded in the binary, so `make build` needs no npm. Run it after a
+# change to web/console and commit the new dist (and source.sha256 beside
+# it: internal/console's TestDistIsCurrent fails on sources changed since).
+console:
+	cd web/console && npm ci --no-audit --no-fund && npm run build
+	$(GO) test -count=1 -run TestDistIsCurrent ./internal/console/ -update
+
+# The console's browser tests (test/console) with their screenshots saved
+# in docs/ui, for the docs and the README. Needs chromium.
+console-screenshots:
+	QUIVER_UI_SCREENSHOTS=1 $(GO) test -count=1 ./test/console/
+
 # Man pages of every command, generated from the command tree, in man/.
 man: build
 	./$(BIN) man --dir man
@@ -65,6 +79,8 @@ run: build
 # cluster, replica and forward packages run with it above. The history
 # checker over a fault schedule (test/history, issue 29) runs alone and
 # without the race detector too: 30 cycles, about 5 minutes.
+# The web console's 10,000-volume list (test/console) runs once more
+# without the race detector, for its 1 s bound (docs/console.md).
 # scripts/gotest is go test that ends a failed run with a summary of what
 # failed, so a log cut to its tail still names it.
 GOTEST  ?= GO=$(GO) scripts/gotest
@@ -76,6 +92,7 @@ test: lint
 	$(GOTEST) -race -count=1 -timeout 20m ./test/powercut/
 	$(GOTEST) -race -count=1 -timeout 10m ./test/migration/
 	$(GOTEST) -count=1 -run 'TestHotPathAllocations' ./internal/nbd/  # sync.Pool drops items under -race
+	$(GOTEST) -count=1 -run 'TestConsoleManyVolumes' ./test/console/  # the 1 s bound of 10,000 volumes holds for a server without -race
 
 test-race: test
 

@@ -87,6 +87,14 @@ type Server struct {
 	// answers 503 so that a load balancer or kubelet stops sending work.
 	draining atomic.Bool
 	nbd      NBDEndpoint
+	// public are the handlers served without a credential (MountPublic),
+	// by path prefix.
+	public []publicMount
+}
+
+type publicMount struct {
+	prefix string
+	h      http.Handler
 }
 
 // NewServer returns the API handler. With a non-empty token every request
@@ -107,6 +115,34 @@ func (s *Server) Mount(pattern string, h http.Handler) {
 		h.ServeHTTP(w, r)
 		return nil
 	})))
+}
+
+// MountPublic serves h for every GET and HEAD under prefix (which ends in
+// "/") without a credential, and redirects prefix without its slash there:
+// for files that hold no data and no secret, such as the web console's,
+// whose every API call then carries the user's own credential. Call it
+// before serving.
+func (s *Server) MountPublic(prefix string, h http.Handler) {
+	s.public = append(s.public, publicMount{prefix: prefix, h: h})
+}
+
+// servePublic answers a request under a MountPublic prefix and reports
+// whether r was one.
+func (s *Server) servePublic(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return false
+	}
+	for _, m := range s.public {
+		switch {
+		case r.URL.Path == strings.TrimSuffix(m.prefix, "/"):
+			http.Redirect(w, r, m.prefix, http.StatusMovedPermanently)
+			return true
+		case strings.HasPrefix(r.URL.Path, m.prefix):
+			m.h.ServeHTTP(w, r)
+			return true
+		}
+	}
+	return false
 }
 
 type route struct {
@@ -235,7 +271,7 @@ func (s *Server) probe(w http.ResponseWriter, r *http.Request) bool {
 
 // ServeHTTP answers the health probes, checks the token, then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.probe(w, r) || s.serveHop(w, r) {
+	if s.probe(w, r) || s.servePublic(w, r) || s.serveHop(w, r) {
 		return
 	}
 	w, record := s.audited(w, r, remoteOf(r))

@@ -21,6 +21,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/backup"
 	"github.com/quiverstorage/quiver/internal/cluster"
 	"github.com/quiverstorage/quiver/internal/connlimit"
+	"github.com/quiverstorage/quiver/internal/console"
 	"github.com/quiverstorage/quiver/internal/dr"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/metrics"
@@ -307,6 +308,7 @@ func (n *node) buildAPI() {
 	}
 	h.SetNBD(endpoint)
 	h.Mount("GET /metrics", n.metrics.Handler())
+	h.MountPublic(console.Prefix, console.Handler())
 	if cfg.Pprof {
 		h.Mount("GET /debug/pprof/", http.HandlerFunc(pprof.Index))
 		h.Mount("GET /debug/pprof/profile", http.HandlerFunc(pprof.Profile))

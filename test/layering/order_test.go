@@ -14,7 +14,7 @@ var layers = [][]string{
 	{"cmd/quiver", "build/pause"},
 	{"cli"},    // the command line: client and server sides
 	{"server"}, // wiring: builds the parts and runs them
-	{"apiserver", "csi", "pluginreg", // transports and front ends: HTTP API, CSI, kubelet registration, KubeVirt hooks
+	{"apiserver", "console", "csi", "pluginreg", // transports and front ends: HTTP API, web console, CSI, kubelet registration, KubeVirt hooks
 		"kubevirt/hook", "kubevirt/webhook"},
 	{"replicated", "endpoint"}, // cluster domain: the replicated volume on a node; the compute node's endpoint
 	{"forward"},                // NBD forwarding to the primary of the moment

@@ -1,0 +1,177 @@
+// One volume (VM): its disks, snapshots, clone source and attachments, and
+// the actions on them.
+import { useEffect, useState } from 'preact/hooks';
+import { api } from './api.js';
+import { bytes, labels, time } from './format.js';
+import { html, Action, ErrorBox } from './ui.js';
+
+export function Volume({ name, canWrite }) {
+  const [vol, setVol] = useState(null);
+  const [snaps, setSnaps] = useState([]);
+  const [atts, setAtts] = useState([]);
+  const [error, setError] = useState(null);
+  const [notice, setNotice] = useState('');
+
+  const load = () => {
+    api.volume(name).then(setVol, setError);
+    api.snapshots(name).then((l) => setSnaps(l.items || []), () => setSnaps([]));
+    api.attachments(name).then((l) => setAtts(l.items || []), () => setAtts([]));
+  };
+  useEffect(load, [name]);
+  const after = (msg) => () => {
+    setNotice(msg);
+    load();
+  };
+
+  if (error) return html`<p><a href="#/volumes">← Volumes</a></p><${ErrorBox} error=${error} />`;
+  if (!vol) return html`<p class="loading">Loading…</p>`;
+  if (vol.state === 'broken')
+    return html`<section><h2>${vol.name}</h2><div class="error" role="alert">Quarantined: ${vol.reason}</div></section>`;
+
+  const writer = atts.find((a) => a.writer);
+  return html`<section class="volume" data-volume-page=${vol.name}>
+    <p><a href="#/volumes">← Volumes</a></p>
+    <div class="toolbar">
+      <h2>${vol.name}</h2>
+      ${canWrite &&
+      html`<div class="actions">
+        <${Action}
+          id="snapshot"
+          label="Snapshot"
+          title=${'Snapshot every disk of ' + vol.name}
+          fields=${[{ name: 'name', label: 'Snapshot name', placeholder: 'nightly' }]}
+          confirm="One crash-consistent snapshot of all the volume's disks at one instant."
+          run=${(v) => api.createSnapshot(vol.name, v.name.trim())}
+          done=${(s) => after(`Snapshot ${s.name} taken.`)()}
+        />
+        <${Action}
+          id="clone"
+          label="Clone"
+          title=${'Clone ' + vol.name + ' (live)'}
+          fields=${[{ name: 'names', label: 'New volume name(s), comma-separated', placeholder: 'web02' }]}
+          confirm="Clones the live volume through an implicit snapshot."
+          run=${(v) => api.clone({ volume: vol.name }, splitNames(v.names))}
+          done=${(l) => after(`Cloned to ${l.items.map((x) => x.name).join(', ')}.`)()}
+        />
+        <${Action}
+          id="delete-volume"
+          danger
+          label="Delete"
+          title=${'Delete ' + vol.name}
+          fields=${[{ name: 'recursive', label: 'Delete its snapshots too', type: 'checkbox', initial: vol.snapshots > 0 }]}
+          confirm=${`Delete volume "${vol.name}" and all its disks? This cannot be undone.`}
+          run=${(v) => api.deleteVolume(vol.name, v.recursive)}
+          done=${() => {
+            location.hash = '#/volumes';
+          }}
+        />
+      </div>`}
+    </div>
+    ${notice && html`<div class="notice" role="status">${notice}</div>`}
+    <dl class="facts">
+      <dt>Capacity</dt><dd>${bytes(vol.capacity)}</dd>
+      <dt>Created</dt><dd>${time(vol.createdAt)}</dd>
+      ${vol.tenant && html`<dt>Tenant</dt><dd>${vol.tenant}</dd>`}
+      <dt>Labels</dt><dd>${labels(vol.labels) || '—'}</dd>
+      ${vol.source &&
+      html`<dt>Cloned from</dt>
+        <dd data-source>
+          <a href=${'#/volumes/' + encodeURIComponent(vol.source.volume)}>${vol.source.volume}</a>
+          ${vol.source.snapshot ? '@' + vol.source.snapshot : ' (live)'}
+        </dd>`}
+      <dt>Writer</dt>
+      <dd>${writer ? `${writer.node} (epoch ${vol.writer && vol.writer.epoch})` : 'none connected'}</dd>
+      ${vol.qos && html`<dt>QoS</dt><dd>${qos(vol.qos)}</dd>`}
+      ${vol.replicas > 1 && html`<dt>Copies</dt><dd>${(vol.copies || []).map((c) => `${c.node}: ${c.state}`).join(', ')}</dd>`}
+    </dl>
+
+    <h3>Disks</h3>
+    <table class="grid" data-table="disks">
+      <thead><tr><th>Name</th><th>Size</th><th>Allocated</th><th>Shared</th></tr></thead>
+      <tbody>
+        ${(vol.disks || []).map(
+          (d) => html`<tr data-disk=${d.name}>
+            <td>${d.name}</td><td>${bytes(d.size)}</td><td>${bytes(d.allocated)}</td><td>${d.shared ? 'yes' : ''}</td>
+          </tr>`,
+        )}
+      </tbody>
+    </table>
+
+    <h3>Snapshots</h3>
+    ${snaps.length === 0
+      ? html`<p class="dim">No snapshots.</p>`
+      : html`<table class="grid" data-table="snapshots">
+          <thead><tr><th>Name</th><th>Taken</th><th>Method</th><th>Disks</th>${canWrite && html`<th></th>`}</tr></thead>
+          <tbody>
+            ${snaps.map(
+              (s) => html`<tr data-snapshot=${s.name}>
+                <td>${s.name}</td>
+                <td>${time(s.createdAt)}</td>
+                <td>${s.method}</td>
+                <td>${(s.disks || []).map((d) => d.name).join(', ')}</td>
+                ${canWrite &&
+                html`<td class="actions">
+                  <${Action}
+                    id=${'clone-snapshot-' + s.name}
+                    label="Clone"
+                    title=${`Clone ${vol.name}@${s.name}`}
+                    fields=${[{ name: 'names', label: 'New volume name(s), comma-separated' }]}
+                    run=${(v) => api.clone({ volume: vol.name, snapshot: s.name }, splitNames(v.names))}
+                    done=${(l) => after(`Cloned to ${l.items.map((x) => x.name).join(', ')}.`)()}
+                  />
+                  <${Action}
+                    id=${'rollback-' + s.name}
+                    danger
+                    label="Rollback"
+                    title=${`Roll ${vol.name} back to ${s.name}`}
+                    confirm=${`Every disk of ${vol.name} returns to snapshot ${s.name}; later writes are lost. The server refuses while a writer is connected.`}
+                    run=${() => api.rollback(vol.name, s.name)}
+                    done=${after(`Rolled back to ${s.name}.`)}
+                  />
+                  <${Action}
+                    id=${'delete-snapshot-' + s.name}
+                    danger
+                    label="Delete"
+                    title=${`Delete snapshot ${s.name}`}
+                    confirm=${`Delete snapshot ${vol.name}@${s.name}?`}
+                    run=${() => api.deleteSnapshot(vol.name, s.name)}
+                    done=${after(`Snapshot ${s.name} deleted.`)}
+                  />
+                </td>`}
+              </tr>`,
+            )}
+          </tbody>
+        </table>`}
+
+    <h3>Attachments</h3>
+    ${atts.length === 0
+      ? html`<p class="dim">Not attached.</p>`
+      : html`<table class="grid" data-table="attachments">
+          <thead><tr><th>Node</th><th>Mode</th><th>State</th><th>Connections</th><th>Since</th></tr></thead>
+          <tbody>
+            ${atts.map(
+              (a) => html`<tr data-attachment=${a.id}>
+                <td>${a.node}${a.implicit ? ' (implicit)' : ''}</td>
+                <td>${a.mode}</td>
+                <td class=${a.state === 'fenced' ? 'bad' : a.state === 'writer' ? 'ok' : ''}>${a.state}</td>
+                <td>${a.connections}</td>
+                <td>${time(a.createdAt)}</td>
+              </tr>`,
+            )}
+          </tbody>
+        </table>`}
+  </section>`;
+}
+
+function splitNames(s) {
+  return s
+    .split(/[\s,]+/)
+    .map((x) => x.trim())
+    .filter(Boolean);
+}
+
+function qos(q) {
+  return Object.entries(q)
+    .map(([k, v]) => `${k} ${v}`)
+    .join(', ');
+}
