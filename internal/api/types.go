@@ -880,6 +880,13 @@ type DRAccept struct {
 	Volume       string `json:"volume"`
 }
 
+// DRDemote is the body of POST /v1/volumes/{volume}/dr/demote: the volume,
+// a source of the relationship until now, becomes its target on this site
+// (a failback, or a planned migration's first step).
+type DRDemote struct {
+	Relationship string `json:"relationship"`
+}
+
 // DRBegin is the body of POST /v1/dr/targets/{rel}/begin: a source starts
 // applying a point on top of base (none: every byte comes).
 type DRBegin struct {

@@ -102,6 +102,26 @@ func (s *Server) promoteDRTarget(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+func (s *Server) demoteDR(w http.ResponseWriter, r *http.Request) error {
+	ts, err := s.drTargets(r)
+	if err != nil {
+		return err
+	}
+	var spec api.DRDemote
+	if err := decode(r, &spec); err != nil {
+		return err
+	}
+	if _, err := s.volume(r); err != nil { // the caller's name, checked as every volume route does
+		return err
+	}
+	t, err := ts.Demote(r.Context(), spec.Relationship, r.PathValue("volume"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, drTargetToAPI(t))
+	return nil
+}
+
 func (s *Server) drReceiver(r *http.Request) (*dr.Receiver, error) {
 	ts, err := s.drTargets(r)
 	if err != nil {

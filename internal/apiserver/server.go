@@ -200,6 +200,7 @@ func (s *Server) routes() {
 		"PUT /v1/volumes/{volume}/dr-policy":                      {s.setDRPolicy, auth.ActAdmin},
 		"DELETE /v1/volumes/{volume}/dr-policy":                   {s.deleteDRPolicy, auth.ActAdmin},
 		"GET /v1/dr/status":                                       {s.drStatus, auth.ActAdmin},
+		"POST /v1/volumes/{volume}/dr/demote":                     {s.demoteDR, auth.ActAdmin},
 		"POST /v1/clones":                                         {s.clone, auth.ActWrite},
 		"GET /v1/attachments":                                     {s.findAttachments, auth.ActRead},
 		"GET /v1/volumes/{volume}/attachments":                    {s.listAttachments, auth.ActRead},

@@ -22,7 +22,8 @@ func (a *app) drCommand() *cobra.Command {
 only what changed. The target site accepts the relationship into a new volume, keeps
 its last points, and promotes it when it takes over.`,
 	}
-	cmd.AddCommand(a.drEnableCommand(), a.drDisableCommand(), a.drStatusCommand(), a.drSyncCommand(), a.drSitesCommand(), a.drTargetCommand())
+	cmd.AddCommand(a.drEnableCommand(), a.drDisableCommand(), a.drStatusCommand(), a.drSyncCommand(), a.drDemoteCommand(),
+		a.drSitesCommand(), a.drTargetCommand())
 	return cmd
 }
 
@@ -137,6 +138,40 @@ func (a *app) drStatusCommand() *cobra.Command {
 			return t.flush()
 		}, err
 	})
+}
+
+func (a *app) drDemoteCommand() *cobra.Command {
+	var rel string
+	cmd := &cobra.Command{
+		Use:   "demote VOLUME --relationship NAME",
+		Short: "Make this site's volume, the relationship's source until now, its target (failback, planned migration)",
+		Long: `Demote turns the volume, which shipped the relationship's points until now, into the
+relationship's target on this site. Use it when the other site promoted its copy (a failover)
+and this site is back: the other site's next cycle ships only what it changed since the last
+point both sides had, and this side's writes since that point are dropped. Or as the first
+step of a planned migration, after the last sync with the VM stopped. The volume must not be
+attached read-write; its DR policy ends.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.DRDemote(cmd.Context(), args[0], rel)
+			if err != nil {
+				return err
+			}
+			last := none
+			if n := len(t.Points); n > 0 {
+				last = t.Points[n-1].Snapshot
+			}
+			return a.printDone(cmd.OutOrStdout(), "volume %s is now the target of relationship %s (last point %s); the other site ships to it: quiver dr enable VOLUME --site SITE --relationship %s",
+				args[0], rel, last, rel)
+		},
+	}
+	cmd.Flags().StringVar(&rel, "relationship", "", "the relationship's name")
+	_ = cmd.MarkFlagRequired("relationship")
+	return cmd
 }
 
 func (a *app) drSitesCommand() *cobra.Command {

@@ -107,3 +107,12 @@ func (c *Client) DRStatus(ctx context.Context) ([]api.DRStatus, error) {
 	err := c.do(ctx, http.MethodGet, "/dr/status", nil, nil, &out)
 	return out.Items, err
 }
+
+// DRDemote makes a volume, a source of relationship rel until now, the
+// target of rel on this site: the other site's next cycle ships only what
+// changed since the last point both had.
+func (c *Client) DRDemote(ctx context.Context, volume, rel string) (api.DRTarget, error) {
+	var out api.DRTarget
+	err := c.do(ctx, http.MethodPost, "/volumes/"+url.PathEscape(volume)+"/dr/demote", nil, api.DRDemote{Relationship: rel}, &out)
+	return out, err
+}

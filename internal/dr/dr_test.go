@@ -179,7 +179,7 @@ func TestCyclesShipPoints(t *testing.T) {
 	if st4.Changed != 0 {
 		t.Errorf("a cycle with nothing written shipped %+v", st4)
 	}
-	if ps := r.Points(); len(ps) != 2 || ps[0] != st3.Point || ps[1] != st4.Point {
+	if ps := r.held(); len(ps) != 2 || ps[0] != st3.Point || ps[1] != st4.Point {
 		t.Fatalf("the target keeps %v, want the last 2 points", ps)
 	}
 }

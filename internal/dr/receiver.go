@@ -14,10 +14,12 @@ import (
 // then any Writes and Zeros, then Commit apply one point; a point that is
 // not committed changes nothing the target shows.
 type Target interface {
-	// Last returns the newest point the target holds (ok false: none).
-	Last(ctx context.Context) (p Point, ok bool, err error)
+	// Points returns the points the target holds, oldest first.
+	Points(ctx context.Context) ([]Point, error)
 	// Begin starts applying p on top of base (nil: from nothing, every
-	// byte of every disk will come), with disks the point's disk set.
+	// byte of every disk will come), with disks the point's disk set. The
+	// target drops its points after base: they are not the source's (the
+	// target was a source itself since, and failed back).
 	Begin(ctx context.Context, p Point, base *Point, disks []pool.DiskSpec) error
 	Write(ctx context.Context, disk string, off int64, data []byte) error
 	Zero(ctx context.Context, disk string, off, length int64) error
@@ -51,18 +53,22 @@ func NewReceiver(v *pool.Volume, rel string, keep int) (*Receiver, error) {
 }
 
 // Points returns the points the target holds, oldest first.
-func (r *Receiver) Points() []Point { return points(r.rel, r.v.Snapshots()) }
+func (r *Receiver) Points(context.Context) ([]Point, error) { return r.held(), nil }
 
+func (r *Receiver) held() []Point { return points(r.rel, r.v.Snapshots()) }
+
+// Last returns the newest point the target holds (ok false: none).
 func (r *Receiver) Last(context.Context) (Point, bool, error) {
-	ps := r.Points()
+	ps := r.held()
 	if len(ps) == 0 {
 		return Point{}, false, nil
 	}
 	return ps[len(ps)-1], true, nil
 }
 
-// Begin checks that the target holds base, rolls the live disks back to it
-// when anything changed them since (a cycle that did not commit), and
+// Begin checks that the target holds base, drops the points after it,
+// rolls the live disks back to it when anything changed them since (a
+// cycle that did not commit, or the writes of a VM before a failback), and
 // makes the disk set the point's.
 func (r *Receiver) Begin(ctx context.Context, p Point, base *Point, disks []pool.DiskSpec) error {
 	r.mu.Lock()
@@ -79,14 +85,21 @@ func (r *Receiver) Begin(ctx context.Context, p Point, base *Point, disks []pool
 		return fmt.Errorf("point %d after the target's %d: %w", p.Seq, last.Seq, ErrDiverged)
 	}
 	if base != nil {
-		if !ok || last != *base {
+		ps := r.held()
+		i := slices.Index(ps, *base)
+		if i < 0 {
 			have := "none"
 			if ok {
 				have = last.Snapshot
 			}
-			return fmt.Errorf("delta from %s, the target's last point is %s: %w", base.Snapshot, have, ErrDiverged)
+			return fmt.Errorf("delta from %s, which the target does not hold (its last point is %s): %w", base.Snapshot, have, ErrDiverged)
 		}
-		if err := r.backToLast(ctx, last); err != nil {
+		for _, after := range ps[i+1:] {
+			if err := r.v.DeleteSnapshot(ctx, after.Snapshot); err != nil {
+				return fmt.Errorf("drop point %s, after the base %s: %w", after.Snapshot, base.Snapshot, err)
+			}
+		}
+		if err := backTo(ctx, r.v, *base); err != nil {
 			return err
 		}
 	}
@@ -106,14 +119,15 @@ func (r *Receiver) Begin(ctx context.Context, p Point, base *Point, disks []pool
 	return nil
 }
 
-// backToLast rolls the live disks back to point last unless nothing
-// changed them since.
-func (r *Receiver) backToLast(ctx context.Context, last Point) error {
-	ds, err := r.v.Changes(ctx, last.Snapshot, "")
+// backTo rolls the live disks of v back to point last unless nothing
+// changed them since. (A rollback counts every disk changed for the change
+// tracking: the next delta from last would be whole.)
+func backTo(ctx context.Context, v *pool.Volume, last Point) error {
+	ds, err := v.Changes(ctx, last.Snapshot, "")
 	if err != nil {
 		return err
 	}
-	snap, err := r.v.Snapshot(last.Snapshot)
+	snap, err := v.Snapshot(last.Snapshot)
 	if err != nil {
 		return err
 	}
@@ -126,7 +140,7 @@ func (r *Receiver) backToLast(ctx context.Context, last Point) error {
 	if same {
 		return nil
 	}
-	_, err = r.v.RollbackWith(ctx, last.Snapshot, true, nil)
+	_, err = v.RollbackWith(ctx, last.Snapshot, true, nil)
 	return err
 }
 
@@ -221,7 +235,7 @@ func (r *Receiver) Commit(ctx context.Context, p Point) error {
 	if _, _, err := r.v.CreateSnapshot(ctx, p.Snapshot, nil); err != nil {
 		return err
 	}
-	ps := r.Points()
+	ps := r.held()
 	var errs []error
 	for _, old := range ps[:max(0, len(ps)-r.keep)] {
 		errs = append(errs, r.v.DeleteSnapshot(ctx, old.Snapshot))

@@ -141,16 +141,16 @@ type remote struct {
 	rel string
 }
 
-func (r remote) Last(ctx context.Context) (Point, bool, error) {
+func (r remote) Points(ctx context.Context) ([]Point, error) {
 	t, err := r.c.DRTarget(ctx, r.rel)
 	if err != nil {
-		return Point{}, false, err
+		return nil, err
 	}
-	if len(t.Points) == 0 {
-		return Point{}, false, nil
+	out := make([]Point, 0, len(t.Points))
+	for _, p := range t.Points {
+		out = append(out, Point{Seq: p.Seq, Snapshot: p.Snapshot})
 	}
-	p := t.Points[len(t.Points)-1]
-	return Point{Seq: p.Seq, Snapshot: p.Snapshot}, true, nil
+	return out, nil
 }
 
 func (r remote) Begin(ctx context.Context, p Point, base *Point, disks []pool.DiskSpec) error {

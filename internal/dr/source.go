@@ -38,23 +38,24 @@ type Stats struct {
 // shipPiece is the most a Write carries.
 const shipPiece = 1 << 20
 
-// Cycle takes a new point and ships it: the delta since the target's last
-// point when this source still holds that point's snapshot, every byte
+// Cycle takes a new point and ships it: the delta since the newest point
+// of the target's that this source still holds (normally the target's
+// last; after a failback, the last point both sides had), every byte
 // otherwise. Once the target committed it, the source's older points go
 // (the new one is the next base); a cycle that fails leaves the source's
 // points as they were.
 func (s *Source) Cycle(ctx context.Context, t Target) (Stats, error) {
 	start := time.Now()
-	last, ok, err := t.Last(ctx)
+	held, err := t.Points(ctx)
 	if err != nil {
-		return Stats{}, fmt.Errorf("the target's last point: %w", err)
+		return Stats{}, fmt.Errorf("the target's points: %w", err)
 	}
 	var base *Point
 	seq := uint64(1)
-	if ok {
-		seq = last.Seq + 1
-		if _, err := s.v.Snapshot(last.Snapshot); err == nil {
-			base = &last
+	for i := len(held) - 1; i >= 0; i-- {
+		seq = max(seq, held[i].Seq+1)
+		if _, err := s.v.Snapshot(held[i].Snapshot); err == nil && base == nil {
+			base = &held[i]
 		}
 	}
 	p := newPoint(s.rel, seq)

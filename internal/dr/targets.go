@@ -108,7 +108,9 @@ func (ts *Targets) Receiver(rel string) (*Receiver, error) {
 }
 
 // Promote ends rel's relationship here: the volume returns to its last
-// point, loses its label, and is an ordinary volume a VM can use. A
+// point (unless nothing changed it since: then its change tracking from
+// that point stays exact, for a failback's delta), loses its label, and
+// is an ordinary volume a VM can use. A
 // source's later cycles find no target.
 func (ts *Targets) Promote(ctx context.Context, rel string) (pool.VolumeInfo, error) {
 	ts.mu.Lock()
@@ -125,7 +127,7 @@ func (ts *Targets) Promote(ctx context.Context, rel string) (pool.VolumeInfo, er
 	if len(ps) == 0 {
 		return pool.VolumeInfo{}, fmt.Errorf("relationship %s: the target holds no point yet: %w", rel, pool.ErrInvalid)
 	}
-	if _, err := v.RollbackWith(ctx, ps[len(ps)-1].Snapshot, true, nil); err != nil {
+	if err := backTo(ctx, v, ps[len(ps)-1]); err != nil {
 		return pool.VolumeInfo{}, err
 	}
 	labels := v.Info().Labels
@@ -134,4 +136,56 @@ func (ts *Targets) Promote(ctx context.Context, rel string) (pool.VolumeInfo, er
 		labels = map[string]string{}
 	}
 	return v.Update(ctx, pool.Update{Labels: labels})
+}
+
+// Demote makes volume, a source of relationship rel until now, the target
+// of rel on this site: the failback of a site that was the source when
+// the other promoted (or the first step of a planned migration). The
+// volume must hold a point of rel, the last both sides had; its DR policy
+// ends, and the other site's next cycle ships only what it changed since
+// that point, after this side's live disks are rolled back to it (what a
+// VM wrote here since that point is dropped: the promoted side is the
+// VM's now). Refused while a VM may write to it: detach it first.
+func (ts *Targets) Demote(ctx context.Context, rel, volume string) (TargetInfo, error) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if err := ValidateRelationship(rel); err != nil {
+		return TargetInfo{}, err
+	}
+	if other, err := ts.volume(rel); err == nil {
+		return TargetInfo{}, fmt.Errorf("relationship %s already has a target here, volume %s: %w", rel, other.Name(), pool.ErrExists)
+	}
+	v, err := ts.pool.Volume(volume)
+	if err != nil {
+		return TargetInfo{}, err
+	}
+	info := v.Info()
+	if l := info.Labels[RelationshipLabel]; l != "" {
+		return TargetInfo{}, fmt.Errorf("volume %s is already the target of relationship %s: %w", volume, l, pool.ErrInvalid)
+	}
+	if len(points(rel, v.Snapshots())) == 0 {
+		return TargetInfo{}, fmt.Errorf("volume %s holds no point of relationship %s, so nothing is shared with the other site: "+
+			"accept a new volume instead (quiver dr target accept %s VOLUME): %w", volume, rel, rel, pool.ErrInvalid)
+	}
+	for _, a := range v.Attachments() {
+		if a.Mode != pool.ModeReadOnly {
+			return TargetInfo{}, fmt.Errorf("volume %s has a read-write attachment (%s, node %s): stop the VM and detach it first: %w",
+				volume, a.ID, a.Node, pool.ErrBusy)
+		}
+	}
+	if info.DRPolicy != nil {
+		if _, err := v.SetDRPolicy(ctx, nil); err != nil {
+			return TargetInfo{}, err
+		}
+	}
+	labels := map[string]string{}
+	for k, val := range info.Labels {
+		labels[k] = val
+	}
+	labels[RelationshipLabel] = rel
+	if _, err := v.Update(ctx, pool.Update{Labels: labels}); err != nil {
+		return TargetInfo{}, err
+	}
+	delete(ts.recv, rel)
+	return TargetInfo{Relationship: rel, Volume: volume, Points: points(rel, v.Snapshots())}, nil
 }

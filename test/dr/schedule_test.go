@@ -24,6 +24,7 @@ import (
 // closes every connection, new and open.
 type link struct {
 	ln   net.Listener
+	to   atomic.Pointer[string] // where it relays to (set before use)
 	down atomic.Bool
 	mu   sync.Mutex
 	open []net.Conn
@@ -35,6 +36,7 @@ func newLink(t *testing.T, addr string) *link {
 		t.Fatal(err)
 	}
 	l := &link{ln: ln}
+	l.to.Store(&addr)
 	t.Cleanup(func() { ln.Close(); l.cut() })
 	go func() {
 		for {
@@ -46,7 +48,7 @@ func newLink(t *testing.T, addr string) *link {
 				c.Close()
 				continue
 			}
-			up, err := net.Dial("tcp", addr)
+			up, err := net.Dial("tcp", *l.to.Load())
 			if err != nil {
 				c.Close()
 				continue
