@@ -893,6 +893,9 @@ type DRBegin struct {
 	Point DRPoint    `json:"point"`
 	Base  *DRPoint   `json:"base,omitempty"`
 	Disks []DiskSpec `json:"disks"`
+	// Replace lets a full point (no base) replace the points the target
+	// holds; without it that is refused (Diverged).
+	Replace bool `json:"replace,omitempty"`
 }
 
 // DRZero is the body of POST /v1/dr/targets/{rel}/disks/{disk}/zero.
@@ -907,6 +910,9 @@ type DRZero struct {
 type DRSync struct {
 	Site         string `json:"site"`
 	Relationship string `json:"relationship"`
+	// Replace lets a full point replace the points the target holds when
+	// they are not this volume's (DRBegin.Replace).
+	Replace bool `json:"replace,omitempty"`
 }
 
 // DRPolicy is a volume's DR relationship (the body of PUT

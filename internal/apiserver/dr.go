@@ -153,7 +153,8 @@ func (s *Server) beginDRPoint(w http.ResponseWriter, r *http.Request) error {
 		}
 		disks = append(disks, pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}
-	if err := rcv.Begin(r.Context(), dr.Point{Seq: spec.Point.Seq, Snapshot: spec.Point.Snapshot}, base, disks); err != nil {
+	if err := rcv.Begin(r.Context(), dr.Start{Point: dr.Point{Seq: spec.Point.Seq, Snapshot: spec.Point.Snapshot}, Base: base,
+		Disks: disks, Replace: spec.Replace}); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -266,7 +267,7 @@ func (s *Server) syncDR(w http.ResponseWriter, r *http.Request) error {
 	var st dr.Stats
 	return s.runJob(w, r, "dr-sync", v.Name()+"->"+site+"/"+rel, 1, func(ctx context.Context, j *job.Job) error {
 		var err error
-		if st, err = sched.Sync(ctx, v.Name(), site, rel); err == nil {
+		if st, err = sched.Sync(ctx, v.Name(), site, rel, spec.Replace); err == nil {
 			j.Done(st.Point.Snapshot)
 		}
 		return err

@@ -29,6 +29,7 @@ its last points, and promotes it when it takes over.`,
 
 func (a *app) drSyncCommand() *cobra.Command {
 	var site, rel string
+	var replace bool
 	cmd := &cobra.Command{
 		Use:   "sync VOLUME [--site SITE --relationship NAME]",
 		Short: "Ship a new point of a volume to its target on a site now (the delta since the target's last point)",
@@ -38,7 +39,7 @@ func (a *app) drSyncCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, err := c.DRSync(cmd.Context(), args[0], api.DRSync{Site: site, Relationship: rel})
+			st, err := c.DRSync(cmd.Context(), args[0], api.DRSync{Site: site, Relationship: rel, Replace: replace})
 			if err != nil {
 				return err
 			}
@@ -59,6 +60,7 @@ func (a *app) drSyncCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&site, "site", "", "the site to ship to (from the server's --dr-config; default: the volume's DR policy's)")
 	cmd.Flags().StringVar(&rel, "relationship", "", "the relationship's name, the same on both sites (default: the policy's)")
+	cmd.Flags().BoolVar(&replace, "replace", false, "ship a full copy even where the target holds points this volume does not (another volume's: they are overwritten)")
 	return cmd
 }
 

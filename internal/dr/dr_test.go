@@ -266,23 +266,33 @@ func TestReceiverRefusesAnotherBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := newPoint("b", first.Point.Seq)
-	if err := r.Begin(ctx, newPoint("b", 2), &other, nil); !errors.Is(err, ErrDiverged) {
+	if err := r.Begin(ctx, Start{Point: newPoint("b", 2), Base: &other}); !errors.Is(err, ErrDiverged) {
 		t.Fatalf("a delta from a point the target does not hold: %v, want ErrDiverged", err)
 	}
-	if err := r.Begin(ctx, newPoint("b", 1), &first.Point, nil); !errors.Is(err, ErrDiverged) {
+	if err := r.Begin(ctx, Start{Point: newPoint("b", 1), Base: &first.Point}); !errors.Is(err, ErrDiverged) {
 		t.Fatalf("a point not after the target's last: %v, want ErrDiverged", err)
 	}
-	if err := r.Begin(ctx, Point{Seq: 2, Snapshot: "root"}, &first.Point, nil); !errors.Is(err, pool.ErrInvalid) {
+	if err := r.Begin(ctx, Start{Point: Point{Seq: 2, Snapshot: "root"}, Base: &first.Point}); !errors.Is(err, pool.ErrInvalid) {
 		t.Fatalf("a point with a foreign name: %v, want ErrInvalid", err)
 	}
 	if _, err := NewSource(src, "Bad_Name"); !errors.Is(err, pool.ErrInvalid) {
 		t.Fatalf("a bad relationship name: %v", err)
 	}
-	// Another source of the same relationship: its points are not this
-	// one's, so it ships in full, and the target follows it.
+	// Another source of the same relationship (another VM): its points
+	// are not this one's, and its full point would overwrite them:
+	// refused, nothing written; with Replace, it ships in full and the
+	// target follows it.
 	src2 := volume(t, openPool(t, t.TempDir()), vm("vm"))
 	scribble(t, src2, rand.New(rand.NewPCG(7, 8)), 50)
 	s2, _ := NewSource(src2, "b")
+	if _, err := s2.Cycle(ctx, r); !errors.Is(err, ErrDiverged) {
+		t.Fatalf("another VM's full point into a target holding points: %v, want ErrDiverged", err)
+	}
+	if last, _, _ := r.Last(ctx); last != first.Point {
+		t.Fatalf("after a refused full point the target's last point is %v, want %v", last, first.Point)
+	}
+	sameContent(t, "the target after another VM's refused point", content(t, dst, first.Point.Snapshot), content(t, src, first.Point.Snapshot))
+	s2.Replace = true
 	st, err := s2.Cycle(ctx, r)
 	if err != nil {
 		t.Fatal(err)

@@ -16,15 +16,26 @@ import (
 type Target interface {
 	// Points returns the points the target holds, oldest first.
 	Points(ctx context.Context) ([]Point, error)
-	// Begin starts applying p on top of base (nil: from nothing, every
-	// byte of every disk will come), with disks the point's disk set. The
-	// target drops its points after base: they are not the source's (the
-	// target was a source itself since, and failed back).
-	Begin(ctx context.Context, p Point, base *Point, disks []pool.DiskSpec) error
+	// Begin starts applying a point (Start).
+	Begin(ctx context.Context, s Start) error
 	Write(ctx context.Context, disk string, off int64, data []byte) error
 	Zero(ctx context.Context, disk string, off, length int64) error
 	// Commit makes p the target's last point; durable on return.
 	Commit(ctx context.Context, p Point) error
+}
+
+// Start says what a cycle applies: Point on top of Base (nil: from
+// nothing, every byte of every disk will come), with Disks the point's
+// disk set. The target drops its points after Base: they are not the
+// source's (the target was a source itself since, and failed back). A
+// full point into a target that holds points is refused unless Replace:
+// those points are another source's (another VM's copy), or this source's
+// before it lost them, and a full point would overwrite them.
+type Start struct {
+	Point   Point
+	Base    *Point
+	Disks   []pool.DiskSpec
+	Replace bool
 }
 
 // Receiver applies points into a volume of the target's pool: its live
@@ -70,7 +81,8 @@ func (r *Receiver) Last(context.Context) (Point, bool, error) {
 // rolls the live disks back to it when anything changed them since (a
 // cycle that did not commit, or the writes of a VM before a failback), and
 // makes the disk set the point's.
-func (r *Receiver) Begin(ctx context.Context, p Point, base *Point, disks []pool.DiskSpec) error {
+func (r *Receiver) Begin(ctx context.Context, s Start) error {
+	p, base, disks := s.Point, s.Base, s.Disks
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := parsePoint(r.rel, p.Snapshot); !ok || p.Seq == 0 {
@@ -83,6 +95,11 @@ func (r *Receiver) Begin(ctx context.Context, p Point, base *Point, disks []pool
 	}
 	if ok && p.Seq <= last.Seq {
 		return fmt.Errorf("point %d after the target's %d: %w", p.Seq, last.Seq, ErrDiverged)
+	}
+	if ok && base == nil && !s.Replace {
+		return fmt.Errorf("the target of relationship %s holds points this source does not (%s is the last): another volume's, "+
+			"or this one's before it lost them; nothing was written. To replace them with a full copy of this volume: "+
+			"quiver dr sync VOLUME --replace: %w", r.rel, last.Snapshot, ErrDiverged)
 	}
 	if base != nil {
 		ps := r.held()

@@ -153,12 +153,12 @@ func (r remote) Points(ctx context.Context) ([]Point, error) {
 	return out, nil
 }
 
-func (r remote) Begin(ctx context.Context, p Point, base *Point, disks []pool.DiskSpec) error {
-	spec := api.DRBegin{Point: api.DRPoint{Seq: p.Seq, Snapshot: p.Snapshot}}
-	if base != nil {
-		spec.Base = &api.DRPoint{Seq: base.Seq, Snapshot: base.Snapshot}
+func (r remote) Begin(ctx context.Context, s Start) error {
+	spec := api.DRBegin{Point: api.DRPoint{Seq: s.Point.Seq, Snapshot: s.Point.Snapshot}, Replace: s.Replace}
+	if s.Base != nil {
+		spec.Base = &api.DRPoint{Seq: s.Base.Seq, Snapshot: s.Base.Snapshot}
 	}
-	for _, d := range disks {
+	for _, d := range s.Disks {
 		spec.Disks = append(spec.Disks, api.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}
 	return r.c.DRBegin(ctx, r.rel, spec)

@@ -139,7 +139,7 @@ func (s *Scheduler) RunDue(ctx context.Context) {
 				return
 			}
 			defer func() { <-s.slots }()
-			if _, err := s.cycle(ctx, info.Name, *p, true); err != nil {
+			if _, err := s.cycle(ctx, info.Name, *p, true, false); err != nil {
 				s.log.Error("DR cycle failed", "volume", info.Name, "site", p.Site, "relationship", p.Relationship, "err", err)
 			}
 		}()
@@ -148,8 +148,9 @@ func (s *Scheduler) RunDue(ctx context.Context) {
 }
 
 // Sync runs one cycle of the volume's relationship now (its policy's, or
-// site and rel when it has none), after any cycle of the volume running.
-func (s *Scheduler) Sync(ctx context.Context, volume, site, rel string) (Stats, error) {
+// site and rel when it has none), after any cycle of the volume running;
+// replace lets a full point replace the target's points (Start.Replace).
+func (s *Scheduler) Sync(ctx context.Context, volume, site, rel string, replace bool) (Stats, error) {
 	v, err := s.pool.Volume(volume)
 	if err != nil {
 		return Stats{}, err
@@ -162,12 +163,12 @@ func (s *Scheduler) Sync(ctx context.Context, volume, site, rel string) (Stats, 
 		}
 		p = *vp
 	}
-	return s.cycle(ctx, volume, p, false)
+	return s.cycle(ctx, volume, p, false, replace)
 }
 
 // cycle runs one cycle of volume under its lock; scheduled says the
 // scheduler marked it running.
-func (s *Scheduler) cycle(ctx context.Context, volume string, p pool.DRPolicy, scheduled bool) (Stats, error) {
+func (s *Scheduler) cycle(ctx context.Context, volume string, p pool.DRPolicy, scheduled, replace bool) (Stats, error) {
 	s.mu.Lock()
 	l := s.locks[volume]
 	if l == nil {
@@ -177,7 +178,7 @@ func (s *Scheduler) cycle(ctx context.Context, volume string, p pool.DRPolicy, s
 	s.mu.Unlock()
 	l.Lock()
 	defer l.Unlock()
-	st, err := s.runCycle(ctx, volume, p)
+	st, err := s.runCycle(ctx, volume, p, replace)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec := s.book[volume]
@@ -205,7 +206,7 @@ func (s *Scheduler) cycle(ctx context.Context, volume string, p pool.DRPolicy, s
 	return st, nil
 }
 
-func (s *Scheduler) runCycle(ctx context.Context, volume string, p pool.DRPolicy) (Stats, error) {
+func (s *Scheduler) runCycle(ctx context.Context, volume string, p pool.DRPolicy, replace bool) (Stats, error) {
 	v, err := s.pool.Volume(volume)
 	if err != nil {
 		return Stats{}, err
@@ -214,6 +215,7 @@ func (s *Scheduler) runCycle(ctx context.Context, volume string, p pool.DRPolicy
 	if err != nil {
 		return Stats{}, err
 	}
+	src.Replace = replace
 	t, err := s.targets(p.Site, p.Relationship)
 	if err != nil {
 		return Stats{}, err

@@ -129,10 +129,10 @@ func TestSchedulerHoldsTheRPO(t *testing.T) {
 	last, _, _ = r.Last(ctx)
 	sameContent(t, "the point after the outage", content(t, dst, last.Snapshot), content(t, src, last.Snapshot))
 
-	if _, err := s.Sync(ctx, "vm", "b", "other"); !errors.Is(err, pool.ErrInvalid) {
+	if _, err := s.Sync(ctx, "vm", "b", "other", false); !errors.Is(err, pool.ErrInvalid) {
 		t.Fatalf("a sync of another relationship than the policy's: %v, want ErrInvalid", err)
 	}
-	if st, err := s.Sync(ctx, "vm", "", ""); err != nil || st.Point.Seq != last.Seq+1 {
+	if st, err := s.Sync(ctx, "vm", "", "", false); err != nil || st.Point.Seq != last.Seq+1 {
 		t.Fatalf("a sync by hand of the policy's relationship: %+v, %v", st, err)
 	}
 	if st := s.Statuses()[0]; st.Cycles != 4 {

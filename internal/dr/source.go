@@ -13,6 +13,9 @@ import (
 type Source struct {
 	v   *pool.Volume
 	rel string
+	// Replace lets the next full point replace the target's points
+	// (Start.Replace); it is cleared once a point is committed.
+	Replace bool
 }
 
 // NewSource returns the source of relationship rel from v.
@@ -78,6 +81,7 @@ func (s *Source) Cycle(ctx context.Context, t Target) (Stats, error) {
 			}
 		}
 	}
+	s.Replace = false
 	st.Duration = time.Since(start)
 	return st, nil
 }
@@ -103,7 +107,7 @@ func (s *Source) ship(ctx context.Context, t Target, p Point, base *Point, snap 
 	for _, d := range snap.Disks {
 		disks = append(disks, pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}
-	if err := t.Begin(ctx, p, base, disks); err != nil {
+	if err := t.Begin(ctx, Start{Point: p, Base: base, Disks: disks, Replace: s.Replace}); err != nil {
 		return st, err
 	}
 	buf := make([]byte, shipPiece)

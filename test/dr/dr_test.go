@@ -30,9 +30,11 @@ func TestShipPromote(t *testing.T) {
 	dir := t.TempDir()
 	b := testserver.StartT(t, bin, testserver.Options{Pool: filepath.Join(dir, "b"), NBDTCP: true, Token: tokenB})
 	tokFile := filepath.Join(dir, "b.token")
-	cfg, _ := json.Marshal(map[string]any{"sites": []map[string]any{{"name": "b", "url": "http://" + b.APIAddr, "tokenFile": tokFile}}})
+	badTok := filepath.Join(dir, "wrong.token")
+	cfg, _ := json.Marshal(map[string]any{"sites": []map[string]any{{"name": "b", "url": "http://" + b.APIAddr, "tokenFile": tokFile},
+		{"name": "b-wrong", "url": "http://" + b.APIAddr, "tokenFile": badTok}}})
 	cfgFile := filepath.Join(dir, "dr.json")
-	for f, data := range map[string][]byte{tokFile: []byte(tokenB + "\n"), cfgFile: cfg} {
+	for f, data := range map[string][]byte{tokFile: []byte(tokenB + "\n"), cfgFile: cfg, badTok: []byte("not-site-b-s-token-0123456789\n")} {
 		if err := os.WriteFile(f, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -125,6 +127,21 @@ func TestShipPromote(t *testing.T) {
 	if !strings.Contains(list, "vm-dr") || !strings.Contains(list, second.Point.Snapshot) {
 		t.Fatalf("site B's targets:\n%s", list)
 	}
+	// Another VM of site A cannot overwrite vm's copy on B by naming its
+	// relationship; a wrong credential is refused; nothing is written.
+	onA("volume", "create", "other", "--capacity", "8Mi", "--disk", "root=4Mi")
+	if out, err := run("--server", "http://"+a.APIAddr, "dr", "sync", "other", "--site", "b", "--relationship", "db"); err == nil ||
+		!strings.Contains(out, "--replace") {
+		t.Fatalf("another VM's sync into vm's target: %v\n%s", err, out)
+	}
+	if out, err := run("--server", "http://"+a.APIAddr, "dr", "sync", "vm", "--site", "b-wrong", "--relationship", "db"); err == nil ||
+		!strings.Contains(strings.ToLower(out), "token") {
+		t.Fatalf("a sync with a wrong credential: %v\n%s", err, out)
+	}
+	if list := onB("dr", "target", "list"); !strings.Contains(list, second.Point.Snapshot) {
+		t.Fatalf("site B's target after refused syncs:\n%s", list)
+	}
+	same(second)
 
 	// B takes over at the last point; A's next sync finds no target.
 	onB("dr", "target", "promote", "db")
