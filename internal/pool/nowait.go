@@ -73,14 +73,54 @@ func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
 		return ErrWouldBlock // claiming takes the gate exclusively
 	case err != nil:
 		return err
-	case df.nw.writeOff.Load() || !df.owned(off, int64(len(p))) || !df.fill.ready(off, int64(len(p)), true):
-		return ErrWouldBlock
-	case df.chg != nil && !df.chg.tryMark(off, int64(len(p))):
-		return ErrWouldBlock // its change must be written ahead first
 	}
-	d.v.markDirty(df.name, off, int64(len(p)))
-	n, err := df.f.TryWriteAt(p, off)
+	n, err := d.tryWrite(df, p, off)
+	if errors.Is(err, errWrittenHere) {
+		return nil
+	}
 	return df.nowaitResult(n, len(p), err, &df.nw.writeOff)
+}
+
+// errWrittenHere says tryWrite did the write itself, in full.
+var errWrittenHere = errors.New("written by the copy on write of a pinned chunk")
+
+// tryWrite does what a Try write does once admitted (the gate held): into
+// an owned chunk a write with RWF_NOWAIT; into a chunk wholly pinned by the
+// disk's snapshot, one of its first writes, the copy on write itself
+// (tryCopyOnWrite: errWrittenHere once done); else ErrWouldBlock.
+func (d *liveDisk) tryWrite(df *diskFile, p []byte, off int64) (int, error) {
+	n := int64(len(p))
+	switch {
+	case !df.fill.ready(off, n, true):
+		return 0, ErrWouldBlock
+	case df.owned(off, n):
+		if df.nw.writeOff.Load() {
+			return 0, ErrWouldBlock
+		}
+		if df.chg != nil && !df.chg.tryMark(off, n) {
+			return 0, ErrWouldBlock // its change must be written ahead first
+		}
+		d.v.markDirty(df.name, off, n)
+		return df.f.TryWriteAt(p, off)
+	}
+	i, ok := df.pinnedCopyOnWrite(off, n)
+	if !ok {
+		return 0, ErrWouldBlock
+	}
+	m := &df.ch.locks[i%chunkStripes]
+	if !m.TryLock() {
+		return 0, ErrWouldBlock
+	}
+	defer m.Unlock()
+	if df.ch.isOwned(i) || df.ch.cow[i] >= cowWrites || (df.chg != nil && !df.chg.tryMark(off, n)) {
+		return 0, ErrWouldBlock
+	}
+	d.v.markDirty(df.name, off, n)
+	if _, err := df.f.WriteAt(p, off); err != nil {
+		return 0, err
+	}
+	df.cowWritten(i)
+	return len(p), errWrittenHere
 }
 
 // owned reports whether every chunk of [off, off+length) is owned, so that
@@ -225,6 +265,10 @@ func (d *liveDisk) TryBatch(ios []IO) {
 	}
 	for i := range ios {
 		io := &ios[i]
+		if io.Err == errWrittenHere {
+			io.Err = nil
+			continue
+		}
 		off := &df.nw.readOff
 		if io.Write {
 			off = &df.nw.writeOff
@@ -255,13 +299,23 @@ func (d *liveDisk) admitTry(df *diskFile, io *IO) error {
 		return ErrWouldBlock // claiming takes the gate exclusively
 	case err != nil:
 		return err
-	case df.nw.writeOff.Load() || !df.owned(io.Off, n) || !df.fill.ready(io.Off, n, true):
-		return ErrWouldBlock
-	case df.chg != nil && !df.chg.tryMark(io.Off, n):
-		return ErrWouldBlock // its change must be written ahead first
+	case df.owned(io.Off, n):
+		switch {
+		case df.nw.writeOff.Load() || !df.fill.ready(io.Off, n, true):
+			return ErrWouldBlock
+		case df.chg != nil && !df.chg.tryMark(io.Off, n):
+			return ErrWouldBlock // its change must be written ahead first
+		}
+		d.v.markDirty(df.name, io.Off, n)
+		return nil
 	}
-	d.v.markDirty(df.name, io.Off, n)
-	return nil
+	// A copy on write of a pinned chunk: done here, before the batch,
+	// which then leaves it alone.
+	io.N, err = d.tryWrite(df, io.P, io.Off)
+	if err == nil {
+		return ErrWouldBlock // tryWrite writes unowned chunks itself or not at all
+	}
+	return err
 }
 
 func wouldBlock(ios []IO) {

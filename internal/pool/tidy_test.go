@@ -3,6 +3,7 @@ package pool
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -121,5 +122,83 @@ func TestTidy(t *testing.T) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatal("the disk does not read back what was written")
+	}
+}
+
+// TestTryWriteIntoPinnedChunk: right after a snapshot, the non-blocking
+// write path (TryWriteAt, TryBatch) takes a write into a chunk wholly
+// pinned by the snapshot itself, by XFS's copy on write, instead of
+// refusing it: the disk reads it back, the snapshot keeps its content, the
+// chunk stays unowned with its count, and after cowWrites such writes, or
+// across two chunks, it refuses (the ordinary write path then).
+func TestTryWriteIntoPinnedChunk(t *testing.T) {
+	dir := filepath.Join(testfs.MountXFS(t, 300<<20), "pool")
+	ctx := context.Background()
+	p, err := OpenWith(ctx, dir, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.us.tidy.off = true
+	const size = 4 * ChunkSize
+	mustCreate(t, p, VolumeSpec{Name: "vm", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
+	v, _ := p.Volume("vm")
+	d, err := v.OpenDisk("d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	want := bytes.Repeat([]byte{0x11}, size)
+	if err := d.WriteAt(want, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.CreateSnapshot(ctx, "s", nil); err != nil {
+		t.Fatal(err)
+	}
+	snapWant := bytes.Clone(want)
+	nb := d.(Nonblocking)
+	block := func(b byte) []byte { return bytes.Repeat([]byte{b}, 4096) }
+	df := v.files["d"]
+	for n := range cowWrites {
+		off := ChunkSize + int64(1+2*n)*4096
+		if err := nb.TryWriteAt(block(byte(0x30+n)), off); err != nil {
+			t.Fatalf("try write %d into a pinned chunk: %v", n, err)
+		}
+		copy(want[off:], block(byte(0x30+n)))
+	}
+	if df.ch.isOwned(1) || df.ch.cow[1] != cowWrites {
+		t.Fatalf("chunk 1 after %d copy-on-write writes: owned %v, count %d", cowWrites, df.ch.isOwned(1), df.ch.cow[1])
+	}
+	if err := nb.TryWriteAt(block(0x40), ChunkSize+100*4096); !errors.Is(err, ErrWouldBlock) {
+		t.Fatalf("a try write past cowWrites: %v, want ErrWouldBlock", err)
+	}
+	if err := nb.TryWriteAt(block(0x41), 2*ChunkSize-2048); !errors.Is(err, ErrWouldBlock) {
+		t.Fatalf("a try write across two chunks: %v, want ErrWouldBlock", err)
+	}
+	// A batch: two writes into pinned chunks 2 and 3, done by the batch.
+	ios := []IO{{P: block(0x50), Off: 2*ChunkSize + 4096, Write: true}, {P: block(0x51), Off: 3*ChunkSize + 8192, Write: true}}
+	d.(Batcher).TryBatch(ios)
+	for i, x := range ios {
+		if x.Err != nil {
+			t.Fatalf("batch write %d into a pinned chunk: %v", i, x.Err)
+		}
+		copy(want[x.Off:], x.P)
+	}
+	if df.ch.cow[2] != 1 || df.ch.cow[3] != 1 {
+		t.Fatalf("chunks 2 and 3 after a batch write each: counts %d, %d", df.ch.cow[2], df.ch.cow[3])
+	}
+	got := make([]byte, size)
+	if err := d.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the disk does not read back the try writes")
+	}
+	snap, err := os.ReadFile(filepath.Join(dir, "volumes", "vm", "snapshots", "s", "d.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(snap, snapWant) {
+		t.Fatal("the snapshot changed under the try writes")
 	}
 }

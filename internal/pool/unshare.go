@@ -199,10 +199,9 @@ func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (do
 			}
 		}
 		if pinned {
-			df.ch.cow[i]++
 			_, err := df.f.WriteAt(piece, lo)
-			if err == nil && df.ch.cow[i] == tidyAfter {
-				df.us.tidy.add(df, i) // tidy.go
+			if err == nil {
+				df.cowWritten(i)
 			}
 			return true, err
 		}
@@ -241,6 +240,28 @@ func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (do
 		return false, df.us.forceLog()
 	}
 	return false, nil
+}
+
+// cowWritten counts a write into unowned chunk i left to copy on write
+// (its lock held), and queues the chunk for the tidier at tidyAfter.
+func (df *diskFile) cowWritten(i int64) {
+	df.ch.cow[i]++
+	if df.ch.cow[i] == tidyAfter {
+		df.us.tidy.add(df, i) // tidy.go
+	}
+}
+
+// pinnedCopyOnWrite reports whether a write of length bytes at off can go
+// to XFS's copy on write with no look at its blocks: it falls in one chunk
+// (i) that was wholly pinned when pinned, on a disk with a pin (gate
+// held). The chunk's lock, ownership and count are the caller's to check.
+func (df *diskFile) pinnedCopyOnWrite(off, length int64) (i int64, ok bool) {
+	c := df.ch
+	if c == nil || df.us == nil || df.pin == nil || length == 0 {
+		return 0, false
+	}
+	i = off >> c.shift
+	return i, (off+length-1)>>c.shift == i && df.pinnedChunk(i)
 }
 
 // pinnedOrAlone reports whether every written block of [a, b) is pinned

@@ -65,7 +65,7 @@ poweroff -f
 	_, _ = rand.Read(blob)
 	sum := md5.Sum(blob)
 	img := filepath.Join(dir, "root.img")
-	makeXFS(t, img, 512<<20, map[string][]byte{"hello.txt": []byte(token + "\n"), "blob": blob})
+	testfs.MakeXFS(t, img, 512<<20, map[string][]byte{"hello.txt": []byte(token + "\n"), "blob": blob})
 	run(t, "qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", img, srv.URI("vm/root"))
 	// The data disk full of random bytes: 128 chunks to fetch, so the copy
 	// at 500 ms a GET takes a minute or more, past the guest's run.
@@ -180,28 +180,6 @@ func run(t *testing.T, name string, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-}
-
-// makeXFS makes an XFS image of size bytes at img holding files.
-func makeXFS(t *testing.T, img string, size int64, files map[string][]byte) {
-	t.Helper()
-	f, err := os.Create(img)
-	if err == nil {
-		err = f.Truncate(size)
-		_ = f.Close()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, "mkfs.xfs", "-q", img)
-	mnt := t.TempDir()
-	run(t, "mount", "-o", "loop", img, mnt)
-	defer run(t, "umount", mnt)
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(mnt, name), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 

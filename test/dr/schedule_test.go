@@ -26,8 +26,32 @@ type link struct {
 	ln   net.Listener
 	to   atomic.Pointer[string] // where it relays to (set before use)
 	down atomic.Bool
-	mu   sync.Mutex
-	open []net.Conn
+	// rate, when set, bounds what goes to the target (bytes a second);
+	// sent counts it.
+	rate, sent atomic.Int64
+	mu         sync.Mutex
+	open       []net.Conn
+}
+
+// relay copies from c to up, at most l.rate bytes a second when set.
+func (l *link) relay(up, c net.Conn) {
+	defer up.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			if _, werr := up.Write(buf[:n]); werr != nil {
+				return
+			}
+			l.sent.Add(int64(n))
+			if r := l.rate.Load(); r > 0 {
+				time.Sleep(time.Duration(int64(n) * int64(time.Second) / r))
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 func newLink(t *testing.T, addr string) *link {
@@ -56,7 +80,7 @@ func newLink(t *testing.T, addr string) *link {
 			l.mu.Lock()
 			l.open = append(l.open, c, up)
 			l.mu.Unlock()
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
+			go l.relay(up, c)
 			go func() { _, _ = io.Copy(c, up); c.Close() }()
 		}
 	}()
