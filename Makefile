@@ -210,7 +210,8 @@ bench-backup:
 		QUIVER_BENCH_CLONES=$(CLONES) QUIVER_BENCH_PPROF=$(if $(PPROF),$(abspath $(PPROF))) \
 		$(GO) test -count=1 -timeout 60m -run '^TestBenchBackup$$' -v .
 
-# KubeVirt's hook sidecar API (internal/kubevirt/hookapi): Go code from the
+# KubeVirt's hook sidecar API (internal/kubevirt/hookapi) and the csi-addons
+# Identity and Replication services (internal/csiaddons): Go code from the
 # .proto files, committed. Needs protoc (Debian protobuf-compiler); the two
 # plugins are built into bin/ at pinned versions.
 PROTOC_GEN_GO_GRPC ?= v1.6.2
@@ -218,6 +219,12 @@ proto:
 	GOBIN=$(CURDIR)/bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go
 	GOBIN=$(CURDIR)/bin $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC)
 	cd internal/kubevirt/hookapi && for f in info/info.proto v1alpha2/callbacks.proto v1alpha3/callbacks.proto; do \
+		protoc --plugin=protoc-gen-go=$(CURDIR)/bin/protoc-gen-go \
+			--plugin=protoc-gen-go-grpc=$(CURDIR)/bin/protoc-gen-go-grpc \
+			--go_out=. --go_opt=paths=source_relative \
+			--go-grpc_out=. --go-grpc_opt=paths=source_relative $$f || exit 1; \
+	done
+	cd internal/csiaddons && for f in identity/identity.proto replication/replication.proto; do \
 		protoc --plugin=protoc-gen-go=$(CURDIR)/bin/protoc-gen-go \
 			--plugin=protoc-gen-go-grpc=$(CURDIR)/bin/protoc-gen-go-grpc \
 			--go_out=. --go_opt=paths=source_relative \

@@ -1,6 +1,8 @@
 // Package csi is quiver's Container Storage Interface plugin: the identity,
 // controller, snapshot metadata and node services that let Kubernetes (or any CSI orchestrator)
-// provision quiver volumes as PersistentVolumes, one PVC per VM.
+// provision quiver volumes as PersistentVolumes, one PVC per VM; and the
+// csi-addons identity and replication services, through which a DR
+// orchestrator (Ramen) drives quiver's DR relationships (docs/dr.md).
 //
 // A CSI volume is one quiver volume holding every disk of a VM. The
 // controller service talks to a quiver server through internal/client only,
@@ -19,5 +21,5 @@
 // server: everything it knows of a volume it learns through the API. Only
 // internal/cli imports it.
 //
-// Imports from quiver: api, blockdev, client, durable, endpoint, quantity, tlscert.
+// Imports from quiver: api, blockdev, client, csiaddons/identity, csiaddons/replication, durable, endpoint, quantity, tlscert.
 package csi

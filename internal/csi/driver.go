@@ -21,6 +21,8 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/client"
+	addonsid "github.com/quiverstorage/quiver/internal/csiaddons/identity"
+	"github.com/quiverstorage/quiver/internal/csiaddons/replication"
 	"github.com/quiverstorage/quiver/internal/tlscert"
 )
 
@@ -310,9 +312,11 @@ func (d *Driver) Serve(ctx context.Context) error {
 func (d *Driver) ServeListener(ctx context.Context, ln net.Listener) error {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept), grpc.StreamInterceptor(d.interceptStream))
 	csi.RegisterIdentityServer(srv, &identity{d: d})
+	addonsid.RegisterIdentityServer(srv, &addonsIdentity{d: d})
 	if d.cfg.Mode.controller() {
 		csi.RegisterControllerServer(srv, &controller{d: d})
 		csi.RegisterSnapshotMetadataServer(srv, &snapshotMetadata{d: d})
+		replication.RegisterControllerServer(srv, &replicationController{d: d})
 	}
 	if d.cfg.Mode.node() {
 		csi.RegisterNodeServer(srv, d.node)

@@ -87,7 +87,11 @@ var apiCodes = map[string]codes.Code{
 	// A snapshot without change tracking: the spec's "changed block
 	// tracking is not enabled" (GetMetadataDelta), for a full backup.
 	api.CodeNoCheckpoint: codes.FailedPrecondition,
-	api.CodeInternal:     codes.Internal,
+	// A DR target holding none of the points a delta could start from
+	// (csi-addons Resync, Promote): the relationship needs an operator.
+	api.CodeDiverged:  codes.FailedPrecondition,
+	api.CodeForbidden: codes.PermissionDenied,
+	api.CodeInternal:  codes.Internal,
 }
 
 // toStatus is the one mapping from errors to gRPC status codes. An error

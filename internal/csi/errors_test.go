@@ -48,6 +48,8 @@ func TestToStatus(t *testing.T) {
 		{apiErr(api.CodeNotPrimary), codes.FailedPrecondition},
 		{apiErr(api.CodeNotSupported), codes.FailedPrecondition},
 		{apiErr(api.CodeNoCheckpoint), codes.FailedPrecondition},
+		{apiErr(api.CodeDiverged), codes.FailedPrecondition},
+		{apiErr(api.CodeForbidden), codes.PermissionDenied},
 		{apiErr(api.CodeInternal), codes.Internal},
 		{apiErr("SomethingNew"), codes.Internal},
 		// A sentinel wins over the API code it wraps.

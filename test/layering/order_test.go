@@ -25,7 +25,8 @@ var layers = [][]string{
 	{"qos", "durable", "faultio", "storage/crashfs", "crypt"}, // I/O budgets, durable metadata, storage twins, encryption at rest
 	{"storage"},          // the only package that calls the kernel for the pool
 	{"fscap", "beneath"}, // filesystem capabilities, RESOLVE_BENEATH opens
-	{"buildinfo", "client", "blockdev", "kubevirt/hookapi/info", "kubevirt/hookapi/v1alpha2", "kubevirt/hookapi/v1alpha3"},
+	{"buildinfo", "client", "blockdev", "kubevirt/hookapi/info", "kubevirt/hookapi/v1alpha2", "kubevirt/hookapi/v1alpha3",
+		"csiaddons/identity", "csiaddons/replication"},
 	{"api", "quantity", "connlimit", "tlscert", "nbdclient", "history", "kubevirt", "objstore"}, // wire types and leaves; object stores
 }
 
