@@ -1,6 +1,7 @@
 package drtest
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -8,8 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/nbdclient"
 	"github.com/quiverstorage/quiver/internal/testfs"
 	"github.com/quiverstorage/quiver/internal/testserver"
 )
@@ -20,7 +23,16 @@ const tokenA = "site-a-admin-token-0123456789abcdef"
 // other as a DR site: A ships to B; B is promoted (A lost) and both write;
 // A, back, is demoted; B's sync to A ships only what B changed since the
 // last common point, and the two are then equal byte for byte.
-func TestFailback(t *testing.T) {
+// pair is two sites, each a server with its own token that names the
+// other as a DR site (through relays), driven through the CLI.
+type pair struct {
+	t        *testing.T
+	dir      string
+	a, b     *testserver.Process
+	onA, onB func(args ...string) string
+}
+
+func newPair(t *testing.T) *pair {
 	for _, tool := range []string{"qemu-io", "qemu-img"} {
 		testfs.RequireTool(t, tool)
 	}
@@ -40,46 +52,58 @@ func TestFailback(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	a := testserver.StartT(t, bin, testserver.Options{Pool: filepath.Join(dir, "a"), NBDTCP: true, Token: tokenA,
+	p := &pair{t: t, dir: dir}
+	p.a = testserver.StartT(t, bin, testserver.Options{Pool: filepath.Join(dir, "a"), NBDTCP: true, Token: tokenA,
 		Args: []string{"--dr-config", filepath.Join(dir, "a.json")}})
-	b := testserver.StartT(t, bin, testserver.Options{Pool: filepath.Join(dir, "b"), NBDTCP: true, Token: tokenB,
+	p.b = testserver.StartT(t, bin, testserver.Options{Pool: filepath.Join(dir, "b"), NBDTCP: true, Token: tokenB,
 		Args: []string{"--dr-config", filepath.Join(dir, "b.json")}})
-	toA.to.Store(&a.APIAddr)
-	toB.to.Store(&b.APIAddr)
+	toA.to.Store(&p.a.APIAddr)
+	toB.to.Store(&p.b.APIAddr)
+	p.onA, p.onB = p.on(p.a, "a.token"), p.on(p.b, "b.token")
+	return p
+}
 
-	on := func(p *testserver.Process, tokFile string) func(args ...string) string {
-		return func(args ...string) string {
-			t.Helper()
-			out, err := exec.Command(bin, append([]string{"--server", "http://" + p.APIAddr, "--token-file", filepath.Join(dir, tokFile)}, args...)...).CombinedOutput()
-			if err != nil {
-				t.Fatalf("quiver %s on %s: %v\n%s", strings.Join(args, " "), p.APIAddr, err, out)
-			}
-			return string(out)
+func (p *pair) on(s *testserver.Process, tokFile string) func(args ...string) string {
+	return func(args ...string) string {
+		p.t.Helper()
+		out, err := exec.Command(bin, append([]string{"--server", "http://" + s.APIAddr, "--token-file", filepath.Join(p.dir, tokFile)}, args...)...).CombinedOutput()
+		if err != nil {
+			p.t.Fatalf("quiver %s on %s: %v\n%s", strings.Join(args, " "), s.APIAddr, err, out)
 		}
+		return string(out)
 	}
-	onA, onB := on(a, "a.token"), on(b, "b.token")
-	attach := func(onX func(...string) string, vol, node, mode string) api.Attachment {
-		t.Helper()
-		var att api.Attachment
-		if err := json.Unmarshal([]byte(onX("-o", "json", "attach", "create", vol, node, "--mode", mode)), &att); err != nil {
-			t.Fatal(err)
-		}
-		return att
+}
+
+func (p *pair) attach(onX func(...string) string, vol, node, mode string) api.Attachment {
+	p.t.Helper()
+	var att api.Attachment
+	if err := json.Unmarshal([]byte(onX("-o", "json", "attach", "create", vol, node, "--mode", mode)), &att); err != nil {
+		p.t.Fatal(err)
 	}
-	write := func(uri string, pattern byte, off, n string) {
-		t.Helper()
-		if out, err := exec.Command("qemu-io", "-f", "raw", "-c", fmt.Sprintf("write -P %d %s %s", pattern, off, n), uri).CombinedOutput(); err != nil {
-			t.Fatalf("qemu-io %s: %v\n%s", uri, err, out)
-		}
+	return att
+}
+
+func (p *pair) write(uri string, pattern byte, off, n string) {
+	p.t.Helper()
+	if out, err := exec.Command("qemu-io", "-f", "raw", "-c", fmt.Sprintf("write -P %d %s %s", pattern, off, n), uri).CombinedOutput(); err != nil {
+		p.t.Fatalf("qemu-io %s: %v\n%s", uri, err, out)
 	}
-	sync := func(onX func(...string) string, vol, site string) api.DRCycle {
-		t.Helper()
-		var st api.DRCycle
-		if err := json.Unmarshal([]byte(onX("-o", "json", "dr", "sync", vol, "--site", site, "--relationship", "db")), &st); err != nil {
-			t.Fatal(err)
-		}
-		return st
+}
+
+func (p *pair) sync(onX func(...string) string, vol, site string) api.DRCycle {
+	p.t.Helper()
+	var st api.DRCycle
+	if err := json.Unmarshal([]byte(onX("-o", "json", "dr", "sync", vol, "--site", site, "--relationship", "db")), &st); err != nil {
+		p.t.Fatal(err)
 	}
+	return st
+}
+
+func TestFailback(t *testing.T) {
+	p := newPair(t)
+	a, b, onA, onB := p.a, p.b, p.onA, p.onB
+	attach, write, sync := p.attach, p.write, p.sync
+	dir := p.dir
 
 	onA("volume", "create", "vm", "--capacity", "64Mi", "--disk", "root=16Mi", "--disk", "data=8Mi", "--disk", "logs=4Mi")
 	w := attach(onA, "vm", "vm-node", "rw")
@@ -115,4 +139,94 @@ func TestFailback(t *testing.T) {
 			t.Fatalf("disk %s after the failback: %v\n%s", d, err, out)
 		}
 	}
+}
+
+// TestPlannedMigration (issue 34, acceptance 4): a writer on site A
+// writes records into three disks and flushes, keeping the log of what
+// each flush made durable; the VM stops; A is demoted (no VM may write it
+// from then on), ships its final point and B promotes it. Every flushed
+// record is on B, and B's first cycle back ships nothing.
+func TestPlannedMigration(t *testing.T) {
+	p := newPair(t)
+	a, b, onA, onB := p.a, p.b, p.onA, p.onB
+	onA("volume", "create", "vm", "--capacity", "64Mi", "--disk", "d0=8Mi", "--disk", "d1=8Mi", "--disk", "d2=8Mi")
+	onB("dr", "target", "accept", "db", "vm-dr")
+	w := p.attach(onA, "vm", "vm-node", "rw")
+	ctx := t.Context()
+	var conns [3]*nbdclient.Conn
+	for d := range conns {
+		c, err := nbdclient.Dial(ctx, a.NBDAddr, fmt.Sprintf("vm/d%d/%s", d, w.Token), nbdclient.Options{Timeout: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns[d] = c
+	}
+	// record n: 4 KiB at block n/3 of disk n%3, stamped with n.
+	record := func(n int) []byte {
+		b := bytes.Repeat([]byte(fmt.Sprintf("record %08d ", n)), 4096/16)
+		return b[:4096]
+	}
+	var flushed []int
+	written := 0
+	write := func(k int) {
+		t.Helper()
+		for range k {
+			if err := conns[written%3].WriteAt(record(written), int64(written/3)*4096, false); err != nil {
+				t.Fatal(err)
+			}
+			written++
+		}
+		for _, c := range conns {
+			if err := c.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for n := len(flushed); n < written; n++ {
+			flushed = append(flushed, n)
+		}
+	}
+	write(300)
+	p.sync(onA, "vm", "b") // a point while the VM runs
+	write(300)
+	// The migration: the VM stops (its last writes flushed, then it lets
+	// go), A is demoted, ships its final point, and B takes over.
+	write(17)
+	for _, c := range conns {
+		c.Close()
+	}
+	onA("attach", "delete", "vm", w.ID)
+	onA("dr", "demote", "vm", "--relationship", "db")
+	if out, err := exec.Command(bin, "--server", "http://"+a.APIAddr, "--token-file", filepath.Join(p.dir, "a.token"),
+		"attach", "create", "vm", "vm-node").CombinedOutput(); err == nil || !strings.Contains(string(out), "promote it first") {
+		t.Fatalf("a read-write attachment of the demoted source: %v\n%s", err, out)
+	}
+	final := p.sync(onA, "vm", "b")
+	onB("dr", "target", "promote", "db")
+
+	ro := p.attach(onB, "vm-dr", "checker", "ro")
+	got := [3][]byte{}
+	for d := range got {
+		c, err := nbdclient.Dial(ctx, b.NBDAddr, fmt.Sprintf("vm-dr/d%d/%s", d, ro.Token), nbdclient.Options{Timeout: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[d] = make([]byte, c.Size())
+		err = c.ReadAt(got[d], 0)
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range flushed {
+		off := (n / 3) * 4096
+		if !bytes.Equal(got[n%3][off:off+4096], record(n)) {
+			t.Fatalf("record %d, flushed on A before the migration, is not on B", n)
+		}
+	}
+	back := p.sync(onB, "vm-dr", "a")
+	if back.Base != final.Point.Snapshot || back.Changed != 0 {
+		t.Fatalf("B's first cycle back: %+v, want nothing changed since %s", back, final.Point.Snapshot)
+	}
+	t.Logf("%d flushed records, all on B after the migration", len(flushed))
 }
