@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: console console-screenshots helm man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm bench-backup proto clean mutate-syncs
+.PHONY: console console-screenshots helm man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm bench-backup bench-dr proto clean mutate-syncs
 
 all: build
 
@@ -205,6 +205,14 @@ bench-storm:
 # loaded 2-core machine (docs/benchmarks.md). PPROF=DIR: CPU profiles of the
 # server and of the S3 server, per step.
 # Prints the figures, the ratios and each goal met or missed; never asserts.
+# DR's delta shipping and the lowest RPO held at 10, 50 and 100 MB/s of
+# writes (issue 34, test/bench/dr_test.go); DR_SECONDS a rate, DR_RATES.
+DR_SECONDS ?= 60
+DR_RATES ?= 10,50,100
+bench-dr:
+	cd test/bench && QUIVER_BENCH=1 QUIVER_BENCH_DR_SECONDS=$(DR_SECONDS) QUIVER_BENCH_DR_RATES=$(DR_RATES) \
+		$(GO) test -count=1 -timeout 30m -run '^TestBenchDR$$' -v .
+
 bench-backup:
 	cd test/bench && QUIVER_BENCH=1 QUIVER_BENCH_VM_MIB=$(VM_MIB) QUIVER_BENCH_GOLDEN_MIB=$(GOLDEN_MIB) \
 		QUIVER_BENCH_CLONES=$(CLONES) QUIVER_BENCH_PPROF=$(if $(PPROF),$(abspath $(PPROF))) \

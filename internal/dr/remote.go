@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/client"
@@ -70,6 +72,12 @@ func LoadConfig(path string) (Config, error) {
 	return cfg, nil
 }
 
+// siteRequestTimeout bounds each request to a site (a data write carries
+// at most 1 MiB; a commit flushes the target's disks): a site that stops
+// answering fails the cycle, which the scheduler tries again, instead of
+// holding it until TCP gives up.
+const siteRequestTimeout = 2 * time.Minute
+
 // Sites are the sites this server ships to.
 type Sites struct {
 	order []string
@@ -92,7 +100,8 @@ func NewSites(cfg Config) (*Sites, error) {
 		if err != nil {
 			return nil, fmt.Errorf("DR site %s: token: %w", sc.Name, err)
 		}
-		opts := []client.Option{client.WithToken(string(bytes.TrimSpace(tok)))}
+		opts := []client.Option{client.WithToken(string(bytes.TrimSpace(tok))),
+			client.WithHTTPClient(&http.Client{Timeout: siteRequestTimeout})}
 		if sc.CAFile != "" {
 			pem, err := os.ReadFile(sc.CAFile)
 			if err != nil {

@@ -473,16 +473,20 @@ func resticVersion(t *testing.T) string {
 }
 
 // envMiB reads a size in MiB (or a count) from the environment.
-func envMiB(t *testing.T, name string, def int64) int64 {
+func envMiB(t *testing.T, name string, def int64) int64 { return envInt(t, name, def) << 20 }
+
+// envInt is the positive integer in environment variable name, def when
+// it is not set.
+func envInt(t *testing.T, name string, def int64) int64 {
 	s := os.Getenv(name)
 	if s == "" {
-		return def << 20
+		return def
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n <= 0 {
 		t.Fatalf("%s=%q: a positive integer", name, s)
 	}
-	return n << 20
+	return n
 }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
