@@ -52,11 +52,15 @@ func (d *liveDisk) TryReadAt(p []byte, off int64) error {
 	if err := checkRange(off, int64(len(p)), df.size); err != nil {
 		return err
 	}
-	if df.nw.readOff.Load() || !df.fill.ready(off, int64(len(p)), false) {
+	if df.nw.readOff.Load() || !df.fill.ready(off, int64(len(p)), false) || !df.enc.tryable(p, off, false) {
 		return ErrWouldBlock
 	}
 	n, err := df.f.TryReadAt(p, off)
-	return df.nowaitResult(n, len(p), err, &df.nw.readOff)
+	err = df.nowaitResult(n, len(p), err, &df.nw.readOff)
+	if err == nil && df.enc != nil {
+		df.enc.decrypt(p, off)
+	}
+	return err
 }
 
 func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
@@ -73,7 +77,8 @@ func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
 		return ErrWouldBlock // claiming takes the gate exclusively
 	case err != nil:
 		return err
-	case df.nw.writeOff.Load() || !df.owned(off, int64(len(p))) || !df.fill.ready(off, int64(len(p)), true):
+	case df.nw.writeOff.Load() || !df.owned(off, int64(len(p))) || !df.fill.ready(off, int64(len(p)), true) ||
+		!df.enc.tryable(p, off, true):
 		return ErrWouldBlock
 	case df.chg != nil && !df.chg.tryMark(off, int64(len(p))):
 		return ErrWouldBlock // its change must be written ahead first
@@ -146,7 +151,7 @@ func (d *liveDisk) TrySendTo(sock int, head []byte, off int64, n int) (int, erro
 	if err := checkRange(off, int64(n), df.size); err != nil {
 		return 0, err
 	}
-	if !df.fill.ready(off, int64(n), false) {
+	if !df.fill.ready(off, int64(n), false) || df.enc != nil { // sendfile would send ciphertext
 		return 0, ErrWouldBlock
 	}
 	// Only the operating system's own file: a wrapper (a test's fault
@@ -230,6 +235,9 @@ func (d *liveDisk) TryBatch(ios []IO) {
 			off = &df.nw.writeOff
 		}
 		io.Err = df.nowaitResult(io.N, len(io.P), io.Err, off)
+		if io.Err == nil && !io.Write && df.enc != nil {
+			df.enc.decrypt(io.P, io.Off)
+		}
 	}
 }
 
@@ -241,7 +249,7 @@ func (d *liveDisk) admitTry(df *diskFile, io *IO) error {
 		if err := checkRange(io.Off, n, df.size); err != nil {
 			return err
 		}
-		if df.nw.readOff.Load() || !df.fill.ready(io.Off, n, false) {
+		if df.nw.readOff.Load() || !df.fill.ready(io.Off, n, false) || !df.enc.tryable(io.P, io.Off, false) {
 			return ErrWouldBlock
 		}
 		return nil
@@ -255,7 +263,7 @@ func (d *liveDisk) admitTry(df *diskFile, io *IO) error {
 		return ErrWouldBlock // claiming takes the gate exclusively
 	case err != nil:
 		return err
-	case df.nw.writeOff.Load() || !df.owned(io.Off, n) || !df.fill.ready(io.Off, n, true):
+	case df.nw.writeOff.Load() || !df.owned(io.Off, n) || !df.fill.ready(io.Off, n, true) || !df.enc.tryable(io.P, io.Off, true):
 		return ErrWouldBlock
 	case df.chg != nil && !df.chg.tryMark(io.Off, n):
 		return ErrWouldBlock // its change must be written ahead first
