@@ -87,7 +87,11 @@ var apiCodes = map[string]codes.Code{
 	// A snapshot without change tracking: the spec's "changed block
 	// tracking is not enabled" (GetMetadataDelta), for a full backup.
 	api.CodeNoCheckpoint: codes.FailedPrecondition,
-	api.CodeInternal:     codes.Internal,
+	// Direct access to an encrypted volume's image files.
+	api.CodeEncrypted:      codes.FailedPrecondition,
+	api.CodeKeyUnavailable: codes.Unavailable,
+	api.CodeNoKeyProvider:  codes.FailedPrecondition,
+	api.CodeInternal:       codes.Internal,
 }
 
 // toStatus is the one mapping from errors to gRPC status codes. An error

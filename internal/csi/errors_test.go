@@ -48,6 +48,9 @@ func TestToStatus(t *testing.T) {
 		{apiErr(api.CodeNotPrimary), codes.FailedPrecondition},
 		{apiErr(api.CodeNotSupported), codes.FailedPrecondition},
 		{apiErr(api.CodeNoCheckpoint), codes.FailedPrecondition},
+		{apiErr(api.CodeEncrypted), codes.FailedPrecondition},
+		{apiErr(api.CodeKeyUnavailable), codes.Unavailable},
+		{apiErr(api.CodeNoKeyProvider), codes.FailedPrecondition},
 		{apiErr(api.CodeInternal), codes.Internal},
 		{apiErr("SomethingNew"), codes.Internal},
 		// A sentinel wins over the API code it wraps.
