@@ -163,6 +163,36 @@ func checkEncryptedSize(field string, size int64) error {
 	return nil
 }
 
+// validateKey checks an encrypted volume's manifest as read from the pool:
+// a wrapped key whose fields are all there and of sane sizes, disks of
+// whole blocks, no fill and no direct access, which it cannot have had.
+// (A binary without encryption refuses the manifest whole: it decodes
+// volume.json strictly, and the key field is unknown to it.)
+func (m *volumeManifest) validateKey() error {
+	k := m.Key
+	if err := ValidateName("key.provider", k.Provider); err != nil {
+		return err
+	}
+	switch {
+	case k.KeyID == "" || len(k.KeyID) > 256:
+		return invalid("key.keyId", k.KeyID, "must be 1 to 256 bytes")
+	case k.Algorithm == "" || len(k.Algorithm) > 64:
+		return invalid("key.algorithm", k.Algorithm, "must be 1 to 64 bytes")
+	case len(k.Wrapped) == 0 || len(k.Wrapped) > 4096:
+		return invalid("key.wrapped", "", fmt.Sprintf("%d bytes: must be 1 to 4096", len(k.Wrapped)))
+	case m.Fill != nil:
+		return invalid("fill", m.Fill.Source, "an encrypted volume cannot fill from a source")
+	case len(m.DirectAccess) > 0:
+		return invalid("directAccess", m.DirectAccess[0], "an encrypted volume cannot be accessed directly")
+	}
+	for i, d := range m.Disks {
+		if err := checkEncryptedSize(fmt.Sprintf("disks[%d].size", i), d.Size); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // encStripes is how many block locks an encrypted disk has; block n takes
 // lock n % encStripes.
 const encStripes = 256

@@ -3,6 +3,7 @@ package pool
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -538,5 +539,57 @@ func TestEncryptedRefusals(t *testing.T) {
 		if err := bad(); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%v, want ErrInvalid", err)
 		}
+	}
+}
+
+// TestEncryptedManifestChecked: an encrypted volume's manifest whose key
+// is damaged, or whose disks are not whole blocks, is quarantined at start,
+// not served; the other volumes are.
+func TestEncryptedManifestChecked(t *testing.T) {
+	dir := t.TempDir()
+	keys := filepath.Join(t.TempDir(), "keys.json")
+	p := openEncPool(t, dir, openKeyFile(t, keys))
+	for _, n := range []string{"nokey", "oddsize", "fine"} {
+		mustCreate(t, p, VolumeSpec{Name: n, Capacity: 8 * mib, Encrypt: true, Disks: []DiskSpec{{Name: "root", Size: mib}}})
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for name, edit := range map[string]func(m map[string]any){
+		"nokey":   func(m map[string]any) { m["key"].(map[string]any)["keyId"] = "" },
+		"oddsize": func(m map[string]any) { m["disks"].([]any)[0].(map[string]any)["size"] = mib + 512 },
+	} {
+		path := filepath.Join(dir, "volumes", name, "volume.json")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		edit(m)
+		if b, err = json.Marshal(m); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p = openEncPool(t, dir, openKeyFile(t, keys))
+	for _, n := range []string{"nokey", "oddsize"} {
+		v, err := p.Volume(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Info().Broken == "" {
+			t.Errorf("volume %s with a damaged encrypted manifest is served", n)
+		}
+	}
+	v, _ := p.Volume("fine")
+	if d, err := v.OpenDisk("root"); err != nil {
+		t.Fatal(err)
+	} else {
+		_ = d.Close()
 	}
 }
