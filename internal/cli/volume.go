@@ -377,6 +377,9 @@ func (a *app) volumeDetail(v api.Volume) func(io.Writer) error {
 			f.add("Source", source(v.Source))
 		}
 		f.add("Snapshots", fmt.Sprint(v.Snapshots))
+		if e := v.Encryption; e != nil {
+			f.add("Encryption", fmt.Sprintf("XTS-AES-256, data key wrapped by key provider %s, KEK %s", e.Provider, e.KeyID))
+		}
 		if r := v.Restore; r != nil {
 			f.add("Restore", fmt.Sprintf("copying from %s: %s of %s (%d%%), started %s; served meanwhile, snapshots wait",
 				r.Source, quantity.Format(r.CopiedBytes), quantity.Format(r.TotalBytes), percent(r.CopiedBytes, r.TotalBytes),

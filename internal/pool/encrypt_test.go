@@ -426,6 +426,10 @@ func TestEncryptedKeyUnavailable(t *testing.T) {
 	mustCreate(t, p, spec("c", true))
 	mustCreate(t, p, spec("plain", false))
 	va, _ := p.Volume("a")
+	vb, _ := p.Volume("b")
+	if _, _, err := vb.CreateSnapshot(context.Background(), "s", nil); err != nil {
+		t.Fatal(err)
+	}
 	ma := encModel{"root": make([]byte, mib)}
 	ma.write(t, va, "root", plainPattern(8192, 1), 0) // a's key is now in memory
 
@@ -437,8 +441,8 @@ func TestEncryptedKeyUnavailable(t *testing.T) {
 		if !errors.Is(err, ErrKeyUnavailable) || !errors.Is(err, crypt.ErrUnreachable) || !strings.Contains(err.Error(), "127.0.0.1:5696") {
 			t.Fatalf("open with the key manager down: %v, want ErrKeyUnavailable naming the unreachable server", err)
 		}
-		if _, err := vb.OpenSnapshotDisk("none", "root"); err == nil {
-			t.Fatal("a snapshot disk opened")
+		if _, err := vb.OpenSnapshotDisk("s", "root"); !errors.Is(err, ErrKeyUnavailable) || !errors.Is(err, crypt.ErrUnreachable) {
+			t.Fatalf("open a snapshot disk with the key manager down: %v, want ErrKeyUnavailable", err)
 		}
 		ma.write(t, va, "root", plainPattern(5000, 2), 3000) // a is served meanwhile
 		checkDisks(t, "a with the key manager down", ma, va.OpenDisk)

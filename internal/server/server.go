@@ -6,7 +6,7 @@
 // With cluster flags it joins the cluster (internal/cluster) before serving,
 // and serves the replicated volumes (internal/replicated).
 //
-// Imports from quiver: api, apiserver, auth, backup, cluster, connlimit, durable, job, metrics, nbd, pool, replicated, storage, tlscert.
+// Imports from quiver: api, apiserver, auth, backup, cluster, connlimit, crypt, crypt/keyfile, durable, job, metrics, nbd, pool, replicated, storage, tlscert.
 package server
 
 import (
