@@ -400,3 +400,43 @@ func TestFilesystemEncryptedRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestEncryptedStorageClass: encrypted: "true" makes an encrypted volume;
+// a clone of it is encrypted too, and a StorageClass that asks a clone for
+// another encryption than its source's is refused; a server without a key
+// provider refuses with FailedPrecondition.
+func TestEncryptedStorageClass(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	s := startServer(t, "--key-file", filepath.Join(t.TempDir(), "keys.json"))
+	p := startPlugin(t, s, "node-a", true)
+	ctx := t.Context()
+	vc := blockCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	enc := map[string]string{ParamDisks: "root=16Mi", ParamEncrypted: "true"}
+	volID := createVolume(t, p, &csi.CreateVolumeRequest{Name: "pvc-enc", CapacityRange: &csi.CapacityRange{RequiredBytes: 16 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{vc}, Parameters: enc})
+	v, err := s.api.GetVolume(ctx, volID)
+	if err != nil || v.Encryption == nil {
+		t.Fatalf("volume of encrypted: \"true\": encryption %v (%v), want one", v.Encryption, err)
+	}
+	clone := createVolume(t, p, &csi.CreateVolumeRequest{Name: "pvc-enc-clone", VolumeCapabilities: []*csi.VolumeCapability{vc},
+		Parameters:          enc,
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: volID}}}})
+	if c, err := s.api.GetVolume(ctx, clone); err != nil || c.Encryption == nil || c.Encryption.KeyID == v.Encryption.KeyID {
+		t.Fatalf("clone's encryption %+v (%v), want a KEK of its own", c.Encryption, err)
+	}
+	_, err = p.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-plain-clone", VolumeCapabilities: []*csi.VolumeCapability{vc},
+		Parameters:          map[string]string{ParamEncrypted: "false"},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: volID}}}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "encrypted") {
+		t.Fatalf("a clone in the clear of an encrypted volume: %v, want InvalidArgument", err)
+	}
+
+	plain := startServer(t)
+	pp := startPlugin(t, plain, "node-b", true)
+	_, err = pp.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-enc", VolumeCapabilities: []*csi.VolumeCapability{vc}, Parameters: enc})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "key provider") {
+		t.Fatalf("encrypted volume on a server without a key provider: %v, want FailedPrecondition", err)
+	}
+}
