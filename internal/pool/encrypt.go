@@ -392,13 +392,45 @@ func (e *encDisk) zero(df *diskFile, off, length int64, mayTrim, fast bool) erro
 }
 
 // tryable reports whether a Try request (nowait.go) may run on the disk: on
-// a disk in the clear, always (e is nil); on an encrypted one, a read of
-// whole blocks, decrypted in place once read. A write steps aside
-// (ErrWouldBlock): it needs a buffer to encrypt into and the block locks,
-// which the ordinary path has.
+// a disk in the clear, always (e is nil); on an encrypted one, a request of
+// whole blocks: a read decrypts in place once read, a write (TryWriteAt, at
+// most one buffer's worth) encrypts into a buffer of its own (tryWrite).
+// The others step aside (ErrWouldBlock) to the ordinary path, which
+// read-modify-writes.
 func (e *encDisk) tryable(p []byte, off int64, write bool) bool {
 	if e == nil {
 		return true
 	}
-	return !write && off&blockMask == 0 && len(p)&blockMask == 0
+	return off&blockMask == 0 && len(p)&blockMask == 0 && (!write || len(p) <= encSegment)
+}
+
+// tryWrite is TryWriteAt of whole blocks on an encrypted disk: their
+// locks taken shared without waiting, p encrypted into a buffer of
+// encBufs and tried with RWF_NOWAIT; ErrWouldBlock if a lock or the write
+// would wait.
+func (e *encDisk) tryWrite(df *diskFile, p []byte, off int64) error {
+	first, last := off/crypt.BlockSize, (off+int64(len(p)))/crypt.BlockSize
+	if last-first > encStripes {
+		last = first + encStripes
+	}
+	for blk := first; blk < last; blk++ {
+		if !e.locks[blk%encStripes].TryRLock() {
+			for b := first; b < blk; b++ {
+				e.locks[b%encStripes].RUnlock()
+			}
+			return ErrWouldBlock
+		}
+	}
+	defer func() {
+		for blk := first; blk < last; blk++ {
+			e.locks[blk%encStripes].RUnlock()
+		}
+	}()
+	bp := encBufs.Get().(*[]byte)
+	defer encBufs.Put(bp)
+	buf := (*bp)[:len(p)]
+	copy(buf, p)
+	e.encrypt(buf, off)
+	n, err := df.f.TryWriteAt(buf, off)
+	return df.nowaitResult(n, len(p), err, &df.nw.writeOff)
 }

@@ -314,9 +314,25 @@ func TestEncryptedTryPaths(t *testing.T) {
 	if _, err := d.(Sender).TrySendTo(-1, nil, 0, 4096); !errors.Is(err, ErrWouldBlock) {
 		t.Errorf("TrySendTo: %v, want ErrWouldBlock", err)
 	}
-	if err := c.Nonblocking.TryWriteAt(plainPattern(4096, 2), 0); !errors.Is(err, ErrWouldBlock) {
-		t.Errorf("TryWriteAt: %v, want ErrWouldBlock", err)
+	if err := c.Nonblocking.TryWriteAt(plainPattern(100, 2), 4000); !errors.Is(err, ErrWouldBlock) {
+		t.Errorf("unaligned TryWriteAt: %v, want ErrWouldBlock", err)
 	}
+	// A write of whole blocks is encrypted on the spot, not in the
+	// caller's buffer; it may have to wait (a new timestamp tick): retried.
+	w := plainPattern(8192, 2)
+	for range 100 {
+		if err = c.Nonblocking.TryWriteAt(w, 0); !errors.Is(err, ErrWouldBlock) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("TryWriteAt of two cached, owned blocks: %v", err)
+	}
+	if !bytes.Equal(w, plainPattern(8192, 2)) {
+		t.Fatal("TryWriteAt changed the caller's buffer")
+	}
+	copy(m["root"], w)
+	grepPool(t, dir)
 	if err := c.Nonblocking.TryReadAt(make([]byte, 100), 10); !errors.Is(err, ErrWouldBlock) {
 		t.Errorf("unaligned TryReadAt: %v, want ErrWouldBlock", err)
 	}

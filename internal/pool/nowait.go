@@ -84,6 +84,9 @@ func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
 		return ErrWouldBlock // its change must be written ahead first
 	}
 	d.v.markDirty(df.name, off, int64(len(p)))
+	if df.enc != nil {
+		return df.enc.tryWrite(df, p, off)
+	}
 	n, err := df.f.TryWriteAt(p, off)
 	return df.nowaitResult(n, len(p), err, &df.nw.writeOff)
 }
@@ -263,8 +266,8 @@ func (d *liveDisk) admitTry(df *diskFile, io *IO) error {
 		return ErrWouldBlock // claiming takes the gate exclusively
 	case err != nil:
 		return err
-	case df.nw.writeOff.Load() || !df.owned(io.Off, n) || !df.fill.ready(io.Off, n, true) || !df.enc.tryable(io.P, io.Off, true):
-		return ErrWouldBlock
+	case df.nw.writeOff.Load() || !df.owned(io.Off, n) || !df.fill.ready(io.Off, n, true) || df.enc != nil:
+		return ErrWouldBlock // an encrypted write needs a buffer of its own: the batch writes the caller's
 	case df.chg != nil && !df.chg.tryMark(io.Off, n):
 		return ErrWouldBlock // its change must be written ahead first
 	}
