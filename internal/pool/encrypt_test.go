@@ -321,6 +321,9 @@ func TestEncryptedTryPaths(t *testing.T) {
 	// caller's buffer; it may have to wait (a new timestamp tick): retried.
 	w := plainPattern(8192, 2)
 	for range 100 {
+		if err := d.WriteAt(plainPattern(4096, 9), 16384+8192, false); err != nil {
+			t.Fatal(err)
+		}
 		if err = c.Nonblocking.TryWriteAt(w, 0); !errors.Is(err, ErrWouldBlock) {
 			break
 		}
@@ -343,17 +346,62 @@ func TestEncryptedTryPaths(t *testing.T) {
 	if !bytes.Equal(buf, m["root"][8192:8192+16<<10]) {
 		t.Fatal("TryReadAt returned other bytes than were written")
 	}
-	ios := []IO{{P: make([]byte, 4096), Off: 4096}, {P: plainPattern(4096, 3), Off: 0, Write: true}, {P: make([]byte, 4096), Off: mib}}
-	c.Batcher.TryBatch(ios)
+	// A batch: reads of whole blocks decrypted, writes of whole blocks
+	// encrypted from copies (tried again while they would wait), an
+	// unaligned write stepping aside.
+	wb := plainPattern(8192, 3)
+	var ios []IO
+	for range 100 {
+		// An ordinary write first: the first write of a clock tick
+		// updates the file's timestamps, which RWF_NOWAIT refuses.
+		if err := d.WriteAt(plainPattern(4096, 9), 16384+8192, false); err != nil {
+			t.Fatal(err)
+		}
+		ios = []IO{{P: make([]byte, 4096), Off: 4096}, {P: wb, Off: 16384, Write: true}, {P: make([]byte, 4096), Off: mib},
+			{P: plainPattern(100, 4), Off: 5000, Write: true}}
+		c.Batcher.TryBatch(ios)
+		if !errors.Is(ios[1].Err, ErrWouldBlock) {
+			break
+		}
+	}
 	if ios[0].Err != nil || !bytes.Equal(ios[0].P, m["root"][4096:8192]) {
 		t.Errorf("TryBatch read: %v, or other bytes than were written", ios[0].Err)
 	}
-	if !errors.Is(ios[1].Err, ErrWouldBlock) {
-		t.Errorf("TryBatch write: %v, want ErrWouldBlock", ios[1].Err)
+	if ios[1].Err != nil {
+		t.Fatalf("TryBatch write of whole cached, owned blocks: %v", ios[1].Err)
 	}
+	if &ios[1].P[0] != &wb[0] || !bytes.Equal(wb, plainPattern(8192, 3)) {
+		t.Fatal("TryBatch did not give the caller's buffer back unchanged")
+	}
+	copy(m["root"][16384:], wb)
+	copy(m["root"][16384+8192:], plainPattern(4096, 9))
 	if ios[2].Err == nil && !bytes.Equal(ios[2].P, make([]byte, 4096)) {
 		t.Error("TryBatch read of a hole is not zeros")
 	}
+	if !errors.Is(ios[3].Err, ErrWouldBlock) {
+		t.Errorf("unaligned TryBatch write: %v, want ErrWouldBlock", ios[3].Err)
+	}
+	grepPool(t, dir)
+	// A read-modify-write of a block holds its lock exclusively: a Try
+	// write of the block steps aside rather than wait.
+	e := d.(*liveDisk).df.enc
+	e.locks[(16384/4096)%encStripes].Lock()
+	tick := func() { // as above: the Try write may not wait for the timestamps
+		if err := d.WriteAt(plainPattern(4096, 9), 16384+8192, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick()
+	if err := c.Nonblocking.TryWriteAt(wb, 16384); !errors.Is(err, ErrWouldBlock) {
+		t.Errorf("TryWriteAt of a block locked by a read-modify-write: %v, want ErrWouldBlock", err)
+	}
+	tick()
+	ios = []IO{{P: wb, Off: 16384, Write: true}}
+	c.Batcher.TryBatch(ios)
+	if !errors.Is(ios[0].Err, ErrWouldBlock) {
+		t.Errorf("TryBatch write of a block locked by a read-modify-write: %v, want ErrWouldBlock", ios[0].Err)
+	}
+	e.locks[(16384/4096)%encStripes].Unlock()
 	checkDisks(t, "after the Try calls", m, v.OpenDisk)
 }
 

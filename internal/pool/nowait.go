@@ -218,6 +218,10 @@ func (d *liveDisk) TryBatch(ios []IO) {
 			io.Err = d.admitTry(df, io)
 		}
 	}
+	if df.enc != nil { // the writes go from encrypted copies (encrypt.go)
+		eb := df.enc.prepareBatch(ios)
+		defer df.enc.finishBatch(ios, eb)
+	}
 	if b, ok := df.f.(storage.Batcher); ok {
 		b.TryBatch(ios)
 	} else {
@@ -266,8 +270,8 @@ func (d *liveDisk) admitTry(df *diskFile, io *IO) error {
 		return ErrWouldBlock // claiming takes the gate exclusively
 	case err != nil:
 		return err
-	case df.nw.writeOff.Load() || !df.owned(io.Off, n) || !df.fill.ready(io.Off, n, true) || df.enc != nil:
-		return ErrWouldBlock // an encrypted write needs a buffer of its own: the batch writes the caller's
+	case df.nw.writeOff.Load() || !df.owned(io.Off, n) || !df.fill.ready(io.Off, n, true) || !df.enc.batchable(io):
+		return ErrWouldBlock
 	case df.chg != nil && !df.chg.tryMark(io.Off, n):
 		return ErrWouldBlock // its change must be written ahead first
 	}
