@@ -67,6 +67,10 @@ type VolumeSpec struct {
 	// Tenant owns the volume (docs/security.md, "Tenants"). Only an admin
 	// sets it; a tenant's token always makes volumes of its own tenant.
 	Tenant string `json:"tenant,omitempty"`
+	// Encrypt makes an encrypted volume (docs/encryption.md): its disks
+	// are stored as ciphertext under a data key of its own, wrapped by the
+	// server's key provider. Without a key provider: 422 NoKeyProvider.
+	Encrypt bool `json:"encrypt,omitempty"`
 }
 
 // Source names where a clone came from.
@@ -111,6 +115,9 @@ type Volume struct {
 	// themselves (a single node's Filesystem-mode PVC): change tracking
 	// counts every disk changed meanwhile, so backups read them whole.
 	DirectAccess []string `json:"directAccess,omitempty"`
+	// Encryption, for an encrypted volume, names the key-encryption key
+	// that wraps its data key; never any key material.
+	Encryption *Encryption `json:"encryption,omitempty"`
 	// Restore reports an instant restore still copying the volume's
 	// content in: the volume is served meanwhile, but snapshots, clones
 	// and backups of it wait until the copy is done.
@@ -120,6 +127,12 @@ type Volume struct {
 	Copies  []Copy `json:"copies,omitempty"`
 	Primary string `json:"primary,omitempty"`
 	Term    uint64 `json:"term,omitempty"`
+}
+
+// Encryption names the key that wraps an encrypted volume's data key.
+type Encryption struct {
+	Provider string `json:"provider"` // the key provider: "keyfile" or "kmip"
+	KeyID    string `json:"keyId"`    // the key-encryption key's id in that provider
 }
 
 // RestoreProgress is an instant restore's copy (Volume.Restore).
@@ -721,6 +734,9 @@ const (
 	CodeQuorum         = "Quorum"           // 409: removing the node's etcd member would risk etcd's quorum
 	CodeDeleting       = "Deleting"         // 409: the volume is being deleted (the message names the copies left)
 	CodeDiverged       = "Diverged"         // 409: a DR target does not hold the point a delta starts from
+	CodeNoKeyProvider  = "NoKeyProvider"    // 422: an encrypted volume asked of a server without a key provider
+	CodeKeyUnavailable = "KeyUnavailable"   // 503: an encrypted volume's data key cannot be unwrapped (the message says why)
+	CodeEncrypted      = "Encrypted"        // 409: refused for an encrypted volume (direct access to its image files)
 	CodeInternal       = "Internal"         // 500
 	CodeForbidden      = "Forbidden"        // 403: the token's role does not allow it
 	CodeQuota          = "QuotaExceeded"    // 403: a tenant quota would be exceeded (the message names it)

@@ -100,6 +100,9 @@ func (s *Server) createClusterVolume(w http.ResponseWriter, r *http.Request, spe
 	if err := pool.ValidateSpec(ps); err != nil {
 		return err
 	}
+	if spec.Encrypt {
+		return &pool.FieldError{Field: "encrypt", Rule: "encrypted volumes are not built for a cluster yet (docs/encryption.md)"}
+	}
 	allows := func(same bool, stored string) bool {
 		return same && (idem.SameSpec || (idem.Key != "" && idem.Key == stored))
 	}

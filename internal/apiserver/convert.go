@@ -22,6 +22,9 @@ func volumeToAPI(v pool.VolumeInfo) api.Volume {
 		out.QoS = &q
 	}
 	out.DirectAccess = v.DirectAccess
+	if e := v.Encryption; e != nil {
+		out.Encryption = &api.Encryption{Provider: e.Provider, KeyID: e.KeyID}
+	}
 	if f := v.Fill; f != nil {
 		out.Restore = &api.RestoreProgress{Source: f.Source, Started: f.Started, CopiedBytes: f.FilledBytes, TotalBytes: f.TotalBytes}
 	}

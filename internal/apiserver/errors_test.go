@@ -12,6 +12,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/backup"
 	"github.com/quiverstorage/quiver/internal/cluster"
+	"github.com/quiverstorage/quiver/internal/crypt"
 	"github.com/quiverstorage/quiver/internal/dr"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/objstore"
@@ -43,6 +44,9 @@ func TestToError(t *testing.T) {
 		{"in use", fmt.Errorf("delete volume %q: %w", "web", pool.ErrInUse), http.StatusConflict, api.CodeInUse, ""},
 		{"has snapshots", fmt.Errorf("delete volume %q: %w", "web", pool.ErrHasSnapshots), http.StatusConflict, api.CodeHasSnapshots, ""},
 		{"no checkpoint", fmt.Errorf("snapshot vm@old: %w", pool.ErrNoCheckpoint), http.StatusConflict, api.CodeNoCheckpoint, ""},
+		{"no key provider", fmt.Errorf("create volume %q: %w", "vm", pool.ErrNoKeyProvider), http.StatusUnprocessableEntity, api.CodeNoKeyProvider, ""},
+		{"key unavailable", fmt.Errorf("volume %q: %w: %w", "vm", pool.ErrKeyUnavailable, crypt.ErrUnreachable), http.StatusServiceUnavailable, api.CodeKeyUnavailable, ""},
+		{"encrypted", fmt.Errorf("direct access: %w", pool.ErrEncrypted), http.StatusConflict, api.CodeEncrypted, ""},
 		{"no backup target", fmt.Errorf("backup target %q: %w", "x", backup.ErrNoTarget), http.StatusNotFound, api.CodeNotFound, ""},
 		{"backup not found", fmt.Errorf("backup %q: %w", "x", backup.ErrNotFound), http.StatusNotFound, api.CodeNotFound, ""},
 		{"backup invalid", fmt.Errorf("backup id: %w", backup.ErrInvalid), http.StatusBadRequest, api.CodeInvalid, ""},

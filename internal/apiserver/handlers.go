@@ -141,7 +141,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	}
 	ps := pool.VolumeSpec{Name: name, Capacity: spec.Capacity, Labels: spec.Labels,
 		Disks: diskSpecsFromAPI(spec.Disks), QoS: qosFromAPI(spec.QoS), Replicas: spec.Replicas, Idempotency: idem,
-		Tenant: tenant}
+		Tenant: tenant, Encrypt: spec.Encrypt}
 	if err := pool.ValidateSpec(ps); err != nil {
 		return err
 	}

@@ -260,6 +260,10 @@ func (s *Service) Backup(ctx context.Context, volume, targetName string, full bo
 	if _, err := s.target(targetName); err != nil {
 		return nil, err
 	}
+	if v, err := s.pool.Volume(volume); err == nil && v.Info().Encryption != nil {
+		return nil, fmt.Errorf("volume %s is encrypted: a backup would hold its plaintext, and backups that carry the ciphertext "+
+			"and the wrapped key are not built yet (docs/encryption.md): %w", volume, pool.ErrNotSupported)
+	}
 	m, err := s.backup(ctx, volume, targetName, full, prog)
 	if err != nil {
 		if !errors.Is(err, pool.ErrVolumeNotFound) {

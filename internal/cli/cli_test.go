@@ -536,3 +536,34 @@ logs   1Gi    1Gi       100.0%    1        new since mon
 		}
 	}
 }
+
+// TestVolumeEncrypted: create --encrypt sends encrypt, and get and list show
+// the key provider and KEK of an encrypted volume.
+func TestVolumeEncrypted(t *testing.T) {
+	f, url := newFakeAPI(t)
+	v := testVolumes[0]
+	v.Encryption = &api.Encryption{Provider: "keyfile", KeyID: "0a1b2c"}
+	f.reply("POST /v1/volumes", 201, v)
+	f.reply("GET /v1/volumes/web01", 200, v)
+	got := run(t, context.Background(), url, nil, "volume", "create", "web01", "--capacity", "200Gi", "--disk", "root=40Gi", "--encrypt")
+	if got.code != 0 {
+		t.Fatalf("exit %d: %s", got.code, got.stderr)
+	}
+	var spec api.VolumeSpec
+	if err := json.Unmarshal([]byte(f.body("POST /v1/volumes")), &spec); err != nil || !spec.Encrypt {
+		t.Fatalf("spec %+v (%v): want encrypt", spec, err)
+	}
+	if !strings.Contains(got.stdout, "ENCRYPTION") || !strings.Contains(got.stdout, "keyfile:0a1b2c") {
+		t.Errorf("create's table lacks the encryption:\n%s", got.stdout)
+	}
+	got = run(t, context.Background(), url, nil, "volume", "get", "web01")
+	if want := "XTS-AES-256, data key wrapped by key provider keyfile, KEK 0a1b2c\n"; !strings.Contains(got.stdout, "Encryption: ") ||
+		!strings.Contains(got.stdout, want) {
+		t.Errorf("get lacks %q:\n%s", want, got.stdout)
+	}
+	run(t, context.Background(), url, nil, "volume", "create", "web01", "--capacity", "200Gi", "--disk", "root=40Gi")
+	spec = api.VolumeSpec{}
+	if err := json.Unmarshal([]byte(f.body("POST /v1/volumes")), &spec); err != nil || spec.Encrypt {
+		t.Fatalf("spec %+v (%v): encrypt without --encrypt", spec, err)
+	}
+}

@@ -134,6 +134,8 @@ A flag on the command line wins over the file.`,
 		"refuse API requests without a token on loopback too; without --token-file the admin token is POOL/admin.token (always on beyond loopback)")
 	cmd.Flags().BoolVar(&cfg.NBDRequireToken, "nbd-require-token", false,
 		"refuse NBD exports without an attachment token (always on beyond loopback)")
+	cmd.Flags().StringVar(&cfg.KeyFile, "key-file", "",
+		"key file (0600, made if absent, outside the pool) of the local key provider that wraps encrypted volumes' data keys (docs/encryption.md)")
 	cmd.Flags().BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API port")
 	cmd.Flags().StringVar(&cfg.BackupConfig, "backup-config", "",
 		"JSON file naming the backup targets (S3 endpoint, bucket, files with the access key, secret key and repository key; docs/backup.md)")

@@ -33,11 +33,13 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 	var limits *qosFlags
 	var replicas int
 	var tenant string
+	var encrypt bool
 	cmd := &cobra.Command{
-		Use:   "create NAME --capacity SIZE [--disk NAME=SIZE]... [--label KEY=VALUE]... [--replicas N] [--qos-rw-iops N] [--qos-rw-mbytes N]...",
+		Use:   "create NAME --capacity SIZE [--disk NAME=SIZE]... [--label KEY=VALUE]... [--replicas N] [--encrypt] [--qos-rw-iops N] [--qos-rw-mbytes N]...",
 		Short: "Create a volume with its disks",
 		Example: `  quiver volume create web01 --capacity 200Gi --disk root=40Gi --disk data=100Gi --label app=web
-  quiver volume create db01 --capacity 100Gi --disk root=20Gi --disk data=80Gi --qos-rw-iops 500 --qos-rw-mbytes 50`,
+  quiver volume create db01 --capacity 100Gi --disk root=20Gi --disk data=80Gi --qos-rw-iops 500 --qos-rw-mbytes 50
+  quiver volume create vault --capacity 20Gi --disk root=20Gi --encrypt`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			spec := api.VolumeSpec{Name: args[0]}
@@ -54,6 +56,7 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 			spec.QoS = limits.spec()
 			spec.Replicas = replicas
 			spec.Tenant = tenant
+			spec.Encrypt = encrypt
 			c, err := a.client()
 			if err != nil {
 				return err
@@ -70,6 +73,7 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "a label as KEY=VALUE (repeatable)")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "copies on distinct nodes of a cluster (above 1 needs a cluster: docs/cluster.md)")
 	cmd.Flags().StringVar(&tenant, "tenant", "", "the tenant that owns the volume (admin tokens only; a tenant's token always makes its own)")
+	cmd.Flags().BoolVar(&encrypt, "encrypt", false, "store the disks encrypted under a data key of the volume's own (the server needs a key provider: --key-file; docs/encryption.md)")
 	limits = addQoSFlags(cmd, "qos-", "; one budget for all disks")
 	cmd.MarkFlagRequired("capacity")
 	return cmd
@@ -268,6 +272,10 @@ func (a *app) volumeTable(vols ...api.Volume) func(io.Writer) error {
 		if placed {
 			header = slices.Insert(header, 1, "STATE")
 		}
+		encrypted := slices.ContainsFunc(vols, func(v api.Volume) bool { return v.Encryption != nil })
+		if encrypted {
+			header = append(header, "ENCRYPTION")
+		}
 		if a.wide() {
 			header = append(header, "UID", "QOS", "WRITER", "SOURCE")
 		}
@@ -277,6 +285,9 @@ func (a *app) volumeTable(vols ...api.Volume) func(io.Writer) error {
 				row := []string{v.Name, "-", "BROKEN: " + v.Reason, "-", "-", "-"}
 				if placed {
 					row = slices.Insert(row, 1, v.State)
+				}
+				if encrypted {
+					row = append(row, "-")
 				}
 				if a.wide() {
 					row = append(row, "-", "-", "-", "-")
@@ -289,6 +300,9 @@ func (a *app) volumeTable(vols ...api.Volume) func(io.Writer) error {
 			if placed {
 				row = slices.Insert(row, 1, volumeState(v))
 			}
+			if encrypted {
+				row = append(row, encryption(v.Encryption))
+			}
 			if a.wide() {
 				writer := none
 				if v.Writer.Epoch > 0 {
@@ -300,6 +314,15 @@ func (a *app) volumeTable(vols ...api.Volume) func(io.Writer) error {
 		}
 		return t.flush()
 	}
+}
+
+// encryption names the key that wraps a volume's data key, as
+// provider:KEK-id (<none> for a volume stored in the clear).
+func encryption(e *api.Encryption) string {
+	if e == nil {
+		return none
+	}
+	return e.Provider + ":" + e.KeyID
 }
 
 // volumeState is a cluster volume's state in a list: "deleting" while
@@ -356,6 +379,9 @@ func (a *app) volumeDetail(v api.Volume) func(io.Writer) error {
 		f.add("Snapshots", fmt.Sprint(v.Snapshots))
 		if p := v.DRPolicy; p != nil {
 			f.add("DR", fmt.Sprintf("to %s as relationship %s, RPO %s (quiver dr status)", p.Site, p.Relationship, p.RPO))
+		}
+		if e := v.Encryption; e != nil {
+			f.add("Encryption", fmt.Sprintf("XTS-AES-256, data key wrapped by key provider %s, KEK %s", e.Provider, e.KeyID))
 		}
 		if r := v.Restore; r != nil {
 			f.add("Restore", fmt.Sprintf("copying from %s: %s of %s (%d%%), started %s; served meanwhile, snapshots wait",

@@ -126,7 +126,7 @@ func (c *controller) createEmpty(ctx context.Context, qc *client.Client, p creat
 		return v, err
 	}
 	v, err := qc.CreateVolume(ctx, api.VolumeSpec{Name: p.name, Capacity: capacity, Labels: p.labels, Disks: disks, QoS: p.params.QoS,
-		Replicas: p.params.Replication},
+		Replicas: p.params.Replication, Encrypt: p.params.Encrypted != nil && *p.params.Encrypted},
 		requestKey("volume", p.csiName))
 	if err != nil {
 		if client.IsConflict(err) {
@@ -189,6 +189,13 @@ func (c *controller) createFromSource(ctx context.Context, qc *client.Client, p 
 			return api.Volume{}, fmt.Errorf("source snapshot %s: %w", s.Snapshot.GetSnapshotId(), err)
 		}
 		source, need = api.Source{Volume: vol, Snapshot: snap}, sumDiskSizes(sn.Disks)
+		sv, err := qc.GetVolume(ctx, vol)
+		if err != nil {
+			return api.Volume{}, fmt.Errorf("source volume %s: %w", vol, err)
+		}
+		if err := checkCloneEncryption(p.params, sv); err != nil {
+			return api.Volume{}, err
+		}
 	case *csi.VolumeContentSource_Volume:
 		vol, err := parseVolumeID("volume_content_source.volume.volume_id", s.Volume.GetVolumeId())
 		if err != nil {
@@ -201,6 +208,9 @@ func (c *controller) createFromSource(ctx context.Context, qc *client.Client, p 
 			return api.Volume{}, fmt.Errorf("source volume %s: %w", vol, err)
 		}
 		source, need = api.Source{Volume: vol}, sv.Capacity
+		if err := checkCloneEncryption(p.params, sv); err != nil {
+			return api.Volume{}, err
+		}
 	default:
 		return api.Volume{}, fmt.Errorf("volume_content_source: want a snapshot or a volume: %w", ErrInvalid)
 	}
@@ -368,6 +378,21 @@ func (c *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	}}, nil
 }
 
+// checkCloneEncryption refuses a clone whose StorageClass asks for an
+// encryption its source does not have, or the other way round: a clone
+// shares its source's blocks, so it is encrypted exactly when the source is.
+func checkCloneEncryption(p volumeParams, src api.Volume) error {
+	if p.Encrypted == nil || *p.Encrypted == (src.Encryption != nil) {
+		return nil
+	}
+	state := "in the clear"
+	if src.Encryption != nil {
+		state = "encrypted"
+	}
+	return fmt.Errorf("parameter %s=%t: the source volume %s is %s, and a clone shares its source's blocks and encryption: %w",
+		ParamEncrypted, *p.Encrypted, src.Name, state, ErrInvalid)
+}
+
 // paramsMismatch says how parameters differ from what the volume is, or "".
 func paramsMismatch(params map[string]string, v api.Volume) string {
 	p, err := parseParams(params)
@@ -388,6 +413,9 @@ func paramsMismatch(params map[string]string, v api.Volume) string {
 	}
 	if r := p.Labels[LabelReplication]; r != "" && v.Labels[LabelReplication] != r {
 		return fmt.Sprintf("parameter %s does not match the volume's", ParamReplication)
+	}
+	if p.Encrypted != nil && *p.Encrypted != (v.Encryption != nil) {
+		return fmt.Sprintf("parameter %s does not match the volume's", ParamEncrypted)
 	}
 	return ""
 }

@@ -91,7 +91,11 @@ var apiCodes = map[string]codes.Code{
 	// (csi-addons Resync, Promote): the relationship needs an operator.
 	api.CodeDiverged:  codes.FailedPrecondition,
 	api.CodeForbidden: codes.PermissionDenied,
-	api.CodeInternal:  codes.Internal,
+	// Direct access to an encrypted volume's image files.
+	api.CodeEncrypted:      codes.FailedPrecondition,
+	api.CodeKeyUnavailable: codes.Unavailable,
+	api.CodeNoKeyProvider:  codes.FailedPrecondition,
+	api.CodeInternal:       codes.Internal,
 }
 
 // toStatus is the one mapping from errors to gRPC status codes. An error

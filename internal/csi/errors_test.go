@@ -50,6 +50,9 @@ func TestToStatus(t *testing.T) {
 		{apiErr(api.CodeNoCheckpoint), codes.FailedPrecondition},
 		{apiErr(api.CodeDiverged), codes.FailedPrecondition},
 		{apiErr(api.CodeForbidden), codes.PermissionDenied},
+		{apiErr(api.CodeEncrypted), codes.FailedPrecondition},
+		{apiErr(api.CodeKeyUnavailable), codes.Unavailable},
+		{apiErr(api.CodeNoKeyProvider), codes.FailedPrecondition},
 		{apiErr(api.CodeInternal), codes.Internal},
 		{apiErr("SomethingNew"), codes.Internal},
 		// A sentinel wins over the API code it wraps.

@@ -71,7 +71,7 @@ func TestParseParams(t *testing.T) {
 	p, err := parseParams(map[string]string{
 		"disks": "root=40Gi, data=100Gi", "qos_rw_iops": "500", "qos_rw_mbytes": "50", "replication": "2",
 		"csi.storage.k8s.io/pvc/name": "vm1-disks", "csi.storage.k8s.io/pvc/namespace": "tenant-a",
-		"csi.storage.k8s.io/pv/name": "pvc-123",
+		"csi.storage.k8s.io/pv/name": "pvc-123", "encrypted": "true",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +86,13 @@ func TestParseParams(t *testing.T) {
 	if p.Labels[LabelReplication] != "2" || p.Labels[LabelPVCName] != "vm1-disks" || p.Labels[LabelPVCNamespace] != "tenant-a" {
 		t.Errorf("labels %v", p.Labels)
 	}
-	if p, err := parseParams(nil); err != nil || p.Disks != nil || p.QoS != nil {
+	if p.Encrypted == nil || !*p.Encrypted {
+		t.Errorf("encrypted %v, want true", p.Encrypted)
+	}
+	if _, err := parseParams(map[string]string{"encrypted": "yes"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("encrypted=yes: %v, want ErrInvalid", err)
+	}
+	if p, err := parseParams(nil); err != nil || p.Disks != nil || p.QoS != nil || p.Encrypted != nil {
 		t.Errorf("no parameters: %+v %v", p, err)
 	}
 }

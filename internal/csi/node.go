@@ -147,6 +147,12 @@ func (n *nodeService) stagedWhole(ctx context.Context, rec *stageRecord) (bool, 
 }
 
 func (n *nodeService) stageFilesystem(ctx context.Context, rec *stageRecord, v api.Volume, pubCtx map[string]string) error {
+	if v.Encryption != nil {
+		// The image files hold ciphertext: only quiver's data path
+		// decrypts, so a VM given the files would see noise.
+		return fmt.Errorf("volume %s is encrypted (key provider %s): its image files hold ciphertext that only quiver's NBD path "+
+			"decrypts, so Filesystem mode cannot serve it; use volumeMode: Block: %w", v.Name, v.Encryption.Provider, ErrPrecondition)
+	}
 	if onCluster(v) {
 		// A copy's directory is one node's files: a VM writing there
 		// would bypass synchronous replication and the single-writer

@@ -17,6 +17,7 @@ import (
 const (
 	ParamDisks        = "disks"
 	ParamReplication  = "replication"
+	ParamEncrypted    = "encrypted"
 	ParamQoSRWIOPS    = "qos_rw_iops"
 	ParamQoSRWMBytes  = "qos_rw_mbytes"
 	ParamQoSReadIOPS  = "qos_read_iops"
@@ -67,6 +68,9 @@ type volumeParams struct {
 	Replication int
 	// Labels are the labels the parameters add (replication, PVC identity).
 	Labels map[string]string
+	// Encrypted is nil when not set, else whether the volume is encrypted
+	// (docs/encryption.md).
+	Encrypted *bool
 }
 
 // parseParams parses CreateVolume parameters. An unknown key is
@@ -90,6 +94,12 @@ func parseParams(params map[string]string) (volumeParams, error) {
 			}
 			p.Replication = n
 			p.Labels[LabelReplication] = strconv.Itoa(n)
+		case key == ParamEncrypted:
+			b, err := strconv.ParseBool(value)
+			if err != nil {
+				return p, fmt.Errorf("parameter %s=%q: want \"true\" or \"false\": %w", key, value, ErrInvalid)
+			}
+			p.Encrypted = &b
 		case qosParams[key] != nil:
 			n, err := strconv.ParseInt(value, 10, 64)
 			if err != nil || n < 0 {
@@ -113,7 +123,7 @@ func parseParams(params map[string]string) (volumeParams, error) {
 }
 
 func knownParams() []string {
-	known := []string{ParamDisks, ParamReplication}
+	known := []string{ParamDisks, ParamEncrypted, ParamReplication}
 	known = append(known, slices.Sorted(maps.Keys(qosParams))...)
 	return known
 }

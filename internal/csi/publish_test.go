@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/testfs"
@@ -354,5 +356,87 @@ func TestFilesystemDirectAccessIsTracked(t *testing.T) {
 	}
 	for _, s2 := range []string{"before", "during", "after", "later"} {
 		_ = s.api.DeleteSnapshot(context.Background(), volID, s2)
+	}
+}
+
+// TestFilesystemEncryptedRefused: Filesystem mode would hand a VM the image
+// files of an encrypted volume, which hold ciphertext: staging refuses it,
+// read-only too, with FailedPrecondition and a message that says why, and
+// records no direct access.
+func TestFilesystemEncryptedRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	testfs.RequireRoot(t)
+	s := startServer(t, "--key-file", filepath.Join(t.TempDir(), "keys.json"))
+	p := startPlugin(t, s, "node-a", true)
+	ctx := t.Context()
+	if _, err := s.api.CreateVolume(ctx, api.VolumeSpec{Name: "vault", Capacity: 16 << 20, Encrypt: true,
+		Disks: []api.DiskSpec{{Name: "root", Size: 16 << 20}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []csi.VolumeCapability_AccessMode_Mode{csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY} {
+		vc := mountCap(mode)
+		pub, err := p.ctrl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: "vault", NodeId: "node-a",
+			VolumeCapability: vc, Readonly: mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY})
+		if err != nil {
+			t.Fatal(err)
+		}
+		staging := filepath.Join(t.TempDir(), "staging")
+		_, err = p.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "vault", StagingTargetPath: staging,
+			VolumeCapability: vc, PublishContext: pub.GetPublishContext()})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "encrypted") {
+			t.Fatalf("%v: NodeStageVolume of an encrypted volume: %v, want FailedPrecondition saying it is encrypted", mode, err)
+		}
+		if entries, _ := os.ReadDir(staging); len(entries) > 0 {
+			t.Fatalf("%v: staging path holds %d entries", mode, len(entries))
+		}
+		if v, err := s.api.GetVolume(ctx, "vault"); err != nil || len(v.DirectAccess) != 0 {
+			t.Fatalf("%v: direct access %v %v, want none", mode, v.DirectAccess, err)
+		}
+		if _, err := p.ctrl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: "vault", NodeId: "node-a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestEncryptedStorageClass: encrypted: "true" makes an encrypted volume;
+// a clone of it is encrypted too, and a StorageClass that asks a clone for
+// another encryption than its source's is refused; a server without a key
+// provider refuses with FailedPrecondition.
+func TestEncryptedStorageClass(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	s := startServer(t, "--key-file", filepath.Join(t.TempDir(), "keys.json"))
+	p := startPlugin(t, s, "node-a", true)
+	ctx := t.Context()
+	vc := blockCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	enc := map[string]string{ParamDisks: "root=16Mi", ParamEncrypted: "true"}
+	volID := createVolume(t, p, &csi.CreateVolumeRequest{Name: "pvc-enc", CapacityRange: &csi.CapacityRange{RequiredBytes: 16 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{vc}, Parameters: enc})
+	v, err := s.api.GetVolume(ctx, volID)
+	if err != nil || v.Encryption == nil {
+		t.Fatalf("volume of encrypted: \"true\": encryption %v (%v), want one", v.Encryption, err)
+	}
+	clone := createVolume(t, p, &csi.CreateVolumeRequest{Name: "pvc-enc-clone", VolumeCapabilities: []*csi.VolumeCapability{vc},
+		Parameters:          enc,
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: volID}}}})
+	if c, err := s.api.GetVolume(ctx, clone); err != nil || c.Encryption == nil || c.Encryption.KeyID == v.Encryption.KeyID {
+		t.Fatalf("clone's encryption %+v (%v), want a KEK of its own", c.Encryption, err)
+	}
+	_, err = p.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-plain-clone", VolumeCapabilities: []*csi.VolumeCapability{vc},
+		Parameters:          map[string]string{ParamEncrypted: "false"},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: volID}}}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "encrypted") {
+		t.Fatalf("a clone in the clear of an encrypted volume: %v, want InvalidArgument", err)
+	}
+
+	plain := startServer(t)
+	pp := startPlugin(t, plain, "node-b", true)
+	_, err = pp.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-enc", VolumeCapabilities: []*csi.VolumeCapability{vc}, Parameters: enc})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "key provider") {
+		t.Fatalf("encrypted volume on a server without a key provider: %v, want FailedPrecondition", err)
 	}
 }

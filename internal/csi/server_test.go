@@ -35,10 +35,10 @@ type server struct {
 
 // startServer starts a server for the test; t.Cleanup stops it and fails
 // the test if it did not exit cleanly.
-func startServer(t *testing.T) *server {
+func startServer(t *testing.T, args ...string) *server {
 	t.Helper()
 	const token = "sanity-token-0123456789"
-	p := testserver.StartT(t, quiverBin, testserver.Options{Token: token})
+	p := testserver.StartT(t, quiverBin, testserver.Options{Token: token, Args: args})
 	return &server{apiURL: "http://" + p.APIAddr, nbdSocket: p.Socket, token: token, api: p.API, pool: p.Pool}
 }
 

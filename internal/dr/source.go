@@ -23,6 +23,10 @@ func NewSource(v *pool.Volume, rel string) (*Source, error) {
 	if err := ValidateRelationship(rel); err != nil {
 		return nil, err
 	}
+	if v.Info().Encryption != nil {
+		return nil, fmt.Errorf("volume %s is encrypted: its points would reach the other site in plaintext, and DR that ships "+
+			"the ciphertext and the wrapped key is not built yet (docs/encryption.md): %w", v.Name(), pool.ErrNotSupported)
+	}
 	return &Source{v: v, rel: rel}, nil
 }
 

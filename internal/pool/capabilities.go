@@ -38,8 +38,12 @@ type DataReader interface {
 }
 
 // Capabilities: a live disk's handle tries requests without waiting, in
-// batches, sends reads with sendfile(2) and reports its disk's changes.
+// batches, sends reads with sendfile(2) (not from an encrypted disk, whose
+// image holds ciphertext) and reports its disk's changes.
 func (d *liveDisk) Capabilities() Capabilities {
+	if d.df.enc != nil {
+		return Capabilities{Nonblocking: d, Batcher: d, Changes: d}
+	}
 	return Capabilities{Nonblocking: d, Batcher: d, Sender: d, Changes: d}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/quiverstorage/quiver/internal/crypt"
 	"github.com/quiverstorage/quiver/internal/storage"
 )
 
@@ -191,7 +192,7 @@ func (h *CloneHold) Clone(ctx context.Context, prog Progress) ([]VolumeInfo, err
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			info, err := p.cloneOne(gctx, name, m.Tenant, req.Source, req.Idempotency, from, disks, capacity, labels, prog)
+			info, err := p.cloneOne(gctx, name, m.Tenant, req.Source, req.Idempotency, from, disks, capacity, labels, m.Key, prog)
 			if err != nil {
 				return fmt.Errorf("clone %s: %w", name, err)
 			}
@@ -239,7 +240,7 @@ func (s Source) String() string {
 
 // cloneOne makes one clone; the caller has reserved its name.
 func (p *Pool) cloneOne(ctx context.Context, name, tenant string, src Source, idem Idempotency, from string, disks []DiskSpec,
-	capacity int64, labels map[string]string, prog Progress) (VolumeInfo, error) {
+	capacity int64, labels map[string]string, key *crypt.WrappedKey, prog Progress) (VolumeInfo, error) {
 	switch err := p.checkCloneTarget(name, src, idem); {
 	case errors.Is(err, errCloneExists):
 		v, err := p.Volume(name)
@@ -258,16 +259,26 @@ func (p *Pool) cloneOne(ctx context.Context, name, tenant string, src Source, id
 	m := volumeManifest{Kind: "Volume", Version: manifestVersion, Name: name, UID: newUID(), Capacity: capacity,
 		Labels: maps.Clone(labels), Disks: disks, Source: &s, CreatedAt: time.Now().UTC(), IdempotencyKey: idem.Key,
 		Tenant: tenant}
+	if key != nil {
+		// The clone shares the source's blocks, so its data key, under a
+		// KEK of its own (encrypt.go).
+		if m.Key, err = p.cloneVolumeKey(ctx, key); err != nil {
+			p.discard(staged)
+			return VolumeInfo{}, err
+		}
+	}
 	err = p.stageVolume(staged, m, func(disksDir string) error {
 		return p.copyImages(ctx, disksDir, from, disks, prog)
 	})
 	if err != nil {
 		p.discard(staged)
+		p.dropVolumeKey(m.Key)
 		return VolumeInfo{}, err
 	}
 	v, err := p.publish(staged, m)
 	if err != nil {
 		p.discard(staged)
+		p.dropVolumeKey(m.Key)
 		return VolumeInfo{}, err
 	}
 	return v.Info(), nil

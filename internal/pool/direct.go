@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"fmt"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -28,6 +29,10 @@ func (v *Volume) SetDirectAccess(ctx context.Context, holder string, on bool) (V
 	}
 	defer unlock()
 	m := v.manifest()
+	if on && m.Key != nil {
+		return VolumeInfo{}, fmt.Errorf("direct access to volume %q: it is encrypted, and its image files hold ciphertext that only quiver's data path (NBD) decrypts; attach it as a block device: %w",
+			v.name, ErrEncrypted)
+	}
 	has := slices.Contains(m.DirectAccess, holder)
 	if has == on {
 		return v.Info(), nil

@@ -93,6 +93,11 @@ func (v *Volume) openDisk(name string, a *Attachment) (Disk, error) {
 	if err := v.checkAlive(); err != nil {
 		return nil, err
 	}
+	// An encrypted volume's data key is unwrapped before the gate is
+	// taken: a key manager may take its time to answer.
+	if _, err := v.dataCipher(); err != nil {
+		return nil, err
+	}
 	v.gate.Lock()
 	defer v.gate.Unlock()
 	if v.files == nil {
@@ -125,6 +130,14 @@ func (v *Volume) openFile(d DiskSpec) (*diskFile, error) {
 	}
 	df := &diskFile{v: v, name: d.Name, f: f, size: d.Size, shared: d.Shared}
 	df.syncEnd = sync.NewCond(&df.smu)
+	if v.encrypted() {
+		c := v.loadedCipher()
+		if c == nil { // openDisk unwraps the key before any file is opened
+			_ = f.Close()
+			return nil, fmt.Errorf("open disk %q of volume %q: data key not unwrapped: %w", d.Name, v.name, ErrKeyUnavailable)
+		}
+		df.enc = &encDisk{c: c}
+	}
 	if c, err := v.changes(); err != nil {
 		_ = f.Close()
 		return nil, err
@@ -392,6 +405,12 @@ func (d *liveDisk) ReadAt(p []byte, off int64) error {
 			return err
 		}
 	}
+	if df.enc != nil {
+		if err := checkRange(off, int64(len(p)), df.size); err != nil {
+			return err
+		}
+		return df.enc.readAt(df, p, off)
+	}
 	return readAt(df, p, off)
 }
 
@@ -417,6 +436,18 @@ func (d *liveDisk) WriteAt(p []byte, off int64, fua bool) error {
 	defer d.v.gate.RUnlock()
 	if err := df.fill.ensure(df, off, int64(len(p)), true); err != nil {
 		return err
+	}
+	if df.enc != nil {
+		// The blocks at the ends change whole in the image.
+		a, b := df.enc.blocks(off, int64(len(p)))
+		d.v.markDirty(df.name, a, b-a)
+		if err := d.v.markChanged(df, a, b-a); err != nil {
+			return err
+		}
+		if err := df.enc.write(df, p, off); err != nil {
+			return err
+		}
+		return d.syncIf(df, fua)
 	}
 	d.v.markDirty(df.name, off, int64(len(p)))
 	if err := d.v.markChanged(df, off, int64(len(p))); err != nil {
@@ -458,11 +489,7 @@ func (d *liveDisk) Trim(off, length int64, fua bool) error {
 	if err := df.fill.ensure(df, off, length, true); err != nil {
 		return err
 	}
-	d.v.markDirty(df.name, off, length)
-	if err := d.v.markChanged(df, off, length); err != nil {
-		return err
-	}
-	if err := df.zero(off, length, true, false); err != nil {
+	if err := d.zero(df, off, length, true, false); err != nil {
 		return err
 	}
 	return d.syncIf(df, fua)
@@ -477,14 +504,27 @@ func (d *liveDisk) Zero(off, length int64, flags ZeroFlags) error {
 	if err := df.fill.ensure(df, off, length, true); err != nil {
 		return err
 	}
-	d.v.markDirty(df.name, off, length)
-	if err := d.v.markChanged(df, off, length); err != nil {
-		return err
-	}
-	if err := df.zero(off, length, flags&ZeroMayTrim != 0, flags&ZeroFast != 0); err != nil {
+	if err := d.zero(df, off, length, flags&ZeroMayTrim != 0, flags&ZeroFast != 0); err != nil {
 		return err
 	}
 	return d.syncIf(df, flags&ZeroFUA != 0)
+}
+
+// zero marks [off, off+length) dirty and changed (the whole blocks it
+// touches, on an encrypted disk) and makes it read as zeros.
+func (d *liveDisk) zero(df *diskFile, off, length int64, mayTrim, fast bool) error {
+	a, b := off, off+length
+	if df.enc != nil {
+		a, b = df.enc.blocks(off, length)
+	}
+	d.v.markDirty(df.name, a, b-a)
+	if err := d.v.markChanged(df, a, b-a); err != nil {
+		return err
+	}
+	if df.enc != nil {
+		return df.enc.zero(df, off, length, mayTrim, fast)
+	}
+	return df.zero(off, length, mayTrim, fast)
 }
 
 func (d *liveDisk) Cache(off, length int64) error {
@@ -639,21 +679,37 @@ func (v *Volume) OpenSnapshotDisk(snapshot, disk string) (Disk, error) {
 	if err := ValidateName("disk", disk); err != nil {
 		return nil, err
 	}
+	c, err := v.dataCipher()
+	if err != nil {
+		return nil, err
+	}
 	for _, d := range s.Disks {
 		if d.Name == disk {
 			f, err := v.pool.openImage(v.pool.rel(filepath.Join(v.snapshotDir(snapshot), disk+".img")), os.O_RDONLY)
 			if err != nil {
 				return nil, err
 			}
-			return &snapshotDisk{df: diskFile{f: f, size: d.Size}, v: v, snapshot: snapshot, disk: disk}, nil
+			sd := &snapshotDisk{df: diskFile{f: f, size: d.Size}, v: v, snapshot: snapshot, disk: disk}
+			if c != nil {
+				sd.df.enc = &encDisk{c: c}
+			}
+			return sd, nil
 		}
 	}
 	return nil, fmt.Errorf("disk %q of snapshot %s@%s: %w", disk, v.name, snapshot, ErrDiskNotFound)
 }
 
-func (d *snapshotDisk) Size() int64                        { return d.df.size }
-func (d *snapshotDisk) ReadOnly() bool                     { return true }
-func (d *snapshotDisk) ReadAt(p []byte, off int64) error   { return readAt(&d.df, p, off) }
+func (d *snapshotDisk) Size() int64    { return d.df.size }
+func (d *snapshotDisk) ReadOnly() bool { return true }
+func (d *snapshotDisk) ReadAt(p []byte, off int64) error {
+	if d.df.enc == nil {
+		return readAt(&d.df, p, off)
+	}
+	if err := checkRange(off, int64(len(p)), d.df.size); err != nil {
+		return err
+	}
+	return d.df.enc.readAt(&d.df, p, off)
+}
 func (d *snapshotDisk) WriteAt([]byte, int64, bool) error  { return ErrReadOnly }
 func (d *snapshotDisk) Flush() error                       { return nil }
 func (d *snapshotDisk) Trim(int64, int64, bool) error      { return ErrReadOnly }

@@ -29,10 +29,11 @@
 // quarantined (listed as broken, not served, not touched). open.go holds the
 // pool's lock, refuses what is not a pool, and detects read-only pools.
 //
-// pool imports storage (every filesystem call, confined to the pool
+// pool imports crypt (the cipher and data keys of encrypted volumes,
+// encrypt.go), storage (every filesystem call, confined to the pool
 // directory), durable (atomic metadata writes) and qos (the per-volume limiters it keeps across disk handles). It must not
 // import any transport package (api, nbd, csi) nor the
 // job runner: long operations report through the Progress interface.
 //
-// Imports from quiver: durable, qos, quantity, storage.
+// Imports from quiver: crypt, durable, qos, quantity, storage.
 package pool

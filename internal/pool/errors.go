@@ -53,6 +53,16 @@ var (
 	// ErrNotPool refuses a directory that does not hold a pool and must not
 	// silently become a new, empty one.
 	ErrNotPool = errors.New("not a quiver pool")
+	// ErrNoKeyProvider refuses to create an encrypted volume on a node
+	// with no key provider configured (Options.Keyring).
+	ErrNoKeyProvider = errors.New("no key provider configured for encrypted volumes")
+	// ErrKeyUnavailable refuses to open an encrypted volume whose data key
+	// cannot be unwrapped; the error also matches the provider's cause
+	// (crypt.ErrUnreachable, ErrKEKRevoked, ErrKEKNotFound, ErrProvider).
+	ErrKeyUnavailable = errors.New("data key of the encrypted volume unavailable")
+	// ErrEncrypted refuses what would hand an encrypted volume's
+	// ciphertext out as its disks (direct access to the image files).
+	ErrEncrypted = errors.New("volume is encrypted")
 	// ErrNotMounted refuses a pool directory expected to be a mount point
 	// that is not one.
 	ErrNotMounted = errors.New("pool filesystem not mounted")

@@ -3,10 +3,12 @@ package pool
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"github.com/quiverstorage/quiver/internal/qos"
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/quiverstorage/quiver/internal/crypt"
+	"github.com/quiverstorage/quiver/internal/qos"
 )
 
 // DiskSpec is one disk: a sparse raw file <Name>.img of Size bytes.
@@ -35,6 +37,9 @@ type VolumeSpec struct {
 	// Fill, when set, makes a volume that fills from a source of that name
 	// (fill.go): Volume.Fill connects the source and copies it in.
 	Fill string
+	// Encrypt makes an encrypted volume (encrypt.go): a new data key,
+	// wrapped by the pool's key provider (Options.Keyring).
+	Encrypt bool
 }
 
 // Source records what a volume was cloned from.
@@ -77,6 +82,9 @@ type volumeManifest struct {
 	DirectAccess []string `json:"directAccess,omitempty"`
 	// Fill is set while the volume fills from a source (fill.go).
 	Fill *FillState `json:"fill,omitempty"`
+	// Key is the wrapped data key of an encrypted volume (encrypt.go),
+	// shared by its snapshots; nil for a volume stored in the clear.
+	Key *crypt.WrappedKey `json:"key,omitempty"`
 }
 
 // snapshotManifest is snapshot.json inside a snapshot directory.
@@ -136,6 +144,11 @@ func (m *volumeManifest) clone() volumeManifest {
 		f := *m.Fill
 		c.Fill = &f
 	}
+	if m.Key != nil {
+		k := *m.Key
+		k.Wrapped = slices.Clone(m.Key.Wrapped)
+		c.Key = &k
+	}
 	return c
 }
 
@@ -153,7 +166,7 @@ func (m *volumeManifest) disk(name string) (int, bool) {
 func (m *volumeManifest) sameSpec(s VolumeSpec) bool {
 	return m.Capacity == s.Capacity && maps.Equal(m.Labels, s.Labels) && slices.Equal(m.Disks, s.Disks) &&
 		m.Source == nil && limitsOf(m.QoS) == s.QoS && replicasOf(m.Replicas) == replicasOf(s.Replicas) &&
-		m.Tenant == s.Tenant
+		m.Tenant == s.Tenant && (m.Key != nil) == s.Encrypt
 }
 
 // replicasOf normalizes a replica count: 0 means 1.
@@ -189,10 +202,20 @@ type VolumeInfo struct {
 	// Fill reports a volume still filling from its source (an instant
 	// restore); nil for a whole volume.
 	Fill *FillInfo
+	// Encryption says under which key the volume is encrypted; nil for a
+	// volume stored in the clear. It holds no key material.
+	Encryption *EncryptionInfo
 	// Broken, when not empty, says why the volume was quarantined at
 	// start-up; only Name is set then, and every operation fails with
 	// ErrBroken.
 	Broken string
+}
+
+// EncryptionInfo names the key-encryption key that wraps an encrypted
+// volume's data key.
+type EncryptionInfo struct {
+	Provider string // the key provider ("keyfile", "kmip")
+	KeyID    string // the KEK's id in that provider
 }
 
 // DiskInfo is a point-in-time view of a disk image.

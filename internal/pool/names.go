@@ -152,6 +152,16 @@ func ValidateSpec(s VolumeSpec) error {
 			return err
 		}
 	}
+	if s.Encrypt {
+		if s.Fill != "" {
+			return invalid("fill", s.Fill, "an encrypted volume cannot fill from a source yet")
+		}
+		for i, d := range s.Disks {
+			if err := checkEncryptedSize(fmt.Sprintf("disks[%d].size", i), d.Size); err != nil {
+				return err
+			}
+		}
+	}
 	if s.Replicas < 0 || s.Replicas > MaxReplicas {
 		return invalid("replicas", "", fmt.Sprintf("replicas %d: must be from 1 to %d (0 means 1)", s.Replicas, MaxReplicas))
 	}

@@ -52,11 +52,15 @@ func (d *liveDisk) TryReadAt(p []byte, off int64) error {
 	if err := checkRange(off, int64(len(p)), df.size); err != nil {
 		return err
 	}
-	if df.nw.readOff.Load() || !df.fill.ready(off, int64(len(p)), false) {
+	if df.nw.readOff.Load() || !df.fill.ready(off, int64(len(p)), false) || !df.enc.tryable(p, off, false) {
 		return ErrWouldBlock
 	}
 	n, err := df.f.TryReadAt(p, off)
-	return df.nowaitResult(n, len(p), err, &df.nw.readOff)
+	err = df.nowaitResult(n, len(p), err, &df.nw.readOff)
+	if err == nil && df.enc != nil {
+		df.enc.decrypt(p, off)
+	}
+	return err
 }
 
 func (d *liveDisk) TryWriteAt(p []byte, off int64) error {
@@ -91,7 +95,7 @@ var errWrittenHere = errors.New("written by the copy on write of a pinned chunk"
 func (d *liveDisk) tryWrite(df *diskFile, p []byte, off int64) (int, error) {
 	n := int64(len(p))
 	switch {
-	case !df.fill.ready(off, n, true):
+	case !df.fill.ready(off, n, true) || !df.enc.tryable(p, off, true):
 		return 0, ErrWouldBlock
 	case df.owned(off, n):
 		if df.nw.writeOff.Load() {
@@ -101,7 +105,15 @@ func (d *liveDisk) tryWrite(df *diskFile, p []byte, off int64) (int, error) {
 			return 0, ErrWouldBlock // its change must be written ahead first
 		}
 		d.v.markDirty(df.name, off, n)
+		if df.enc != nil { // encrypted copies (encrypt.go)
+			if err := df.enc.tryWrite(df, p, off); err != nil {
+				return 0, err
+			}
+			return len(p), errWrittenHere
+		}
 		return df.f.TryWriteAt(p, off)
+	case df.enc != nil:
+		return 0, ErrWouldBlock // an encrypted disk's unowned chunks: the ordinary way
 	}
 	i, ok := df.pinnedCopyOnWrite(off, n)
 	if !ok {
@@ -186,7 +198,7 @@ func (d *liveDisk) TrySendTo(sock int, head []byte, off int64, n int) (int, erro
 	if err := checkRange(off, int64(n), df.size); err != nil {
 		return 0, err
 	}
-	if !df.fill.ready(off, int64(n), false) {
+	if !df.fill.ready(off, int64(n), false) || df.enc != nil { // sendfile would send ciphertext
 		return 0, ErrWouldBlock
 	}
 	// Only the operating system's own file: a wrapper (a test's fault
@@ -250,6 +262,10 @@ func (d *liveDisk) TryBatch(ios []IO) {
 			io.Err = d.admitTry(df, io)
 		}
 	}
+	if df.enc != nil { // the writes go from encrypted copies (encrypt.go)
+		eb := df.enc.prepareBatch(ios)
+		defer df.enc.finishBatch(ios, eb)
+	}
 	if b, ok := df.f.(storage.Batcher); ok {
 		b.TryBatch(ios)
 	} else {
@@ -274,6 +290,9 @@ func (d *liveDisk) TryBatch(ios []IO) {
 			off = &df.nw.writeOff
 		}
 		io.Err = df.nowaitResult(io.N, len(io.P), io.Err, off)
+		if io.Err == nil && !io.Write && df.enc != nil {
+			df.enc.decrypt(io.P, io.Off)
+		}
 	}
 }
 
@@ -285,7 +304,7 @@ func (d *liveDisk) admitTry(df *diskFile, io *IO) error {
 		if err := checkRange(io.Off, n, df.size); err != nil {
 			return err
 		}
-		if df.nw.readOff.Load() || !df.fill.ready(io.Off, n, false) {
+		if df.nw.readOff.Load() || !df.fill.ready(io.Off, n, false) || !df.enc.tryable(io.P, io.Off, false) {
 			return ErrWouldBlock
 		}
 		return nil
@@ -301,13 +320,15 @@ func (d *liveDisk) admitTry(df *diskFile, io *IO) error {
 		return err
 	case df.owned(io.Off, n):
 		switch {
-		case df.nw.writeOff.Load() || !df.fill.ready(io.Off, n, true):
+		case df.nw.writeOff.Load() || !df.fill.ready(io.Off, n, true) || !df.enc.batchable(io):
 			return ErrWouldBlock
 		case df.chg != nil && !df.chg.tryMark(io.Off, n):
 			return ErrWouldBlock // its change must be written ahead first
 		}
 		d.v.markDirty(df.name, io.Off, n)
 		return nil
+	case df.enc != nil:
+		return ErrWouldBlock // an encrypted disk's unowned chunks: the ordinary way
 	}
 	// A copy on write of a pinned chunk: done here, before the batch,
 	// which then leaves it alone.

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quiverstorage/quiver/internal/crypt"
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/storage"
 )
@@ -41,6 +42,12 @@ type Options struct {
 	// the benchmark that measures what the guard costs and the tests that
 	// show what it prevents.
 	NoUnshareGuard bool
+	// Keyring holds the key providers that wrap and unwrap the data keys
+	// of encrypted volumes (encrypt.go); nil: none, and creating an
+	// encrypted volume fails with ErrNoKeyProvider. NewKeys names the
+	// provider that makes the keys of new volumes ("": the only one).
+	Keyring crypt.Keyring
+	NewKeys string
 }
 
 // Open opens the pool at dir (see OpenWith) with default options.
@@ -88,7 +95,8 @@ func OpenWith(ctx context.Context, dir string, opts Options) (_ *Pool, err error
 			return nil, fmt.Errorf("open pool %s: %w", abs, err)
 		}
 	}
-	p := &Pool{dir: abs, fs: fsys, log: log, volumes: map[string]*Volume{}, creating: map[string]bool{}}
+	p := &Pool{dir: abs, fs: fsys, log: log, volumes: map[string]*Volume{}, creating: map[string]bool{},
+		keyring: opts.Keyring, newKeys: opts.NewKeys}
 	defer func() {
 		if err != nil {
 			if errors.Is(err, ErrNotPool) && p.lockCreated {

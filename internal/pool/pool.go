@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/quiverstorage/quiver/internal/crypt"
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/qos"
 	"github.com/quiverstorage/quiver/internal/storage"
@@ -69,6 +70,11 @@ type Pool struct {
 	// us guards first writes into unowned chunks on XFS (unshare.go); nil
 	// elsewhere.
 	us *unsharer
+
+	// keyring holds the key providers of encrypted volumes; newKeys names
+	// the one that makes new volumes' keys (Options.Keyring, NewKeys).
+	keyring crypt.Keyring
+	newKeys string
 
 	// writeHook, when set (tests only), runs before a client's write, trim
 	// or zero waits for the gate, with the attachment ID.

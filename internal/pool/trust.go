@@ -124,6 +124,11 @@ func (m *volumeManifest) validate(dir string) error {
 			return err
 		}
 	}
+	if m.Key != nil {
+		if err := m.validateKey(); err != nil {
+			return err
+		}
+	}
 	return ValidateVolumeTenant(m.Name, m.Tenant)
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/quiverstorage/quiver/internal/crypt"
 	"github.com/quiverstorage/quiver/internal/durable"
 	"github.com/quiverstorage/quiver/internal/qos"
 	"github.com/quiverstorage/quiver/internal/storage"
@@ -78,6 +79,11 @@ type Volume struct {
 	// volume's metadata on disk is in an unknown state (metaError).
 	failed error
 
+	// keyMu guards cipher, the volume's data key in memory once unwrapped
+	// (encrypt.go); nil until then, and for a volume not encrypted.
+	keyMu  sync.Mutex
+	cipher *crypt.Cipher
+
 	// broken, immutable, is why the volume was quarantined at start-up;
 	// every operation on it fails with ErrBroken.
 	broken error
@@ -112,6 +118,9 @@ type diskFile struct {
 	nw     noWait // what RWF_NOWAIT does on this file (nowait.go)
 	// chg records the disk's changes ahead of every write (changes.go).
 	chg *diskChanges
+	// enc is set for a disk of an encrypted volume (encrypt.go): every
+	// read decrypts, every write encrypts.
+	enc *encDisk
 	// fill, while the volume fills (fill.go), fills units before I/O
 	// touches them; nil once the volume is whole.
 	fill *diskFill
@@ -246,6 +255,9 @@ func (v *Volume) Info() VolumeInfo {
 	info := VolumeInfo{QoS: limitsOf(m.QoS), Name: m.Name, UID: m.UID, Capacity: m.Capacity, Labels: m.Labels, Source: m.Source,
 		Snapshots: nsnaps, CreatedAt: m.CreatedAt, Dir: v.disksDir(), Replicas: replicasOf(m.Replicas), Tenant: m.Tenant,
 		BackupPolicy: m.BackupPolicy, DRPolicy: m.DRPolicy, DirectAccess: m.DirectAccess, Fill: v.fillInfo(m)}
+	if m.Key != nil {
+		info.Encryption = &EncryptionInfo{Provider: m.Key.Provider, KeyID: m.Key.KeyID}
+	}
 	for _, d := range m.Disks {
 		path := v.diskPath(d.Name)
 		alloc, _ := v.pool.fs.Allocated(v.pool.rel(path))
@@ -309,6 +321,12 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 	if spec.Replicas > 1 {
 		m.Replicas = spec.Replicas
 	}
+	if spec.Encrypt {
+		if m.Key, err = p.newVolumeKey(ctx); err != nil {
+			p.discard(staged)
+			return VolumeInfo{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
+		}
+	}
 	if m.Disks == nil {
 		m.Disks = []DiskSpec{}
 	}
@@ -323,11 +341,13 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 		return g.Wait()
 	}); err != nil {
 		p.discard(staged)
+		p.dropVolumeKey(m.Key)
 		return VolumeInfo{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
 	}
 	v, err := p.publish(staged, m)
 	if err != nil {
 		p.discard(staged)
+		p.dropVolumeKey(m.Key)
 		return VolumeInfo{}, false, err
 	}
 	return v.Info(), true, nil
@@ -570,6 +590,11 @@ func (v *Volume) AddDiskWith(ctx context.Context, d DiskSpec, idem Idempotency) 
 	}
 	defer unlock()
 	m := v.manifest()
+	if m.Key != nil {
+		if err := checkEncryptedSize("size", d.Size); err != nil {
+			return VolumeInfo{}, err
+		}
+	}
 	if i, ok := m.disk(d.Name); ok {
 		same := m.Disks[i] == d
 		if same && idem.allows(m.DiskKeys[d.Name]) {
@@ -630,6 +655,11 @@ func (v *Volume) GrowDisk(ctx context.Context, disk string, size int64) (VolumeI
 	}
 	defer unlock()
 	m := v.manifest()
+	if m.Key != nil {
+		if err := checkEncryptedSize("size", size); err != nil {
+			return VolumeInfo{}, err
+		}
+	}
 	i, ok := m.disk(disk)
 	if !ok {
 		return VolumeInfo{}, fmt.Errorf("disk %q of volume %q: %w", disk, m.Name, ErrDiskNotFound)

@@ -153,7 +153,11 @@ func settle(cfg Config) (*node, error) {
 // first start) and the job runner.
 func (n *node) openPool(ctx context.Context) error {
 	cfg, log := n.cfg, n.log
-	p, err := pool.OpenWith(ctx, cfg.PoolDir, pool.Options{Logger: log, ExpectMount: cfg.ExpectMount})
+	keys, err := keyring(cfg)
+	if err != nil {
+		return err
+	}
+	p, err := pool.OpenWith(ctx, cfg.PoolDir, pool.Options{Logger: log, ExpectMount: cfg.ExpectMount, Keyring: keys})
 	if err != nil {
 		return err
 	}
