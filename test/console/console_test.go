@@ -268,8 +268,27 @@ func TestConsoleTenant(t *testing.T) {
 			t.Fatalf("acme reading %s's I/O counters: %v, want %s", name, err, api.CodeNotFound)
 		}
 	}
-	if s, err := acme.VolumeStats(ctx, "acme-vm"); err != nil || s.Volume != "acme-vm" {
-		t.Fatalf("acme reading its own volume's I/O counters: %+v, %v", s, err)
+	// Its own volume's counters, by its own name, count its writes.
+	att, err := acme.Attach(ctx, "acme-vm", api.AttachmentSpec{Node: "host-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer, err := nbdclient.Dial(ctx, "", "acme-vm/root/"+att.Token, nbdclient.Options{Timeout: 10 * time.Second,
+		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", srv.Socket)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := writer.WriteAt(make([]byte, 8192), int64(i)*8192, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writer.Close()
+	if s, err := acme.VolumeStats(ctx, "acme-vm"); err != nil || s.Volume != "acme-vm" || s.WriteOps != 3 || s.WriteBytes != 3*8192 {
+		t.Fatalf("acme reading its own volume's I/O counters after 3 writes of 8 KiB: %+v, %v", s, err)
 	}
 	// The audit log: acme's events only, as the API gives them to acme.
 	evs, err := acme.ListEvents(ctx, client.EventQuery{})
