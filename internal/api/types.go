@@ -816,6 +816,20 @@ type TenantSpec struct {
 	Quota Quota `json:"quota"`
 }
 
+// VolumeStats is what a volume's data path has done (GET
+// /v1/volumes/{volume}/stats): reads and writes of all its disks through
+// its exports on the node that serves its VM (its primary), counted since
+// the first of them after that node started. Two answers give the IOPS and
+// bytes per second between their times.
+type VolumeStats struct {
+	Volume     string    `json:"volume"`
+	Time       time.Time `json:"time"`
+	ReadOps    int64     `json:"readOps"`
+	ReadBytes  int64     `json:"readBytes"`
+	WriteOps   int64     `json:"writeOps"`
+	WriteBytes int64     `json:"writeBytes"`
+}
+
 // WhoAmI is what the caller's credential is (GET /v1/whoami).
 type WhoAmI struct {
 	TokenID string `json:"tokenID,omitempty"` // empty: no token (a tokenless loopback node, or its socket)

@@ -477,7 +477,9 @@ var replicatedGuards = map[string]replicatedGuard{
 	// (a copy's node holds only the primary's replication attachment).
 	"DELETE /v1/volumes/{volume}/attachments/{id}": onPrimary,
 	"GET /v1/volumes/{volume}/attachments":         onPrimary,
-	"GET /v1/volumes/{volume}/attachments/{id}":    onPrimary,
+	// The VM's I/O goes through its primary's data path.
+	"GET /v1/volumes/{volume}/stats":            onPrimary,
+	"GET /v1/volumes/{volume}/attachments/{id}": onPrimary,
 	// A copy holds the snapshots of the volume as the primary does (a
 	// copy's own is what a check of it reads); a node without one asks the
 	// primary.

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -205,6 +206,23 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(v.Info())))
+	return nil
+}
+
+// getVolumeStats answers the volume's cumulative read and write counters
+// and the time they were read: the console's live chart takes the
+// difference of two.
+func (s *Server) getVolumeStats(w http.ResponseWriter, r *http.Request) error {
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	if s.IO == nil {
+		return fmt.Errorf("volume statistics: the server keeps no I/O counters: %w", pool.ErrNotSupported)
+	}
+	io := s.IO.VolumeIO(v.Name())
+	writeJSON(w, http.StatusOK, api.VolumeStats{Volume: viewOf(r).name(v.Name()), Time: time.Now().UTC(),
+		ReadOps: io.ReadOps, ReadBytes: io.ReadBytes, WriteOps: io.WriteOps, WriteBytes: io.WriteBytes})
 	return nil
 }
 

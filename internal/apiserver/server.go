@@ -22,6 +22,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/backup"
 	"github.com/quiverstorage/quiver/internal/dr"
 	"github.com/quiverstorage/quiver/internal/job"
+	"github.com/quiverstorage/quiver/internal/metrics"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
@@ -77,6 +78,10 @@ type Server struct {
 	DRSites   *dr.Sites
 	// DR, set with DRSites, runs the volumes' DR policies and their syncs.
 	DR *dr.Scheduler
+	// IO, when set (before serving), reads the volumes' data-path counters
+	// for GET /v1/volumes/{volume}/stats; nil: that route answers 422
+	// NotSupported.
+	IO IOCounters
 
 	pool  *pool.Pool
 	jobs  *job.Manager
@@ -90,6 +95,12 @@ type Server struct {
 	// public are the handlers served without a credential (MountPublic),
 	// by path prefix.
 	public []publicMount
+}
+
+// IOCounters reads what a volume's data path has done on this node
+// (metrics.Metrics).
+type IOCounters interface {
+	VolumeIO(volume string) metrics.VolumeIO
 }
 
 type publicMount struct {
@@ -161,6 +172,7 @@ func (s *Server) routes() {
 		"GET /v1/volumes/{volume}":                                {s.getVolume, auth.ActRead},
 		"PATCH /v1/volumes/{volume}":                              {s.updateVolume, auth.ActWrite},
 		"GET /v1/volumes/{volume}/primary":                        {s.getPrimary, auth.ActRead},
+		"GET /v1/volumes/{volume}/stats":                          {s.getVolumeStats, auth.ActRead},
 		"DELETE /v1/volumes/{volume}":                             {s.deleteVolume, auth.ActWrite},
 		"POST /v1/volumes/{volume}/disks":                         {s.addDisk, auth.ActWrite},
 		"PATCH /v1/volumes/{volume}/disks/{disk}":                 {s.growDisk, auth.ActWrite},

@@ -160,3 +160,15 @@ func (c *Client) SpaceUsage(ctx context.Context, selector string) (api.SpaceUsag
 	err := c.do(ctx, http.MethodGet, "/usage", query, nil, &u)
 	return u, err
 }
+
+// VolumeStats returns the volume's cumulative read and write counters
+// (GET /v1/volumes/{volume}/stats).
+func (c *Client) VolumeStats(ctx context.Context, name string) (api.VolumeStats, error) {
+	var s api.VolumeStats
+	p, err := segment("volume", name)
+	if err != nil {
+		return s, err
+	}
+	err = c.do(ctx, http.MethodGet, "/volumes/"+p+"/stats", nil, nil, &s)
+	return s, err
+}

@@ -118,6 +118,8 @@ func (m *Metrics) resolve(volume, disk string, snapshot bool) *series {
 		s.inflight = m.volInflight.WithLabelValues(volume)
 		s.throttled = m.throttled.WithLabelValues(volume)
 		s.fenced = m.fenced.WithLabelValues(volume)
+		m.io.Store(volume, &ioSeries{readOps: s.vol[iRead].count, readBytes: s.vol[iRead].bytes,
+			writeOps: s.vol[iWrite].count, writeBytes: s.vol[iWrite].bytes})
 		if m.diskOps != nil {
 			s.diskIn = m.diskInflight.WithLabelValues(volume, disk)
 		}

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"net/http"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -53,6 +54,10 @@ type Metrics struct {
 	errors *prometheus.CounterVec
 	conns  prometheus.Gauge
 	limits
+
+	// io maps a volume to its read and write counters (*ioSeries), for
+	// VolumeIO; set by resolve, cleared by ForgetVolume.
+	io sync.Map
 }
 
 // Options choose what Metrics exports beyond its defaults.
@@ -170,6 +175,7 @@ func NewWith(p *pool.Pool, opts Options) *Metrics {
 // open keeps counting into series no longer exported; a handle whose
 // first request comes after the delete makes none (Disk.series).
 func (m *Metrics) ForgetVolume(volume string) {
+	m.io.Delete(volume)
 	l := prometheus.Labels{"volume": volume}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.volOps, m.volBytes, m.volSeconds, m.volInflight, m.throttled, m.fenced,

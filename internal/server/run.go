@@ -281,6 +281,7 @@ func (n *node) buildAPI() {
 	h.Auth, h.RequireToken = n.store, cfg.RequireToken
 	h.MaxOvercommit = cfg.MaxOvercommit
 	h.Audit = n.audit
+	h.IO = n.metrics
 	h.Backups = n.backups
 	h.DRSites = n.drSites
 	if n.drSites != nil && !p.ReadOnly() {

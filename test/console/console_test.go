@@ -253,11 +253,51 @@ func TestConsoleTenant(t *testing.T) {
 		t.Fatalf("tenant acme: %d create buttons, want 1", n)
 	}
 	b.checkPage("tenant-volumes")
-	// Globex's volume, by either name, is not found for acme.
+	// Globex's volume, by either name, is not found for acme, nor its I/O
+	// counters.
+	acme, err := srv.ClientWith(tokens["acme"])
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range []string{"globex-vm", "globex--globex-vm"} {
 		b.goTo("#/volumes/"+name, `.error`)
 		if got := b.text(`.error`); !strings.HasPrefix(got, api.CodeNotFound+": ") {
 			t.Fatalf("acme opening %s: %q, want %s", name, got, api.CodeNotFound)
 		}
+		if _, err := acme.VolumeStats(ctx, name); client.Code(err) != api.CodeNotFound {
+			t.Fatalf("acme reading %s's I/O counters: %v, want %s", name, err, api.CodeNotFound)
+		}
 	}
+	// Its own volume's counters, by its own name, count its writes.
+	att, err := acme.Attach(ctx, "acme-vm", api.AttachmentSpec{Node: "host-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer, err := nbdclient.Dial(ctx, "", "acme-vm/root/"+att.Token, nbdclient.Options{Timeout: 10 * time.Second,
+		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", srv.Socket)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := writer.WriteAt(make([]byte, 8192), int64(i)*8192, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writer.Close()
+	if s, err := acme.VolumeStats(ctx, "acme-vm"); err != nil || s.Volume != "acme-vm" || s.WriteOps != 3 || s.WriteBytes != 3*8192 {
+		t.Fatalf("acme reading its own volume's I/O counters after 3 writes of 8 KiB: %+v, %v", s, err)
+	}
+	// The audit log: acme's events only, as the API gives them to acme.
+	evs, err := acme.ListEvents(ctx, client.EventQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.goTo("#/events", `[data-table="events"]`)
+	if n, mine := b.count(`[data-event]`), b.count(`[data-event][data-tenant="acme"]`); n != len(evs) || mine != n {
+		t.Fatalf("tenant acme's audit log: %d rows, %d of acme, want the API's %d", n, mine, len(evs))
+	}
+	b.checkPage("tenant-events")
 }

@@ -75,6 +75,12 @@ export const api = {
   rollback: (v, snapshot) => call('POST', `/v1/volumes/${enc(v)}/rollback`, { snapshot }),
   clone: (source, names) => call('POST', '/v1/clones', { source, names }),
   attachments: (v) => call('GET', `/v1/volumes/${enc(v)}/attachments`),
+  stats: (v) => call('GET', `/v1/volumes/${enc(v)}/stats`),
+  updateVolume: (v, update) => call('PATCH', `/v1/volumes/${enc(v)}`, update),
+  addDisk: (v, spec) => call('POST', `/v1/volumes/${enc(v)}/disks`, spec),
+  growDisk: (v, d, size) => call('PATCH', `/v1/volumes/${enc(v)}/disks/${enc(d)}`, { size }),
+  events: (after, since) =>
+    call('GET', '/v1/events?' + (after ? 'after=' + after : 'since=' + enc(since.toISOString()))),
   ready: async () => {
     const res = await fetch('/readyz', { credentials: 'omit' });
     return res.ok;

@@ -1,5 +1,5 @@
-// quiver's web console: a token login, then the overview, the volume list
-// and each volume's page, all from the v1 API (hash routes: the server
+// quiver's web console: a token login, then the overview, the volume list,
+// each volume's page, the jobs and the audit log, all from the v1 API (hash routes: the server
 // serves one page).
 import { render } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
@@ -8,6 +8,8 @@ import { html, ErrorBox } from './ui.js';
 import { Overview } from './overview.js';
 import { Volumes } from './volumes.js';
 import { Volume } from './volume.js';
+import { Jobs } from './jobs.js';
+import { Events } from './events.js';
 import './style.css';
 
 // Roles that may change volumes (docs/api.md: every change but attachments
@@ -82,13 +84,17 @@ function App() {
   const m = /^#\/volumes\/(.+)$/.exec(hash);
   if (m) page = html`<${Volume} key=${m[1]} name=${decodeURIComponent(m[1])} canWrite=${canWrite} />`;
   else if (hash === '#/volumes') page = html`<${Volumes} canWrite=${canWrite} />`;
+  else if (hash === '#/jobs') page = html`<${Jobs} />`;
+  else if (hash === '#/events') page = html`<${Events} />`;
   else page = html`<${Overview} />`;
   const nav = (href, label, on) => html`<a href=${href} class=${on ? 'on' : ''}>${label}</a>`;
   return html`<div class="app">
     <header>
       <span class="brand">quiver</span>
       <nav>
-        ${nav('#/', 'Overview', !hash.startsWith('#/volumes'))} ${nav('#/volumes', 'Volumes', hash.startsWith('#/volumes'))}
+        ${nav('#/', 'Overview', !/^#\/(volumes|jobs|events)/.test(hash))}
+        ${nav('#/volumes', 'Volumes', hash.startsWith('#/volumes'))} ${nav('#/jobs', 'Jobs', hash === '#/jobs')}
+        ${nav('#/events', 'Audit log', hash === '#/events')}
       </nav>
       <span class="me" data-role=${me.role}>
         ${me.role}${me.tenant ? ' of ' + me.tenant : ''}${me.tokenID ? ' · ' + me.tokenID : ''}

@@ -1,9 +1,20 @@
 // One volume (VM): its disks, snapshots, clone source and attachments, and
 // the actions on them.
 import { useEffect, useState } from 'preact/hooks';
-import { api } from './api.js';
-import { bytes, labels, time } from './format.js';
+import { api, APIError } from './api.js';
+import { bytes, labels, parseSize, time } from './format.js';
 import { html, Action, ErrorBox } from './ui.js';
+import { IOChart } from './chart.js';
+
+// The QoS limits of the API (api.QoS), as the dialog's fields.
+const qosFields = [
+  ['rwIOPS', 'IOPS, reads and writes'],
+  ['rwMBytes', 'MB/s, reads and writes'],
+  ['readIOPS', 'Read IOPS'],
+  ['writeIOPS', 'Write IOPS'],
+  ['readMBytes', 'Read MB/s'],
+  ['writeMBytes', 'Write MB/s'],
+];
 
 export function Volume({ name, canWrite }) {
   const [vol, setVol] = useState(null);
@@ -54,6 +65,36 @@ export function Volume({ name, canWrite }) {
           done=${(l) => after(`Cloned to ${l.items.map((x) => x.name).join(', ')}.`)()}
         />
         <${Action}
+          id="qos"
+          label="QoS"
+          title=${'QoS limits of ' + vol.name}
+          fields=${qosFields.map(([n, l]) => ({ name: n, label: l, placeholder: 'unlimited', initial: String((vol.qos || {})[n] || '') }))}
+          confirm="One budget for all the volume's disks; an empty field is unlimited. Applies at once to the running VM."
+          run=${(v) => api.updateVolume(vol.name, { qos: parseQoS(v) })}
+          done=${after('QoS limits changed.')}
+        />
+        <${Action}
+          id="labels"
+          label="Labels"
+          title=${'Labels of ' + vol.name}
+          fields=${[{ name: 'labels', label: 'Labels (key=value, comma-separated)', initial: labels(vol.labels) }]}
+          confirm="Replaces all the volume's labels."
+          run=${(v) => api.updateVolume(vol.name, { labels: parseLabels(v.labels) })}
+          done=${after('Labels changed.')}
+        />
+        <${Action}
+          id="add-disk"
+          label="Add disk"
+          title=${'Add a disk to ' + vol.name}
+          fields=${[
+            { name: 'name', label: 'Disk name', placeholder: 'data2' },
+            { name: 'size', label: 'Size (GiB, or 512M, 2T)', initial: '1' },
+            { name: 'shared', label: 'Shared (several writers at once)', type: 'checkbox' },
+          ]}
+          run=${(v) => api.addDisk(vol.name, { name: v.name.trim(), size: parseSize(v.size), shared: v.shared })}
+          done=${(_, v) => after(`Disk ${v.name.trim()} added.`)()}
+        />
+        <${Action}
           id="delete-volume"
           danger
           label="Delete"
@@ -87,15 +128,30 @@ export function Volume({ name, canWrite }) {
 
     <h3>Disks</h3>
     <table class="grid" data-table="disks">
-      <thead><tr><th>Name</th><th>Size</th><th>Allocated</th><th>Shared</th></tr></thead>
+      <thead><tr><th>Name</th><th>Size</th><th>Allocated</th><th>Shared</th>${canWrite && html`<th></th>`}</tr></thead>
       <tbody>
         ${(vol.disks || []).map(
           (d) => html`<tr data-disk=${d.name}>
-            <td>${d.name}</td><td>${bytes(d.size)}</td><td>${bytes(d.allocated)}</td><td>${d.shared ? 'yes' : ''}</td>
+            <td>${d.name}</td><td data-size=${d.size}>${bytes(d.size)}</td><td>${bytes(d.allocated)}</td><td>${d.shared ? 'yes' : ''}</td>
+            ${canWrite &&
+            html`<td class="actions">
+              <${Action}
+                id=${'grow-' + d.name}
+                label="Grow"
+                title=${`Grow disk ${d.name} of ${vol.name}`}
+                fields=${[{ name: 'size', label: 'New size (GiB, or 512M, 2T)', initial: String(d.size / 2 ** 30) }]}
+                confirm="A disk only grows; the VM sees the new size at its next size check."
+                run=${(v) => api.growDisk(vol.name, d.name, parseSize(v.size))}
+                done=${(_, v) => after(`Disk ${d.name} grown to ${bytes(parseSize(v.size))}.`)()}
+              />
+            </td>`}
           </tr>`,
         )}
       </tbody>
     </table>
+
+    <h3>I/O</h3>
+    <${IOChart} name=${vol.name} qos=${vol.qos} />
 
     <h3>Snapshots</h3>
     ${snaps.length === 0
@@ -174,4 +230,27 @@ function qos(q) {
   return Object.entries(q)
     .map(([k, v]) => `${k} ${v}`)
     .join(', ');
+}
+
+// parseQoS reads the QoS dialog: an empty field is no limit.
+function parseQoS(v) {
+  const q = {};
+  for (const [n, l] of qosFields) {
+    const x = (v[n] || '').trim();
+    if (x === '' || x === '0') continue;
+    if (!/^\d+$/.test(x)) throw new APIError(0, 'Invalid', `${l}: "${x}" is not a whole number`, n);
+    q[n] = Number(x);
+  }
+  return q;
+}
+
+// parseLabels reads "k=v, k2=v2" as a map; the server checks the keys.
+function parseLabels(s) {
+  const l = {};
+  for (const item of s.split(',').map((x) => x.trim()).filter(Boolean)) {
+    const i = item.indexOf('=');
+    if (i < 0) throw new APIError(0, 'Invalid', `label "${item}": want key=value`, 'labels');
+    l[item.slice(0, i).trim()] = item.slice(i + 1).trim();
+  }
+  return l;
 }

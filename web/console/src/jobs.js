@@ -1,0 +1,59 @@
+// Jobs: every job the token sees (GET /v1/jobs), read again every second
+// while the page is open, with each one's progress.
+import { useEffect, useState } from 'preact/hooks';
+import { api } from './api.js';
+import { bytes, time } from './format.js';
+import { html, ErrorBox, Meter } from './ui.js';
+
+export function Jobs() {
+  const [jobs, setJobs] = useState(null);
+  const [error, setError] = useState(null);
+  useEffect(() => {
+    let stopped = false;
+    const load = () =>
+      api.jobs().then(
+        (l) => !stopped && (setJobs(l.items || []), setError(null)),
+        (e) => !stopped && setError(e),
+      );
+    load();
+    const id = setInterval(load, 1000);
+    return () => {
+      stopped = true;
+      clearInterval(id);
+    };
+  }, []);
+
+  if (!jobs) return error ? html`<${ErrorBox} error=${error} />` : html`<p class="loading">Loading…</p>`;
+  const sorted = [...jobs].sort((a, b) => (a.startedAt < b.startedAt ? 1 : -1));
+  return html`<section class="jobs">
+    <div class="toolbar"><h2>Jobs</h2><span class="count">${jobs.length} job(s), finished ones kept 10 minutes</span></div>
+    <${ErrorBox} error=${error} />
+    ${sorted.length === 0
+      ? html`<p class="dim">No jobs.</p>`
+      : html`<table class="grid" data-table="jobs">
+          <thead><tr><th>Kind</th><th>Target</th><th>State</th><th>Progress</th><th>Started</th><th>Ended</th></tr></thead>
+          <tbody>
+            ${sorted.map((j) => {
+              const items = j.itemsTotal > 0;
+              const done = items ? j.itemsDone : j.bytesDone;
+              const total = items ? j.itemsTotal : j.bytesTotal;
+              return html`<tr data-job=${j.id} data-state=${j.state} data-done=${done} data-total=${total}>
+                <td>${j.kind}</td>
+                <td>${j.target}</td>
+                <td class=${j.state === 'failed' ? 'bad' : j.state === 'done' ? 'ok' : ''}>
+                  ${j.state}${j.error ? html`: <span class="bad">${j.error.code}: ${j.error.message}</span>` : ''}
+                </td>
+                <td>
+                  <div class="progress">
+                    <${Meter} used=${done} total=${total} />
+                    <span>${items ? `${done}/${total}` : total > 0 ? `${bytes(done)} of ${bytes(total)}` : ''}</span>
+                  </div>
+                </td>
+                <td>${time(j.startedAt)}</td>
+                <td>${time(j.endedAt)}</td>
+              </tr>`;
+            })}
+          </tbody>
+        </table>`}
+  </section>`;
+}
