@@ -20,31 +20,9 @@ import (
 // extent of the image's own, owned), changing no byte of the disk or the
 // snapshot; a chunk whose writes a capture shared meanwhile is left alone.
 func TestTidy(t *testing.T) {
-	dir := filepath.Join(testfs.MountXFS(t, 300<<20), "pool")
-	ctx := context.Background()
-	p, err := OpenWith(ctx, dir, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	if p.us == nil {
-		t.Fatalf("a pool on XFS (caps %+v) without its unshare guard", p.Caps())
-	}
 	const size = 4 * ChunkSize
-	mustCreate(t, p, VolumeSpec{Name: "vm", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
-	v, _ := p.Volume("vm")
-	d, err := v.OpenDisk("d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	want := bytes.Repeat([]byte{0x11}, size)
-	if err := d.WriteAt(want, 0, true); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := v.CreateSnapshot(ctx, "s", nil); err != nil {
-		t.Fatal(err)
-	}
+	dir, v, d, want := pinnedDisk(t, size, true)
+	ctx := context.Background()
 	snapWant := bytes.Clone(want)
 	img, err := os.Open(filepath.Join(dir, "volumes", "vm", "disks", "d.img"))
 	if err != nil {
@@ -132,29 +110,8 @@ func TestTidy(t *testing.T) {
 // chunk stays unowned with its count, and after cowWrites such writes, or
 // across two chunks, it refuses (the ordinary write path then).
 func TestTryWriteIntoPinnedChunk(t *testing.T) {
-	dir := filepath.Join(testfs.MountXFS(t, 300<<20), "pool")
-	ctx := context.Background()
-	p, err := OpenWith(ctx, dir, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	p.us.tidy.off = true
 	const size = 4 * ChunkSize
-	mustCreate(t, p, VolumeSpec{Name: "vm", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
-	v, _ := p.Volume("vm")
-	d, err := v.OpenDisk("d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	want := bytes.Repeat([]byte{0x11}, size)
-	if err := d.WriteAt(want, 0, true); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := v.CreateSnapshot(ctx, "s", nil); err != nil {
-		t.Fatal(err)
-	}
+	dir, v, d, want := pinnedDisk(t, size, false)
 	snapWant := bytes.Clone(want)
 	nb := d.(Nonblocking)
 	block := func(b byte) []byte { return bytes.Repeat([]byte{b}, 4096) }
@@ -201,4 +158,39 @@ func TestTryWriteIntoPinnedChunk(t *testing.T) {
 	if !bytes.Equal(snap, snapWant) {
 		t.Fatal("the snapshot changed under the try writes")
 	}
+}
+
+// pinnedDisk makes a pool on XFS with volume vm of one disk d of size
+// bytes, written full of 0x11 and flushed, and snapshot s of it (which the
+// disk pins): what the first writes after a snapshot meet. tidy false turns
+// the tidier off. It returns the pool's directory, the volume, the open
+// disk (closed at the end of the test) and the disk's content.
+func pinnedDisk(t *testing.T, size int64, tidy bool) (string, *Volume, Disk, []byte) {
+	t.Helper()
+	dir := filepath.Join(testfs.MountXFS(t, 300<<20), "pool")
+	ctx := context.Background()
+	p, err := OpenWith(ctx, dir, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if p.us == nil {
+		t.Fatalf("a pool on XFS (caps %+v) without its unshare guard", p.Caps())
+	}
+	p.us.tidy.off = !tidy
+	mustCreate(t, p, VolumeSpec{Name: "vm", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
+	v, _ := p.Volume("vm")
+	d, err := v.OpenDisk("d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	want := bytes.Repeat([]byte{0x11}, int(size))
+	if err := d.WriteAt(want, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.CreateSnapshot(ctx, "s", nil); err != nil {
+		t.Fatal(err)
+	}
+	return dir, v, d, want
 }

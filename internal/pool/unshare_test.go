@@ -472,32 +472,9 @@ func checkPinnedNowhere(p *Pool, vol, d string) error {
 // chunk rewrites it whole, into blocks of its own in one extent. The
 // snapshot keeps its content throughout, and deleting it drops the pin.
 func TestFirstWritesIntoPinnedBlocks(t *testing.T) {
-	dir := filepath.Join(testfs.MountXFS(t, 300<<20), "pool")
-	ctx := context.Background()
-	p, err := OpenWith(ctx, dir, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	if p.us == nil {
-		t.Fatalf("a pool on XFS (caps %+v) without its unshare guard", p.Caps())
-	}
-	p.us.tidy.off = true // the write path's own rewrite (TestTidy: the tidier's)
 	const size = 2 * ChunkSize
-	mustCreate(t, p, VolumeSpec{Name: "vm", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
-	v, _ := p.Volume("vm")
-	d, err := v.OpenDisk("d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	want := bytes.Repeat([]byte{0x11}, size)
-	if err := d.WriteAt(want, 0, true); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := v.CreateSnapshot(ctx, "s", nil); err != nil {
-		t.Fatal(err)
-	}
+	dir, v, d, want := pinnedDisk(t, size, false)
+	ctx := context.Background()
 	img, err := os.Open(filepath.Join(dir, "volumes", "vm", "disks", "d.img"))
 	if err != nil {
 		t.Fatal(err)
