@@ -104,6 +104,7 @@ func TestBenchDR(t *testing.T) {
 	r := &report{}
 	r.add("writes (MB/s asked)", "written (MB/s)", "cycles", "cycle, median [max]", "shipped a cycle, median", "delta shipping (MB/s)", "lowest RPO held")
 	for _, rate := range rates {
+		_, prevStart, _ := cycle() // the base of this rate's cycles
 		var stop atomic.Bool
 		var wrote atomic.Int64
 		var wg sync.WaitGroup
@@ -134,9 +135,8 @@ func TestBenchDR(t *testing.T) {
 		var shipped []int64
 		var totalSent int64
 		var totalTime, worstLag time.Duration
-		_, prevStart, _ := cycle() // the base of this rate's cycles
-		wrote.Store(0)
 		began := time.Now()
+		wroteBefore := wrote.Load()
 		for time.Since(began) < time.Duration(seconds)*time.Second {
 			st, start, end := cycle()
 			durs = append(durs, end.Sub(start))
@@ -152,7 +152,7 @@ func TestBenchDR(t *testing.T) {
 		slices.Sort(durs)
 		sortedShipped := slices.Clone(shipped)
 		slices.Sort(sortedShipped)
-		r.add(fmt.Sprint(rate), fmt.Sprintf("%.1f", float64(wrote.Load())/1e6/elapsed.Seconds()), fmt.Sprint(len(durs)),
+		r.add(fmt.Sprint(rate), fmt.Sprintf("%.1f", float64(wrote.Load()-wroteBefore)/1e6/elapsed.Seconds()), fmt.Sprint(len(durs)),
 			fmt.Sprintf("%s [%s]", durs[len(durs)/2].Round(time.Millisecond), durs[len(durs)-1].Round(time.Millisecond)),
 			fmt.Sprintf("%.1f MiB", float64(sortedShipped[len(sortedShipped)/2])/float64(mib)),
 			fmt.Sprintf("%.0f", float64(totalSent)/1e6/totalTime.Seconds()),
