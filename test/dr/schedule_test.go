@@ -206,10 +206,10 @@ func TestScheduledDR(t *testing.T) {
 		t.Fatalf("no %s for vm in the metrics", name)
 		return ""
 	}
-	first := waitFor("the first point, at once", 5*time.Second, func(s api.DRStatus) bool { return s.Cycles >= 1 })
+	first := waitFor("the first point, at once", 20*time.Second, func(s api.DRStatus) bool { return s.Cycles >= 1 })
 	qemu("qemu-io", "-f", "raw", "-c", "write -P 0x33 2M 64k", a.URI("vm/logs"))
 	written := time.Now()
-	second := waitFor("the next point, at half the RPO", 9*time.Second, func(s api.DRStatus) bool { return s.Cycles >= 2 })
+	second := waitFor("the next point, at half the RPO", 20*time.Second, func(s api.DRStatus) bool { return s.Cycles >= 2 })
 	if !second.LastPointAt.After(written) || second.LastSent == 0 || second.LastSent > 1<<20 || second.Missed {
 		t.Fatalf("the second point (the first %+v): %+v, want a small delta taken after the write", first, second)
 	}
@@ -228,7 +228,7 @@ func TestScheduledDR(t *testing.T) {
 	// The link cut: the lag passes the RPO, the target keeps its point.
 	l.cut()
 	qemu("qemu-io", "-f", "raw", "-c", "write -P 0x44 3M 64k", a.URI("vm/root"))
-	missed := waitFor("the RPO missed", 15*time.Second, func(s api.DRStatus) bool { return s.Missed && s.Failures >= 1 })
+	missed := waitFor("the RPO missed", 30*time.Second, func(s api.DRStatus) bool { return s.Missed && s.Failures >= 1 })
 	if missed.LastPoint != second.LastPoint || missed.LastError == "" {
 		t.Fatalf("with the link cut: %+v", missed)
 	}
@@ -244,7 +244,7 @@ func TestScheduledDR(t *testing.T) {
 
 	// The link back: the next try catches up.
 	l.down.Store(false)
-	back := waitFor("catching up", 10*time.Second, func(s api.DRStatus) bool { return !s.Missed && s.LastError == "" && s.Cycles > second.Cycles })
+	back := waitFor("catching up", 20*time.Second, func(s api.DRStatus) bool { return !s.Missed && s.LastError == "" && s.Cycles > second.Cycles })
 	var att api.Attachment
 	if err := json.Unmarshal([]byte(onB("-o", "json", "attach", "create", "vm-dr", "checker", "--mode", "ro")), &att); err != nil {
 		t.Fatal(err)
