@@ -110,12 +110,9 @@ func (s *Scheduler) Run(ctx context.Context, tick time.Duration) {
 // RunDue starts the cycles that are due now, each in its own goroutine.
 func (s *Scheduler) RunDue(ctx context.Context) {
 	now := time.Now()
-	for _, info := range s.pool.List(nil) {
-		p := info.DRPolicy
-		if p == nil || info.Broken != "" {
-			continue
-		}
-		st := s.status(info.Name, p)
+	policies := s.pool.DRPolicies()
+	for name, p := range policies {
+		st := s.status(name, &p)
 		s.mu.Lock()
 		lag := st.Lag(now)
 		retry := max(p.RPO/10, time.Second)
@@ -139,12 +136,12 @@ func (s *Scheduler) RunDue(ctx context.Context) {
 				return
 			}
 			defer func() { <-s.slots }()
-			if _, err := s.cycle(ctx, info.Name, *p, true, false); err != nil {
-				s.log.Error("DR cycle failed", "volume", info.Name, "site", p.Site, "relationship", p.Relationship, "err", err)
+			if _, err := s.cycle(ctx, name, p, true, false); err != nil {
+				s.log.Error("DR cycle failed", "volume", name, "site", p.Site, "relationship", p.Relationship, "err", err)
 			}
 		}()
 	}
-	s.forget()
+	s.forget(policies)
 }
 
 // Sync runs one cycle of the volume's relationship now (its policy's, or
@@ -252,16 +249,14 @@ func (s *Scheduler) status(volume string, p *pool.DRPolicy) *Status {
 	return st
 }
 
-// forget drops the records of volumes gone or without a policy.
-func (s *Scheduler) forget() {
+// forget drops the records of volumes gone or without a policy (not in
+// policies).
+func (s *Scheduler) forget(policies map[string]pool.DRPolicy) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for name, st := range s.book {
-		v, err := s.pool.Volume(name)
-		if err != nil || v.Info().DRPolicy == nil {
-			if !st.Running {
-				delete(s.book, name)
-			}
+		if _, ok := policies[name]; !ok && !st.Running {
+			delete(s.book, name)
 		}
 	}
 }
@@ -269,11 +264,10 @@ func (s *Scheduler) forget() {
 // Statuses lists the relationships of the pool's volumes with a policy,
 // by volume name.
 func (s *Scheduler) Statuses() []Status {
-	s.forget()
-	for _, info := range s.pool.List(nil) {
-		if info.DRPolicy != nil && info.Broken == "" {
-			s.status(info.Name, info.DRPolicy)
-		}
+	policies := s.pool.DRPolicies()
+	s.forget(policies)
+	for name, p := range policies {
+		s.status(name, &p)
 	}
 	s.mu.Lock()
 	out := make([]Status, 0, len(s.book))

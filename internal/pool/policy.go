@@ -58,13 +58,19 @@ func (v *Volume) SetBackupPolicy(ctx context.Context, p *BackupPolicy) (VolumeIn
 		cp := *p
 		p = &cp
 	}
-	unlock, err := v.lockOps("set backup policy")
+	return v.setPolicy("set backup policy", func(m *volumeManifest) { m.BackupPolicy = p })
+}
+
+// setPolicy changes a policy of the volume's manifest (set), under the
+// control lock; durable on return.
+func (v *Volume) setPolicy(op string, set func(m *volumeManifest)) (VolumeInfo, error) {
+	unlock, err := v.lockOps(op)
 	if err != nil {
 		return VolumeInfo{}, err
 	}
 	defer unlock()
 	m := v.manifest()
-	m.BackupPolicy = p
+	set(&m)
 	if err := v.commit(m); err != nil {
 		return VolumeInfo{}, err
 	}
@@ -112,15 +118,26 @@ func (v *Volume) SetDRPolicy(ctx context.Context, p *DRPolicy) (VolumeInfo, erro
 		cp := *p
 		p = &cp
 	}
-	unlock, err := v.lockOps("set DR policy")
-	if err != nil {
-		return VolumeInfo{}, err
+	return v.setPolicy("set DR policy", func(m *volumeManifest) { m.DRPolicy = p })
+}
+
+// DRPolicies returns the DR policies of the pool's volumes, by volume
+// name, from their manifests in memory (no disk is looked at: the DR
+// scheduler asks every second).
+func (p *Pool) DRPolicies() map[string]DRPolicy {
+	p.mu.Lock()
+	vols := make([]*Volume, 0, len(p.volumes))
+	for _, v := range p.volumes {
+		vols = append(vols, v)
 	}
-	defer unlock()
-	m := v.manifest()
-	m.DRPolicy = p
-	if err := v.commit(m); err != nil {
-		return VolumeInfo{}, err
+	p.mu.Unlock()
+	out := map[string]DRPolicy{}
+	for _, v := range vols {
+		if v.broken == nil {
+			if dp := v.manifest().DRPolicy; dp != nil {
+				out[v.name] = *dp
+			}
+		}
 	}
-	return v.Info(), nil
+	return out
 }
