@@ -192,7 +192,7 @@ func (h *CloneHold) Clone(ctx context.Context, prog Progress) ([]VolumeInfo, err
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			info, err := p.cloneOne(gctx, name, m.Tenant, req.Source, req.Idempotency, from, disks, capacity, labels, m.Key, prog)
+			info, err := p.cloneOne(gctx, name, m.Tenant, req.Source, req.Idempotency, from, disks, capacity, labels, m.Key, m.KeyUID, prog)
 			if err != nil {
 				return fmt.Errorf("clone %s: %w", name, err)
 			}
@@ -240,7 +240,7 @@ func (s Source) String() string {
 
 // cloneOne makes one clone; the caller has reserved its name.
 func (p *Pool) cloneOne(ctx context.Context, name, tenant string, src Source, idem Idempotency, from string, disks []DiskSpec,
-	capacity int64, labels map[string]string, key *crypt.WrappedKey, prog Progress) (VolumeInfo, error) {
+	capacity int64, labels map[string]string, key *crypt.WrappedKey, keyUID string, prog Progress) (VolumeInfo, error) {
 	switch err := p.checkCloneTarget(name, src, idem); {
 	case errors.Is(err, errCloneExists):
 		v, err := p.Volume(name)
@@ -266,6 +266,7 @@ func (p *Pool) cloneOne(ctx context.Context, name, tenant string, src Source, id
 			p.discard(staged)
 			return VolumeInfo{}, err
 		}
+		m.KeyUID = keyUID
 	}
 	err = p.stageVolume(staged, m, func(disksDir string) error {
 		return p.copyImages(ctx, disksDir, from, disks, prog)

@@ -153,6 +153,12 @@ func (v *Volume) openFile(d DiskSpec) (*diskFile, error) {
 		df.ch = newChunks(d.Size, v.pool.chunk)
 		df.us = v.pool.us
 	}
+	if df.enc != nil {
+		if err := v.loadRekey(df); err != nil {
+			_ = f.Close()
+			return nil, err
+		}
+	}
 	return df, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/crypt"
@@ -119,29 +120,52 @@ func (p *Pool) dropVolumeKey(w *crypt.WrappedKey) {
 // names the cause: crypt.ErrUnreachable, ErrKEKRevoked, ErrKEKNotFound,
 // ErrProvider); it is asked again on the next open.
 func (v *Volume) dataCipher() (*crypt.Cipher, error) {
-	w := v.manifest().Key
-	if w == nil {
+	m := v.manifest()
+	if m.Key == nil {
 		return nil, nil
 	}
 	v.keyMu.Lock()
 	defer v.keyMu.Unlock()
-	if v.cipher != nil {
-		return v.cipher, nil
+	if v.cipher == nil {
+		c, err := v.unwrap(*m.Key, "data key")
+		if err != nil {
+			return nil, err
+		}
+		v.cipher = c
 	}
+	if m.Rekey != nil && v.next == nil {
+		c, err := v.unwrap(m.Rekey.NewKey, "new data key (of its deep rekey)")
+		if err != nil {
+			return nil, err
+		}
+		v.next = c
+	}
+	return v.cipher, nil
+}
+
+// unwrap unwraps one of the volume's wrapped keys into a cipher.
+func (v *Volume) unwrap(w crypt.WrappedKey, what string) (*crypt.Cipher, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), keyTimeout)
 	defer cancel()
-	dk, err := v.pool.keyring.Unwrap(ctx, *w)
+	dk, err := v.pool.keyring.Unwrap(ctx, w)
 	if err != nil {
-		return nil, fmt.Errorf("volume %q is encrypted and cannot be opened: its data key under KEK %s of key provider %q: %w: %w",
-			v.name, w.KeyID, w.Provider, ErrKeyUnavailable, err)
+		return nil, fmt.Errorf("volume %q is encrypted and cannot be opened: its %s under KEK %s of key provider %q: %w: %w",
+			v.name, what, w.KeyID, w.Provider, ErrKeyUnavailable, err)
 	}
 	defer dk.Wipe()
 	c, err := crypt.NewCipher(dk)
 	if err != nil {
 		return nil, fmt.Errorf("volume %q: %w: %w", v.name, ErrKeyUnavailable, err)
 	}
-	v.cipher = c
 	return c, nil
+}
+
+// loadedNext returns the new data key's cipher of a deep rekey, if in
+// memory.
+func (v *Volume) loadedNext() *crypt.Cipher {
+	v.keyMu.Lock()
+	defer v.keyMu.Unlock()
+	return v.next
 }
 
 // loadedCipher returns the cipher if the data key is in memory.
@@ -169,26 +193,45 @@ func checkEncryptedSize(field string, size int64) error {
 // (A binary without encryption refuses the manifest whole: it decodes
 // volume.json strictly, and the key field is unknown to it.)
 func (m *volumeManifest) validateKey() error {
-	k := m.Key
-	if err := ValidateName("key.provider", k.Provider); err != nil {
+	if err := validateWrapped("key", m.Key); err != nil {
 		return err
 	}
 	switch {
-	case k.KeyID == "" || len(k.KeyID) > 256:
-		return invalid("key.keyId", k.KeyID, "must be 1 to 256 bytes")
-	case k.Algorithm == "" || len(k.Algorithm) > 64:
-		return invalid("key.algorithm", k.Algorithm, "must be 1 to 64 bytes")
-	case len(k.Wrapped) == 0 || len(k.Wrapped) > 4096:
-		return invalid("key.wrapped", "", fmt.Sprintf("%d bytes: must be 1 to 4096", len(k.Wrapped)))
 	case m.Fill != nil:
 		return invalid("fill", m.Fill.Source, "an encrypted volume cannot fill from a source")
 	case len(m.DirectAccess) > 0:
 		return invalid("directAccess", m.DirectAccess[0], "an encrypted volume cannot be accessed directly")
+	case len(m.KeyUID) > 64:
+		return invalid("keyUID", m.KeyUID, "must be at most 64 bytes")
+	}
+	if r := m.Rekey; r != nil {
+		if err := validateWrapped("rekey.newKey", &r.NewKey); err != nil {
+			return err
+		}
+		if r.NewKeyUID == "" || len(r.NewKeyUID) > 64 {
+			return invalid("rekey.newKeyUID", r.NewKeyUID, "must be 1 to 64 bytes")
+		}
 	}
 	for i, d := range m.Disks {
 		if err := checkEncryptedSize(fmt.Sprintf("disks[%d].size", i), d.Size); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// validateWrapped checks the fields of a wrapped key read from a manifest.
+func validateWrapped(field string, k *crypt.WrappedKey) error {
+	if err := ValidateName(field+".provider", k.Provider); err != nil {
+		return err
+	}
+	switch {
+	case k.KeyID == "" || len(k.KeyID) > 256:
+		return invalid(field+".keyId", k.KeyID, "must be 1 to 256 bytes")
+	case k.Algorithm == "" || len(k.Algorithm) > 64:
+		return invalid(field+".algorithm", k.Algorithm, "must be 1 to 64 bytes")
+	case len(k.Wrapped) == 0 || len(k.Wrapped) > 4096:
+		return invalid(field+".wrapped", "", fmt.Sprintf("%d bytes: must be 1 to 4096", len(k.Wrapped)))
 	}
 	return nil
 }
@@ -204,6 +247,28 @@ const encSegment = 1 << 20
 type encDisk struct {
 	c     *crypt.Cipher
 	locks [encStripes]sync.RWMutex
+	// rk is set while a deep rekey re-encrypts the disk (rekey.go): the
+	// blocks below its mark are under its cipher, the others under c. It
+	// changes only with the volume's gate held exclusively; its mark moves
+	// only with the block locks of the blocks it passes held exclusively.
+	// While it is set, reads take their block locks shared too, and the
+	// Try paths step aside.
+	rk atomic.Pointer[encRekey]
+}
+
+// encRekey is a disk's deep rekey in progress.
+type encRekey struct {
+	next *crypt.Cipher
+	mark atomic.Int64 // blocks below it are under next
+}
+
+// cipherAt returns the cipher of the block at off, given the disk's rekey
+// in progress (nil if none).
+func (e *encDisk) cipherAt(rk *encRekey, off int64) *crypt.Cipher {
+	if rk != nil && off < rk.mark.Load() {
+		return rk.next
+	}
+	return e.c
 }
 
 var encBufs = sync.Pool{New: func() any { b := make([]byte, encSegment); return &b }}
@@ -263,27 +328,71 @@ func (e *encDisk) lockBlocks(off, length int64) func() {
 	}
 }
 
+// lockShared takes the locks of the blocks [off, off+length) touches
+// shared, in stripe order, and returns the unlock.
+func (e *encDisk) lockShared(off, length int64) func() {
+	first, last := blockDown(off)/crypt.BlockSize, blockUp(off+length)/crypt.BlockSize
+	return e.lockStripes(first, last, false)
+}
+
+// lockStripes takes the locks of blocks [first, last) (each stripe once),
+// shared or exclusively, in stripe order, and returns the unlock.
+func (e *encDisk) lockStripes(first, last int64, exclusive bool) func() {
+	var take [encStripes]bool
+	if last-first >= encStripes {
+		for s := range take {
+			take[s] = true
+		}
+	} else {
+		for b := first; b < last; b++ {
+			take[b%encStripes] = true
+		}
+	}
+	for s, t := range take {
+		switch {
+		case !t:
+		case exclusive:
+			e.locks[s].Lock()
+		default:
+			e.locks[s].RLock()
+		}
+	}
+	return func() {
+		for s, t := range take {
+			switch {
+			case !t:
+			case exclusive:
+				e.locks[s].Unlock()
+			default:
+				e.locks[s].RUnlock()
+			}
+		}
+	}
+}
+
 // decrypt decrypts the whole blocks buf read at off (block-aligned), leaving
 // the all-zero ones as zeros (the zero rule).
 func (e *encDisk) decrypt(buf []byte, off int64) {
+	rk := e.rk.Load()
 	for i := 0; i < len(buf); i += crypt.BlockSize {
 		blk := buf[i : i+crypt.BlockSize]
 		if isZero(blk) {
 			continue
 		}
-		_ = e.c.DecryptAt(blk, off+int64(i)) // aligned by construction
+		_ = e.cipherAt(rk, off+int64(i)).DecryptAt(blk, off+int64(i)) // aligned by construction
 	}
 }
 
 // encrypt encrypts the whole blocks of buf at off (block-aligned), leaving
 // plaintext zeros as zeros (the zero rule).
 func (e *encDisk) encrypt(buf []byte, off int64) {
+	rk := e.rk.Load()
 	for i := 0; i < len(buf); i += crypt.BlockSize {
 		blk := buf[i : i+crypt.BlockSize]
 		if isZero(blk) {
 			continue
 		}
-		_ = e.c.EncryptAt(blk, off+int64(i)) // aligned by construction
+		_ = e.cipherAt(rk, off+int64(i)).EncryptAt(blk, off+int64(i)) // aligned by construction
 	}
 }
 
@@ -292,6 +401,11 @@ func isZero(b []byte) bool { return bytes.Equal(b, zeroBlock[:len(b)]) }
 // readAt reads plaintext into p from off (in range) of an encrypted disk.
 func (e *encDisk) readAt(df *diskFile, p []byte, off int64) error {
 	end := off + int64(len(p))
+	if e.rk.Load() != nil && len(p) > 0 {
+		// A rekey step rewrites blocks and moves the mark under their
+		// locks held exclusively: the read must see either side whole.
+		defer e.lockShared(off, int64(len(p)))()
+	}
 	if off == blockDown(off) && end == blockDown(end) {
 		if err := readAt(df, p, off); err != nil {
 			return err
@@ -401,7 +515,7 @@ func (e *encDisk) tryable(p []byte, off int64, write bool) bool {
 	if e == nil {
 		return true
 	}
-	return off&blockMask == 0 && len(p)&blockMask == 0 && (!write || len(p) <= encSegment)
+	return e.rk.Load() == nil && off&blockMask == 0 && len(p)&blockMask == 0 && (!write || len(p) <= encSegment)
 }
 
 // tryWrite is TryWriteAt of whole blocks on an encrypted disk: their
@@ -460,7 +574,7 @@ const encBatchMax = 64 << 10
 // at most encBatchMax bytes.
 func (e *encDisk) batchable(io *IO) bool {
 	n := len(io.P)
-	return e == nil || io.Off&blockMask == 0 && n&blockMask == 0 && n > 0 && n <= encBatchMax
+	return e == nil || e.rk.Load() == nil && io.Off&blockMask == 0 && n&blockMask == 0 && n > 0 && n <= encBatchMax
 }
 
 // encBatch is what TryBatch swaps into the writes of a batch on an

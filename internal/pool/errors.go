@@ -63,6 +63,9 @@ var (
 	// ErrEncrypted refuses what would hand an encrypted volume's
 	// ciphertext out as its disks (direct access to the image files).
 	ErrEncrypted = errors.New("volume is encrypted")
+	// ErrKeyShared refuses to shred a volume whose data key other volumes
+	// (its clones) share, unless they are named to be shredded too.
+	ErrKeyShared = errors.New("data key shared with other volumes")
 	// ErrNotMounted refuses a pool directory expected to be a mount point
 	// that is not one.
 	ErrNotMounted = errors.New("pool filesystem not mounted")

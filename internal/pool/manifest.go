@@ -85,6 +85,15 @@ type volumeManifest struct {
 	// Key is the wrapped data key of an encrypted volume (encrypt.go),
 	// shared by its snapshots; nil for a volume stored in the clear.
 	Key *crypt.WrappedKey `json:"key,omitempty"`
+	// KeyUID names the data key under Key (not the key: a random id), the
+	// same in the volume and every clone that shares the data key; a
+	// deep rekey gives the volume a new one. Crypto-shredding finds the
+	// clones that share a volume's data key by it (shred.go). "" in
+	// volumes made before it was recorded: then only the volume itself.
+	KeyUID string `json:"keyUID,omitempty"`
+	// Rekey is set while a deep rekey re-encrypts the volume's disks under
+	// a new data key (rekey.go); nil otherwise.
+	Rekey *RekeyState `json:"rekey,omitempty"`
 }
 
 // snapshotManifest is snapshot.json inside a snapshot directory.
@@ -148,6 +157,11 @@ func (m *volumeManifest) clone() volumeManifest {
 		k := *m.Key
 		k.Wrapped = slices.Clone(m.Key.Wrapped)
 		c.Key = &k
+	}
+	if m.Rekey != nil {
+		r := *m.Rekey
+		r.NewKey.Wrapped = slices.Clone(m.Rekey.NewKey.Wrapped)
+		c.Rekey = &r
 	}
 	return c
 }
@@ -216,6 +230,9 @@ type VolumeInfo struct {
 type EncryptionInfo struct {
 	Provider string // the key provider ("keyfile", "kmip")
 	KeyID    string // the KEK's id in that provider
+	// Rekey reports a deep rekey in progress (or interrupted); nil when
+	// none is.
+	Rekey *RekeyInfo
 }
 
 // DiskInfo is a point-in-time view of a disk image.

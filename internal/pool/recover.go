@@ -85,12 +85,12 @@ func (p *Pool) recover(ctx context.Context) error {
 // touched come before any repair.
 func (p *Pool) loadVolume(name string) (*Volume, error) {
 	dir := path.Join("volumes", name)
-	if err := p.checkTree(dir, map[string]bool{"disks": true, "snapshots": true, "changes": false, "fill": false}); err != nil {
+	if err := p.checkTree(dir, map[string]bool{"disks": true, "snapshots": true, "changes": false, "fill": false, "rekey": false}); err != nil {
 		return nil, err
 	}
-	// Change tracking's maps (changes.go) and fill maps (fill.go), when
-	// there: files only.
-	for _, sub := range []string{"changes", "fill"} {
+	// Change tracking's maps (changes.go), fill maps (fill.go) and rekey
+	// journals (rekey.go), when there: files only.
+	for _, sub := range []string{"changes", "fill", "rekey"} {
 		if err := p.checkTree(path.Join(dir, sub), nil); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("%s: %w", sub, err)
 		}
@@ -123,7 +123,7 @@ func (p *Pool) loadVolume(name string) (*Volume, error) {
 		if err := p.removeTemps(dir); err != nil {
 			return nil, err
 		}
-		for _, sub := range []string{"changes", "fill"} {
+		for _, sub := range []string{"changes", "fill", "rekey"} {
 			if err := p.removeTemps(path.Join(dir, sub)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return nil, err
 			}
@@ -138,6 +138,9 @@ func (p *Pool) loadVolume(name string) (*Volume, error) {
 		}
 	}
 	v := newVolume(p, m, nil)
+	if m.Rekey == nil && !p.readOnly {
+		v.removeRekeyJournals() // left by a crash right after a rekey finished
+	}
 	if m.Fill == nil && !p.readOnly {
 		v.removeFillMaps() // left by a crash right after the fill's end
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +84,10 @@ type Volume struct {
 	// (encrypt.go); nil until then, and for a volume not encrypted.
 	keyMu  sync.Mutex
 	cipher *crypt.Cipher
+	// next is the new data key of a deep rekey in progress (rekey.go),
+	// under keyMu; rekeyRun is held by the rekey job that runs.
+	next     *crypt.Cipher
+	rekeyRun sync.Mutex
 
 	// broken, immutable, is why the volume was quarantined at start-up;
 	// every operation on it fails with ErrBroken.
@@ -189,6 +194,10 @@ func (v *Volume) lockOps(op string) (func(), error) {
 		v.ops.Unlock()
 		return nil, err
 	}
+	if err := v.checkNotRekeying(op); err != nil {
+		v.ops.Unlock()
+		return nil, err
+	}
 	return v.ops.Unlock, nil
 }
 
@@ -202,6 +211,10 @@ func (v *Volume) rlockOps(op string) (func(), error) {
 		return nil, err
 	}
 	if err := v.checkNotFilling(op); err != nil {
+		v.ops.RUnlock()
+		return nil, err
+	}
+	if err := v.checkNotRekeying(op); err != nil {
 		v.ops.RUnlock()
 		return nil, err
 	}
@@ -256,7 +269,7 @@ func (v *Volume) Info() VolumeInfo {
 		Snapshots: nsnaps, CreatedAt: m.CreatedAt, Dir: v.disksDir(), Replicas: replicasOf(m.Replicas), Tenant: m.Tenant,
 		BackupPolicy: m.BackupPolicy, DRPolicy: m.DRPolicy, DirectAccess: m.DirectAccess, Fill: v.fillInfo(m)}
 	if m.Key != nil {
-		info.Encryption = &EncryptionInfo{Provider: m.Key.Provider, KeyID: m.Key.KeyID}
+		info.Encryption = &EncryptionInfo{Provider: m.Key.Provider, KeyID: m.Key.KeyID, Rekey: v.rekeyInfo(m)}
 	}
 	for _, d := range m.Disks {
 		path := v.diskPath(d.Name)
@@ -326,6 +339,7 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 			p.discard(staged)
 			return VolumeInfo{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
 		}
+		m.KeyUID = newUID()
 	}
 	if m.Disks == nil {
 		m.Disks = []DiskSpec{}
@@ -420,6 +434,13 @@ type DeleteOptions struct {
 	// Recursive deletes the volume's snapshots with it; without it a volume
 	// with snapshots is refused with ErrHasSnapshots.
 	Recursive bool
+	// Shred destroys the KEKs of an encrypted volume's data key before the
+	// volume is deleted (crypto-shredding, shred.go): its snapshots go
+	// with it, and no copy of its ciphertext can be read again. Clones
+	// that share the data key must be named in ShredAlso, and are
+	// shredded too; otherwise the delete is refused with ErrKeyShared.
+	Shred     bool
+	ShredAlso []string
 }
 
 // Delete removes the volume with its disks and snapshots. The removal is
@@ -436,11 +457,23 @@ func (p *Pool) DeleteWith(ctx context.Context, name string, o DeleteOptions) err
 	if err != nil {
 		return err
 	}
+	if o.Shred {
+		return p.shred(ctx, v, o.ShredAlso)
+	}
+	if len(o.ShredAlso) > 0 {
+		return invalid("shred", strings.Join(o.ShredAlso, ","), "names clones to shred, with shred only")
+	}
 	unlock, err := v.lockOps("delete")
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	return p.deleteLocked(v, o)
+}
+
+// deleteLocked is DeleteWith with the volume's operation lock held.
+func (p *Pool) deleteLocked(v *Volume, o DeleteOptions) error {
+	name := v.name
 	if n := len(v.Snapshots()); n > 0 && !o.Recursive {
 		return fmt.Errorf("delete volume %q: it has %d snapshots; delete them first, or delete them with it (quiver volume delete --recursive): %w",
 			name, n, ErrHasSnapshots)
