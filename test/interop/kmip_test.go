@@ -2,6 +2,7 @@ package interop
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/quiverstorage/quiver/internal/api"
+	"github.com/quiverstorage/quiver/internal/client"
 	"github.com/quiverstorage/quiver/internal/crypt/kmip"
 	"github.com/quiverstorage/quiver/internal/crypt/kmip/kmiptest"
 	"github.com/quiverstorage/quiver/internal/testserver"
@@ -94,6 +96,15 @@ func TestEncryptedVolumeWithKMIP(t *testing.T) {
 	}
 	if got, err := s.API.GetVolume(t.Context(), "a"); err != nil || got.Encryption == nil {
 		t.Fatalf("the API with the KMS down: %+v, %v", got, err)
+	}
+	_, err = s.API.CreateVolume(t.Context(), api.VolumeSpec{Name: "d", Capacity: miB, Encrypt: true,
+		Disks: []api.DiskSpec{disk("root", miB)}})
+	var apiErr *client.Error
+	if !errors.As(err, &apiErr) || apiErr.Detail.Code != api.CodeUnavailable || !strings.Contains(err.Error(), kms.Addr) {
+		t.Fatalf("create with the KMS down: %v, want %s naming %s", err, api.CodeUnavailable, kms.Addr)
+	}
+	if _, err := s.API.GetVolume(t.Context(), "d"); !errors.As(err, &apiErr) || apiErr.Detail.Code != api.CodeNotFound {
+		t.Fatalf("volume d after its failed create: %v, want %s", err, api.CodeNotFound)
 	}
 
 	// The KMS back: the same node opens a, with what the VM wrote.
