@@ -141,7 +141,8 @@ A flag on the command line wins over the file.`,
 	cmd.Flags().StringVar(&cfg.KMIP.CAFile, "kmip-ca", "", "PEM file of the CA that --kmip-server's certificate must chain to")
 	cmd.Flags().StringVar(&cfg.KMIP.CertFile, "kmip-cert", "", "PEM client certificate quiver presents to --kmip-server")
 	cmd.Flags().StringVar(&cfg.KMIP.KeyFile, "kmip-key", "", "the PEM key of --kmip-cert")
-	cmd.Flags().DurationVar(&cfg.KMIP.Timeout, "kmip-timeout", 10*time.Second, "time for one request to --kmip-server, connection included")
+	cmd.Flags().DurationVar(&cfg.KMIP.Timeout, "kmip-timeout", 5*time.Second,
+		"time for one request to --kmip-server, connection included (keep it below --nbd-handshake-timeout, so that an NBD client gets the refusal of an export whose key the KMS does not give)")
 	cmd.Flags().StringVar(&cfg.NewKeys, "new-volume-keys", "",
 		"key provider of new encrypted volumes: keyfile or kmip (required with both --key-file and --kmip-server; existing volumes keep theirs)")
 	cmd.Flags().BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API port")
