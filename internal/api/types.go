@@ -724,7 +724,7 @@ const (
 	CodeBroken         = "Broken"           // 409: the volume is quarantined (damaged or hostile files)
 	CodeReadOnly       = "ReadOnly"         // 409: the pool is read-only
 	CodeNotEnoughNodes = "NotEnoughNodes"   // 422: fewer nodes up than the replicas asked
-	CodeUnavailable    = "Unavailable"      // 503: the cluster state (etcd) cannot be reached
+	CodeUnavailable    = "Unavailable"      // 503: the cluster state (etcd), an object store or the key manager cannot be reached
 	CodeNotPrimary     = "NotPrimary"       // 409: ask the volume's primary node (the message names it)
 	CodeNotSupported   = "NotSupported"     // 422: not built for replicated volumes yet
 	CodeDegraded       = "Degraded"         // 409: a copy is out of sync; wait for its resync

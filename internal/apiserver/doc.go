@@ -16,5 +16,5 @@
 // they need, and a tenant's token sees only its tenant's volumes, by its
 // own names (docs/security.md, "Tenants").
 //
-// Imports from quiver: api, audit, auth, backup, buildinfo, cluster, dr, job, metrics, objstore, pool, qos, quantity.
+// Imports from quiver: api, audit, auth, backup, buildinfo, cluster, crypt, dr, job, metrics, objstore, pool, qos, quantity.
 package apiserver

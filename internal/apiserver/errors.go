@@ -10,6 +10,7 @@ import (
 	"github.com/quiverstorage/quiver/internal/auth"
 	"github.com/quiverstorage/quiver/internal/backup"
 	"github.com/quiverstorage/quiver/internal/cluster"
+	"github.com/quiverstorage/quiver/internal/crypt"
 	"github.com/quiverstorage/quiver/internal/dr"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/objstore"
@@ -42,6 +43,7 @@ var errorMapping = []struct {
 	{pool.ErrNoCheckpoint, http.StatusConflict, api.CodeNoCheckpoint},
 	{pool.ErrNoKeyProvider, http.StatusUnprocessableEntity, api.CodeNoKeyProvider},
 	{pool.ErrKeyUnavailable, http.StatusServiceUnavailable, api.CodeKeyUnavailable},
+	{crypt.ErrUnreachable, http.StatusServiceUnavailable, api.CodeUnavailable}, // the KMS, creating a volume's KEK
 	{pool.ErrEncrypted, http.StatusConflict, api.CodeEncrypted},
 	{backup.ErrNoTarget, http.StatusNotFound, api.CodeNotFound},
 	{backup.ErrNotFound, http.StatusNotFound, api.CodeNotFound},

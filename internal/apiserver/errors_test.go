@@ -46,6 +46,7 @@ func TestToError(t *testing.T) {
 		{"no checkpoint", fmt.Errorf("snapshot vm@old: %w", pool.ErrNoCheckpoint), http.StatusConflict, api.CodeNoCheckpoint, ""},
 		{"no key provider", fmt.Errorf("create volume %q: %w", "vm", pool.ErrNoKeyProvider), http.StatusUnprocessableEntity, api.CodeNoKeyProvider, ""},
 		{"key unavailable", fmt.Errorf("volume %q: %w: %w", "vm", pool.ErrKeyUnavailable, crypt.ErrUnreachable), http.StatusServiceUnavailable, api.CodeKeyUnavailable, ""},
+		{"KMS unreachable", fmt.Errorf("encrypted volume: key provider %q: %w", "kmip", crypt.ErrUnreachable), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"encrypted", fmt.Errorf("direct access: %w", pool.ErrEncrypted), http.StatusConflict, api.CodeEncrypted, ""},
 		{"no backup target", fmt.Errorf("backup target %q: %w", "x", backup.ErrNoTarget), http.StatusNotFound, api.CodeNotFound, ""},
 		{"backup not found", fmt.Errorf("backup %q: %w", "x", backup.ErrNotFound), http.StatusNotFound, api.CodeNotFound, ""},

@@ -136,6 +136,15 @@ A flag on the command line wins over the file.`,
 		"refuse NBD exports without an attachment token (always on beyond loopback)")
 	cmd.Flags().StringVar(&cfg.KeyFile, "key-file", "",
 		"key file (0600, made if absent, outside the pool) of the local key provider that wraps encrypted volumes' data keys (docs/encryption.md)")
+	cmd.Flags().StringVar(&cfg.KMIP.Addr, "kmip-server", "",
+		"host:port of a KMIP server (KMIP 1.4 over TLS, port 5696) whose keys wrap encrypted volumes' data keys; needs --kmip-ca, --kmip-cert and --kmip-key (docs/encryption.md)")
+	cmd.Flags().StringVar(&cfg.KMIP.CAFile, "kmip-ca", "", "PEM file of the CA that --kmip-server's certificate must chain to")
+	cmd.Flags().StringVar(&cfg.KMIP.CertFile, "kmip-cert", "", "PEM client certificate quiver presents to --kmip-server")
+	cmd.Flags().StringVar(&cfg.KMIP.KeyFile, "kmip-key", "", "the PEM key of --kmip-cert")
+	cmd.Flags().DurationVar(&cfg.KMIP.Timeout, "kmip-timeout", 5*time.Second,
+		"time for one request to --kmip-server, connection included (keep it below --nbd-handshake-timeout, so that an NBD client gets the refusal of an export whose key the KMS does not give)")
+	cmd.Flags().StringVar(&cfg.NewKeys, "new-volume-keys", "",
+		"key provider of new encrypted volumes: keyfile or kmip (required with both --key-file and --kmip-server; existing volumes keep theirs)")
 	cmd.Flags().BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API port")
 	cmd.Flags().StringVar(&cfg.BackupConfig, "backup-config", "",
 		"JSON file naming the backup targets (S3 endpoint, bucket, files with the access key, secret key and repository key; docs/backup.md)")

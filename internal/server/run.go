@@ -153,11 +153,11 @@ func settle(cfg Config) (*node, error) {
 // first start) and the job runner.
 func (n *node) openPool(ctx context.Context) error {
 	cfg, log := n.cfg, n.log
-	keys, err := keyring(cfg)
+	keys, newKeys, err := keyring(cfg)
 	if err != nil {
 		return err
 	}
-	p, err := pool.OpenWith(ctx, cfg.PoolDir, pool.Options{Logger: log, ExpectMount: cfg.ExpectMount, Keyring: keys})
+	p, err := pool.OpenWith(ctx, cfg.PoolDir, pool.Options{Logger: log, ExpectMount: cfg.ExpectMount, Keyring: keys, NewKeys: newKeys})
 	if err != nil {
 		return err
 	}

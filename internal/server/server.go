@@ -6,7 +6,7 @@
 // With cluster flags it joins the cluster (internal/cluster) before serving,
 // and serves the replicated volumes (internal/replicated).
 //
-// Imports from quiver: api, apiserver, auth, backup, cluster, connlimit, console, crypt, crypt/keyfile, durable, job, metrics, nbd, pool, replicated, storage, tlscert.
+// Imports from quiver: api, apiserver, auth, backup, cluster, connlimit, console, crypt, crypt/keyfile, crypt/kmip, durable, job, metrics, nbd, pool, replicated, storage, tlscert.
 package server
 
 import (
@@ -38,10 +38,18 @@ type Config struct {
 	NoIOUring bool
 	APIAddr   string // host:port of the HTTP API
 	TokenFile string // bearer token file; required for a non-loopback APIAddr
-	// KeyFile is the key file of the local key provider (crypt/keyfile)
+	// KeyFile is the key file of the local key provider (crypt/keyfile, crypt/kmip)
 	// that wraps the data keys of encrypted volumes; it must lie outside
 	// the pool. Empty: no key provider, encrypted volumes are refused.
-	KeyFile   string
+	KeyFile string
+	// KMIP is the KMIP key provider (crypt/kmip), when its Addr is set
+	// (keys.go). Both it and KeyFile may be set: each volume's wrapped key
+	// names its provider.
+	KMIP KMIPConfig
+	// NewKeys names the key provider that makes the keys of new encrypted
+	// volumes ("keyfile" or "kmip"); empty: the only one configured. Both
+	// configured and none named is refused at start.
+	NewKeys   string
 	NBDAddr   string // host:port of the NBD server; empty: no TCP listener
 	NBDSocket string // unix socket path for NBD; empty: none
 	// NBDRequireToken refuses NBD exports without an attachment token (no

@@ -33,7 +33,7 @@ var layers = [][]string{
 // testSupport are packages for tests only: they may import anything, and
 // nothing but another test-support package may import them.
 var testSupport = map[string]bool{"testfs": true, "testguest": true, "testserver": true, "testnet": true, "csi/csitest": true,
-	"csi/sanitytest": true, "tlscert/certtest": true, "tests3": true}
+	"csi/sanitytest": true, "tlscert/certtest": true, "tests3": true, "crypt/kmip/kmiptest": true}
 
 // TestLayerOrder checks the direction of every import between quiver's
 // packages against layers.
