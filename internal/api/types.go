@@ -28,6 +28,13 @@ const (
 	// QueryRecursive "true" deletes a volume's snapshots with it; without
 	// it a volume with snapshots is refused (409 HasSnapshots).
 	QueryRecursive = "recursive"
+	// QueryShred "true" crypto-shreds an encrypted volume as it is deleted:
+	// the KEKs of its data key are destroyed first, so no copy of its data
+	// can be read again. QueryShredAlso names (comma-separated) the clones
+	// that share its data key, shredded with it; without them such a
+	// volume is refused (409 KeyShared).
+	QueryShred     = "shred"
+	QueryShredAlso = "shredAlso"
 )
 
 // DiskSpec describes one virtual disk: a sparse raw file <name>.img.
@@ -133,6 +140,31 @@ type Volume struct {
 type Encryption struct {
 	Provider string `json:"provider"` // the key provider: "keyfile" or "kmip"
 	KeyID    string `json:"keyId"`    // the key-encryption key's id in that provider
+	// Rekey reports a deep rekey in progress, or interrupted (Running
+	// false: run it again to finish it).
+	Rekey *RekeyProgress `json:"rekey,omitempty"`
+}
+
+// RekeyProgress is a deep rekey's progress: the bytes of the disks under
+// the new data key so far.
+type RekeyProgress struct {
+	Started    time.Time `json:"started"`
+	DoneBytes  int64     `json:"doneBytes"`
+	TotalBytes int64     `json:"totalBytes"`
+	Running    bool      `json:"running"`
+}
+
+// RekeySpec asks for a rekey of an encrypted volume (POST
+// /v1/volumes/{volume}/rekey). Shallow (the default): the data key is
+// wrapped under a new key-encryption key, in Provider if given, and the old
+// KEK is destroyed; no block changes. Deep: a new data key, every block
+// re-encrypted while the VM runs, at most Rate bytes per second (0: the
+// server's default), as a job; an interrupted one goes on where it
+// stopped when asked again.
+type RekeySpec struct {
+	Deep     bool   `json:"deep,omitempty"`
+	Provider string `json:"provider,omitempty"`
+	Rate     int64  `json:"rate,omitempty"`
 }
 
 // RestoreProgress is an instant restore's copy (Volume.Restore).
@@ -737,6 +769,7 @@ const (
 	CodeNoKeyProvider  = "NoKeyProvider"    // 422: an encrypted volume asked of a server without a key provider
 	CodeKeyUnavailable = "KeyUnavailable"   // 503: an encrypted volume's data key cannot be unwrapped (the message says why)
 	CodeEncrypted      = "Encrypted"        // 409: refused for an encrypted volume (direct access to its image files)
+	CodeKeyShared      = "KeyShared"        // 409: shredding a volume whose clones share its data key, not named
 	CodeInternal       = "Internal"         // 500
 	CodeForbidden      = "Forbidden"        // 403: the token's role does not allow it
 	CodeQuota          = "QuotaExceeded"    // 403: a tenant quota would be exceeded (the message names it)

@@ -24,6 +24,9 @@ func volumeToAPI(v pool.VolumeInfo) api.Volume {
 	out.DirectAccess = v.DirectAccess
 	if e := v.Encryption; e != nil {
 		out.Encryption = &api.Encryption{Provider: e.Provider, KeyID: e.KeyID}
+		if rk := e.Rekey; rk != nil {
+			out.Encryption.Rekey = &api.RekeyProgress{Started: rk.StartedAt, DoneBytes: rk.Done, TotalBytes: rk.Total, Running: rk.Running}
+		}
 	}
 	if f := v.Fill; f != nil {
 		out.Restore = &api.RestoreProgress{Source: f.Source, Started: f.Started, CopiedBytes: f.FilledBytes, TotalBytes: f.TotalBytes}

@@ -45,6 +45,7 @@ var errorMapping = []struct {
 	{pool.ErrKeyUnavailable, http.StatusServiceUnavailable, api.CodeKeyUnavailable},
 	{crypt.ErrUnreachable, http.StatusServiceUnavailable, api.CodeUnavailable}, // the KMS, creating a volume's KEK
 	{pool.ErrEncrypted, http.StatusConflict, api.CodeEncrypted},
+	{pool.ErrKeyShared, http.StatusConflict, api.CodeKeyShared},
 	{backup.ErrNoTarget, http.StatusNotFound, api.CodeNotFound},
 	{backup.ErrNotFound, http.StatusNotFound, api.CodeNotFound},
 	{backup.ErrInvalid, http.StatusBadRequest, api.CodeInvalid},

@@ -48,6 +48,7 @@ func TestToError(t *testing.T) {
 		{"key unavailable", fmt.Errorf("volume %q: %w: %w", "vm", pool.ErrKeyUnavailable, crypt.ErrUnreachable), http.StatusServiceUnavailable, api.CodeKeyUnavailable, ""},
 		{"KMS unreachable", fmt.Errorf("encrypted volume: key provider %q: %w", "kmip", crypt.ErrUnreachable), http.StatusServiceUnavailable, api.CodeUnavailable, ""},
 		{"encrypted", fmt.Errorf("direct access: %w", pool.ErrEncrypted), http.StatusConflict, api.CodeEncrypted, ""},
+		{"key shared", fmt.Errorf("shred: %w", pool.ErrKeyShared), http.StatusConflict, api.CodeKeyShared, ""},
 		{"no backup target", fmt.Errorf("backup target %q: %w", "x", backup.ErrNoTarget), http.StatusNotFound, api.CodeNotFound, ""},
 		{"backup not found", fmt.Errorf("backup %q: %w", "x", backup.ErrNotFound), http.StatusNotFound, api.CodeNotFound, ""},
 		{"backup invalid", fmt.Errorf("backup id: %w", backup.ErrInvalid), http.StatusBadRequest, api.CodeInvalid, ""},

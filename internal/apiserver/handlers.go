@@ -285,7 +285,19 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := s.pool.DeleteWith(r.Context(), v.Name(), pool.DeleteOptions{Recursive: recursive}); err != nil {
+	o := pool.DeleteOptions{Recursive: recursive}
+	if o.Shred, err = boolQuery(r, api.QueryShred); err != nil {
+		return err
+	}
+	if also := r.URL.Query().Get(api.QueryShredAlso); also != "" {
+		o.ShredAlso = strings.Split(also, ",")
+		for _, n := range o.ShredAlso {
+			if _, err := s.volumeOf(r, n); err != nil { // a tenant names only its own
+				return err
+			}
+		}
+	}
+	if err := s.pool.DeleteWith(r.Context(), v.Name(), o); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -608,6 +620,36 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// rekey rekeys an encrypted volume: shallow at once, deep as a job.
+func (s *Server) rekey(w http.ResponseWriter, r *http.Request) error {
+	var spec api.RekeySpec
+	if err := decode(r, &spec); err != nil {
+		return err
+	}
+	v, err := s.volume(r)
+	if err != nil {
+		return err
+	}
+	o := pool.RekeyOptions{Deep: spec.Deep, Provider: spec.Provider, Rate: spec.Rate}
+	if !spec.Deep {
+		info, err := v.Rekey(r.Context(), o, nil)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
+		return nil
+	}
+	var info pool.VolumeInfo
+	return s.runJob(w, r, "rekey", v.Name(), 1, func(ctx context.Context, j *job.Job) error {
+		var err error
+		info, err = v.Rekey(ctx, o, j)
+		return err
+	}, func() error {
+		writeJSON(w, http.StatusOK, viewOf(r).volume(volumeToAPI(info)))
+		return nil
+	})
 }
 
 func (s *Server) rollback(w http.ResponseWriter, r *http.Request) error {

@@ -199,6 +199,7 @@ func (s *Server) routes() {
 		"POST /v1/backups/{id}/restore":                           {s.restoreBackup, auth.ActWrite},
 		"POST /v1/backups/{id}/verify":                            {s.verifyBackup, auth.ActRead},
 		"POST /v1/volumes/{volume}/rollback":                      {s.rollback, auth.ActWrite},
+		"POST /v1/volumes/{volume}/rekey":                         {s.rekey, auth.ActWrite},
 		"GET /v1/dr/targets":                                      {s.listDRTargets, auth.ActAdmin},
 		"POST /v1/dr/targets":                                     {s.acceptDRTarget, auth.ActAdmin},
 		"GET /v1/dr/targets/{relationship}":                       {s.getDRTarget, auth.ActAdmin},

@@ -23,7 +23,8 @@ func (a *app) volumeCommand() *cobra.Command {
 	}
 	cmd.AddCommand(a.volumeCreateCommand(), a.volumeListCommand(), a.volumeGetCommand(),
 		a.volumeDeleteCommand(), a.volumeGrowCommand(), a.volumeLabelCommand(), a.volumeQoSCommand(),
-		a.volumeStatsCommand(), a.volumeImportCommand(), a.volumeExportCommand(), a.volumeDuCommand(), a.volumePolicyCommand())
+		a.volumeStatsCommand(), a.volumeImportCommand(), a.volumeExportCommand(), a.volumeDuCommand(), a.volumePolicyCommand(),
+		a.volumeRekeyCommand())
 	return cmd
 }
 
@@ -106,10 +107,11 @@ func (a *app) volumeGetCommand() *cobra.Command {
 }
 
 func (a *app) volumeDeleteCommand() *cobra.Command {
-	var recursive bool
+	var recursive, shred bool
 	var selector string
+	var force []string
 	cmd := &cobra.Command{
-		Use:     "delete NAME... | -l KEY=VALUE,... [--recursive]",
+		Use:     "delete NAME... | -l KEY=VALUE,... [--recursive] [--shred [--force CLONE,...]]",
 		Aliases: []string{"rm"},
 		Short:   "Delete volumes with all their disks (and their snapshots with --recursive)",
 		Long: `Delete volumes with all their disks: those named (brace patterns such as
@@ -117,13 +119,24 @@ func (a *app) volumeDeleteCommand() *cobra.Command {
 selector. A volume with snapshots is refused unless --recursive deletes them
 too, as zfs destroy does without -r. A volume with attachments is refused:
 detach it first. Each volume is deleted on its own; the command goes on past
-a refusal and fails at the end, naming every volume it could not delete.`,
+a refusal and fails at the end, naming every volume it could not delete.
+
+--shred crypto-shreds an encrypted volume: the key-encryption keys of its
+data key are destroyed in the key manager first, then the volume and its
+snapshots are deleted. No copy of its data (the pool's freed blocks, a disk
+taken away) can be read again. Clones share their source's data key, so a
+volume with clones is refused until --force names them all: they are
+shredded with it.`,
 		Example: `  quiver volume delete web01
   quiver volume delete 'vdi-{001..500}' --recursive
-  quiver volume delete -l pool=vdi`,
+  quiver volume delete -l pool=vdi
+  quiver volume delete vault --shred --force vault-test,vault-dev`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if (len(args) == 0) == (selector == "") {
 				return errors.New("give volume names or a --selector, not both")
+			}
+			if len(force) > 0 && !shred {
+				return errors.New("--force names the clones to shred with --shred; without --shred it means nothing")
 			}
 			return nil
 		},
@@ -153,6 +166,9 @@ a refusal and fails at the end, naming every volume it could not delete.`,
 			if recursive {
 				opts = append(opts, client.Recursive())
 			}
+			if shred {
+				opts = append(opts, client.Shred(force...))
+			}
 			var failed []string
 			var first error
 			for _, name := range names {
@@ -180,7 +196,14 @@ a refusal and fails at the end, naming every volume it could not delete.`,
 					}
 					continue
 				}
-				if err := a.printDone(cmd.OutOrStdout(), "volume %s deleted", name); err != nil {
+				done := "volume %s deleted"
+				if shred {
+					done = "volume %s shredded: its keys are destroyed and it is deleted"
+					if len(force) > 0 {
+						done = "volume %s shredded with " + strings.Join(force, ", ") + ": their keys are destroyed and they are deleted"
+					}
+				}
+				if err := a.printDone(cmd.OutOrStdout(), done, name); err != nil {
 					return err
 				}
 			}
@@ -191,6 +214,8 @@ a refusal and fails at the end, naming every volume it could not delete.`,
 		},
 	}
 	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "delete the volumes' snapshots with them")
+	cmd.Flags().BoolVar(&shred, "shred", false, "destroy an encrypted volume's keys first, so its data can never be read again (its snapshots go too)")
+	cmd.Flags().StringSliceVar(&force, "force", nil, "with --shred: the clones sharing the volume's data key, shredded with it")
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "delete every volume matching KEY=VALUE[,KEY=VALUE...]")
 	return cmd
 }
@@ -382,6 +407,15 @@ func (a *app) volumeDetail(v api.Volume) func(io.Writer) error {
 		}
 		if e := v.Encryption; e != nil {
 			f.add("Encryption", fmt.Sprintf("XTS-AES-256, data key wrapped by key provider %s, KEK %s", e.Provider, e.KeyID))
+			if r := e.Rekey; r != nil {
+				state := "interrupted: run quiver volume rekey --deep " + v.Name + " to finish it; snapshots and clones wait"
+				if r.Running {
+					state = "running; snapshots and clones wait"
+				}
+				f.add("Deep rekey", fmt.Sprintf("%s of %s under the new data key (%d%%), started %s, %s",
+					quantity.Format(r.DoneBytes), quantity.Format(r.TotalBytes), percent(r.DoneBytes, r.TotalBytes),
+					timestamp(a.env.Now(), r.Started), state))
+			}
 		}
 		if r := v.Restore; r != nil {
 			f.add("Restore", fmt.Sprintf("copying from %s: %s of %s (%d%%), started %s; served meanwhile, snapshots wait",

@@ -183,6 +183,19 @@ func Recursive() CallOption {
 	return func(c *call) { c.query.Set(api.QueryRecursive, "true") }
 }
 
+// Shred crypto-shreds an encrypted volume as it is deleted
+// (?shred=true): the KEKs of its data key are destroyed first. also names
+// the clones that share its data key, shredded with it; without them such a
+// volume is refused with IsKeyShared.
+func Shred(also ...string) CallOption {
+	return func(c *call) {
+		c.query.Set(api.QueryShred, "true")
+		if len(also) > 0 {
+			c.query.Set(api.QueryShredAlso, strings.Join(also, ","))
+		}
+	}
+}
+
 // do sends one request and decodes a 2xx answer into out (when out is not
 // nil and the answer has a body). Anything else becomes an *Error.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, in, out any, opts ...CallOption) error {

@@ -74,3 +74,7 @@ func IsInUse(err error) bool { return Code(err) == api.CodeInUse }
 // IsHasSnapshots reports a volume deletion refused because the volume has
 // snapshots and Recursive was not given.
 func IsHasSnapshots(err error) bool { return Code(err) == api.CodeHasSnapshots }
+
+// IsKeyShared reports a shred refused because clones share the volume's
+// data key and were not named.
+func IsKeyShared(err error) bool { return Code(err) == api.CodeKeyShared }

@@ -172,3 +172,25 @@ func (c *Client) VolumeStats(ctx context.Context, name string) (api.VolumeStats,
 	err = c.do(ctx, http.MethodGet, "/volumes/"+p+"/stats", nil, nil, &s)
 	return s, err
 }
+
+// Rekey rekeys an encrypted volume and returns it: a shallow rekey (a new
+// KEK) at once; a deep one (spec.Deep) when every block is under the new
+// data key (StartRekey returns at once with its job).
+func (c *Client) Rekey(ctx context.Context, name string, spec api.RekeySpec) (api.Volume, error) {
+	var v api.Volume
+	p, err := segment("volume", name)
+	if err != nil {
+		return v, err
+	}
+	err = c.do(ctx, http.MethodPost, "/volumes/"+p+"/rekey", nil, spec, &v)
+	return v, err
+}
+
+// StartRekey starts a deep rekey as a job and returns at once.
+func (c *Client) StartRekey(ctx context.Context, name string, spec api.RekeySpec) (api.Job, error) {
+	p, err := segment("volume", name)
+	if err != nil {
+		return api.Job{}, err
+	}
+	return c.startJob(ctx, "/volumes/"+p+"/rekey", spec)
+}
