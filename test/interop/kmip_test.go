@@ -2,11 +2,13 @@ package interop
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/client"
+	"github.com/quiverstorage/quiver/internal/crypt"
 	"github.com/quiverstorage/quiver/internal/crypt/kmip"
 	"github.com/quiverstorage/quiver/internal/crypt/kmip/kmiptest"
 	"github.com/quiverstorage/quiver/internal/testserver"
@@ -131,6 +134,42 @@ func TestEncryptedVolumeWithKMIP(t *testing.T) {
 		}
 	}
 	qemuIO(t, s.URI("b/root"), true, "read -P 0xb1 0 1m", "read -P 0xb3 1m 4k")
+
+	// A shallow rekey of b in the KMS (a new KEK, a Decrypt and an
+	// Encrypt, the old KEK destroyed), then a move of b into the key file.
+	oldB := wrappedKeyOf(t, pool, "b")
+	start := time.Now()
+	rb, err := s.API.Rekey(t.Context(), "b", api.RekeySpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("shallow rekey through the KMS: %v", time.Since(start).Round(time.Millisecond))
+	if rb.Encryption.Provider != kmip.Name || rb.Encryption.KeyID == oldB.KeyID {
+		t.Fatalf("after a shallow rekey: %+v (KEK before %s)", rb.Encryption, oldB.KeyID)
+	}
+	if _, err := admin.Unwrap(t.Context(), oldB); !errors.Is(err, crypt.ErrKEKNotFound) {
+		t.Fatalf("b's old KEK after the rekey: %v, want destroyed", err)
+	}
+	if rb, err = s.API.Rekey(t.Context(), "b", api.RekeySpec{Provider: "keyfile"}); err != nil || rb.Encryption.Provider != "keyfile" {
+		t.Fatalf("move b into the key file: %+v, %v", rb.Encryption, err)
+	}
+	s = restart(t, s, opts)
+	qemuIO(t, s.URI("b/root"), true, "read -P 0xb1 0 1m", "read -P 0xb3 1m 4k")
+}
+
+// wrappedKeyOf reads a volume's wrapped data key from its manifest in the
+// pool, as someone holding the pool's files would.
+func wrappedKeyOf(t *testing.T, pool, volume string) crypt.WrappedKey {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(pool, "volumes", volume, "volume.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct{ Key crypt.WrappedKey }
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m.Key
 }
 
 // restart stops s and starts a server on its pool again with opts.

@@ -3,7 +3,6 @@ package interop
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -54,18 +53,7 @@ func TestRekeyAndShredThroughTheCLI(t *testing.T) {
 		}
 		return v
 	}
-	kekOf := func(name string) crypt.WrappedKey { // the manifest's wrapped key, as a thief of the pool has it
-		t.Helper()
-		b, err := os.ReadFile(filepath.Join(pool, "volumes", name, "volume.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var m struct{ Key crypt.WrappedKey }
-		if err := json.Unmarshal(b, &m); err != nil {
-			t.Fatal(err)
-		}
-		return m.Key
-	}
+	kekOf := func(name string) crypt.WrappedKey { return wrappedKeyOf(t, pool, name) }
 	unwraps := func(w crypt.WrappedKey) error {
 		kf, err := keyfile.Open(keys)
 		if err != nil {
