@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/quiverstorage/quiver/internal/crypt"
 	"github.com/quiverstorage/quiver/internal/objstore"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
@@ -32,6 +33,13 @@ type Manifest struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	Disks       []DiskManifest    `json:"disks"`
 	Stats       Stats             `json:"stats"`
+	// Key, for a backup of an encrypted volume, is its data key wrapped
+	// under the volume's backup KEK (pool.Volume.BackupKey): the blocks
+	// are its ciphertext, as the pool holds it, and restoring them needs
+	// that KEK. KeyUID names the data key. Neither is set for a volume in
+	// the clear.
+	Key    *crypt.WrappedKey `json:"key,omitempty"`
+	KeyUID string            `json:"keyUID,omitempty"`
 }
 
 // DiskManifest is one disk of a backup: its blocks in order, the zero
@@ -102,6 +110,10 @@ type Options struct {
 	// and waits on each).
 	Parallel int
 	Progress Progress
+	// Key and KeyUID, for a source that reads an encrypted volume's
+	// ciphertext, go into the manifest (Manifest.Key).
+	Key    *crypt.WrappedKey
+	KeyUID string
 }
 
 // readRun is the most blocks read from a disk at once.
@@ -141,7 +153,7 @@ func (r *Repository) Backup(ctx context.Context, src Source, o Options) (*Manife
 	}
 	m := &Manifest{ID: time.Now().UTC().Format("20060102T150405Z") + "-" + randomID(3), Volume: o.Volume,
 		VolumeUID: o.VolumeUID, Snapshot: o.Snapshot, SnapshotUID: o.SnapshotUID, Checkpoint: o.Checkpoint, CreatedAt: time.Now().UTC(),
-		BlockSize: BlockSize, Labels: o.Labels}
+		BlockSize: BlockSize, Labels: o.Labels, Key: o.Key, KeyUID: o.KeyUID}
 	type job struct {
 		disk         int
 		first, count int64 // blocks

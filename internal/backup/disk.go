@@ -50,6 +50,9 @@ func (r *Repository) OpenDisk(ctx context.Context, id, disk string) (*ExportDisk
 	if err != nil {
 		return nil, err
 	}
+	if m.Key != nil {
+		return nil, fmt.Errorf("backup %s holds an encrypted volume's ciphertext, which cannot be served as a disk: restore it: %w", id, pool.ErrEncrypted)
+	}
 	i := slices.IndexFunc(m.Disks, func(d DiskManifest) bool { return d.Name == disk })
 	if i < 0 {
 		return nil, fmt.Errorf("backup %s has no disk %q: %w", id, disk, pool.ErrDiskNotFound)

@@ -62,6 +62,10 @@ func (s *Service) InstantRestore(ctx context.Context, targetName, id, volume str
 	if err != nil {
 		return pool.VolumeInfo{}, err
 	}
+	if m.Key != nil {
+		return pool.VolumeInfo{}, fmt.Errorf("backup %s holds an encrypted volume's ciphertext: an instant restore of it is not built; restore it without --instant: %w",
+			m.ID, pool.ErrNotSupported)
+	}
 	if targetName == "" {
 		targetName = s.Default()
 	}

@@ -260,10 +260,6 @@ func (s *Service) Backup(ctx context.Context, volume, targetName string, full bo
 	if _, err := s.target(targetName); err != nil {
 		return nil, err
 	}
-	if v, err := s.pool.Volume(volume); err == nil && v.Info().Encryption != nil {
-		return nil, fmt.Errorf("volume %s is encrypted: a backup would hold its plaintext, and backups that carry the ciphertext "+
-			"and the wrapped key are not built yet (docs/encryption.md): %w", volume, pool.ErrNotSupported)
-	}
 	m, err := s.backup(ctx, volume, targetName, full, prog)
 	if err != nil {
 		if !errors.Is(err, pool.ErrVolumeNotFound) {
@@ -289,6 +285,12 @@ func (s *Service) backup(ctx context.Context, volume, targetName string, full bo
 	}
 	defer s.busy.Delete(volume)
 	info := v.Info()
+	// An encrypted volume's backup holds its ciphertext and its data key
+	// under the volume's backup KEK (pool/backupkey.go).
+	key, keyUID, err := v.BackupKey(ctx)
+	if err != nil {
+		return nil, err
+	}
 	name := snapshotPrefix(targetName) + time.Now().UTC().Format("20060102-150405") + "-" + randomID(2)
 	snap, err := s.snapshots().Snapshot(ctx, volume, name)
 	if err != nil {
@@ -305,18 +307,18 @@ func (s *Service) backup(ctx context.Context, volume, targetName string, full bo
 	var parent *Manifest
 	var changes map[string]Change
 	if !full {
-		parent, changes, err = s.base(ctx, r, v, info.UID, name)
+		parent, changes, err = s.base(ctx, r, v, info.UID, keyUID, name)
 		if err != nil {
 			return nil, err
 		}
 	}
-	src, err := openSource(v, snap)
+	src, err := openSource(v, snap, key != nil)
 	if err != nil {
 		return nil, err
 	}
 	defer src.close()
 	m, err := r.Backup(ctx, src, Options{Volume: volume, VolumeUID: info.UID, Snapshot: name, SnapshotUID: snap.UID, Checkpoint: snap.Checkpoint,
-		Labels: info.Labels, Parent: parent, Changes: changes, Progress: prog})
+		Labels: info.Labels, Parent: parent, Changes: changes, Progress: prog, Key: key, KeyUID: keyUID})
 	if err != nil {
 		return nil, err
 	}
@@ -335,7 +337,7 @@ func (s *Service) backup(ctx context.Context, volume, targetName string, full bo
 // base finds the newest backup of the volume whose snapshot is still a
 // checkpoint in the pool, and what changed since. The delta is this pool's
 // own (a checkpoint another pool took is ErrNoCheckpoint: no base).
-func (s *Service) base(ctx context.Context, r *Repository, v *pool.Volume, uid, now string) (*Manifest, map[string]Change, error) {
+func (s *Service) base(ctx context.Context, r *Repository, v *pool.Volume, uid, keyUID, now string) (*Manifest, map[string]Change, error) {
 	list, _, err := r.List(ctx, v.Name())
 	if err != nil {
 		return nil, nil, err
@@ -343,7 +345,7 @@ func (s *Service) base(ctx context.Context, r *Repository, v *pool.Volume, uid, 
 	for i := len(list) - 1; i >= 0; i-- {
 		m := list[i]
 		snap, err := v.Snapshot(m.Snapshot)
-		if err != nil || snap.Checkpoint == 0 {
+		if err != nil || snap.Checkpoint == 0 || m.KeyUID != keyUID { // blocks under another data key are no base
 			continue
 		}
 		// The same point: the snapshot's UID (every copy of a cluster's
@@ -379,10 +381,14 @@ type source struct {
 	h     map[string]pool.Disk
 }
 
-func openSource(v *pool.Volume, snap pool.SnapshotInfo) (*source, error) {
+func openSource(v *pool.Volume, snap pool.SnapshotInfo, raw bool) (*source, error) {
 	src := &source{h: map[string]pool.Disk{}}
+	open := v.OpenSnapshotDisk
+	if raw { // an encrypted volume's ciphertext
+		open = v.OpenSnapshotDiskRaw
+	}
 	for _, d := range snap.Disks {
-		h, err := v.OpenSnapshotDisk(snap.Name, d.Name)
+		h, err := open(snap.Name, d.Name)
 		if err != nil {
 			src.close()
 			return nil, err
@@ -492,6 +498,10 @@ func (s *Service) restorePlan(ctx context.Context, targetName, id, volume string
 // when any).
 func restoreSpec(m *Manifest, volume string, disks []string) (pool.VolumeSpec, error) {
 	spec := pool.VolumeSpec{Name: volume, Labels: m.Labels}
+	if m.Key != nil { // ciphertext: the volume shares the backup's data key, under a KEK of its own
+		k := *m.Key
+		spec.Encrypt, spec.KeyFrom, spec.KeyUID = true, &k, m.KeyUID
+	}
 	for _, d := range m.Disks {
 		if len(disks) == 0 || slices.Contains(disks, d.Name) {
 			spec.Disks = append(spec.Disks, pool.DiskSpec{Name: d.Name, Size: d.Size})
@@ -529,7 +539,11 @@ func restoreInto(ctx context.Context, r *Repository, m *Manifest, v *pool.Volume
 		if len(disks) > 0 && !slices.Contains(disks, d.Name) {
 			continue
 		}
-		h, err := v.OpenDisk(d.Name)
+		open := v.OpenDisk
+		if m.Key != nil { // the blocks are ciphertext under the volume's data key
+			open = v.OpenDiskRaw
+		}
+		h, err := open(d.Name)
 		if err != nil {
 			return err
 		}

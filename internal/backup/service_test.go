@@ -292,22 +292,180 @@ func TestSchedulePruneAndMetrics(t *testing.T) {
 	}
 }
 
-// TestEncryptedVolumeNotBackedUp: a backup of an encrypted volume is
-// refused, nothing stored: it would hold the plaintext (found while
-// merging the encrypted data path: backups read through the disk handles,
-// which decrypt).
-func TestEncryptedVolumeNotBackedUp(t *testing.T) {
+// TestEncryptedBackupHoldsCiphertext: a backup of an encrypted volume
+// holds its ciphertext, as the pool does, and its data key wrapped under the
+// volume's backup KEK; incremental backups follow as for any volume; a
+// restore makes an encrypted volume that reads what was backed up; the
+// backups stay restorable after a shallow rekey (another KEK) and after a
+// deep rekey (the next backup is full, under the new data key); a shred of
+// the volume makes every backup unrestorable.
+func TestEncryptedBackupHoldsCiphertext(t *testing.T) {
 	ctx := context.Background()
 	s, p, _ := testService(t)
-	if _, _, err := p.Create(ctx, pool.VolumeSpec{Name: "secret", Capacity: 8 << 20, Encrypt: true,
-		Disks: []pool.DiskSpec{{Name: "root", Size: 4 << 20}}}); err != nil {
+	if _, err := s.Init(ctx, "main"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Backup(ctx, "secret", "main", false, nil); !errors.Is(err, pool.ErrNotSupported) {
-		t.Fatalf("a backup of an encrypted volume: %v, want ErrNotSupported", err)
+	if _, _, err := p.Create(ctx, pool.VolumeSpec{Name: "secret", Capacity: 16 << 20, Encrypt: true,
+		Disks: []pool.DiskSpec{{Name: "root", Size: 4 << 20}, {Name: "data", Size: 2 << 20}}}); err != nil {
+		t.Fatal(err)
 	}
 	v, _ := p.Volume("secret")
-	if len(v.Snapshots()) != 0 {
-		t.Fatal("a refused backup left a snapshot")
+	marker := []byte("plaintext-marker-0123456789")
+	model := map[string][]byte{"root": make([]byte, 4<<20), "data": make([]byte, 2<<20)}
+	write := func(disk string, off int64, n int, seed byte) {
+		t.Helper()
+		b := bytes.Repeat(marker, n/len(marker)+1)[:n]
+		b[0] = seed
+		h, err := v.OpenDisk(disk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		if err := h.WriteAt(b, off, true); err != nil {
+			t.Fatal(err)
+		}
+		copy(model[disk][off:], b)
 	}
+	check := func(what, volume string, want map[string][]byte) {
+		t.Helper()
+		rv, err := p.Volume(volume)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for disk, w := range want {
+			h, err := rv.OpenDisk(disk)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			got := make([]byte, len(w))
+			err = h.ReadAt(got, 0)
+			_ = h.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, w) {
+				t.Fatalf("%s: disk %s of %s is not what was backed up", what, disk, volume)
+			}
+		}
+	}
+	snapshotOf := func() map[string][]byte {
+		c := map[string][]byte{}
+		for k, b := range model {
+			c[k] = bytes.Clone(b)
+		}
+		return c
+	}
+	write("root", 0, 300<<10, 1)
+	write("root", 3<<20+123, 5000, 2)
+	write("data", 1<<20, 64<<10, 3)
+	m1, err := s.Backup(ctx, "secret", "main", false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at1 := snapshotOf()
+	write("data", 4096, 8192, 4)
+	m2, err := s.Backup(ctx, "secret", "main", false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at2 := snapshotOf()
+	info := v.Info()
+	switch {
+	case m1.Key == nil || m2.Key == nil || m1.KeyUID == "" || m2.KeyUID != m1.KeyUID:
+		t.Fatalf("backups' keys: %+v %q, %+v %q", m1.Key, m1.KeyUID, m2.Key, m2.KeyUID)
+	case m1.Key.KeyID == info.Encryption.KeyID:
+		t.Fatal("the backup's data key is under the volume's own KEK, not its backup KEK")
+	case m2.Parent != m1.ID:
+		t.Fatalf("the second backup's parent is %q, want %s (incremental)", m2.Parent, m1.ID)
+	}
+	// What the store holds is the pool's ciphertext, never the plaintext.
+	r, err := s.Repo(ctx, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := captureSink{}
+	if err := r.Restore(ctx, m2, nil, raw, nil, 4); err != nil {
+		t.Fatal(err)
+	}
+	for disk, b := range raw {
+		if bytes.Contains(b, marker[:20]) {
+			t.Fatalf("backup of disk %s holds the plaintext", disk)
+		}
+	}
+	if _, err := s.InstantRestore(ctx, "main", m2.ID, "instant", nil); !errors.Is(err, pool.ErrNotSupported) {
+		t.Fatalf("instant restore of an encrypted backup: %v, want ErrNotSupported", err)
+	}
+	if _, err := r.OpenDisk(ctx, m2.ID, "root"); !errors.Is(err, pool.ErrEncrypted) {
+		t.Fatalf("serving an encrypted backup's disk: %v, want ErrEncrypted", err)
+	}
+	restored, err := s.Restore(ctx, "main", m1.ID, "r1", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if restored.Encryption == nil || restored.Encryption.KeyID == m1.Key.KeyID {
+		t.Fatalf("restored volume's encryption %+v: want a KEK of its own", restored.Encryption)
+	}
+	check("restore of the full backup", "r1", at1)
+
+	// A shallow rekey: the backups keep their own KEK.
+	if _, err := v.Rekey(ctx, pool.RekeyOptions{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Restore(ctx, "main", m2.ID, "r2", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	check("restore of the incremental after a shallow rekey", "r2", at2)
+
+	// A deep rekey wants the backup's base snapshot gone; the next backup
+	// is then full, under the new data key.
+	if _, err := v.Rekey(ctx, pool.RekeyOptions{Deep: true, Rate: 1 << 40}, nil); !errors.Is(err, pool.ErrHasSnapshots) {
+		t.Fatalf("deep rekey with the backup's snapshot: %v, want ErrHasSnapshots", err)
+	}
+	for _, sn := range v.Snapshots() {
+		if err := v.DeleteSnapshot(ctx, sn.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := v.Rekey(ctx, pool.RekeyOptions{Deep: true, Rate: 1 << 40}, nil); err != nil {
+		t.Fatal(err)
+	}
+	m3, err := s.Backup(ctx, "secret", "main", false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m3.Parent != "" || m3.KeyUID == m1.KeyUID {
+		t.Fatalf("the backup after a deep rekey: parent %q, key uid %q (before %q): want full, under the new key", m3.Parent, m3.KeyUID, m1.KeyUID)
+	}
+	if _, err := s.Restore(ctx, "main", m3.ID, "r3", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	check("restore after a deep rekey", "r3", at2)
+	if _, err := s.Restore(ctx, "main", m1.ID, "r1b", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	check("restore of a backup from before the deep rekey", "r1b", at1)
+
+	// Shredding the volume (and the restores of its backups after the
+	// deep rekey, which share its data key) leaves no backup restorable.
+	if err := p.DeleteWith(ctx, "secret", pool.DeleteOptions{Shred: true, ShredAlso: []string{"r3"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*Manifest{m1, m2, m3} {
+		if _, err := s.Restore(ctx, "main", m.ID, "after-shred", nil, nil); !errors.Is(err, pool.ErrKeyUnavailable) {
+			t.Fatalf("restore of backup %s after the shred: %v, want ErrKeyUnavailable", m.ID, err)
+		}
+	}
+}
+
+// captureSink keeps what a restore writes, by disk.
+type captureSink map[string][]byte
+
+func (c captureSink) WriteAt(disk string, p []byte, off int64) error {
+	b := c[disk]
+	if need := off + int64(len(p)); int64(len(b)) < need {
+		b = append(b, make([]byte, need-int64(len(b)))...)
+	}
+	copy(b[off:], p)
+	c[disk] = b
+	return nil
 }

@@ -204,6 +204,11 @@ func (m *volumeManifest) validateKey() error {
 	case len(m.KeyUID) > 64:
 		return invalid("keyUID", m.KeyUID, "must be at most 64 bytes")
 	}
+	if m.BackupKey != nil {
+		if err := validateWrapped("backupKey", m.BackupKey); err != nil {
+			return err
+		}
+	}
 	if r := m.Rekey; r != nil {
 		if err := validateWrapped("rekey.newKey", &r.NewKey); err != nil {
 			return err

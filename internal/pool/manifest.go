@@ -40,6 +40,11 @@ type VolumeSpec struct {
 	// Encrypt makes an encrypted volume (encrypt.go): a new data key,
 	// wrapped by the pool's key provider (Options.Keyring).
 	Encrypt bool
+	// KeyFrom, with Encrypt, makes the volume's data key the one KeyFrom
+	// wraps (a restore of a backup that holds ciphertext: the volume gets
+	// its own KEK, as a clone does) instead of a new one; KeyUID names it.
+	KeyFrom *crypt.WrappedKey
+	KeyUID  string
 }
 
 // Source records what a volume was cloned from.
@@ -94,6 +99,9 @@ type volumeManifest struct {
 	// Rekey is set while a deep rekey re-encrypts the volume's disks under
 	// a new data key (rekey.go); nil otherwise.
 	Rekey *RekeyState `json:"rekey,omitempty"`
+	// BackupKey is the data key wrapped under the volume's backup KEK,
+	// which its backups carry (backupkey.go); nil until the first backup.
+	BackupKey *crypt.WrappedKey `json:"backupKey,omitempty"`
 }
 
 // snapshotManifest is snapshot.json inside a snapshot directory.
@@ -162,6 +170,11 @@ func (m *volumeManifest) clone() volumeManifest {
 		r := *m.Rekey
 		r.NewKey.Wrapped = slices.Clone(m.Rekey.NewKey.Wrapped)
 		c.Rekey = &r
+	}
+	if m.BackupKey != nil {
+		k := *m.BackupKey
+		k.Wrapped = slices.Clone(m.BackupKey.Wrapped)
+		c.BackupKey = &k
 	}
 	return c
 }

@@ -152,6 +152,17 @@ func ValidateSpec(s VolumeSpec) error {
 			return err
 		}
 	}
+	if s.KeyFrom != nil && !s.Encrypt {
+		return invalid("keyFrom", s.KeyFrom.KeyID, "a data key is given to an encrypted volume only")
+	}
+	if s.KeyFrom != nil {
+		if err := validateWrapped("keyFrom", s.KeyFrom); err != nil {
+			return err
+		}
+		if len(s.KeyUID) > 64 {
+			return invalid("keyUID", s.KeyUID, "must be at most 64 bytes")
+		}
+	}
 	if s.Encrypt {
 		if s.Fill != "" {
 			return invalid("fill", s.Fill, "an encrypted volume cannot fill from a source yet")

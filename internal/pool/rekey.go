@@ -344,6 +344,15 @@ func (v *Volume) finishRekey() error {
 	if m.Rekey == nil {
 		return nil
 	}
+	if m.BackupKey != nil {
+		// The backups to come carry the new data key, under the same
+		// backup KEK: those made before keep the old one.
+		bk, err := v.rewrapUnder(m.Rekey.NewKey, *m.BackupKey)
+		if err != nil {
+			return fmt.Errorf("finish rekey of %q: the backup key: %w", v.name, err)
+		}
+		m.BackupKey = &bk
+	}
 	v.gate.Lock()
 	for _, d := range m.Disks {
 		df := v.files[d.Name]

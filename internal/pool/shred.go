@@ -117,6 +117,9 @@ func (p *Pool) destroyKEKs(ctx context.Context, v *Volume) error {
 	if m.Rekey != nil {
 		keys = append(keys, &m.Rekey.NewKey)
 	}
+	if m.BackupKey != nil { // the backups' copy of the data key goes too
+		keys = append(keys, m.BackupKey)
+	}
 	for _, w := range keys {
 		pr, ok := p.keyring[w.Provider]
 		if !ok {

@@ -128,7 +128,7 @@ func (m *volumeManifest) validate(dir string) error {
 		if err := m.validateKey(); err != nil {
 			return err
 		}
-	} else if m.Rekey != nil || m.KeyUID != "" {
+	} else if m.Rekey != nil || m.KeyUID != "" || m.BackupKey != nil {
 		return invalid("rekey", "", "a volume stored in the clear has no data key to rekey")
 	}
 	return ValidateVolumeTenant(m.Name, m.Tenant)

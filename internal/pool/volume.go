@@ -334,7 +334,14 @@ func (p *Pool) Create(ctx context.Context, spec VolumeSpec) (VolumeInfo, bool, e
 	if spec.Replicas > 1 {
 		m.Replicas = spec.Replicas
 	}
-	if spec.Encrypt {
+	switch {
+	case spec.KeyFrom != nil:
+		if m.Key, err = p.cloneVolumeKey(ctx, spec.KeyFrom); err != nil {
+			p.discard(staged)
+			return VolumeInfo{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
+		}
+		m.KeyUID = spec.KeyUID
+	case spec.Encrypt:
 		if m.Key, err = p.newVolumeKey(ctx); err != nil {
 			p.discard(staged)
 			return VolumeInfo{}, false, fmt.Errorf("create volume %q: %w", spec.Name, err)
