@@ -41,9 +41,9 @@ func chromiumPath(t *testing.T) string {
 	return ""
 }
 
-// newBrowser starts Chromium for t against the API at base; t.Cleanup ends
-// it.
-func newBrowser(t *testing.T, base string) *browser {
+// newBrowser starts Chromium for t against the API at base, with more
+// command-line options; t.Cleanup ends it.
+func newBrowser(t *testing.T, base string, more ...chromedp.ExecAllocatorOption) *browser {
 	t.Helper()
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.Headless,
@@ -63,7 +63,7 @@ func newBrowser(t *testing.T, base string) *browser {
 		chromedp.Flag("hide-scrollbars", true),
 		chromedp.Flag("mute-audio", true),
 	}
-	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	actx, acancel := chromedp.NewExecAllocator(context.Background(), append(opts, more...)...)
 	ctx, cancel := chromedp.NewContext(actx)
 	ctx, tcancel := context.WithTimeout(ctx, 90*time.Second)
 	t.Cleanup(func() { tcancel(); cancel(); acancel() })
