@@ -273,6 +273,21 @@ func (b *browser) goTo(hash, sel string) {
 	b.run("go to "+hash, chromedp.WaitVisible(chromedp.CSS(sel)))
 }
 
+// scrollTo scrolls the page to sel, its heading above it in view: the
+// screenshot checkPage takes is of the window only.
+func (b *browser) scrollTo(sel string) {
+	b.t.Helper()
+	if !eval[bool](b, fmt.Sprintf(`(() => {
+		const el = document.querySelector(%q);
+		if (!el) return false;
+		el.scrollIntoView({block: 'start'});
+		window.scrollBy(0, -60);
+		return true;
+	})()`, sel)) {
+		b.t.Fatalf("scroll to %s: no such element", sel)
+	}
+}
+
 // eval evaluates a JavaScript expression in the page.
 func eval[T any](b *browser, expr string) T {
 	b.t.Helper()

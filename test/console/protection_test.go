@@ -121,10 +121,11 @@ func TestConsoleBackupsDRAndCancel(t *testing.T) {
 	if got := b.attr(row, "data-last-point"); got != statuses[0].LastPoint {
 		t.Fatalf("the DR row's last point: %q, the API's %q", got, statuses[0].LastPoint)
 	}
+	b.scrollTo(`[data-backups]`)
 	b.checkPage("volume-protection")
 
 	// A restore that takes seconds: every GET of the store waits.
-	s3.Delay(2 * time.Second)
+	s3.Delay(3 * time.Second)
 	job, err := srv.API.StartRestore(ctx, "", ids[0], api.RestoreSpec{Volume: "db01-restored"})
 	if err != nil {
 		t.Fatal(err)

@@ -124,6 +124,7 @@ func TestConsoleLineage(t *testing.T) {
 	if got := b.text(`[data-node="volume:scratch"] > .node`); got != "scratch (live clone)" {
 		t.Fatalf("a live clone shows %q", got)
 	}
+	b.scrollTo(`[data-tree]`)
 	b.checkPage("volume-lineage")
 
 	// A grandchild: its sources up to gold, and its own (empty) tree.
@@ -214,6 +215,12 @@ func TestConsoleWriterFencing(t *testing.T) {
 	if got := b.text(`[data-copies]`); got != "One copy, on this node." {
 		t.Fatalf("copies of a single node's volume: %q", got)
 	}
+	if got := b.text(`[data-backups]`); got != "No backup target on this server." {
+		t.Fatalf("backups on a server with no backup target: %q", got)
+	}
+	if got := b.text(`[data-dr]`); got != "No DR relationship." {
+		t.Fatalf("DR of a volume with no policy: %q", got)
+	}
 	b.checkPage("volume-writer")
 
 	// The destination takes the writer role: the open page follows.
@@ -231,5 +238,6 @@ func TestConsoleWriterFencing(t *testing.T) {
 	if got := b.text(`[data-fenced]`); !strings.Contains(got, "host-a") {
 		t.Fatalf("the fenced side shows %q, want host-a", got)
 	}
+	b.scrollTo(`[data-table="attachments"]`)
 	b.checkPage("volume-fenced")
 }

@@ -3,7 +3,7 @@
 // and its DR relationship (the policy and, for an admin, the scheduler's
 // status).
 import { useEffect, useState } from 'preact/hooks';
-import { api } from './api.js';
+import { api, APIError } from './api.js';
 import { bytes, time } from './format.js';
 import { html, Meter } from './ui.js';
 
@@ -43,13 +43,14 @@ export function Backups({ vol }) {
     (async () => {
       try {
         const targets = (await api.backupTargets()).items || [];
-        if (targets.length === 0) return !stopped && setState({ none: 'No backup target on this server.' });
+        if (targets.length === 0) throw new APIError(404, 'NotFound', 'no backup target');
         const lists = await Promise.all(targets.map((t) => api.backups(t.name, vol.name)));
         const items = lists.flatMap((l) => l.items || []);
         items.sort((a, b) => (a.createdAt < b.createdAt ? 1 : -1));
         if (!stopped) setState({ items });
       } catch (e) {
-        if (!stopped) setState({ none: `${e.code}: ${e.message}` });
+        // NotFound: the server has no backup target (docs/backup.md).
+        if (!stopped) setState({ none: e.code === 'NotFound' ? 'No backup target on this server.' : `${e.code}: ${e.message}` });
       }
     })();
     return () => {

@@ -180,7 +180,7 @@ var e,t,n,r,i,a,o,s,c,l,u=Symbol.for(`pv`),d={},f=[],p=/^m(i|n|o|s|text|space)$/
           </td>
         </tr>`)}
     </tbody>
-  </table>`}function et({vol:e}){let[t,n]=z(null);B(()=>{let t=!1;return(async()=>{try{let r=(await G.backupTargets()).items||[];if(r.length===0)return!t&&n({none:`No backup target on this server.`});let i=(await Promise.all(r.map(t=>G.backups(t.name,e.name)))).flatMap(e=>e.items||[]);i.sort((e,t)=>e.createdAt<t.createdAt?1:-1),t||n({items:i})}catch(e){t||n({none:`${e.code}: ${e.message}`})}})(),()=>{t=!0}},[e.name]);let r=e.backupPolicy;return K`<div data-backups>
+  </table>`}function et({vol:e}){let[t,n]=z(null);B(()=>{let t=!1;return(async()=>{try{let r=(await G.backupTargets()).items||[];if(r.length===0)throw new H(404,`NotFound`,`no backup target`);let i=(await Promise.all(r.map(t=>G.backups(t.name,e.name)))).flatMap(e=>e.items||[]);i.sort((e,t)=>e.createdAt<t.createdAt?1:-1),t||n({items:i})}catch(e){t||n({none:e.code===`NotFound`?`No backup target on this server.`:`${e.code}: ${e.message}`})}})(),()=>{t=!0}},[e.name]);let r=e.backupPolicy;return K`<div data-backups>
     ${r&&K`<p data-backup-policy>
       Every ${r.every}${r.target?` to ${r.target}`:``}${r.keepLast?`, keeping the last ${r.keepLast}`:``}.
     </p>`}
