@@ -3,7 +3,7 @@
 // cancelled (DELETE /v1/jobs/{id}) by a token that may write.
 import { useEffect, useState } from 'preact/hooks';
 import { api } from './api.js';
-import { bytes, time } from './format.js';
+import { byTime, bytes, time } from './format.js';
 import { html, Action, ErrorBox, Meter } from './ui.js';
 
 export function Jobs({ canWrite }) {
@@ -26,7 +26,7 @@ export function Jobs({ canWrite }) {
   }, []);
 
   if (!jobs) return error ? html`<${ErrorBox} error=${error} />` : html`<p class="loading">Loading…</p>`;
-  const sorted = [...jobs].sort((a, b) => (a.startedAt < b.startedAt ? 1 : -1));
+  const sorted = [...jobs].sort((a, b) => byTime(b.startedAt, a.startedAt));
   return html`<section class="jobs">
     <div class="toolbar"><h2>Jobs</h2><span class="count">${jobs.length} job(s), finished ones kept 10 minutes</span></div>
     <${ErrorBox} error=${error} />

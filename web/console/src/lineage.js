@@ -4,7 +4,7 @@
 // snapshots and of the volumes cloned from it or from them, their own
 // clones beneath them.
 import { html } from './ui.js';
-import { time } from './format.js';
+import { byTime, time } from './format.js';
 
 const link = (v) => html`<a href=${'#/volumes/' + encodeURIComponent(v)}>${v}</a>`;
 
@@ -33,7 +33,7 @@ export function childrenOf(vols) {
     if (!m.has(k)) m.set(k, []);
     m.get(k).push(v);
   }
-  for (const l of m.values()) l.sort((a, b) => (a.createdAt < b.createdAt ? -1 : a.createdAt > b.createdAt ? 1 : 0));
+  for (const l of m.values()) l.sort((a, b) => byTime(a.createdAt, b.createdAt));
   return m;
 }
 
@@ -54,7 +54,7 @@ export function Lineage({ vol, vols, snaps }) {
       .filter((k) => k.startsWith(name + '@'))
       .map((k) => k.slice(name.length + 1));
     const list = own
-      ? own.map((s) => ({ name: s.name, at: s.createdAt })).sort((a, b) => (a.at < b.at ? -1 : a.at > b.at ? 1 : 0))
+      ? own.map((s) => ({ name: s.name, at: s.createdAt })).sort((a, b) => byTime(a.at, b.at))
       : [];
     for (const s of named) if (!list.some((x) => x.name === s)) list.push({ name: s, gone: !!own });
     const clones = (k) => (kids.get(k) || []).filter((c) => !seen.has(c.name));

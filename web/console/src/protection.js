@@ -4,7 +4,7 @@
 // status).
 import { useEffect, useState } from 'preact/hooks';
 import { api, APIError } from './api.js';
-import { bytes, time } from './format.js';
+import { byTime, bytes, time } from './format.js';
 import { html, Meter } from './ui.js';
 
 // Copies lists the volume's copies; a volume on a single node has one.
@@ -46,7 +46,7 @@ export function Backups({ vol }) {
         if (targets.length === 0) throw new APIError(404, 'NotFound', 'no backup target');
         const lists = await Promise.all(targets.map((t) => api.backups(t.name, vol.name)));
         const items = lists.flatMap((l) => l.items || []);
-        items.sort((a, b) => (a.createdAt < b.createdAt ? 1 : -1));
+        items.sort((a, b) => byTime(b.createdAt, a.createdAt));
         if (!stopped) setState({ items });
       } catch (e) {
         // NotFound: the server has no backup target (docs/backup.md).
