@@ -125,7 +125,7 @@ func TestConsoleBackupsDRAndCancel(t *testing.T) {
 	b.checkPage("volume-protection")
 
 	// A restore that takes seconds: every GET of the store waits.
-	s3.Delay(3 * time.Second)
+	s3.Delay(4 * time.Second)
 	job, err := srv.API.StartRestore(ctx, "", ids[0], api.RestoreSpec{Volume: "db01-restored"})
 	if err != nil {
 		t.Fatal(err)
