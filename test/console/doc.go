@@ -16,6 +16,8 @@
 //     describe it, and its writer and fenced sides through a writer move;
 //   - protection_test.go: its backups (on an S3 server) and DR relationship
 //     (to a second server), and a restore cancelled from the jobs page;
+//   - copies_test.go: a copy's resync followed in the open page, on a
+//     cluster of two nodes on loopback;
 //   - tls_test.go: the console over HTTPS, trusting the test's CA.
 //
 // Every page is checked for rendering: no console error or uncaught

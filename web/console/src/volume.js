@@ -1,6 +1,6 @@
 // One volume (VM): its disks, snapshots and lineage, its attachments (the
-// writer and fenced sides, read again every two seconds), its copies,
-// backups and DR, and the actions on them.
+// writer and fenced sides) and copies (a resync's progress), both read
+// again every two seconds, its backups and DR, and the actions on them.
 import { useEffect, useState } from 'preact/hooks';
 import { api, APIError } from './api.js';
 import { bytes, labels, parseSize, time } from './format.js';
@@ -34,13 +34,14 @@ export function Volume({ name, canWrite }) {
     api.volumes().then((l) => setVols(l.items || []), () => setVols([]));
   };
   useEffect(load, [name]);
-  // Attachments change under a live migration: read them again.
+  // Attachments change under a live migration, copies under a resync:
+  // read them again.
   useEffect(() => {
     let stopped = false;
-    const id = setInterval(
-      () => api.attachments(name).then((l) => !stopped && setAtts(l.items || []), () => {}),
-      2000,
-    );
+    const id = setInterval(() => {
+      api.attachments(name).then((l) => !stopped && setAtts(l.items || []), () => {});
+      api.volume(name).then((v) => !stopped && setVol(v), () => {});
+    }, 2000);
     return () => {
       stopped = true;
       clearInterval(id);
