@@ -41,9 +41,9 @@ func chromiumPath(t *testing.T) string {
 	return ""
 }
 
-// newBrowser starts Chromium for t against the API at base; t.Cleanup ends
-// it.
-func newBrowser(t *testing.T, base string) *browser {
+// newBrowser starts Chromium for t against the API at base, with more
+// command-line options; t.Cleanup ends it.
+func newBrowser(t *testing.T, base string, more ...chromedp.ExecAllocatorOption) *browser {
 	t.Helper()
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.Headless,
@@ -63,7 +63,7 @@ func newBrowser(t *testing.T, base string) *browser {
 		chromedp.Flag("hide-scrollbars", true),
 		chromedp.Flag("mute-audio", true),
 	}
-	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	actx, acancel := chromedp.NewExecAllocator(context.Background(), append(opts, more...)...)
 	ctx, cancel := chromedp.NewContext(actx)
 	ctx, tcancel := context.WithTimeout(ctx, 90*time.Second)
 	t.Cleanup(func() { tcancel(); cancel(); acancel() })
@@ -271,6 +271,21 @@ func (b *browser) goTo(hash, sel string) {
 	b.t.Helper()
 	eval[string](b, fmt.Sprintf("location.hash = %q", hash))
 	b.run("go to "+hash, chromedp.WaitVisible(chromedp.CSS(sel)))
+}
+
+// scrollTo scrolls the page to sel, its heading above it in view: the
+// screenshot checkPage takes is of the window only.
+func (b *browser) scrollTo(sel string) {
+	b.t.Helper()
+	if !eval[bool](b, fmt.Sprintf(`(() => {
+		const el = document.querySelector(%q);
+		if (!el) return false;
+		el.scrollIntoView({block: 'start'});
+		window.scrollBy(0, -60);
+		return true;
+	})()`, sel)) {
+		b.t.Fatalf("scroll to %s: no such element", sel)
+	}
 }
 
 // eval evaluates a JavaScript expression in the page.

@@ -9,7 +9,16 @@
 //     connected writer; a monitor token sees no action button (and the API
 //     refuses it); a tenant's token sees its own volumes only;
 //   - list_test.go: the volume list with many volumes (10,000 by default)
-//     renders, searches and sorts, timed.
+//     renders, searches and sorts, timed;
+//   - live_test.go: the live I/O chart under fio and a QoS limit, a
+//     volume's edits, the jobs page and the audit log;
+//   - vm_test.go: a volume's lineage, node for node as the API's volumes
+//     describe it, and its writer and fenced sides through a writer move;
+//   - protection_test.go: its backups (on an S3 server) and DR relationship
+//     (to a second server), and a restore cancelled from the jobs page;
+//   - copies_test.go: a copy's resync followed in the open page, on a
+//     cluster of two nodes on loopback;
+//   - tls_test.go: the console over HTTPS, trusting the test's CA.
 //
 // Every page is checked for rendering: no console error or uncaught
 // exception (API refusals the page shows by design aside), and a

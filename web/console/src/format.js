@@ -36,3 +36,19 @@ export function labels(l) {
     .map((k) => `${k}=${l[k]}`)
     .join(', ');
 }
+
+// timeKey makes the API's times (RFC 3339, their fractional seconds cut
+// short of trailing zeros, as Go writes them) comparable as strings: the
+// fraction padded to nine digits. "08.12Z" sorts before "08.123Z".
+export function timeKey(s) {
+  if (!s) return '';
+  const m = /^(.*T\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$/.exec(s);
+  return m ? m[1] + '.' + (m[2] || '').padEnd(9, '0') + m[3] : s;
+}
+
+// byTime compares two of the API's times, the older first.
+export function byTime(a, b) {
+  const x = timeKey(a);
+  const y = timeKey(b);
+  return x < y ? -1 : x > y ? 1 : 0;
+}

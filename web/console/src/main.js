@@ -84,7 +84,7 @@ function App() {
   const m = /^#\/volumes\/(.+)$/.exec(hash);
   if (m) page = html`<${Volume} key=${m[1]} name=${decodeURIComponent(m[1])} canWrite=${canWrite} />`;
   else if (hash === '#/volumes') page = html`<${Volumes} canWrite=${canWrite} />`;
-  else if (hash === '#/jobs') page = html`<${Jobs} />`;
+  else if (hash === '#/jobs') page = html`<${Jobs} canWrite=${canWrite} />`;
   else if (hash === '#/events') page = html`<${Events} />`;
   else page = html`<${Overview} />`;
   const nav = (href, label, on) => html`<a href=${href} class=${on ? 'on' : ''}>${label}</a>`;

@@ -1,10 +1,13 @@
-// One volume (VM): its disks, snapshots, clone source and attachments, and
-// the actions on them.
+// One volume (VM): its disks, snapshots and lineage, its attachments (the
+// writer and fenced sides) and copies (a resync's progress), both read
+// again every two seconds, its backups and DR, and the actions on them.
 import { useEffect, useState } from 'preact/hooks';
 import { api, APIError } from './api.js';
 import { bytes, labels, parseSize, time } from './format.js';
 import { html, Action, ErrorBox } from './ui.js';
 import { IOChart } from './chart.js';
+import { Lineage } from './lineage.js';
+import { Backups, Copies, DR } from './protection.js';
 
 // The QoS limits of the API (api.QoS), as the dialog's fields.
 const qosFields = [
@@ -20,6 +23,7 @@ export function Volume({ name, canWrite }) {
   const [vol, setVol] = useState(null);
   const [snaps, setSnaps] = useState([]);
   const [atts, setAtts] = useState([]);
+  const [vols, setVols] = useState(null);
   const [error, setError] = useState(null);
   const [notice, setNotice] = useState('');
 
@@ -27,8 +31,22 @@ export function Volume({ name, canWrite }) {
     api.volume(name).then(setVol, setError);
     api.snapshots(name).then((l) => setSnaps(l.items || []), () => setSnaps([]));
     api.attachments(name).then((l) => setAtts(l.items || []), () => setAtts([]));
+    api.volumes().then((l) => setVols(l.items || []), () => setVols([]));
   };
   useEffect(load, [name]);
+  // Attachments change under a live migration, copies under a resync:
+  // read them again.
+  useEffect(() => {
+    let stopped = false;
+    const id = setInterval(() => {
+      api.attachments(name).then((l) => !stopped && setAtts(l.items || []), () => {});
+      api.volume(name).then((v) => !stopped && setVol(v), () => {});
+    }, 2000);
+    return () => {
+      stopped = true;
+      clearInterval(id);
+    };
+  }, [name]);
   const after = (msg) => () => {
     setNotice(msg);
     load();
@@ -40,6 +58,7 @@ export function Volume({ name, canWrite }) {
     return html`<section><h2>${vol.name}</h2><div class="error" role="alert">Quarantined: ${vol.reason}</div></section>`;
 
   const writer = atts.find((a) => a.writer);
+  const fenced = atts.filter((a) => a.fenced);
   return html`<section class="volume" data-volume-page=${vol.name}>
     <p><a href="#/volumes">← Volumes</a></p>
     <div class="toolbar">
@@ -121,9 +140,14 @@ export function Volume({ name, canWrite }) {
           ${vol.source.snapshot ? '@' + vol.source.snapshot : ' (live)'}
         </dd>`}
       <dt>Writer</dt>
-      <dd>${writer ? `${writer.node} (epoch ${vol.writer && vol.writer.epoch})` : 'none connected'}</dd>
+      <dd data-writer=${writer ? writer.id : ''}>
+        ${writer ? `${writer.node} (attachment ${writer.id}, epoch ${vol.writer && vol.writer.epoch})` : 'none connected'}
+      </dd>
+      <dt>Fenced</dt>
+      <dd data-fenced=${fenced.map((a) => a.id).join(' ')} class=${fenced.length ? 'bad' : ''}>
+        ${fenced.length ? fenced.map((a) => `${a.node} (attachment ${a.id})`).join(', ') : 'none'}
+      </dd>
       ${vol.qos && html`<dt>QoS</dt><dd>${qos(vol.qos)}</dd>`}
-      ${vol.replicas > 1 && html`<dt>Copies</dt><dd>${(vol.copies || []).map((c) => `${c.node}: ${c.state}`).join(', ')}</dd>`}
     </dl>
 
     <h3>Disks</h3>
@@ -199,14 +223,18 @@ export function Volume({ name, canWrite }) {
           </tbody>
         </table>`}
 
+    <h3>Lineage</h3>
+    ${vols ? html`<${Lineage} vol=${vol} vols=${vols} snaps=${snaps} />` : html`<p class="loading">Loading…</p>`}
+
     <h3>Attachments</h3>
     ${atts.length === 0
       ? html`<p class="dim">Not attached.</p>`
       : html`<table class="grid" data-table="attachments">
-          <thead><tr><th>Node</th><th>Mode</th><th>State</th><th>Connections</th><th>Since</th></tr></thead>
+          <thead><tr><th>ID</th><th>Node</th><th>Mode</th><th>State</th><th>Connections</th><th>Since</th></tr></thead>
           <tbody>
             ${atts.map(
-              (a) => html`<tr data-attachment=${a.id}>
+              (a) => html`<tr data-attachment=${a.id} data-state=${a.state}>
+                <td>${a.id}</td>
                 <td>${a.node}${a.implicit ? ' (implicit)' : ''}</td>
                 <td>${a.mode}</td>
                 <td class=${a.state === 'fenced' ? 'bad' : a.state === 'writer' ? 'ok' : ''}>${a.state}</td>
@@ -216,6 +244,15 @@ export function Volume({ name, canWrite }) {
             )}
           </tbody>
         </table>`}
+
+    <h3>Copies</h3>
+    <${Copies} vol=${vol} />
+
+    <h3>Backups</h3>
+    <${Backups} vol=${vol} />
+
+    <h3>DR</h3>
+    <${DR} vol=${vol} />
   </section>`;
 }
 
