@@ -2,7 +2,7 @@
 // so that 10,000 volumes scroll as fast as 10.
 import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { api } from './api.js';
-import { bytes, labels, parseSize, time } from './format.js';
+import { bytes, labels, parseSize, time, timeKey } from './format.js';
 import { html, Action, ErrorBox } from './ui.js';
 
 const rowHeight = 34; // px, as .vlist .row in style.css
@@ -15,7 +15,7 @@ const columns = [
   { key: 'capacity', label: 'Capacity', value: (v) => v.capacity || 0, show: (v) => bytes(v.capacity) },
   { key: 'snapshots', label: 'Snapshots', value: (v) => v.snapshots || 0 },
   { key: 'labels', label: 'Labels', value: (v) => labels(v.labels) },
-  { key: 'created', label: 'Created', value: (v) => v.createdAt || '', show: (v) => time(v.createdAt) },
+  { key: 'created', label: 'Created', value: (v) => timeKey(v.createdAt), show: (v) => time(v.createdAt) },
 ];
 
 function diskBytes(v) {
