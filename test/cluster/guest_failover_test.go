@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"maps"
 	"os"
 	"os/exec"
@@ -34,8 +33,7 @@ const guestDiskSize = 64 << 20
 // or worse: the kernel's block layer ("I/O error, dev vda", "Buffer I/O
 // error"), a filesystem's "WRITE ERROR", the guest writer's own error and
 // a full disk (the run outlived the disks), /init's complaints, panics.
-var guestConsoleTrouble = []string{"I/O error", "WRITE ERROR", "guestwriter: I/O", "disks full", "init: ",
-	"Kernel panic", "BUG:", "Oops", "WARNING:", "segfault"}
+var guestConsoleTrouble = testguest.WriterTrouble
 
 // TestFailoverGuest is acceptance 4 of issue 15: the test/migration guest
 // (its guest writer: records with sequence numbers, each pwrite with
@@ -207,25 +205,14 @@ func otherCopy(v api.Volume) string {
 // of disks (the guest's device names, in the order it numbers them).
 func buildWriterGuest(t *testing.T, disks []string) (*testguest.Kernel, string) {
 	t.Helper()
-	dir := t.TempDir()
-	gw, err := testguest.GoProgram("github.com/quiverstorage/quiver/test/migration/guestwriter", dir, "guestwriter")
-	if err == nil {
-		initrd := filepath.Join(dir, "initramfs.cpio")
-		var k *testguest.Kernel
-		k, err = testguest.Build(testguest.VirtioBlk, initrd, fmt.Sprintf(`for b in /sys/block/vd*; do echo "guest: serial ${b##*/}=$(cat $b/serial 2>/dev/null)"; done
-guestwriter /dev/%s
-echo "init: guestwriter exited with status $?"
-while :; do sleep 3600; done
-`, strings.Join(disks, " /dev/")), gw)
-		if err == nil {
-			return k, initrd
-		}
-	}
+	k, initrd, err := testguest.BuildWriter(t.TempDir(), disks)
 	if errors.Is(err, testguest.ErrMissing) {
 		testfs.SkipOrFail(t, "%v", err)
 	}
-	t.Fatal(err)
-	return nil, ""
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, initrd
 }
 
 // guestVM is QEMU in the hub namespace with QMP on a unix socket.

@@ -3,7 +3,6 @@ package interop
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,11 +21,6 @@ import (
 // them (record disk 0, 1, 2).
 var rekeyGuestDisks = []string{"vda", "vdb", "vdc"}
 
-// rekeyGuestTrouble are console lines of a guest that saw an I/O error or
-// worse.
-var rekeyGuestTrouble = []string{"I/O error", "WRITE ERROR", "guestwriter: I/O", "disks full", "init: ",
-	"Kernel panic", "BUG:", "Oops", "segfault"}
-
 // TestDeepRekeyUnderAGuest is acceptance 3 of issue 35 with a real guest:
 // a Linux guest under QEMU (TCG) writes records to the three disks of an
 // encrypted volume through QEMU's NBD client (test/migration's guest
@@ -39,7 +33,13 @@ var rekeyGuestTrouble = []string{"I/O error", "WRITE ERROR", "guestwriter: I/O",
 // records QEMU completed, every one intact.
 func TestDeepRekeyUnderAGuest(t *testing.T) {
 	requireTools(t, "qemu-system-x86_64", "qemu-img")
-	k, initrd := buildRekeyGuest(t)
+	k, initrd, err := testguest.BuildWriter(t.TempDir(), rekeyGuestDisks)
+	if errors.Is(err, testguest.ErrMissing) {
+		testfs.SkipOrFail(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 	dir := testguest.ShortDir(t, "qrk")
 	keys := filepath.Join(t.TempDir(), "keys.json")
 	sock := filepath.Join(dir, "nbd.sock")
@@ -98,7 +98,7 @@ func TestDeepRekeyUnderAGuest(t *testing.T) {
 			}
 			byDisk[d] = st
 		}
-		for _, bad := range rekeyGuestTrouble {
+		for _, bad := range testguest.WriterTrouble {
 			if strings.Contains(vm.ConsoleText(), bad) {
 				t.Fatalf("the guest console says %q", bad)
 			}
@@ -178,28 +178,4 @@ func TestDeepRekeyUnderAGuest(t *testing.T) {
 			t.Errorf("disk %s holds %d records, but QEMU completed %d writes to it", d, count, final2[d].WrOperations)
 		}
 	}
-}
-
-// buildRekeyGuest builds the guest: test/migration's guest writer on every
-// disk of rekeyGuestDisks.
-func buildRekeyGuest(t *testing.T) (*testguest.Kernel, string) {
-	t.Helper()
-	dir := t.TempDir()
-	gw, err := testguest.GoProgram("github.com/quiverstorage/quiver/test/migration/guestwriter", dir, "guestwriter")
-	if err == nil {
-		initrd := filepath.Join(dir, "initramfs.cpio")
-		var k *testguest.Kernel
-		k, err = testguest.Build(testguest.VirtioBlk, initrd, fmt.Sprintf(`guestwriter /dev/%s
-echo "init: guestwriter exited with status $?"
-while :; do sleep 3600; done
-`, strings.Join(rekeyGuestDisks, " /dev/")), gw)
-		if err == nil {
-			return k, initrd
-		}
-	}
-	if errors.Is(err, testguest.ErrMissing) {
-		testfs.SkipOrFail(t, "%v", err)
-	}
-	t.Fatal(err)
-	return nil, ""
 }
