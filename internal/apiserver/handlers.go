@@ -278,15 +278,20 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	o := pool.DeleteOptions{Recursive: recursive}
+	if o.Shred, err = boolQuery(r, api.QueryShred); err != nil {
+		return err
+	}
 	if s.Cluster != nil {
+		if o.Shred || r.URL.Query().Has(api.QueryShredAlso) {
+			// A delete that was asked to destroy keys must not go ahead
+			// without: a cluster keeps no encrypted volume.
+			return fmt.Errorf("shred: a cluster's volumes are not encrypted, so there are no keys to destroy; delete without shred: %w", pool.ErrInvalid)
+		}
 		return s.deleteClusterVolume(w, r, recursive)
 	}
 	v, err := s.volume(r)
 	if err != nil {
-		return err
-	}
-	o := pool.DeleteOptions{Recursive: recursive}
-	if o.Shred, err = boolQuery(r, api.QueryShred); err != nil {
 		return err
 	}
 	if also := r.URL.Query().Get(api.QueryShredAlso); also != "" {
