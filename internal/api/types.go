@@ -959,6 +959,19 @@ type DRBegin struct {
 	// Replace lets a full point (no base) replace the points the target
 	// holds; without it that is refused (Diverged).
 	Replace bool `json:"replace,omitempty"`
+	// Key, for an encrypted volume, is its data key wrapped under its
+	// backup KEK: the point's bytes are its ciphertext.
+	Key *DRKey `json:"key,omitempty"`
+}
+
+// DRKey is a data key wrapped under a key-encryption key, as a DR point
+// of an encrypted volume carries it (never the key itself).
+type DRKey struct {
+	Provider  string `json:"provider"`
+	KeyID     string `json:"keyId"`
+	Algorithm string `json:"algorithm"`
+	Wrapped   []byte `json:"wrapped"`
+	KeyUID    string `json:"keyUID"`
 }
 
 // DRZero is the body of POST /v1/dr/targets/{rel}/disks/{disk}/zero.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/quiverstorage/quiver/internal/api"
 	"github.com/quiverstorage/quiver/internal/auth"
+	"github.com/quiverstorage/quiver/internal/crypt"
 	"github.com/quiverstorage/quiver/internal/dr"
 	"github.com/quiverstorage/quiver/internal/job"
 	"github.com/quiverstorage/quiver/internal/pool"
@@ -153,8 +154,12 @@ func (s *Server) beginDRPoint(w http.ResponseWriter, r *http.Request) error {
 		}
 		disks = append(disks, pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}
-	if err := rcv.Begin(r.Context(), dr.Start{Point: dr.Point{Seq: spec.Point.Seq, Snapshot: spec.Point.Snapshot}, Base: base,
-		Disks: disks, Replace: spec.Replace}); err != nil {
+	start := dr.Start{Point: dr.Point{Seq: spec.Point.Seq, Snapshot: spec.Point.Snapshot}, Base: base, Disks: disks, Replace: spec.Replace}
+	if k := spec.Key; k != nil { // checked by the pool (AdoptKey)
+		start.Key = &crypt.WrappedKey{Provider: k.Provider, KeyID: k.KeyID, Algorithm: k.Algorithm, Wrapped: k.Wrapped}
+		start.KeyUID = k.KeyUID
+	}
+	if err := rcv.Begin(r.Context(), start); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

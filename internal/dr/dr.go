@@ -21,7 +21,7 @@
 // interface. Not yet: the transport between sites, relationships and their
 // schedules (RPO), promote, demote and failback, the csi-addons service.
 //
-// Imports from quiver: api, client, pool.
+// Imports from quiver: api, client, crypt, pool.
 package dr
 
 import (

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/quiverstorage/quiver/internal/crypt"
 	"github.com/quiverstorage/quiver/internal/pool"
 )
 
@@ -36,6 +37,13 @@ type Start struct {
 	Base    *Point
 	Disks   []pool.DiskSpec
 	Replace bool
+	// Key, for an encrypted volume, is its data key wrapped under its
+	// backup KEK (pool.Volume.BackupKey), in a key manager both sites
+	// reach; KeyUID names the data key. The point's bytes are then the
+	// volume's ciphertext, which the target stores as it is, its volume
+	// under that same wrapped key (pool.Volume.AdoptKey).
+	Key    *crypt.WrappedKey
+	KeyUID string
 }
 
 // Receiver applies points into a volume of the target's pool: its live
@@ -120,12 +128,19 @@ func (r *Receiver) Begin(ctx context.Context, s Start) error {
 			return err
 		}
 	}
+	if err := r.takeKey(s); err != nil {
+		return err
+	}
 	if err := r.conform(ctx, disks); err != nil {
 		return err
 	}
+	open := r.v.OpenDisk
+	if s.Key != nil { // the source's ciphertext, stored as it is
+		open = r.v.OpenDiskRaw
+	}
 	r.h = map[string]pool.Disk{}
 	for _, d := range disks {
-		h, err := r.v.OpenDisk(d.Name)
+		h, err := open(d.Name)
 		if err != nil {
 			r.end()
 			return err
@@ -133,6 +148,28 @@ func (r *Receiver) Begin(ctx context.Context, s Start) error {
 		r.h[d.Name] = h
 	}
 	r.applying = &p
+	return nil
+}
+
+// takeKey makes the target's volume take the source's data key, the first
+// time, and refuses a point under another key than the target's (or in the
+// clear into an encrypted target, or the other way round).
+func (r *Receiver) takeKey(s Start) error {
+	enc := r.v.Info().Encryption != nil
+	switch {
+	case s.Key == nil && enc:
+		return fmt.Errorf("the source of relationship %s is in the clear and its target encrypted: another volume's copy: %w", r.rel, ErrDiverged)
+	case s.Key == nil:
+		return nil
+	}
+	if err := r.v.AdoptKey(*s.Key, s.KeyUID); err != nil {
+		if enc {
+			return fmt.Errorf("the source of relationship %s is under another data key than its target (a deep rekey since, or another volume): "+
+				"delete the target's volume at this site and ship a full point again: %w", r.rel, ErrDiverged)
+		}
+		return fmt.Errorf("relationship %s: the target cannot take the source's data key (DR of an encrypted volume needs a key manager "+
+			"both sites reach, such as one KMIP server): %w", r.rel, err)
+	}
 	return nil
 }
 

@@ -164,6 +164,9 @@ func (r remote) Points(ctx context.Context) ([]Point, error) {
 
 func (r remote) Begin(ctx context.Context, s Start) error {
 	spec := api.DRBegin{Point: api.DRPoint{Seq: s.Point.Seq, Snapshot: s.Point.Snapshot}, Replace: s.Replace}
+	if k := s.Key; k != nil {
+		spec.Key = &api.DRKey{Provider: k.Provider, KeyID: k.KeyID, Algorithm: k.Algorithm, Wrapped: k.Wrapped, KeyUID: s.KeyUID}
+	}
 	if s.Base != nil {
 		spec.Base = &api.DRPoint{Seq: s.Base.Seq, Snapshot: s.Base.Snapshot}
 	}

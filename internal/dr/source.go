@@ -23,10 +23,6 @@ func NewSource(v *pool.Volume, rel string) (*Source, error) {
 	if err := ValidateRelationship(rel); err != nil {
 		return nil, err
 	}
-	if v.Info().Encryption != nil {
-		return nil, fmt.Errorf("volume %s is encrypted: its points would reach the other site in plaintext, and DR that ships "+
-			"the ciphertext and the wrapped key is not built yet (docs/encryption.md): %w", v.Name(), pool.ErrNotSupported)
-	}
 	return &Source{v: v, rel: rel}, nil
 }
 
@@ -111,12 +107,22 @@ func (s *Source) ship(ctx context.Context, t Target, p Point, base *Point, snap 
 	for _, d := range snap.Disks {
 		disks = append(disks, pool.DiskSpec{Name: d.Name, Size: d.Size, Shared: d.Shared})
 	}
-	if err := t.Begin(ctx, Start{Point: p, Base: base, Disks: disks, Replace: s.Replace}); err != nil {
+	// An encrypted volume ships its ciphertext and its data key under its
+	// backup KEK (pool/backupkey.go), never its plaintext.
+	key, keyUID, err := s.v.BackupKey(ctx)
+	if err != nil {
 		return st, err
+	}
+	if err := t.Begin(ctx, Start{Point: p, Base: base, Disks: disks, Replace: s.Replace, Key: key, KeyUID: keyUID}); err != nil {
+		return st, err
+	}
+	open := s.v.OpenSnapshotDisk
+	if key != nil {
+		open = s.v.OpenSnapshotDiskRaw
 	}
 	buf := make([]byte, shipPiece)
 	for _, d := range deltas {
-		h, err := s.v.OpenSnapshotDisk(p.Snapshot, d.Disk)
+		h, err := open(p.Snapshot, d.Disk)
 		if err != nil {
 			return st, err
 		}

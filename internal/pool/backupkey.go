@@ -146,3 +146,41 @@ func (d *rawDisk) WriteAt(p []byte, off int64, fua bool) error {
 
 // Capabilities: none of the fast paths, which would decrypt or encrypt.
 func (d *rawDisk) Capabilities() Capabilities { return Capabilities{} }
+
+// AdoptKey makes a volume that holds nothing yet (no disk, no snapshot, in
+// the clear) an encrypted volume whose data key is the one w wraps, kept
+// under w's own KEK: a DR target of an encrypted volume, which receives
+// the source's ciphertext and the source's data key under the source's
+// backup KEK (a key manager both sites reach). Shredding the source, which
+// destroys that KEK, leaves the target's copy unreadable too. The key is
+// unwrapped first, so a KEK this node's key manager does not hold is
+// refused before anything changes; a volume already under the same data
+// key (keyUID) is left as it is.
+func (v *Volume) AdoptKey(w crypt.WrappedKey, keyUID string) error {
+	if err := validateWrapped("key", &w); err != nil {
+		return err
+	}
+	if keyUID == "" || len(keyUID) > 64 {
+		return invalid("keyUID", keyUID, "must be 1 to 64 bytes")
+	}
+	unlock, err := v.lockOps("adopt key")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	m := v.manifest()
+	switch {
+	case m.Key != nil && m.KeyUID == keyUID:
+		return nil
+	case m.Key != nil:
+		return fmt.Errorf("volume %q is encrypted under another data key (the source was deep-rekeyed, or it is another volume's copy): %w",
+			v.name, ErrInvalid)
+	case len(m.Disks) > 0 || len(v.Snapshots()) > 0:
+		return fmt.Errorf("volume %q holds data in the clear: it cannot take an encrypted volume's ciphertext: %w", v.name, ErrInvalid)
+	}
+	if _, err := v.unwrap(w, "data key"); err != nil {
+		return err
+	}
+	m.Key, m.KeyUID = &w, keyUID
+	return v.commit(m)
+}
