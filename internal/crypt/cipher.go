@@ -39,9 +39,10 @@ type Cipher struct {
 }
 
 // asmKeys are the key schedules xts_amd64.s reads: the data key's both ways,
-// the tweak key's encryption one.
+// the tweak key's encryption one; wide: run its VAES variant.
 type asmKeys struct {
 	enc1, dec1, enc2 roundKeys
+	wide             bool
 }
 
 // tweaks holds the tweaks of one data unit, one buffer per call in flight.
@@ -60,7 +61,7 @@ func NewCipher(key *DataKey) (*Cipher, error) {
 	}
 	c := &Cipher{k1: k1, k2: k2}
 	if haveAsm {
-		c.fast = new(asmKeys)
+		c.fast = &asmKeys{wide: haveVAES}
 		c.fast.enc1, c.fast.dec1 = expandKey256(key.b[:32])
 		c.fast.enc2, _ = expandKey256(key.b[32:])
 	}

@@ -132,3 +132,112 @@ TEXT ·xtsEncryptUnit(SB), NOSPLIT, $128-40
 // always encrypted).
 TEXT ·xtsDecryptUnit(SB), NOSPLIT, $128-40
 	BODY(VAESDEC, VAESDECLAST)
+
+// The same with VAES on YMM registers (AVX2): two AES blocks per register,
+// sixteen in flight per iteration, and two tweaks per register, T_j in the
+// low lane and T_j+1 in the high one; both lanes advance by x^2 (two
+// doublings) per register. Y12 holds round key 0 in both lanes; the sixteen
+// tweaks of an iteration wait in the frame, 0(SP) to 255(SP).
+
+#define WDOUBLE \
+	VPSHUFD $0x13, Y8, Y10; \
+	VPSRAD  $31, Y10, Y10; \
+	VPAND   Y9, Y10, Y10; \
+	VPADDQ  Y8, Y8, Y8; \
+	VPXOR   Y10, Y8, Y8
+
+#define WLOAD(off, y) \
+	VMOVDQU Y8, off(SP); \
+	VPXOR   off(SI), Y8, y; \
+	VPXOR   Y12, y, y; \
+	WDOUBLE; \
+	WDOUBLE
+
+#define WROUND(ins, k) \
+	VBROADCASTI128 k(AX), Y11; \
+	ins Y11, Y0, Y0; \
+	ins Y11, Y1, Y1; \
+	ins Y11, Y2, Y2; \
+	ins Y11, Y3, Y3; \
+	ins Y11, Y4, Y4; \
+	ins Y11, Y5, Y5; \
+	ins Y11, Y6, Y6; \
+	ins Y11, Y7, Y7
+
+#define WSTORE(off, y) \
+	VPXOR   off(SP), y, y; \
+	VMOVDQU y, off(SI)
+
+#define WBODY(ins, last) \
+	MOVQ    k1+0(FP), AX; \
+	MOVQ    k2+8(FP), BX; \
+	MOVQ    buf+16(FP), SI; \
+	MOVQ    n+32(FP), CX; \
+	FIRST_TWEAK; \
+	VMOVDQU xtsMask<>(SB), X9; \
+	VMOVDQA X8, X13; \
+	VPSHUFD $0x13, X13, X10; \
+	VPSRAD  $31, X10, X10; \
+	VPAND   X9, X10, X10; \
+	VPADDQ  X13, X13, X13; \
+	VPXOR   X10, X13, X13; \
+	VINSERTI128 $1, X13, Y8, Y8; \
+	VBROADCASTI128 xtsMask<>(SB), Y9; \
+	VBROADCASTI128 0(AX), Y12; \
+	MOVQ    blocks+24(FP), CX; \
+	SHRQ    $4, CX; \
+	JZ      done; \
+loop: \
+	WLOAD(0, Y0); \
+	WLOAD(32, Y1); \
+	WLOAD(64, Y2); \
+	WLOAD(96, Y3); \
+	WLOAD(128, Y4); \
+	WLOAD(160, Y5); \
+	WLOAD(192, Y6); \
+	WLOAD(224, Y7); \
+	WROUND(ins, 16); \
+	WROUND(ins, 32); \
+	WROUND(ins, 48); \
+	WROUND(ins, 64); \
+	WROUND(ins, 80); \
+	WROUND(ins, 96); \
+	WROUND(ins, 112); \
+	WROUND(ins, 128); \
+	WROUND(ins, 144); \
+	WROUND(ins, 160); \
+	WROUND(ins, 176); \
+	WROUND(ins, 192); \
+	WROUND(ins, 208); \
+	WROUND(last, 224); \
+	WSTORE(0, Y0); \
+	WSTORE(32, Y1); \
+	WSTORE(64, Y2); \
+	WSTORE(96, Y3); \
+	WSTORE(128, Y4); \
+	WSTORE(160, Y5); \
+	WSTORE(192, Y6); \
+	WSTORE(224, Y7); \
+	ADDQ    $256, SI; \
+	DECQ    CX; \
+	JNZ     loop; \
+done: \
+	VZEROUPPER; \
+	RET
+
+// func xtsEncryptUnitVAES(k1, k2 *roundKeys, buf *byte, blocks int, n uint64)
+// blocks: a multiple of 16.
+TEXT ·xtsEncryptUnitVAES(SB), NOSPLIT, $256-40
+	WBODY(VAESENC, VAESENCLAST)
+
+// func xtsDecryptUnitVAES(k1, k2 *roundKeys, buf *byte, blocks int, n uint64)
+TEXT ·xtsDecryptUnitVAES(SB), NOSPLIT, $256-40
+	WBODY(VAESDEC, VAESDECLAST)
+
+// func cpuid7ecx() uint32: ECX of CPUID leaf 7, subleaf 0 (bit 9: VAES).
+TEXT ·cpuid7ecx(SB), NOSPLIT, $0-4
+	MOVL $7, AX
+	XORL CX, CX
+	CPUID
+	MOVL CX, ret+0(FP)
+	RET
