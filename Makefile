@@ -158,10 +158,9 @@ bench-nbd:
 # Encryption at rest (issue 35, acceptance 5): the cipher's benchmarks
 # (internal/crypt, one core: the assembly path and the Go fallback), then
 # quiver serving an encrypted volume (--key-file, --encrypt) against plain
-# quiver over a unix socket (TRANSPORTS may say "unix tcp"), side by side
-# in the same rounds; the report
-# ends with ratios encrypted/plain and a verdict. make bench-nbd runs the
-# encrypted kind too, among the others.
+# quiver over a unix socket (TRANSPORTS may say "unix tcp"), side by side in
+# the same rounds; the report ends with ratios encrypted/plain and a
+# verdict. make bench-nbd runs the encrypted kind too, among the others.
 bench-nbd-encrypted:
 	cd internal/crypt && $(GO) test -count=1 -run '^$$' -bench . -benchtime 2s .
 	RUNTIME="$(RUNTIME)" ROUNDS="$(ROUNDS)" DIR="$(DIR)" BASE="$(BASE)" KINDS="quiver encrypted" TRANSPORTS="$(or $(TRANSPORTS),unix)" RAW=0 SNAPWRITE=0 \
