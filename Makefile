@@ -5,7 +5,7 @@ GO      ?= go
 BIN     ?= bin/quiver
 PKGS    ?= ./...
 
-.PHONY: console console-screenshots helm man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-cluster bench-qos bench-storm bench-backup bench-dr proto clean mutate-syncs
+.PHONY: console console-screenshots helm man all build image run test test-race e2e-k8s test-short lint fuzz bench bench-nbd bench-nbd-tls bench-nbd-encrypted bench-cluster bench-qos bench-storm bench-backup bench-dr proto clean mutate-syncs
 
 all: build
 
@@ -154,6 +154,17 @@ bench: build
 # the environment pick a subset. See test/bench/nbd.sh.
 bench-nbd:
 	RUNTIME="$(RUNTIME)" ROUNDS="$(ROUNDS)" DIR="$(DIR)" BASE="$(BASE)" EPBASE="$(EPBASE)" test/bench/nbd.sh
+
+# Encryption at rest (issue 35, acceptance 5): the cipher's benchmarks
+# (internal/crypt, one core: the assembly path and the Go fallback), then
+# quiver serving an encrypted volume (--key-file, --encrypt) against plain
+# quiver over a unix socket (TRANSPORTS may say "unix tcp"), side by side in
+# the same rounds; the report ends with ratios encrypted/plain and a
+# verdict. make bench-nbd runs the encrypted kind too, among the others.
+bench-nbd-encrypted:
+	cd internal/crypt && $(GO) test -count=1 -run '^$$' -bench . -benchtime 2s .
+	RUNTIME="$(RUNTIME)" ROUNDS="$(ROUNDS)" DIR="$(DIR)" BASE="$(BASE)" KINDS="quiver encrypted" TRANSPORTS="$(or $(TRANSPORTS),unix)" RAW=0 SNAPWRITE=0 \
+		CASES="randread 4k 1,randwrite 4k 1,randread 4k 32,randwrite 4k 32,read 1m 8,write 1m 8" test/bench/nbd.sh
 
 # NBD over TLS against plain TCP, in one run: quiver (--nbd-tls on), nbdkit
 # (--tls=require) and qemu-nbd (tls-creds-x509), 4k random reads at QD32 and

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,21 +86,49 @@ func testCipher(t testing.TB, key []byte) *Cipher {
 	return c
 }
 
+// paths are the cipher's implementations for one key, to be run through the
+// same test: "vaes" (xts_amd64.s on YMM registers) and "aesni" (the same on
+// XMM registers), where the CPU has them, and "go" (crypto/aes and the
+// tweaks in Go) always. On amd64 in CI the AES-NI path must be there, so
+// that it cannot go untested by a CPU check gone wrong.
+func paths(t testing.TB, key []byte) map[string]*Cipher {
+	t.Helper()
+	c := testCipher(t, key)
+	pure := *c
+	pure.fast = nil
+	ps := map[string]*Cipher{"go": &pure}
+	if c.fast == nil {
+		if runtime.GOARCH == "amd64" && os.Getenv("CI") != "" {
+			t.Fatal("no assembly path on amd64 in CI (no AES-NI or AVX?)")
+		}
+		return ps
+	}
+	narrow, keys := *c, *c.fast
+	keys.wide = false
+	narrow.fast = &keys
+	ps["aesni"] = &narrow
+	if c.fast.wide {
+		ps["vaes"] = c
+	}
+	return ps
+}
+
 // TestKnownAnswers runs the IEEE 1619 XTS-AES-256 vectors (512-byte data
 // units) through the cipher a data key makes, both ways, and through
 // golang.org/x/crypto/xts, the oracle of TestAgainstXCrypto.
 func TestKnownAnswers(t *testing.T) {
 	for _, v := range readVectors(t) {
 		t.Run("vector"+v.name, func(t *testing.T) {
-			c := testCipher(t, v.key)
 			buf := bytes.Clone(v.ptx)
-			c.crypt(buf, len(buf), v.dusn, true)
-			if !bytes.Equal(buf, v.ctx) {
-				t.Fatalf("ciphertext %x..., want %x...", buf[:16], v.ctx[:16])
-			}
-			c.crypt(buf, len(buf), v.dusn, false)
-			if !bytes.Equal(buf, v.ptx) {
-				t.Fatalf("decrypted %x..., want %x...", buf[:16], v.ptx[:16])
+			for name, c := range paths(t, v.key) {
+				c.crypt(buf, len(buf), v.dusn, true)
+				if !bytes.Equal(buf, v.ctx) {
+					t.Fatalf("%s: ciphertext %x..., want %x...", name, buf[:16], v.ctx[:16])
+				}
+				c.crypt(buf, len(buf), v.dusn, false)
+				if !bytes.Equal(buf, v.ptx) {
+					t.Fatalf("%s: decrypted %x..., want %x...", name, buf[:16], v.ptx[:16])
+				}
 			}
 			x, err := xts.NewCipher(aes.NewCipher, v.key)
 			if err != nil {
@@ -131,15 +160,10 @@ func TestBlockNumberIsTweak(t *testing.T) {
 	for i := range key {
 		key[i] = byte(3*i + 1)
 	}
-	c := testCipher(t, key)
 	const off = 0x12345 * BlockSize
 	plain := make([]byte, 3*BlockSize)
 	for i := range plain {
 		plain[i] = byte(i * 7)
-	}
-	buf := bytes.Clone(plain)
-	if err := c.EncryptAt(buf, off); err != nil {
-		t.Fatal(err)
 	}
 	script := `
 import sys
@@ -160,11 +184,17 @@ print(out.hex())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(buf, want) {
-		t.Fatalf("EncryptAt at %#x differs from OpenSSL's XTS with the block number as tweak", off)
-	}
-	if err := c.DecryptAt(buf, off); err != nil || !bytes.Equal(buf, plain) {
-		t.Fatalf("DecryptAt: %v, round trip equal %v", err, bytes.Equal(buf, plain))
+	for name, c := range paths(t, key) {
+		buf := bytes.Clone(plain)
+		if err := c.EncryptAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(buf, want) {
+			t.Fatalf("%s: EncryptAt at %#x differs from OpenSSL's XTS with the block number as tweak", name, off)
+		}
+		if err := c.DecryptAt(buf, off); err != nil || !bytes.Equal(buf, plain) {
+			t.Fatalf("%s: DecryptAt: %v, round trip equal %v", name, err, bytes.Equal(buf, plain))
+		}
 	}
 }
 
@@ -176,28 +206,29 @@ func TestAgainstXCrypto(t *testing.T) {
 		for i := range key {
 			key[i] = byte(i*k + 31*k + 1)
 		}
-		c := testCipher(t, key)
 		x, err := xts.NewCipher(aes.NewCipher, key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, blk := range []int64{0, 1, 255, 256, 1 << 20, 1<<32 - 1, 1 << 40} {
-			plain := make([]byte, 2*BlockSize)
-			for i := range plain {
-				plain[i] = byte(i*k + int(blk))
-			}
-			got := bytes.Clone(plain)
-			if err := c.EncryptAt(got, blk*BlockSize); err != nil {
-				t.Fatal(err)
-			}
-			want := bytes.Clone(plain)
-			x.Encrypt(want[:BlockSize], want[:BlockSize], uint64(blk))
-			x.Encrypt(want[BlockSize:], want[BlockSize:], uint64(blk+1))
-			if !bytes.Equal(got, want) {
-				t.Fatalf("key %d, block %d: differs from x/crypto/xts", k, blk)
-			}
-			if err := c.DecryptAt(got, blk*BlockSize); err != nil || !bytes.Equal(got, plain) {
-				t.Fatalf("key %d, block %d: round trip: %v", k, blk, err)
+		for name, c := range paths(t, key) {
+			for _, blk := range []int64{0, 1, 255, 256, 1 << 20, 1<<32 - 1, 1 << 40, 1<<63/BlockSize - 2} {
+				plain := make([]byte, 2*BlockSize)
+				for i := range plain {
+					plain[i] = byte(i*k + int(blk))
+				}
+				got := bytes.Clone(plain)
+				if err := c.EncryptAt(got, blk*BlockSize); err != nil {
+					t.Fatal(err)
+				}
+				want := bytes.Clone(plain)
+				x.Encrypt(want[:BlockSize], want[:BlockSize], uint64(blk))
+				x.Encrypt(want[BlockSize:], want[BlockSize:], uint64(blk+1))
+				if !bytes.Equal(got, want) {
+					t.Fatalf("%s: key %d, block %d: differs from x/crypto/xts", name, k, blk)
+				}
+				if err := c.DecryptAt(got, blk*BlockSize); err != nil || !bytes.Equal(got, plain) {
+					t.Fatalf("%s: key %d, block %d: round trip: %v", name, k, blk, err)
+				}
 			}
 		}
 	}
@@ -253,18 +284,19 @@ func TestNoAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector makes sync.Pool allocate")
 	}
-	c := testCipher(t, bytes.Repeat([]byte{1}, DataKeySize))
-	buf := make([]byte, 16*BlockSize)
-	allocs := testing.AllocsPerRun(100, func() {
-		if err := c.EncryptAt(buf, 8*BlockSize); err != nil {
-			t.Fatal(err)
+	for name, c := range paths(t, bytes.Repeat([]byte{1}, DataKeySize)) {
+		buf := make([]byte, 16*BlockSize)
+		allocs := testing.AllocsPerRun(100, func() {
+			if err := c.EncryptAt(buf, 8*BlockSize); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.DecryptAt(buf, 8*BlockSize); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Fatalf("%s: %v allocations per encrypt and decrypt, want 0", name, allocs)
 		}
-		if err := c.DecryptAt(buf, 8*BlockSize); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if allocs != 0 {
-		t.Fatalf("%v allocations per encrypt and decrypt, want 0", allocs)
 	}
 }
 
@@ -304,8 +336,14 @@ func cpuTime(b *testing.B) time.Duration {
 // benchmarkCipher reports MB/s of wall time and, as MB/cpu-s, of the CPU
 // time the process spent: the throughput of one core even on a machine that
 // others share (the benchmark runs on one goroutine).
-func benchmarkCipher(b *testing.B, size int, decrypt bool) {
-	c := testCipher(b, bytes.Repeat([]byte{0x5a}, DataKeySize))
+func benchmarkCipher(b *testing.B, size int, decrypt bool, path string) {
+	key := bytes.Repeat([]byte{0x5a}, DataKeySize)
+	c := testCipher(b, key)
+	if path != "" {
+		if c = paths(b, key)[path]; c == nil {
+			b.Skipf("no %s path on this machine", path)
+		}
+	}
 	buf := make([]byte, size)
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
@@ -329,11 +367,19 @@ func benchmarkCipher(b *testing.B, size int, decrypt bool) {
 	}
 }
 
-// The benchmarks run on one goroutine: MB/s is per core.
-func BenchmarkEncrypt4K(b *testing.B) { benchmarkCipher(b, BlockSize, false) }
-func BenchmarkEncrypt1M(b *testing.B) { benchmarkCipher(b, 1<<20, false) }
-func BenchmarkDecrypt4K(b *testing.B) { benchmarkCipher(b, BlockSize, true) }
-func BenchmarkDecrypt1M(b *testing.B) { benchmarkCipher(b, 1<<20, true) }
+// The benchmarks run on one goroutine: MB/s is per core. Encrypt and
+// Decrypt run the path NewCipher picks (here: the fastest); the suffixes
+// force the AES-NI path on XMM registers and the Go fallback, side by side.
+func BenchmarkEncrypt4K(b *testing.B)      { benchmarkCipher(b, BlockSize, false, "") }
+func BenchmarkEncrypt1M(b *testing.B)      { benchmarkCipher(b, 1<<20, false, "") }
+func BenchmarkDecrypt4K(b *testing.B)      { benchmarkCipher(b, BlockSize, true, "") }
+func BenchmarkDecrypt1M(b *testing.B)      { benchmarkCipher(b, 1<<20, true, "") }
+func BenchmarkEncrypt4KAESNI(b *testing.B) { benchmarkCipher(b, BlockSize, false, "aesni") }
+func BenchmarkDecrypt4KAESNI(b *testing.B) { benchmarkCipher(b, BlockSize, true, "aesni") }
+func BenchmarkDecrypt1MAESNI(b *testing.B) { benchmarkCipher(b, 1<<20, true, "aesni") }
+func BenchmarkEncrypt4KGo(b *testing.B)    { benchmarkCipher(b, BlockSize, false, "go") }
+func BenchmarkDecrypt4KGo(b *testing.B)    { benchmarkCipher(b, BlockSize, true, "go") }
+func BenchmarkDecrypt1MGo(b *testing.B)    { benchmarkCipher(b, 1<<20, true, "go") }
 
 // BenchmarkXCryptoEncrypt1M is golang.org/x/crypto/xts over the same 1 MiB
 // in 4 KiB data units, side by side with BenchmarkEncrypt1M.

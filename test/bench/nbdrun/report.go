@@ -65,6 +65,7 @@ func report(args []string) error {
 		return r.P99, true
 	}, "%.1f", true)
 	rs.endpoint(os.Stdout)
+	rs.encrypted(os.Stdout)
 	return nil
 }
 
