@@ -135,9 +135,9 @@ func (d *rawDisk) WriteAt(p []byte, off int64, fua bool) error {
 	if err := d.v.markChanged(df, off, int64(len(p))); err != nil {
 		return err
 	}
-	unlock := df.enc.lockStripes(off/crypt.BlockSize, (off+int64(len(p)))/crypt.BlockSize, true)
+	l := df.enc.lockStripes(off/crypt.BlockSize, (off+int64(len(p)))/crypt.BlockSize, true)
 	err = df.write(p, off)
-	unlock()
+	l.unlock()
 	if err != nil {
 		return err
 	}

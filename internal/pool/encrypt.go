@@ -288,91 +288,88 @@ func (e *encDisk) blocks(off, length int64) (a, b int64) {
 	return blockDown(off), blockUp(off + length)
 }
 
-// lockBlocks takes the block locks of [off, off+length): exclusively those
-// of the blocks the range covers only in part, shared the others, in stripe
-// order. It returns the unlock.
-func (e *encDisk) lockBlocks(off, length int64) func() {
-	if length == 0 {
-		return func() {}
+// stripeLocks are the block locks a request holds (lockBlocks,
+// lockStripes): the stripes of a run of blocks, as up to two ranges in
+// stripe order, each shared, or exclusive for the stripes x (-1: none) or
+// every one (all). A value: taking and releasing them allocates nothing.
+type stripeLocks struct {
+	e     *encDisk
+	spans [2][2]int
+	n     int
+	x     [2]int
+	all   bool
+}
+
+// stripesOf returns the locks of blocks [first, last): every stripe once.
+func (e *encDisk) stripesOf(first, last int64) stripeLocks {
+	l := stripeLocks{e: e, x: [2]int{-1, -1}}
+	switch lo, n := int(first%encStripes), last-first; {
+	case n <= 0:
+	case n >= encStripes:
+		l.spans[0], l.n = [2]int{0, encStripes}, 1
+	case lo+int(n) <= encStripes:
+		l.spans[0], l.n = [2]int{lo, lo + int(n)}, 1
+	default: // wraps: the low stripes first
+		l.spans[0], l.spans[1], l.n = [2]int{0, lo + int(n) - encStripes}, [2]int{lo, encStripes}, 2
 	}
-	end := off + length
-	a, b := blockDown(off), blockUp(end)
-	var mode [encStripes]uint8 // 0 none, 1 shared, 2 exclusive
-	if n := (b - a) / crypt.BlockSize; n >= encStripes {
-		for s := range mode {
-			mode[s] = 1
-		}
-	} else {
-		for blk := a; blk < b; blk += crypt.BlockSize {
-			mode[(blk/crypt.BlockSize)%encStripes] = 1
-		}
-	}
-	if off != a {
-		mode[(a/crypt.BlockSize)%encStripes] = 2
-	}
-	if end != b {
-		mode[((b-crypt.BlockSize)/crypt.BlockSize)%encStripes] = 2
-	}
-	for s, m := range mode {
-		switch m {
-		case 1:
-			e.locks[s].RLock()
-		case 2:
-			e.locks[s].Lock()
-		}
-	}
-	return func() {
-		for s, m := range mode {
-			switch m {
-			case 1:
-				e.locks[s].RUnlock()
-			case 2:
-				e.locks[s].Unlock()
+	return l
+}
+
+func (l *stripeLocks) exclusive(s int) bool { return l.all || s == l.x[0] || s == l.x[1] }
+
+func (l stripeLocks) lock() stripeLocks {
+	for _, sp := range l.spans[:l.n] {
+		for s := sp[0]; s < sp[1]; s++ {
+			if l.exclusive(s) {
+				l.e.locks[s].Lock()
+			} else {
+				l.e.locks[s].RLock()
 			}
 		}
 	}
+	return l
+}
+
+func (l stripeLocks) unlock() {
+	for _, sp := range l.spans[:l.n] {
+		for s := sp[0]; s < sp[1]; s++ {
+			if l.exclusive(s) {
+				l.e.locks[s].Unlock()
+			} else {
+				l.e.locks[s].RUnlock()
+			}
+		}
+	}
+}
+
+// lockBlocks takes the block locks of [off, off+length): exclusively those
+// of the blocks the range covers only in part, shared the others, in stripe
+// order. Release them with unlock.
+func (e *encDisk) lockBlocks(off, length int64) stripeLocks {
+	end := off + length
+	a, b := blockDown(off), blockUp(end)
+	l := e.stripesOf(a/crypt.BlockSize, b/crypt.BlockSize)
+	if length > 0 && off != a {
+		l.x[0] = int((a / crypt.BlockSize) % encStripes)
+	}
+	if length > 0 && end != b {
+		l.x[1] = int(((b - crypt.BlockSize) / crypt.BlockSize) % encStripes)
+	}
+	return l.lock()
 }
 
 // lockShared takes the locks of the blocks [off, off+length) touches
-// shared, in stripe order, and returns the unlock.
-func (e *encDisk) lockShared(off, length int64) func() {
-	first, last := blockDown(off)/crypt.BlockSize, blockUp(off+length)/crypt.BlockSize
-	return e.lockStripes(first, last, false)
+// shared, in stripe order.
+func (e *encDisk) lockShared(off, length int64) stripeLocks {
+	return e.stripesOf(blockDown(off)/crypt.BlockSize, blockUp(off+length)/crypt.BlockSize).lock()
 }
 
 // lockStripes takes the locks of blocks [first, last) (each stripe once),
-// shared or exclusively, in stripe order, and returns the unlock.
-func (e *encDisk) lockStripes(first, last int64, exclusive bool) func() {
-	var take [encStripes]bool
-	if last-first >= encStripes {
-		for s := range take {
-			take[s] = true
-		}
-	} else {
-		for b := first; b < last; b++ {
-			take[b%encStripes] = true
-		}
-	}
-	for s, t := range take {
-		switch {
-		case !t:
-		case exclusive:
-			e.locks[s].Lock()
-		default:
-			e.locks[s].RLock()
-		}
-	}
-	return func() {
-		for s, t := range take {
-			switch {
-			case !t:
-			case exclusive:
-				e.locks[s].Unlock()
-			default:
-				e.locks[s].RUnlock()
-			}
-		}
-	}
+// shared or exclusively, in stripe order.
+func (e *encDisk) lockStripes(first, last int64, exclusive bool) stripeLocks {
+	l := e.stripesOf(first, last)
+	l.all = exclusive
+	return l.lock()
 }
 
 // decrypt decrypts the whole blocks buf read at off (block-aligned), leaving
@@ -409,7 +406,7 @@ func (e *encDisk) readAt(df *diskFile, p []byte, off int64) error {
 	if e.rk.Load() != nil && len(p) > 0 {
 		// A rekey step rewrites blocks and moves the mark under their
 		// locks held exclusively: the read must see either side whole.
-		defer e.lockShared(off, int64(len(p)))()
+		defer e.lockShared(off, int64(len(p))).unlock()
 	}
 	if off == blockDown(off) && end == blockDown(end) {
 		if err := readAt(df, p, off); err != nil {
@@ -439,7 +436,7 @@ func (e *encDisk) readAt(df *diskFile, p []byte, off int64) error {
 // merged with what they hold, under the block locks.
 func (e *encDisk) write(df *diskFile, p []byte, off int64) error {
 	end := off + int64(len(p))
-	defer e.lockBlocks(off, int64(len(p)))()
+	defer e.lockBlocks(off, int64(len(p))).unlock()
 	return e.merge(df, off, end, func(buf []byte, lo, a int64) {
 		copy(buf[lo-a:], p[lo-off:])
 	})
@@ -489,7 +486,7 @@ func (e *encDisk) readBlock(df *diskFile, blk []byte, off int64) error {
 // blocks at the ends covered only in part by a read-modify-write.
 func (e *encDisk) zero(df *diskFile, off, length int64, mayTrim, fast bool) error {
 	end := off + length
-	defer e.lockBlocks(off, length)()
+	defer e.lockBlocks(off, length).unlock()
 	a, b := blockUp(off), blockDown(end)
 	if a < b {
 		if err := df.zero(a, b-a, mayTrim, fast); err != nil {

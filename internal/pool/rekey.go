@@ -471,7 +471,7 @@ func (r *rekeyRun) step(df *diskFile, rk *encRekey, jn *rekeyJournal) (int64, er
 		return n, err
 	}
 	end := min(mark+rekeyStep, df.size)
-	defer e.lockStripes(mark/crypt.BlockSize, end/crypt.BlockSize, true)()
+	defer e.lockStripes(mark/crypt.BlockSize, end/crypt.BlockSize, true).unlock()
 	old := r.old[:end-mark]
 	if err := readAt(df, old, mark); err != nil {
 		return 0, err
@@ -531,7 +531,7 @@ func (r *rekeyRun) skipHole(df *diskFile, rk *encRekey, jn *rekeyJournal, mark i
 	if blockDown(data) <= mark {
 		return 0, false, nil
 	}
-	defer df.enc.lockStripes(0, encStripes, true)()
+	defer df.enc.lockStripes(0, encStripes, true).unlock()
 	if data, err = df.f.SeekData(mark); errors.Is(err, storage.ErrNoData) {
 		data = df.size
 	} else if err != nil {
