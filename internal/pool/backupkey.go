@@ -22,6 +22,9 @@ import (
 // making that KEK on first use, and the data key's id (KeyUID); nil for a
 // volume in the clear.
 func (v *Volume) BackupKey(ctx context.Context) (*crypt.WrappedKey, string, error) {
+	if !v.encrypted() { // nothing to lock for (a volume never becomes encrypted while it serves)
+		return nil, "", nil
+	}
 	unlock, err := v.lockOps("backup key")
 	if err != nil {
 		return nil, "", err
