@@ -46,11 +46,18 @@ var _ pool.Disk = (*ExportDisk)(nil)
 
 // OpenDisk serves one disk of backup id.
 func (r *Repository) OpenDisk(ctx context.Context, id, disk string) (*ExportDisk, error) {
+	return r.openDisk(ctx, id, disk, false)
+}
+
+// openDisk is OpenDisk; with raw, the disk of a backup of an encrypted
+// volume is served too, as the ciphertext it holds (for an instant
+// restore, whose volume has the backup's data key).
+func (r *Repository) openDisk(ctx context.Context, id, disk string, raw bool) (*ExportDisk, error) {
 	m, err := r.Get(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if m.Key != nil {
+	if m.Key != nil && !raw {
 		return nil, fmt.Errorf("backup %s holds an encrypted volume's ciphertext, which cannot be served as a disk: restore it: %w", id, pool.ErrEncrypted)
 	}
 	i := slices.IndexFunc(m.Disks, func(d DiskManifest) bool { return d.Name == disk })

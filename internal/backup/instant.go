@@ -62,10 +62,6 @@ func (s *Service) InstantRestore(ctx context.Context, targetName, id, volume str
 	if err != nil {
 		return pool.VolumeInfo{}, err
 	}
-	if m.Key != nil {
-		return pool.VolumeInfo{}, fmt.Errorf("backup %s holds an encrypted volume's ciphertext: an instant restore of it is not built; restore it without --instant: %w",
-			m.ID, pool.ErrNotSupported)
-	}
 	if targetName == "" {
 		targetName = s.Default()
 	}
@@ -92,7 +88,7 @@ func (s *Service) InstantRestore(ctx context.Context, targetName, id, volume str
 func openBackupSource(ctx context.Context, r *Repository, m *Manifest, disks []pool.DiskSpec) (*backupSource, error) {
 	src := &backupSource{disks: map[string]*ExportDisk{}}
 	for _, d := range disks {
-		ed, err := r.OpenDisk(ctx, m.ID, d.Name)
+		ed, err := r.openDisk(ctx, m.ID, d.Name, true) // an encrypted volume's: its ciphertext, as the new volume stores it
 		if err != nil {
 			src.close()
 			return nil, err

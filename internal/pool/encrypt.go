@@ -189,7 +189,7 @@ func checkEncryptedSize(field string, size int64) error {
 
 // validateKey checks an encrypted volume's manifest as read from the pool:
 // a wrapped key whose fields are all there and of sane sizes, disks of
-// whole blocks, no fill and no direct access, which it cannot have had.
+// whole blocks, and no direct access, which it cannot have had.
 // (A binary without encryption refuses the manifest whole: it decodes
 // volume.json strictly, and the key field is unknown to it.)
 func (m *volumeManifest) validateKey() error {
@@ -197,8 +197,6 @@ func (m *volumeManifest) validateKey() error {
 		return err
 	}
 	switch {
-	case m.Fill != nil:
-		return invalid("fill", m.Fill.Source, "an encrypted volume cannot fill from a source")
 	case len(m.DirectAccess) > 0:
 		return invalid("directAccess", m.DirectAccess[0], "an encrypted volume cannot be accessed directly")
 	case len(m.KeyUID) > 64:

@@ -164,8 +164,8 @@ func ValidateSpec(s VolumeSpec) error {
 		}
 	}
 	if s.Encrypt {
-		if s.Fill != "" {
-			return invalid("fill", s.Fill, "an encrypted volume cannot fill from a source yet")
+		if s.Fill != "" && s.KeyFrom == nil { // only a source of its own ciphertext (an encrypted backup)
+			return invalid("fill", s.Fill, "a new encrypted volume cannot fill from a source in the clear")
 		}
 		for i, d := range s.Disks {
 			if err := checkEncryptedSize(fmt.Sprintf("disks[%d].size", i), d.Size); err != nil {
