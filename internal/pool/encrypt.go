@@ -43,7 +43,7 @@ func (p *Pool) hasKeys() bool { return len(p.keyring) > 0 }
 // volumes: the one named by Options.NewKeys, or the keyring's only one.
 func (p *Pool) newKeyProvider() (crypt.Provider, error) {
 	if !p.hasKeys() {
-		return nil, fmt.Errorf("encrypted volume: this node has no key provider (start the server with --key-file): %w", ErrNoKeyProvider)
+		return nil, fmt.Errorf("encrypted volume: this node has no key provider (start the server with --kmip-server or --key-file): %w", ErrNoKeyProvider)
 	}
 	if p.newKeys != "" {
 		if pr, ok := p.keyring[p.newKeys]; ok {
