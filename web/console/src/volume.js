@@ -133,6 +133,9 @@ export function Volume({ name, canWrite }) {
       <dt>Created</dt><dd>${time(vol.createdAt)}</dd>
       ${vol.tenant && html`<dt>Tenant</dt><dd>${vol.tenant}</dd>`}
       <dt>Labels</dt><dd>${labels(vol.labels) || '—'}</dd>
+      ${vol.encryption &&
+      html`<dt>Encryption</dt>
+        <dd data-encryption>${encryption(vol.encryption)}</dd>`}
       ${vol.source &&
       html`<dt>Cloned from</dt>
         <dd data-source>
@@ -290,4 +293,18 @@ function parseLabels(s) {
     l[item.slice(0, i).trim()] = item.slice(i + 1).trim();
   }
   return l;
+}
+
+// encryption describes an encrypted volume's key, and a deep rekey under
+// way or interrupted, from the API's encryption field.
+function encryption(e) {
+  let s = `XTS-AES-256, data key wrapped by KEK ${e.keyId} of ${e.provider}`;
+  const r = e.rekey;
+  if (r) {
+    const pct = r.totalBytes > 0 ? Math.floor((100 * r.doneBytes) / r.totalBytes) : 0;
+    s += `; deep rekey ${pct}% (${bytes(r.doneBytes)} of ${bytes(r.totalBytes)}), ${
+      r.running ? 'running' : 'interrupted: run quiver volume rekey --deep to finish it'
+    }`;
+  }
+  return s;
 }

@@ -277,6 +277,8 @@ var e,t,n,r,i,a,o,s,c,l,u=Symbol.for(`pv`),d={},f=[],p=/^m(i|n|o|s|text|space)$/
       <dt>Created</dt><dd>${Z(n.createdAt)}</dd>
       ${n.tenant&&q`<dt>Tenant</dt><dd>${n.tenant}</dd>`}
       <dt>Labels</dt><dd>${ze(n.labels)||`—`}</dd>
+      ${n.encryption&&q`<dt>Encryption</dt>
+        <dd data-encryption>${ut(n.encryption)}</dd>`}
       ${n.source&&q`<dt>Cloned from</dt>
         <dd data-source>
           <a href=${`#/volumes/`+encodeURIComponent(n.source.volume)}>${n.source.volume}</a>
@@ -384,7 +386,7 @@ var e,t,n,r,i,a,o,s,c,l,u=Symbol.for(`pv`),d={},f=[],p=/^m(i|n|o|s|text|space)$/
 
     <h3>DR</h3>
     <${rt} vol=${n} />
-  </section>`}function ot(e){return e.split(/[\s,]+/).map(e=>e.trim()).filter(Boolean)}function st(e){return Object.entries(e).map(([e,t])=>`${e} ${t}`).join(`, `)}function ct(e){let t={};for(let[n,r]of it){let i=(e[n]||``).trim();if(i!==``&&i!==`0`){if(!/^\d+$/.test(i))throw new U(0,`Invalid`,`${r}: "${i}" is not a whole number`,n);t[n]=Number(i)}}return t}function lt(e){let t={};for(let n of e.split(`,`).map(e=>e.trim()).filter(Boolean)){let e=n.indexOf(`=`);if(e<0)throw new U(0,`Invalid`,`label "${n}": want key=value`,`labels`);t[n.slice(0,e).trim()]=n.slice(e+1).trim()}return t}function ut({canWrite:e}){let[t,n]=B(null),[r,i]=B(null),[a,o]=B(``);if(V(()=>{let e=!1,t=()=>K.jobs().then(t=>!e&&(n(t.items||[]),i(null)),t=>!e&&i(t));t();let r=setInterval(t,1e3);return()=>{e=!0,clearInterval(r)}},[]),!t)return r?q`<${J} error=${r} />`:q`<p class="loading">Loading…</p>`;let s=[...t].sort((e,t)=>Ve(t.startedAt,e.startedAt));return q`<section class="jobs">
+  </section>`}function ot(e){return e.split(/[\s,]+/).map(e=>e.trim()).filter(Boolean)}function st(e){return Object.entries(e).map(([e,t])=>`${e} ${t}`).join(`, `)}function ct(e){let t={};for(let[n,r]of it){let i=(e[n]||``).trim();if(i!==``&&i!==`0`){if(!/^\d+$/.test(i))throw new U(0,`Invalid`,`${r}: "${i}" is not a whole number`,n);t[n]=Number(i)}}return t}function lt(e){let t={};for(let n of e.split(`,`).map(e=>e.trim()).filter(Boolean)){let e=n.indexOf(`=`);if(e<0)throw new U(0,`Invalid`,`label "${n}": want key=value`,`labels`);t[n.slice(0,e).trim()]=n.slice(e+1).trim()}return t}function ut(e){let t=`XTS-AES-256, data key wrapped by KEK ${e.keyId} of ${e.provider}`,n=e.rekey;if(n){let e=n.totalBytes>0?Math.floor(100*n.doneBytes/n.totalBytes):0;t+=`; deep rekey ${e}% (${X(n.doneBytes)} of ${X(n.totalBytes)}), ${n.running?`running`:`interrupted: run quiver volume rekey --deep to finish it`}`}return t}function dt({canWrite:e}){let[t,n]=B(null),[r,i]=B(null),[a,o]=B(``);if(V(()=>{let e=!1,t=()=>K.jobs().then(t=>!e&&(n(t.items||[]),i(null)),t=>!e&&i(t));t();let r=setInterval(t,1e3);return()=>{e=!0,clearInterval(r)}},[]),!t)return r?q`<${J} error=${r} />`:q`<p class="loading">Loading…</p>`;let s=[...t].sort((e,t)=>Ve(t.startedAt,e.startedAt));return q`<section class="jobs">
     <div class="toolbar"><h2>Jobs</h2><span class="count">${t.length} job(s), finished ones kept 10 minutes</span></div>
     <${J} error=${r} />
     ${a&&q`<div class="notice" role="status">${a}</div>`}
@@ -419,7 +421,7 @@ var e,t,n,r,i,a,o,s,c,l,u=Symbol.for(`pv`),d={},f=[],p=/^m(i|n|o|s|text|space)$/
               </tr>`})}
           </tbody>
         </table>`}
-  </section>`}var dt=500;function ft(){let[e,t]=B(null),[n,r]=B(null);return V(()=>{let e=!1,n=0,i=new Date(Date.now()-864e5),a=async()=>{try{let a=await K.events(n,i);if(e)return;let o=a.items||[];o.length&&(n=o[o.length-1].seq),t(e=>[...o.reverse(),...e||[]].slice(0,dt)),r(null)}catch(t){e||r(t)}};a();let o=setInterval(a,2e3);return()=>{e=!0,clearInterval(o)}},[]),e?q`<section>
+  </section>`}var ft=500;function pt(){let[e,t]=B(null),[n,r]=B(null);return V(()=>{let e=!1,n=0,i=new Date(Date.now()-864e5),a=async()=>{try{let a=await K.events(n,i);if(e)return;let o=a.items||[];o.length&&(n=o[o.length-1].seq),t(e=>[...o.reverse(),...e||[]].slice(0,ft)),r(null)}catch(t){e||r(t)}};a();let o=setInterval(a,2e3);return()=>{e=!0,clearInterval(o)}},[]),e?q`<section>
     <div class="toolbar"><h2>Audit log</h2><span class="count">the last day's changes and refusals, newest first</span></div>
     <${J} error=${n} />
     ${e.length===0?q`<p class="dim">No events.</p>`:q`<table class="grid events" data-table="events">
@@ -435,7 +437,7 @@ var e,t,n,r,i,a,o,s,c,l,u=Symbol.for(`pv`),d={},f=[],p=/^m(i|n|o|s|text|space)$/
               </tr>`)}
           </tbody>
         </table>`}
-  </section>`:n?q`<${J} error=${n} />`:q`<p class="loading">Loading…</p>`}var pt=new Set([`admin`,`tenant`]);function mt(){let[e,t]=B(location.hash);return V(()=>{let e=()=>t(location.hash);return addEventListener(`hashchange`,e),()=>removeEventListener(`hashchange`,e)},[]),e}function ht({onLogin:e,error:t}){let[n,r]=B(``),[i,a]=B(t),[o,s]=B(!1);return q`<form class="login" onSubmit=${async t=>{t.preventDefault(),s(!0),a(null);try{let t=await K.whoami(n.trim());je(n.trim()),e(t)}catch(e){a(e)}finally{s(!1)}}}>
+  </section>`:n?q`<${J} error=${n} />`:q`<p class="loading">Loading…</p>`}var mt=new Set([`admin`,`tenant`]);function ht(){let[e,t]=B(location.hash);return V(()=>{let e=()=>t(location.hash);return addEventListener(`hashchange`,e),()=>removeEventListener(`hashchange`,e)},[]),e}function gt({onLogin:e,error:t}){let[n,r]=B(``),[i,a]=B(t),[o,s]=B(!1);return q`<form class="login" onSubmit=${async t=>{t.preventDefault(),s(!0),a(null);try{let t=await K.whoami(n.trim());je(n.trim()),e(t)}catch(e){a(e)}finally{s(!1)}}}>
     <h1>quiver</h1>
     <label>
       API token
@@ -444,7 +446,7 @@ var e,t,n,r,i,a,o,s,c,l,u=Symbol.for(`pv`),d={},f=[],p=/^m(i|n|o|s|text|space)$/
     <p class="dim">The token stays in this tab (sessionStorage) and goes only to this server's API.</p>
     <${J} error=${i} />
     <button class="primary" type="submit" disabled=${o}>Sign in</button>
-  </form>`}function gt(){let e=mt(),[t,n]=B(void 0);if(V(()=>{let e=Ae();e===null?n(null):K.whoami(e).then(n,()=>{je(null),n(null)})},[]),t===void 0)return q`<p class="loading">Loading…</p>`;if(t===null)return q`<${ht} onLogin=${n} />`;let r=pt.has(t.role),i=()=>{je(null),n(null),location.hash=``},a,o=/^#\/volumes\/(.+)$/.exec(e);a=o?q`<${at} key=${o[1]} name=${decodeURIComponent(o[1])} canWrite=${r} />`:e===`#/volumes`?q`<${qe} canWrite=${r} />`:e===`#/jobs`?q`<${ut} canWrite=${r} />`:e===`#/events`?q`<${ft} />`:q`<${He} />`;let s=(e,t,n)=>q`<a href=${e} class=${n?`on`:``}>${t}</a>`;return q`<div class="app">
+  </form>`}function _t(){let e=ht(),[t,n]=B(void 0);if(V(()=>{let e=Ae();e===null?n(null):K.whoami(e).then(n,()=>{je(null),n(null)})},[]),t===void 0)return q`<p class="loading">Loading…</p>`;if(t===null)return q`<${gt} onLogin=${n} />`;let r=mt.has(t.role),i=()=>{je(null),n(null),location.hash=``},a,o=/^#\/volumes\/(.+)$/.exec(e);a=o?q`<${at} key=${o[1]} name=${decodeURIComponent(o[1])} canWrite=${r} />`:e===`#/volumes`?q`<${qe} canWrite=${r} />`:e===`#/jobs`?q`<${dt} canWrite=${r} />`:e===`#/events`?q`<${pt} />`:q`<${He} />`;let s=(e,t,n)=>q`<a href=${e} class=${n?`on`:``}>${t}</a>`;return q`<div class="app">
     <header>
       <span class="brand">quiver</span>
       <nav>
@@ -458,4 +460,4 @@ var e,t,n,r,i,a,o,s,c,l,u=Symbol.for(`pv`),d={},f=[],p=/^m(i|n|o|s|text|space)$/
       <button onClick=${i}>Sign out</button>
     </header>
     <main>${a}</main>
-  </div>`}I(q`<${gt} />`,document.getElementById(`app`));
+  </div>`}I(q`<${_t} />`,document.getElementById(`app`));
