@@ -64,6 +64,16 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 	if err != nil {
 		return err
 	}
+	inRekey, mixed, err := l.verifyEncryption(name, v)
+	if err != nil {
+		return err
+	}
+	if inRekey {
+		l.stats.volsInRekey++
+	}
+	if mixed {
+		l.stats.volsMixedKeys++
+	}
 	// Disks.
 	got := map[string]int64{}
 	for _, d := range v.Disks {

@@ -66,7 +66,7 @@ func (l *lane) step(ctx context.Context) error {
 	if len(names) > 0 {
 		v = names[l.rng.IntN(len(names))]
 	}
-	switch op := l.rng.IntN(8); {
+	switch op := l.rng.IntN(11); {
 	case op == 0 && len(m.vols) < maxVolumes || len(m.vols) == 0:
 		return l.createVolume(ctx)
 	case op == 1 && len(m.vols) > 1:
@@ -84,6 +84,10 @@ func (l *lane) step(ctx context.Context) error {
 		return l.attach(ctx, v)
 	case op == 7:
 		return l.checkLive(v)
+	case op == 8 || op == 9:
+		return l.deepRekey(ctx)
+	case op == 10:
+		return l.shallowRekey(ctx)
 	}
 	return nil
 }
@@ -225,7 +229,9 @@ func (l *lane) createVolume(ctx context.Context) error {
 		disks["d1"] = newDisk(nil)
 		spec.Disks = append(spec.Disks, api.DiskSpec{Name: "d1", Size: diskSize})
 	}
+	spec.Encrypt = l.rng.IntN(2) == 0
 	nv := newVol(disks)
+	nv.encrypted = spec.Encrypt
 	l.begin(&pendingOp{what: "create volume " + name, newVolume: name, newVol: nv})
 	if _, err := l.mc.api.CreateVolume(ctx, spec); err != nil {
 		return fmt.Errorf("create volume %s: %w", name, err)
@@ -251,6 +257,9 @@ func (l *lane) deleteVolume(ctx context.Context, v string) error {
 	}
 	l.begin(&pendingOp{what: "delete volume " + v, delVolume: v})
 	if _, err := l.mc.api.DeleteVolume(ctx, v, client.Recursive()); err != nil {
+		if l.refused(v, err) {
+			return l.attach(ctx, v)
+		}
 		return fmt.Errorf("delete volume %s: %w", v, err)
 	}
 	delete(l.model.vols, v)
@@ -267,6 +276,9 @@ func (l *lane) createSnapshot(ctx context.Context, v string) error {
 	}
 	l.begin(&pendingOp{what: "snapshot " + v + "@" + name, vol: v, newSnap: name, snapVals: vals})
 	if _, err := l.mc.api.CreateSnapshot(ctx, v, name); err != nil {
+		if l.refused(v, err) {
+			return nil
+		}
 		return fmt.Errorf("snapshot %s@%s: %w", v, name, err)
 	}
 	vm.snaps[name] = vals
@@ -305,6 +317,9 @@ func (l *lane) deleteSnapshot(ctx context.Context, v, s string) error {
 	vm := l.model.vols[v]
 	l.begin(&pendingOp{what: "delete snapshot " + v + "@" + s, vol: v, delSnap: s})
 	if err := l.mc.api.DeleteSnapshot(ctx, v, s); err != nil {
+		if l.refused(v, err) {
+			return nil
+		}
 		return fmt.Errorf("delete snapshot %s@%s: %w", v, s, err)
 	}
 	delete(vm.snaps, s)
@@ -331,12 +346,16 @@ func (l *lane) clone(ctx context.Context, v string) error {
 		}
 	}
 	nv := newVol(disks)
+	nv.encrypted = vm.encrypted // a clone shares its source's data key
 	what := "clone " + v
 	if src.Snapshot != "" {
 		what += "@" + src.Snapshot
 	}
 	l.begin(&pendingOp{what: what + " to " + name, newVolume: name, newVol: nv})
 	if _, err := l.mc.api.Clone(ctx, api.CloneSpec{Source: src, Names: []string{name}}); err != nil {
+		if l.refused(v, err) {
+			return nil
+		}
 		return fmt.Errorf("%s to %s: %w", what, name, err)
 	}
 	l.model.vols[name] = nv
@@ -349,6 +368,9 @@ func (l *lane) addDisk(ctx context.Context, v string) error {
 	name := l.model.name("d")
 	l.begin(&pendingOp{what: "add disk " + v + "/" + name, vol: v, newDisk: name})
 	if _, err := l.mc.api.AddDisk(ctx, v, api.DiskSpec{Name: name, Size: diskSize}); err != nil {
+		if l.refused(v, err) {
+			return nil
+		}
 		return fmt.Errorf("add disk %s/%s: %w", v, name, err)
 	}
 	vm.disks[name] = newDisk(nil)
