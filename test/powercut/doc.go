@@ -63,12 +63,13 @@
 // checkpoints), clones of snapshots and of live volumes, disk add and
 // attach, recording what was
 // acknowledged (model_test.go). Half of the volumes it creates are
-// encrypted (their clones too); two pool operations in eleven start a deep
-// rekey of an encrypted volume (its snapshots deleted first, which a deep
-// rekey requires) at 256 KiB/s to 2 MiB/s, a disk in one second to an
-// eighth of one, so that it often runs at the cut while write bursts go to
-// it, or start again one that a cut interrupted; one in eleven is a
-// shallow rekey (rekey_test.go).
+// encrypted (their clones too), with disks of 1 MiB, four steps of a deep
+// rekey (plain volumes' disks are of 256 KiB); two pool operations in
+// eleven start a deep rekey of an encrypted volume (its snapshots deleted
+// first, which a deep rekey requires) at 512 KiB/s to 4 MiB/s, so that it
+// often runs at the cut while write bursts go to it, or start again one
+// that a cut interrupted (three in four of those start again as the next
+// workload starts); one in eleven is a shallow rekey (rekey_test.go).
 // While a deep rekey may be in progress quiver refuses snapshots, clones
 // and disk changes of the volume with 409 Busy, and the workload takes that
 // as an operation that did not happen. After a random time the power is cut: the

@@ -34,8 +34,12 @@ import (
 
 const (
 	blockSize  = 4096
-	diskBlocks = 64 // disks of 256 KiB
+	diskBlocks = 64 // the disks of plain volumes: 256 KiB
 	diskSize   = diskBlocks * blockSize
+	// encDiskBlocks: the disks of encrypted volumes, 1 MiB: four steps
+	// of a deep rekey (internal/pool, rekey.go: rekeyStep, 256 KiB), so
+	// that a cut can land in a step and between steps of a disk.
+	encDiskBlocks = 256
 )
 
 // blockModel is what one block of a live disk may hold.
@@ -61,8 +65,13 @@ type diskModel struct {
 	blocks []blockModel
 }
 
-func newDisk(values []uint64) *diskModel {
-	d := &diskModel{blocks: make([]blockModel, diskBlocks)}
+// newDisk models a disk of n blocks holding values (n is then their
+// number), or zeros when values is nil.
+func newDisk(n int, values []uint64) *diskModel {
+	if values != nil {
+		n = len(values)
+	}
+	d := &diskModel{blocks: make([]blockModel, n)}
 	for i, v := range values {
 		d.blocks[i].durable = v
 	}
@@ -107,6 +116,14 @@ type volModel struct {
 
 func newVol(disks map[string]*diskModel) *volModel {
 	return &volModel{disks: disks, snaps: map[string]map[string][]uint64{}, atts: map[string]string{}}
+}
+
+// diskBlocks is the number of blocks of each disk of the volume.
+func (v *volModel) diskBlocks() int {
+	if v.encrypted {
+		return encDiskBlocks
+	}
+	return diskBlocks
 }
 
 func (v *volModel) diskNames() []string {
