@@ -13,10 +13,11 @@ import (
 // random point of a deep rekey leaves every block readable with the right
 // key). Half of the volumes the workload creates are encrypted, and so are
 // their clones. A deep rekey re-encrypts every block under a new data key,
-// one step of 256 KiB (internal/pool, rekey.go: rekeyStep, a whole disk
-// here) at a time, journaled, while the write bursts go on; a cut leaves
-// each disk with blocks under either key, and the next boot's verification
-// reads every block through NBD. A shallow rekey only re-wraps the data key.
+// one step of 256 KiB (internal/pool, rekey.go: rekeyStep; four per disk
+// of an encrypted volume here, encDiskBlocks) at a time, journaled, while
+// the write bursts go on; a cut leaves a volume with blocks under either
+// key, and the next boot's verification reads every block through NBD. A
+// shallow rekey only re-wraps the data key.
 
 // rekeyRate is the slowest pace of the workload's deep rekeys, in bytes
 // per second: two steps a second, so a rekey of a volume of two disks
