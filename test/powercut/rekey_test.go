@@ -208,6 +208,7 @@ func (l *lane) refused(v string, err error) bool {
 	}
 	l.model.note("refused, %s in a deep rekey: %s: %v", v, l.model.pending.what, err)
 	l.model.pending = nil
+	l.stats.ops-- // counted apart: "x of y operations" stays those completed of those sent to happen
 	l.stats.refusedInRekey++
 	return true
 }
