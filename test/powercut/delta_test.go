@@ -60,8 +60,8 @@ func (l *lane) verifyDelta(ctx context.Context, vol, from, to string, base, now 
 		if !ok {
 			return fmt.Errorf("changes %s: disk %s is not in the delta (disks %v)", what, d, sortedKeys(deltas))
 		}
-		if dc.Size != diskSize {
-			return fmt.Errorf("changes %s: disk %s of %d bytes, want %d", what, d, dc.Size, diskSize)
+		if size := int64(len(now[d])) * blockSize; dc.Size != size {
+			return fmt.Errorf("changes %s: disk %s of %d bytes, want %d", what, d, dc.Size, size)
 		}
 		was, inBase := base[d]
 		for b, v := range now[d] {

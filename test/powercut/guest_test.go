@@ -32,6 +32,16 @@ const (
 	guestNBDPort = 10809
 )
 
+// Where the guest mounts its pool disk's XFS, and what quiver keeps there:
+// the pool, and the key file of the encrypted volumes' KEKs, which the
+// server refuses inside the pool and which must survive the cuts as the
+// pool does.
+const (
+	guestDiskDir = "/mnt/disk"
+	guestPoolDir = guestDiskDir + "/pool"
+	guestKeyFile = guestDiskDir + "/keys.json"
+)
+
 // Console lines of /init that the test waits for or rejects.
 const (
 	consoleMounted   = "powercut: pool mounted"
@@ -66,9 +76,12 @@ func buildGuest(dir, token string) (*guest, error) {
 // initBody is the guest's /init after testguest's Prologue (which loads
 // the modules): report whether the disk has a write cache (the kernel then
 // sends flushes), bring up the network (QEMU's user networking: 10.0.2.15,
-// gateway 10.0.2.2), mount the pool's XFS (log recovery after a cut
-// happens here) and run quiver on it, its log in RAM: the serial console
-// under TCG is slow. The console shows the guest's uptime when the pool is
+// gateway 10.0.2.2), mount the pool disk's XFS at /mnt/disk (log recovery
+// after a cut happens here) and run quiver with its pool in /mnt/disk/pool
+// and its key file (the KEKs of encrypted volumes) beside it, on the same
+// disk but outside the pool as the server requires, its log in RAM: the
+// serial console under TCG is slow. The pool directory is made, and the
+// disk synced, at the first boot. The console shows the guest's uptime when the pool is
 // mounted and when quiver is ready. If quiver exits, the tail of its log
 // goes to the console.
 var initBody = `echo "` + consoleCache + `$(cat /sys/block/vda/queue/write_cache)"
@@ -81,14 +94,17 @@ ip route add default via 10.0.2.2
 # holding everything until an fsync.
 echo 10 >/proc/sys/vm/dirty_expire_centisecs
 echo 10 >/proc/sys/vm/dirty_writeback_centisecs
-mkdir -p /mnt/pool
-if ! mount -t xfs /dev/vda /mnt/pool; then
+mkdir -p ` + guestDiskDir + `
+if ! mount -t xfs /dev/vda ` + guestDiskDir + `; then
 	echo "` + consoleMountFail + `"
 	dmesg | tail -n 30
 	while :; do sleep 3600; done
 fi
+if [ ! -d ` + guestPoolDir + ` ]; then
+	mkdir ` + guestPoolDir + ` && sync
+fi
 echo "` + consoleMounted + ` t=$(cut -d' ' -f1 /proc/uptime)"
-quiver server --pool /mnt/pool --listen 0.0.0.0:` + fmt.Sprint(guestAPIPort) + ` --nbd-listen 0.0.0.0:` + fmt.Sprint(guestNBDPort) + ` --token-file /etc/quiver-token --log-level warn --ready-file /tmp/ready >/tmp/quiver.log 2>&1 &
+quiver server --pool ` + guestPoolDir + ` --key-file ` + guestKeyFile + ` --listen 0.0.0.0:` + fmt.Sprint(guestAPIPort) + ` --nbd-listen 0.0.0.0:` + fmt.Sprint(guestNBDPort) + ` --token-file /etc/quiver-token --log-level warn --ready-file /tmp/ready >/tmp/quiver.log 2>&1 &
 while [ ! -s /tmp/ready ]; do sleep 0.1; done
 echo "powercut: quiver ready t=$(cut -d' ' -f1 /proc/uptime)"
 wait

@@ -22,17 +22,24 @@ import (
 // block must hold one of them.
 //
 // Metadata. A completed operation (volume create and delete, snapshot
-// create and delete, clone, disk add, attach) must be there, whole, after
+// create and delete, clone, disk add, attach, rekey) must be there, whole, after
 // every later cut; the one in flight at the cut may be there or not, but if
 // it is there it is whole: every disk of a new volume or snapshot present,
 // of the right size, with the right content. A snapshot or a clone holds
 // exactly what the disks held when it was taken (every write acknowledged
-// before it, none after: the client waits for each reply).
+// before it, none after: the client waits for each reply). A rekey,
+// shallow or deep, finished or cut midway, changes no block's content: a
+// volume in a deep rekey at a cut has blocks under the old data key and
+// blocks under the new one, and each must read back as the model says.
 
 const (
 	blockSize  = 4096
-	diskBlocks = 64 // disks of 256 KiB
+	diskBlocks = 64 // the disks of plain volumes: 256 KiB
 	diskSize   = diskBlocks * blockSize
+	// encDiskBlocks: the disks of encrypted volumes, 1 MiB: four steps
+	// of a deep rekey (internal/pool, rekey.go: rekeyStep, 256 KiB), so
+	// that a cut can land in a step and between steps of a disk.
+	encDiskBlocks = 256
 )
 
 // blockModel is what one block of a live disk may hold.
@@ -58,8 +65,13 @@ type diskModel struct {
 	blocks []blockModel
 }
 
-func newDisk(values []uint64) *diskModel {
-	d := &diskModel{blocks: make([]blockModel, diskBlocks)}
+// newDisk models a disk of n blocks holding values (n is then their
+// number), or zeros when values is nil.
+func newDisk(n int, values []uint64) *diskModel {
+	if values != nil {
+		n = len(values)
+	}
+	d := &diskModel{blocks: make([]blockModel, n)}
 	for i, v := range values {
 		d.blocks[i].durable = v
 	}
@@ -90,10 +102,28 @@ type volModel struct {
 	snaps map[string]map[string][]uint64 // snapshot -> disk -> block values
 	token string                         // an rw attachment's token, "" when none is known
 	atts  map[string]string              // attachment id -> node, every one completed
+
+	// Encryption (rekey_test.go): encrypted volumes and their clones
+	// hold ciphertext; a deep rekey changes no content, but while one
+	// may be in progress (rekey: started, or found after a boot, and not
+	// seen finished) quiver refuses snapshots, clones and disk changes
+	// of the volume. rekeyJob is the job of the one started since the
+	// last boot ("" after a boot: a cut ends every job).
+	encrypted bool
+	rekey     bool
+	rekeyJob  string
 }
 
 func newVol(disks map[string]*diskModel) *volModel {
 	return &volModel{disks: disks, snaps: map[string]map[string][]uint64{}, atts: map[string]string{}}
+}
+
+// diskBlocks is the number of blocks of each disk of the volume.
+func (v *volModel) diskBlocks() int {
+	if v.encrypted {
+		return encDiskBlocks
+	}
+	return diskBlocks
 }
 
 func (v *volModel) diskNames() []string {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,6 +49,11 @@ type laneStats struct {
 	deltaBlocksDiffering                     int   // blocks they had to cover
 	deltaBytesReported                       int64 // bytes they reported
 	cutsWithDeltaChanges                     int   // boots after a cut where a delta had a block to cover
+	rekeysStarted, rekeysResumed             int   // deep rekeys (rekey_test.go)
+	rekeysFinished, shallowRekeys            int
+	refusedInRekey                           int // operations refused (409 Busy) during a deep rekey
+	volsInRekey, volsMixedKeys               int // volumes found in a deep rekey at a boot, and of them with blocks under both keys
+	cutsInRekey, cutsMixedKeys               int // cuts after which a volume was in a deep rekey, and with blocks under both keys
 	boot, work, check                        time.Duration
 	qemuCPU                                  time.Duration
 }
@@ -68,7 +74,26 @@ type lane struct {
 	conns     map[string]*nbdClient
 	unflushed map[string]bool // disks written without FUA since their last FLUSH
 	stats     laneStats
+	total     *runTotals
 }
+
+// runTotals sum the lanes' stats for the checks over the whole run.
+type runTotals struct {
+	mu                sync.Mutex
+	cuts, cutsInRekey int
+}
+
+func (r *runTotals) add(s laneStats) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cuts += s.cuts
+	r.cutsInRekey += s.cutsInRekey
+}
+
+// minCutsForRekey: a run of at least this many cuts must have cut the
+// power during a deep rekey at least once, or it no longer covers them
+// (a default run of 100 cuts lands a good part of them in one).
+const minCutsForRekey = 20
 
 // TestPowerCut runs quiver in a guest whose pool disk has a volatile write
 // cache and cuts the power again and again while a client writes through
@@ -89,6 +114,16 @@ func TestPowerCut(t *testing.T) {
 	}
 	t.Logf("%d cuts over %d lanes, workload window %v, seed %d (%s=%d reproduces the workloads)", cuts, lanes, window, seed, seedEnv, seed)
 	ctx := testguest.Context(t, 0)
+	total := &runTotals{}
+	t.Cleanup(func() { // after every lane
+		if t.Failed() {
+			return
+		}
+		t.Logf("%d of %d cuts landed in a deep rekey of an encrypted volume", total.cutsInRekey, total.cuts)
+		if total.cuts >= minCutsForRekey && total.cutsInRekey == 0 {
+			t.Errorf("none of %d cuts landed in a deep rekey: the test no longer covers a power cut during one", total.cuts)
+		}
+	})
 	for i := range lanes {
 		n := cuts / lanes
 		if i < cuts%lanes {
@@ -99,7 +134,7 @@ func TestPowerCut(t *testing.T) {
 			dir := testguest.ShortDir(t, "qpc")
 			l := &lane{t: t, g: g, token: token, dir: dir, medium: newMedium(t, dir),
 				model: newModel(seed + uint64(i)), rng: rand.New(rand.NewPCG(seed, uint64(i))), cutRng: rand.New(rand.NewPCG(seed, uint64(i)+1<<32)),
-				window: window, opsPct: ops}
+				window: window, opsPct: ops, total: total}
 			l.run(ctx, n)
 		})
 	}
@@ -125,6 +160,11 @@ func (l *lane) run(ctx context.Context, cuts int) {
 		s.writes, s.fua, s.flushes, s.opsDone, s.ops, s.keptAtCut, s.dirtyAtCut, s.pendingHappened, s.laterLanded, s.blocksChecked)
 	t.Logf("change tracking: %d deltas checked, %d with blocks that differ (%d blocks of %d KiB, %d KiB reported); after %d of %d cuts a delta had a block to cover",
 		s.deltasChecked, s.deltasWithChanges, s.deltaBlocksDiffering, blockSize>>10, s.deltaBytesReported>>10, s.cutsWithDeltaChanges, s.cuts)
+	t.Logf("encryption: %d deep rekeys started, %d resumed after a cut, %d seen finished (before a cut or after it), %d shallow rekeys, %d operations refused during a deep rekey; "+
+		"%d of %d cuts landed in a deep rekey (%d volumes), %d with part of a volume under each key (%d volumes)",
+		s.rekeysStarted, s.rekeysResumed, s.rekeysFinished, s.shallowRekeys, s.refusedInRekey,
+		s.cutsInRekey, s.cuts, s.volsInRekey, s.cutsMixedKeys, s.volsMixedKeys)
+	l.total.add(s)
 	t.Logf("%d of %d acknowledged NBD FLUSHes after plain writes sent a FLUSH to the pool's disk",
 		s.flushesChecked-s.flushesNotReachingDisk, s.flushesChecked)
 	if s.flushesNotReachingDisk > 0 {
@@ -151,12 +191,18 @@ func (l *lane) bootAndVerify(ctx context.Context, cycle int) {
 	}
 	l.stats.boot += time.Since(start)
 	start = time.Now()
-	withChanges := l.stats.deltasWithChanges
+	withChanges, inRekey, mixed := l.stats.deltasWithChanges, l.stats.volsInRekey, l.stats.volsMixedKeys
 	if err := l.verify(rctx); err != nil {
 		l.fail(cycle, "after the cut: %v", err)
 	}
 	if cycle > 0 && l.stats.deltasWithChanges > withChanges {
 		l.stats.cutsWithDeltaChanges++
+	}
+	if l.stats.volsInRekey > inRekey {
+		l.stats.cutsInRekey++
+	}
+	if l.stats.volsMixedKeys > mixed {
+		l.stats.cutsMixedKeys++
 	}
 	l.stats.check += time.Since(start)
 }

@@ -64,6 +64,16 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 	if err != nil {
 		return err
 	}
+	inRekey, mixed, err := l.verifyEncryption(name, v)
+	if err != nil {
+		return err
+	}
+	if inRekey {
+		l.stats.volsInRekey++
+	}
+	if mixed {
+		l.stats.volsMixedKeys++
+	}
 	// Disks.
 	got := map[string]int64{}
 	for _, d := range v.Disks {
@@ -71,11 +81,12 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 	}
 	if p.vol == name && p.newDisk != "" {
 		if _, ok := got[p.newDisk]; ok {
-			vm.disks[p.newDisk] = newDisk(nil)
+			vm.disks[p.newDisk] = newDisk(vm.diskBlocks(), nil)
 			l.stats.pendingHappened++
 		}
 	}
-	if err := sameDisks(got, vm.diskNames()); err != nil {
+	size := int64(vm.diskBlocks()) * blockSize
+	if err := sameDisks(got, vm.diskNames(), size); err != nil {
 		return err
 	}
 	// Snapshots.
@@ -113,7 +124,7 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 		for _, d := range gs.Disks {
 			sd[d.Name] = d.Size
 		}
-		if err := sameDisks(sd, sortedKeys(vm.snaps[s])); err != nil {
+		if err := sameDisks(sd, sortedKeys(vm.snaps[s]), size); err != nil {
 			return fmt.Errorf("snapshot %s: %w", s, err)
 		}
 	}
@@ -157,7 +168,7 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 	// Content.
 	live := map[string][]uint64{}
 	for _, d := range vm.diskNames() {
-		vals, err := l.readDisk(name, "", d, vm.token)
+		vals, err := l.readDisk(name, "", d, vm.token, vm.diskBlocks())
 		if err != nil {
 			return err
 		}
@@ -178,7 +189,7 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 	for _, s := range sortedKeys(vm.snaps) {
 		read[s] = map[string][]uint64{}
 		for _, d := range sortedKeys(vm.snaps[s]) {
-			vals, err := l.readDisk(name, s, d, vm.token)
+			vals, err := l.readDisk(name, s, d, vm.token, vm.diskBlocks())
 			if err != nil {
 				return err
 			}
@@ -196,12 +207,12 @@ func (l *lane) verifyVolume(ctx context.Context, name string, p *pendingOp) erro
 	return l.verifyDeltas(ctx, name, live, read)
 }
 
-func sameDisks(got map[string]int64, want []string) error {
+func sameDisks(got map[string]int64, want []string, size int64) error {
 	var names []string
-	for n, size := range got {
+	for n, s := range got {
 		names = append(names, n)
-		if size != diskSize {
-			return fmt.Errorf("disk %s has %d bytes, want %d", n, size, diskSize)
+		if s != size {
+			return fmt.Errorf("disk %s has %d bytes, want %d", n, s, size)
 		}
 	}
 	slices.Sort(names)
@@ -211,9 +222,9 @@ func sameDisks(got map[string]int64, want []string) error {
 	return nil
 }
 
-// readDisk reads a disk (of a snapshot when snap is not empty) in one NBD
-// request and names the write each block holds.
-func (l *lane) readDisk(vol, snap, disk, token string) ([]uint64, error) {
+// readDisk reads a disk of n blocks (of a snapshot when snap is not empty)
+// in one NBD request and names the write each block holds.
+func (l *lane) readDisk(vol, snap, disk, token string, n int) ([]uint64, error) {
 	export := vol
 	if snap != "" {
 		export += "@" + snap
@@ -224,14 +235,14 @@ func (l *lane) readDisk(vol, snap, disk, token string) ([]uint64, error) {
 		return nil, err
 	}
 	defer cl.close()
-	if cl.size != diskSize {
-		return nil, fmt.Errorf("%s: export of %d bytes, want %d", redact(export), cl.size, diskSize)
+	if size := int64(n) * blockSize; cl.size != size {
+		return nil, fmt.Errorf("%s: export of %d bytes, want %d", redact(export), cl.size, size)
 	}
-	buf := make([]byte, diskSize)
+	buf := make([]byte, n*blockSize)
 	if err := cl.read(buf, 0); err != nil {
 		return nil, fmt.Errorf("read %s: %w", redact(export), err)
 	}
-	vals := make([]uint64, diskBlocks)
+	vals := make([]uint64, n)
 	var errs []error
 	for b := range vals {
 		v, err := decode(l.model.run, b, buf[b*blockSize:(b+1)*blockSize])

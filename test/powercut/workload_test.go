@@ -34,6 +34,12 @@ const (
 // comes), an operation is pending while in flight and applied when it
 // completes.
 func (l *lane) workload(ctx context.Context, cut *atomic.Bool) error {
+	if err := l.resumeRekeys(ctx); err != nil {
+		if cut.Load() {
+			return nil
+		}
+		return err
+	}
 	for {
 		err := l.step(ctx)
 		if err != nil {
@@ -66,7 +72,7 @@ func (l *lane) step(ctx context.Context) error {
 	if len(names) > 0 {
 		v = names[l.rng.IntN(len(names))]
 	}
-	switch op := l.rng.IntN(8); {
+	switch op := l.rng.IntN(11); {
 	case op == 0 && len(m.vols) < maxVolumes || len(m.vols) == 0:
 		return l.createVolume(ctx)
 	case op == 1 && len(m.vols) > 1:
@@ -84,6 +90,10 @@ func (l *lane) step(ctx context.Context) error {
 		return l.attach(ctx, v)
 	case op == 7:
 		return l.checkLive(v)
+	case op == 8 || op == 9:
+		return l.deepRekey(ctx)
+	case op == 10:
+		return l.shallowRekey(ctx)
 	}
 	return nil
 }
@@ -119,7 +129,7 @@ func (l *lane) checkLive(v string) error {
 	} else {
 		what = v + "@" + t.snap + "/" + t.disk
 	}
-	got, err := l.readDisk(v, t.snap, t.disk, vm.token)
+	got, err := l.readDisk(v, t.snap, t.disk, vm.token, vm.diskBlocks())
 	if err != nil {
 		return fmt.Errorf("live check of %s: %w", what, err)
 	}
@@ -165,7 +175,7 @@ func (l *lane) burst(v, d string) error {
 	}
 	dm := l.model.vols[v].disks[d]
 	for range 1 + l.rng.IntN(maxWritesInBurst) {
-		blk := l.rng.IntN(diskBlocks)
+		blk := l.rng.IntN(len(dm.blocks))
 		l.model.nextID++
 		id := l.model.nextID
 		b := &dm.blocks[blk]
@@ -219,13 +229,16 @@ func (l *lane) done() {
 
 func (l *lane) createVolume(ctx context.Context) error {
 	name := l.model.name("v")
-	disks := map[string]*diskModel{"d0": newDisk(nil)}
-	spec := api.VolumeSpec{Name: name, Capacity: 8 * diskSize, Disks: []api.DiskSpec{{Name: "d0", Size: diskSize}}}
-	if l.rng.IntN(2) == 0 {
-		disks["d1"] = newDisk(nil)
-		spec.Disks = append(spec.Disks, api.DiskSpec{Name: "d1", Size: diskSize})
+	nv := newVol(map[string]*diskModel{})
+	nv.encrypted = l.rng.IntN(2) == 0
+	n := nv.diskBlocks()
+	size := int64(n) * blockSize
+	spec := api.VolumeSpec{Name: name, Capacity: 8 * size, Encrypt: nv.encrypted}
+	for d := range 1 + l.rng.IntN(2) {
+		dn := fmt.Sprintf("d%d", d)
+		nv.disks[dn] = newDisk(n, nil)
+		spec.Disks = append(spec.Disks, api.DiskSpec{Name: dn, Size: size})
 	}
-	nv := newVol(disks)
 	l.begin(&pendingOp{what: "create volume " + name, newVolume: name, newVol: nv})
 	if _, err := l.mc.api.CreateVolume(ctx, spec); err != nil {
 		return fmt.Errorf("create volume %s: %w", name, err)
@@ -251,6 +264,9 @@ func (l *lane) deleteVolume(ctx context.Context, v string) error {
 	}
 	l.begin(&pendingOp{what: "delete volume " + v, delVolume: v})
 	if _, err := l.mc.api.DeleteVolume(ctx, v, client.Recursive()); err != nil {
+		if l.refused(v, err) {
+			return l.attach(ctx, v)
+		}
 		return fmt.Errorf("delete volume %s: %w", v, err)
 	}
 	delete(l.model.vols, v)
@@ -267,6 +283,9 @@ func (l *lane) createSnapshot(ctx context.Context, v string) error {
 	}
 	l.begin(&pendingOp{what: "snapshot " + v + "@" + name, vol: v, newSnap: name, snapVals: vals})
 	if _, err := l.mc.api.CreateSnapshot(ctx, v, name); err != nil {
+		if l.refused(v, err) {
+			return nil
+		}
 		return fmt.Errorf("snapshot %s@%s: %w", v, name, err)
 	}
 	vm.snaps[name] = vals
@@ -305,6 +324,9 @@ func (l *lane) deleteSnapshot(ctx context.Context, v, s string) error {
 	vm := l.model.vols[v]
 	l.begin(&pendingOp{what: "delete snapshot " + v + "@" + s, vol: v, delSnap: s})
 	if err := l.mc.api.DeleteSnapshot(ctx, v, s); err != nil {
+		if l.refused(v, err) {
+			return nil
+		}
 		return fmt.Errorf("delete snapshot %s@%s: %w", v, s, err)
 	}
 	delete(vm.snaps, s)
@@ -323,20 +345,24 @@ func (l *lane) clone(ctx context.Context, v string) error {
 		snaps := sortedKeys(vm.snaps)
 		src.Snapshot = snaps[l.rng.IntN(len(snaps))]
 		for d, vals := range vm.snaps[src.Snapshot] {
-			disks[d] = newDisk(vals)
+			disks[d] = newDisk(0, vals)
 		}
 	} else {
 		for d, dm := range vm.disks {
-			disks[d] = newDisk(dm.current())
+			disks[d] = newDisk(0, dm.current())
 		}
 	}
 	nv := newVol(disks)
+	nv.encrypted = vm.encrypted // a clone shares its source's data key
 	what := "clone " + v
 	if src.Snapshot != "" {
 		what += "@" + src.Snapshot
 	}
 	l.begin(&pendingOp{what: what + " to " + name, newVolume: name, newVol: nv})
 	if _, err := l.mc.api.Clone(ctx, api.CloneSpec{Source: src, Names: []string{name}}); err != nil {
+		if l.refused(v, err) {
+			return nil
+		}
 		return fmt.Errorf("%s to %s: %w", what, name, err)
 	}
 	l.model.vols[name] = nv
@@ -348,10 +374,13 @@ func (l *lane) addDisk(ctx context.Context, v string) error {
 	vm := l.model.vols[v]
 	name := l.model.name("d")
 	l.begin(&pendingOp{what: "add disk " + v + "/" + name, vol: v, newDisk: name})
-	if _, err := l.mc.api.AddDisk(ctx, v, api.DiskSpec{Name: name, Size: diskSize}); err != nil {
+	if _, err := l.mc.api.AddDisk(ctx, v, api.DiskSpec{Name: name, Size: int64(vm.diskBlocks()) * blockSize}); err != nil {
+		if l.refused(v, err) {
+			return nil
+		}
 		return fmt.Errorf("add disk %s/%s: %w", v, name, err)
 	}
-	vm.disks[name] = newDisk(nil)
+	vm.disks[name] = newDisk(vm.diskBlocks(), nil)
 	l.done()
 	return nil
 }
