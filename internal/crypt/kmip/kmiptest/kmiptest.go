@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -106,6 +107,10 @@ func (s *Server) Start() {
 		s.t.Fatal("kmiptest: the server runs already")
 	}
 	s.cmd = exec.Command(s.bin, "-f", filepath.Join(s.dir, "server.conf"), "-l", filepath.Join(s.dir, "server.log"))
+	// pykmip-server forks a child (its policy monitor) that a kill of the
+	// server alone leaves running: the server gets a process group of its
+	// own, which Stop kills whole.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
@@ -130,7 +135,7 @@ func (s *Server) Stop() {
 	if s.cmd == nil {
 		return
 	}
-	_ = s.cmd.Process.Kill()
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 	_ = s.cmd.Wait()
 	s.cmd = nil
 }
