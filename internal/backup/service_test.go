@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -383,11 +384,11 @@ func TestEncryptedBackupHoldsCiphertext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw := captureSink{}
+	raw := &captureSink{by: map[string][]byte{}}
 	if err := r.Restore(ctx, m2, nil, raw, nil, 4); err != nil {
 		t.Fatal(err)
 	}
-	for disk, b := range raw {
+	for disk, b := range raw.by {
 		if bytes.Contains(b, marker[:20]) {
 			t.Fatalf("backup of disk %s holds the plaintext", disk)
 		}
@@ -465,15 +466,21 @@ func TestEncryptedBackupHoldsCiphertext(t *testing.T) {
 	}
 }
 
-// captureSink keeps what a restore writes, by disk.
-type captureSink map[string][]byte
+// captureSink keeps what a restore writes, by disk; the restore writes
+// from several goroutines.
+type captureSink struct {
+	mu sync.Mutex
+	by map[string][]byte
+}
 
-func (c captureSink) WriteAt(disk string, p []byte, off int64) error {
-	b := c[disk]
+func (c *captureSink) WriteAt(disk string, p []byte, off int64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.by[disk]
 	if need := off + int64(len(p)); int64(len(b)) < need {
 		b = append(b, make([]byte, need-int64(len(b)))...)
 	}
 	copy(b[off:], p)
-	c[disk] = b
+	c.by[disk] = b
 	return nil
 }
