@@ -88,6 +88,22 @@ func TestRekeyAndShredThroughTheCLI(t *testing.T) {
 		out, err := cli("volume", "rekey", "vault", "--deep", "--rate", "2Mi")
 		done <- result{out, err}
 	}()
+	// The CLI is a process of its own: the rekey is under way once the
+	// volume shows it (it takes 3.5 s at 2 MiB/s).
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if r := getVol("vault").Encryption.Rekey; r != nil && r.Running {
+			break
+		}
+		select {
+		case res := <-done:
+			t.Fatalf("the deep rekey ended before it showed: %v\n%s", res.err, res.out)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no deep rekey shows in the volume")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	var writes int
 	var res result
 	for running := true; running; writes++ {
