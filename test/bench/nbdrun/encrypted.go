@@ -25,12 +25,7 @@ const (
 // the same rows, to w: medians, ratios encrypted/plain and a verdict.
 // Nothing without runs of both.
 func (rs *runs) encrypted(w io.Writer) {
-	var cases []string
-	for _, k := range rs.cases {
-		if len(rs.by[k][encryptedKind]) > 0 && len(rs.by[k][rs.ref]) > 0 {
-			cases = append(cases, k)
-		}
-	}
+	cases := rs.casesWith(encryptedKind)
 	if len(cases) == 0 {
 		return
 	}

@@ -32,12 +32,7 @@ const (
 // direct) in the same rows, to w: the ratios of the medians, endpoint over
 // direct, and a verdict against the goals. Nothing without endpoint runs.
 func (rs *runs) endpoint(w io.Writer) {
-	var cases []string
-	for _, k := range rs.cases {
-		if len(rs.by[k][endpointKind]) > 0 && len(rs.by[k][rs.ref]) > 0 {
-			cases = append(cases, k)
-		}
-	}
+	cases := rs.casesWith(endpointKind)
 	if len(cases) == 0 {
 		return
 	}
@@ -157,4 +152,16 @@ func (rs *runs) endpoint(w io.Writer) {
 	default:
 		fmt.Fprintf(w, "no case to judge (QD1 latency and QD%d CPU need both kinds).\n", endpointCPUQD)
 	}
+}
+
+// casesWith returns the cases that have runs of kind and of the ref kind,
+// in the order they ran: those a side-by-side report can compare.
+func (rs *runs) casesWith(kind string) []string {
+	var cases []string
+	for _, k := range rs.cases {
+		if len(rs.by[k][kind]) > 0 && len(rs.by[k][rs.ref]) > 0 {
+			cases = append(cases, k)
+		}
+	}
+	return cases
 }
