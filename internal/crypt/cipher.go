@@ -49,23 +49,37 @@ type asmKeys struct {
 var tweaks = sync.Pool{New: func() any { return new([BlockSize]byte) }}
 
 // NewCipher makes the cipher of a data key: XTS-AES-256, whose 64 bytes are
-// the data key's (the first 32 encrypt the data, the last 32 the tweak).
+// the data key's (the first 32 encrypt the data, the last 32 the tweak),
+// on the fastest of its paths that passed the self-test (selftest.go);
+// ErrSelfTest when none did.
 func NewCipher(key *DataKey) (*Cipher, error) {
-	k1, err := aes.NewCipher(key.b[:32])
-	if err != nil {
-		return nil, fmt.Errorf("xts-aes-256: %w", err)
+	im := selected()
+	if im.err != nil {
+		return nil, im.err
 	}
-	k2, err := aes.NewCipher(key.b[32:])
+	k1, k2, err := newBlocks(key.b[:])
 	if err != nil {
-		return nil, fmt.Errorf("xts-aes-256: %w", err)
+		return nil, err
 	}
 	c := &Cipher{k1: k1, k2: k2}
-	if haveAsm {
-		c.fast = &asmKeys{wide: haveVAES}
+	if im.asm {
+		c.fast = &asmKeys{wide: im.wide}
 		c.fast.enc1, c.fast.dec1 = expandKey256(key.b[:32])
 		c.fast.enc2, _ = expandKey256(key.b[32:])
 	}
 	return c, nil
+}
+
+// newBlocks makes XTS-AES-256's two AES ciphers of a 64-byte key (the first
+// 32 bytes encrypt the data, the last 32 the tweak).
+func newBlocks(key []byte) (k1, k2 cipher.Block, err error) {
+	if k1, err = aes.NewCipher(key[:32]); err != nil {
+		return nil, nil, fmt.Errorf("xts-aes-256: %w", err)
+	}
+	if k2, err = aes.NewCipher(key[32:]); err != nil {
+		return nil, nil, fmt.Errorf("xts-aes-256: %w", err)
+	}
+	return k1, k2, nil
 }
 
 // EncryptAt encrypts buf in place as the blocks at byte offset off of the

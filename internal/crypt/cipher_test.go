@@ -88,27 +88,28 @@ func testCipher(t testing.TB, key []byte) *Cipher {
 
 // paths are the cipher's implementations for one key, to be run through the
 // same test: "vaes" (xts_amd64.s on YMM registers) and "aesni" (the same on
-// XMM registers), where the CPU has them, and "go" (crypto/aes and the
-// tweaks in Go) always. On amd64 in CI the AES-NI path must be there, so
-// that it cannot go untested by a CPU check gone wrong.
+// XMM registers), where the CPU has them and they pass the self-test, and
+// "go" (crypto/aes and the tweaks in Go) always. On amd64 in CI the AES-NI
+// path must be there, so that it cannot go untested by a CPU check gone
+// wrong.
 func paths(t testing.TB, key []byte) map[string]*Cipher {
 	t.Helper()
-	c := testCipher(t, key)
-	pure := *c
-	pure.fast = nil
-	ps := map[string]*Cipher{"go": &pure}
-	if c.fast == nil {
-		if runtime.GOARCH == "amd64" && os.Getenv("CI") != "" {
-			t.Fatal("no assembly path on amd64 in CI (no AES-NI or AVX?)")
-		}
-		return ps
+	cs, err := candidates(key)
+	if err != nil {
+		t.Fatal(err)
 	}
-	narrow, keys := *c, *c.fast
-	keys.wide = false
-	narrow.fast = &keys
-	ps["aesni"] = &narrow
-	if c.fast.wide {
-		ps["vaes"] = c
+	kat, err := candidates(katKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := map[string]*Cipher{}
+	for i, c := range cs {
+		if check(kat[i].c) == nil {
+			ps[c.name] = c.c
+		}
+	}
+	if ps["aesni"] == nil && runtime.GOARCH == "amd64" && os.Getenv("CI") != "" {
+		t.Fatal("no AES-NI assembly path on amd64 in CI (no AES-NI or AVX, or its self-test failed?)")
 	}
 	return ps
 }

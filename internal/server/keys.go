@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
@@ -72,6 +73,22 @@ func openKeyFile(cfg Config) (crypt.Provider, error) {
 		return nil, fmt.Errorf("--key-file: %w", err)
 	}
 	return kf, nil
+}
+
+// logCipher says which of the cipher's paths its self-test chose, and loudly
+// when it refused one the CPU offers (a faulty CPU or emulator: the node is
+// slower but writes nothing wrong) or every one (no encrypted volume opens
+// here).
+func logCipher(log *slog.Logger) {
+	name, refused, err := crypt.Implementation()
+	switch {
+	case err != nil:
+		log.Error("encrypted volumes cannot be opened on this node", "err", err)
+	case len(refused) > 0:
+		log.Warn("the cipher's self-test refused a faster path of this CPU", "path", name, "refused", refused)
+	default:
+		log.Info("encryption at rest: XTS-AES-256", "path", name)
+	}
 }
 
 // kmipProvider makes the KMIP provider of c, nil when c has no address.

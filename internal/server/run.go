@@ -157,6 +157,9 @@ func (n *node) openPool(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if keys != nil {
+		logCipher(log)
+	}
 	p, err := pool.OpenWith(ctx, cfg.PoolDir, pool.Options{Logger: log, ExpectMount: cfg.ExpectMount, Keyring: keys, NewKeys: newKeys})
 	if err != nil {
 		return err
