@@ -52,7 +52,7 @@ func (s *switchable) CreateKEK(ctx context.Context) (string, error) {
 }
 
 // openKeyFile opens (or makes) the key file at path, outside any pool.
-func openKeyFile(t *testing.T, path string) *switchable {
+func openKeyFile(t testing.TB, path string) *switchable {
 	t.Helper()
 	kf, err := keyfile.Open(path)
 	if err != nil {
@@ -62,7 +62,7 @@ func openKeyFile(t *testing.T, path string) *switchable {
 }
 
 // openEncPool opens the pool at dir with the key provider kp (nil: none).
-func openEncPool(t *testing.T, dir string, kp crypt.Provider) *Pool {
+func openEncPool(t testing.TB, dir string, kp crypt.Provider) *Pool {
 	t.Helper()
 	var ring crypt.Keyring
 	if kp != nil {

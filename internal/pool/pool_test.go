@@ -23,7 +23,7 @@ func openTestPool(t *testing.T, dir string) *Pool {
 	return p
 }
 
-func mustCreate(t *testing.T, p *Pool, spec VolumeSpec) VolumeInfo {
+func mustCreate(t testing.TB, p *Pool, spec VolumeSpec) VolumeInfo {
 	t.Helper()
 	info, _, err := p.Create(context.Background(), spec)
 	if err != nil {
