@@ -8,10 +8,11 @@ import "golang.org/x/sys/cpu"
 // encodings, whose memory operands need no alignment).
 var haveAsm = cpu.X86.HasAES && cpu.X86.HasAVX
 
-// haveVAES: the CPU also has VAES on YMM registers (AVX2 and the VAES bit of
-// CPUID leaf 7, which golang.org/x/sys/cpu reports only with AVX-512), for
-// the wide variant: two AES blocks per instruction.
-var haveVAES = haveAsm && cpu.X86.HasAVX2 && cpuid7ecx()&(1<<9) != 0
+// haveVAES: the CPU also has VAES and VPCLMULQDQ on YMM registers (AVX2 and
+// bits 9 and 10 of CPUID leaf 7's ECX, which golang.org/x/sys/cpu reports
+// only with AVX-512), for the wide variant: two AES blocks per instruction,
+// the tweaks advanced by carry-less multiplication.
+var haveVAES = haveAsm && cpu.X86.HasAVX2 && cpuid7ecx()&(1<<9|1<<10) == 1<<9|1<<10
 
 func cpuid7ecx() uint32
 

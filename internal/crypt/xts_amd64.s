@@ -135,9 +135,12 @@ TEXT ·xtsDecryptUnit(SB), NOSPLIT, $128-40
 
 // The same with VAES on YMM registers (AVX2): two AES blocks per register,
 // sixteen in flight per iteration, and two tweaks per register, T_j in the
-// low lane and T_j+1 in the high one; both lanes advance by x^2 (two
-// doublings) per register. Y12 holds round key 0 in both lanes; the sixteen
-// tweaks of an iteration wait in the frame, 0(SP) to 255(SP).
+// low lane and T_j+1 in the high one. The sixteen tweaks of an iteration
+// wait in the frame, 0(SP) to 255(SP): the first sixteen are made by
+// doubling, once; after that each register's pair advances by x^16 as it
+// is used, on its own (WNEXT), so that no chain of dependent doublings
+// stands before the AES rounds. Y9 holds 0x87 in the low quadword of each
+// lane, Y12 round key 0 in both lanes.
 
 #define WDOUBLE \
 	VPSHUFD $0x13, Y8, Y10; \
@@ -146,12 +149,17 @@ TEXT ·xtsDecryptUnit(SB), NOSPLIT, $128-40
 	VPADDQ  Y8, Y8, Y8; \
 	VPXOR   Y10, Y8, Y8
 
-#define WLOAD(off, y) \
+// The tweak pair at off, from the doubling chain in Y8.
+#define WINIT(off) \
 	VMOVDQU Y8, off(SP); \
-	VPXOR   off(SI), Y8, y; \
-	VPXOR   Y12, y, y; \
 	WDOUBLE; \
 	WDOUBLE
+
+// Blocks off of the data XOR their tweaks XOR round key 0 into y.
+#define WLOAD(off, y) \
+	VMOVDQU off(SP), y; \
+	VPXOR   off(SI), y, y; \
+	VPXOR   Y12, y, y
 
 #define WROUND(ins, k) \
 	VBROADCASTI128 k(AX), Y11; \
@@ -164,9 +172,19 @@ TEXT ·xtsDecryptUnit(SB), NOSPLIT, $128-40
 	ins Y11, Y6, Y6; \
 	ins Y11, Y7, Y7
 
+// y XOR its tweaks stored at off; then the tweak pair at off times x^16 in
+// GF(2^128): each lane shifted up two bytes, the sixteen bits shifted out
+// (x^128 to x^143) brought back as their carry-less product with
+// x^7 + x^2 + x + 1 (degree at most 22: nothing more to reduce).
 #define WSTORE(off, y) \
-	VPXOR   off(SP), y, y; \
-	VMOVDQU y, off(SI)
+	VMOVDQU    off(SP), Y10; \
+	VPXOR      Y10, y, y; \
+	VMOVDQU    y, off(SI); \
+	VPSRLDQ    $14, Y10, Y11; \
+	VPCLMULQDQ $0x00, Y9, Y11, Y11; \
+	VPSLLDQ    $2, Y10, Y10; \
+	VPXOR      Y11, Y10, Y10; \
+	VMOVDQU    Y10, off(SP)
 
 #define WBODY(ins, last) \
 	MOVQ    k1+0(FP), AX; \
@@ -183,6 +201,14 @@ TEXT ·xtsDecryptUnit(SB), NOSPLIT, $128-40
 	VPXOR   X10, X13, X13; \
 	VINSERTI128 $1, X13, Y8, Y8; \
 	VBROADCASTI128 xtsMask<>(SB), Y9; \
+	WINIT(0); \
+	WINIT(32); \
+	WINIT(64); \
+	WINIT(96); \
+	WINIT(128); \
+	WINIT(160); \
+	WINIT(192); \
+	WINIT(224); \
 	VBROADCASTI128 0(AX), Y12; \
 	MOVQ    blocks+24(FP), CX; \
 	SHRQ    $4, CX; \
