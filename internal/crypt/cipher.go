@@ -62,8 +62,8 @@ func NewCipher(key *DataKey) (*Cipher, error) {
 		return nil, err
 	}
 	c := &Cipher{k1: k1, k2: k2}
-	if im.asm {
-		c.fast = &asmKeys{wide: im.wide}
+	if im.asm() {
+		c.fast = &asmKeys{wide: im.wide()}
 		c.fast.enc1, c.fast.dec1 = expandKey256(key.b[:32])
 		c.fast.enc2, _ = expandKey256(key.b[32:])
 	}

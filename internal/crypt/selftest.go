@@ -94,9 +94,7 @@ func check(c *Cipher) error {
 
 // implementation is the self-test's verdict for this process.
 type implementation struct {
-	name    string   // the path every Cipher takes: "vaes", "aesni" or "go"
-	asm     bool     // name is an assembly path
-	wide    bool     // ... its VAES variant
+	name    string   // the path every Cipher takes: "vaes", "aesni" or "go" (candidates)
 	refused []string // paths the CPU offers that failed, with why
 	err     error    // no path passed (wraps ErrSelfTest)
 }
@@ -109,13 +107,16 @@ func choose(cs []candidate) implementation {
 			im.refused = append(im.refused, fmt.Sprintf("%s: %v", c.name, err))
 			continue
 		}
-		im.name, im.asm = c.name, c.c.fast != nil
-		im.wide = im.asm && c.c.fast.wide
+		im.name = c.name
 		return im
 	}
 	im.err = fmt.Errorf("%w: every implementation on this machine gives wrong results (%v)", ErrSelfTest, im.refused)
 	return im
 }
+
+// asm reports whether the path is one of xts_amd64.s's; wide, its VAES one.
+func (im implementation) asm() bool  { return im.name == "vaes" || im.name == "aesni" }
+func (im implementation) wide() bool { return im.name == "vaes" }
 
 var selected = sync.OnceValue(func() implementation {
 	cs, err := candidates(katKey())

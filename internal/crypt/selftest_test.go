@@ -85,7 +85,7 @@ func TestSelfTestRefusesWrongPaths(t *testing.T) {
 	badDecrypt.k1 = wrongDecrypt{goPath.c.k1}
 
 	im := choose([]candidate{{"vaes", bad[0].c}, {"aesni", &badDecrypt}, goPath})
-	if im.err != nil || im.name != "go" || im.asm {
+	if im.err != nil || im.name != "go" || im.asm() {
 		t.Fatalf("chose %+v, want the go path", im)
 	}
 	if len(im.refused) != 2 || !strings.Contains(im.refused[0], "vaes: encryption gives a wrong ciphertext") ||
