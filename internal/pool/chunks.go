@@ -16,8 +16,8 @@ import (
 // unwritten parts. After 100k random 4 KiB writes a 1 GiB image holds ~100k
 // records and a snapshot of it takes about a second.
 //
-// So a disk is written in chunks of ChunkSize bytes (the extent size hint)
-// that the image owns outright: the first write into a chunk that is not
+// So a disk is written in chunks of ChunkSize bytes (1 MiB) that the image
+// owns outright: the first write into a chunk that is not
 // solid (a hole, preallocated, shared with a snapshot, or fragmented:
 // fscap.Solid) rewrites the whole chunk, its current content with the new
 // data merged in, in one pwrite. The filesystem then maps the chunk as one

@@ -38,9 +38,11 @@ func orNop(p Progress) Progress {
 }
 
 // ExtentSizeHint is set on every new disk image where the filesystem has
-// extent size hints (XFS): random 4 KiB writes then allocate 1 MiB extents
-// instead of fragmenting the image, which keeps FICLONE fast. QEMU uses the
-// same default for raw images on XFS.
+// extent size hints (XFS) and the pool writes no chunks (XFS without
+// reflink): random 4 KiB writes then allocate 1 MiB extents instead of
+// fragmenting the image. QEMU uses the same default for raw images on XFS.
+// With reflink, the chunk rewrite does the same without it (chunks.go,
+// newImageFile), and scratch files of the unshare guard still take it.
 const ExtentSizeHint = 1 << 20
 
 // Pool is an open pool directory. It is safe for concurrent use.

@@ -209,11 +209,12 @@ func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (do
 	if df.pin != nil && df.ch.cow[i] > 0 {
 		// A chunk the copy on write above took writes into: rewrite it
 		// whole through XFS's copy on write too, which consumes what
-		// XFS reserved for it in the image's copy-on-write fork (a whole
-		// chunk: the extent size hint), so the chunk ends in one extent;
-		// a clone from a scratch file would leave that reservation, and
-		// every later write into the chunk would go through it, each a
-		// new extent record. A chunk wholly pinned when pinned needs no
+		// XFS reserved for it in the image's copy-on-write fork (around
+		// each write, its copy-on-write extent size: 128 KiB by default,
+		// the whole chunk on images made with the extent size hint), so
+		// the chunk ends in one extent or few; a clone from a scratch
+		// file would leave those reservations, and every later write
+		// into them would go through them, each a new extent record. A chunk wholly pinned when pinned needs no
 		// look (as above): its blocks the rewrite overwrites in place
 		// are the image's own copies, shared with no file ever.
 		if !df.pinnedChunk(i) {

@@ -84,14 +84,18 @@
 # snapshot (issue 33, acceptance 6), in a loop-mounted XFS with reflink made
 # here. Each quiver (and quiver@BASE) serves a volume of one SNAPSIZE disk
 # (default 4 GiB) filled with random data; nbdkit's file plugin serves a
-# reflinked copy (cp --reflink=always) of a plain copy of that content. In
-# each of SNAPROUNDS rounds (default 5), taking turns: quiver takes a
-# snapshot of the volume (and deletes the one before), or the copy is made
-# anew and nbdkit started on it, then fio writes SNAPIOS (default 2048)
-# random 4k blocks at QD32 over unix. 2048 writes over 4096 chunks of 1 MiB
-# land about 80% on chunks not written since the snapshot, whose blocks are
-# shared, as the copy's are with its source. Its tables follow the others,
-# with the ratio quiver/nbdkit. Just that case:
+# reflinked copy (cp --reflink=always) of the first quiver's disk image as
+# it stands then (SNAPCOPY=image, the default: the same file, with the
+# extent layout the earlier rounds' writes gave it), or of the plain file
+# that filled the disks (SNAPCOPY=src: a fresh layout every round, the
+# runs before 2026-12-07, 11:30). In each of SNAPROUNDS rounds (default 5),
+# taking turns: quiver takes a snapshot of the volume (and deletes the one
+# before), or the copy is made anew and nbdkit started on it, then fio
+# writes SNAPIOS (default 2048) random 4k blocks at QD32 over unix. 2048
+# writes over 4096 chunks of 1 MiB land about 80% on chunks not written
+# since the snapshot, whose blocks are shared, as the copy's are with its
+# source. Its tables follow the others, with the ratio quiver/nbdkit. Just
+# that case:
 #   CASES=none KINDS="quiver nbdkit" RAW=0 test/bench/nbd.sh
 # PORT+20 and up are its API ports.
 set -euo pipefail
@@ -122,6 +126,12 @@ SNAPWRITE=${SNAPWRITE:-1}
 SNAPSIZE=${SNAPSIZE:-$((4 << 30))}
 SNAPIOS=${SNAPIOS:-2048}
 SNAPROUNDS=${SNAPROUNDS:-5}
+SNAPCOPY=${SNAPCOPY:-image}
+case $SNAPCOPY in image | src) ;; *)
+	echo "SNAPCOPY must be image or src, not $SNAPCOPY" >&2
+	exit 2
+	;;
+esac
 if [ "$SNAPWRITE" = 1 ] && { [ "$(id -u)" != 0 ] || ! command -v mkfs.xfs >/dev/null; }; then
 	echo "skipping the writes after a snapshot (SNAPWRITE): they need root and mkfs.xfs" >&2
 	SNAPWRITE=0
@@ -377,7 +387,7 @@ done
 # into their own results file.
 SNAPRESULTS="$WORK/snapwrite.tsv"
 snapwrite() {
-	local mnt="$WORK/xfs" img="$WORK/xfs.img" q bin dir api sock ksock i r j n kind extra encflag
+	local mnt="$WORK/xfs" img="$WORK/xfs.img" firstimg="" q bin dir src api sock ksock i r j n kind extra encflag
 	truncate -s $((6 * SNAPSIZE + (4 << 30))) "$img"
 	mkfs.xfs -q -m reflink=1 "$img"
 	mkdir "$mnt"
@@ -400,6 +410,7 @@ snapwrite() {
 		for _ in $(seq 200); do curl -sf "http://$api/v1/pool" >/dev/null 2>&1 && break; sleep 0.05; done
 		QUIVER_SERVER=http://$api "$bin" volume create snapw --capacity "$SNAPSIZE" --disk "disk=$SNAPSIZE" "${encflag[@]}" >/dev/null
 		SAPI[$q]=$api SSOCK[$q]=$sock
+		[ -n "$firstimg" ] || firstimg="$dir/volumes/snapw/disks/disk.img"
 		i=$((i + 1))
 	done
 	head -c "$SNAPSIZE" /dev/urandom >"$mnt/src.img"
@@ -416,7 +427,11 @@ snapwrite() {
 			kind=${skinds[$(((j + r - 1) % n))]}
 			if [ "$kind" = nbdkit ]; then
 				rm -f "$mnt/copy.img"
-				cp --reflink=always "$mnt/src.img" "$mnt/copy.img"
+				# The first quiver's image, as the rounds before left it;
+				# or the plain file that filled it.
+				src=$firstimg
+				[ "$SNAPCOPY" = src ] && src="$mnt/src.img"
+				cp --reflink=always "$src" "$mnt/copy.img"
 				sync
 				# A new socket each round: nbdkit needs a path nobody holds.
 				ksock="$WORK/snapkit-$r.sock"
@@ -458,6 +473,7 @@ if [ -s "$SNAPRESULTS" ]; then
 	echo
 	echo "## Writes right after a whole-VM snapshot (issue 33, acceptance 6): loop-mounted XFS with reflink," \
 		"$((SNAPSIZE >> 30)) GiB disk filled, then $SNAPIOS random 4k writes at QD32 over unix; nbdkit on a reflinked copy" \
+		"of $([ "$SNAPCOPY" = src ] && echo "the file that filled the disks" || echo "quiver's disk image as it stands")" \
 		"(target: quiver/nbdkit throughput at least 1.0x)"
 	"$NBDRUN" report "$SNAPRESULTS"
 fi
