@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -100,6 +101,90 @@ func TestTidy(t *testing.T) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatal("the disk does not read back what was written")
+	}
+}
+
+// TestTidyAcrossCaptures: a chunk that takes one copy-on-write write
+// between every two snapshots (each capture zeroes its count) is still
+// tidied once it has taken more than fragAfter since it was last rewritten
+// whole, and lands in one extent (the images' copy-on-write extent size
+// is one block, so XFS reserves nothing around the writes that the rewrite
+// would take apart); the disk and every snapshot keep their content.
+func TestTidyAcrossCaptures(t *testing.T) {
+	const size = 2 * ChunkSize
+	dir, v, d, want := pinnedDisk(t, size, true)
+	ctx := context.Background()
+	df := v.files["d"]
+	owned := func(i int64) bool {
+		v.gate.RLock()
+		defer v.gate.RUnlock()
+		return df.ch.isOwned(i)
+	}
+	snaps := map[string][]byte{"s": bytes.Clone(want)}
+	for n := range fragAfter + 1 {
+		if n > 0 {
+			name := fmt.Sprintf("e%d", n)
+			if _, _, err := v.CreateSnapshot(ctx, name, nil); err != nil {
+				t.Fatal(err)
+			}
+			snaps[name] = bytes.Clone(want)
+		}
+		off := ChunkSize + int64(16*n+1)*4096 // apart: each write splits a shared extent
+		w := bytes.Repeat([]byte{byte(0x30 + n)}, 4096)
+		copy(want[off:], w)
+		if err := d.WriteAt(w, off, false); err != nil {
+			t.Fatal(err)
+		}
+		if n < fragAfter {
+			time.Sleep(tidyDelay / 10)
+			if owned(1) {
+				t.Fatalf("chunk 1 tidied after %d writes, one per capture", n+1)
+			}
+		}
+	}
+	deadline := time.Now().Add(tidyDelay + 5*time.Second)
+	for !owned(1) {
+		if time.Now().After(deadline) {
+			t.Fatalf("chunk 1 not tidied after %d copy-on-write writes, one per capture", fragAfter+1)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := d.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	img, err := os.Open(filepath.Join(dir, "volumes", "vm", "disks", "d.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	em, err := fscap.ExtentMap(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := 0
+	for _, e := range em {
+		if e.Logical < 2*ChunkSize && e.Logical+e.Length > ChunkSize {
+			records++
+		}
+	}
+	if records != 1 {
+		t.Fatalf("chunk 1 after tidying: %d extent records, want 1", records)
+	}
+	got := make([]byte, size)
+	if err := d.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the disk changed when its chunk was tidied")
+	}
+	for name, content := range snaps {
+		b, err := os.ReadFile(filepath.Join(dir, "volumes", "vm", "snapshots", name, "d.img"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(b, content) {
+			t.Fatalf("snapshot %s changed when the disk's chunk was tidied", name)
+		}
 	}
 }
 
