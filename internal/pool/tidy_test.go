@@ -252,6 +252,15 @@ func TestTryWriteIntoPinnedChunk(t *testing.T) {
 // disk (closed at the end of the test) and the disk's content.
 func pinnedDisk(t *testing.T, size int64, tidy bool) (string, *Volume, Disk, []byte) {
 	t.Helper()
+	return pinnedDiskWith(t, size, tidy, false)
+}
+
+// pinnedDiskWith is pinnedDisk; with legacy, the image is given the 1 MiB
+// extent size hint the pool set on images before session 27 (while still
+// empty, as XFS requires), so that the disk opens with the copy-on-write
+// extent size that hint keeps (cloneRewrite off).
+func pinnedDiskWith(t *testing.T, size int64, tidy, legacy bool) (string, *Volume, Disk, []byte) {
+	t.Helper()
 	dir := filepath.Join(testfs.MountXFS(t, 300<<20), "pool")
 	ctx := context.Background()
 	p, err := OpenWith(ctx, dir, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -265,11 +274,25 @@ func pinnedDisk(t *testing.T, size int64, tidy bool) (string, *Volume, Disk, []b
 	p.us.tidy.off = !tidy
 	mustCreate(t, p, VolumeSpec{Name: "vm", Capacity: size, Disks: []DiskSpec{{Name: "d", Size: size}}})
 	v, _ := p.Volume("vm")
+	if legacy {
+		img, err := os.OpenFile(filepath.Join(dir, "volumes", "vm", "disks", "d.img"), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = fscap.SetExtentSizeHint(img, ExtentSizeHint)
+		_ = img.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	d, err := v.OpenDisk("d")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
+	if df := v.files["d"]; df.cloneRewrite == legacy {
+		t.Fatalf("legacy %v: the disk opened with cloneRewrite %v", legacy, df.cloneRewrite)
+	}
 	want := bytes.Repeat([]byte{0x11}, int(size))
 	if err := d.WriteAt(want, 0, true); err != nil {
 		t.Fatal(err)
