@@ -25,8 +25,9 @@ const (
 	// FS_IOC_FIEMAP = _IOWR('f', 11, struct fiemap)
 	fsIocFiemap = (iocRead|iocWrite)<<30 | uintptr(unsafe.Sizeof(fiemap{}))<<16 | 'f'<<8 | 11
 
-	fsXflagExtsize = 0x00000800 // FS_XFLAG_EXTSIZE
-	fiemapFlagSync = 0x00000001 // FIEMAP_FLAG_SYNC
+	fsXflagExtsize    = 0x00000800 // FS_XFLAG_EXTSIZE
+	fsXflagCowExtsize = 0x00010000 // FS_XFLAG_COWEXTSIZE
+	fiemapFlagSync    = 0x00000001 // FIEMAP_FLAG_SYNC
 )
 
 // fsxattr mirrors struct fsxattr from <linux/fs.h> (28 bytes).

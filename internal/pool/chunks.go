@@ -56,7 +56,11 @@ type chunks struct {
 	// cow counts, per chunk, the writes left to the filesystem's copy on
 	// write since the last capture (unshare.go: pinned blocks), under the
 	// chunk's lock; zeroed with the gate held exclusively.
-	cow   []uint8
+	cow []uint8
+	// frag counts, per chunk, the writes left to copy on write since the
+	// chunk was last rewritten whole, across captures (which zero cow
+	// only), under the chunk's lock; in memory only (tidy.go: fragAfter).
+	frag  []uint8
 	locks [chunkStripes]sync.Mutex
 }
 
@@ -81,6 +85,7 @@ func (c *chunks) resize(size int64) {
 	}
 	c.owned = owned
 	c.cow = append(c.cow, make([]uint8, 64*n-len(c.cow))...)
+	c.frag = append(c.frag, make([]uint8, 64*n-len(c.frag))...)
 }
 
 // disown forgets every chunk (gate held exclusively): a capture now shares
@@ -197,6 +202,7 @@ func (df *diskFile) rewrite(i int64, piece []byte, lo, start, stop int64) error 
 		return nil
 	}
 	df.ch.setOwned(i)
+	df.ch.frag[i] = 0
 	return nil
 }
 

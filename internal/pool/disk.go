@@ -152,6 +152,9 @@ func (v *Volume) openFile(d DiskSpec) (*diskFile, error) {
 	if v.pool.chunk > 0 {
 		df.ch = newChunks(d.Size, v.pool.chunk)
 		df.us = v.pool.us
+		if df.us != nil {
+			df.cloneRewrite = smallCopyOnWrite(f)
+		}
 	}
 	if df.enc != nil {
 		if err := v.loadRekey(df); err != nil {

@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -206,6 +207,12 @@ func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (do
 			return true, err
 		}
 	}
+	if df.pin != nil && df.ch.cow[i] > 0 && df.cloneRewrite {
+		// A chunk the copy on write above took writes into, on an image
+		// whose copy-on-write fork holds nothing around them: a clone
+		// lands it in one extent, with no block written in place.
+		return true, df.cloneWrite(i, piece, lo, start, stop)
+	}
 	if df.pin != nil && df.ch.cow[i] > 0 {
 		// A chunk the copy on write above took writes into: rewrite it
 		// whole through XFS's copy on write too, which consumes what
@@ -244,11 +251,17 @@ func (df *diskFile) firstWrite(i int64, piece []byte, lo, start, stop int64) (do
 }
 
 // cowWritten counts a write into unowned chunk i left to copy on write
-// (its lock held), and queues the chunk for the tidier at tidyAfter.
+// (its lock held), and queues the chunk for the tidier (tidy.go) at its
+// tidyAfter-th such write since the capture, or at its first once it has
+// taken more than fragAfter since it was last rewritten whole.
 func (df *diskFile) cowWritten(i int64) {
-	df.ch.cow[i]++
-	if df.ch.cow[i] == tidyAfter {
-		df.us.tidy.add(df, i) // tidy.go
+	c := df.ch
+	c.cow[i]++
+	if c.frag[i] < math.MaxUint8 {
+		c.frag[i]++
+	}
+	if c.cow[i] == tidyAfter || c.cow[i] == 1 && c.frag[i] > fragAfter {
+		df.us.tidy.add(df, i)
 	}
 }
 
@@ -303,6 +316,7 @@ func (df *diskFile) cloneWrite(i int64, piece []byte, lo, start, stop int64) err
 	err := df.cloneSpan(piece, lo, start, stop, true)
 	if err == nil {
 		df.ch.setOwned(i)
+		df.ch.frag[i] = 0
 		return nil
 	}
 	if !errors.Is(err, ErrNoSpace) {

@@ -472,8 +472,16 @@ func checkPinnedNowhere(p *Pool, vol, d string) error {
 // chunk rewrites it whole, into blocks of its own in one extent. The
 // snapshot keeps its content throughout, and deleting it drops the pin.
 func TestFirstWritesIntoPinnedBlocks(t *testing.T) {
+	for _, legacy := range []bool{false, true} {
+		t.Run(map[bool]string{false: "clone rewrite", true: "legacy hint"}[legacy], func(t *testing.T) {
+			firstWritesIntoPinnedBlocks(t, legacy)
+		})
+	}
+}
+
+func firstWritesIntoPinnedBlocks(t *testing.T, legacy bool) {
 	const size = 2 * ChunkSize
-	dir, v, d, want := pinnedDisk(t, size, false)
+	dir, v, d, want := pinnedDiskWith(t, size, false, legacy)
 	ctx := context.Background()
 	img, err := os.Open(filepath.Join(dir, "volumes", "vm", "disks", "d.img"))
 	if err != nil {

@@ -109,6 +109,12 @@ type diskFile struct {
 	// safe from blocks another file's copy on write just left to this
 	// image (unshare.go).
 	us *unsharer
+	// cloneRewrite (with us): the image's copy-on-write extent size is one
+	// block, so XFS reserves nothing around a copy on write, and a chunk
+	// is rewritten by a clone from a scratch file, into one extent
+	// (tidy.go). Images whose extent size hint keeps a larger one are
+	// rewritten through the copy on write instead.
+	cloneRewrite bool
 	// pin, on XFS, is the image of disk name in snapshot pinned, open
 	// read-only so that its blocks stay its own while open, whatever
 	// happens to the snapshot: the blocks the image shares with it take a
@@ -440,6 +446,7 @@ func (p *Pool) newImageFile(path string) (storage.File, error) {
 			p.log.Debug("extent size hint", "path", path, "err", err)
 		}
 	}
+
 	return f, nil
 }
 

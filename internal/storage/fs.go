@@ -139,6 +139,11 @@ type File interface {
 	SharedBlocks(other File, size int64) ([][2]int64, error)
 	// SetExtentSizeHint sets XFS's extent size hint (fscap).
 	SetExtentSizeHint(bytes uint32) error
+	// SetCowExtentSize sets XFS's copy-on-write extent size hint (fscap).
+	SetCowExtentSize(bytes uint32) error
+	// CowExtentSize returns the copy-on-write extent size XFS uses for
+	// the file, 0 for its default (fscap).
+	CowExtentSize() (uint32, error)
 	Advise(off, length int64, advice Advice) error
 	Chmod(mode fs.FileMode) error
 	// Lock takes an exclusive lock of the file without waiting (flock);

@@ -527,6 +527,15 @@ func (o *osFile) SetExtentSizeHint(bytes uint32) error {
 	return Classify(fscap.SetExtentSizeHint(o.f, bytes))
 }
 
+func (o *osFile) SetCowExtentSize(bytes uint32) error {
+	return Classify(fscap.SetCowExtentSize(o.f, bytes))
+}
+
+func (o *osFile) CowExtentSize() (uint32, error) {
+	n, err := fscap.CowExtentSize(o.f)
+	return n, Classify(err)
+}
+
 func (o *osFile) Advise(off, length int64, advice Advice) error {
 	a := unix.FADV_WILLNEED
 	if advice == AdviseDontNeed {

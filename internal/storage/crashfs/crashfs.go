@@ -833,6 +833,14 @@ func (h *file) SetExtentSizeHint(uint32) error {
 	return &storage.Error{Kind: storage.ErrNotSupported, Err: errors.New("crashfs has no extent size hint")}
 }
 
+func (h *file) SetCowExtentSize(uint32) error {
+	return &storage.Error{Kind: storage.ErrNotSupported, Err: errors.New("crashfs has no copy-on-write extent size")}
+}
+
+func (h *file) CowExtentSize() (uint32, error) {
+	return 0, &storage.Error{Kind: storage.ErrNotSupported, Err: errors.New("crashfs has no copy-on-write extent size")}
+}
+
 func (h *file) Advise(int64, int64, storage.Advice) error { return nil }
 
 func (h *file) Chmod(m fs.FileMode) error {
