@@ -39,7 +39,12 @@ import (
 // and a later rewrite of the chunk takes those reserved blocks where they
 // are, and new ones for the rest (a chunk written once in each of nine
 // captures came out of its rewrite in 17 records). So the pool sets the
-// images' copy-on-write extent size to one block (cowExtentSize).
+// images' copy-on-write extent size to one block (cowExtentSize), and
+// rewrites their chunks by a clone from a scratch file (unshare.go,
+// cloneSpan), which lands a chunk in one extent and writes no block in
+// place. An image made with the old extent size hint keeps a chunk-sized
+// reservation (the larger of the two), and is rewritten through the copy
+// on write, which consumes it (diskFile.cloneRewrite off).
 //
 // The tidier's rewrite is the write path's (firstWrite), with no new data:
 // under the chunk's lock and the volume's gate (shared), so it excludes the

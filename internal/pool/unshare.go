@@ -47,8 +47,10 @@ import (
 // what a plain file on XFS does on every write into a reflinked block (the
 // image's fdatasync then forces the remap with its data); it leaves the
 // chunk in several extents, so a chunk takes at most cowWrites such
-// writes. The next write into it rewrites it whole by a plain write too
-// (pinnedOrAlone), so that the chunk ends in one extent: when every
+// writes. The next write into it rewrites it whole, so that the chunk ends
+// in one extent: by the clone below, on images whose copy-on-write extent
+// size is one block (tidy.go, diskFile.cloneRewrite); on images made with
+// the old extent size hint, by a plain write too (pinnedOrAlone) when every
 // written block of the chunk is pinned (copied on write) or shared with no
 // other file (written in place after a log force, as below), else by the
 // clone below. Otherwise the first write into the chunk looks at its extents
