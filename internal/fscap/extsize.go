@@ -55,23 +55,33 @@ func setExtentSizeHint(f *os.File, bytes uint32) error {
 		attr.Xflags |= fsXflagExtsize
 	}
 	attr.Extsize = bytes
-	err = withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFsSetXattr, unsafe.Pointer(&attr)) })
+	return setFsxattr(f, fs, attr, func(got fsxattr) error {
+		if got.Extsize != bytes || (got.Xflags&fsXflagExtsize != 0) != (bytes != 0) {
+			return fmt.Errorf("%s kept flags %#x, extent size %d", fs, got.Xflags, got.Extsize)
+		}
+		return nil
+	})
+}
+
+// setFsxattr sets attr on f (FS_IOC_FSSETXATTR) and reads it back: kept
+// says what the filesystem did not keep. ext4 and btrfs know the ioctl but
+// not XFS's flags, and ext4 takes the call and silently drops them, so only
+// what reads back is believed; on XFS an EINVAL is a real answer about the
+// values or the file, so it stays as is.
+func setFsxattr(f *os.File, fs string, attr fsxattr, kept func(got fsxattr) error) error {
+	err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFsSetXattr, unsafe.Pointer(&attr)) })
 	if err != nil && (fs != "xfs" || isErrno(err, unix.ENOTTY, unix.EOPNOTSUPP)) {
-		// ext4 and btrfs know the ioctl but not FS_XFLAG_EXTSIZE; on XFS an
-		// EINVAL is a real answer about bytes or the file, so it stays as is.
 		return notSupported(err)
 	}
 	if err != nil {
 		return err
 	}
-	// ext4 takes the call and silently drops FS_XFLAG_EXTSIZE: believe only
-	// what reads back.
 	got, err := getFsxattr(f)
 	if err != nil {
 		return err
 	}
-	if got.Extsize != bytes || (got.Xflags&fsXflagExtsize != 0) != (bytes != 0) {
-		return notSupported(fmt.Errorf("%s kept flags %#x, extent size %d", fs, got.Xflags, got.Extsize))
+	if err := kept(got); err != nil {
+		return notSupported(err)
 	}
 	return nil
 }
@@ -119,20 +129,12 @@ func setCowExtentSize(f *os.File, bytes uint32) error {
 		attr.Xflags |= fsXflagCowExtsize
 	}
 	attr.Cowextsize = bytes
-	if err := withFD(f, func(fd int) error { return ioctlPtr(fd, fsIocFsSetXattr, unsafe.Pointer(&attr)) }); err != nil {
-		if isErrno(err, unix.ENOTTY, unix.EOPNOTSUPP) {
-			return notSupported(err)
+	return setFsxattr(f, fs, attr, func(got fsxattr) error {
+		if got.Cowextsize != bytes || (got.Xflags&fsXflagCowExtsize != 0) != (bytes != 0) {
+			return fmt.Errorf("%s kept flags %#x, copy-on-write extent size %d", fs, got.Xflags, got.Cowextsize)
 		}
-		return err
-	}
-	got, err := getFsxattr(f)
-	if err != nil {
-		return err
-	}
-	if got.Cowextsize != bytes || (got.Xflags&fsXflagCowExtsize != 0) != (bytes != 0) {
-		return notSupported(fmt.Errorf("%s kept flags %#x, copy-on-write extent size %d", fs, got.Xflags, got.Cowextsize))
-	}
-	return nil
+		return nil
+	})
 }
 
 // CowExtentSize returns the copy-on-write extent size XFS uses for f: the
