@@ -117,9 +117,10 @@ func startMember(ctx context.Context, c *Config, level zap.AtomicLevel) (*embed.
 		case <-tick.C:
 			c.Logger.Info("still waiting for the etcd peers of --initial-cluster", "initialCluster", c.InitialCluster)
 		case <-timeout.C:
+			state := memberState(e)
 			closeUnready(e)
-			return nil, nil, fmt.Errorf("embedded etcd member %q not ready within %s (are the peers of --initial-cluster %s up and reachable?): %w",
-				c.NodeName, c.StartTimeout, c.InitialCluster, ErrUnreachable)
+			return nil, nil, fmt.Errorf("embedded etcd member %q not ready within %s, %s (are the peers of --initial-cluster %s up and reachable?): %w",
+				c.NodeName, c.StartTimeout, state, c.InitialCluster, ErrUnreachable)
 		case <-ctx.Done():
 			closeUnready(e)
 			return nil, nil, fmt.Errorf("embedded etcd member %q stopped while waiting for the peers of --initial-cluster: %w",
@@ -206,6 +207,21 @@ func promoteSelf(ctx context.Context, c *Config, e *embed.Etcd, timeout <-chan t
 // a member still waiting for a quorum would block Close for ever. Stopping
 // the server first (HardStop: no leadership to hand over before a quorum)
 // ends that wait; Close then stops the rest.
+// memberState says how far a member that is not ready got: whether it
+// knows a leader, and its raft term and indexes, which tell a member that
+// hears no peer from one that hears the leader and cannot commit.
+func memberState(e *embed.Etcd) string {
+	s := e.Server
+	lead := "no leader known"
+	if id := s.Leader(); id != 0 {
+		lead = "leader " + id.String()
+		if m := s.Cluster().Member(id); m != nil && m.Name != "" {
+			lead = "leader " + m.Name
+		}
+	}
+	return fmt.Sprintf("%s at term %d, committed index %d, applied %d", lead, s.Term(), s.CommittedIndex(), s.AppliedIndex())
+}
+
 func closeUnready(e *embed.Etcd) {
 	e.Server.HardStop()
 	e.Close()

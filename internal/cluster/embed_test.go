@@ -52,6 +52,10 @@ func TestMemberWithoutQuorumStops(t *testing.T) {
 				if !errors.Is(err, c.want) {
 					t.Fatalf("join: %v, want %v", err, c.want)
 				}
+				// Without a peer it can know no leader, and says so.
+				if c.want == ErrUnreachable && !strings.Contains(err.Error(), "no leader known") {
+					t.Fatalf("join: %v: the message does not say that the member knows no leader", err)
+				}
 				t.Logf("join ended: %v", err)
 			case <-time.After(time.Minute):
 				t.Fatal("the join still runs a minute later: the member's Close hangs")

@@ -189,7 +189,7 @@ func TestEmbeddedClusterOverTLS(t *testing.T) {
 		cfg := Config{NodeName: name, ClusterName: "alpha", TokenFile: token, InitialCluster: strings.Join(initial, ","),
 			EtcdClientURLs: []string{"http://" + clients[i]}, StateDir: filepath.Join(dir, name),
 			EtcdCertFile: f.cert, EtcdKeyFile: f.key, EtcdCAFile: f.ca, APIAddr: ips[i] + ":1",
-			LeaseTTL: 2 * time.Second, StartTimeout: time.Minute, OpTimeout: 20 * time.Second, Logger: testLogger(t)}
+			LeaseTTL: 2 * time.Second, StartTimeout: 3 * time.Minute, OpTimeout: 20 * time.Second, Logger: testLogger(t)}
 		stores[i] = newMemStore()
 		wg.Go(func() { nodes[i], errs[i] = Join(context.Background(), cfg, stores[i]) })
 	}
