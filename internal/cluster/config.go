@@ -68,6 +68,9 @@ type Config struct {
 	// before its primary rebuilds the copy on another node
 	// (--rebuild-after, default 10 min; 0: never).
 	RebuildAfter time.Duration
+	// electEvery is the election ticker (default electInterval); tests
+	// set it to show that the watch of primary/ alone promotes.
+	electEvery time.Duration
 
 	// APIAddr and NBDAddr are the addresses other nodes and clients use to
 	// reach this node, recorded in its alive key.
@@ -108,6 +111,9 @@ func (c *Config) defaults() {
 	}
 	if c.StartTimeout <= 0 {
 		c.StartTimeout = 5 * time.Minute
+	}
+	if c.electEvery <= 0 {
+		c.electEvery = electInterval
 	}
 	if c.ReportInterval <= 0 {
 		c.ReportInterval = 5 * time.Second

@@ -15,8 +15,9 @@ import (
 // failover").
 //
 // primary/<volume> names the primary and its term, under the primary's
-// session lease: it vanishes with the lease. Every node looks, every
-// electInterval, at the volumes whose in-sync set holds it:
+// session lease: it vanishes with the lease. Every node looks, as soon as
+// a primary/ key goes (a watch) and every electInterval besides, at the
+// volumes whose in-sync set holds it:
 //
 //   - it is the volume's primary and primary/<volume> is absent (a new
 //     volume, or its session was renewed after a lapse with no failover
@@ -40,26 +41,62 @@ type primaryRecord struct {
 	lease clientv3.LeaseID
 }
 
-// electInterval is how often a node looks for volumes without a primary.
+// electInterval is how often a node looks for volumes without a primary
+// besides the watch of primary/ (Config.electEvery).
 const electInterval = 500 * time.Millisecond
 
 // ErrNotReady: this node is the volume's new primary, but has not yet
 // taken over its attachments; a client tries again.
 var ErrNotReady = errors.New("the new primary is taking over")
 
+// elect runs an election round whenever a primary/ key goes and every
+// electInterval: the watch promotes a copy as soon as etcd ends the old
+// primary's lease, where the ticker alone added up to electInterval to
+// every failover; the ticker covers what the watch cannot see (a copy
+// that becomes in sync, a session renewed, a watch being made again).
 func (ps Primaries) elect(ctx context.Context) {
-	t := time.NewTicker(electInterval)
+	t := time.NewTicker(ps.n.cfg.electEvery)
 	defer t.Stop()
+	gone := ps.watchPrimariesGone(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-gone:
 		}
 		if err := ps.electOnce(ctx); err != nil && ctx.Err() == nil {
 			ps.n.log.Debug("election round", "err", err)
 		}
 	}
+}
+
+// watchPrimariesGone returns a channel that receives when a primary/ key
+// is deleted (its lease ended, or it was handed over), until ctx ends. A
+// watch that ends (etcd compacted past it, the member restarted) is made
+// again after a pause.
+func (ps Primaries) watchPrimariesGone(ctx context.Context) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	go func() {
+		for ctx.Err() == nil {
+			wctx, cancel := context.WithCancel(ctx)
+			for wr := range ps.n.cli.Watch(wctx, ps.n.key("primary")+"/", clientv3.WithPrefix(), clientv3.WithFilterPut()) {
+				if len(wr.Events) == 0 {
+					continue
+				}
+				select {
+				case ch <- struct{}{}:
+				default: // a round is already due
+				}
+			}
+			cancel()
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	return ch
 }
 
 // clusterView is one consistent read of what an election needs.

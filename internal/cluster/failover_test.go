@@ -129,6 +129,40 @@ func TestFailover(t *testing.T) {
 	}
 }
 
+// TestPromotionOnLeaseEnd: a copy is promoted as soon as etcd ends the
+// primary's lease, by the watch of primary/, not at the next election
+// tick: with the ticker an hour away, the promotion still comes.
+func TestPromotionOnLeaseEnd(t *testing.T) {
+	tc := startCluster(t)
+	s2, s3 := newMemStore(), newMemStore()
+	s2.free, s3.free = 90<<30, 80<<30
+	c2, c3 := tc.config(t, "n2"), tc.config(t, "n3")
+	c2.electEvery, c3.electEvery = time.Hour, time.Hour
+	n2 := tc.join(t, c2, s2)
+	n3 := tc.join(t, c3, s3)
+	ctx := context.Background()
+	p, _, err := tc.first.Volumes().CreateVolume(ctx, api.VolumeSpec{Name: "vm", Capacity: 1 << 30, Replicas: 2}, "",
+		func(bool, string) bool { return false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Primary != "n2" {
+		t.Fatalf("placed %+v: want primary n2", p)
+	}
+	// The primary takes its key when it first serves the volume.
+	if _, err := n2.Primaries().HoldPrimary(ctx, "vm"); err != nil {
+		t.Fatal(err)
+	}
+	_ = n2.Close() // revokes its lease: primary/vm goes
+	waitFor(t, "vm promoted", func() bool { return tc.first.record(t, "vm").Primary == "n3" })
+	if r := tc.first.record(t, "vm"); r.Term != 2 {
+		t.Fatalf("vm after n2 went down: %+v; want n3 primary at term 2", r)
+	}
+	if _, err := n3.Primaries().HoldPrimary(ctx, "vm"); err != nil {
+		t.Fatalf("n3 holds vm: %v", err)
+	}
+}
+
 // TestFailoverBehindCopiesFollow: after a failover, the copies out of sync
 // follow the new term too, so the new primary can resync them through a
 // token of its own term, and are marked whole (what they missed is in an
