@@ -201,12 +201,6 @@ func promoteSelf(ctx context.Context, c *Config, e *embed.Etcd, timeout <-chan t
 	return nil
 }
 
-// closeUnready closes a member that may not be ready. etcd's Close waits
-// for the client listeners' servers, which start only once the member is
-// ready or its server stops, and stops the server only after that wait:
-// a member still waiting for a quorum would block Close for ever. Stopping
-// the server first (HardStop: no leadership to hand over before a quorum)
-// ends that wait; Close then stops the rest.
 // memberState says how far a member that is not ready got: whether it
 // knows a leader, and its raft term and indexes, which tell a member that
 // hears no peer from one that hears the leader and cannot commit.
@@ -222,6 +216,12 @@ func memberState(e *embed.Etcd) string {
 	return fmt.Sprintf("%s at term %d, committed index %d, applied %d", lead, s.Term(), s.CommittedIndex(), s.AppliedIndex())
 }
 
+// closeUnready closes a member that may not be ready. etcd's Close waits
+// for the client listeners' servers, which start only once the member is
+// ready or its server stops, and stops the server only after that wait:
+// a member still waiting for a quorum would block Close for ever. Stopping
+// the server first (HardStop: no leadership to hand over before a quorum)
+// ends that wait; Close then stops the rest.
 func closeUnready(e *embed.Etcd) {
 	e.Server.HardStop()
 	e.Close()
