@@ -339,9 +339,9 @@ func (s *strayWriter) waitAcked(n int64, timeout time.Duration) error {
 }
 
 // waitAppliedAfter waits until writes in flight sent after the write seq
-// are applied on nd's image: as many as there are workers, or at least one
-// once settle has passed (the hold's replication timeout must not end
-// first: see the caller).
+// are applied on nd's image: every one in flight, or at least one once
+// settle has passed (the hold's replication timeout must not end first:
+// see the caller). With none in flight at a look it goes on waiting.
 func (s *strayWriter) waitAppliedAfter(t *testing.T, seq uint64, nd *node, volume string, disks []string) {
 	t.Helper()
 	const settle = 1500 * time.Millisecond
@@ -357,7 +357,7 @@ func (s *strayWriter) waitAppliedAfter(t *testing.T, seq uint64, nd *node, volum
 				applied++
 			}
 		}
-		if applied == len(sending) || applied > 0 && time.Since(start) > settle {
+		if applied > 0 && (applied == len(sending) || time.Since(start) > settle) {
 			return
 		}
 		if time.Now().After(deadline) {
